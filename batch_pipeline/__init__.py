@@ -1,0 +1,1 @@
+"""batch_pipeline: offline batch LLM inference on Dagster."""
