@@ -1,0 +1,252 @@
+"""Read input files (JSONL, CSV, Parquet; local or s3://) as batches of rows plus rejects.
+
+A fast path parses a whole block with Arrow's JSON reader; a block that contains anything odd
+(broken JSON, a number where text belongs, invalid UTF-8) is re-read line by line so that every
+bad row is named by file, line and field while the good rows around it go on.
+"""
+
+import glob
+import io
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.fs as pafs
+import pyarrow.json as pajson
+import pyarrow.parquet as pq
+
+from batch_pipeline.core.errors import InputError
+
+log = logging.getLogger(__name__)
+
+LINE = "_line"
+KEY = "_key"
+CHUNK_BYTES = 8 * 2**20
+RAW_PREVIEW = 200
+
+
+@dataclass(frozen=True)
+class InputFile:
+    uri: str  # what users see in rejects and reports
+    fs: pafs.FileSystem
+    path: str
+    format: str
+    size: int
+
+
+@dataclass
+class Reject:
+    source: str
+    line: int
+    field: str
+    kind: str  # bad_utf8 | bad_json | not_object | missing_field | wrong_type | empty_text | too_long
+    reason: str
+    raw: str = ""
+
+
+@dataclass
+class RowBatch:
+    """Good rows of one block: ``_line``, ``_key`` and every requested field as text."""
+
+    source: str
+    frame: pl.DataFrame
+    rejects: list[Reject] = field(default_factory=list)
+
+
+def _format_of(path: str, declared: str) -> str:
+    if declared != "auto":
+        return declared
+    lower = path.lower()
+    for suffix, fmt in ((".jsonl", "jsonl"), (".ndjson", "jsonl"), (".json", "jsonl"), (".csv", "csv"),
+                        (".parquet", "parquet"), (".pq", "parquet")):
+        if lower.endswith(suffix):
+            return fmt
+    raise InputError(f"{path}: cannot tell the input format from the name; set input.format")
+
+
+def resolve_inputs(pattern: str, declared_format: str = "auto", base_dir: Path | None = None) -> list[InputFile]:
+    """Every file the input path names, sorted, so the same inputs always give the same manifest."""
+    if "://" in pattern:
+        fs, path = pafs.FileSystem.from_uri(pattern.split("*")[0].rstrip("/") if "*" in pattern else pattern)
+        scheme = pattern.split("://", 1)[0]
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.File:
+            infos = [info]
+        else:
+            infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+            if "*" in pattern:
+                suffix = pattern.rsplit("*", 1)[1]
+                infos = [i for i in infos if i.path.endswith(suffix)]
+        files = [InputFile(f"{scheme}://{i.path}", fs, i.path, _format_of(i.path, declared_format), i.size)
+                 for i in infos if i.type == pafs.FileType.File and not i.base_name.startswith(".")]
+    else:
+        p = Path(pattern)
+        if not p.is_absolute() and base_dir is not None:
+            p = base_dir / p
+        if p.is_dir():
+            paths = [q for q in p.rglob("*") if q.is_file() and not q.name.startswith(".")]
+        else:
+            paths = [Path(q) for q in glob.glob(str(p), recursive=True) if Path(q).is_file()]
+        local = pafs.LocalFileSystem()
+        files = [InputFile(str(q), local, str(q.resolve()), _format_of(str(q), declared_format), q.stat().st_size)
+                 for q in paths]
+    if not files:
+        raise InputError(f"input.path {pattern!r} matches no files")
+    return sorted(files, key=lambda f: f.uri)
+
+
+def read_batches(f: InputFile, fields: list[str], key_field: str | None) -> Iterator[RowBatch]:
+    reader = {"jsonl": _jsonl, "csv": _csv, "parquet": _parquet}[f.format]
+    yield from reader(f, fields, key_field)
+
+
+# -- JSONL ---------------------------------------------------------------------------------------
+def _jsonl(f: InputFile, fields: list[str], key_field: str | None) -> Iterator[RowBatch]:
+    wanted = list(dict.fromkeys(fields + ([key_field] if key_field else [])))
+    schema = pa.schema([(name, pa.string()) for name in wanted])
+    options = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+    next_line = 1
+    carry = b""
+    with f.fs.open_input_stream(f.path) as stream:
+        while True:
+            chunk = stream.read(CHUNK_BYTES)
+            data = carry + chunk
+            if not chunk:
+                if data:
+                    yield _jsonl_block(f.uri, data, next_line, fields, key_field, options)
+                return
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                carry = data
+                continue
+            block, carry = data[: cut + 1], data[cut + 1 :]
+            yield _jsonl_block(f.uri, block, next_line, fields, key_field, options)
+            next_line += block.count(b"\n")
+
+
+def _jsonl_block(source: str, block: bytes, first_line: int, fields: list[str], key_field: str | None,
+                 options: pajson.ParseOptions) -> RowBatch:
+    raw_lines = block.split(b"\n")
+    if raw_lines and raw_lines[-1] == b"":
+        raw_lines.pop()
+    line_numbers = [first_line + i for i, line in enumerate(raw_lines) if line.strip()]
+    if len(line_numbers) != len(raw_lines):
+        raw_lines = [line for line in raw_lines if line.strip()]
+    if not raw_lines:
+        return RowBatch(source, _empty_frame(fields))
+    try:
+        table = pajson.read_json(io.BytesIO(b"\n".join(raw_lines)), parse_options=options)
+        if table.num_rows != len(raw_lines):
+            raise ValueError("row count mismatch")
+    except (pa.ArrowInvalid, UnicodeDecodeError, ValueError):
+        return _jsonl_slow(source, raw_lines, line_numbers, fields, key_field)
+    frame = pl.from_arrow(table)
+    assert isinstance(frame, pl.DataFrame)
+    frame = frame.with_columns(pl.Series(LINE, line_numbers, dtype=pl.Int64))
+    frame = frame.with_columns((pl.col(key_field) if key_field else pl.lit(None, pl.String)).alias(KEY))
+    return _split_missing(source, frame, fields, raw_lines)
+
+
+def _jsonl_slow(source: str, raw_lines: list[bytes], line_numbers: list[int], fields: list[str],
+                key_field: str | None) -> RowBatch:
+    rejects: list[Reject] = []
+    cols: dict[str, list] = {name: [] for name in fields}
+    keys: list[str | None] = []
+    lines: list[int] = []
+    for raw, line in zip(raw_lines, line_numbers):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            rejects.append(Reject(source, line, "", "bad_utf8", f"not valid UTF-8 (byte {exc.start}: {raw[exc.start:exc.start + 1]!r})",
+                                  raw[:RAW_PREVIEW].decode("utf-8", "replace")))
+            continue
+        try:
+            row = json.loads(text)
+        except json.JSONDecodeError as exc:
+            rejects.append(Reject(source, line, "", "bad_json", f"bad JSON: {exc.msg} at column {exc.colno}", text[:RAW_PREVIEW]))
+            continue
+        if not isinstance(row, dict):
+            rejects.append(Reject(source, line, "", "not_object", f"expected a JSON object, got {type(row).__name__}", text[:RAW_PREVIEW]))
+            continue
+        bad = _bad_field(row, fields)
+        if bad:
+            rejects.append(Reject(source, line, bad[0], bad[1], bad[2], text[:RAW_PREVIEW]))
+            continue
+        for name in fields:
+            cols[name].append(row[name])
+        key = row.get(key_field) if key_field else None
+        keys.append(None if key is None else key if isinstance(key, str) else json.dumps(key))
+        lines.append(line)
+    frame = pl.DataFrame({**cols, LINE: lines, KEY: keys},
+                         schema={**{n: pl.String for n in fields}, LINE: pl.Int64, KEY: pl.String})
+    return RowBatch(source, frame, rejects)
+
+
+def _bad_field(row: dict, fields: list[str]) -> tuple[str, str, str] | None:
+    for name in fields:
+        if name not in row:
+            return name, "missing_field", f"missing field '{name}'"
+        value = row[name]
+        if not isinstance(value, str):
+            got = "null" if value is None else type(value).__name__
+            return name, "wrong_type", f"field '{name}' must be a string, got {got}"
+    return None
+
+
+def _split_missing(source: str, frame: pl.DataFrame, fields: list[str], raw_lines: list[bytes] | None) -> RowBatch:
+    """Rows with a null required field become rejects (Arrow cannot tell missing from null)."""
+    null_any = pl.any_horizontal([pl.col(n).is_null() for n in fields])
+    if not frame.select(null_any.any()).item():
+        return RowBatch(source, frame.select([*fields, LINE, KEY]))
+    bad = frame.with_row_index("_i").filter(null_any)
+    rejects = []
+    for row in bad.iter_rows(named=True):
+        name = next(n for n in fields if row[n] is None)
+        raw = raw_lines[row["_i"]][:RAW_PREVIEW].decode("utf-8", "replace") if raw_lines else ""
+        rejects.append(Reject(source, row[LINE], name, "missing_field", f"missing or null field '{name}'", raw))
+    return RowBatch(source, frame.filter(~null_any).select([*fields, LINE, KEY]), rejects)
+
+
+def _empty_frame(fields: list[str]) -> pl.DataFrame:
+    return pl.DataFrame(schema={**{n: pl.String for n in fields}, LINE: pl.Int64, KEY: pl.String})
+
+
+# -- CSV and Parquet -------------------------------------------------------------------------------
+def _columnar(source: str, batches: Iterator[pa.RecordBatch], fields: list[str], key_field: str | None,
+              first_row: int) -> Iterator[RowBatch]:
+    row = first_row
+    for batch in batches:
+        names = batch.schema.names
+        missing = [n for n in fields if n not in names]
+        if missing:
+            raise InputError(f"{source}: has no column(s) {missing}; columns are {names}")
+        frame = pl.from_arrow(pa.Table.from_batches([batch]))
+        assert isinstance(frame, pl.DataFrame)
+        frame = frame.with_columns(
+            *[pl.col(n).cast(pl.String) for n in fields],
+            pl.int_range(row, row + batch.num_rows, dtype=pl.Int64).alias(LINE),
+            (pl.col(key_field).cast(pl.String) if key_field and key_field in names else pl.lit(None, pl.String)).alias(KEY),
+        )
+        row += batch.num_rows
+        yield _split_missing(source, frame, fields, None)
+
+
+def _csv(f: InputFile, fields: list[str], key_field: str | None) -> Iterator[RowBatch]:
+    wanted = fields + ([key_field] if key_field else [])
+    convert = pacsv.ConvertOptions(column_types={n: pa.string() for n in wanted}, strings_can_be_null=False)
+    with f.fs.open_input_stream(f.path) as stream:
+        reader = pacsv.open_csv(stream, convert_options=convert,
+                                read_options=pacsv.ReadOptions(block_size=CHUNK_BYTES))
+        yield from _columnar(f.uri, iter(reader), fields, key_field, first_row=2)  # line 1 is the header
+
+
+def _parquet(f: InputFile, fields: list[str], key_field: str | None) -> Iterator[RowBatch]:
+    with f.fs.open_input_file(f.path) as handle:
+        pf = pq.ParquetFile(handle)
+        cols = [c for c in dict.fromkeys(fields + ([key_field] if key_field else [])) if c in pf.schema_arrow.names]
+        yield from _columnar(f.uri, pf.iter_batches(batch_size=65536, columns=cols), fields, key_field, first_row=1)

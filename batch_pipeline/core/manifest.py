@@ -1,0 +1,290 @@
+"""The manifest: every item of a job with its request ID, rendered prompt, token estimate, bucket and shard.
+
+Built in one streaming pass: blocks of rows are normalised and rendered in Polars, hashed with
+hashlib, deduplicated against a set of keys (memory follows the keys, not the text), and dealt to a
+small window of open shards round-robin within each length bucket, so every shard is a
+representative mix of lengths. A shard is written once, as one Parquet file, when it fills; its
+membership never changes. A re-run on grown input keeps every existing item where it is and puts only
+new items into new shards. A generation record, written last, commits the build.
+"""
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import polars as pl
+import pyarrow as pa
+
+from batch_pipeline.core import ids
+from batch_pipeline.core.cost import estimate_request_tokens
+from batch_pipeline.core.inputs import KEY, LINE, Reject, RowBatch, read_batches, resolve_inputs
+from batch_pipeline.core.paths import JobPaths
+from batch_pipeline.core.spec import JobSpec
+from batch_pipeline.core.store import Store
+
+log = logging.getLogger(__name__)
+
+BUCKET_EDGES = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+OPEN_SHARD_WINDOW = 8
+
+ITEM_SCHEMA = pa.schema([
+    ("request_id", pa.string()), ("shard_id", pa.string()), ("user_prompt", pa.string()),
+    ("est_input_tokens", pa.int32()), ("length_bucket", pa.int8()), ("request_bytes", pa.int32()),
+    ("source", pa.string()), ("line", pa.int64()), ("generation", pa.int32()),
+])
+ROW_SCHEMA = pa.schema([
+    ("source", pa.string()), ("line", pa.int64()), ("source_key", pa.string()), ("request_id", pa.string()),
+])
+REJECT_SCHEMA = pa.schema([
+    ("source", pa.string()), ("line", pa.int64()), ("field", pa.string()), ("kind", pa.string()),
+    ("reason", pa.string()), ("raw", pa.string()),
+])
+
+
+@dataclass
+class ManifestSummary:
+    job: str
+    generation: int
+    input_files: int = 0
+    input_rows: int = 0
+    rejected_rows: int = 0
+    accepted_rows: int = 0
+    unique_requests: int = 0
+    new_requests: int = 0
+    duplicates_collapsed: int = 0
+    shards_total: int = 0
+    new_shards: list[str] = field(default_factory=list)
+    est_input_tokens_new: int = 0
+    seconds: float = 0.0
+    rejects_by_reason: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def shard_name(number: int) -> str:
+    return f"s{number:05d}"
+
+
+def length_bucket(tokens: pl.Expr) -> pl.Expr:
+    expr = pl.lit(len(BUCKET_EDGES), dtype=pl.Int8)
+    for i, edge in reversed(list(enumerate(BUCKET_EDGES))):
+        expr = pl.when(tokens <= edge).then(pl.lit(i, dtype=pl.Int8)).otherwise(expr)
+    return expr
+
+
+def render_expr(spec: JobSpec) -> pl.Expr:
+    """The user message as a Polars expression over the normalised fields (literal pieces + columns)."""
+    import string
+
+    parts: list[pl.Expr] = []
+    for literal, name, _, _ in string.Formatter().parse(spec.prompt.template):
+        if literal:
+            parts.append(pl.lit(literal))
+        if name is not None:
+            parts.append(pl.col(name))
+    return pl.concat_str(parts) if len(parts) > 1 else parts[0]
+
+
+class _OpenShard:
+    __slots__ = ("number", "count", "bytes", "frames")
+
+    def __init__(self, number: int):
+        self.number, self.count, self.bytes, self.frames = number, 0, 0, []
+
+
+class ManifestBuilder:
+    def __init__(self, spec: JobSpec, store: Store, progress: Callable[[str, int], None] | None = None):
+        self.spec, self.store, self.paths = spec, store, JobPaths(spec.name)
+        self.progress = progress
+        self.manifest = Manifest(spec.name, store)
+
+    def build(self) -> ManifestSummary:
+        started = time.perf_counter()
+        spec = self.spec
+        gen = self.manifest.last_generation() + 1
+        summary = ManifestSummary(job=spec.name, generation=gen)
+        seen: set[str] = set(self.manifest.item_index(columns=["request_id"]).column("request_id").to_pylist())
+        existing = len(seen)
+        next_shard = self.manifest.max_shard_number() + 1
+        files = resolve_inputs(spec.input.path, spec.input.format, spec.input_base_dir())
+        summary.input_files = len(files)
+        fields = spec.prompt.fields
+        prefix = ids.id_prefix(spec.prompt.version, spec.model, spec.settings_fingerprint())
+        system_bytes = len(spec.prompt.system.encode())
+        window = max(1, min(OPEN_SHARD_WINDOW, math.ceil(max(_count_rows(files) - existing, 1)
+                                                          / spec.shards.max_requests)))
+        open_shards = [_OpenShard(next_shard + i) for i in range(window)]
+        next_shard += window
+        bucket_turn = [0] * (len(BUCKET_EDGES) + 1)
+        rejects: list[Reject] = []
+        with self.store.parquet_writer(self.paths.rows(gen), ROW_SCHEMA) as rows_out:
+            for f in files:
+                for batch in read_batches(f, fields, spec.input.key_field):
+                    summary.input_rows += batch.frame.height + len(batch.rejects)
+                    rejects.extend(batch.rejects)
+                    frame = self._prepare(batch, rejects, system_bytes)
+                    if frame.height == 0:
+                        continue
+                    rids = ids.request_ids(prefix, frame["user_prompt"].to_list())
+                    frame = frame.with_columns(pl.Series("request_id", rids, dtype=pl.String))
+                    rows_out.write_table(frame.select(
+                        pl.lit(batch.source).alias("source"), pl.col(LINE).alias("line"),
+                        pl.col(KEY).alias("source_key"), "request_id").to_arrow().cast(ROW_SCHEMA))
+                    summary.accepted_rows += frame.height
+                    # dedup and deal new items to the open shards, round-robin within each length bucket
+                    assign: list[int] = []
+                    keep: list[bool] = []
+                    for rid, bucket, nbytes in zip(rids, frame["length_bucket"].to_list(),
+                                                   frame["request_bytes"].to_list()):
+                        if rid in seen:
+                            keep.append(False)
+                            continue
+                        seen.add(rid)
+                        keep.append(True)
+                        slot = bucket_turn[bucket] % window
+                        bucket_turn[bucket] += 1
+                        shard = open_shards[slot]
+                        if shard.count >= spec.shards.max_requests or shard.bytes + nbytes > spec.shards.max_bytes:
+                            self._close(shard, gen, summary)
+                            shard = open_shards[slot] = _OpenShard(next_shard)
+                            next_shard += 1
+                        shard.count += 1
+                        shard.bytes += nbytes
+                        assign.append(shard.number)
+                    new = frame.filter(pl.Series(keep)).with_columns(pl.Series("_shard", assign, dtype=pl.Int64))
+                    by_number = {s.number: s for s in open_shards}
+                    for (number,), part in new.partition_by("_shard", as_dict=True).items():
+                        by_number[number].frames.append(part.with_columns(pl.lit(batch.source).alias("source")))
+                    summary.new_requests += new.height
+                    summary.est_input_tokens_new += int(new["est_input_tokens"].sum() or 0)
+                    if self.progress:
+                        self.progress(f.uri, summary.input_rows)
+            for shard in open_shards:
+                self._close(shard, gen, summary)
+        self._write_rejects(gen, rejects)
+        summary.rejected_rows = len(rejects)
+        for r in rejects:
+            summary.rejects_by_reason[r.kind] = summary.rejects_by_reason.get(r.kind, 0) + 1
+        summary.unique_requests = existing + summary.new_requests
+        summary.duplicates_collapsed = summary.accepted_rows - len(
+            set(self.store.read_part(self.paths.rows(gen), ["request_id"]).column("request_id").to_pylist())
+        ) if summary.accepted_rows else 0
+        summary.shards_total = len(self.manifest.shard_ids()) + len(summary.new_shards)
+        summary.seconds = round(time.perf_counter() - started, 3)
+        self.store.write_json(self.paths.generation(gen), summary.as_dict())  # the commit point
+        log.info("manifest %s gen %d: %d rows, %d rejected, %d new requests in %d new shards (%.1fs)",
+                 spec.name, gen, summary.input_rows, summary.rejected_rows, summary.new_requests,
+                 len(summary.new_shards), summary.seconds)
+        return summary
+
+    def _prepare(self, batch: RowBatch, rejects: list[Reject], system_bytes: int) -> pl.DataFrame:
+        """Normalise fields, render the prompt, estimate tokens; empty or over-long rows become rejects."""
+        spec = self.spec
+        fields = spec.prompt.fields
+        text = spec.input.text_field
+        frame = batch.frame.with_columns(
+            [pl.col(n).str.replace_all(ids.ABNORMAL_WHITESPACE, " ").str.strip_chars(ids.WHITESPACE_CHARS)
+             for n in fields]
+        )
+        frame = frame.with_columns(render_expr(spec).alias("user_prompt"))
+        frame = frame.with_columns(pl.col("user_prompt").str.len_bytes().cast(pl.Int32).alias("request_bytes"))
+        frame = frame.with_columns(
+            estimate_request_tokens(pl.col("request_bytes"), system_bytes).cast(pl.Int32).alias("est_input_tokens"))
+        limit = spec.input.max_input_tokens
+        bad = frame.filter((pl.col(text).str.len_bytes() == 0) | (pl.col("est_input_tokens") > limit))
+        for row in bad.select(LINE, text, "est_input_tokens").iter_rows():
+            line, value, tokens = row
+            if not value:
+                rejects.append(Reject(batch.source, line, text, "empty_text", f"empty text in field '{text}' after whitespace normalisation"))
+            else:
+                rejects.append(Reject(batch.source, line, text, "too_long",
+                                      f"request of ~{tokens} tokens exceeds input.max_input_tokens={limit}", value[:200]))
+        if bad.height:
+            frame = frame.filter((pl.col(text).str.len_bytes() > 0) & (pl.col("est_input_tokens") <= limit))
+        return frame.with_columns(length_bucket(pl.col("est_input_tokens")).alias("length_bucket"))
+
+    def _close(self, shard: _OpenShard, gen: int, summary: ManifestSummary) -> None:
+        if shard.count == 0:
+            return
+        sid = shard_name(shard.number)
+        frame = pl.concat(shard.frames).sort("request_id")
+        table = frame.select(
+            "request_id", pl.lit(sid).alias("shard_id"), "user_prompt", "est_input_tokens", "length_bucket",
+            "request_bytes", "source", pl.col(LINE).alias("line"), pl.lit(gen).alias("generation"),
+        ).to_arrow().cast(ITEM_SCHEMA)
+        self.store.write_table(self.paths.shard_items(sid), table)
+        summary.new_shards.append(sid)
+        shard.frames = []
+
+    def _write_rejects(self, gen: int, rejects: list[Reject]) -> None:
+        cols = {name: [getattr(r, name) for r in rejects] for name in REJECT_SCHEMA.names}
+        self.store.write_table(self.paths.rejects(gen), pa.table(cols, schema=REJECT_SCHEMA))
+
+
+def _count_rows(files) -> int:
+    """A cheap upper bound of the rows to come, to size the window of open shards."""
+    total = 0
+    for f in files:
+        if f.format == "parquet":
+            import pyarrow.parquet as pq
+
+            with f.fs.open_input_file(f.path) as h:
+                total += pq.ParquetFile(h).metadata.num_rows
+        else:
+            with f.fs.open_input_stream(f.path) as stream:
+                while chunk := stream.read(8 * 2**20):
+                    total += chunk.count(b"\n")
+    return total
+
+
+class Manifest:
+    """Read side of a job's committed manifest generations."""
+
+    def __init__(self, job: str, store: Store):
+        self.job, self.store, self.paths = job, store, JobPaths(job)
+
+    def generations(self) -> list[dict]:
+        out = [self.store.read_json(p) for p in self.store.list_files(self.paths.generations, suffix=".json")]
+        return [g for g in out if g]
+
+    def last_generation(self) -> int:
+        gens = self.generations()
+        return max((g["generation"] for g in gens), default=0)
+
+    def latest(self) -> dict | None:
+        gens = self.generations()
+        return max(gens, key=lambda g: g["generation"]) if gens else None
+
+    def shard_ids(self) -> list[str]:
+        return sorted(s for g in self.generations() for s in g["new_shards"])
+
+    def max_shard_number(self) -> int:
+        return max((int(s[1:]) for s in self.shard_ids()), default=0)
+
+    def shard_items(self, shard_id: str, columns: list[str] | None = None) -> pa.Table:
+        table = self.store.read_part(self.paths.shard_items(shard_id), columns)
+        if table is None:
+            raise FileNotFoundError(f"manifest of job {self.job} has no readable items for shard {shard_id}")
+        return table
+
+    def item_index(self, columns: list[str] | None = None) -> pa.Table:
+        cols = columns or ["request_id", "shard_id", "est_input_tokens", "length_bucket"]
+        tables = [self.shard_items(s, cols) for s in self.shard_ids()]
+        return pa.concat_tables(tables) if tables else pa.schema([ITEM_SCHEMA.field(c) for c in cols]).empty_table()
+
+    def rows(self) -> pa.Table:
+        gen = self.last_generation()
+        t = self.store.read_part(self.paths.rows(gen)) if gen else None
+        return t if t is not None else ROW_SCHEMA.empty_table()
+
+    def rejects(self) -> pa.Table:
+        gen = self.last_generation()
+        t = self.store.read_part(self.paths.rejects(gen)) if gen else None
+        return t if t is not None else REJECT_SCHEMA.empty_table()
+
+
+def build_manifest(spec: JobSpec, store: Store, progress: Callable[[str, int], None] | None = None) -> ManifestSummary:
+    return ManifestBuilder(spec, store, progress).build()

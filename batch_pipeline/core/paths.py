@@ -1,0 +1,68 @@
+"""Where each kind of record of a job lives under the store root (one place, so layouts never drift)."""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class JobPaths:
+    job: str
+
+    @property
+    def root(self) -> str:
+        return f"jobs/{self.job}"
+
+    # manifest: items are one file per shard, rows and rejects one snapshot per generation
+    @property
+    def generations(self) -> str:
+        return f"{self.root}/manifest/generations"
+
+    def generation(self, gen: int) -> str:
+        return f"{self.generations}/gen-{gen:06d}.json"
+
+    def shard_items(self, shard_id: str) -> str:
+        return f"{self.root}/manifest/items/{shard_id}.parquet"
+
+    def rows(self, gen: int) -> str:
+        return f"{self.root}/manifest/rows/gen-{gen:06d}.parquet"
+
+    def rejects(self, gen: int) -> str:
+        return f"{self.root}/manifest/rejects/gen-{gen:06d}.parquet"
+
+    # results: append-only parts per (shard, attempt, flush)
+    @property
+    def results(self) -> str:
+        return f"{self.root}/results"
+
+    def result_part(self, shard_id: str, attempt: int, flush: int, token: str) -> str:
+        return f"{self.results}/{shard_id}/attempt-{attempt:04d}-flush-{flush:05d}-{token}.parquet"
+
+    # attempts: one immutable JSON record per event (intent, submitted, collected)
+    def attempts(self, shard_id: str) -> str:
+        return f"{self.root}/attempts/{shard_id}"
+
+    def attempt_event(self, shard_id: str, attempt: int, event: str) -> str:
+        return f"{self.attempts(shard_id)}/attempt-{attempt:04d}.{event}.json"
+
+    def lease(self, shard_id: str) -> str:
+        return f"{self.root}/leases/{shard_id}.json"
+
+    # derived outputs
+    @property
+    def validated(self) -> str:
+        return f"{self.root}/validated/{self.job}.parquet"
+
+    @property
+    def dead_letters(self) -> str:
+        return f"{self.root}/validated/dead_letters.parquet"
+
+    @property
+    def quote(self) -> str:
+        return f"{self.root}/quote.json"
+
+    @property
+    def report(self) -> str:
+        return f"{self.root}/report.json"
+
+    @property
+    def duckdb(self) -> str:
+        return f"{self.root}/{self.job}.duckdb"

@@ -1,0 +1,192 @@
+"""One storage root for everything a job writes: local disk or ``s3://bucket/prefix``, same code.
+
+Writes go to a temporary name and are renamed into place (one PUT on S3), so a reader sees a part
+either whole or not at all; a part torn by something else (a truncated copy, a crashed writer on a
+filesystem without atomic rename) fails to parse and is skipped with a warning. Nothing is rewritten
+in place except derived snapshots (the validated table), which are replaced atomically.
+"""
+
+import io
+import json
+import logging
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOME = "./.batch_pipeline"
+TMP_PREFIX = ".tmp-"
+
+
+def default_root() -> str:
+    return os.environ.get("BATCH_PIPELINE_HOME", DEFAULT_HOME)
+
+
+class Store:
+    """Files under one root, addressed by relative paths with forward slashes."""
+
+    def __init__(self, root: str | os.PathLike[str] | None = None):
+        root = str(root if root is not None else default_root())
+        if "://" in root:
+            self.fs, base = pafs.FileSystem.from_uri(root)
+            self.is_local = False
+        else:
+            self.fs = pafs.LocalFileSystem()
+            base = str(Path(root).resolve())
+            Path(base).mkdir(parents=True, exist_ok=True)
+            self.is_local = True
+        self.root = root
+        self.base = base.rstrip("/")
+
+    def __repr__(self) -> str:
+        return f"Store({self.root!r})"
+
+    # -- paths -----------------------------------------------------------------
+    def full(self, rel: str) -> str:
+        return f"{self.base}/{rel}" if rel else self.base
+
+    def local_path(self, rel: str) -> Path | None:
+        """The OS path of ``rel`` when the store is on local disk (DuckDB views need it)."""
+        return Path(self.full(rel)) if self.is_local else None
+
+    def uri(self, rel: str) -> str:
+        return str(self.local_path(rel)) if self.is_local else f"{self.root.rstrip('/')}/{rel}"
+
+    def exists(self, rel: str) -> bool:
+        return self.fs.get_file_info(self.full(rel)).type != pafs.FileType.NotFound
+
+    def list_files(self, rel_dir: str, *, recursive: bool = False, suffix: str = "") -> list[str]:
+        """Relative paths of complete files under ``rel_dir`` (temporary names excluded), sorted."""
+        selector = pafs.FileSelector(self.full(rel_dir), allow_not_found=True, recursive=recursive)
+        out = []
+        for info in self.fs.get_file_info(selector):
+            if info.type != pafs.FileType.File or info.base_name.startswith(TMP_PREFIX):
+                continue
+            if suffix and not info.base_name.endswith(suffix):
+                continue
+            out.append(info.path[len(self.base) + 1 :])
+        return sorted(out)
+
+    def list_dirs(self, rel_dir: str) -> list[str]:
+        selector = pafs.FileSelector(self.full(rel_dir), allow_not_found=True)
+        return sorted(i.base_name for i in self.fs.get_file_info(selector) if i.type == pafs.FileType.Directory)
+
+    def _mkdir_for(self, rel: str) -> None:
+        parent = rel.rsplit("/", 1)[0] if "/" in rel else ""
+        self.fs.create_dir(self.full(parent), recursive=True)
+
+    def _tmp_name(self, rel: str) -> str:
+        head, _, name = rel.rpartition("/")
+        tmp = f"{TMP_PREFIX}{uuid.uuid4().hex[:12]}-{name}"
+        return f"{head}/{tmp}" if head else tmp
+
+    # -- bytes -----------------------------------------------------------------
+    def write_bytes(self, rel: str, data: bytes) -> None:
+        self._mkdir_for(rel)
+        if not self.is_local:  # one PUT is atomic on object stores
+            with self.fs.open_output_stream(self.full(rel)) as out:
+                out.write(data)
+            return
+        tmp = self._tmp_name(rel)
+        with self.fs.open_output_stream(self.full(tmp)) as out:
+            out.write(data)
+        self.fs.move(self.full(tmp), self.full(rel))
+
+    def read_bytes(self, rel: str) -> bytes:
+        with self.fs.open_input_stream(self.full(rel)) as f:
+            return f.read()
+
+    def delete(self, rel: str) -> None:
+        try:
+            self.fs.delete_file(self.full(rel))
+        except FileNotFoundError:
+            pass
+
+    # -- JSON records (intents, attempts, summaries) ----------------------------
+    def write_json(self, rel: str, obj: Any) -> None:
+        self.write_bytes(rel, json.dumps(obj, indent=1, sort_keys=True, default=str).encode())
+
+    def read_json(self, rel: str) -> Any | None:
+        try:
+            return json.loads(self.read_bytes(rel))
+        except FileNotFoundError:
+            return None
+        except json.JSONDecodeError:
+            log.warning("ignoring torn JSON record %s", self.uri(rel))
+            return None
+
+    def create_json_exclusive(self, rel: str, obj: Any) -> bool:
+        """Write ``rel`` only if it does not exist yet; True if this call created it."""
+        data = json.dumps(obj, sort_keys=True, default=str).encode()
+        if self.is_local:
+            path = self.local_path(rel)
+            assert path is not None
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            return True
+        if self.exists(rel):  # S3 conditional PUT arrives with the object-storage issue
+            return False
+        self.write_bytes(rel, data)
+        return True
+
+    # -- Parquet ---------------------------------------------------------------
+    def write_table(self, rel: str, table: pa.Table, **kwargs: Any) -> None:
+        buf = io.BytesIO()
+        pq.write_table(table, buf, compression=kwargs.pop("compression", "zstd"), **kwargs)
+        self.write_bytes(rel, buf.getvalue())
+
+    @contextmanager
+    def parquet_writer(self, rel: str, schema: pa.Schema, **kwargs: Any) -> Iterator[pq.ParquetWriter]:
+        """Stream row groups into ``rel``; it appears under its name only when the block exits cleanly."""
+        self._mkdir_for(rel)
+        target = rel if not self.is_local else self._tmp_name(rel)
+        sink = self.fs.open_output_stream(self.full(target))
+        writer = pq.ParquetWriter(sink, schema, compression=kwargs.pop("compression", "zstd"), **kwargs)
+        try:
+            yield writer
+        except BaseException:
+            writer.close()
+            sink.close()
+            self.delete(target)
+            raise
+        writer.close()
+        sink.close()
+        if target != rel:
+            self.fs.move(self.full(target), self.full(rel))
+
+    def read_part(self, rel: str, columns: list[str] | None = None) -> pa.Table | None:
+        """One part, or None (with a warning) when it is torn."""
+        try:
+            with self.fs.open_input_file(self.full(rel)) as f:
+                return pq.read_table(f, columns=columns)
+        except (pa.ArrowInvalid, OSError) as exc:
+            if isinstance(exc, FileNotFoundError):
+                return None
+            log.warning("ignoring torn part %s: %s", self.uri(rel), exc)
+            return None
+
+    def read_parts(self, rel_dir: str, columns: list[str] | None = None, schema: pa.Schema | None = None,
+                   recursive: bool = True) -> pa.Table | None:
+        """The union of every complete Parquet part under ``rel_dir``; None if there are none."""
+        tables = []
+        for rel in self.list_files(rel_dir, recursive=recursive, suffix=".parquet"):
+            t = self.read_part(rel, columns)
+            if t is not None and t.num_rows:
+                tables.append(t.cast(schema.select(t.column_names) if schema is not None else t.schema)
+                              if schema is not None else t)
+        if not tables:
+            return None
+        return pa.concat_tables(tables, promote_options="permissive")

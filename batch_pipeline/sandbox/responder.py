@@ -1,0 +1,133 @@
+"""Deterministic chat completions that honour the request's output contract."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .schema_fill import fill_schema
+from .tokens import content_text, count_tokens, message_tokens, prompt_tokens, truncate_tokens
+
+MARKER_RE = re.compile(r"\[\[sandbox:(\w+)\]\]")
+SYSTEM_FINGERPRINT = "sandbox"
+CACHE_MIN_TOKENS = 1024
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One generated completion: the ChatCompletion body plus its token counts."""
+
+    body: dict[str, Any]
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    messages = body.get("messages")
+    return [m for m in messages if isinstance(m, dict)] if isinstance(messages, list) else []
+
+
+def last_user_text(body: dict[str, Any]) -> str:
+    """Text of the last ``user`` message ('' when there is none)."""
+    for message in reversed(_messages(body)):
+        if message.get("role") == "user":
+            return content_text(message.get("content"))
+    return ""
+
+
+def markers(body: dict[str, Any]) -> set[str]:
+    """The ``[[sandbox:NAME]]`` markers found in the user messages."""
+    found: set[str] = set()
+    for message in _messages(body):
+        if message.get("role") == "user":
+            found.update(MARKER_RE.findall(content_text(message.get("content"))))
+    return found
+
+
+def cacheable_prefix(body: dict[str, Any]) -> tuple[str, int] | None:
+    """The leading system/developer message text and its tokens, if it is long enough to be cached."""
+    messages = _messages(body)
+    if not messages or messages[0].get("role") not in ("system", "developer"):
+        return None
+    tokens = message_tokens(messages[0])
+    if tokens < CACHE_MIN_TOKENS:
+        return None
+    return content_text(messages[0].get("content")), tokens
+
+
+def render_content(body: dict[str, Any]) -> str:
+    """The assistant text: a schema-valid JSON document for ``json_schema``, a JSON object for ``json_object``,
+    otherwise a short sentence."""
+    text = last_user_text(body)
+    response_format = body.get("response_format")
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "json_schema":
+        schema = (response_format.get("json_schema") or {}).get("schema") or {"type": "object"}
+        return json.dumps(fill_schema(schema, text), ensure_ascii=False)
+    words = re.findall(r"\w+", MARKER_RE.sub(" ", text))
+    snippet = " ".join(words[:8]) or "an empty message"
+    if kind == "json_object":
+        return json.dumps({"sandbox": True, "answer": snippet}, ensure_ascii=False)
+    return f"Sandbox reply to: {snippet}."
+
+
+def _token_limit(body: dict[str, Any]) -> int | None:
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return None
+
+
+def chat_completion(
+    body: dict[str, Any], *, completion_id: str, created: int, cached_tokens: int, truncate: bool = False
+) -> Completion:
+    """The ChatCompletion for a request body. ``truncate`` cuts the output in half (finish_reason ``length``)."""
+    content = render_content(body)
+    finish_reason = "stop"
+    limit = _token_limit(body)
+    produced = count_tokens(content)
+    if truncate:
+        limit = min(limit, produced // 2) if limit is not None else produced // 2
+    if limit is not None and (produced > limit or truncate):
+        content = truncate_tokens(content, limit)
+        finish_reason = "length"
+    prompt = prompt_tokens(_messages(body))
+    completion = count_tokens(content)
+    response = {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": str(body.get("model", "")),
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content, "refusal": None, "annotations": []},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens, "audio_tokens": 0},
+            "completion_tokens_details": {
+                "reasoning_tokens": 0,
+                "audio_tokens": 0,
+                "accepted_prediction_tokens": 0,
+                "rejected_prediction_tokens": 0,
+            },
+        },
+        "service_tier": "default",
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+    }
+    return Completion(response, prompt, cached_tokens, completion)
+
+
+def error_body(message: str, *, type: str, code: str | None, param: str | None = None) -> dict[str, Any]:
+    """The error envelope carried by a failed request's response line."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}

@@ -1,0 +1,151 @@
+"""Scenarios: named behaviours with parameters, chosen for the whole server or for one batch."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ApiError
+
+ENDPOINTS = (
+    "upload_file",
+    "list_files",
+    "retrieve_file",
+    "file_content",
+    "delete_file",
+    "create_batch",
+    "list_batches",
+    "retrieve_batch",
+    "cancel_batch",
+)
+
+# Lifecycle durations in clock seconds; every scenario accepts them.
+COMMON_PARAMS: dict[str, Any] = {"validating_s": 0.05, "in_progress_s": 0.2, "finalizing_s": 0.05, "cancelling_s": 0.05}
+
+SCENARIO_PARAMS: dict[str, dict[str, Any]] = {
+    "normal": {},
+    "line_errors": {"rate": 0.1, "times": 1},
+    "expire": {"complete_share": 0.5},
+    "rate_limit": {"times": 3, "retry_after_ms": 50, "on": list(ENDPOINTS)},
+    "server_error": {"times": 1, "on": list(ENDPOINTS), "commit": False},
+    "fail_validation": {"lines": [1]},
+    "slow": {"in_progress_s": 3.0},
+}
+
+METADATA_NAME = "sandbox_scenario"
+METADATA_PARAMS = "sandbox_params"
+METADATA_PARAM_PREFIX = "sandbox_param_"
+
+
+def _coerce(name: str, value: Any, default: Any) -> Any:
+    """Convert ``value`` to the type of ``default`` (metadata values arrive as strings)."""
+    if isinstance(value, str) and not isinstance(default, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            if isinstance(default, list):
+                value = [v.strip() for v in value.split(",") if v.strip()]
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ValueError(f"param {name} must be a boolean")
+        return value
+    if isinstance(default, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"param {name} must be a number")
+        return int(value) if isinstance(default, int) and float(value).is_integer() else float(value)
+    if isinstance(default, list):
+        if isinstance(value, (str, int)):
+            value = [value]
+        if not isinstance(value, list):
+            raise ValueError(f"param {name} must be a list")
+        return value
+    return value
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A scenario name with its parameters (defaults filled in)."""
+
+    name: str = "normal"
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def param(self, key: str) -> Any:
+        """A parameter value (with its default)."""
+        return self.params[key]
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"name", "params"}``."""
+        return {"name": self.name, "params": dict(self.params)}
+
+
+def make_scenario(name: str | None, params: dict[str, Any] | None = None) -> Scenario:
+    """Validate a scenario; raises ValueError for an unknown name or parameter or a bad value."""
+    name = name or "normal"
+    if name not in SCENARIO_PARAMS:
+        raise ValueError(f"unknown scenario {name!r}; known: {', '.join(SCENARIO_PARAMS)}")
+    defaults = {**COMMON_PARAMS, **SCENARIO_PARAMS[name]}
+    given = dict(params or {})
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise ValueError(f"unknown params for scenario {name}: {unknown}; known: {sorted(defaults)}")
+    merged = {key: _coerce(key, given[key], default) if key in given else default for key, default in defaults.items()}
+    for key in ("rate", "complete_share"):
+        if key in merged and not 0.0 <= merged[key] <= 1.0:
+            raise ValueError(f"param {key} must lie in [0, 1]")
+    for key, value in merged.items():
+        if key.endswith("_s") and value < 0:
+            raise ValueError(f"param {key} must be >= 0")
+    bad_endpoints = sorted(set(merged.get("on", [])) - set(ENDPOINTS) - {"*"})
+    if bad_endpoints:
+        raise ValueError(f"unknown endpoints in 'on': {bad_endpoints}; known: {list(ENDPOINTS)}")
+    return Scenario(name, merged)
+
+
+def scenario_from_metadata(metadata: dict[str, str] | None) -> Scenario | None:
+    """The per-batch scenario named by batch metadata, or None.
+
+    ``sandbox_scenario`` names it; parameters come from ``sandbox_params`` (a JSON object string) and/or
+    ``sandbox_param_<name>`` keys (JSON-decoded when possible; lists may also be comma-separated).
+    """
+    if not metadata or METADATA_NAME not in metadata:
+        return None
+    params: dict[str, Any] = {}
+    if METADATA_PARAMS in metadata:
+        decoded = json.loads(metadata[METADATA_PARAMS])
+        if not isinstance(decoded, dict):
+            raise ValueError(f"metadata {METADATA_PARAMS} must be a JSON object")
+        params.update(decoded)
+    for key, value in metadata.items():
+        if key.startswith(METADATA_PARAM_PREFIX):
+            params[key[len(METADATA_PARAM_PREFIX) :]] = value
+    return make_scenario(metadata[METADATA_NAME], params)
+
+
+def endpoint_fault(scenario: Scenario, endpoint: str, counts: dict[str, int], scope: str) -> ApiError | None:
+    """The injected 429/500 for this call, if the scenario still owes one (counts are updated)."""
+    if scenario.name not in ("rate_limit", "server_error"):
+        return None
+    targets = scenario.param("on")
+    if endpoint not in targets and "*" not in targets:
+        return None
+    key = f"{scope}|{scenario.name}|{endpoint}"
+    seen = counts.get(key, 0)
+    if seen >= int(scenario.param("times")):
+        return None
+    counts[key] = seen + 1
+    if scenario.name == "server_error":
+        return ApiError(
+            500,
+            "The server had an error while processing your request (sandbox scenario server_error).",
+            type="server_error",
+        )
+    delay_ms = int(scenario.param("retry_after_ms"))
+    return ApiError(
+        429,
+        f"Rate limit reached for requests (sandbox scenario rate_limit). Please try again in {delay_ms}ms.",
+        type="requests",
+        code="rate_limit_exceeded",
+        headers={"retry-after-ms": str(delay_ms), "retry-after": str(max(1, math.ceil(delay_ms / 1000)))},
+    )

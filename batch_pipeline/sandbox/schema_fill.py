@@ -1,0 +1,237 @@
+"""Build a deterministic JSON value that validates against a (structured-outputs) JSON schema.
+
+Supported: ``$ref`` into the same schema (``#/$defs/...``, ``#/definitions/...``), ``const``, ``enum``,
+``anyOf``/``oneOf`` (first non-null branch), ``allOf`` (merged), ``type`` (one or a list), objects with
+``properties``/``required``/``additionalProperties``, arrays with ``items``/``minItems``/``maxItems``/``uniqueItems``,
+strings with ``minLength``/``maxLength``/common ``format``s, integers and numbers with bounds, booleans and null.
+``pattern`` is not supported.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from .ids import stable_hex
+
+_WORD_SPLIT = re.compile(r"[_\s\-]+")
+_MAX_DEPTH = 12
+_FORMATS = {
+    "date": "2024-01-01",
+    "date-time": "2024-01-01T00:00:00Z",
+    "time": "00:00:00",
+    "email": "sandbox@example.com",
+    "uri": "https://example.com/sandbox",
+    "url": "https://example.com/sandbox",
+    "uuid": "00000000-0000-4000-8000-000000000000",
+}
+
+
+def _find_word(haystack: str, needle: str) -> int | None:
+    """Position of ``needle`` as a whole word in ``haystack`` (both lower case), or None."""
+    match = re.search(r"(?<!\w)" + re.escape(needle) + r"(?!\w)", haystack)
+    return match.start() if match else None
+
+
+def pick_label(options: list[Any], text: str, salt: str = "") -> Any:
+    """Choose one of ``options`` for a message ``text``.
+
+    A label whose text occurs in the message (case-insensitive, whole words) wins; failing that, a label all of
+    whose words (split on ``_``, ``-`` or spaces) occur. Ties go to the earliest occurrence, then the longer label.
+    Otherwise the choice is a hash of the text.
+    """
+    if not options:
+        raise ValueError("enum without values")
+    lowered = text.lower()
+    best: tuple[int, int, int, int] | None = None
+    for index, option in enumerate(options):
+        if not isinstance(option, str) or not option.strip():
+            continue
+        label = option.lower()
+        position = _find_word(lowered, label)
+        tier = 0
+        if position is None:
+            words = [w for w in _WORD_SPLIT.split(label) if w]
+            found = [_find_word(lowered, w) for w in words]
+            if not words or any(p is None for p in found):
+                continue
+            position = min(p for p in found if p is not None)
+            tier = 1
+        key = (tier, position, -len(label), index)
+        if best is None or key < best:
+            best = key
+    if best is not None:
+        return options[best[3]]
+    return options[int(stable_hex(text, salt, length=12), 16) % len(options)]
+
+
+def _resolve(schema: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
+    """Follow local ``$ref``s (JSON pointers into ``root``)."""
+    seen = 0
+    while isinstance(schema, dict) and isinstance(schema.get("$ref"), str):
+        ref = schema["$ref"]
+        if not ref.startswith("#"):
+            raise ValueError(f"only local $ref is supported, got {ref!r}")
+        target: Any = root
+        for part in [p for p in ref[1:].split("/") if p]:
+            target = target[part.replace("~1", "/").replace("~0", "~")]
+        extra = {k: v for k, v in schema.items() if k != "$ref"}
+        schema = {**target, **extra}
+        seen += 1
+        if seen > 50:
+            raise ValueError("$ref cycle")
+    return schema
+
+
+def _merge_all_of(schema: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
+    merged = {k: v for k, v in schema.items() if k != "allOf"}
+    for part in schema["allOf"]:
+        part = _resolve(part, root)
+        for key, value in part.items():
+            if key == "properties":
+                merged["properties"] = {**merged.get("properties", {}), **value}
+            elif key == "required":
+                merged["required"] = list(dict.fromkeys([*merged.get("required", []), *value]))
+            else:
+                merged.setdefault(key, value)
+    return merged
+
+
+def _schema_type(schema: dict[str, Any]) -> str:
+    declared = schema.get("type")
+    if isinstance(declared, list):
+        non_null = [t for t in declared if t != "null"]
+        return non_null[0] if non_null else "null"
+    if isinstance(declared, str):
+        return declared
+    if "properties" in schema or "additionalProperties" in schema:
+        return "object"
+    if "items" in schema:
+        return "array"
+    return "string"
+
+
+class SchemaFiller:
+    """Fills schemas for one message text; every choice is a function of the text and the value's path."""
+
+    def __init__(self, root: dict[str, Any], text: str) -> None:
+        self.root = root
+        self.text = text
+        words = re.findall(r"\w+", re.sub(r"\[\[sandbox:\w+\]\]", " ", text))
+        self.snippet = " ".join(words[:6]) or "sandbox"
+
+    def fill(self, schema: Any = None, path: str = "$", depth: int = 0) -> Any:
+        """A value for ``schema`` (the root schema when omitted)."""
+        if schema is None:
+            schema = self.root
+        if schema is True or schema == {}:
+            return self.snippet
+        if depth > _MAX_DEPTH:
+            return None
+        schema = _resolve(schema, self.root)
+        if "allOf" in schema:
+            schema = _merge_all_of(schema, self.root)
+        if "const" in schema:
+            return schema["const"]
+        if isinstance(schema.get("enum"), list):
+            return pick_label(schema["enum"], self.text, path)
+        for key in ("anyOf", "oneOf"):
+            if isinstance(schema.get(key), list) and schema[key]:
+                branches = [_resolve(b, self.root) for b in schema[key]]
+                chosen = next((b for b in branches if b.get("type") != "null"), branches[0])
+                return self.fill(chosen, path, depth + 1)
+        kind = _schema_type(schema)
+        handler = getattr(self, f"_fill_{kind}", None)
+        if handler is None:
+            raise ValueError(f"unsupported schema type {kind!r} at {path}")
+        return handler(schema, path, depth)
+
+    def _fill_object(self, schema: dict[str, Any], path: str, depth: int) -> dict[str, Any]:
+        properties = schema.get("properties") or {}
+        return {name: self.fill(sub, f"{path}.{name}", depth + 1) for name, sub in properties.items()}
+
+    def _fill_array(self, schema: dict[str, Any], path: str, depth: int) -> list[Any]:
+        low = int(schema.get("minItems", 0))
+        high = schema.get("maxItems")
+        count = max(low, 1)
+        if high is not None:
+            count = min(count, int(high))
+        items = schema.get("items", {})
+        values: list[Any] = []
+        for index in range(count):
+            value = self.fill(items, f"{path}[{index}]", depth + 1)
+            if schema.get("uniqueItems") and value in values:
+                value = self._distinct_item(items, values, path, depth)
+            values.append(value)
+        return values
+
+    def _distinct_item(self, items: Any, taken: list[Any], path: str, depth: int) -> Any:
+        resolved = _resolve(items, self.root) if isinstance(items, dict) else {}
+        for option in resolved.get("enum", []):
+            if option not in taken:
+                return option
+        for attempt in range(1, 100):
+            candidate = self.fill(items, f"{path}#{attempt}", depth + 1)
+            if candidate not in taken:
+                return candidate
+            if isinstance(candidate, str):
+                candidate = f"{candidate} {attempt}"
+                if candidate not in taken:
+                    return candidate
+        raise ValueError(f"cannot build unique items at {path}")
+
+    def _fill_string(self, schema: dict[str, Any], path: str, depth: int) -> str:
+        value = _FORMATS.get(str(schema.get("format")), self.snippet)
+        min_length = int(schema.get("minLength", 0))
+        if len(value) < min_length:
+            value = value + "x" * (min_length - len(value))
+        if "maxLength" in schema:
+            value = value[: int(schema["maxLength"])]
+        return value
+
+    @staticmethod
+    def _bounds(schema: dict[str, Any]) -> tuple[float | None, bool, float | None, bool]:
+        """(low, low is exclusive, high, high is exclusive), for draft-4 and later spellings."""
+
+        def bound(plain: str, exclusive: str) -> tuple[float | None, bool]:
+            marker = schema.get(exclusive)
+            if isinstance(marker, (int, float)) and not isinstance(marker, bool):
+                return marker, True
+            return schema.get(plain), marker is True
+
+        low, low_x = bound("minimum", "exclusiveMinimum")
+        high, high_x = bound("maximum", "exclusiveMaximum")
+        return low, low_x, high, high_x
+
+    def _fill_integer(self, schema: dict[str, Any], path: str, depth: int) -> int:
+        low, low_x, high, high_x = self._bounds(schema)
+        lo = None if low is None else (math.floor(low) + 1 if low_x else math.ceil(low))
+        hi = None if high is None else (math.ceil(high) - 1 if high_x else math.floor(high))
+        if lo is None:
+            lo = 0 if hi is None or hi >= 9 else hi - 9
+        if hi is None:
+            hi = lo + 9
+        span = max(hi - lo, 0)
+        return int(lo + int(stable_hex(self.text, path, length=8), 16) % (span + 1))
+
+    def _fill_number(self, schema: dict[str, Any], path: str, depth: int) -> float:
+        low, _, high, _ = self._bounds(schema)
+        if low is not None and high is not None:
+            return (float(low) + float(high)) / 2.0
+        if low is not None:
+            return float(low) + 0.5
+        if high is not None:
+            return float(high) - 0.5
+        return 0.5
+
+    def _fill_boolean(self, schema: dict[str, Any], path: str, depth: int) -> bool:
+        return int(stable_hex(self.text, path, length=2), 16) % 2 == 0
+
+    def _fill_null(self, schema: dict[str, Any], path: str, depth: int) -> None:
+        return None
+
+
+def fill_schema(schema: dict[str, Any], text: str) -> Any:
+    """A deterministic instance of ``schema`` for the message ``text``."""
+    return SchemaFiller(schema, text).fill()
