@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -572,31 +573,39 @@ def _overlong_body(rng: random.Random, category: str, ctx: dict[str, str], intro
     return head + "\n".join(body_lines) + tail
 
 
-_WS_MUTATIONS = ("double_space", "tab", "nbsp", "line_sep", "newlines", "trailing", "leading")
+_WS_MUTATIONS = ("double_space", "tab", "nbsp", "line_sep", "newlines", "flatten", "trailing", "leading")
+_WS_RUN = re.compile(r"(\s+)")
 
 
 def _whitespace_variant(rng: random.Random, body: str) -> str:
-    """Same text as `body` after normalize_ws, but different raw whitespace."""
+    """Same text as `body` after normalize_ws, but different raw whitespace.
+
+    The original's layout (paragraph breaks) is mostly kept; a few separators are
+    swapped for double spaces, tabs, NBSPs, U+2028, extra newlines, or flattened.
+    """
     target = normalize_ws(body)
+    parts = _WS_RUN.split(body.strip())
+    words, orig_seps = parts[0::2], parts[1::2]
     for _ in range(100):
-        words = target.split(" ")
-        seps = [" "] * (len(words) - 1)
+        seps = list(orig_seps)
         kinds = rng.sample(_WS_MUTATIONS, k=rng.randint(2, 4))
         for kind in kinds:
             k = max(1, len(seps) // rng.randint(6, 20))
-            idx = rng.sample(range(len(seps)), k=min(k, len(seps))) if seps else []
-            for i in idx:
+            for i in rng.sample(range(len(seps)), k=min(k, len(seps))):
+                sep = seps[i]
                 if kind == "double_space":
-                    seps[i] = "  "
+                    seps[i] = sep + " "
                 elif kind == "tab":
-                    seps[i] = rng.choice(("\t", " \t", "\t\t"))
+                    seps[i] = rng.choice(("\t", " \t", "\t\t", sep + "\t"))
                 elif kind == "nbsp":
                     seps[i] = rng.choice(("\xa0", " \xa0", "\xa0\xa0"))
                 elif kind == "line_sep":
                     seps[i] = rng.choice(("\u2028", " \u2028 "))
                 elif kind == "newlines" and words[i].endswith((".", "?", "!", ",")):
-                    seps[i] = rng.choice(("\n", "\n\n", "\r\n", " \n"))
-        raw = words[0] + "".join(s + w for s, w in zip(seps, words[1:]))
+                    seps[i] = rng.choice(("\n", "\n\n", "\r\n", " \n", "\n\n\n"))
+                elif kind == "flatten" and "\n" in sep:
+                    seps[i] = " "
+        raw = words[0] + "".join(sep + w for sep, w in zip(seps, words[1:]))
         if "leading" in kinds:
             raw = rng.choice((" ", "  ", "\t", "\n")) + raw
         if "trailing" in kinds or rng.random() < 0.5:
