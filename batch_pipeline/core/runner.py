@@ -1,0 +1,184 @@
+"""Drive one shard attempt through any executor: intents, re-attachment, validation, flushes.
+
+Resuming is the normal path, not a special case: every call derives what is left from the store.
+``submit`` sends only items that are neither valid nor dead-lettered, and never while an earlier
+attempt of the shard is still open (it re-attaches to that batch instead, asking the provider by key
+when the crash came between "accepted" and "recorded"). ``collect`` waits for the batch to end and
+appends validated results; a crash mid-collection just collects the same batch again.
+"""
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import polars as pl
+import pyarrow as pa
+
+from batch_pipeline.core.attempts import Attempt, AttemptLog
+from batch_pipeline.core.cost import Price
+from batch_pipeline.core.errors import SystemicError, TransientError
+from batch_pipeline.core.executor import (BatchExecutor, BatchHandle, BatchState, BatchStatus, RequestPlan,
+                                          ShardWork, StreamExecutor)
+from batch_pipeline.core.manifest import Manifest
+from batch_pipeline.core.reconcile import DEAD, VALID, item_states
+from batch_pipeline.core.results import build_results, read_results, write_results
+from batch_pipeline.core.spec import JobSpec
+from batch_pipeline.core.store import Store
+
+log = logging.getLogger(__name__)
+
+STATE_COLUMNS = ["request_id", "attempt", "status", "error_class", "error_code", "error_message"]
+
+
+@dataclass
+class SubmitOutcome:
+    shard_id: str
+    attempt: int | None
+    requests: int
+    handle: BatchHandle | None
+    reattached: bool = False
+
+    @property
+    def nothing_to_do(self) -> bool:
+        return self.handle is None
+
+
+@dataclass
+class CollectOutcome:
+    shard_id: str
+    attempts: list[int] = field(default_factory=list)
+    rows: int = 0
+    succeeded: int = 0
+    final_states: list[str] = field(default_factory=list)
+
+
+class ShardRunner:
+    def __init__(self, spec: JobSpec, store: Store, executor: BatchExecutor | StreamExecutor,
+                 price: Price | None, pricing: str = "batch"):
+        self.spec, self.store, self.executor, self.price, self.pricing = spec, store, executor, price, pricing
+        self.manifest = Manifest(spec.name, store)
+        self.plan = RequestPlan.from_spec(spec)
+
+    # -- what is left -----------------------------------------------------------------------------------
+    def pending_items(self, shard_id: str) -> pa.Table:
+        """Items of the shard that are neither valid nor dead-lettered, with their prompts."""
+        items = self.manifest.shard_items(shard_id, ["request_id", "shard_id", "user_prompt"])
+        results = read_results(self.store, self.spec.name, shard_id, STATE_COLUMNS)
+        if results.height == 0:
+            return items.select(["request_id", "user_prompt"])
+        frame = pl.from_arrow(items)
+        assert isinstance(frame, pl.DataFrame)
+        states = item_states(frame, results, self.spec.retries.per_item)
+        done = states.filter(pl.col("state").is_in([VALID, DEAD])).select("request_id")
+        return frame.join(done, on="request_id", how="anti").select("request_id", "user_prompt").to_arrow()
+
+    def _key(self, shard_id: str, attempt: int) -> str:
+        return f"{self.spec.name}:{shard_id}:{attempt}"
+
+    # -- batch shape ----------------------------------------------------------------------------------------
+    def submit(self, shard_id: str) -> SubmitOutcome:
+        executor = self.executor
+        assert isinstance(executor, BatchExecutor)
+        attempts = AttemptLog(self.store, self.spec.name, shard_id)
+        for attempt in attempts.all():
+            if not attempt.open:
+                continue
+            if attempt.submitted:
+                log.info("shard %s: attempt %d already submitted as %s; re-attaching", shard_id, attempt.number,
+                         attempt.submitted["batch_id"])
+                return SubmitOutcome(shard_id, attempt.number, len(attempt.request_ids),
+                                     BatchHandle.from_dict(attempt.submitted), reattached=True)
+            found = executor.find(attempt.key)
+            if found is not None:
+                log.warning("shard %s: attempt %d was accepted by the provider as %s but not recorded; re-attaching",
+                            shard_id, attempt.number, found.batch_id)
+                attempts.record(attempt.number, "submitted", {**found.as_dict(), "reattached": True})
+                return SubmitOutcome(shard_id, attempt.number, len(attempt.request_ids), found, reattached=True)
+            attempts.record(attempt.number, "abandoned", {"reason": "the provider has no batch for this key"})
+        pending = self.pending_items(shard_id)
+        if pending.num_rows == 0:
+            return SubmitOutcome(shard_id, None, 0, None)
+        number = attempts.next_number()
+        work = ShardWork(self.spec.name, shard_id, number, self._key(shard_id, number), self.plan, pending)
+        attempts.record(number, "intent", {"key": work.key, "backend": executor.name,
+                                           "request_ids": work.request_ids, "requests": pending.num_rows})
+        try:
+            handle = executor.submit(work)
+        except SystemicError:
+            raise  # the intent stays open; the next run asks the provider before resubmitting
+        attempts.record(number, "submitted", handle.as_dict())
+        log.info("shard %s: attempt %d submitted %d requests as %s", shard_id, number, pending.num_rows, handle.batch_id)
+        return SubmitOutcome(shard_id, number, pending.num_rows, handle)
+
+    def open_attempts(self, shard_id: str) -> list[Attempt]:
+        return [a for a in AttemptLog(self.store, self.spec.name, shard_id).all() if a.open and a.submitted]
+
+    def poll(self, shard_id: str) -> list[tuple[Attempt, BatchStatus]]:
+        executor = self.executor
+        assert isinstance(executor, BatchExecutor)
+        return [(a, executor.poll(BatchHandle.from_dict(a.submitted or {}))) for a in self.open_attempts(shard_id)]
+
+    def collect(self, shard_id: str, *, poll_interval_s: float = 1.0, timeout_s: float | None = None,
+                on_status: Callable[[str, BatchStatus], None] | None = None) -> CollectOutcome:
+        """Wait for every open batch of the shard to end, then ingest its results."""
+        executor = self.executor
+        assert isinstance(executor, BatchExecutor)
+        outcome = CollectOutcome(shard_id)
+        log_ = AttemptLog(self.store, self.spec.name, shard_id)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for attempt in self.open_attempts(shard_id):
+            handle = BatchHandle.from_dict(attempt.submitted or {})
+            while True:
+                status = executor.poll(handle)
+                if on_status:
+                    on_status(shard_id, status)
+                if status.state.ended:
+                    break
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TransientError(f"shard {shard_id}: batch {handle.batch_id} still {status.provider_status}")
+                time.sleep(poll_interval_s)
+            if status.state == BatchState.FAILED:
+                log_.record(attempt.number, "collected", {"state": status.state.value, "errors": status.errors})
+                raise SystemicError(f"shard {shard_id}: batch {handle.batch_id} failed at the provider: "
+                                    + "; ".join(status.errors[:5]))
+            rows, ok = self._ingest(attempt, handle)
+            log_.record(attempt.number, "collected", {"state": status.state.value, "rows": rows, "succeeded": ok,
+                                                      "provider_counts": {"total": status.total,
+                                                                          "completed": status.completed,
+                                                                          "failed": status.failed}})
+            outcome.attempts.append(attempt.number)
+            outcome.rows += rows
+            outcome.succeeded += ok
+            outcome.final_states.append(status.state.value)
+        return outcome
+
+    def _ingest(self, attempt: Attempt, handle: BatchHandle) -> tuple[int, int]:
+        executor = self.executor
+        assert isinstance(executor, BatchExecutor)
+        work = ShardWork(self.spec.name, attempt.records["intent"].get("shard_id", ""), attempt.number,
+                         attempt.key, self.plan, pa.table({"request_id": attempt.request_ids}))
+        shard_id = attempt.key.split(":")[1]
+        work.shard_id = shard_id
+        expected = pa.array(attempt.request_ids, pa.string())
+        rows = ok = 0
+        seen: set[str] = set()
+        for flush, raw in enumerate(executor.fetch(handle), start=1):
+            import pyarrow.compute as pc
+
+            mine = raw.filter(pc.is_in(raw.column("request_id"), value_set=expected))
+            if mine.num_rows != raw.num_rows:
+                log.warning("shard %s: batch %s returned %d results for IDs not in attempt %d; ignored",
+                            shard_id, handle.batch_id, raw.num_rows - mine.num_rows, attempt.number)
+            table = build_results(mine, work, backend=executor.name, pricing=self.pricing,
+                                  prompt_version=self.spec.prompt.version, price=self.price,
+                                  provider_batch_id=handle.batch_id)
+            write_results(self.store, self.spec.name, shard_id, attempt.number, flush, table)
+            rows += table.num_rows
+            ok += sum(1 for s in table.column("status").to_pylist() if s == "succeeded")
+            seen.update(table.column("request_id").to_pylist())
+        missing = len(set(attempt.request_ids) - seen)
+        if missing:
+            log.warning("shard %s: batch %s has no result for %d of %d requests; they stay pending",
+                        shard_id, handle.batch_id, missing, len(attempt.request_ids))
+        return rows, ok

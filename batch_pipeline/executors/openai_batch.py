@@ -1,0 +1,164 @@
+"""OpenAI Batch API executor (real ``openai`` SDK): upload, create, poll, download, cancel, find.
+
+Every provider status is mapped explicitly; an unknown one is an error. The attempt key rides in the
+batch metadata, so a crash between "the provider accepted the batch" and "we recorded its ID" is
+repaired by listing batches and matching the key, never by submitting again.
+"""
+
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from batch_pipeline.core.errors import BatchPipelineError, ConfigError, SystemicError, TransientError
+from batch_pipeline.core.executor import BatchHandle, BatchState, BatchStatus, ShardWork
+from batch_pipeline.executors.openai_format import CHAT_URL, iter_blocks, parse_output_block, request_lines
+from batch_pipeline.executors.registry import register
+
+log = logging.getLogger(__name__)
+
+SANDBOX_URL_ENV = "BATCH_PIPELINE_SANDBOX_URL"
+KEY_METADATA = "batch_pipeline_key"
+STATUS_MAP = {
+    "validating": BatchState.VALIDATING,
+    "in_progress": BatchState.RUNNING,
+    "finalizing": BatchState.FINALIZING,
+    "completed": BatchState.COMPLETED,
+    "expired": BatchState.EXPIRED,
+    "cancelling": BatchState.CANCELLING,
+    "cancelled": BatchState.CANCELLED,
+    "failed": BatchState.FAILED,
+}
+_SYSTEMIC_CODES = {"invalid_api_key", "model_not_found", "insufficient_quota", "billing_hard_limit_reached",
+                   "account_deactivated", "unsupported_country_region_territory"}
+
+
+class OpenAIBatchSettings(BaseModel):
+    """``backend.settings`` of ``openai_batch``. The key is read from the environment, never from the spec."""
+
+    model_config = ConfigDict(extra="forbid")
+    sandbox: bool = Field(default=False, description=f"use the bundled sandbox at ${SANDBOX_URL_ENV}")
+    base_url: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    max_retries: int = Field(default=4, ge=0)
+    timeout_s: float = Field(default=120, gt=0)
+    completion_window: str = "24h"
+    find_scan_limit: int = Field(default=1000, gt=0, description="batches scanned when re-attaching by key")
+
+
+def translate(exc: Exception, action: str) -> BatchPipelineError:
+    """SDK exception -> our error class (after the SDK's own retries were spent)."""
+    if isinstance(exc, openai.APIStatusError):
+        code = None
+        if isinstance(exc.body, dict):
+            code = exc.body.get("code") or (exc.body.get("error") or {}).get("code")
+        msg = f"OpenAI {action} failed: HTTP {exc.status_code} {code or ''}: {exc.message}".replace("  ", " ")
+        if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError) or code in _SYSTEMIC_CODES:
+            return SystemicError(msg + " (check the API key, model and account; then re-run to resume)", code=code)
+        if exc.status_code in (408, 409, 429) or exc.status_code >= 500:
+            retry_after = exc.response.headers.get("retry-after") if exc.response is not None else None
+            return TransientError(msg, code=code, retry_after_s=float(retry_after) if retry_after else None)
+        return SystemicError(msg, code=code)
+    if isinstance(exc, openai.APIConnectionError | openai.APITimeoutError):
+        return TransientError(f"OpenAI {action} failed: {type(exc).__name__}: {exc}")
+    return BatchPipelineError(f"OpenAI {action} failed: {exc}")
+
+
+class OpenAIBatchExecutor:
+    name = "openai_batch"
+    pricing = "batch"
+    max_requests_per_batch = 50_000
+    max_bytes_per_batch = 200 * 2**20
+
+    def __init__(self, settings: OpenAIBatchSettings):
+        self.settings = settings
+        base_url = settings.base_url
+        api_key = os.environ.get(settings.api_key_env)
+        if settings.sandbox:
+            sandbox = os.environ.get(SANDBOX_URL_ENV)
+            if not sandbox:
+                raise ConfigError(
+                    f"backend openai_batch has sandbox: true but ${SANDBOX_URL_ENV} is not set; start one with "
+                    "`batch-pipeline sandbox` (or use `batch-pipeline run` / `batch-pipeline dev`, which start it)")
+            base_url = sandbox.rstrip("/") + "/v1"
+            api_key = api_key or "sk-sandbox"
+        if not api_key:
+            raise ConfigError(f"backend openai_batch needs an API key in ${settings.api_key_env}")
+        self.client = openai.OpenAI(api_key=api_key, base_url=base_url, max_retries=settings.max_retries,
+                                    timeout=settings.timeout_s)
+
+    def _call(self, action: str, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except openai.OpenAIError as exc:
+            raise translate(exc, action) from exc
+
+    def submit(self, work: ShardWork) -> BatchHandle:
+        if work.items.num_rows > self.max_requests_per_batch:
+            raise ConfigError(f"shard {work.shard_id} has {work.items.num_rows} requests; OpenAI allows "
+                              f"{self.max_requests_per_batch} per batch (lower shards.max_requests)")
+        data = request_lines(work)
+        if len(data) > self.max_bytes_per_batch:
+            raise ConfigError(f"shard {work.shard_id} input is {len(data)} bytes; OpenAI allows "
+                              f"{self.max_bytes_per_batch} (lower shards.max_bytes)")
+        name = work.key.replace(":", "_") + ".jsonl"
+        uploaded = self._call("file upload", self.client.files.create, file=(name, data), purpose="batch")
+        batch = self._call("batch create", self.client.batches.create, input_file_id=uploaded.id,
+                           endpoint=CHAT_URL, completion_window=self.settings.completion_window,
+                           metadata={KEY_METADATA: work.key, "job": work.job, "shard": work.shard_id,
+                                     "attempt": str(work.attempt)})
+        return BatchHandle(self.name, batch.id, work.key, uploaded.id)
+
+    def poll(self, handle: BatchHandle) -> BatchStatus:
+        batch = self._call("batch retrieve", self.client.batches.retrieve, handle.batch_id)
+        return self._status(batch)
+
+    def _status(self, batch: Any) -> BatchStatus:
+        try:
+            state = STATUS_MAP[batch.status]
+        except KeyError:
+            raise BatchPipelineError(f"OpenAI batch {batch.id} has unknown status {batch.status!r}") from None
+        counts = batch.request_counts
+        errors = []
+        if batch.errors is not None and batch.errors.data:
+            errors = [f"line {e.line}: {e.code}: {e.message}" if e.line is not None else f"{e.code}: {e.message}"
+                      for e in batch.errors.data]
+        return BatchStatus(state, batch.status, counts.total if counts else 0, counts.completed if counts else 0,
+                           counts.failed if counts else 0, errors)
+
+    def fetch(self, handle: BatchHandle) -> Iterator[pa.Table]:
+        batch = self._call("batch retrieve", self.client.batches.retrieve, handle.batch_id)
+        for file_id in (batch.output_file_id, batch.error_file_id):
+            if not file_id:
+                continue
+            with self._call("file download", self.client.files.with_streaming_response.content, file_id) as resp:
+                for block in iter_blocks(resp.iter_bytes(1 << 20)):
+                    yield parse_output_block(block)
+
+    def cancel(self, handle: BatchHandle) -> None:
+        self._call("batch cancel", self.client.batches.cancel, handle.batch_id)
+
+    def find(self, key: str) -> BatchHandle | None:
+        scanned = 0
+        page = self._call("batch list", self.client.batches.list, limit=100)
+        for batch in page:  # the SDK's auto-pagination walks newest first
+            if (batch.metadata or {}).get(KEY_METADATA) == key:
+                return BatchHandle(self.name, batch.id, key, batch.input_file_id)
+            scanned += 1
+            if scanned >= self.settings.find_scan_limit:
+                log.warning("find(%s): no match in the newest %d batches", key, scanned)
+                break
+        return None
+
+
+@register("openai_batch")
+def _factory(settings: dict[str, Any]) -> OpenAIBatchExecutor:
+    try:
+        parsed = OpenAIBatchSettings.model_validate(settings)
+    except ValidationError as exc:
+        raise ConfigError(f"backend.settings for openai_batch: {exc}") from None
+    return OpenAIBatchExecutor(parsed)

@@ -1,0 +1,169 @@
+"""The OpenAI batch file format, both ways: request lines out, result lines in (column-wise).
+
+Used by the OpenAI batch executor, and by anything else that speaks the format (vLLM's run_batch,
+export of validated results).
+"""
+
+import io
+import json
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pajson
+
+from batch_pipeline.core.executor import RAW_RESULT_SCHEMA, RequestPlan, ShardWork
+from batch_pipeline.core.validate import choice_schema
+
+CHAT_URL = "/v1/chat/completions"
+
+_USAGE = pa.struct([("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
+                    ("prompt_tokens_details", pa.struct([("cached_tokens", pa.int64())]))])
+_ERROR = pa.struct([("code", pa.string()), ("message", pa.string()), ("type", pa.string())])
+_BODY = pa.struct([
+    ("id", pa.string()),
+    ("choices", pa.list_(pa.struct([("finish_reason", pa.string()),
+                                    ("message", pa.struct([("content", pa.string()), ("refusal", pa.string())]))]))),
+    ("usage", _USAGE),
+    ("error", _ERROR),
+])
+OUTPUT_LINE_SCHEMA = pa.schema([
+    ("custom_id", pa.string()),
+    ("response", pa.struct([("status_code", pa.int32()), ("request_id", pa.string()), ("body", _BODY)])),
+    ("error", _ERROR),
+])
+
+
+def response_format(plan: RequestPlan) -> dict | None:
+    out = plan.output
+    if out.kind == "choice":
+        return {"type": "json_schema", "json_schema": {"name": "label", "strict": True,
+                                                         "schema": choice_schema(out.choice or [])}}
+    if out.kind == "json_schema":
+        return {"type": "json_schema", "json_schema": {"name": "output", "strict": True, "schema": out.json_schema}}
+    return None
+
+
+def body_settings(plan: RequestPlan) -> dict:
+    """Everything in a chat-completions body except the messages."""
+    body: dict = {"model": plan.model, "max_tokens": plan.sampling.max_tokens,
+                  "temperature": plan.sampling.temperature}
+    if plan.sampling.top_p is not None:
+        body["top_p"] = plan.sampling.top_p
+    if plan.sampling.seed is not None:
+        body["seed"] = plan.sampling.seed
+    fmt = response_format(plan)
+    if fmt is not None:
+        body["response_format"] = fmt
+    return body
+
+
+def chat_messages(plan: RequestPlan, user_prompt: str) -> list[dict]:
+    system = [{"role": "system", "content": plan.system}] if plan.system else []
+    return [*system, {"role": "user", "content": user_prompt}]
+
+
+def request_lines(work: ShardWork) -> bytes:
+    """The batch input file. The shared part of each line is serialised once and spliced in."""
+    settings = json.dumps(body_settings(work.plan), ensure_ascii=False, separators=(",", ":"))[1:-1]
+    system = ""
+    if work.plan.system:
+        system = json.dumps({"role": "system", "content": work.plan.system}, ensure_ascii=False,
+                            separators=(",", ":")) + ","
+    head = '{"custom_id":"'
+    mid = f'","method":"POST","url":"{CHAT_URL}","body":{{{settings},"messages":[{system}{{"role":"user","content":'
+    tail = "}]}}"
+    dumps = json.dumps
+    lines = [f"{head}{rid}{mid}{dumps(prompt, ensure_ascii=False)}{tail}"
+             for rid, prompt in zip(work.items.column("request_id").to_pylist(),
+                                    work.items.column("user_prompt").to_pylist())]
+    return ("\n".join(lines) + "\n").encode("utf-8")
+
+
+def _null_str(n: int) -> pa.Array:
+    return pa.nulls(n, pa.string())
+
+
+def parse_output_block(block: bytes) -> pa.Table:
+    """Output or error file lines -> RAW_RESULT_SCHEMA rows, column-wise (a slow path for odd lines)."""
+    lines = [line for line in block.split(b"\n") if line.strip()]
+    if not lines:
+        return RAW_RESULT_SCHEMA.empty_table()
+    options = pajson.ParseOptions(explicit_schema=OUTPUT_LINE_SCHEMA, unexpected_field_behavior="ignore")
+    try:
+        t = pajson.read_json(io.BytesIO(b"\n".join(lines)), parse_options=options)
+        if t.num_rows != len(lines):
+            raise ValueError("row count mismatch")
+    except (pa.ArrowInvalid, ValueError):
+        t = pa.Table.from_pylist([_loose_line(line) for line in lines], schema=OUTPUT_LINE_SCHEMA)
+    n = t.num_rows
+    resp = t.column("response").combine_chunks()
+    body = pc.struct_field(resp, "body")
+    first = pc.list_element(pc.struct_field(body, "choices"), 0) if n else None
+    usage = pc.struct_field(body, "usage")
+    line_err = t.column("error").combine_chunks()
+    body_err = pc.struct_field(body, "error")
+    status = pc.struct_field(resp, "status_code")
+    code = pc.coalesce(pc.struct_field(line_err, "code"), pc.struct_field(body_err, "code"),
+                       pc.struct_field(body_err, "type"))
+    message = pc.coalesce(pc.struct_field(line_err, "message"), pc.struct_field(body_err, "message"))
+    refusal = pc.struct_field(pc.struct_field(first, "message"), "refusal")
+    message = pc.coalesce(message, pc.if_else(pc.is_valid(refusal), pc.binary_join_element_wise(
+        "refused: ", refusal, ""), _null_str(n)))
+    return pa.Table.from_arrays([
+        t.column("custom_id").combine_chunks(),
+        status,
+        pc.struct_field(pc.struct_field(first, "message"), "content"),
+        pc.struct_field(first, "finish_reason"),
+        pc.struct_field(usage, "prompt_tokens"),
+        pc.struct_field(pc.struct_field(usage, "prompt_tokens_details"), "cached_tokens"),
+        pc.struct_field(usage, "completion_tokens"),
+        code,
+        message,
+        pc.struct_field(resp, "request_id"),
+        pa.array([line.decode("utf-8", "replace") for line in lines], pa.string()),
+    ], schema=RAW_RESULT_SCHEMA)
+
+
+def _loose_line(line: bytes) -> dict:
+    """One line the column reader refused: keep what is recognisable, report the rest as an error."""
+    try:
+        obj = json.loads(line)
+        if not isinstance(obj, dict):
+            raise ValueError("not an object")
+    except ValueError as exc:
+        return {"custom_id": None, "response": None, "error": {"code": "unparseable_line", "message": str(exc)}}
+    resp = obj.get("response") if isinstance(obj.get("response"), dict) else None
+    if resp is not None:
+        body = resp.get("body") if isinstance(resp.get("body"), dict) else {}
+        choices = body.get("choices") if isinstance(body.get("choices"), list) else []
+        resp = {"status_code": resp.get("status_code"), "request_id": resp.get("request_id"),
+                "body": {"id": body.get("id"), "usage": body.get("usage"), "error": body.get("error"),
+                         "choices": [{"finish_reason": c.get("finish_reason"),
+                                      "message": {"content": _as_text((c.get("message") or {}).get("content")),
+                                                  "refusal": (c.get("message") or {}).get("refusal")}}
+                                     for c in choices if isinstance(c, dict)]}}
+    err = obj.get("error") if isinstance(obj.get("error"), dict) else None
+    return {"custom_id": obj.get("custom_id"), "response": resp, "error": err}
+
+
+def _as_text(content: object) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    return json.dumps(content)
+
+
+def iter_blocks(chunks: Iterator[bytes], block_bytes: int = 8 * 2**20) -> Iterator[bytes]:
+    """Re-cut a byte stream into blocks that end at line boundaries."""
+    carry = b""
+    for chunk in chunks:
+        carry += chunk
+        if len(carry) < block_bytes:
+            continue
+        cut = carry.rfind(b"\n")
+        if cut < 0:
+            continue
+        yield carry[: cut + 1]
+        carry = carry[cut + 1 :]
+    if carry.strip():
+        yield carry

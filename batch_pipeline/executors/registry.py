@@ -1,0 +1,41 @@
+"""Backend name -> executor factory. Adding a backend is one ``@register`` away; no if-chains."""
+
+from collections.abc import Callable
+from typing import Any
+
+from batch_pipeline.core.errors import ConfigError
+from batch_pipeline.core.executor import BatchExecutor, StreamExecutor
+from batch_pipeline.core.spec import BackendSpec
+
+Executor = BatchExecutor | StreamExecutor
+Factory = Callable[[dict[str, Any]], Executor]
+_FACTORIES: dict[str, Factory] = {}
+
+
+def register(name: str) -> Callable[[Factory], Factory]:
+    def deco(factory: Factory) -> Factory:
+        if name in _FACTORIES:
+            raise ValueError(f"executor {name!r} registered twice")
+        _FACTORIES[name] = factory
+        return factory
+
+    return deco
+
+
+def _load_builtin() -> None:
+    # importing the adapters registers them
+    from batch_pipeline.executors import openai_batch  # noqa: F401
+
+
+def names() -> list[str]:
+    _load_builtin()
+    return sorted(_FACTORIES)
+
+
+def create_executor(backend: BackendSpec) -> Executor:
+    _load_builtin()
+    try:
+        factory = _FACTORIES[backend.name]
+    except KeyError:
+        raise ConfigError(f"backend.name {backend.name!r} is not a known executor; known: {names()}") from None
+    return factory(backend.settings)
