@@ -1,0 +1,74 @@
+"""The job report: counts, tokens, cost, cost per accepted item, timing, where the outputs are."""
+
+from datetime import datetime
+
+import polars as pl
+
+from batch_pipeline.core.attempts import AttemptLog
+from batch_pipeline.core.manifest import Manifest
+from batch_pipeline.core.publish import JobState
+from batch_pipeline.core.reconcile import counts_by_shard, job_counts
+from batch_pipeline.core.spec import JobSpec
+from batch_pipeline.core.store import Store
+
+
+def shard_table(state: JobState) -> list[dict]:
+    per_shard = counts_by_shard(state.states)
+    return [{"shard": sid, **c.as_dict(), "balanced": c.balanced} for sid, c in sorted(per_shard.items())]
+
+
+def build_report(spec: JobSpec, store: Store, state: JobState, outputs: dict[str, str] | None = None) -> dict:
+    manifest = Manifest(spec.name, store)
+    latest = manifest.latest() or {}
+    totals = job_counts(counts_by_shard(state.states))
+    res = state.results
+    cost = float(res["cost_usd"].sum() or 0.0) if res.height else 0.0
+    by_pricing = {}
+    if res.height:
+        for row in res.group_by("pricing").agg(pl.col("cost_usd").sum()).iter_rows(named=True):
+            by_pricing[row["pricing"]] = round(row["cost_usd"], 6)
+    times: list[datetime] = []
+    attempts = 0
+    for sid in manifest.shard_ids():
+        for a in AttemptLog(store, spec.name, sid).all():
+            attempts += 1
+            for rec in a.records.values():
+                times.append(datetime.fromisoformat(rec["at"]))
+    span = (max(times) - min(times)).total_seconds() if times else 0.0
+    report = {
+        "job": spec.name,
+        "model": spec.model,
+        "backend": spec.backend.name,
+        "prompt_version": spec.prompt.version,
+        "input_rows": latest.get("input_rows", 0),
+        "rejected_rows": latest.get("rejected_rows", 0),
+        "accepted_rows": latest.get("accepted_rows", 0),
+        "unique_requests": totals.expected,
+        "duplicates_collapsed": latest.get("duplicates_collapsed", 0),
+        "shards": len(manifest.shard_ids()),
+        "attempts": attempts,
+        "succeeded": totals.valid,
+        "invalid": totals.invalid,
+        "missing": totals.missing,
+        "dead_lettered": totals.dead_lettered,
+        "complete": totals.valid + totals.dead_lettered == totals.expected,
+        "input_tokens": int(res["input_tokens"].sum() or 0) if res.height else 0,
+        "cached_tokens": int(res["cached_tokens"].sum() or 0) if res.height else 0,
+        "output_tokens": int(res["output_tokens"].sum() or 0) if res.height else 0,
+        "requests_sent": res.height,
+        "cost_usd": round(cost, 6),
+        "cost_by_pricing": by_pricing,
+        "cost_per_accepted_item_usd": round(cost / totals.valid, 8) if totals.valid else None,
+        "processing_span_s": round(span, 3),
+        "outputs": outputs or {},
+    }
+    return report
+
+
+SUMMARY_ROWS = [
+    ("input rows", "input_rows"), ("rejected rows", "rejected_rows"), ("unique requests", "unique_requests"),
+    ("duplicates collapsed", "duplicates_collapsed"), ("shards", "shards"), ("succeeded", "succeeded"),
+    ("invalid", "invalid"), ("missing", "missing"), ("dead-lettered", "dead_lettered"),
+    ("tokens in", "input_tokens"), ("tokens out", "output_tokens"), ("cost (USD)", "cost_usd"),
+    ("cost per accepted item (USD)", "cost_per_accepted_item_usd"),
+]

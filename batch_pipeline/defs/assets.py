@@ -1,0 +1,162 @@
+"""Per job spec, the assets of DESIGN section 3, keyed ``<job>/<asset>``. Thin: the work is in core/."""
+
+import json
+import time
+
+import dagster as dg
+import polars as pl
+
+from batch_pipeline.core.manifest import Manifest, build_manifest
+from batch_pipeline.core.paths import JobPaths
+from batch_pipeline.core.publish import JobState, dead_letters, publish
+from batch_pipeline.core.quote import make_quote
+from batch_pipeline.core.report import build_report, shard_table
+from batch_pipeline.core.runner import ShardRunner
+from batch_pipeline.core.spec import JobSpec
+from batch_pipeline.defs.checks import build_result_checks
+from batch_pipeline.defs.metadata import md_table, plain
+from batch_pipeline.defs.resources import PricesResource, StoreResource
+from batch_pipeline.executors.registry import create_executor
+
+MAX_SHARDS_PER_RUN = 50
+
+
+def shards_partitions(spec: JobSpec) -> dg.DynamicPartitionsDefinition:
+    return dg.DynamicPartitionsDefinition(name=f"{spec.name}_shards")
+
+
+def asset_key(spec: JobSpec, name: str) -> dg.AssetKey:
+    return dg.AssetKey([spec.name, name])
+
+
+def _runner(spec: JobSpec, store: StoreResource, prices: PricesResource) -> ShardRunner:
+    executor = create_executor(spec.backend)
+    pricing = getattr(executor, "pricing", "batch")
+    return ShardRunner(spec, store.get(), executor, prices.get().lookup(spec.backend.name, spec.model), pricing)
+
+
+def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.AssetChecksDefinition]]:
+    job = spec.name
+    shards = shards_partitions(spec)
+    paths = JobPaths(job)
+
+    @dg.asset(key=asset_key(spec, "manifest"), group_name=job, kinds={"parquet"},
+              description=f"Every item of job {job}: request IDs, prompts, token estimates, shards; rejects.")
+    def manifest(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
+        st = store.get()
+        summary = build_manifest(spec, st, progress=None)
+        if summary.new_shards:
+            context.instance.add_dynamic_partitions(shards.name, summary.new_shards)
+        rejects = pl.from_arrow(Manifest(job, st).rejects())
+        context.log.info(f"manifest gen {summary.generation}: {summary.input_rows} rows, {summary.rejected_rows} "
+                         f"rejected, {summary.new_requests} new requests in {len(summary.new_shards)} new shards")
+        meta = plain({k: v for k, v in summary.as_dict().items() if k not in ("new_shards", "rejects_by_reason")})
+        meta["new_shards"] = dg.MetadataValue.text(", ".join(summary.new_shards) or "none")
+        meta["rejects_by_reason"] = dg.MetadataValue.json(summary.rejects_by_reason)
+        meta["rejects_preview"] = md_table(rejects.select("source", "line", "field", "reason"))
+        meta["items_dir"] = dg.MetadataValue.path(st.uri(f"{paths.root}/manifest/items"))
+        return dg.MaterializeResult(metadata=meta)
+
+    @dg.asset(key=asset_key(spec, "quote"), deps=[manifest], group_name=job, kinds={"python"},
+              description="The remaining work priced before any spend (tokens x price).")
+    def quote(context: dg.AssetExecutionContext, store: StoreResource, prices: PricesResource) -> dg.MaterializeResult:
+        st = store.get()
+        state = JobState.load(spec, st)
+        q = make_quote(spec, st, prices.get(), state.states)
+        st.write_json(paths.quote, q)
+        context.log.info(f"quote: {q['pending_requests']} requests, ~${q['est_cost_usd']:.4f} "
+                         f"(budget {q['budget_usd']})")
+        return dg.MaterializeResult(metadata=plain({k: v for k, v in q.items() if k != "price"}))
+
+    @dg.asset_check(asset=quote, blocking=True, description="The quote is within budget_usd.")
+    def quote_within_budget(store: StoreResource) -> dg.AssetCheckResult:
+        q = store.get().read_json(paths.quote) or {}
+        return dg.AssetCheckResult(passed=bool(q.get("within_budget")),
+                                   metadata=plain({"est_cost_usd": q.get("est_cost_usd"),
+                                                   "budget_usd": q.get("budget_usd")}))
+
+    @dg.asset(key=asset_key(spec, "submissions"), deps=[quote], partitions_def=shards, group_name=job,
+              backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=MAX_SHARDS_PER_RUN),
+              kinds={"python"}, description="Submit each shard's pending items (re-attach to an open batch).")
+    def submissions(context: dg.AssetExecutionContext, store: StoreResource,
+                    prices: PricesResource) -> dg.MaterializeResult:
+        st = store.get()
+        q = st.read_json(paths.quote)
+        if q is None or not q.get("within_budget"):
+            raise dg.Failure(f"job {job}: no quote within budget; materialize {job}/quote first "
+                             f"(quote: {json.dumps(q)[:300] if q else 'none'})")
+        runner = _runner(spec, store, prices)
+        sent, batches = 0, []
+        for key in context.partition_keys:
+            out = runner.submit(key)
+            sent += out.requests if not out.reattached else 0
+            if out.handle:
+                batches.append(f"{key}:{out.handle.batch_id}{' (re-attached)' if out.reattached else ''}")
+                context.log.info(f"shard {key}: attempt {out.attempt}, {out.requests} requests, {out.handle.batch_id}")
+            else:
+                context.log.info(f"shard {key}: nothing left to send")
+        return dg.MaterializeResult(metadata={"requests_sent": dg.MetadataValue.int(sent),
+                                              "batches": dg.MetadataValue.text("\n".join(batches) or "none")})
+
+    @dg.asset(key=asset_key(spec, "shard_results"), deps=[submissions], partitions_def=shards, group_name=job,
+              backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=MAX_SHARDS_PER_RUN),
+              kinds={"parquet"}, description="Collect each shard's ended batches; validate and append results.")
+    def shard_results(context: dg.AssetExecutionContext, store: StoreResource,
+                      prices: PricesResource) -> dg.MaterializeResult:
+        runner = _runner(spec, store, prices)
+        interval = float(getattr(getattr(runner.executor, "settings", None), "poll_interval_s", 2.0))
+        last_log = [0.0]
+
+        def on_status(shard_id, status):
+            if time.monotonic() - last_log[0] > 10:
+                last_log[0] = time.monotonic()
+                context.log.info(f"shard {shard_id}: {status.provider_status} "
+                                 f"{status.completed}/{status.total} done, {status.failed} failed")
+
+        rows = ok = 0
+        for key in context.partition_keys:
+            out = runner.collect(key, poll_interval_s=interval, on_status=on_status)
+            rows, ok = rows + out.rows, ok + out.succeeded
+            context.log.info(f"shard {key}: collected attempts {out.attempts or 'none'}: {out.rows} results, "
+                             f"{out.succeeded} succeeded")
+        return dg.MaterializeResult(metadata={"results": dg.MetadataValue.int(rows),
+                                              "succeeded": dg.MetadataValue.int(ok)})
+
+    @dg.asset(key=asset_key(spec, "results"), deps=[shard_results], group_name=job, kinds={"parquet", "duckdb"},
+              description="The validated table: one row per source row, latest valid result of its request.")
+    def results(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
+        st = store.get()
+        state = JobState.load(spec, st)
+        outputs = publish(spec, st, state)
+        table = pl.read_parquet(st.read_bytes(paths.validated))
+        context.log.info(f"validated table: {table.height} rows -> {outputs['validated']}")
+        meta = plain({"rows": table.height, **outputs})
+        meta["preview"] = md_table(table.select("source_key", "output", "attempt", "input_tokens", "output_tokens",
+                                                "cost_usd", "is_duplicate"))
+        meta["dagster/row_count"] = dg.MetadataValue.int(table.height)
+        return dg.MaterializeResult(metadata=meta)
+
+    @dg.asset(key=asset_key(spec, "dead_letters"), deps=[results], group_name=job, kinds={"parquet"},
+              description="Items whose retry budget is spent, with their last error; replayable after a fix.")
+    def dead_letters_asset(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
+        st = store.get()
+        dead = dead_letters(JobState.load(spec, st))
+        return dg.MaterializeResult(metadata={"count": dg.MetadataValue.int(dead.height),
+                                              "preview": md_table(dead.select("request_id", "failures",
+                                                                              "last_error_code", "last_error"))})
+
+    @dg.asset(key=asset_key(spec, "report"), deps=[results, dead_letters_asset], group_name=job, kinds={"python"},
+              description="Counts, tokens, cost per accepted item, per-shard reconciliation.")
+    def report(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
+        st = store.get()
+        state = JobState.load(spec, st)
+        rep = build_report(spec, st, state, outputs={"validated": st.uri(paths.validated),
+                                                     "duckdb": str(st.local_path(paths.duckdb) or "")})
+        st.write_json(paths.report, rep)
+        meta = plain({k: v for k, v in rep.items() if not isinstance(v, dict)})
+        meta["cost_by_pricing"] = dg.MetadataValue.json(rep["cost_by_pricing"])
+        meta["shards"] = md_table(pl.DataFrame(shard_table(state)), limit=50)
+        return dg.MaterializeResult(metadata=meta)
+
+    assets = [manifest, quote, submissions, shard_results, results, dead_letters_asset, report]
+    return assets, [quote_within_budget, build_result_checks(spec, results)]

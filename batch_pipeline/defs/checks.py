@@ -1,0 +1,87 @@
+"""Blocking checks on the validated table: schema (pandera), contract, truncation, reconciliation."""
+
+import dagster as dg
+import pandera.pandas as pa
+import polars as pl
+
+from batch_pipeline.core.errors import ReconciliationError
+from batch_pipeline.core.paths import JobPaths
+from batch_pipeline.core.publish import JobState
+from batch_pipeline.core.spec import JobSpec
+from batch_pipeline.core.validate import validate
+from batch_pipeline.defs.metadata import md_table, plain
+from batch_pipeline.defs.resources import StoreResource
+
+CHECKS = ("validated_schema", "outputs_within_contract", "no_truncated_outputs", "reconciliation")
+
+
+def validated_schema(spec: JobSpec) -> pa.DataFrameSchema:
+    output_checks = [pa.Check.isin(spec.output.choice)] if spec.output.choice else []
+    return pa.DataFrameSchema(
+        {
+            "source": pa.Column(str),
+            "line": pa.Column(int, pa.Check.ge(1)),
+            "source_key": pa.Column(str, nullable=True),
+            "request_id": pa.Column(str, pa.Check.str_matches(r"^[0-9a-f]{64}$")),
+            "shard_id": pa.Column(str),
+            "output": pa.Column(str, output_checks, nullable=False),
+            "finish_reason": pa.Column(str, pa.Check.ne("length"), nullable=True),
+            "model": pa.Column(str, pa.Check.eq(spec.model)),
+            "prompt_version": pa.Column(str, pa.Check.eq(spec.prompt.version)),
+            "attempt": pa.Column("int32", pa.Check.ge(1)),
+            "input_tokens": pa.Column(int, pa.Check.ge(0)),
+            "output_tokens": pa.Column(int, pa.Check.ge(0)),
+            "cost_usd": pa.Column(float, pa.Check.ge(0)),
+            "is_duplicate": pa.Column(bool),
+        },
+        unique=["source", "line"],
+        strict=False,
+        coerce=False,
+    )
+
+
+def build_result_checks(spec: JobSpec, results_asset: dg.AssetsDefinition) -> dg.AssetChecksDefinition:
+    paths = JobPaths(spec.name)
+    specs = [dg.AssetCheckSpec(name, asset=results_asset, blocking=True) for name in CHECKS]
+
+    @dg.multi_asset_check(specs=specs, name=f"{spec.name}_result_checks")
+    def result_checks(store: StoreResource):
+        st = store.get()
+        table = pl.read_parquet(st.read_bytes(paths.validated))
+        frame = table.to_pandas()
+        key = results_asset.key
+        # 1. schema
+        try:
+            validated_schema(spec).validate(frame, lazy=True)
+            yield dg.AssetCheckResult(check_name="validated_schema", asset_key=key, passed=True,
+                                      metadata={"rows": dg.MetadataValue.int(len(frame))})
+        except pa.errors.SchemaErrors as exc:
+            cases = pl.from_pandas(exc.failure_cases.astype(str))
+            yield dg.AssetCheckResult(check_name="validated_schema", asset_key=key, passed=False,
+                                      metadata={"failures": dg.MetadataValue.int(cases.height),
+                                                "failure_cases": md_table(cases, limit=20)})
+        # 2. every published output honours the contract (re-validated from the raw text)
+        raw = table.select(pl.col("request_id"), pl.lit(200, pl.Int32).alias("http_status"), "output_text",
+                           "finish_reason", *[pl.lit(None, pl.Int64).alias(c) for c in
+                                              ("input_tokens", "cached_tokens", "output_tokens")],
+                           *[pl.lit(None, pl.String).alias(c) for c in
+                             ("error_code", "error_message", "provider_request_id", "raw_payload")]).to_arrow()
+        verdicts = validate(raw, spec.output)
+        bad = [i for i, s in enumerate(verdicts.status.to_pylist()) if s != "succeeded"]
+        yield dg.AssetCheckResult(check_name="outputs_within_contract", asset_key=key, passed=not bad,
+                                  metadata={"violations": dg.MetadataValue.int(len(bad)), "contract": spec.output.kind})
+        # 3. no truncated output was published
+        truncated = table.filter(pl.col("finish_reason") == "length").height
+        yield dg.AssetCheckResult(check_name="no_truncated_outputs", asset_key=key, passed=truncated == 0,
+                                  metadata={"truncated": dg.MetadataValue.int(truncated)})
+        # 4. expected = valid + invalid + missing + dead_lettered, per shard and per job
+        state = JobState.load(spec, st)
+        try:
+            counts = state.check()
+            yield dg.AssetCheckResult(check_name="reconciliation", asset_key=key, passed=True,
+                                      metadata=plain(counts.as_dict()))
+        except ReconciliationError as exc:
+            yield dg.AssetCheckResult(check_name="reconciliation", asset_key=key, passed=False,
+                                      metadata={"error": dg.MetadataValue.text(str(exc)[:2000])})
+
+    return result_checks

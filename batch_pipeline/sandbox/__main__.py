@@ -1,0 +1,63 @@
+"""``python -m batch_pipeline.sandbox --port N [--host 127.0.0.1] [--state-dir DIR] [--scenario NAME]``.
+
+Prints exactly one line ``SANDBOX READY http://127.0.0.1:PORT`` on stdout once it listens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from typing import Optional, Sequence
+
+from .http_server import SandboxServer, loopback_host
+from .process import READY_PREFIX
+from .scenarios import make_scenario
+
+ENV_SCENARIO = "BATCH_PIPELINE_SANDBOX_SCENARIO"
+ENV_SCENARIO_PARAMS = "BATCH_PIPELINE_SANDBOX_SCENARIO_PARAMS"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m batch_pipeline.sandbox", description=__doc__)
+    parser.add_argument("--port", type=int, default=0, help="port to listen on; 0 picks a free one")
+    parser.add_argument("--host", default="127.0.0.1", help="127.0.0.1 or localhost (nothing else is allowed)")
+    parser.add_argument("--state-dir", default=None, help="persist state here so a restart keeps batches")
+    parser.add_argument("--scenario", default=os.environ.get(ENV_SCENARIO), help=f"server-wide scenario (${ENV_SCENARIO})")
+    parser.add_argument(
+        "--scenario-params",
+        default=os.environ.get(ENV_SCENARIO_PARAMS),
+        help=f"JSON object of scenario params (${ENV_SCENARIO_PARAMS})",
+    )
+    parser.add_argument("--verbose", action="store_true", help="log every request on stderr")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the sandbox until SIGTERM/SIGINT."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        loopback_host(args.host)
+        params = json.loads(args.scenario_params) if args.scenario_params else {}
+        if not isinstance(params, dict):
+            raise ValueError("--scenario-params must be a JSON object")
+        scenario = make_scenario(args.scenario, params)
+    except ValueError as exc:
+        parser.error(str(exc))
+    server = SandboxServer(args.port, args.host, scenario=scenario, state_dir=args.state_dir, verbose=args.verbose)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    print(f"{READY_PREFIX}{server.url}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""The sandbox's own endpoints under ``/_sandbox`` (no auth): clock, scenario, ledger, request log, reset."""
+
+from __future__ import annotations
+
+from .errors import bad_request
+from .routing import Request, Response, Router
+from .scenarios import make_scenario
+from .state import SandboxState
+
+
+class AdminApi:
+    """Control and inspection of a running sandbox (callers hold the state lock)."""
+
+    def __init__(self, state: SandboxState) -> None:
+        self.state = state
+
+    def register(self, router: Router) -> None:
+        """Add the admin endpoints to ``router``."""
+        router.add("GET", "/_sandbox/health", "admin_health", self.health)
+        router.add("GET", "/_sandbox/clock", "admin_clock", self.get_clock)
+        router.add("POST", "/_sandbox/clock", "admin_clock", self.set_clock)
+        router.add("GET", "/_sandbox/scenario", "admin_scenario", self.get_scenario)
+        router.add("POST", "/_sandbox/scenario", "admin_scenario", self.set_scenario)
+        router.add("GET", "/_sandbox/ledger", "admin_ledger", self.ledger)
+        router.add("GET", "/_sandbox/requests", "admin_requests", self.requests)
+        router.add("POST", "/_sandbox/reset", "admin_reset", self.reset)
+
+    def health(self, request: Request) -> Response:
+        return Response(payload={"ok": True, "sandbox": True})
+
+    def get_clock(self, request: Request) -> Response:
+        return Response(payload=self.state.clock.snapshot())
+
+    def set_clock(self, request: Request) -> Response:
+        """``{"advance_s": X, "freeze": bool, "scale": Y}``; every key optional."""
+        body = request.json()
+        unknown = sorted(set(body) - {"advance_s", "freeze", "scale"})
+        if unknown:
+            raise bad_request(f"Unknown clock keys {unknown}; use advance_s, freeze, scale.")
+        clock = self.state.clock
+        try:
+            if "freeze" in body:
+                clock.set_frozen(bool(body["freeze"]))
+            if "scale" in body:
+                clock.set_scale(float(body["scale"]))
+            if "advance_s" in body:
+                clock.advance(float(body["advance_s"]))
+        except (TypeError, ValueError) as exc:
+            raise bad_request(str(exc)) from None
+        self.state.advance_all()
+        return Response(payload=clock.snapshot())
+
+    def get_scenario(self, request: Request) -> Response:
+        return Response(payload=self.state.scenario.to_json())
+
+    def set_scenario(self, request: Request) -> Response:
+        """``{"name": ..., "params": {...}}``; applies to batches created afterwards and to endpoint faults."""
+        body = request.json()
+        params = body.get("params") or {}
+        if not isinstance(params, dict):
+            raise bad_request("params must be an object.", param="params")
+        try:
+            scenario = make_scenario(body.get("name"), params)
+        except ValueError as exc:
+            raise bad_request(str(exc), param="name") from None
+        self.state.set_scenario(scenario)
+        return Response(payload=scenario.to_json())
+
+    def ledger(self, request: Request) -> Response:
+        return Response(payload={"entries": list(self.state.ledger)})
+
+    def requests(self, request: Request) -> Response:
+        return Response(payload={"requests": list(self.state.requests)})
+
+    def reset(self, request: Request) -> Response:
+        self.state.reset()
+        return Response(payload={"ok": True})

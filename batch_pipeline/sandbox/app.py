@@ -1,0 +1,100 @@
+"""The sandbox application: routing, auth, injected faults, lazy batch advance and the request log."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+import traceback
+from typing import Optional
+
+from .admin_api import AdminApi
+from .clock import SandboxClock
+from .errors import ApiError
+from .ids import new_id
+from .openai_api import OpenAIApi, check_auth
+from .routing import Request, Response, Router
+from .scenarios import Scenario, endpoint_fault, make_scenario, scenario_from_metadata
+from .state import SandboxState
+
+SANDBOX_HEADER = "x-sandbox"
+BATCH_SCOPED_ENDPOINTS = ("retrieve_batch", "cancel_batch")
+
+
+class SandboxApp:
+    """Turns a ``Request`` into a ``Response``; one lock serialises all state access."""
+
+    def __init__(self, scenario: Optional[Scenario] = None, state_dir: Optional[str] = None) -> None:
+        self.state = SandboxState(SandboxClock(), scenario or make_scenario("normal"), state_dir)
+        self.router = Router()
+        OpenAIApi(self.state).register(self.router)
+        AdminApi(self.state).register(self.router)
+
+    def handle(self, request: Request) -> Response:
+        """Answer one request; every response carries ``x-request-id`` and ``x-sandbox``."""
+        request_id = new_id("req_")
+        received_mono = time.monotonic()
+        with self.state.lock:
+            received_at = self.state.clock.now()
+            changed = False
+            try:
+                changed = self.state.advance_all()
+                response = self._dispatch(request)
+            except ApiError as exc:
+                response = Response(exc.status, exc.body(), dict(exc.headers), batch_id=request.params.get("batch_id"))
+            except Exception as exc:  # a sandbox bug: answer in the envelope, report on stderr
+                traceback.print_exc(file=sys.stderr)
+                error = ApiError(500, f"Sandbox internal error: {exc!r}", type="server_error", code="sandbox_bug")
+                response = Response(500, error.body(), {"x-should-retry": "false"})
+            response.headers["x-request-id"] = request_id
+            response.headers[SANDBOX_HEADER] = "openai-batch-emulator"
+            self._log(request, response, request_id, received_at, received_mono)
+            if changed or request.method != "GET":
+                self.state.save()
+        return response
+
+    def _dispatch(self, request: Request) -> Response:
+        route, params = self.router.match(request.method, request.path)
+        request.params = params
+        if request.path.startswith("/v1/"):
+            check_auth(request)
+            owed = self._fault(route.name, request)
+            if owed is not None:
+                fault, scenario = owed
+                if scenario.name == "server_error" and scenario.param("commit"):
+                    route.handler(request)  # the work is done, but the client is told it failed
+                raise fault
+        return route.handler(request)
+
+    def _fault(self, endpoint: str, request: Request) -> Optional[tuple[ApiError, Scenario]]:
+        """A 429/500 owed by the server-wide scenario, or by the scenario of the batch concerned."""
+        counts = self.state.fault_counts
+        candidates: list[tuple[Scenario, str]] = [(self.state.scenario, "server")]
+        batch_id = request.params.get("batch_id")
+        if endpoint in BATCH_SCOPED_ENDPOINTS and batch_id in self.state.batches:
+            candidates.append((self.state.batches[batch_id].scenario, batch_id))
+        if endpoint == "create_batch":
+            try:
+                scenario = scenario_from_metadata(request.json().get("metadata"))
+            except (ApiError, ValueError, AttributeError, TypeError):
+                scenario = None
+            if scenario is not None:
+                candidates.append((scenario, "create:" + hashlib.sha256(request.body).hexdigest()))
+        for scenario, scope in candidates:
+            fault = endpoint_fault(scenario, endpoint, counts, scope)
+            if fault is not None:
+                return fault, scenario
+        return None
+
+    def _log(self, request: Request, response: Response, request_id: str, at: float, mono: float) -> None:
+        retry = request.headers.get("x-stainless-retry-count")
+        self.state.requests.append({
+            "method": request.method,
+            "path": request.path,
+            "status": response.status,
+            "at": at,
+            "monotonic": mono,
+            "retry_count": int(retry) if retry and retry.isdigit() else None,
+            "batch_id": response.batch_id or request.params.get("batch_id"),
+            "request_id": request_id,
+        })

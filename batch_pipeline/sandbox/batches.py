@@ -1,0 +1,241 @@
+"""Batch records and their clock-driven lifecycle (advanced lazily, never by a background thread).
+
+validating -> in_progress -> finalizing -> completed; validating -> failed; in_progress -> expired at
+``expires_at`` (or at the end of in_progress under the ``expire`` scenario); cancel -> cancelling -> cancelled.
+Lines are processed one by one during in_progress, in the (shuffled) output order, so progress is visible.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Optional
+
+from .errors import bad_request
+from .scenarios import Scenario
+
+TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
+COMPLETION_WINDOW_S = 24 * 3600
+
+
+@dataclass
+class LineResult:
+    """One processed request: its status code, response body and token counts."""
+
+    index: int
+    custom_id: str
+    status_code: int
+    request_id: str
+    body: dict[str, Any]
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+
+
+@dataclass
+class BatchRecord:
+    """All the sandbox knows about one batch. Times are clock seconds (floats)."""
+
+    id: str
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    metadata: Optional[dict[str, str]]
+    model: Optional[str]
+    scenario: Scenario
+    created_at: float
+    requests: list[dict[str, Any]]
+    validation_errors: list[dict[str, Any]]
+    order: list[int]
+    status: str = "validating"
+    results: list[LineResult] = field(default_factory=list)
+    in_progress_at: Optional[float] = None
+    finalizing_at: Optional[float] = None
+    completed_at: Optional[float] = None
+    failed_at: Optional[float] = None
+    expired_at: Optional[float] = None
+    cancelling_at: Optional[float] = None
+    cancelled_at: Optional[float] = None
+    output_file_id: Optional[str] = None
+    error_file_id: Optional[str] = None
+
+    @property
+    def expires_at(self) -> float:
+        """End of the 24 h completion window."""
+        return self.created_at + COMPLETION_WINDOW_S
+
+    def duration(self, key: str) -> float:
+        """A lifecycle duration (``validating_s``, ...) from the batch's scenario."""
+        return float(self.scenario.param(key))
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON for persistence."""
+        data = asdict(self)
+        data["scenario"] = self.scenario.to_json()
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "BatchRecord":
+        """Inverse of ``to_json``."""
+        data = dict(data)
+        data["scenario"] = Scenario(**data["scenario"])
+        data["results"] = [LineResult(**r) for r in data["results"]]
+        return cls(**data)
+
+
+LineProcessor = Callable[[BatchRecord, int, float], LineResult]
+TerminalHook = Callable[[BatchRecord], None]
+
+
+def _ts(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def batch_object(batch: BatchRecord) -> dict[str, Any]:
+    """The API ``Batch`` object."""
+    succeeded = [r for r in batch.results if r.status_code == 200]
+    failed = len(batch.results) - len(succeeded)
+    if batch.status in ("expired", "cancelled"):
+        failed = len(batch.requests) - len(succeeded)
+    total = 0 if batch.status in ("validating", "failed") else len(batch.requests)
+    input_tokens = sum(r.input_tokens for r in succeeded)
+    output_tokens = sum(r.output_tokens for r in succeeded)
+    errors = None
+    if batch.status == "failed":
+        errors = {"object": "list", "data": batch.validation_errors}
+    return {
+        "id": batch.id,
+        "object": "batch",
+        "endpoint": batch.endpoint,
+        "model": batch.model,
+        "errors": errors,
+        "input_file_id": batch.input_file_id,
+        "completion_window": batch.completion_window,
+        "status": batch.status,
+        "output_file_id": batch.output_file_id,
+        "error_file_id": batch.error_file_id,
+        "created_at": _ts(batch.created_at),
+        "in_progress_at": _ts(batch.in_progress_at),
+        "expires_at": _ts(batch.expires_at),
+        "finalizing_at": _ts(batch.finalizing_at),
+        "completed_at": _ts(batch.completed_at),
+        "failed_at": _ts(batch.failed_at),
+        "expired_at": _ts(batch.expired_at),
+        "cancelling_at": _ts(batch.cancelling_at),
+        "cancelled_at": _ts(batch.cancelled_at),
+        "request_counts": {"total": total, "completed": len(succeeded), "failed": failed},
+        "usage": {
+            "input_tokens": input_tokens,
+            "input_tokens_details": {"cached_tokens": sum(r.cached_tokens for r in succeeded)},
+            "output_tokens": output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": input_tokens + output_tokens,
+        },
+        "metadata": batch.metadata,
+    }
+
+
+class Lifecycle:
+    """Moves batches along their clock-driven lifecycle."""
+
+    def __init__(self, process: LineProcessor, on_terminal: TerminalHook) -> None:
+        self._process = process
+        self._on_terminal = on_terminal
+
+    def advance(self, batch: BatchRecord, now: float) -> bool:
+        """Apply every transition due by ``now``; True if anything changed."""
+        changed = False
+        while batch.status not in TERMINAL:
+            before = len(batch.results)
+            moved = self._step(batch, now)
+            changed = changed or moved or len(batch.results) != before
+            if not moved:
+                break
+        return changed
+
+    def cancel(self, batch: BatchRecord, now: float) -> None:
+        """Start cancelling (results processed so far are kept); 400 if the batch already ended."""
+        self.advance(batch, now)
+        if batch.status in TERMINAL:
+            raise bad_request(f"Cannot cancel a batch with status {batch.status}.", code="batch_not_cancellable")
+        if batch.status == "cancelling":
+            return
+        if batch.status == "in_progress":
+            self._process_until(batch, now)
+        batch.status = "cancelling"
+        batch.cancelling_at = now
+
+    def _close(self, batch: BatchRecord, status: str, at: float) -> None:
+        batch.status = status
+        setattr(batch, f"{status}_at", at)
+        self._on_terminal(batch)
+
+    def _step(self, batch: BatchRecord, now: float) -> bool:
+        status = batch.status
+        if status == "validating":
+            due = batch.created_at + batch.duration("validating_s")
+            if batch.expires_at <= min(due, now):
+                self._close(batch, "expired", batch.expires_at)
+                return True
+            if now < due:
+                return False
+            if batch.validation_errors:
+                self._close(batch, "failed", due)
+            else:
+                batch.status, batch.in_progress_at = "in_progress", due
+            return True
+        if status == "in_progress":
+            return self._step_in_progress(batch, now)
+        if status == "finalizing":
+            assert batch.finalizing_at is not None
+            due = batch.finalizing_at + batch.duration("finalizing_s")
+            if now < due:
+                return False
+            self._close(batch, "completed", due)
+            return True
+        if status == "cancelling":
+            assert batch.cancelling_at is not None
+            due = batch.cancelling_at + batch.duration("cancelling_s")
+            if now < due:
+                return False
+            self._close(batch, "cancelled", due)
+            return True
+        raise AssertionError(f"unexpected status {status}")
+
+    def _step_in_progress(self, batch: BatchRecord, now: float) -> bool:
+        assert batch.in_progress_at is not None
+        end = batch.in_progress_at + batch.duration("in_progress_s")
+        if batch.expires_at < end and now >= batch.expires_at:
+            self._process_until(batch, batch.expires_at)
+            self._close(batch, "expired", batch.expires_at)
+            return True
+        if now < end:
+            self._process_until(batch, now)
+            return False
+        self._process_until(batch, end)
+        if batch.scenario.name == "expire":
+            self._close(batch, "expired", end)
+        else:
+            batch.status, batch.finalizing_at = "finalizing", end
+        return True
+
+    @staticmethod
+    def _quota(batch: BatchRecord) -> int:
+        """How many lines this batch will ever process before it ends on its own."""
+        total = len(batch.requests)
+        if batch.scenario.name == "expire":
+            return int(round(total * float(batch.scenario.param("complete_share"))))
+        return total
+
+    def _process_until(self, batch: BatchRecord, at: float) -> None:
+        """Process the lines due by clock time ``at`` (progress is linear over in_progress)."""
+        assert batch.in_progress_at is not None
+        total = len(batch.requests)
+        span = batch.duration("in_progress_s")
+        elapsed = at - batch.in_progress_at
+        due = total if span <= 0 or elapsed >= span else math.floor(total * max(elapsed, 0.0) / span)
+        due = min(due, self._quota(batch))
+        while len(batch.results) < due:
+            done = len(batch.results)
+            finished_at = batch.in_progress_at + (span * (done + 1) / total if span > 0 else 0.0)
+            batch.results.append(self._process(batch, batch.order[done], min(finished_at, at)))

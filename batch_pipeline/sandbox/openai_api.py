@@ -1,0 +1,173 @@
+"""Handlers of the OpenAI Files and Batches endpoints (under ``/v1``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .batches import batch_object
+from .errors import ApiError, bad_request
+from .multipart import parse_multipart
+from .routing import Request, Response, Router
+from .scenarios import scenario_from_metadata
+from .state import SandboxState
+from .validation import CHAT_URL, MAX_BYTES
+
+UPLOAD_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
+BAD_KEY = "sk-sandbox-bad"
+METADATA_MAX_PAIRS, METADATA_MAX_KEY, METADATA_MAX_VALUE = 16, 64, 512
+
+
+def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise bad_request(f"{name} must be an integer.", param=name) from None
+    if not low <= value <= high:
+        raise bad_request(f"{name} must be between {low} and {high}.", param=name, code="invalid_value")
+    return value
+
+
+def _page(items: list[dict[str, Any]], after: str | None, limit: int) -> dict[str, Any]:
+    """A cursor page: the items after the one with id ``after``, at most ``limit``."""
+    if after:
+        ids = [item["id"] for item in items]
+        if after not in ids:
+            raise bad_request(f"Unknown cursor after={after!r}.", param="after")
+        items = items[ids.index(after) + 1:]
+    data = items[:limit]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": len(items) > limit,
+    }
+
+
+def _check_metadata(metadata: Any) -> dict[str, str] | None:
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict):
+        raise bad_request("metadata must be an object of strings.", param="metadata")
+    if len(metadata) > METADATA_MAX_PAIRS:
+        raise bad_request(f"metadata holds at most {METADATA_MAX_PAIRS} pairs.", param="metadata")
+    for key, value in metadata.items():
+        if len(key) > METADATA_MAX_KEY:
+            raise bad_request(f"metadata keys are at most {METADATA_MAX_KEY} characters.", param="metadata")
+        if not isinstance(value, str):
+            raise bad_request("metadata values must be strings.", param="metadata")
+        if len(value) > METADATA_MAX_VALUE:
+            raise bad_request(f"metadata values are at most {METADATA_MAX_VALUE} characters.", param="metadata")
+    try:
+        scenario_from_metadata(metadata)
+    except ValueError as exc:
+        raise bad_request(f"Bad sandbox scenario in metadata: {exc}", param="metadata") from None
+    return dict(metadata)
+
+
+class OpenAIApi:
+    """The Files and Batches endpoints over a ``SandboxState`` (callers hold its lock)."""
+
+    def __init__(self, state: SandboxState) -> None:
+        self.state = state
+
+    def register(self, router: Router) -> None:
+        """Add the endpoints to ``router``; route names are the scenario endpoint names."""
+        router.add("POST", "/v1/files", "upload_file", self.upload_file)
+        router.add("GET", "/v1/files", "list_files", self.list_files)
+        router.add("GET", "/v1/files/{file_id}", "retrieve_file", self.retrieve_file)
+        router.add("GET", "/v1/files/{file_id}/content", "file_content", self.file_content)
+        router.add("DELETE", "/v1/files/{file_id}", "delete_file", self.delete_file)
+        router.add("POST", "/v1/batches", "create_batch", self.create_batch)
+        router.add("GET", "/v1/batches", "list_batches", self.list_batches)
+        router.add("GET", "/v1/batches/{batch_id}", "retrieve_batch", self.retrieve_batch)
+        router.add("POST", "/v1/batches/{batch_id}/cancel", "cancel_batch", self.cancel_batch)
+
+    # files -----------------------------------------------------------------------------------------------------
+    def upload_file(self, request: Request) -> Response:
+        parts = parse_multipart(request.headers.get("content-type", ""), request.body)
+        if "purpose" not in parts:
+            raise bad_request("Missing required parameter: 'purpose'.", param="purpose", code="missing_required_parameter")
+        if "file" not in parts:
+            raise bad_request("Missing required parameter: 'file'.", param="file", code="missing_required_parameter")
+        purpose = parts["purpose"].data.decode("utf-8", "replace").strip()
+        if purpose not in UPLOAD_PURPOSES:
+            raise bad_request(f"Invalid purpose {purpose!r}; one of {', '.join(UPLOAD_PURPOSES)}.", param="purpose")
+        data = parts["file"].data
+        if purpose == "batch" and len(data) > MAX_BYTES:
+            raise bad_request(f"Batch input files are limited to {MAX_BYTES} bytes.", param="file")
+        stored = self.state.add_file(parts["file"].filename or "upload.jsonl", purpose, data)
+        return Response(payload=stored.to_api())
+
+    def list_files(self, request: Request) -> Response:
+        limit = _int_param(request, "limit", 10000, 1, 10000)
+        order = request.query.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise bad_request("order must be asc or desc.", param="order")
+        files = list(self.state.files.values())
+        if order == "desc":
+            files.reverse()
+        purpose = request.query.get("purpose")
+        items = [f.to_api() for f in files if not purpose or f.purpose == purpose]
+        return Response(payload=_page(items, request.query.get("after"), limit))
+
+    def retrieve_file(self, request: Request) -> Response:
+        return Response(payload=self.state.get_file(request.params["file_id"]).to_api())
+
+    def file_content(self, request: Request) -> Response:
+        stored = self.state.get_file(request.params["file_id"])
+        return Response(payload=stored.data, content_type="application/octet-stream")
+
+    def delete_file(self, request: Request) -> Response:
+        file_id = request.params["file_id"]
+        self.state.delete_file(file_id)
+        return Response(payload={"id": file_id, "object": "file", "deleted": True})
+
+    # batches ---------------------------------------------------------------------------------------------------
+    def create_batch(self, request: Request) -> Response:
+        body = request.json()
+        input_file_id = body.get("input_file_id")
+        if not isinstance(input_file_id, str) or not input_file_id:
+            raise bad_request("Missing required parameter: 'input_file_id'.", param="input_file_id",
+                              code="missing_required_parameter")
+        endpoint = body.get("endpoint")
+        if endpoint != CHAT_URL:
+            raise bad_request(f"The sandbox supports only endpoint {CHAT_URL}.", param="endpoint", code="invalid_value")
+        if body.get("completion_window") != "24h":
+            raise bad_request("completion_window must be '24h'.", param="completion_window", code="invalid_value")
+        metadata = _check_metadata(body.get("metadata"))
+        input_file = self.state.get_file(input_file_id)
+        if input_file.purpose != "batch":
+            raise bad_request(f"File {input_file_id} has purpose {input_file.purpose!r}, not 'batch'.",
+                              param="input_file_id")
+        batch = self.state.create_batch(input_file, endpoint, "24h", metadata)
+        return Response(payload=batch_object(batch), batch_id=batch.id)
+
+    def retrieve_batch(self, request: Request) -> Response:
+        batch = self.state.get_batch(request.params["batch_id"])
+        return Response(payload=batch_object(batch), batch_id=batch.id)
+
+    def cancel_batch(self, request: Request) -> Response:
+        batch = self.state.get_batch(request.params["batch_id"])
+        self.state.lifecycle.cancel(batch, self.state.clock.now())
+        return Response(payload=batch_object(batch), batch_id=batch.id)
+
+    def list_batches(self, request: Request) -> Response:
+        limit = _int_param(request, "limit", 20, 1, 100)
+        items = [batch_object(b) for b in reversed(list(self.state.batches.values()))]
+        return Response(payload=_page(items, request.query.get("after"), limit))
+
+
+def check_auth(request: Request) -> None:
+    """401 unless ``Authorization: Bearer <non-empty key>``; the key ``sk-sandbox-bad`` is refused."""
+    header = request.headers.get("authorization", "")
+    scheme, _, key = header.partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise ApiError(401, "You didn't provide an API key. Send 'Authorization: Bearer KEY' (any key works in the sandbox).",
+                       type="invalid_request_error")
+    if key.strip() == BAD_KEY:
+        raise ApiError(401, f"Incorrect API key provided: {BAD_KEY}.", type="invalid_request_error", code="invalid_api_key")
+

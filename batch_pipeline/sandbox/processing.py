@@ -1,0 +1,117 @@
+"""Running one request line of a batch, and rendering a finished batch's output and error files."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from .batches import BatchRecord, LineResult
+from .ids import stable_fraction, stable_hex
+from .responder import cacheable_prefix, chat_completion, error_body, markers
+
+UNPROCESSED_ERRORS = {
+    "expired": ("batch_expired", "This request could not be executed before the completion window expired."),
+    "cancelled": ("batch_cancelled", "This request was not executed because the batch was cancelled."),
+}
+
+
+class LineRunner:
+    """Produces a ``LineResult`` for a request, applying markers and the batch's scenario.
+
+    Shared memory across batches: how often each custom_id was seen (``line_errors``) and which long system
+    prompts were seen (prompt caching).
+    """
+
+    def __init__(self, seen_custom_ids: dict[str, int], seen_prompts: set[str]) -> None:
+        self.seen_custom_ids = seen_custom_ids
+        self.seen_prompts = seen_prompts
+
+    def __call__(self, batch: BatchRecord, index: int, at: float) -> LineResult:
+        request = batch.requests[index]
+        custom_id, body = request["custom_id"], request["body"]
+        sightings = self.seen_custom_ids.get(custom_id, 0)
+        self.seen_custom_ids[custom_id] = sightings + 1
+        request_id = "req_" + stable_hex(batch.id, custom_id, "request")
+        marks = markers(body)
+        if "poison" in marks:
+            return LineResult(index, custom_id, 400, request_id, error_body(
+                "This request is malformed or its context is too long (sandbox marker poison).",
+                type="invalid_request_error", code="context_length_exceeded", param="messages",
+            ))
+        scenario = batch.scenario
+        if (
+            scenario.name == "line_errors"
+            and stable_fraction("line_errors", custom_id) < float(scenario.param("rate"))
+            and sightings < int(scenario.param("times"))
+        ):
+            return LineResult(index, custom_id, 500, request_id, error_body(
+                "The server had an error processing this request (sandbox scenario line_errors).",
+                type="server_error", code="server_error",
+            ))
+        cached = 0
+        prefix = cacheable_prefix(body)
+        if prefix is not None:
+            key = hashlib.sha256(prefix[0].encode("utf-8")).hexdigest()
+            cached = prefix[1] if key in self.seen_prompts else 0
+            self.seen_prompts.add(key)
+        completion = chat_completion(
+            body,
+            completion_id="chatcmpl-" + stable_hex(batch.id, custom_id, "completion"),
+            created=int(at),
+            cached_tokens=cached,
+            truncate="truncate" in marks,
+        )
+        return LineResult(
+            index, custom_id, 200, request_id, completion.body,
+            completion.prompt_tokens, completion.cached_tokens, completion.completion_tokens,
+        )
+
+
+def _line_id(batch: BatchRecord, custom_id: str) -> str:
+    return "batch_req_" + stable_hex(batch.id, custom_id, "line")
+
+
+def result_lines(batch: BatchRecord) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(output lines, error lines) of a finished batch, in processing order.
+
+    Successful requests go to the output file. Requests answered with a 4xx/5xx go to the error file with their
+    ``response``; requests never run (expired/cancelled) go there with ``response: null`` and an ``error``.
+    """
+    output: list[dict[str, Any]] = []
+    errors: list[dict[str, Any]] = []
+    for result in batch.results:
+        line = {
+            "id": _line_id(batch, result.custom_id),
+            "custom_id": result.custom_id,
+            "response": {"status_code": result.status_code, "request_id": result.request_id, "body": result.body},
+            "error": None,
+        }
+        (output if result.status_code == 200 else errors).append(line)
+    if batch.status in UNPROCESSED_ERRORS:
+        code, message = UNPROCESSED_ERRORS[batch.status]
+        for index in batch.order[len(batch.results):]:
+            custom_id = batch.requests[index]["custom_id"]
+            errors.append({
+                "id": _line_id(batch, custom_id),
+                "custom_id": custom_id,
+                "response": None,
+                "error": {"code": code, "message": message},
+            })
+    return output, errors
+
+
+def ledger_entries(batch: BatchRecord, billed_at: float) -> list[dict[str, Any]]:
+    """One billing entry per successful request of a finished batch."""
+    return [
+        {
+            "batch_id": batch.id,
+            "custom_id": r.custom_id,
+            "model": batch.model,
+            "input_tokens": r.input_tokens,
+            "cached_tokens": r.cached_tokens,
+            "output_tokens": r.output_tokens,
+            "billed_at": billed_at,
+        }
+        for r in batch.results
+        if r.status_code == 200
+    ]

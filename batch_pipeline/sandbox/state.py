@@ -1,0 +1,206 @@
+"""The sandbox's whole state: files, batches, ledger, request log, scenario and clock."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
+
+from .batches import BatchRecord, Lifecycle
+from .clock import SandboxClock
+from .errors import not_found
+from .ids import new_id, stable_hex
+from .persistence import StateDir
+from .processing import LineRunner, ledger_entries, result_lines
+from .scenarios import Scenario, scenario_from_metadata
+from .validation import parse_input
+
+FILE_TTL_S = 30 * 24 * 3600
+
+
+@dataclass
+class StoredFile:
+    """An uploaded or generated file (bytes kept in memory)."""
+
+    id: str
+    filename: str
+    purpose: str
+    created_at: float
+    size: int
+    data: bytes = b""
+
+    def to_api(self) -> dict[str, Any]:
+        """The API ``OpenAIFile`` object."""
+        return {
+            "id": self.id,
+            "object": "file",
+            "bytes": self.size,
+            "created_at": int(self.created_at),
+            "expires_at": int(self.created_at + FILE_TTL_S),
+            "filename": self.filename,
+            "purpose": self.purpose,
+            "status": "processed",
+            "status_details": None,
+        }
+
+
+def _output_order(batch_id: str, count: int) -> list[int]:
+    """A deterministic shuffle of the input indices that differs from input order when count >= 2."""
+    order = list(range(count))
+    random.Random(stable_hex(batch_id, "order")).shuffle(order)
+    if count >= 2 and order == sorted(order):
+        order = order[1:] + order[:1]
+    return order
+
+
+class SandboxState:
+    """Everything the sandbox remembers. Callers hold ``lock`` around any use."""
+
+    def __init__(self, clock: SandboxClock, scenario: Scenario, state_dir: Optional[str] = None) -> None:
+        self.lock = threading.RLock()
+        self.clock = clock
+        self.startup_scenario = scenario
+        self.store = StateDir(state_dir) if state_dir else None
+        self.seen_custom_ids: dict[str, int] = {}
+        self.seen_prompts: set[str] = set()
+        self.lifecycle = Lifecycle(LineRunner(self.seen_custom_ids, self.seen_prompts), self._finish)
+        self.reset(wipe_store=False)
+        if self.store is not None:
+            self._load()
+
+    def reset(self, wipe_store: bool = True) -> None:
+        """Forget files, batches, ledger, request log and counters; back to the startup scenario and real time."""
+        self.files: dict[str, StoredFile] = {}
+        self.batches: dict[str, BatchRecord] = {}
+        self.ledger: list[dict[str, Any]] = []
+        self.requests: list[dict[str, Any]] = []
+        self.fault_counts: dict[str, int] = {}
+        self.seen_custom_ids.clear()
+        self.seen_prompts.clear()
+        self.scenario = self.startup_scenario
+        self.clock.reset()
+        if wipe_store and self.store is not None:
+            self.store.clear()
+
+    def set_scenario(self, scenario: Scenario) -> None:
+        """Select the server-wide scenario (its 429/500 counters start over)."""
+        self.scenario = scenario
+        self.fault_counts.clear()
+
+    # files -----------------------------------------------------------------------------------------------------
+    def add_file(self, filename: str, purpose: str, data: bytes) -> StoredFile:
+        """Store a new file."""
+        stored = StoredFile(new_id("file-"), filename, purpose, self.clock.now(), len(data), data)
+        self.files[stored.id] = stored
+        if self.store is not None:
+            self.store.write_blob(stored.id, data)
+        return stored
+
+    def get_file(self, file_id: str) -> StoredFile:
+        """A file by id (404 if unknown)."""
+        if file_id not in self.files:
+            raise not_found("File", file_id)
+        return self.files[file_id]
+
+    def delete_file(self, file_id: str) -> None:
+        """Delete a file (404 if unknown)."""
+        self.get_file(file_id)
+        del self.files[file_id]
+        if self.store is not None:
+            self.store.delete_blob(file_id)
+
+    # batches ---------------------------------------------------------------------------------------------------
+    def create_batch(
+        self, input_file: StoredFile, endpoint: str, completion_window: str, metadata: Optional[dict[str, str]]
+    ) -> BatchRecord:
+        """A new batch in ``validating``; its scenario comes from metadata, else the server's."""
+        scenario = scenario_from_metadata(metadata) or self.scenario
+        parsed = parse_input(input_file.data, endpoint)
+        errors = list(parsed.errors)
+        if scenario.name == "fail_validation":
+            errors += [
+                {"code": "invalid_request", "message": "Rejected by sandbox scenario fail_validation.",
+                 "param": None, "line": int(line)}
+                for line in scenario.param("lines")
+            ]
+        batch_id = new_id("batch_")
+        batch = BatchRecord(
+            id=batch_id,
+            input_file_id=input_file.id,
+            endpoint=endpoint,
+            completion_window=completion_window,
+            metadata=metadata,
+            model=parsed.model,
+            scenario=scenario,
+            created_at=self.clock.now(),
+            requests=parsed.requests,
+            validation_errors=errors,
+            order=_output_order(batch_id, len(parsed.requests)),
+        )
+        self.batches[batch_id] = batch
+        return batch
+
+    def get_batch(self, batch_id: str) -> BatchRecord:
+        """A batch by id (404 if unknown)."""
+        if batch_id not in self.batches:
+            raise not_found("Batch", batch_id)
+        return self.batches[batch_id]
+
+    def advance_all(self) -> bool:
+        """Bring every unfinished batch up to the clock; True if any changed."""
+        now = self.clock.now()
+        changed = False
+        for batch in self.batches.values():
+            changed = self.lifecycle.advance(batch, now) or changed
+        return changed
+
+    def _finish(self, batch: BatchRecord) -> None:
+        """On reaching a terminal state: write the output/error files and bill the successful lines."""
+        at = getattr(batch, f"{batch.status}_at")
+        output, errors = result_lines(batch)
+        for lines, attr, name in ((output, "output_file_id", "output"), (errors, "error_file_id", "errors")):
+            if lines:
+                data = "".join(_dumps(line) + "\n" for line in lines).encode("utf-8")
+                stored = self.add_file(f"batch_{batch.id}_{name}.jsonl", "batch_output", data)
+                stored.created_at = at
+                setattr(batch, attr, stored.id)
+        self.ledger.extend(ledger_entries(batch, at))
+
+    # persistence -----------------------------------------------------------------------------------------------
+    def save(self) -> None:
+        """Write the state to the state directory, if one was given."""
+        if self.store is None:
+            return
+        self.store.save({
+            "clock_now": self.clock.now(),
+            "scenario": self.scenario.to_json(),
+            "files": [{k: v for k, v in asdict(f).items() if k != "data"} for f in self.files.values()],
+            "batches": [b.to_json() for b in self.batches.values()],
+            "ledger": self.ledger,
+            "fault_counts": self.fault_counts,
+            "seen_custom_ids": self.seen_custom_ids,
+            "seen_prompts": sorted(self.seen_prompts),
+        })
+
+    def _load(self) -> None:
+        assert self.store is not None
+        saved = self.store.load()
+        if saved is None:
+            return
+        self.clock.restore(float(saved["clock_now"]))
+        self.scenario = Scenario(**saved["scenario"])
+        for item in saved["files"]:
+            stored = StoredFile(**item)
+            stored.data = self.store.read_blob(stored.id)
+            self.files[stored.id] = stored
+        self.batches = {b["id"]: BatchRecord.from_json(b) for b in saved["batches"]}
+        self.ledger = list(saved["ledger"])
+        self.fault_counts = dict(saved["fault_counts"])
+        self.seen_custom_ids.update(saved["seen_custom_ids"])
+        self.seen_prompts.update(saved["seen_prompts"])
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))

@@ -1,0 +1,149 @@
+"""Deterministic synthetic JSONL input rows for the benchmarks: ``{"id": ..., "body": ...}``.
+
+Bodies are 300-1,500 characters of word-like text (a few accented words, so the files are real
+UTF-8). Every body is made distinct by a ``ref <n>`` word, and 5% of rows are whitespace variants of an
+earlier row (tabs, ``\\xa0``, ``\\u2028``, double spaces, leading/trailing newlines): after
+normalisation they equal their original, so ``unique = rows - duplicates`` exactly.
+
+Files are cached by (rows, seed) under ``benchmarks/out/`` with a sidecar ``.json`` holding the
+counts; a rerun returns the cached path at once.
+
+    python benchmarks/make_rows.py --rows 1000000 [--seed 7] [--out PATH]
+"""
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+OUT_DIR = Path(__file__).resolve().parent / "out"
+DUP_SHARE = 0.05
+MIN_BODY, MAX_BODY = 300, 1500
+POOL_CHARS = 8 * 2**20
+
+_SYLLABLES = ("ka", "ro", "mi", "ten", "sa", "lu", "dor", "ve", "qui", "an", "pel", "is", "ok", "ba", "ne", "tri",
+              "gor", "fa", "zen", "ur", "mo", "chi", "el", "wa", "pro", "st", "ex", "ly", "ing", "ed")
+_EXTRA_WORDS = ("café", "naïve", "façade", "über", "déjà", "señor", "Zürich", "crème", "coöperate", "résumé",
+                "refund", "invoice", "password", "login", "crash", "error", "feature", "export", "billing")
+_PUNCT = ("", "", "", "", "", "", ",", ".", "?", "!", ":")
+
+
+def cache_path(rows: int, seed: int) -> Path:
+    return OUT_DIR / f"rows-{rows}-seed{seed}.jsonl"
+
+
+def _pool(rng: random.Random) -> str:
+    """A long string of words separated by single ASCII spaces; bodies are slices of it."""
+    vocab = ["".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 4))) for _ in range(6000)]
+    vocab += list(_EXTRA_WORDS) * 20
+    words = []
+    size = 0
+    while size < POOL_CHARS:
+        w = rng.choice(vocab)
+        if rng.random() < 0.08:
+            w = w.capitalize()
+        w += rng.choice(_PUNCT)
+        words.append(w)
+        size += len(w) + 1
+    return " ".join(words)
+
+
+def _variant(body: str, kind: int, rng: random.Random) -> str:
+    """A whitespace variant of ``body`` that normalises back to ``body``."""
+    if kind == 0:    # some spaces become tabs
+        return body.replace(" ", "\t", rng.randint(1, 20))
+    if kind == 1:    # non-breaking spaces
+        return body.replace(" ", "\xa0", rng.randint(1, 20))
+    if kind == 2:    # a line separator inside, a paragraph separator at the end
+        return body.replace(" ", "\u2028", rng.randint(1, 3)) + "\u2029"
+    if kind == 3:    # double spaces
+        return body.replace(" ", "  ", rng.randint(1, 8))
+    if kind == 4:    # trailing newlines
+        return body + "\n\n"
+    return "\n \t" + body.replace(" ", " \r\n ", 2) + " \n"   # leading junk, CRLF runs, trailing
+
+
+def generate(rows: int, seed: int, path: Path) -> dict:
+    started = time.perf_counter()
+    rng = random.Random(seed)
+    pool = _pool(rng)
+    npr = np.random.default_rng(seed)
+    lengths = npr.integers(MIN_BODY + 12, MAX_BODY - 24, size=rows).tolist()   # room for the cut and " ref <n>"
+    starts = npr.integers(0, len(pool) - MAX_BODY - 64, size=rows).tolist()
+    dup_mask = (npr.random(rows) < DUP_SHARE).tolist()
+    dup_mask[0] = False
+    dup_kind = npr.integers(0, 6, size=rows).tolist()
+    dup_of_frac = npr.random(rows).tolist()
+    bodies: list[str] = []      # originals only (for duplicates to refer to)
+    duplicates = 0
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    find, rfind = pool.find, pool.rfind
+    dumps = json.dumps
+    with open(tmp, "w", encoding="utf-8", newline="\n") as out:
+        buf: list[str] = []
+        for i in range(rows):
+            if dup_mask[i]:
+                src = bodies[int(dup_of_frac[i] * len(bodies))]
+                body = _variant(src, dup_kind[i], rng)
+                duplicates += 1
+                buf.append(f'{{"id":"r{i:09d}","body":{dumps(body, ensure_ascii=False)}}}\n')
+            else:
+                s = find(" ", starts[i]) + 1
+                e = rfind(" ", s, s + lengths[i])
+                body = f"{pool[s:e]} ref {i}"
+                bodies.append(body)
+                # the pool holds no quotes, backslashes or control characters: no escaping needed
+                buf.append(f'{{"id":"r{i:09d}","body":"{body}"}}\n')
+            if len(buf) >= 20000:
+                out.write("".join(buf))
+                buf.clear()
+        out.write("".join(buf))
+    os.replace(tmp, path)
+    meta = {"rows": rows, "seed": seed, "duplicates": duplicates, "unique": rows - duplicates,
+            "bytes": path.stat().st_size, "seconds": round(time.perf_counter() - started, 2)}
+    path.with_suffix(".json").write_text(json.dumps(meta, indent=1))
+    return meta
+
+
+def ensure_rows(rows: int, seed: int = 7, path: Path | None = None) -> tuple[Path, dict]:
+    """The cached file for (rows, seed), generating it first if needed; plus its counts."""
+    cached = cache_path(rows, seed)
+    meta_path = cached.with_suffix(".json")
+    if not (cached.exists() and meta_path.exists()):
+        generate(rows, seed, cached)
+    meta = json.loads(meta_path.read_text())
+    if path is not None and Path(path) != cached:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        if Path(path).exists():
+            Path(path).unlink()
+        try:
+            os.link(cached, path)
+        except OSError:
+            import shutil
+
+            shutil.copyfile(cached, path)
+        return Path(path), meta
+    return cached, meta
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, required=True)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--out", type=Path, default=None, help="also place the file here (hard link or copy)")
+    args = ap.parse_args(argv)
+    t = time.perf_counter()
+    path, meta = ensure_rows(args.rows, args.seed, args.out)
+    print(f"{path}: {meta['rows']:,} rows, {meta['duplicates']:,} whitespace duplicates, "
+          f"{meta['bytes'] / 2**20:,.0f} MiB ({time.perf_counter() - t:.1f}s, generated in {meta['seconds']}s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

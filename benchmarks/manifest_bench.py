@@ -1,0 +1,321 @@
+"""Manifest build throughput: our streaming ``build_manifest`` against a plain-Python reference.
+
+One script run times both variants on the same cached input (``make_rows.py``), each in its own
+``spawn`` subprocess so that ``ru_maxrss`` (peak RSS) is per variant:
+
+- reference: per row ``json.loads``, ``ids.normalize_text``, sha256 over prefix + text, a Python set
+  for dedup, one JSON-lines file per shard of 5,000 unique requests (request_id, key, line, prompt);
+- ours: ``batch_pipeline.core.manifest.build_manifest`` on a job spec (text_field body, key_field id,
+  template "{body}", shards of 5,000) with a local ``Store`` in a temp dir.
+
+Both must find the same number of unique requests and the same set of request IDs (compared by a
+digest of the sorted IDs, computed after the timed section). Targets: ours >= 3x the reference,
+peak RSS < 1.5 GB at 2M rows.
+
+    python benchmarks/manifest_bench.py --rows 1000000 [--rows 2000000] [--sections] [--profile]
+"""
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))
+
+SHARD_SIZE = 5000
+JOB = "manifest_bench"
+SPEC_YAML = """\
+name: {job}
+input:
+  path: {path}
+  format: jsonl
+  text_field: body
+  key_field: id
+  max_input_tokens: 1000000
+prompt:
+  version: v1
+  template: "{{body}}"
+model: gpt-4o-mini
+backend:
+  name: openai_batch
+sampling: {{temperature: 0, max_tokens: 16}}
+output:
+  choice: [billing, bug, feature_request, account, other]
+shards: {{max_requests: {shard}}}
+"""
+
+
+def _maxrss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def _digest(ids: list[str]) -> str:
+    import hashlib
+
+    ids.sort()
+    h = hashlib.sha256()
+    for i in range(0, len(ids), 100_000):
+        h.update("\n".join(ids[i:i + 100_000]).encode())
+        h.update(b"\n")
+    return h.hexdigest()[:16]
+
+
+# -- variants (run in spawned children) ---------------------------------------------------------
+def reference(path: str, out_dir: str, prefix: bytes) -> dict:
+    import hashlib
+    import json as _json
+
+    from batch_pipeline.core.ids import normalize_text  # imports only hashlib and re
+
+    rss_before = _maxrss_mb()
+    started = time.perf_counter()
+    base = hashlib.sha256(prefix)
+    seen: set[str] = set()
+    buf: list[str] = []
+    shards = rows = rejected = 0
+    dumps, loads = _json.dumps, _json.loads
+
+    def flush() -> None:
+        nonlocal shards
+        shards += 1
+        with open(os.path.join(out_dir, f"s{shards:05d}.jsonl"), "w", encoding="utf-8") as out:
+            out.write("\n".join(buf))
+            out.write("\n")
+        buf.clear()
+
+    with open(path, "rb") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            rows += 1
+            row = loads(line)
+            body = row.get("body")
+            if not isinstance(body, str):
+                rejected += 1
+                continue
+            text = normalize_text(body)
+            if not text:
+                rejected += 1
+                continue
+            h = base.copy()
+            h.update(text.encode("utf-8"))
+            rid = h.hexdigest()
+            if rid in seen:
+                continue
+            seen.add(rid)
+            buf.append(dumps({"request_id": rid, "key": row.get("id"), "line": lineno, "user_prompt": text},
+                             ensure_ascii=False))
+            if len(buf) >= SHARD_SIZE:
+                flush()
+    if buf:
+        flush()
+    seconds = time.perf_counter() - started
+    rss = _maxrss_mb()
+    return {"variant": "reference", "seconds": seconds, "rows": rows, "unique": len(seen), "shards": shards,
+            "rejected": rejected, "peak_rss_mb": rss, "rss_after_imports_mb": rss_before,
+            "digest": _digest(list(seen))}
+
+
+def _install_section_timers(totals: dict[str, float]) -> None:
+    """Wrap the phases of ManifestBuilder.build with timers (cheap, unlike cProfile)."""
+    from batch_pipeline.core import ids, inputs, manifest, store
+
+    def timed(owner, name, label=None):
+        fn = getattr(owner, name)
+        label = label or name
+
+        def wrapper(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                totals[label] = totals.get(label, 0.0) + time.perf_counter() - t
+        setattr(owner, name, wrapper)
+
+    def timed_gen(owner, name, label):
+        fn = getattr(owner, name)
+
+        def wrapper(*a, **kw):
+            it = fn(*a, **kw)
+            while True:
+                t = time.perf_counter()
+                try:
+                    item = next(it)
+                except StopIteration:
+                    totals[label] = totals.get(label, 0.0) + time.perf_counter() - t
+                    return
+                totals[label] = totals.get(label, 0.0) + time.perf_counter() - t
+                yield item
+        setattr(owner, name, wrapper)
+
+    timed(manifest, "_count_rows", "_count_rows (pre-scan of the input)")
+    timed_gen(manifest, "read_batches", "read_batches (Arrow JSON + _jsonl_block)")
+    timed(manifest.ManifestBuilder, "_prepare", "_prepare (Polars normalise/render/estimate)")
+    timed(ids, "request_ids", "ids.request_ids (hashlib loop)")
+    timed(manifest.ManifestBuilder, "_close", "_close (concat+sort+write shard Parquet)")
+    timed(store.Store, "read_part", "Store.read_part (item_index / rows re-read)")
+    timed(manifest.Manifest, "item_index", "Manifest.item_index (seen set seed)")
+    _ = inputs
+
+
+def ours(path: str, work: str, sections: bool, profile: bool) -> dict:
+    from batch_pipeline.core.manifest import Manifest, build_manifest
+    from batch_pipeline.core.spec import load_spec
+    from batch_pipeline.core.store import Store
+
+    spec_path = Path(work) / "job.yaml"
+    spec = load_spec(spec_path)
+    store = Store(Path(work) / "store")
+    totals: dict[str, float] = {}
+    if sections:
+        _install_section_timers(totals)
+    prof = None
+    if profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+    rss_before = _maxrss_mb()
+    started = time.perf_counter()
+    if prof:
+        prof.enable()
+    summary = build_manifest(spec, store)
+    if prof:
+        prof.disable()
+    seconds = time.perf_counter() - started
+    rss = _maxrss_mb()
+    ids = Manifest(spec.name, store).item_index(["request_id"]).column("request_id").to_pylist()
+    out = {"variant": "ours", "seconds": seconds, "rows": summary.input_rows, "unique": summary.unique_requests,
+           "shards": summary.shards_total, "rejected": summary.rejected_rows, "peak_rss_mb": rss,
+           "rss_after_imports_mb": rss_before, "digest": _digest(ids), "items_in_shards": len(ids),
+           "duplicates_collapsed": summary.duplicates_collapsed}
+    if sections:
+        out["sections"] = totals
+    if prof:
+        import io
+        import pstats
+
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
+        out["profile"] = s.getvalue()
+    return out
+
+
+def _child(fn_name: str, args: tuple, conn) -> None:
+    try:
+        conn.send(globals()[fn_name](*args))
+    except BaseException as exc:  # report, don't hang the parent
+        import traceback
+
+        conn.send({"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+    finally:
+        conn.close()
+
+
+def run_in_child(fn_name: str, *args) -> dict:
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=_child, args=(fn_name, args, child))
+    wall = time.perf_counter()
+    p.start()
+    child.close()
+    result = parent.recv()
+    p.join()
+    result["child_wall_s"] = time.perf_counter() - wall
+    if "error" in result:
+        raise RuntimeError(f"{fn_name} failed: {result['error']}\n{result['traceback']}")
+    return result
+
+
+# -- driver ---------------------------------------------------------------------------------------
+def bench(rows: int, seed: int, sections: bool, profile: bool, variants: list[str]) -> dict:
+    from benchmarks.make_rows import ensure_rows
+
+    from batch_pipeline.core import ids
+    from batch_pipeline.core.spec import load_spec
+
+    path, meta = ensure_rows(rows, seed)
+    with open(path, "rb") as f:  # warm the page cache so neither variant pays the first read
+        while f.read(64 * 2**20):
+            pass
+    work = tempfile.mkdtemp(prefix="manifest_bench-")
+    try:
+        spec_path = Path(work) / "job.yaml"
+        spec_path.write_text(SPEC_YAML.format(job=JOB, path=path, shard=SHARD_SIZE))
+        spec = load_spec(spec_path)
+        prefix = ids.id_prefix(spec.prompt.version, spec.model, spec.settings_fingerprint())
+        results: dict[str, dict] = {}
+        for v in variants:
+            if v == "reference":
+                ref_dir = Path(work) / "reference"
+                ref_dir.mkdir()
+                results[v] = run_in_child("reference", str(path), str(ref_dir), prefix)
+            else:
+                results[v] = run_in_child("ours", str(path), work, sections, profile)
+            r = results[v]
+            print(f"  {v:9s} {rows:>9,} rows  {r['seconds']:7.1f} s  {rows / r['seconds']:>9,.0f} rows/s  "
+                  f"peak RSS {r['peak_rss_mb']:7,.0f} MB (after imports {r['rss_after_imports_mb']:,.0f} MB)  "
+                  f"unique {r['unique']:,}", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    out = {"rows": rows, "seed": seed, "input_bytes": meta["bytes"], "expected_unique": meta["unique"],
+           "date": date.today().isoformat(), "cpus": os.cpu_count(), **{k: v for k, v in results.items()}}
+    for r in results.values():
+        r["rows_per_s"] = rows / r["seconds"]
+    checks = []
+    for v, r in results.items():
+        checks.append((f"{v}: unique == expected ({meta['unique']:,})", r["unique"] == meta["unique"]))
+    if {"reference", "ours"} <= results.keys():
+        ref, our = results["reference"], results["ours"]
+        out["ratio"] = ref["seconds"] / our["seconds"]
+        checks.append(("same unique count", ref["unique"] == our["unique"]))
+        checks.append(("same request-ID set (digest)", ref["digest"] == our["digest"]))
+        checks.append(("ours >= 3x reference", out["ratio"] >= 3.0))
+        print(f"  ratio ours/reference: {out['ratio']:.2f}x")
+    if "ours" in results:
+        checks.append(("ours: items in shards == unique", results["ours"]["items_in_shards"] == results["ours"]["unique"]))
+        if rows >= 2_000_000:
+            checks.append(("ours peak RSS < 1.5 GB", results["ours"]["peak_rss_mb"] < 1536))
+    out["checks"] = {name: ok for name, ok in checks}
+    for name, ok in checks:
+        print(f"  [{'ok' if ok else 'MISS'}] {name}")
+    if sections and "ours" in results:
+        print("  ours, time by section (s; nested sections overlap):")
+        for name, s in sorted(results["ours"]["sections"].items(), key=lambda kv: -kv[1]):
+            print(f"    {s:7.2f}  {name}")
+    if profile and "ours" in results:
+        print(results["ours"]["profile"])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, action="append", help="repeatable; default 1000000")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--only", choices=["reference", "ours"], help="run one variant")
+    ap.add_argument("--sections", action="store_true", help="time the phases of build_manifest")
+    ap.add_argument("--profile", action="store_true", help="cProfile build_manifest (slows Python code)")
+    args = ap.parse_args(argv)
+    variants = [args.only] if args.only else ["reference", "ours"]
+    all_out = []
+    for rows in args.rows or [1_000_000]:
+        print(f"manifest build, {rows:,} rows (seed {args.seed}):", flush=True)
+        out = bench(rows, args.seed, args.sections, args.profile, variants)
+        all_out.append(out)
+        (HERE / "out").mkdir(exist_ok=True)
+        tag = f"-{args.only}" if args.only else ""
+        (HERE / "out" / f"manifest_bench-{rows}{tag}.json").write_text(
+            json.dumps({k: v for k, v in out.items()}, indent=1, default=str))
+    return 0 if all(all(o["checks"].values()) for o in all_out) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
