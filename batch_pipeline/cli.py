@@ -1,0 +1,222 @@
+"""`batch-pipeline`: run a job spec through Dagster, show a job's reconciliation, serve the sandbox.
+
+    batch-pipeline run data/jobs/demo.yaml     # manifest -> quote -> shards -> validated table
+    batch-pipeline status demo                 # per-shard reconciliation from the store
+    batch-pipeline sandbox --port 8765         # the provider sandbox alone
+    batch-pipeline dev                         # sandbox + `dagster dev` on the same instance
+"""
+
+import argparse
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from batch_pipeline.core.errors import BatchPipelineError
+from batch_pipeline.core.spec import JobSpec, load_spec
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+SANDBOX_URL_ENV = "BATCH_PIPELINE_SANDBOX_URL"
+console = Console()
+
+
+def _dagster_home() -> Path:
+    home = Path(os.environ.get("DAGSTER_HOME") or Path.cwd() / ".dagster_home").resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    if not (home / "dagster.yaml").exists() and (PROJECT_ROOT / "dagster.yaml").exists():
+        shutil.copy(PROJECT_ROOT / "dagster.yaml", home / "dagster.yaml")
+    os.environ["DAGSTER_HOME"] = str(home)
+    return home
+
+
+def _resolve_spec(arg: str) -> JobSpec:
+    path = Path(arg)
+    if not path.exists() and not arg.endswith(".yaml"):
+        path = Path(os.environ.get("BATCH_PIPELINE_JOBS", PROJECT_ROOT / "data" / "jobs")) / f"{arg}.yaml"
+    return load_spec(path)
+
+
+def _needs_sandbox(spec: JobSpec) -> bool:
+    return bool(spec.backend.settings.get("sandbox")) and not os.environ.get(SANDBOX_URL_ENV)
+
+
+@contextmanager
+def _sandbox_if_needed(spec: JobSpec | None, force: bool = False):
+    """Start the bundled sandbox for jobs that use it (unless one is already configured); stop it after."""
+    if not force and (spec is None or not _needs_sandbox(spec)):
+        yield None
+        return
+    from batch_pipeline.sandbox import start_sandbox_process, stop_sandbox_process
+
+    proc, url = start_sandbox_process(0)
+    os.environ[SANDBOX_URL_ENV] = url
+    console.print(f"[dim]sandbox (no key, no cost) serving the OpenAI Batch API at {url} (pid {proc.pid})[/dim]")
+    try:
+        yield url
+    finally:
+        stop_sandbox_process(proc)
+        os.environ.pop(SANDBOX_URL_ENV, None)
+
+
+class _Progress:
+    """Watches the store while runs go: shards submitted and collected, results so far."""
+
+    def __init__(self, spec: JobSpec, store) -> None:
+        self.spec, self.store, self.stage = spec, store, "starting"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._status = console.status("starting")
+
+    def __enter__(self):
+        self._status.__enter__()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self._status.__exit__(*exc)
+
+    def set_stage(self, stage: str) -> None:
+        console.print(f"[bold]>[/bold] {stage}")
+        self.stage = stage
+
+    def _loop(self) -> None:
+        from batch_pipeline.core.paths import JobPaths
+
+        paths = JobPaths(self.spec.name)
+        while not self._stop.wait(0.5):
+            try:
+                events = self.store.list_files(f"{paths.root}/attempts", recursive=True, suffix=".json")
+                parts = self.store.list_files(paths.results, recursive=True, suffix=".parquet")
+            except OSError:
+                continue
+            submitted = sum(1 for e in events if e.endswith(".submitted.json"))
+            collected = sum(1 for e in events if e.endswith(".collected.json"))
+            self._status.update(f"{self.stage}: {submitted} batch(es) submitted, {collected} collected, "
+                                f"{len(parts)} result part(s) written")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    spec = _resolve_spec(args.spec)
+    if args.home:
+        os.environ["BATCH_PIPELINE_HOME"] = str(Path(args.home).resolve())
+    os.environ.setdefault("BATCH_PIPELINE_HOME", str(Path.cwd() / ".batch_pipeline"))
+    _dagster_home()
+    import dagster as dg
+
+    from batch_pipeline.core.store import Store
+    from batch_pipeline.defs.pipeline import run_job
+    from batch_pipeline.defs.resources import PricesResource, StoreResource
+
+    resources = {"store": StoreResource(root=os.environ["BATCH_PIPELINE_HOME"]),
+                 "prices": PricesResource(path=os.environ.get("BATCH_PIPELINE_PRICES",
+                                                              str(PROJECT_ROOT / "data" / "prices.yaml")))}
+    console.print(f"[bold]job {spec.name}[/bold]: {spec.model} on {spec.backend.name}, input {spec.input.path}")
+    started = time.perf_counter()
+    with _sandbox_if_needed(spec), dg.DagsterInstance.get() as instance, \
+            _Progress(spec, Store(os.environ["BATCH_PIPELINE_HOME"])) as progress:
+        report = run_job(spec, instance, resources, log_level=args.log_level, on_stage=progress.set_stage)
+    report["wall_time_s"] = round(time.perf_counter() - started, 2)
+    _print_summary(report)
+    return 0 if report.get("complete") else 3
+
+
+def _print_summary(report: dict) -> None:
+    from batch_pipeline.core.report import SUMMARY_ROWS
+
+    table = Table(title=f"job {report.get('job')}: summary", show_header=False)
+    table.add_column("what")
+    table.add_column("value", justify="right", overflow="fold")
+    for label, key in SUMMARY_ROWS:
+        value = report.get(key)
+        table.add_row(label, f"{value:.6f}" if isinstance(value, float) else str(value))
+    table.add_row("wall time (s)", str(report.get("wall_time_s")))
+    outputs = report.get("outputs", {})
+    table.add_row("validated table", str(outputs.get("validated", "")))
+    table.add_row("DuckDB file", str(outputs.get("duckdb", "")))
+    console.print(table)
+    if not report.get("complete"):
+        console.print(f"[yellow]not complete: {report.get('missing')} missing, {report.get('invalid')} invalid; "
+                      "run again to resume[/yellow]")
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from batch_pipeline.core.publish import JobState
+    from batch_pipeline.core.report import shard_table
+    from batch_pipeline.core.store import Store
+
+    spec = _resolve_spec(args.job)
+    store = Store(args.home or os.environ.get("BATCH_PIPELINE_HOME", Path.cwd() / ".batch_pipeline"))
+    state = JobState.load(spec, store)
+    rows = shard_table(state)
+    if not rows:
+        console.print(f"job {spec.name}: no manifest in {store.root} yet; run it first")
+        return 1
+    table = Table(title=f"job {spec.name}: reconciliation per shard ({store.root})")
+    for col in ("shard", "expected", "valid", "invalid", "missing", "dead_lettered", "balanced"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(*[str(r[c]) for c in ("shard", "expected", "valid", "invalid", "missing", "dead_lettered",
+                                             "balanced")])
+    totals = state.check()
+    table.add_row("total", *[str(v) for v in totals.as_dict().values()], str(totals.balanced), style="bold")
+    console.print(table)
+    return 0
+
+
+def cmd_sandbox(args: argparse.Namespace) -> int:
+    argv = [sys.executable, "-m", "batch_pipeline.sandbox", "--port", str(args.port)]
+    if args.scenario:
+        argv += ["--scenario", args.scenario]
+    return subprocess.call(argv)
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    home = _dagster_home()
+    os.environ.setdefault("BATCH_PIPELINE_HOME", str(Path.cwd() / ".batch_pipeline"))
+    with _sandbox_if_needed(None, force=not os.environ.get(SANDBOX_URL_ENV)):
+        console.print(f"dagster dev on http://127.0.0.1:{args.port} (DAGSTER_HOME={home})")
+        return subprocess.call([sys.executable, "-m", "dagster", "dev", "-h", "127.0.0.1", "-p", str(args.port),
+                                "-w", str(PROJECT_ROOT / "workspace.yaml")], cwd=PROJECT_ROOT)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="batch-pipeline", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run", help="run a job spec end to end through Dagster")
+    p.add_argument("spec", help="path to a job spec YAML, or a job name in data/jobs/")
+    p.add_argument("--home", help="storage root (default $BATCH_PIPELINE_HOME or ./.batch_pipeline)")
+    p.add_argument("--log-level", default="WARNING", help="Dagster console log level (default WARNING)")
+    p.set_defaults(fn=cmd_run)
+    p = sub.add_parser("status", help="per-shard reconciliation of a job")
+    p.add_argument("job", help="job name or spec path")
+    p.add_argument("--home")
+    p.set_defaults(fn=cmd_status)
+    p = sub.add_parser("sandbox", help="serve the provider sandbox on loopback")
+    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--scenario", help="server-wide scenario (see batch_pipeline/sandbox/README.md)")
+    p.set_defaults(fn=cmd_sandbox)
+    p = sub.add_parser("dev", help="start the sandbox and `dagster dev` on the local instance")
+    p.add_argument("--port", type=int, default=3000)
+    p.set_defaults(fn=cmd_dev)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.fn(args)
+    except BatchPipelineError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
