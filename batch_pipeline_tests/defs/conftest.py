@@ -1,0 +1,77 @@
+"""Fixtures for Dagster-level tests: a real sandbox process, a job spec on disk, a Dagster instance."""
+
+import json
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+
+from batch_pipeline.core.spec import JobSpec, load_spec
+from batch_pipeline.defs.resources import PricesResource, StoreResource
+from batch_pipeline.sandbox import SandboxAdmin
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = REPO / "data" / "samples" / "tickets_small" / "tickets.jsonl"
+
+
+@pytest.fixture
+def sandbox(sandbox_proc, monkeypatch) -> Iterator[SandboxAdmin]:
+    """The module's sandbox, reset for this test and wired in through $BATCH_PIPELINE_SANDBOX_URL."""
+    _, url = sandbox_proc
+    admin = SandboxAdmin(url)
+    admin.reset()
+    monkeypatch.setenv("BATCH_PIPELINE_SANDBOX_URL", url)
+    yield admin
+
+
+@pytest.fixture
+def home(tmp_path) -> Path:
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def resources(home) -> dict:
+    return {"store": StoreResource(root=str(home)), "prices": PricesResource(path=str(REPO / "data" / "prices.yaml"))}
+
+
+@pytest.fixture
+def instance() -> Iterator[dg.DagsterInstance]:
+    with dg.DagsterInstance.ephemeral() as inst:
+        yield inst
+
+
+@pytest.fixture
+def make_job(tmp_path) -> Callable[..., JobSpec]:
+    """Write input rows and a job spec (the demo's, with overrides) into tmp_path; return the loaded spec."""
+
+    def make(name: str = "t", rows: list[dict] | None = None, **overrides) -> JobSpec:
+        data = tmp_path / "data"
+        (data / "jobs").mkdir(parents=True, exist_ok=True)
+        inputs = data / "in"
+        inputs.mkdir(exist_ok=True)
+        if rows is None:
+            shutil.copy(SMALL, inputs / "rows.jsonl")
+        else:
+            (inputs / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        spec = yaml.safe_load((REPO / "data" / "jobs" / "demo.yaml").read_text())
+        spec.update(name=name, input={**spec["input"], "path": str(inputs / "*.jsonl")},
+                    shards={"max_requests": 10})
+        for key, value in overrides.items():
+            spec[key] = value
+        path = data / "jobs" / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(spec))
+        return load_spec(path)
+
+    return make
+
+
+def ledger_ids(admin: SandboxAdmin) -> list[str]:
+    return [e["custom_id"] for e in admin.ledger()]
+
+
+def batch_creates(admin: SandboxAdmin) -> int:
+    return sum(1 for r in admin.requests() if r["method"] == "POST" and r["path"] == "/v1/batches"
+               and r["status"] == 200)

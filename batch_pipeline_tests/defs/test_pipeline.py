@@ -1,0 +1,127 @@
+"""Whole jobs through Dagster's materialize() on the sandbox: accounting, resume, retries, dead letters."""
+
+from collections import Counter
+
+import dagster as dg
+import polars as pl
+import pytest
+
+from batch_pipeline.core.attempts import AttemptLog
+from batch_pipeline.core.manifest import Manifest
+from batch_pipeline.core.paths import JobPaths
+from batch_pipeline.core.publish import JobState
+from batch_pipeline.core.reconcile import DEAD, VALID
+from batch_pipeline.core.store import Store
+from batch_pipeline.defs.assets import asset_key
+from batch_pipeline.defs.pipeline import run_job
+from batch_pipeline.definitions import build_definitions
+
+from .conftest import REPO, batch_creates, ledger_ids
+
+
+def materialize_partition(spec, instance, resources, shard: str) -> dg.ExecuteInProcessResult:
+    defs = build_definitions([spec], resources)
+    return dg.materialize([*defs.assets, *defs.asset_checks],
+                          selection=[asset_key(spec, "submissions"), asset_key(spec, "shard_results")],
+                          partition_key=shard, instance=instance, resources=defs.resources)
+
+
+def prepare(spec, instance, resources) -> list[str]:
+    defs = build_definitions([spec], resources)
+    dg.materialize([*defs.assets, *defs.asset_checks],
+                   selection=[asset_key(spec, "manifest"), asset_key(spec, "quote")],
+                   instance=instance, resources=defs.resources)
+    return instance.get_dynamic_partitions(f"{spec.name}_shards")
+
+
+def test_demo_job_accounts_for_every_item_and_a_rerun_sends_nothing(sandbox, instance, resources, home):
+    from batch_pipeline.core.spec import load_spec
+
+    spec = load_spec(REPO / "data" / "jobs" / "demo.yaml")
+    report = run_job(spec, instance, resources)
+    store = Store(home)
+    rows = pl.from_arrow(Manifest("demo", store).rows())
+    unique = rows["request_id"].n_unique()
+    assert report["complete"] and report["unique_requests"] == unique
+    assert report["succeeded"] == unique and report["dead_lettered"] == 0
+    assert report["input_rows"] == rows.height + report["rejected_rows"]
+    assert report["duplicates_collapsed"] == rows.height - unique > 0
+    # every source row is answered; duplicates were paid once
+    validated = pl.read_parquet(store.read_bytes(JobPaths("demo").validated))
+    assert validated.height == rows.height
+    assert set(validated["output"]) <= set(spec.output.choice)
+    billed = Counter(ledger_ids(sandbox))
+    assert len(billed) == unique and max(billed.values()) == 1
+    assert validated["cost_usd"].sum() == pytest.approx(report["cost_usd"], abs=1e-6)
+    creates = batch_creates(sandbox)
+    assert creates == report["shards"]
+    # a finished job run again sends zero requests
+    again = run_job(spec, instance, resources)
+    assert again["complete"] and len(sandbox.ledger()) == unique and batch_creates(sandbox) == creates
+
+
+def test_transient_line_errors_succeed_on_next_partition_materialization(sandbox, instance, resources, home, make_job):
+    spec = make_job()
+    shards = prepare(spec, instance, resources)
+    sandbox.set_scenario("line_errors", rate=0.3, times=1)
+    materialize_partition(spec, instance, resources, shards[0])
+    state = JobState.load(spec, Store(home)).states.filter(pl.col("shard_id") == shards[0])
+    failed_first = state.filter(pl.col("state") != VALID).height
+    assert 0 < failed_first < state.height
+    sent_before = len(sandbox.requests())
+    materialize_partition(spec, instance, resources, shards[0])
+    state = JobState.load(spec, Store(home)).states.filter(pl.col("shard_id") == shards[0])
+    assert state.filter(pl.col("state") == VALID).height == state.height
+    # the second attempt carried only the failed items
+    intents = [a.request_ids for a in AttemptLog(Store(home), spec.name, shards[0]).all()]
+    assert len(intents) == 2 and len(intents[1]) == failed_first
+    assert len(sandbox.requests()) > sent_before
+    assert Counter(ledger_ids(sandbox)).most_common(1)[0][1] == 1
+
+
+def test_expired_batch_keeps_completed_items_and_retries_the_rest(sandbox, instance, resources, home, make_job):
+    spec = make_job()
+    shards = prepare(spec, instance, resources)
+    sandbox.set_scenario("expire", complete_share=0.5)
+    materialize_partition(spec, instance, resources, shards[0])
+    store = Store(home)
+    states = JobState.load(spec, store).states.filter(pl.col("shard_id") == shards[0])
+    kept = states.filter(pl.col("state") == VALID).height
+    assert 0 < kept < states.height
+    assert states.filter(pl.col("state") != VALID)["failures"].max() == 0  # expiry spends no item's budget
+    sandbox.set_scenario("normal")
+    materialize_partition(spec, instance, resources, shards[0])
+    states = JobState.load(spec, store).states.filter(pl.col("shard_id") == shards[0])
+    assert states.filter(pl.col("state") == VALID).height == states.height
+    billed = Counter(ledger_ids(sandbox))
+    assert len(billed) == states.height and max(billed.values()) == 1
+
+
+def test_poison_item_is_dead_lettered_after_its_budget(sandbox, instance, resources, home, make_job):
+    rows = [{"ticket_id": f"T{i}", "subject": "s", "body": f"My invoice {i} was charged twice."} for i in range(12)]
+    rows.append({"ticket_id": "TP", "subject": "s", "body": "this one is cursed [[sandbox:poison]]"})
+    spec = make_job(rows=rows, retries={"per_item": 2})
+    report = run_job(spec, instance, resources)
+    assert report["complete"] and report["dead_lettered"] == 1 and report["succeeded"] == 12
+    store = Store(home)
+    dead = pl.read_parquet(store.read_bytes(JobPaths(spec.name).dead_letters))
+    assert dead.height == 1 and dead["failures"][0] == 2 and dead["last_error"][0]
+    states = JobState.load(spec, store)
+    assert states.states.filter(pl.col("state") == DEAD).height == 1
+    # the poison row was sent exactly twice, and never billed
+    sent_to_poison = [e for e in sandbox.ledger() if e["custom_id"] == dead["request_id"][0]]
+    assert sent_to_poison == []
+    assert report["passes"] >= 2
+
+
+def test_reconciliation_check_blocks_publishing_when_results_do_not_add_up(sandbox, instance, resources, home, make_job):
+    spec = make_job()
+    run_job(spec, instance, resources)
+    store = Store(home)
+    # a result for an ID the manifest never had: the blocking check must fail the publish run
+    from batch_pipeline.core.results import read_results, write_results
+
+    stray = read_results(store, spec.name).head(1).with_columns(pl.lit("f" * 64).alias("request_id"))
+    write_results(store, spec.name, "s00001", 99, 1, stray.to_arrow())
+    with pytest.raises(dg.Failure, match="reconciliation"):
+        run_job(spec, instance, resources)
