@@ -1,0 +1,61 @@
+"""A run process SIGKILLed mid-collection, then re-run: it re-attaches and every request is billed once."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+
+from batch_pipeline.core.paths import JobPaths
+from batch_pipeline.core.store import Store
+
+from .conftest import batch_creates, ledger_ids
+
+
+def _count(store: Store, job: str, suffix: str) -> int:
+    return len([p for p in store.list_files(f"{JobPaths(job).root}/attempts", recursive=True) if p.endswith(suffix)])
+
+
+def _run_cli(spec_path: str, home, dagster_home, url: str) -> subprocess.Popen:
+    env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "BATCH_PIPELINE_SANDBOX_URL": url}
+    return subprocess.Popen([sys.executable, "-m", "batch_pipeline.cli", "run", spec_path, "--home", str(home)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_sigkill_mid_collection_then_rerun_bills_each_request_once(sandbox, sandbox_proc, make_job, home, tmp_path):
+    spec = make_job()
+    _, url = sandbox_proc
+    dagster_home = tmp_path / "dagster_home"
+    dagster_home.mkdir()
+    store = Store(home)
+    sandbox.clock(freeze=True)  # batches stay in progress: the run sits in its collection step
+    proc = _run_cli(spec.source_path, home, dagster_home, url)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if store.exists(f"{JobPaths(spec.name).root}/manifest") and \
+                    _count(store, spec.name, ".submitted.json") == 4:
+                break
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.1)
+        else:
+            raise AssertionError("the run never submitted its 4 shards")
+        time.sleep(0.5)  # now polling inside shard_results
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL
+    assert _count(store, spec.name, ".collected.json") == 0
+    creates = batch_creates(sandbox)
+    assert creates == 4
+    sandbox.clock(freeze=False)
+    again = _run_cli(spec.source_path, home, dagster_home, url)
+    out, _ = again.communicate(timeout=120)
+    assert again.returncode == 0, out
+    assert batch_creates(sandbox) == creates  # re-attached, nothing submitted twice
+    billed = Counter(ledger_ids(sandbox))
+    assert len(billed) == 40 and set(billed.values()) == {1}
+    assert "succeeded" in out and _count(store, spec.name, ".collected.json") == 4
