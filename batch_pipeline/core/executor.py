@@ -105,8 +105,10 @@ class BatchExecutor(Protocol):
     """A provider batch API: submit returns at once; the provider works for up to its window."""
 
     name: str
+    pricing: str                 # "batch" or "online": which price applies
     max_requests_per_batch: int
     max_bytes_per_batch: int
+    poll_interval_s: float
 
     def submit(self, work: ShardWork) -> BatchHandle: ...
     def poll(self, handle: BatchHandle) -> BatchStatus: ...
@@ -120,5 +122,6 @@ class StreamExecutor(Protocol):
     """A self-hosted engine or an online endpoint: results arrive while the shard runs."""
 
     name: str
+    pricing: str
 
     def run(self, work: ShardWork) -> Iterator[pa.Table]: ...

@@ -31,8 +31,8 @@ def asset_key(spec: JobSpec, name: str) -> dg.AssetKey:
 
 def _runner(spec: JobSpec, store: StoreResource, prices: PricesResource) -> ShardRunner:
     executor = create_executor(spec.backend)
-    pricing = getattr(executor, "pricing", "batch")
-    return ShardRunner(spec, store.get(), executor, prices.get().lookup(spec.backend.name, spec.model), pricing)
+    return ShardRunner(spec, store.get(), executor, prices.get().lookup(spec.backend.name, spec.model),
+                       executor.pricing)
 
 
 def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.AssetChecksDefinition]]:
@@ -104,7 +104,7 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
     def shard_results(context: dg.AssetExecutionContext, store: StoreResource,
                       prices: PricesResource) -> dg.MaterializeResult:
         runner = _runner(spec, store, prices)
-        interval = float(getattr(getattr(runner.executor, "settings", None), "poll_interval_s", 2.0))
+        interval = float(getattr(runner.executor, "poll_interval_s", 2.0))
         last_log = [0.0]
 
         def on_status(shard_id, status):

@@ -7,6 +7,7 @@ repaired by listing batches and matching the key, never by submitting again.
 
 import logging
 import os
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -48,15 +49,27 @@ class OpenAIBatchSettings(BaseModel):
     timeout_s: float = Field(default=120, gt=0)
     completion_window: str = "24h"
     find_scan_limit: int = Field(default=1000, gt=0, description="batches scanned when re-attaching by key")
+    poll_interval_s: float | None = Field(default=None, gt=0, description="default 30 s; 0.2 s on the sandbox")
 
 
-def translate(exc: Exception, action: str) -> BatchPipelineError:
-    """SDK exception -> our error class (after the SDK's own retries were spent)."""
+_KEY_LIKE = re.compile(r"\b(sk|key)-[A-Za-z0-9_\-*]{4,}")
+
+
+def redact(text: str, secret: str | None = None) -> str:
+    """Remove the API key (and anything shaped like one) from text that may be logged or stored."""
+    if secret:
+        text = text.replace(secret, "***")
+    return _KEY_LIKE.sub(lambda m: m.group(1) + "-***", text)
+
+
+def translate(exc: Exception, action: str, secret: str | None = None) -> BatchPipelineError:
+    """SDK exception -> our error class (after the SDK's own retries were spent); secrets redacted."""
     if isinstance(exc, openai.APIStatusError):
         code = None
         if isinstance(exc.body, dict):
             code = exc.body.get("code") or (exc.body.get("error") or {}).get("code")
-        msg = f"OpenAI {action} failed: HTTP {exc.status_code} {code or ''}: {exc.message}".replace("  ", " ")
+        msg = redact(f"OpenAI {action} failed: HTTP {exc.status_code} {code or ''}: {exc.message}", secret)
+        msg = msg.replace("  ", " ")
         if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError) or code in _SYSTEMIC_CODES:
             return SystemicError(msg + " (check the API key, model and account; then re-run to resume)", code=code)
         if exc.status_code in (408, 409, 429) or exc.status_code >= 500:
@@ -64,8 +77,8 @@ def translate(exc: Exception, action: str) -> BatchPipelineError:
             return TransientError(msg, code=code, retry_after_s=float(retry_after) if retry_after else None)
         return SystemicError(msg, code=code)
     if isinstance(exc, openai.APIConnectionError | openai.APITimeoutError):
-        return TransientError(f"OpenAI {action} failed: {type(exc).__name__}: {exc}")
-    return BatchPipelineError(f"OpenAI {action} failed: {exc}")
+        return TransientError(redact(f"OpenAI {action} failed: {type(exc).__name__}: {exc}", secret))
+    return BatchPipelineError(redact(f"OpenAI {action} failed: {exc}", secret))
 
 
 class OpenAIBatchExecutor:
@@ -76,6 +89,7 @@ class OpenAIBatchExecutor:
 
     def __init__(self, settings: OpenAIBatchSettings):
         self.settings = settings
+        self.poll_interval_s = settings.poll_interval_s or (0.2 if settings.sandbox else 30.0)
         base_url = settings.base_url
         api_key = os.environ.get(settings.api_key_env)
         if settings.sandbox:
@@ -95,7 +109,7 @@ class OpenAIBatchExecutor:
         try:
             return fn(*args, **kwargs)
         except openai.OpenAIError as exc:
-            raise translate(exc, action) from exc
+            raise translate(exc, action, self.client.api_key) from None
 
     def submit(self, work: ShardWork) -> BatchHandle:
         if work.items.num_rows > self.max_requests_per_batch:

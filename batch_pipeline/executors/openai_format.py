@@ -99,7 +99,7 @@ def parse_output_block(block: bytes) -> pa.Table:
     n = t.num_rows
     resp = t.column("response").combine_chunks()
     body = pc.struct_field(resp, "body")
-    first = pc.list_element(pc.struct_field(body, "choices"), 0) if n else None
+    first = _first_choice(pc.struct_field(body, "choices"))
     usage = pc.struct_field(body, "usage")
     line_err = t.column("error").combine_chunks()
     body_err = pc.struct_field(body, "error")
@@ -123,6 +123,13 @@ def parse_output_block(block: bytes) -> pa.Table:
         pc.struct_field(resp, "request_id"),
         pa.array([line.decode("utf-8", "replace") for line in lines], pa.string()),
     ], schema=RAW_RESULT_SCHEMA)
+
+
+def _first_choice(choices: pa.Array) -> pa.Array:
+    """choices[0], null where the list is null or empty (an error body has no choices)."""
+    has_one = pc.fill_null(pc.greater(pc.list_value_length(choices), 0), False)
+    safe = pc.if_else(has_one, choices, pa.nulls(len(choices), choices.type))
+    return pc.list_element(safe, 0)
 
 
 def _loose_line(line: bytes) -> dict:

@@ -1,0 +1,174 @@
+"""The OpenAI batch executor with the real openai SDK over HTTP against the sandbox."""
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from batch_pipeline.core.attempts import AttemptLog
+from batch_pipeline.core.errors import ConfigError, SystemicError
+from batch_pipeline.core.executor import BatchState, RequestPlan, ShardWork
+from batch_pipeline.core.manifest import build_manifest
+from batch_pipeline.core.runner import ShardRunner
+from batch_pipeline.core.spec import parse_spec
+from batch_pipeline.core.store import Store
+from batch_pipeline.executors.openai_batch import STATUS_MAP, OpenAIBatchExecutor, OpenAIBatchSettings
+from batch_pipeline.executors.openai_format import parse_output_block, request_lines
+from batch_pipeline.executors.registry import create_executor, names
+from batch_pipeline.sandbox import SandboxAdmin
+
+OPENAPI = Path("/work/shared/specs/openai-files-batches.openapi.json")
+LABELS = ["billing", "bug", "other"]
+SPEC = f"""
+name: ex
+input: {{path: in.jsonl, text_field: body}}
+prompt: {{version: v1, system: "Label it.", template: "{{body}}"}}
+model: gpt-4o-mini
+backend: {{name: openai_batch, settings: {{sandbox: true}}}}
+sampling: {{max_tokens: 16}}
+output: {{choice: {LABELS}}}
+"""
+
+
+@pytest.fixture
+def admin(sandbox_proc, monkeypatch):
+    _, url = sandbox_proc
+    a = SandboxAdmin(url)
+    a.reset()
+    monkeypatch.setenv("BATCH_PIPELINE_SANDBOX_URL", url)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    return a
+
+
+def work(n: int = 20, attempt: int = 1) -> ShardWork:
+    spec = parse_spec(SPEC)
+    items = pa.table({"request_id": [f"{i:064x}" for i in range(n)],
+                      "user_prompt": [f"ticket {i}: my invoice was wrong" if i % 2 else f"ticket {i}: app crashes"
+                                      for i in range(n)]})
+    return ShardWork("ex", "s00001", attempt, f"ex:s00001:{attempt}", RequestPlan.from_spec(spec), items)
+
+
+def executor() -> OpenAIBatchExecutor:
+    return create_executor(parse_spec(SPEC).backend)
+
+
+def wait_ended(ex: OpenAIBatchExecutor, handle):
+    import time
+
+    for _ in range(200):
+        status = ex.poll(handle)
+        if status.state.ended:
+            return status
+        time.sleep(0.05)
+    raise AssertionError("batch never ended")
+
+
+def test_registry_knows_openai_batch_and_rejects_unknown_settings():
+    assert "openai_batch" in names()
+    with pytest.raises(ConfigError, match="poll_intervl_s"):
+        from batch_pipeline.core.spec import BackendSpec
+
+        create_executor(BackendSpec(name="openai_batch", settings={"sandbox": True, "poll_intervl_s": 1}))
+
+
+def test_every_openapi_batch_status_is_mapped_explicitly():
+    spec = json.loads(OPENAPI.read_text())
+    statuses = set(spec["components"]["schemas"]["Batch"]["properties"]["status"]["enum"])
+    assert statuses == set(STATUS_MAP)
+
+
+def test_submit_poll_fetch_matches_results_by_id(admin):
+    ex, w = executor(), work()
+    handle = ex.submit(w)
+    status = wait_ended(ex, handle)
+    assert status.state == BatchState.COMPLETED and status.total == 20
+    tables = list(ex.fetch(handle))
+    got = pa.concat_tables(tables)
+    assert sorted(got.column("request_id").to_pylist()) == sorted(w.request_ids)
+    assert got.column("request_id").to_pylist() != w.request_ids  # the provider shuffles; we match by ID
+    for rid, text in zip(got.column("request_id").to_pylist(), got.column("output_text").to_pylist()):
+        assert json.loads(text)["label"] in LABELS, (rid, text)
+    assert min(got.column("input_tokens").to_pylist()) > 0
+    # the metadata carries the attempt key
+    batch = ex.client.batches.retrieve(handle.batch_id)
+    assert batch.metadata["batch_pipeline_key"] == w.key
+
+
+def test_find_reattaches_by_key_and_returns_none_for_unknown(admin):
+    ex = executor()
+    handle = ex.submit(work(attempt=3))
+    ex.submit(work(attempt=4))
+    found = ex.find("ex:s00001:3")
+    assert found is not None and found.batch_id == handle.batch_id
+    assert ex.find("ex:s00001:99") is None
+
+
+def test_bad_key_is_systemic_and_names_the_cause(admin, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-sandbox-bad")
+    with pytest.raises(SystemicError, match="401") as err:
+        executor().submit(work())
+    assert "sk-sandbox-bad" not in str(err.value)  # secrets never appear in messages
+    assert admin.ledger() == []
+
+
+def test_missing_sandbox_url_is_a_clear_config_error(monkeypatch):
+    monkeypatch.delenv("BATCH_PIPELINE_SANDBOX_URL", raising=False)
+    with pytest.raises(ConfigError, match="BATCH_PIPELINE_SANDBOX_URL"):
+        OpenAIBatchExecutor(OpenAIBatchSettings(sandbox=True))
+
+
+def test_request_lines_are_valid_openai_batch_input():
+    w = work(5)
+    lines = [json.loads(line) for line in request_lines(w).decode().splitlines()]
+    assert [line["custom_id"] for line in lines] == w.request_ids
+    body = lines[0]["body"]
+    assert lines[0]["method"] == "POST" and lines[0]["url"] == "/v1/chat/completions"
+    assert body["messages"][0] == {"role": "system", "content": "Label it."}  # stable prefix first
+    assert body["messages"][1]["content"] == w.items.column("user_prompt")[0].as_py()
+    assert body["response_format"]["json_schema"]["schema"]["properties"]["label"]["enum"] == LABELS
+    assert body["max_tokens"] == 16 and body["model"] == "gpt-4o-mini"
+
+
+def test_output_parser_handles_success_http_errors_expiry_and_odd_lines():
+    ok = {"id": "r1", "custom_id": "a", "error": None, "response": {"status_code": 200, "request_id": "q1", "body": {
+        "id": "c", "choices": [{"index": 0, "finish_reason": "length", "message": {"role": "assistant",
+                                                                                    "content": "bil"}}],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 4}}}}}
+    http_err = {"id": "r2", "custom_id": "b", "error": None, "response": {
+        "status_code": 500, "request_id": "q2", "body": {"error": {"message": "boom", "type": "server_error",
+                                                                   "code": None}}}}
+    expired = {"id": "r3", "custom_id": "c", "response": None, "error": {"code": "batch_expired", "message": "late"}}
+    weird = {"id": "r4", "custom_id": "d", "response": {"status_code": 200, "body": {"choices": [
+        {"finish_reason": "stop", "message": {"content": [{"type": "text", "text": "x"}]}}]}}}
+    block = "\n".join(json.dumps(x) for x in (ok, http_err, expired, weird)).encode() + b"\n\nnot json\n"
+    t = parse_output_block(block).to_pylist()
+    by = {r["request_id"]: r for r in t}
+    assert by["a"]["finish_reason"] == "length" and by["a"]["cached_tokens"] == 4 and by["a"]["input_tokens"] == 11
+    assert by["b"]["http_status"] == 500 and by["b"]["error_code"] == "server_error"
+    assert by["c"]["http_status"] is None and by["c"]["error_code"] == "batch_expired"
+    assert by["d"]["http_status"] == 200 and "text" in by["d"]["output_text"]
+    assert by[None]["error_code"] == "unparseable_line"
+    assert all(r["raw_payload"] for r in t)
+
+
+def test_crash_between_accept_and_record_reattaches_without_a_second_batch(admin, tmp_path):
+    """The provider accepted the batch but the process died before writing `submitted`: find() repairs it."""
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"body": f"row {i} crashes"}) + "\n" for i in range(7)))
+    spec = parse_spec(SPEC.replace("path: in.jsonl", f"path: {tmp_path}/in.jsonl"))
+    store = Store(tmp_path / "home")
+    build_manifest(spec, store)
+    ex = create_executor(spec.backend)
+    runner = ShardRunner(spec, store, ex, None)
+    pending = runner.pending_items("s00001")
+    log = AttemptLog(store, "ex", "s00001")
+    w = ShardWork("ex", "s00001", 1, "ex:s00001:1", runner.plan, pending)
+    log.record(1, "intent", {"key": w.key, "backend": ex.name, "request_ids": w.request_ids, "requests": 7})
+    accepted = ex.submit(w)  # ... and the process dies here
+    outcome = runner.submit("s00001")
+    assert outcome.reattached and outcome.handle.batch_id == accepted.batch_id
+    creates = [r for r in admin.requests() if r["method"] == "POST" and r["path"] == "/v1/batches"]
+    assert len(creates) == 1
+    runner.collect("s00001", poll_interval_s=0.05)
+    assert runner.pending_items("s00001").num_rows == 0
+    assert len(admin.ledger()) == 7
