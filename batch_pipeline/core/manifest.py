@@ -95,10 +95,29 @@ class _OpenShard:
         self.number, self.count, self.bytes, self.frames = number, 0, 0, []
 
 
+REQUEST_FRAMING_BYTES = 512  # per batch line besides the user text: custom_id, settings, schema, JSON framing
+
+
+@dataclass(frozen=True)
+class ShardCaps:
+    """The tighter of the job's shard limits and the backend's own batch limits."""
+
+    max_requests: int
+    max_bytes: int
+
+    @classmethod
+    def of(cls, spec: JobSpec, backend_max_requests: int | None = None,
+           backend_max_bytes: int | None = None) -> "ShardCaps":
+        return cls(min(spec.shards.max_requests, backend_max_requests or spec.shards.max_requests),
+                   min(spec.shards.max_bytes, backend_max_bytes or spec.shards.max_bytes))
+
+
 class ManifestBuilder:
-    def __init__(self, spec: JobSpec, store: Store, progress: Callable[[str, int], None] | None = None):
+    def __init__(self, spec: JobSpec, store: Store, progress: Callable[[str, int], None] | None = None,
+                 caps: ShardCaps | None = None):
         self.spec, self.store, self.paths = spec, store, JobPaths(spec.name)
         self.progress = progress
+        self.caps = caps or ShardCaps.of(spec)
         self.manifest = Manifest(spec.name, store)
 
     def build(self) -> ManifestSummary:
@@ -115,7 +134,8 @@ class ManifestBuilder:
         prefix = ids.id_prefix(spec.prompt.version, spec.model, spec.settings_fingerprint())
         system_bytes = len(spec.prompt.system.encode())
         window = max(1, min(OPEN_SHARD_WINDOW, math.ceil(max(_count_rows(files) - existing, 1)
-                                                          / spec.shards.max_requests)))
+                                                          / self.caps.max_requests)))
+        line_overhead = REQUEST_FRAMING_BYTES + system_bytes
         open_shards = [_OpenShard(next_shard + i) for i in range(window)]
         next_shard += window
         bucket_turn = [0] * (len(BUCKET_EDGES) + 1)
@@ -147,7 +167,8 @@ class ManifestBuilder:
                         slot = bucket_turn[bucket] % window
                         bucket_turn[bucket] += 1
                         shard = open_shards[slot]
-                        if shard.count >= spec.shards.max_requests or shard.bytes + nbytes > spec.shards.max_bytes:
+                        nbytes += line_overhead
+                        if shard.count >= self.caps.max_requests or shard.bytes + nbytes > self.caps.max_bytes:
                             self._close(shard, gen, summary)
                             shard = open_shards[slot] = _OpenShard(next_shard)
                             next_shard += 1
@@ -286,5 +307,6 @@ class Manifest:
         return t if t is not None else REJECT_SCHEMA.empty_table()
 
 
-def build_manifest(spec: JobSpec, store: Store, progress: Callable[[str, int], None] | None = None) -> ManifestSummary:
-    return ManifestBuilder(spec, store, progress).build()
+def build_manifest(spec: JobSpec, store: Store, progress: Callable[[str, int], None] | None = None,
+                   caps: ShardCaps | None = None) -> ManifestSummary:
+    return ManifestBuilder(spec, store, progress, caps).build()

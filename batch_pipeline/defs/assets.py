@@ -6,7 +6,7 @@ import time
 import dagster as dg
 import polars as pl
 
-from batch_pipeline.core.manifest import Manifest, build_manifest
+from batch_pipeline.core.manifest import Manifest, ShardCaps, build_manifest
 from batch_pipeline.core.paths import JobPaths
 from batch_pipeline.core.publish import JobState, dead_letters, publish
 from batch_pipeline.core.quote import make_quote
@@ -16,7 +16,7 @@ from batch_pipeline.core.spec import JobSpec
 from batch_pipeline.defs.checks import build_result_checks
 from batch_pipeline.defs.metadata import md_table, plain
 from batch_pipeline.defs.resources import PricesResource, StoreResource
-from batch_pipeline.executors.registry import create_executor
+from batch_pipeline.executors.registry import batch_limits, create_executor
 
 MAX_SHARDS_PER_RUN = 50
 
@@ -44,7 +44,15 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
               description=f"Every item of job {job}: request IDs, prompts, token estimates, shards; rejects.")
     def manifest(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
         st = store.get()
-        summary = build_manifest(spec, st, progress=None)
+        last = [time.monotonic()]
+
+        def progress(source: str, rows: int) -> None:
+            if time.monotonic() - last[0] > 10:
+                last[0] = time.monotonic()
+                context.log.info(f"manifest: {rows:,} rows read (now {source})")
+
+        caps = ShardCaps.of(spec, *batch_limits(spec.backend.name))
+        summary = build_manifest(spec, st, progress=progress, caps=caps)
         if summary.new_shards:
             context.instance.add_dynamic_partitions(shards.name, summary.new_shards)
         rejects = pl.from_arrow(Manifest(job, st).rejects())

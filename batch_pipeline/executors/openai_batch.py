@@ -169,7 +169,8 @@ class OpenAIBatchExecutor:
         return None
 
 
-@register("openai_batch")
+@register("openai_batch", max_requests=OpenAIBatchExecutor.max_requests_per_batch,
+          max_bytes=OpenAIBatchExecutor.max_bytes_per_batch)
 def _factory(settings: dict[str, Any]) -> OpenAIBatchExecutor:
     try:
         parsed = OpenAIBatchSettings.model_validate(settings)

@@ -10,16 +10,29 @@ from batch_pipeline.core.spec import BackendSpec
 Executor = BatchExecutor | StreamExecutor
 Factory = Callable[[dict[str, Any]], Executor]
 _FACTORIES: dict[str, Factory] = {}
+_LIMITS: dict[str, tuple[int | None, int | None]] = {}
 
 
-def register(name: str) -> Callable[[Factory], Factory]:
+def register(name: str, *, max_requests: int | None = None, max_bytes: int | None = None
+             ) -> Callable[[Factory], Factory]:
+    """Register a factory, with the backend's per-batch limits (the sharder respects them)."""
+
     def deco(factory: Factory) -> Factory:
         if name in _FACTORIES:
             raise ValueError(f"executor {name!r} registered twice")
         _FACTORIES[name] = factory
+        _LIMITS[name] = (max_requests, max_bytes)
         return factory
 
     return deco
+
+
+def batch_limits(name: str) -> tuple[int | None, int | None]:
+    """(max requests, max bytes) per batch for a backend, without building it (no key needed)."""
+    _load_builtin()
+    if name not in _FACTORIES:
+        raise ConfigError(f"backend.name {name!r} is not a known executor; known: {names()}")
+    return _LIMITS[name]
 
 
 def _load_builtin() -> None:

@@ -25,7 +25,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=0, help="port to listen on; 0 picks a free one")
     parser.add_argument("--host", default="127.0.0.1", help="127.0.0.1 or localhost (nothing else is allowed)")
     parser.add_argument("--state-dir", default=None, help="persist state here so a restart keeps batches")
-    parser.add_argument("--scenario", default=os.environ.get(ENV_SCENARIO), help=f"server-wide scenario (${ENV_SCENARIO})")
+    parser.add_argument(
+        "--scenario", default=os.environ.get(ENV_SCENARIO), help=f"server-wide scenario (${ENV_SCENARIO})"
+    )
     parser.add_argument(
         "--scenario-params",
         default=os.environ.get(ENV_SCENARIO_PARAMS),

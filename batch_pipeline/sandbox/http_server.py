@@ -50,7 +50,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _read_body(self, headers: dict[str, str]) -> bytes:
         if "chunked" in headers.get("transfer-encoding", "").lower():
             return self._read_chunked()
-        length = int(headers.get("content-length") or 0)
+        try:
+            length = int(headers.get("content-length") or 0)
+        except ValueError:
+            raise ApiError(400, "Content-Length is not an integer.") from None
         if length > MAX_BODY:
             raise ApiError(413, f"The request body exceeds {MAX_BODY} bytes.", code="request_too_large")
         return self.rfile.read(length) if length else b""
@@ -59,7 +62,10 @@ class _Handler(BaseHTTPRequestHandler):
         chunks: list[bytes] = []
         total = 0
         while True:
-            size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+            try:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+            except ValueError:
+                raise ApiError(400, "Malformed chunked body.") from None
             if size == 0:
                 while self.rfile.readline() not in (b"\r\n", b"\n", b""):
                     pass
@@ -92,6 +98,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 128
     block_on_close = False  # do not wait for idle keep-alive connections on shutdown
 
 

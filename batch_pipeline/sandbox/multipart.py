@@ -57,7 +57,10 @@ def _part(head: str, data: bytes) -> Part:
             disposition = value
         elif key.strip().lower() == "content-type":
             content_type = value.strip()
-    params = {m.group(1).lower(): (m.group(2) if m.group(2) is not None else m.group(3)) for m in _PARAM_RE.finditer(disposition)}
+    params = {
+        m.group(1).lower(): m.group(2) if m.group(2) is not None else m.group(3)
+        for m in _PARAM_RE.finditer(disposition)
+    }
     if "name" not in params:
         raise ApiError(400, "A multipart part has no name.")
     return Part(params["name"], params.get("filename"), content_type, data)

@@ -14,6 +14,7 @@ from .validation import CHAT_URL, MAX_BYTES
 
 UPLOAD_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
 BAD_KEY = "sk-sandbox-bad"
+MISSING = "missing_required_parameter"
 METADATA_MAX_PAIRS, METADATA_MAX_KEY, METADATA_MAX_VALUE = 16, 64, 512
 
 
@@ -89,10 +90,9 @@ class OpenAIApi:
     # files -----------------------------------------------------------------------------------------------------
     def upload_file(self, request: Request) -> Response:
         parts = parse_multipart(request.headers.get("content-type", ""), request.body)
-        if "purpose" not in parts:
-            raise bad_request("Missing required parameter: 'purpose'.", param="purpose", code="missing_required_parameter")
-        if "file" not in parts:
-            raise bad_request("Missing required parameter: 'file'.", param="file", code="missing_required_parameter")
+        for name in ("purpose", "file"):
+            if name not in parts:
+                raise bad_request(f"Missing required parameter: {name!r}.", param=name, code=MISSING)
         purpose = parts["purpose"].data.decode("utf-8", "replace").strip()
         if purpose not in UPLOAD_PURPOSES:
             raise bad_request(f"Invalid purpose {purpose!r}; one of {', '.join(UPLOAD_PURPOSES)}.", param="purpose")
@@ -131,8 +131,7 @@ class OpenAIApi:
         body = request.json()
         input_file_id = body.get("input_file_id")
         if not isinstance(input_file_id, str) or not input_file_id:
-            raise bad_request("Missing required parameter: 'input_file_id'.", param="input_file_id",
-                              code="missing_required_parameter")
+            raise bad_request("Missing required parameter: 'input_file_id'.", param="input_file_id", code=MISSING)
         endpoint = body.get("endpoint")
         if endpoint != CHAT_URL:
             raise bad_request(f"The sandbox supports only endpoint {CHAT_URL}.", param="endpoint", code="invalid_value")
@@ -166,8 +165,7 @@ def check_auth(request: Request) -> None:
     header = request.headers.get("authorization", "")
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
-        raise ApiError(401, "You didn't provide an API key. Send 'Authorization: Bearer KEY' (any key works in the sandbox).",
-                       type="invalid_request_error")
+        raise ApiError(401, "You didn't provide an API key: send 'Authorization: Bearer KEY' (any key works here).")
     if key.strip() == BAD_KEY:
-        raise ApiError(401, f"Incorrect API key provided: {BAD_KEY}.", type="invalid_request_error", code="invalid_api_key")
+        raise ApiError(401, f"Incorrect API key provided: {BAD_KEY}.", code="invalid_api_key")
 

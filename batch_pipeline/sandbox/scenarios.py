@@ -147,5 +147,5 @@ def endpoint_fault(scenario: Scenario, endpoint: str, counts: dict[str, int], sc
         f"Rate limit reached for requests (sandbox scenario rate_limit). Please try again in {delay_ms}ms.",
         type="requests",
         code="rate_limit_exceeded",
-        headers={"retry-after": str(max(1, math.ceil(delay_ms / 1000)))},
+        headers={"retry-after-ms": str(delay_ms), "retry-after": str(max(1, math.ceil(delay_ms / 1000)))},
     )

@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import threading
+from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 from .batches import BatchRecord, Lifecycle
 from .clock import SandboxClock
 from .errors import not_found
-from .ids import new_id, stable_hex
+from .ids import new_id
 from .persistence import StateDir
 from .processing import LineRunner, ledger_entries, result_lines
 from .scenarios import Scenario, scenario_from_metadata
 from .validation import parse_input
 
 FILE_TTL_S = 30 * 24 * 3600
+REQUEST_LOG_LIMIT = 100_000  # the request log keeps the most recent entries only
 
 
 @dataclass
@@ -46,10 +49,11 @@ class StoredFile:
         }
 
 
-def _output_order(batch_id: str, count: int) -> list[int]:
-    """A deterministic shuffle of the input indices that differs from input order when count >= 2."""
+def _output_order(content: bytes, count: int) -> list[int]:
+    """A shuffle of the input indices, fixed by the input file's content, that differs from input order
+    when count >= 2."""
     order = list(range(count))
-    random.Random(stable_hex(batch_id, "order")).shuffle(order)
+    random.Random(hashlib.sha256(content).hexdigest()).shuffle(order)
     if count >= 2 and order == sorted(order):
         order = order[1:] + order[:1]
     return order
@@ -75,7 +79,7 @@ class SandboxState:
         self.files: dict[str, StoredFile] = {}
         self.batches: dict[str, BatchRecord] = {}
         self.ledger: list[dict[str, Any]] = []
-        self.requests: list[dict[str, Any]] = []
+        self.requests: deque[dict[str, Any]] = deque(maxlen=REQUEST_LOG_LIMIT)
         self.fault_counts: dict[str, int] = {}
         self.seen_custom_ids.clear()
         self.seen_prompts.clear()
@@ -137,7 +141,7 @@ class SandboxState:
             created_at=self.clock.now(),
             requests=parsed.requests,
             validation_errors=errors,
-            order=_output_order(batch_id, len(parsed.requests)),
+            order=_output_order(input_file.data, len(parsed.requests)),
         )
         self.batches[batch_id] = batch
         return batch

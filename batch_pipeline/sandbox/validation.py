@@ -35,7 +35,7 @@ def _check_line(number: int, raw: bytes, endpoint: str) -> tuple[dict[str, Any] 
         return None, _error("invalid_json_line", f"Line {number} is not a JSON object.", number)
     custom_id = item.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
-        return None, _error("missing_custom_id", "Each request needs a non-empty string custom_id.", number, "custom_id")
+        return None, _error("missing_custom_id", "Each request needs a non-empty custom_id.", number, "custom_id")
     if item.get("method") != "POST":
         return None, _error("invalid_method", "The method must be POST.", number, "method")
     if item.get("url") != endpoint:

@@ -1,0 +1,40 @@
+"""The registry's backend limits reach the sharder: shards never exceed what the backend accepts."""
+
+import json
+
+import pyarrow.compute as pc
+
+from batch_pipeline.core.manifest import Manifest, ShardCaps, build_manifest
+from batch_pipeline.core.spec import parse_spec
+from batch_pipeline.core.store import Store
+from batch_pipeline.executors.registry import batch_limits
+
+
+def test_openai_batch_limits_are_registered():
+    assert batch_limits("openai_batch") == (50_000, 200 * 2**20)
+
+
+def test_backend_limits_cap_the_job_shard_size(tmp_path):
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"body": f"row number {i}"}) + "\n" for i in range(30)))
+    spec = parse_spec(f"""
+name: caps
+input: {{path: {tmp_path}/in.jsonl, text_field: body}}
+prompt: {{version: v1, template: "{{body}}"}}
+model: gpt-4o-mini
+backend: {{name: openai_batch}}
+sampling: {{max_tokens: 4}}
+output: {{text: {{}}}}
+shards: {{max_requests: 1000}}
+""")
+    caps = ShardCaps.of(spec, 7, None)
+    assert caps == ShardCaps(7, spec.shards.max_bytes)
+    store = Store(tmp_path / "home")
+    summary = build_manifest(spec, store, caps=caps)
+    sizes = [Manifest("caps", store).shard_items(s).num_rows for s in summary.new_shards]
+    assert sum(sizes) == 30 and max(sizes) <= 7
+    # a byte cap: each line costs its text plus the framing, so at most a few fit
+    store2 = Store(tmp_path / "home2")
+    summary = build_manifest(spec, store2, caps=ShardCaps(1000, 2000))
+    for sid in summary.new_shards:
+        t = Manifest("caps", store2).shard_items(sid)
+        assert pc.sum(t.column("request_bytes")).as_py() + 512 * t.num_rows <= 2000
