@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from batch_pipeline.core import ids
 from batch_pipeline.core.cost import estimate_request_tokens
+from batch_pipeline.core.errors import ReconciliationError
 from batch_pipeline.core.inputs import KEY, LINE, Reject, RowBatch, read_batches, resolve_inputs
 from batch_pipeline.core.paths import JobPaths
 from batch_pipeline.core.spec import JobSpec
@@ -119,6 +120,7 @@ class ManifestBuilder:
         self.progress = progress
         self.caps = caps or ShardCaps.of(spec)
         self.manifest = Manifest(spec.name, store)
+        self._written: dict[str, int] = {}
 
     def build(self) -> ManifestSummary:
         started = time.perf_counter()
@@ -157,6 +159,7 @@ class ManifestBuilder:
                     # dedup and deal new items to the open shards, round-robin within each length bucket
                     assign: list[int] = []
                     keep: list[bool] = []
+                    full: list[_OpenShard] = []
                     for rid, bucket, nbytes in zip(rids, frame["length_bucket"].to_list(),
                                                    frame["request_bytes"].to_list()):
                         if rid in seen:
@@ -169,22 +172,29 @@ class ManifestBuilder:
                         shard = open_shards[slot]
                         nbytes += line_overhead
                         if shard.count >= self.caps.max_requests or shard.bytes + nbytes > self.caps.max_bytes:
-                            self._close(shard, gen, summary)
+                            full.append(shard)  # closed once this block's rows are in it
                             shard = open_shards[slot] = _OpenShard(next_shard)
                             next_shard += 1
                         shard.count += 1
                         shard.bytes += nbytes
                         assign.append(shard.number)
                     new = frame.filter(pl.Series(keep)).with_columns(pl.Series("_shard", assign, dtype=pl.Int64))
-                    by_number = {s.number: s for s in open_shards}
+                    by_number = {s.number: s for s in [*open_shards, *full]}
                     for (number,), part in new.partition_by("_shard", as_dict=True).items():
                         by_number[number].frames.append(part.with_columns(pl.lit(batch.source).alias("source")))
+                    for shard in full:
+                        self._close(shard, gen, summary)
                     summary.new_requests += new.height
                     summary.est_input_tokens_new += int(new["est_input_tokens"].sum() or 0)
                     if self.progress:
                         self.progress(f.uri, summary.input_rows)
             for shard in open_shards:
                 self._close(shard, gen, summary)
+        written = sum(self._written.values())
+        if written != summary.new_requests:
+            raise ReconciliationError(f"manifest {spec.name} gen {gen}: {summary.new_requests} new items but "
+                                      f"{written} written to shards (nothing committed)")
+        summary.new_shards.sort()
         self._write_rejects(gen, rejects)
         summary.rejected_rows = len(rejects)
         for r in rejects:
@@ -237,6 +247,7 @@ class ManifestBuilder:
             "request_bytes", "source", pl.col(LINE).alias("line"), pl.lit(gen).alias("generation"),
         ).to_arrow().cast(ITEM_SCHEMA)
         self.store.write_table(self.paths.shard_items(sid), table)
+        self._written[sid] = table.num_rows
         summary.new_shards.append(sid)
         shard.frames = []
 
