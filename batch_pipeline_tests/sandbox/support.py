@@ -49,7 +49,9 @@ def validate_spec(schema_name: str, instance: Any) -> None:
     _validator(schema_name).validate(instance)
 
 
-def chat_line(custom_id: str, text: str, *, model: str = MODEL, system: Optional[str] = None, **body: Any) -> dict[str, Any]:
+def chat_line(
+    custom_id: str, text: str, *, model: str = MODEL, system: Optional[str] = None, **body: Any
+) -> dict[str, Any]:
     """One batch input line for /v1/chat/completions."""
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
     return {

@@ -63,12 +63,14 @@ def test_json_schema_outputs_validate_and_labels_follow_the_text(client: openai.
     assert answers["t-none-1"] == answers["t-none-2"]  # same text, same (hashed) answer
 
 
-def test_json_schema_output_is_deterministic_across_batches(client: openai.OpenAI, admin: SandboxAdmin) -> None:
-    line = chat_line("same", "An unrelated message.", response_format=_schema_format(TICKET_SCHEMA))
-    first = wait_for(client, submit(client, [line])["id"])
-    second = wait_for(client, submit(client, [line])["id"])
-    contents = [message_content(read_jsonl(client, b["output_file_id"])[0]) for b in (first, second)]
-    assert contents[0] == contents[1]
+def test_outputs_and_their_order_are_deterministic(client: openai.OpenAI, admin: SandboxAdmin) -> None:
+    fmt = _schema_format(TICKET_SCHEMA)
+    lines = [chat_line(f"same-{i}", f"An unrelated message {i}.", response_format=fmt) for i in range(6)]
+    runs = []
+    for _ in range(2):
+        batch = wait_for(client, submit(client, lines)["id"])
+        runs.append([(l["custom_id"], message_content(l)) for l in read_jsonl(client, batch["output_file_id"])])
+    assert runs[0] == runs[1]
 
 
 def test_markers_and_token_limits(client: openai.OpenAI, admin: SandboxAdmin) -> None:

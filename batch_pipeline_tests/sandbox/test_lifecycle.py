@@ -119,7 +119,8 @@ def test_ledger_bills_each_succeeded_line_once(client: openai.OpenAI, admin: San
     assert len(ledger) == batch["request_counts"]["completed"] == 6
     assert Counter((e["batch_id"], e["custom_id"]) for e in ledger).most_common(1)[0][1] == 1
     assert {e["custom_id"] for e in ledger} == {f"b{i}" for i in range(6)}
-    by_id: dict[str, Any] = {l["custom_id"]: l["response"]["body"]["usage"] for l in read_jsonl(client, batch["output_file_id"])}
+    output = read_jsonl(client, batch["output_file_id"])
+    by_id: dict[str, Any] = {line["custom_id"]: line["response"]["body"]["usage"] for line in output}
     for entry in ledger:
         assert entry["model"] == MODEL
         assert entry["input_tokens"] == by_id[entry["custom_id"]]["prompt_tokens"]

@@ -181,7 +181,8 @@ def test_create_batch_checks_its_parameters(client: openai.OpenAI, admin: Sandbo
         args = {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h", **overrides}
         client.batches.create(**args)  # type: ignore[arg-type]
 
-    for metadata in ({f"k{i}": "v" for i in range(17)}, {"k" * 65: "v"}, {"k": "v" * 513}, {"sandbox_scenario": "nope"}):
+    too_many = {f"k{i}": "v" for i in range(17)}
+    for metadata in (too_many, {"k" * 65: "v"}, {"k": "v" * 513}, {"sandbox_scenario": "nope"}):
         with pytest.raises(openai.BadRequestError):
             create(metadata=metadata)
     with pytest.raises(openai.BadRequestError):
