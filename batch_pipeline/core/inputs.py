@@ -140,9 +140,10 @@ def _jsonl_block(source: str, block: bytes, first_line: int, fields: list[str], 
     if not raw_lines:
         return RowBatch(source, _empty_frame(fields))
     try:
-        table = pajson.read_json(io.BytesIO(b"\n".join(raw_lines)), parse_options=options)
+        table = _read_block(b"\n".join(raw_lines), options, key_field)
         if table.num_rows != len(raw_lines):
             raise ValueError("row count mismatch")
+        table.validate(full=True)  # Arrow's JSON reader does not check UTF-8; this does
     except (pa.ArrowInvalid, UnicodeDecodeError, ValueError):
         return _jsonl_slow(source, raw_lines, line_numbers, fields, key_field)
     frame = pl.from_arrow(table)
@@ -150,6 +151,21 @@ def _jsonl_block(source: str, block: bytes, first_line: int, fields: list[str], 
     frame = frame.with_columns(pl.Series(LINE, line_numbers, dtype=pl.Int64))
     frame = frame.with_columns((pl.col(key_field) if key_field else pl.lit(None, pl.String)).alias(KEY))
     return _split_missing(source, frame, fields, raw_lines)
+
+
+def _read_block(data: bytes, options: pajson.ParseOptions, key_field: str | None) -> pa.Table:
+    """Parse a block column-wise; a numeric key column (``"id": 123``) is read as a number, kept as text."""
+    try:
+        return pajson.read_json(io.BytesIO(data), parse_options=options)
+    except pa.ArrowInvalid as exc:
+        if not key_field or f"Column(/{key_field}) changed from string" not in str(exc):
+            raise
+    schema = options.explicit_schema
+    numeric = schema.set(schema.get_field_index(key_field), pa.field(key_field, pa.int64()))
+    table = pajson.read_json(io.BytesIO(data), parse_options=pajson.ParseOptions(
+        explicit_schema=numeric, unexpected_field_behavior="ignore"))
+    return table.set_column(table.schema.get_field_index(key_field), key_field,
+                            table.column(key_field).cast(pa.string()))
 
 
 def _jsonl_slow(source: str, raw_lines: list[bytes], line_numbers: list[int], fields: list[str],
@@ -189,11 +205,11 @@ def _jsonl_slow(source: str, raw_lines: list[bytes], line_numbers: list[int], fi
 
 def _bad_field(row: dict, fields: list[str]) -> tuple[str, str, str] | None:
     for name in fields:
-        if name not in row:
-            return name, "missing_field", f"missing field '{name}'"
-        value = row[name]
+        value = row.get(name)
+        if value is None:  # absent and null are the same reject, whichever reader saw the row
+            return name, "missing_field", f"missing or null field '{name}'"
         if not isinstance(value, str):
-            got = "null" if value is None else type(value).__name__
+            got = type(value).__name__
             return name, "wrong_type", f"field '{name}' must be a string, got {got}"
     return None
 

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from batch_pipeline.core.errors import ConfigError
 
@@ -126,14 +127,16 @@ class JobSpec(_Strict):
     deadline: datetime | None = None
     source_path: str | None = Field(default=None, exclude=True, description="set by the loader")
 
-    @model_validator(mode="after")
-    def _template_fields_exist(self) -> "JobSpec":
-        if self.input.text_field not in self.prompt.fields:
+    @field_validator("prompt")
+    @classmethod
+    def _template_uses_text_field(cls, prompt: PromptSpec, info: ValidationInfo) -> PromptSpec:
+        source = info.data.get("input")
+        if source is not None and source.text_field not in prompt.fields:
             raise ValueError(
-                f"prompt.template must use the input text field {{{self.input.text_field}}}; "
-                f"it uses {self.prompt.fields or 'no fields'}"
+                f"prompt.template must use the input text field {{{source.text_field}}}; "
+                f"it uses {prompt.fields or 'no fields'}"
             )
-        return self
+        return prompt
 
     def settings_fingerprint(self) -> str:
         """Everything besides the row that changes what the model is asked; part of every request ID."""
