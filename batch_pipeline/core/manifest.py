@@ -225,16 +225,24 @@ class ManifestBuilder:
         frame = frame.with_columns(
             estimate_request_tokens(pl.col("request_bytes"), system_bytes).cast(pl.Int32).alias("est_input_tokens"))
         limit = spec.input.max_input_tokens
-        bad = frame.filter((pl.col(text).str.len_bytes() == 0) | (pl.col("est_input_tokens") > limit))
-        for row in bad.select(LINE, text, "est_input_tokens").iter_rows():
-            line, value, tokens = row
+        max_bytes = self.caps.max_bytes - REQUEST_FRAMING_BYTES - system_bytes
+        empty = pl.col(text).str.len_bytes() == 0
+        too_long = pl.col("est_input_tokens") > limit
+        too_big = pl.col("request_bytes") > max_bytes
+        bad = frame.filter(empty | too_long | too_big)
+        for line, value, tokens, nbytes in bad.select(LINE, text, "est_input_tokens", "request_bytes").iter_rows():
             if not value:
-                rejects.append(Reject(batch.source, line, text, "empty_text", f"empty text in field '{text}' after whitespace normalisation"))
-            else:
+                rejects.append(Reject(batch.source, line, text, "empty_text",
+                                      f"empty text in field '{text}' after whitespace normalisation"))
+            elif tokens > limit:
                 rejects.append(Reject(batch.source, line, text, "too_long",
                                       f"request of ~{tokens} tokens exceeds input.max_input_tokens={limit}", value[:200]))
+            else:
+                rejects.append(Reject(batch.source, line, text, "too_large",
+                                      f"request of {nbytes} bytes does not fit a batch of {self.caps.max_bytes} bytes",
+                                      value[:200]))
         if bad.height:
-            frame = frame.filter((pl.col(text).str.len_bytes() > 0) & (pl.col("est_input_tokens") <= limit))
+            frame = frame.filter(~(empty | too_long | too_big))
         return frame.with_columns(length_bucket(pl.col("est_input_tokens")).alias("length_bucket"))
 
     def _close(self, shard: _OpenShard, gen: int, summary: ManifestSummary) -> None:

@@ -211,7 +211,6 @@ def dagster_dev(sandbox_proc, e2e_project: Project, tmp_path_factory) -> Iterato
         seen.update(_descendants(proc.pid))
         _stop(proc, seen)
         log.close()
-    print("SEEN", {pid: p.name() if p.is_running() else "?" for pid, p in seen.items()}, "HOME", _with_dagster_home(e2e_project.dagster_home))
     left = _alive({**seen, **_with_dagster_home(e2e_project.dagster_home)})
     assert proc.returncode is not None
     assert not left, f"dagster dev left processes behind: {left}\n{dev.log_tail()}"

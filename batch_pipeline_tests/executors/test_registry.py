@@ -38,3 +38,22 @@ shards: {{max_requests: 1000}}
     for sid in summary.new_shards:
         t = Manifest("caps", store2).shard_items(sid)
         assert pc.sum(t.column("request_bytes")).as_py() + 512 * t.num_rows <= 2000
+
+
+def test_a_request_larger_than_a_whole_batch_is_rejected_not_sharded(tmp_path):
+    rows = [{"body": "short text"}, {"body": "x " * 3000}]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = parse_spec(f"""
+name: big
+input: {{path: {tmp_path}/in.jsonl, text_field: body}}
+prompt: {{version: v1, template: "{{body}}"}}
+model: gpt-4o-mini
+backend: {{name: openai_batch}}
+sampling: {{max_tokens: 4}}
+output: {{text: {{}}}}
+""")
+    store = Store(tmp_path / "home")
+    summary = build_manifest(spec, store, caps=ShardCaps(100, 4000))
+    assert summary.new_requests == 1 and summary.rejects_by_reason == {"too_large": 1}
+    reject = Manifest("big", store).rejects().to_pylist()[0]
+    assert reject["line"] == 2 and "4000 bytes" in reject["reason"]
