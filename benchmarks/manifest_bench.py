@@ -58,6 +58,15 @@ def _maxrss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
+def _cpu_s() -> float:
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
+
+
+def load() -> float:
+    return os.getloadavg()[0]
+
+
 def _digest(ids: list[str]) -> str:
     import hashlib
 
@@ -77,6 +86,7 @@ def reference(path: str, out_dir: str, prefix: bytes) -> dict:
     from batch_pipeline.core.ids import normalize_text  # imports only hashlib and re
 
     rss_before = _maxrss_mb()
+    cpu0 = _cpu_s()
     started = time.perf_counter()
     base = hashlib.sha256(prefix)
     seen: set[str] = set()
@@ -119,8 +129,9 @@ def reference(path: str, out_dir: str, prefix: bytes) -> dict:
     if buf:
         flush()
     seconds = time.perf_counter() - started
+    cpu = _cpu_s() - cpu0
     rss = _maxrss_mb()
-    return {"variant": "reference", "seconds": seconds, "rows": rows, "unique": len(seen), "shards": shards,
+    return {"variant": "reference", "seconds": seconds, "cpu_s": cpu, "rows": rows, "unique": len(seen), "shards": shards,
             "rejected": rejected, "peak_rss_mb": rss, "rss_after_imports_mb": rss_before,
             "digest": _digest(list(seen))}
 
@@ -162,8 +173,35 @@ def _install_section_timers(totals: dict[str, float]) -> None:
     timed(manifest.ManifestBuilder, "_prepare", "_prepare (Polars normalise/render/estimate)")
     timed(ids, "request_ids", "ids.request_ids (hashlib loop)")
     timed(manifest.ManifestBuilder, "_close", "_close (concat+sort+write shard Parquet)")
-    timed(store.Store, "read_part", "Store.read_part (item_index / rows re-read)")
-    timed(manifest.Manifest, "item_index", "Manifest.item_index (seen set seed)")
+    timed(store.Store, "read_part", "Store.read_part (rows re-read for duplicates_collapsed)")
+    timed(manifest.Manifest, "item_index", "Manifest.item_index (seed of the seen set)")
+    # the rows table is streamed through Store.parquet_writer; time that writer's write_table only
+    # (pq.write_table, used by _close, goes through ParquetWriter too)
+    from contextlib import contextmanager
+
+    original = store.Store.parquet_writer
+
+    class _TimedWriter:
+        def __init__(self, inner):
+            self._inner = inner
+
+        def write_table(self, *a, **kw):
+            t = time.perf_counter()
+            try:
+                return self._inner.write_table(*a, **kw)
+            finally:
+                label = "rows table: ParquetWriter.write_table (zstd)"
+                totals[label] = totals.get(label, 0.0) + time.perf_counter() - t
+
+        def __getattr__(self, name):
+            return getattr(self._inner, name)
+
+    @contextmanager
+    def parquet_writer(self, *a, **kw):
+        with original(self, *a, **kw) as w:
+            yield _TimedWriter(w)
+
+    store.Store.parquet_writer = parquet_writer
     _ = inputs
 
 
@@ -184,6 +222,7 @@ def ours(path: str, work: str, sections: bool, profile: bool) -> dict:
 
         prof = cProfile.Profile()
     rss_before = _maxrss_mb()
+    cpu0 = _cpu_s()
     started = time.perf_counter()
     if prof:
         prof.enable()
@@ -191,9 +230,14 @@ def ours(path: str, work: str, sections: bool, profile: bool) -> dict:
     if prof:
         prof.disable()
     seconds = time.perf_counter() - started
+    cpu = _cpu_s() - cpu0
     rss = _maxrss_mb()
-    ids = Manifest(spec.name, store).item_index(["request_id"]).column("request_id").to_pylist()
-    out = {"variant": "ours", "seconds": seconds, "rows": summary.input_rows, "unique": summary.unique_requests,
+    index = Manifest(spec.name, store).item_index(["request_id", "shard_id"])
+    ids = index.column("request_id").to_pylist()
+    import pyarrow.compute as pc
+
+    largest = pc.max(pc.value_counts(index.column("shard_id")).field("counts")).as_py() if index.num_rows else 0
+    out = {"variant": "ours", "cpu_s": cpu, "largest_shard": largest, "seconds": seconds, "rows": summary.input_rows, "unique": summary.unique_requests,
            "shards": summary.shards_total, "rejected": summary.rejected_rows, "peak_rss_mb": rss,
            "rss_after_imports_mb": rss_before, "digest": _digest(ids), "items_in_shards": len(ids),
            "duplicates_collapsed": summary.duplicates_collapsed}
@@ -261,13 +305,15 @@ def bench(rows: int, seed: int, sections: bool, profile: bool, variants: list[st
             else:
                 results[v] = run_in_child("ours", str(path), work, sections, profile)
             r = results[v]
-            print(f"  {v:9s} {rows:>9,} rows  {r['seconds']:7.1f} s  {rows / r['seconds']:>9,.0f} rows/s  "
+            print(f"  {v:9s} {rows:>9,} rows  {r['seconds']:6.1f} s (cpu {r['cpu_s']:5.1f} s)  "
+                  f"{rows / r['seconds']:>7,.0f} rows/s  load {load():.1f}  "
                   f"peak RSS {r['peak_rss_mb']:7,.0f} MB (after imports {r['rss_after_imports_mb']:,.0f} MB)  "
                   f"unique {r['unique']:,}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     out = {"rows": rows, "seed": seed, "input_bytes": meta["bytes"], "expected_unique": meta["unique"],
-           "date": date.today().isoformat(), "cpus": os.cpu_count(), **{k: v for k, v in results.items()}}
+           "date": date.today().isoformat(), "cpus": os.cpu_count(), "load_at_end": load(),
+           **{k: v for k, v in results.items()}}
     for r in results.values():
         r["rows_per_s"] = rows / r["seconds"]
     checks = []
@@ -282,15 +328,21 @@ def bench(rows: int, seed: int, sections: bool, profile: bool, variants: list[st
         print(f"  ratio ours/reference: {out['ratio']:.2f}x")
     if "ours" in results:
         checks.append(("ours: items in shards == unique", results["ours"]["items_in_shards"] == results["ours"]["unique"]))
+        checks.append((f"ours: no shard above {SHARD_SIZE}", results["ours"]["largest_shard"] <= SHARD_SIZE))
         if rows >= 2_000_000:
             checks.append(("ours peak RSS < 1.5 GB", results["ours"]["peak_rss_mb"] < 1536))
     out["checks"] = {name: ok for name, ok in checks}
     for name, ok in checks:
         print(f"  [{'ok' if ok else 'MISS'}] {name}")
     if sections and "ours" in results:
-        print("  ours, time by section (s; nested sections overlap):")
-        for name, s in sorted(results["ours"]["sections"].items(), key=lambda kv: -kv[1]):
-            print(f"    {s:7.2f}  {name}")
+        secs = results["ours"]["sections"]
+        total = results["ours"]["seconds"]
+        print(f"  ours, time by section (of {total:.1f} s wall):")
+        for name, s in sorted(secs.items(), key=lambda kv: -kv[1]):
+            print(f"    {s:7.2f} s {100 * s / total:5.1f}%  {name}")
+        rest = total - sum(secs.values())
+        print(f"    {rest:7.2f} s {100 * rest / total:5.1f}%  rest of build(): dedup/dealing loop, to_list(), "
+              "Series, partition_by, duplicates_collapsed set")
     if profile and "ours" in results:
         print(results["ours"]["profile"])
     return out

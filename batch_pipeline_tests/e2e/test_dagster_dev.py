@@ -69,13 +69,17 @@ query Logs($runId: ID!, $cursor: String) {
       events {
         __typename
         ... on MessageEvent { message level stepKey }
-        ... on ExecutionStepFailureEvent { error { message stack } }
-        ... on RunFailureEvent { error { message } }
+        ... on ExecutionStepFailureEvent { error { ...Err } }
+        ... on RunFailureEvent { error { ...Err } }
         ... on AssetCheckEvaluationEvent { evaluation { checkName success } }
       }
     }
     ... on Error { message }
   }
+}
+fragment Err on PythonError {
+  className message stack
+  errorChain { error { className message stack } }
 }
 """
 
@@ -172,8 +176,11 @@ def failure_report(dev: DagsterDev, run_id: str) -> str:
         kind = e["__typename"]
         if kind in ("ExecutionStepFailureEvent", "RunFailureEvent"):
             err = e.get("error") or {}
-            lines.append(f"{kind} {e.get('stepKey') or ''}: {e.get('message')}\n  {err.get('message', '')}"
-                         f"{''.join(err.get('stack') or [])[-1500:]}")
+            chain = [err] + [link["error"] for link in err.get("errorChain") or []]
+            lines.append(f"{kind} {e.get('stepKey') or ''}: {e.get('message')}")
+            lines += [f"  {c.get('className')}: {(c.get('message') or '').strip()}" for c in chain]
+            if kind == "ExecutionStepFailureEvent":  # where the root cause was raised (user code)
+                lines.append("".join(chain[-1].get("stack") or [])[-1500:])
         elif kind == "AssetCheckEvaluationEvent" and not e["evaluation"]["success"]:
             lines.append(f"check {e['evaluation']['checkName']} failed: {e.get('message')}")
         elif e.get("level") in ("ERROR", "CRITICAL"):
@@ -225,12 +232,6 @@ def test_dagster_dev_runs_a_job_over_graphql(dagster_dev: DagsterDev):
     assert {a for (_, a), n in nodes.items() if n["isPartitioned"]} == {"submissions", "shard_results"}
     assert f"{JOB}_shards" in nodes[(JOB, "submissions")]["jobNames"]
 
-    try:
-        run_job(dev, f"{JOB}_publish")
-    except AssertionError as exc:
-        print("FAILMSG", exc)
-    print("OKREPORT", failure_report(dev, prepare_dummy := launch(dev, f"{JOB}_prepare")))
-    return
     # 1. prepare: manifest + quote; the manifest registers the shards as dynamic partitions
     prepare = run_job(dev, f"{JOB}_prepare")
     parts = dev.gql(JOB_PARTITIONS, selector=_selector(f"{JOB}_shards"))["pipelineOrError"]
@@ -239,6 +240,12 @@ def test_dagster_dev_runs_a_job_over_graphql(dagster_dev: DagsterDev):
     node = dev.gql(ASSET_NODE, key=key("submissions"))["assetNodeOrError"]
     assert node["partitionKeys"] == SHARDS
 
+    dev.sandbox.set_scenario("rate_limit", times=1000)
+    try:
+        run_job(dev, f"{JOB}_shards", {RANGE_START: SHARDS[0], RANGE_END: SHARDS[-1]})
+    except AssertionError as exc:
+        print("FAILMSG", exc)
+    return
     # 2. all shards in one ranged run (BackfillPolicy.multi_run lets one run take a range of partitions)
     shards = run_job(dev, f"{JOB}_shards", {RANGE_START: SHARDS[0], RANGE_END: SHARDS[-1]})
 
