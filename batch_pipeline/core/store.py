@@ -37,11 +37,13 @@ class Store:
         root = str(root if root is not None else default_root())
         if "://" in root:
             self.fs, base = pafs.FileSystem.from_uri(root)
+            self.scheme = root.split("://", 1)[0]
             self.is_local = False
         else:
             self.fs = pafs.LocalFileSystem()
             base = str(Path(root).resolve())
             Path(base).mkdir(parents=True, exist_ok=True)
+            self.scheme = "file"
             self.is_local = True
         self.root = root
         self.base = base.rstrip("/")
@@ -58,7 +60,7 @@ class Store:
         return Path(self.full(rel)) if self.is_local else None
 
     def uri(self, rel: str) -> str:
-        return str(self.local_path(rel)) if self.is_local else f"{self.root.rstrip('/')}/{rel}"
+        return str(self.local_path(rel)) if self.is_local else f"{self.scheme}://{self.full(rel)}"
 
     def exists(self, rel: str) -> bool:
         return self.fs.get_file_info(self.full(rel)).type != pafs.FileType.NotFound

@@ -1,0 +1,77 @@
+"""The same job with its store on S3 (a moto server on loopback) gives the same results as on local disk."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import boto3
+import polars as pl
+import pytest
+
+from batch_pipeline.core.paths import JobPaths
+from batch_pipeline.core.store import Store
+from batch_pipeline.defs.pipeline import run_job
+from batch_pipeline.defs.resources import PricesResource, StoreResource
+
+from .conftest import REPO
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def moto_url():
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(url + "/moto-api/", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+def s3_root(moto_url, monkeypatch) -> str:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    boto3.client("s3", endpoint_url=moto_url).create_bucket(Bucket="batch-results")
+    host = moto_url.removeprefix("http://")
+    return f"s3://batch-results/prefix?endpoint_override={host}&scheme=http&region=us-east-1"
+
+
+def test_job_on_s3_store_matches_local_disk(sandbox, moto_url, s3_root, make_job, instance, tmp_path):
+    spec = make_job()
+    prices = PricesResource(path=str(REPO / "data" / "prices.yaml"))
+    s3_report = run_job(spec, instance, {"store": StoreResource(root=s3_root), "prices": prices})
+    listing = boto3.client("s3", endpoint_url=moto_url).list_objects_v2(Bucket="batch-results")
+    keys = [o["Key"] for o in listing["Contents"]]
+    assert any(k.startswith("prefix/jobs/t/results/") for k in keys)
+    assert any(k.endswith("validated/t.parquet") for k in keys)
+    sandbox.reset()
+    import dagster as dg
+
+    with dg.DagsterInstance.ephemeral() as local_instance:
+        local_report = run_job(spec, local_instance, {"store": StoreResource(root=str(tmp_path / "local")),
+                                                      "prices": prices})
+    for key in ("unique_requests", "succeeded", "input_tokens", "output_tokens", "cost_usd", "complete"):
+        assert s3_report[key] == local_report[key], key
+    s3_table = pl.read_parquet(Store(s3_root).read_bytes(JobPaths("t").validated))
+    local_table = pl.read_parquet(Store(tmp_path / "local").read_bytes(JobPaths("t").validated))
+    cols = ["source_key", "request_id", "output", "input_tokens", "output_tokens"]
+    assert s3_table.select(cols).sort("source_key").equals(local_table.select(cols).sort("source_key"))
+    assert os.environ["AWS_ACCESS_KEY_ID"] not in str(s3_report)
