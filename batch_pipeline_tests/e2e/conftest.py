@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,8 +141,10 @@ def _with_dagster_home(dagster_home: Path) -> dict[int, psutil.Process]:
     return found
 
 
-def _stop(proc: subprocess.Popen, seen: dict[int, psutil.Process]) -> None:
-    """SIGTERM the process group of `proc` (by its PID), wait; then SIGKILL the group and any stragglers."""
+def _stop(proc: subprocess.Popen, seen: dict[int, psutil.Process]) -> list[str]:
+    """SIGTERM the process group of `proc` (by its PID), wait; then SIGKILL the group and any stragglers.
+
+    Returns the processes that had to be SIGKILLed (a graceful shutdown leaves none)."""
     seen.update(_descendants(proc.pid))
     pgid = proc.pid  # start_new_session=True: the leader's PID is the group's ID
     try:
@@ -154,7 +157,8 @@ def _stop(proc: subprocess.Popen, seen: dict[int, psutil.Process]) -> None:
         pass
     # children get the same deadline to finish their own shutdown
     _, still = psutil.wait_procs([p for p in seen.values() if p.is_running()], timeout=STOP_TIMEOUT_S)
-    if proc.poll() is None or still:
+    killed = _alive({p.pid: p for p in still}) + ([f"{proc.pid} dagster dev"] if proc.poll() is None else [])
+    if killed:
         try:
             os.killpg(pgid, signal.SIGKILL)
         except ProcessLookupError:
@@ -166,10 +170,11 @@ def _stop(proc: subprocess.Popen, seen: dict[int, psutil.Process]) -> None:
                 pass
         proc.wait(timeout=5)
         psutil.wait_procs(still, timeout=5)
+    return killed
 
 
 @pytest.fixture(scope="module")
-def dagster_dev(sandbox_proc, e2e_project: Project, tmp_path_factory) -> Iterator[DagsterDev]:
+def dagster_dev(sandbox_proc, e2e_project: Project) -> Iterator[DagsterDev]:
     """`python -m dagster dev` on a free loopback port, on the temp project; yields once GraphQL answers."""
     _, sandbox_url = sandbox_proc
     admin = SandboxAdmin(sandbox_url)
@@ -209,8 +214,11 @@ def dagster_dev(sandbox_proc, e2e_project: Project, tmp_path_factory) -> Iterato
         yield dev
     finally:
         seen.update(_descendants(proc.pid))
-        _stop(proc, seen)
+        killed = _stop(proc, seen)
         log.close()
+    if killed:
+        warnings.warn(f"dagster dev did not shut down on SIGTERM within {STOP_TIMEOUT_S} s; SIGKILLed: {killed}",
+                      stacklevel=1)
     left = _alive({**seen, **_with_dagster_home(e2e_project.dagster_home)})
     assert proc.returncode is not None
     assert not left, f"dagster dev left processes behind: {left}\n{dev.log_tail()}"
