@@ -134,6 +134,8 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
               description="The validated table: one row per source row, latest valid result of its request.")
     def results(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
         st = store.get()
+        if Manifest(job, st).last_generation() == 0:
+            raise dg.Failure(f"job {job} has no manifest in {st.root}; materialize {job}/manifest first")
         state = JobState.load(spec, st)
         outputs = publish(spec, st, state)
         table = pl.read_parquet(st.read_bytes(paths.validated))

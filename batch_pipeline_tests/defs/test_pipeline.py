@@ -125,3 +125,13 @@ def test_reconciliation_check_blocks_publishing_when_results_do_not_add_up(sandb
     write_results(store, spec.name, "s00001", 99, 1, stray.to_arrow())
     with pytest.raises(dg.Failure, match="reconciliation"):
         run_job(spec, instance, resources)
+
+
+def test_publishing_before_any_manifest_fails_with_a_clear_message(sandbox, instance, resources, make_job):
+    spec = make_job()
+    defs = build_definitions([spec], resources)
+    result = dg.materialize([*defs.assets, *defs.asset_checks], selection=[asset_key(spec, "results")],
+                            instance=instance, resources=defs.resources, raise_on_error=False)
+    assert not result.success
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    assert "materialize t/manifest first" in failure.step_failure_data.error.message
