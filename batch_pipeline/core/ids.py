@@ -37,11 +37,6 @@ def id_prefix(prompt_version: str, model: str, settings_fingerprint: str) -> byt
     return ID_SEPARATOR.join((prompt_version, model, settings_fingerprint, "")).encode()
 
 
-def id_hasher(prefix: bytes) -> "hashlib._Hash":
-    """A sha256 primed with the job prefix; ``.copy()`` it per row (cheaper than re-hashing the prefix)."""
-    return hashlib.sha256(prefix)
-
-
 def request_id(prefix: bytes, rendered_input: str) -> str:
     h = hashlib.sha256(prefix)
     h.update(rendered_input.encode("utf-8"))
@@ -49,6 +44,7 @@ def request_id(prefix: bytes, rendered_input: str) -> str:
 
 
 def request_ids(prefix: bytes, rendered_inputs: list[str]) -> list[str]:
+    """Many IDs at once: the prefix is hashed once and the state copied per row."""
     base = hashlib.sha256(prefix)
     out = []
     append = out.append

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from batch_pipeline.core.attempts import Attempt, AttemptLog
 from batch_pipeline.core.cost import Price
@@ -154,18 +155,16 @@ class ShardRunner:
         return outcome
 
     def _ingest(self, attempt: Attempt, handle: BatchHandle) -> tuple[int, int]:
+        """Validate and append every result of one ended batch; IDs outside the attempt are ignored."""
         executor = self.executor
         assert isinstance(executor, BatchExecutor)
-        work = ShardWork(self.spec.name, attempt.records["intent"].get("shard_id", ""), attempt.number,
-                         attempt.key, self.plan, pa.table({"request_id": attempt.request_ids}))
         shard_id = attempt.key.split(":")[1]
-        work.shard_id = shard_id
+        work = ShardWork(self.spec.name, shard_id, attempt.number, attempt.key, self.plan,
+                         pa.table({"request_id": attempt.request_ids}))
         expected = pa.array(attempt.request_ids, pa.string())
         rows = ok = 0
         seen: set[str] = set()
         for flush, raw in enumerate(executor.fetch(handle), start=1):
-            import pyarrow.compute as pc
-
             mine = raw.filter(pc.is_in(raw.column("request_id"), value_set=expected))
             if mine.num_rows != raw.num_rows:
                 log.warning("shard %s: batch %s returned %d results for IDs not in attempt %d; ignored",
@@ -175,7 +174,7 @@ class ShardRunner:
                                   provider_batch_id=handle.batch_id)
             write_results(self.store, self.spec.name, shard_id, attempt.number, flush, table)
             rows += table.num_rows
-            ok += sum(1 for s in table.column("status").to_pylist() if s == "succeeded")
+            ok += pc.sum(pc.equal(table.column("status"), "succeeded")).as_py() or 0
             seen.update(table.column("request_id").to_pylist())
         missing = len(set(attempt.request_ids) - seen)
         if missing:

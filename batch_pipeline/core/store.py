@@ -180,15 +180,13 @@ class Store:
             log.warning("ignoring torn part %s: %s", self.uri(rel), exc)
             return None
 
-    def read_parts(self, rel_dir: str, columns: list[str] | None = None, schema: pa.Schema | None = None,
-                   recursive: bool = True) -> pa.Table | None:
+    def read_parts(self, rel_dir: str, columns: list[str] | None = None, recursive: bool = True) -> pa.Table | None:
         """The union of every complete Parquet part under ``rel_dir``; None if there are none."""
         tables = []
         for rel in self.list_files(rel_dir, recursive=recursive, suffix=".parquet"):
             t = self.read_part(rel, columns)
             if t is not None and t.num_rows:
-                tables.append(t.cast(schema.select(t.column_names) if schema is not None else t.schema)
-                              if schema is not None else t)
+                tables.append(t)
         if not tables:
             return None
         return pa.concat_tables(tables, promote_options="permissive")
