@@ -106,6 +106,8 @@ class _Progress:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from batch_pipeline.core.store import Store
+
     spec = _resolve_spec(args.spec)
     if args.home:
         os.environ["BATCH_PIPELINE_HOME"] = str(Path(args.home).resolve())
@@ -113,7 +115,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     _dagster_home()
     import dagster as dg
 
-    from batch_pipeline.core.store import Store
     from batch_pipeline.defs.pipeline import run_job
     from batch_pipeline.defs.resources import PricesResource, StoreResource
 
@@ -121,10 +122,20 @@ def cmd_run(args: argparse.Namespace) -> int:
                  "prices": PricesResource(path=os.environ.get("BATCH_PIPELINE_PRICES",
                                                               str(PROJECT_ROOT / "data" / "prices.yaml")))}
     console.print(f"[bold]job {spec.name}[/bold]: {spec.model} on {spec.backend.name}, input {spec.input.path}")
+    from batch_pipeline.core.control import JobControl
+
+    stopped = JobControl(Store(os.environ["BATCH_PIPELINE_HOME"]), spec.name).clear()
+    if stopped:
+        console.print(f"[yellow]resuming: the job was stopped at {stopped['at']}: {stopped['reason']}[/yellow]")
     started = time.perf_counter()
-    with _sandbox_if_needed(spec), dg.DagsterInstance.get() as instance, \
-            _Progress(spec, Store(os.environ["BATCH_PIPELINE_HOME"])) as progress:
-        report = run_job(spec, instance, resources, log_level=args.log_level, on_stage=progress.set_stage)
+    try:
+        with _sandbox_if_needed(spec), dg.DagsterInstance.get() as instance, \
+                _Progress(spec, Store(os.environ["BATCH_PIPELINE_HOME"])) as progress:
+            report = run_job(spec, instance, resources, log_level=args.log_level, on_stage=progress.set_stage)
+    except dg.Failure as exc:
+        console.print(f"[red]job {spec.name} stopped:[/red] {exc.description}")
+        console.print(f"fix the cause, then resume: batch-pipeline run {args.spec}")
+        return 1
     report["wall_time_s"] = round(time.perf_counter() - started, 2)
     _print_summary(report)
     return 0 if report.get("complete") else 3
@@ -167,6 +178,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     for r in rows:
         table.add_row(*[str(r[c]) for c in ("shard", "expected", "valid", "invalid", "missing", "dead_lettered",
                                              "balanced")])
+    from batch_pipeline.core.control import JobControl
+
+    stop = JobControl(store, spec.name).current()
+    if stop:
+        console.print(f"[red]job stopped at {stop['at']}: {stop['reason']}[/red]")
     totals = state.check()
     table.add_row("total", *[str(v) for v in totals.as_dict().values()], str(totals.balanced), style="bold")
     console.print(table)
@@ -197,6 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("spec", help="path to a job spec YAML, or a job name in data/jobs/")
     p.add_argument("--home", help="storage root (default $BATCH_PIPELINE_HOME or ./.batch_pipeline)")
     p.add_argument("--log-level", default="WARNING", help="Dagster console log level (default WARNING)")
+    p.set_defaults(fn=cmd_run)
+    p = sub.add_parser("resume", help="same as run: clears a job stop and continues where it stopped")
+    p.add_argument("spec", help="path to a job spec YAML, or a job name in data/jobs/")
+    p.add_argument("--home")
+    p.add_argument("--log-level", default="WARNING")
     p.set_defaults(fn=cmd_run)
     p = sub.add_parser("status", help="per-shard reconciliation of a job")
     p.add_argument("job", help="job name or spec path")

@@ -67,3 +67,8 @@ class AttemptLog:
     def record(self, attempt: int, event: str, payload: dict[str, Any]) -> None:
         assert event in EVENTS
         self.store.write_json(self.paths.attempt_event(self.shard_id, attempt, event), {**payload, "at": now_iso()})
+
+    def create_intent(self, attempt: int, payload: dict[str, Any]) -> bool:
+        """Record the intent only if no one else claimed this attempt number (True if we did)."""
+        return self.store.create_json_exclusive(self.paths.attempt_event(self.shard_id, attempt, "intent"),
+                                                {**payload, "at": now_iso()})

@@ -17,13 +17,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batch_pipeline.core.attempts import Attempt, AttemptLog
+from batch_pipeline.core.control import JobControl
 from batch_pipeline.core.cost import Price
 from batch_pipeline.core.errors import SystemicError, TransientError
 from batch_pipeline.core.executor import (BatchExecutor, BatchHandle, BatchState, BatchStatus, RequestPlan,
                                           ShardWork, StreamExecutor)
+from batch_pipeline.core.lease import Lease, LeaseHeldError, acquire, default_owner
 from batch_pipeline.core.manifest import Manifest
 from batch_pipeline.core.reconcile import DEAD, VALID, item_states
 from batch_pipeline.core.results import build_results, read_results, write_results
+from batch_pipeline.core.retry_cap import retry_spend
 from batch_pipeline.core.spec import JobSpec
 from batch_pipeline.core.store import Store
 
@@ -56,10 +59,12 @@ class CollectOutcome:
 
 class ShardRunner:
     def __init__(self, spec: JobSpec, store: Store, executor: BatchExecutor | StreamExecutor,
-                 price: Price | None, pricing: str = "batch"):
+                 price: Price | None, pricing: str = "batch", owner: str | None = None):
         self.spec, self.store, self.executor, self.price, self.pricing = spec, store, executor, price, pricing
         self.manifest = Manifest(spec.name, store)
         self.plan = RequestPlan.from_spec(spec)
+        self.control = JobControl(store, spec.name)
+        self.owner = owner or default_owner()
 
     # -- what is left -----------------------------------------------------------------------------------
     def pending_items(self, shard_id: str) -> pa.Table:
@@ -79,8 +84,14 @@ class ShardRunner:
 
     # -- batch shape ----------------------------------------------------------------------------------------
     def submit(self, shard_id: str) -> SubmitOutcome:
+        """Send the shard's pending items once, under the shard's lease; re-attach to an open batch instead."""
         executor = self.executor
         assert isinstance(executor, BatchExecutor)
+        self.control.ensure_running()
+        with acquire(self.store, self.spec.name, shard_id, self.owner) as lease:
+            return self._submit(shard_id, executor, lease)
+
+    def _submit(self, shard_id: str, executor: BatchExecutor, lease: Lease) -> SubmitOutcome:
         attempts = AttemptLog(self.store, self.spec.name, shard_id)
         for attempt in attempts.all():
             if not attempt.open:
@@ -90,7 +101,7 @@ class ShardRunner:
                          attempt.submitted["batch_id"])
                 return SubmitOutcome(shard_id, attempt.number, len(attempt.request_ids),
                                      BatchHandle.from_dict(attempt.submitted), reattached=True)
-            found = executor.find(attempt.key)
+            found = self._guard(lambda: executor.find(attempt.key))
             if found is not None:
                 log.warning("shard %s: attempt %d was accepted by the provider as %s but not recorded; re-attaching",
                             shard_id, attempt.number, found.batch_id)
@@ -100,17 +111,43 @@ class ShardRunner:
         pending = self.pending_items(shard_id)
         if pending.num_rows == 0:
             return SubmitOutcome(shard_id, None, 0, None)
+        self._check_retry_cap(shard_id, pending)
         number = attempts.next_number()
         work = ShardWork(self.spec.name, shard_id, number, self._key(shard_id, number), self.plan, pending)
-        attempts.record(number, "intent", {"key": work.key, "backend": executor.name,
-                                           "request_ids": work.request_ids, "requests": pending.num_rows})
-        try:
-            handle = executor.submit(work)
-        except SystemicError:
-            raise  # the intent stays open; the next run asks the provider before resubmitting
+        lease.check("submit")
+        if not attempts.create_intent(number, {"key": work.key, "backend": executor.name, "lease_token": lease.token,
+                                               "request_ids": work.request_ids, "requests": pending.num_rows}):
+            raise LeaseHeldError(f"shard {shard_id}: attempt {number} was claimed by another run")
+        handle = self._guard(lambda: executor.submit(work))  # a crash here is repaired by find() next time
         attempts.record(number, "submitted", handle.as_dict())
         log.info("shard %s: attempt %d submitted %d requests as %s", shard_id, number, pending.num_rows, handle.batch_id)
         return SubmitOutcome(shard_id, number, pending.num_rows, handle)
+
+    def _guard(self, call):
+        """Run a provider call; a systemic failure stops the whole job once, with its message."""
+        try:
+            return call()
+        except SystemicError as exc:
+            self.control.stop(str(exc), code=exc.code)
+            raise
+
+    def _check_retry_cap(self, shard_id: str, pending: pa.Table) -> None:
+        results = read_results(self.store, self.spec.name, columns=[*STATE_COLUMNS, "cost_usd"])
+        if results.height == 0:
+            return
+        items = pl.from_arrow(self.manifest.item_index(["request_id", "shard_id"]))
+        assert isinstance(items, pl.DataFrame)
+        states = item_states(items, results, self.spec.retries.per_item)
+        ids = pl.Series(pending.column("request_id").to_pylist())
+        retry_items = states.filter(pl.col("request_id").is_in(ids) & (pl.col("failures") > 0)).height
+        if retry_items == 0:
+            return
+        spend = retry_spend(results, items.height, retry_items, self.spec.retries.spend_cap_share)
+        if spend.exceeded:
+            reason = f"retry-spend cap reached before resubmitting shard {shard_id}: {spend.describe()}"
+            self.control.stop(reason, code="retry_cap")
+            raise SystemicError(reason + "; inspect the failures (batch-pipeline status), then raise "
+                                "retries.spend_cap_share or fix the cause and resume", code="retry_cap")
 
     def open_attempts(self, shard_id: str) -> list[Attempt]:
         return [a for a in AttemptLog(self.store, self.spec.name, shard_id).all() if a.open and a.submitted]
@@ -125,13 +162,22 @@ class ShardRunner:
         """Wait for every open batch of the shard to end, then ingest its results."""
         executor = self.executor
         assert isinstance(executor, BatchExecutor)
+        with acquire(self.store, self.spec.name, shard_id, self.owner) as lease:
+            return self._collect(shard_id, executor, lease, poll_interval_s, timeout_s, on_status)
+
+    def _collect(self, shard_id: str, executor: BatchExecutor, lease: Lease, poll_interval_s: float,
+                 timeout_s: float | None, on_status: Callable[[str, BatchStatus], None] | None) -> CollectOutcome:
         outcome = CollectOutcome(shard_id)
         log_ = AttemptLog(self.store, self.spec.name, shard_id)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        renew_at = time.monotonic() + lease.ttl.total_seconds() / 3
         for attempt in self.open_attempts(shard_id):
             handle = BatchHandle.from_dict(attempt.submitted or {})
             while True:
-                status = executor.poll(handle)
+                status = self._guard(lambda: executor.poll(handle))
+                if time.monotonic() > renew_at:
+                    lease.renew()
+                    renew_at = time.monotonic() + lease.ttl.total_seconds() / 3
                 if on_status:
                     on_status(shard_id, status)
                 if status.state.ended:
@@ -140,10 +186,12 @@ class ShardRunner:
                     raise TransientError(f"shard {shard_id}: batch {handle.batch_id} still {status.provider_status}")
                 time.sleep(poll_interval_s)
             if status.state == BatchState.FAILED:
+                lease.check("record a failed batch")
                 log_.record(attempt.number, "collected", {"state": status.state.value, "errors": status.errors})
                 raise SystemicError(f"shard {shard_id}: batch {handle.batch_id} failed at the provider: "
                                     + "; ".join(status.errors[:5]))
             rows, ok = self._ingest(attempt, handle)
+            lease.check("mark the attempt collected")
             log_.record(attempt.number, "collected", {"state": status.state.value, "rows": rows, "succeeded": ok,
                                                       "provider_counts": {"total": status.total,
                                                                           "completed": status.completed,

@@ -6,6 +6,7 @@ import time
 import dagster as dg
 import polars as pl
 
+from batch_pipeline.core.errors import BatchPipelineError
 from batch_pipeline.core.manifest import Manifest, ShardCaps, build_manifest
 from batch_pipeline.core.paths import JobPaths
 from batch_pipeline.core.publish import JobState, dead_letters, publish
@@ -33,6 +34,14 @@ def _runner(spec: JobSpec, store: StoreResource, prices: PricesResource) -> Shar
     executor = create_executor(spec.backend)
     return ShardRunner(spec, store.get(), executor, prices.get().lookup(spec.backend.name, spec.model),
                        executor.pricing)
+
+
+def _clean_failure(call):
+    """Our errors become a Dagster Failure whose description is the message a user needs (no traceback)."""
+    try:
+        return call()
+    except BatchPipelineError as exc:
+        raise dg.Failure(description=f"{type(exc).__name__}: {exc}") from exc
 
 
 def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.AssetChecksDefinition]]:
@@ -96,7 +105,7 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
         runner = _runner(spec, store, prices)
         sent, batches = 0, []
         for key in context.partition_keys:
-            out = runner.submit(key)
+            out = _clean_failure(lambda: runner.submit(key))
             sent += out.requests if not out.reattached else 0
             if out.handle:
                 batches.append(f"{key}:{out.handle.batch_id}{' (re-attached)' if out.reattached else ''}")
@@ -123,7 +132,7 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
 
         rows = ok = 0
         for key in context.partition_keys:
-            out = runner.collect(key, poll_interval_s=interval, on_status=on_status)
+            out = _clean_failure(lambda: runner.collect(key, poll_interval_s=interval, on_status=on_status))
             rows, ok = rows + out.rows, ok + out.succeeded
             context.log.info(f"shard {key}: collected attempts {out.attempts or 'none'}: {out.rows} results, "
                              f"{out.succeeded} succeeded")

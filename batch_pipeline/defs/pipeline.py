@@ -86,8 +86,9 @@ def _failure_message(result: dg.ExecuteInProcessResult) -> str:
     msgs = []
     for event in result.all_events:
         if event.event_type_value == "STEP_FAILURE" and event.step_failure_data:
-            err = event.step_failure_data.error
-            msgs.append(f"{event.step_key}: {err.message.strip() if err else 'failed'}")
+            data = event.step_failure_data
+            user = data.user_failure_data.description if data.user_failure_data else None
+            msgs.append(f"{event.step_key}: {user or (data.error.message.strip() if data.error else 'failed')}")
         if event.event_type_value == "ASSET_CHECK_EVALUATION":
             data = event.event_specific_data
             if data is not None and not data.passed:

@@ -9,6 +9,9 @@ import traceback
 from typing import Optional
 
 from .admin_api import AdminApi
+from .anthropic_api import AnthropicApi, check_anthropic_auth, is_anthropic_path
+from .anthropic_errors import as_anthropic
+from .chat_api import ChatApi, request_key
 from .clock import SandboxClock
 from .errors import ApiError
 from .ids import new_id
@@ -28,6 +31,8 @@ class SandboxApp:
         self.state = SandboxState(SandboxClock(), scenario or make_scenario("normal"), state_dir)
         self.router = Router()
         OpenAIApi(self.state).register(self.router)
+        ChatApi(self.state).register(self.router)
+        AnthropicApi(self.state).register(self.router)
         AdminApi(self.state).register(self.router)
 
     def handle(self, request: Request) -> Response:
@@ -41,12 +46,18 @@ class SandboxApp:
                 changed = self.state.advance_all()
                 response = self._dispatch(request)
             except ApiError as exc:
+                if is_anthropic_path(request.path):
+                    exc = as_anthropic(exc)
                 response = Response(exc.status, exc.body(), dict(exc.headers), batch_id=request.params.get("batch_id"))
             except Exception as exc:  # a sandbox bug: answer in the envelope, report on stderr
                 traceback.print_exc(file=sys.stderr)
                 error = ApiError(500, f"Sandbox internal error: {exc!r}", type="server_error", code="sandbox_bug")
+                if is_anthropic_path(request.path):
+                    error = as_anthropic(error)
                 response = Response(500, error.body(), {"x-should-retry": "false"})
             response.headers["x-request-id"] = request_id
+            if is_anthropic_path(request.path):
+                response.headers["request-id"] = request_id
             response.headers[SANDBOX_HEADER] = "openai-batch-emulator"
             self._log(request, response, request_id, received_at, received_mono)
             if changed or request.method != "GET":
@@ -57,7 +68,10 @@ class SandboxApp:
         route, params = self.router.match(request.method, request.path)
         request.params = params
         if request.path.startswith("/v1/"):
-            check_auth(request)
+            if is_anthropic_path(request.path):
+                check_anthropic_auth(request)
+            else:
+                check_auth(request)
             owed = self._fault(route.name, request)
             if owed is not None:
                 fault, scenario = owed
@@ -97,4 +111,5 @@ class SandboxApp:
             "retry_count": int(retry) if retry and retry.isdigit() else None,
             "batch_id": response.batch_id or request.params.get("batch_id"),
             "request_id": request_id,
+            "request_key": request_key(request),
         })

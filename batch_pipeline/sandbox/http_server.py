@@ -8,6 +8,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Optional
 from urllib.parse import parse_qsl, urlsplit
 
+from .anthropic_api import MAX_BYTES as ANTHROPIC_MAX_BYTES, is_anthropic_path
+from .anthropic_errors import as_anthropic
 from .app import SandboxApp
 from .errors import ApiError
 from .routing import Request, Response
@@ -15,7 +17,7 @@ from .scenarios import Scenario
 from .validation import MAX_BYTES
 
 ALLOWED_HOSTS = {"127.0.0.1": "127.0.0.1", "localhost": "127.0.0.1"}
-MAX_BODY = MAX_BYTES + 1024 * 1024  # a 200 MB file plus multipart framing
+MAX_BODY = max(MAX_BYTES, ANTHROPIC_MAX_BYTES) + 1024 * 1024  # the largest batch body plus framing
 
 
 def loopback_host(host: str) -> str:
@@ -42,6 +44,8 @@ class _Handler(BaseHTTPRequestHandler):
             body = self._read_body(headers)
         except ApiError as exc:
             self.close_connection = True
+            if is_anthropic_path(parts.path):
+                exc = as_anthropic(exc)
             self._write(Response(exc.status, exc.body(), dict(exc.headers)))
             return
         request = Request(self.command, parts.path.rstrip("/") or "/", dict(parse_qsl(parts.query)), headers, body)

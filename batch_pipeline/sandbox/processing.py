@@ -104,6 +104,7 @@ def ledger_entries(batch: BatchRecord, billed_at: float) -> list[dict[str, Any]]
     """One billing entry per successful request of a finished batch."""
     return [
         {
+            "provider": "openai",
             "batch_id": batch.id,
             "custom_id": r.custom_id,
             "model": batch.model,

@@ -13,6 +13,7 @@ from .tokens import content_text, count_tokens, message_tokens, prompt_tokens, t
 MARKER_RE = re.compile(r"\[\[sandbox:(\w+)\]\]")
 SYSTEM_FINGERPRINT = "sandbox"
 CACHE_MIN_TOKENS = 1024
+REFUSAL = "I can't help with that."
 
 
 @dataclass(frozen=True)
@@ -85,8 +86,10 @@ def _token_limit(body: dict[str, Any]) -> int | None:
 def chat_completion(
     body: dict[str, Any], *, completion_id: str, created: int, cached_tokens: int, truncate: bool = False
 ) -> Completion:
-    """The ChatCompletion for a request body. ``truncate`` cuts the output in half (finish_reason ``length``)."""
+    """The ChatCompletion for a request body. ``truncate`` cuts the output in half (finish_reason ``length``);
+    the marker ``[[sandbox:refuse]]`` gives ``content: null`` and a ``refusal``."""
     content = render_content(body)
+    refusal = REFUSAL if "refuse" in markers(body) else None
     finish_reason = "stop"
     limit = _token_limit(body)
     produced = count_tokens(content)
@@ -95,8 +98,11 @@ def chat_completion(
     if limit is not None and (produced > limit or truncate):
         content = truncate_tokens(content, limit)
         finish_reason = "length"
+    if refusal is not None:
+        finish_reason = "stop"
     prompt = prompt_tokens(_messages(body))
-    completion = count_tokens(content)
+    completion = count_tokens(content if refusal is None else refusal)
+    shown: str | None = content if refusal is None else None
     response = {
         "id": completion_id,
         "object": "chat.completion",
@@ -105,7 +111,7 @@ def chat_completion(
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": content, "refusal": None, "annotations": []},
+                "message": {"role": "assistant", "content": shown, "refusal": refusal, "annotations": []},
                 "logprobs": None,
                 "finish_reason": finish_reason,
             }

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .anthropic_errors import AnthropicError
 from .errors import ApiError
 
 ENDPOINTS = (
@@ -19,10 +20,20 @@ ENDPOINTS = (
     "list_batches",
     "retrieve_batch",
     "cancel_batch",
+    "chat_completions",
+    # Anthropic Message Batches (served at the root)
+    "anthropic_create",
+    "anthropic_list",
+    "anthropic_retrieve",
+    "anthropic_cancel",
+    "anthropic_delete",
+    "anthropic_results",
 )
 
 # Lifecycle durations in clock seconds; every scenario accepts them.
 COMMON_PARAMS: dict[str, Any] = {"validating_s": 0.05, "in_progress_s": 0.2, "finalizing_s": 0.05, "cancelling_s": 0.05}
+# Online rate limits of /v1/chat/completions per sandbox-clock minute; every scenario accepts them.
+COMMON_PARAMS.update({"rpm": 1_000_000, "tpm": 1_000_000_000})
 
 SCENARIO_PARAMS: dict[str, dict[str, Any]] = {
     "normal": {},
@@ -32,6 +43,8 @@ SCENARIO_PARAMS: dict[str, dict[str, Any]] = {
     "server_error": {"times": 1, "on": list(ENDPOINTS), "commit": False},
     "fail_validation": {"lines": [1]},
     "slow": {"in_progress_s": 3.0},
+    "unknown_model": {},
+    "no_credit": {},
 }
 
 METADATA_NAME = "sandbox_scenario"
@@ -97,6 +110,8 @@ def make_scenario(name: str | None, params: dict[str, Any] | None = None) -> Sce
     for key, value in merged.items():
         if key.endswith("_s") and value < 0:
             raise ValueError(f"param {key} must be >= 0")
+        if key in ("rpm", "tpm") and value < 1:
+            raise ValueError(f"param {key} must be >= 1")
     bad_endpoints = sorted(set(merged.get("on", [])) - set(ENDPOINTS) - {"*"})
     if bad_endpoints:
         raise ValueError(f"unknown endpoints in 'on': {bad_endpoints}; known: {list(ENDPOINTS)}")
@@ -149,3 +164,33 @@ def endpoint_fault(scenario: Scenario, endpoint: str, counts: dict[str, int], sc
         code="rate_limit_exceeded",
         headers={"retry-after-ms": str(delay_ms), "retry-after": str(max(1, math.ceil(delay_ms / 1000)))},
     )
+
+
+UNKNOWN_MODEL_PREFIX = "unknown-"
+NO_CREDIT_ANTHROPIC = ("Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to "
+                       "upgrade or purchase credits.")
+NO_CREDIT_OPENAI = ("You exceeded your current quota, please check your plan and billing details. For more "
+                    "information on this error, read the docs: https://platform.openai.com/docs/guides/error-codes.")
+
+
+def account_fault(scenario: Scenario, models: list[str | None], provider: str = "openai") -> ApiError | None:
+    """The error a paid call gets for an unknown model or an empty account, if any.
+
+    ``unknown_model`` (or a requested model named ``unknown-*``): 404 (OpenAI code ``model_not_found``,
+    Anthropic ``not_found_error``). ``no_credit``: OpenAI 429 ``insufficient_quota`` with ``x-should-retry:
+    false``; Anthropic 400 ``invalid_request_error`` "Your credit balance is too low ...".
+    """
+    unknown = next((m for m in models if isinstance(m, str) and m.startswith(UNKNOWN_MODEL_PREFIX)), None)
+    if unknown is None and scenario.name == "unknown_model":
+        unknown = next((m for m in models if m), "the requested model")
+    if unknown is not None:
+        if provider == "anthropic":
+            return AnthropicError(404, f"model: {unknown}", type="not_found_error")
+        return ApiError(404, f"The model `{unknown}` does not exist or you do not have access to it.",
+                        code="model_not_found")
+    if scenario.name == "no_credit":
+        if provider == "anthropic":
+            return AnthropicError(400, NO_CREDIT_ANTHROPIC, type="invalid_request_error")
+        return ApiError(429, NO_CREDIT_OPENAI, type="insufficient_quota", code="insufficient_quota",
+                        headers={"x-should-retry": "false"})
+    return None

@@ -10,13 +10,15 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
+from .anthropic_batches import AnthropicBatches
+from .anthropic_responder import AnthropicRunner
 from .batches import BatchRecord, Lifecycle
 from .clock import SandboxClock
 from .errors import not_found
 from .ids import new_id
 from .persistence import StateDir
 from .processing import LineRunner, ledger_entries, result_lines
-from .scenarios import Scenario, scenario_from_metadata
+from .scenarios import Scenario, account_fault, scenario_from_metadata
 from .validation import parse_input
 
 FILE_TTL_S = 30 * 24 * 3600
@@ -70,6 +72,7 @@ class SandboxState:
         self.seen_custom_ids: dict[str, int] = {}
         self.seen_prompts: set[str] = set()
         self.lifecycle = Lifecycle(LineRunner(self.seen_custom_ids, self.seen_prompts), self._finish)
+        self.anthropic = AnthropicBatches(AnthropicRunner(self.seen_custom_ids, self.seen_prompts), self._bill)
         self.reset(wipe_store=False)
         if self.store is not None:
             self._load()
@@ -83,6 +86,7 @@ class SandboxState:
         self.fault_counts: dict[str, int] = {}
         self.seen_custom_ids.clear()
         self.seen_prompts.clear()
+        self.anthropic.clear()
         self.scenario = self.startup_scenario
         self.clock.reset()
         if wipe_store and self.store is not None:
@@ -122,6 +126,9 @@ class SandboxState:
         """A new batch in ``validating``; its scenario comes from metadata, else the server's."""
         scenario = scenario_from_metadata(metadata) or self.scenario
         parsed = parse_input(input_file.data, endpoint)
+        fault = account_fault(scenario, [parsed.model], "openai")
+        if fault is not None:
+            raise fault
         errors = list(parsed.errors)
         if scenario.name == "fail_validation":
             errors += [
@@ -158,7 +165,12 @@ class SandboxState:
         changed = False
         for batch in self.batches.values():
             changed = self.lifecycle.advance(batch, now) or changed
+        changed = self.anthropic.advance_all(now) or changed
         return changed
+
+    def _bill(self, entries: list[dict[str, Any]]) -> None:
+        """Append billing entries to the ledger."""
+        self.ledger.extend(entries)
 
     def _finish(self, batch: BatchRecord) -> None:
         """On reaching a terminal state: write the output/error files and bill the successful lines."""
@@ -186,6 +198,7 @@ class SandboxState:
             "fault_counts": self.fault_counts,
             "seen_custom_ids": self.seen_custom_ids,
             "seen_prompts": sorted(self.seen_prompts),
+            "anthropic_batches": self.anthropic.to_json(),
         })
 
     def _load(self) -> None:
@@ -204,6 +217,7 @@ class SandboxState:
         self.fault_counts = dict(saved["fault_counts"])
         self.seen_custom_ids.update(saved["seen_custom_ids"])
         self.seen_prompts.update(saved["seen_prompts"])
+        self.anthropic.load(saved.get("anthropic_batches"))
 
 
 def _dumps(value: Any) -> str:

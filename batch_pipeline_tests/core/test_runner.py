@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 
 from batch_pipeline.core.attempts import AttemptLog
+from batch_pipeline.core.control import JobControl
 from batch_pipeline.core.cost import Price
 from batch_pipeline.core.errors import SystemicError
 from batch_pipeline.core.executor import BatchExecutor, BatchHandle, BatchState, BatchStatus, ShardWork
@@ -99,7 +100,7 @@ def job(tmp_path):
     kinds = ["good"] * 6 + ["flaky", "poison", "junk", "silent"]
     rows = [{"id": f"k{i}", "body": f"{kind} ticket {i}"} for i, kind in enumerate(kinds)]
     path = write_jsonl(tmp_path / "in.jsonl", rows)
-    spec = write_spec(tmp_path / "job", base_spec_dict(str(path), retries={"per_item": 2}))
+    spec = write_spec(tmp_path / "job", base_spec_dict(str(path), retries={"per_item": 2, "spend_cap_share": 1.0}))
     store = Store(tmp_path / "store")
     summary = build_manifest(spec, store)
     assert summary.new_shards == ["s00001"]
@@ -192,7 +193,11 @@ def test_intent_without_a_provider_batch_is_abandoned_and_retried(job):
     [attempt] = AttemptLog(store, spec.name, "s00001").all()
     assert attempt.open and attempt.submitted is None and len(attempt.request_ids) == 10
 
+    # the systemic failure stopped the whole job once; the next submit refuses until the cause is fixed
+    with pytest.raises(SystemicError, match="is stopped since"):
+        runner.submit("s00001")
     provider.fail_submit_with = None
+    assert JobControl(store, spec.name).clear()["code"] == "invalid_api_key"  # the user resumes
     outcome = runner.submit("s00001")
     assert outcome.attempt == 2 and outcome.requests == 10 and not outcome.reattached
     log = AttemptLog(store, spec.name, "s00001").all()

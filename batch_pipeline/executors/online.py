@@ -1,0 +1,337 @@
+"""Online executor: any OpenAI-compatible ``/chat/completions`` endpoint (OpenAI, a vLLM server, the sandbox).
+
+``run(work)`` sends every item with bounded concurrency (worker threads; measured faster than asyncio with the
+SDK, see benchmarks/README.md), under a requests/tokens limiter, and yields ``RAW_RESULT_SCHEMA`` tables every
+``flush_every`` results or ``flush_interval_s`` seconds. Per request: 429/408/409/5xx and connection failures are
+retried (``retry-after-ms``, then ``retry-after``, up to a cap; else full-jitter exponential backoff); a 4xx is a
+poison row, not retried; a bad key, a missing model or no credit raises ``SystemicError`` at once and cancels the
+pending work. Results carry their ``request_id``; order is completion order.
+"""
+
+import email.utils
+import json
+import logging
+import os
+import queue
+import random
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from batch_pipeline.core.errors import ConfigError, SystemicError
+from batch_pipeline.core.executor import RAW_RESULT_SCHEMA, ShardWork
+from batch_pipeline.executors.online_transport import BodyBuilder, HttpTransport, Reply, SdkTransport, Transport
+from batch_pipeline.executors.openai_batch import SANDBOX_URL_ENV, redact
+from batch_pipeline.executors.rate_limit import RateLimiter
+from batch_pipeline.executors.registry import register
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+SYSTEMIC_CODES = frozenset({"invalid_api_key", "model_not_found", "insufficient_quota", "billing_hard_limit_reached",
+                            "account_deactivated", "unsupported_country_region_territory", "invalid_organization"})
+RETRY_STATUSES = frozenset({408, 409, 429})
+
+
+class OnlineSettings(BaseModel):
+    """``backend.settings`` of ``online``. The key is read from the environment, never from the spec."""
+
+    model_config = ConfigDict(extra="forbid")
+    sandbox: bool = Field(default=False, description=f"use the bundled sandbox at ${SANDBOX_URL_ENV}/v1")
+    base_url: str | None = Field(default=None, description=f"default {DEFAULT_BASE_URL}")
+    api_key_env: str | None = Field(default="OPENAI_API_KEY", description="None: send no key (a local vLLM)")
+    transport: Literal["http", "sdk"] = Field(default="http", description="http: stdlib keep-alive; sdk: openai")
+    concurrency: int = Field(default=16, ge=1, le=1024)
+    rpm: float | None = Field(default=None, gt=0, description="requests per minute (also learned from headers)")
+    tpm: float | None = Field(default=None, gt=0, description="tokens per minute: body bytes / 4 + max_tokens")
+    max_attempts_per_request: int = Field(default=4, ge=1)
+    retry_after_cap_s: float = Field(default=60, ge=0)
+    backoff_base_s: float = Field(default=0.5, ge=0)
+    backoff_max_s: float = Field(default=8, ge=0)
+    timeout_s: float = Field(default=120, gt=0)
+    flush_every: int = Field(default=256, ge=1)
+    flush_interval_s: float = Field(default=5, gt=0)
+    progress_interval_s: float = Field(default=10, gt=0)
+    extra_body: dict[str, Any] = Field(default_factory=dict, description="merged into every body (vLLM options)")
+    pricing: str = Field(default="online", description="which price applies to the results")
+
+
+class Outcome:
+    """How to treat one reply: ``ok``, ``poison``, ``transient`` or ``systemic``, with the code and message."""
+
+    __slots__ = ("kind", "status", "code", "message", "payload")
+
+    def __init__(self, kind: str, status: int | None, code: str | None, message: str, payload: str) -> None:
+        self.kind, self.status, self.code, self.message, self.payload = kind, status, code, message, payload
+
+
+def classify(reply: Reply) -> Outcome:
+    """Sort one reply into ok / poison / transient / systemic (the provider's ``x-should-retry`` wins)."""
+    if reply.status is None:
+        return Outcome("transient", None, reply.failure or "connection_error", reply.detail, "")
+    text = reply.body.decode("utf-8", "replace")
+    if reply.status == 200:
+        return Outcome("ok", 200, None, "", text)
+    code, message = None, text[:500]
+    try:
+        error = json.loads(text).get("error")
+        if isinstance(error, dict):
+            code = error.get("code") or error.get("type")
+            message = str(error.get("message") or message)
+        elif isinstance(error, str):
+            message = error
+    except (ValueError, AttributeError):
+        pass
+    status = reply.status
+    if status in (401, 403) or code in SYSTEMIC_CODES or status == 404:
+        return Outcome("systemic", status, code or f"http_{status}", message, text)
+    should_retry = reply.headers.get("x-should-retry")
+    retry = status in RETRY_STATUSES or status >= 500
+    if should_retry in ("true", "false"):
+        retry = should_retry == "true"
+    return Outcome("transient" if retry else "poison", status, code or f"http_{status}", message, text)
+
+
+def retry_after_s(headers: dict[str, str]) -> float | None:
+    """``retry-after-ms``, else ``retry-after`` (seconds or an HTTP date), in seconds; None when absent."""
+    millis = headers.get("retry-after-ms")
+    if millis:
+        try:
+            return max(0.0, float(millis) / 1000)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time()) if when is not None else None
+
+
+_COLUMNS = RAW_RESULT_SCHEMA.names
+
+
+def success_row(request_id: str, outcome: Outcome, headers: dict[str, str]) -> tuple[Any, ...]:
+    """A RAW_RESULT_SCHEMA row from a 200 body (an unreadable body is a row with an error code)."""
+    rid = headers.get("x-request-id")
+    try:
+        body = json.loads(outcome.payload)
+        choice = body["choices"][0]
+        message = choice.get("message") or {}
+        usage = body.get("usage") or {}
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        content = message.get("content")
+        if content is not None and not isinstance(content, str):
+            content = json.dumps(content)
+        refusal = message.get("refusal")
+        return (request_id, 200, content, choice.get("finish_reason"), usage.get("prompt_tokens"), cached,
+                usage.get("completion_tokens"), None, f"refused: {refusal}" if refusal else None, rid,
+                outcome.payload)
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+        return (request_id, 200, None, None, None, None, None, "unparseable_response",
+                f"the 200 response is not a chat completion: {exc!r}", rid, outcome.payload)
+
+
+def error_row(request_id: str, outcome: Outcome, headers: dict[str, str], secret: str | None) -> tuple[Any, ...]:
+    """A RAW_RESULT_SCHEMA row for a request that failed for good (poison, or retries spent)."""
+    return (request_id, outcome.status, None, None, None, None, None, outcome.code,
+            redact(outcome.message, secret), headers.get("x-request-id"), redact(outcome.payload, secret) or None)
+
+
+class _Stats:
+    """Counters shared by the workers (read for progress logs)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.sent = self.retries = self.done = 0
+
+
+class OnlineExecutor:
+    """StreamExecutor for OpenAI-compatible chat completions."""
+
+    name = "online"
+
+    def __init__(self, settings: OnlineSettings) -> None:
+        self.settings = settings
+        self.pricing = settings.pricing
+        base_url = settings.base_url or DEFAULT_BASE_URL
+        api_key = os.environ.get(settings.api_key_env) if settings.api_key_env else None
+        if settings.sandbox:
+            sandbox = os.environ.get(SANDBOX_URL_ENV)
+            if not sandbox:
+                raise ConfigError(f"backend online has sandbox: true but ${SANDBOX_URL_ENV} is not set; start one with "
+                                  "`batch-pipeline sandbox` (or `batch-pipeline run` / `dev`, which start it)")
+            base_url = sandbox.rstrip("/") + "/v1"
+            api_key = api_key or "sk-sandbox"
+        elif settings.api_key_env and not api_key:
+            raise ConfigError(f"backend online needs an API key in ${settings.api_key_env} "
+                              "(or api_key_env: null for a server without keys)")
+        if not base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"backend online: base_url must be an http(s) URL, not {base_url!r}")
+        self.base_url = base_url
+        self._api_key = api_key
+
+    def _transport(self, builder: BodyBuilder) -> Transport:
+        s = self.settings
+        if s.transport == "sdk":
+            return SdkTransport(self.base_url, self._api_key, s.timeout_s, s.concurrency, builder)
+        return HttpTransport(self.base_url, self._api_key, s.timeout_s, builder)
+
+    def _delay(self, attempt: int, reply: Reply) -> tuple[float, bool]:
+        """(seconds to wait before the next attempt, whether the provider said so)."""
+        said = retry_after_s(reply.headers)
+        if said is not None:
+            return min(said, self.settings.retry_after_cap_s), True
+        ceiling = min(self.settings.backoff_max_s, self.settings.backoff_base_s * 2 ** (attempt - 1))
+        return random.uniform(0, ceiling), False
+
+    def run(self, work: ShardWork) -> Iterator[pa.Table]:
+        """Send every item of the shard; yield result tables as they fill; raise SystemicError to stop the job."""
+        s = self.settings
+        ids = work.items.column("request_id").to_pylist()
+        prompts = work.items.column("user_prompt").to_pylist()
+        total = len(ids)
+        if total == 0:
+            return
+        builder = BodyBuilder(work.plan, s.extra_body)
+        limiter = RateLimiter(s.rpm, s.tpm)
+        items = iter(zip(ids, prompts))
+        items_lock = threading.Lock()
+        results: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        stop = threading.Event()
+        stats = _Stats()
+        shared = self._transport(builder) if s.transport == "sdk" else None
+
+        def worker() -> None:
+            transport = shared or self._transport(builder)
+            try:
+                while not stop.is_set():
+                    with items_lock:
+                        item = next(items, None)
+                    if item is None:
+                        break
+                    row = self._one(item[0], item[1], transport, builder, limiter, stop, stats)
+                    if row is not None:
+                        results.put(row)
+            except SystemicError as exc:
+                stop.set()
+                results.put(exc)
+            except BaseException as exc:  # a bug: stop the run and surface it
+                stop.set()
+                results.put(exc)
+            finally:
+                if shared is None:
+                    transport.close()
+                results.put(None)
+
+        threads = [threading.Thread(target=worker, name=f"online-{i}", daemon=True)
+                   for i in range(min(s.concurrency, total))]
+        for thread in threads:
+            thread.start()
+        log.info("online %s: %d requests to %s, concurrency %d", work.key, total, self.base_url, len(threads))
+        failure: BaseException | None = None
+        rows: list[tuple[Any, ...]] = []
+        started = last_flush = last_log = time.monotonic()
+        running = len(threads)
+        try:
+            while running:
+                now = time.monotonic()
+                timeout = max(0.0, min(last_flush + s.flush_interval_s, last_log + s.progress_interval_s) - now)
+                try:
+                    message = results.get(timeout=timeout)
+                except queue.Empty:
+                    message = False
+                if message is None:
+                    running -= 1
+                elif isinstance(message, tuple):
+                    rows.append(message)
+                elif isinstance(message, BaseException) and failure is None:
+                    failure = message
+                now = time.monotonic()
+                if rows and (len(rows) >= s.flush_every or now - last_flush >= s.flush_interval_s):
+                    yield _table(rows)
+                    rows, last_flush = [], now
+                elif now - last_flush >= s.flush_interval_s:
+                    last_flush = now
+                if now - last_log >= s.progress_interval_s:
+                    last_log = now
+                    self._progress(work, stats, total, started, limiter)
+            if rows:
+                yield _table(rows)
+                rows = []
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(timeout=s.timeout_s + 1)
+            if shared is not None:
+                shared.close()
+        self._progress(work, stats, total, started, limiter)
+        if failure is not None:
+            raise failure
+
+    def _progress(self, work: ShardWork, stats: _Stats, total: int, started: float, limiter: RateLimiter) -> None:
+        elapsed = max(time.monotonic() - started, 1e-9)
+        log.info("online %s: %d/%d done (%.1f/s), %d requests sent, %d retries, %.1f s waited on rate limits",
+                 work.key, stats.done, total, stats.done / elapsed, stats.sent, stats.retries, limiter.waited_s)
+
+    def _one(self, request_id: str, prompt: str, transport: Transport, builder: BodyBuilder, limiter: RateLimiter,
+             stop: threading.Event, stats: _Stats) -> tuple[Any, ...] | None:
+        """All attempts at one item: its row, or None when the run stopped first (nothing recorded)."""
+        tokens = builder.estimate_tokens(prompt)
+        attempts = self.settings.max_attempts_per_request
+        for attempt in range(1, attempts + 1):
+            if not limiter.acquire(tokens, stop):
+                return None
+            reply = transport.send(prompt, attempt - 1)
+            with stats.lock:
+                stats.sent += 1
+            if reply.headers:
+                limiter.observe(reply.headers)
+            outcome = classify(reply)
+            if outcome.kind == "ok":
+                row = success_row(request_id, outcome, reply.headers)
+            elif outcome.kind == "systemic":
+                raise SystemicError(redact(
+                    f"online endpoint {self.base_url} refused the job: HTTP {outcome.status} {outcome.code}: "
+                    f"{outcome.message} (check the API key, model and account; then re-run to resume)",
+                    self._api_key), code=outcome.code)
+            elif outcome.kind == "poison" or attempt == attempts:
+                row = error_row(request_id, outcome, reply.headers, self._api_key)
+            else:
+                delay, said = self._delay(attempt, reply)
+                if said and reply.status == 429:
+                    limiter.pause(delay)  # the limit is shared: hold every worker, not only this one
+                with stats.lock:
+                    stats.retries += 1
+                if stop.wait(delay):
+                    return None
+                continue
+            with stats.lock:
+                stats.done += 1
+            return row
+        return None
+
+
+def _table(rows: list[tuple[Any, ...]]) -> pa.Table:
+    columns = list(zip(*rows))
+    return pa.Table.from_arrays([pa.array(col, type=f.type) for col, f in zip(columns, RAW_RESULT_SCHEMA)],
+                                schema=RAW_RESULT_SCHEMA)
+
+
+@register("online")
+def _factory(settings: dict[str, Any]) -> OnlineExecutor:
+    try:
+        parsed = OnlineSettings.model_validate(settings)
+    except ValidationError as exc:
+        raise ConfigError(f"backend.settings for online: {exc}") from None
+    return OnlineExecutor(parsed)

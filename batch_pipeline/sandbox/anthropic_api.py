@@ -1,0 +1,181 @@
+"""Handlers of the Anthropic Message Batches endpoints (``/v1/messages/batches``, base_url without ``/v1``)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from .anthropic_batches import AnthropicBatch
+from .anthropic_errors import AnthropicError, anthropic_error, invalid_request
+from .routing import Request, Response, Router
+from .scenarios import account_fault
+from .state import SandboxState
+
+PREFIX = "/v1/messages"
+BATCHES = "/v1/messages/batches"
+BAD_KEY = "sk-sandbox-bad"
+MAX_REQUESTS = 100_000
+MAX_BYTES = 256 * 1024 * 1024
+CUSTOM_ID_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+JSONL = "application/x-jsonl"
+
+
+def is_anthropic_path(path: str) -> bool:
+    """True for paths answered in the Anthropic envelope."""
+    return path == PREFIX or path.startswith(PREFIX + "/")
+
+
+def check_anthropic_auth(request: Request) -> None:
+    """401 unless ``x-api-key`` or ``Authorization: Bearer`` carries a key (``sk-sandbox-bad`` is refused);
+    400 without an ``anthropic-version`` header (any value is accepted)."""
+    key = request.headers.get("x-api-key", "").strip()
+    if not key:
+        scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
+        key = bearer.strip() if scheme.lower() == "bearer" else ""
+    if not key:
+        raise AnthropicError(401, "x-api-key header is required (any key works on the sandbox).",
+                             type="authentication_error")
+    if key == BAD_KEY:
+        raise AnthropicError(401, "invalid x-api-key", type="authentication_error")
+    if not request.headers.get("anthropic-version", "").strip():
+        raise invalid_request("anthropic-version: header is required")
+
+
+def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise invalid_request(f"{name}: Input should be a valid integer") from None
+    if not low <= value <= high:
+        raise invalid_request(f"{name}: Input should be between {low} and {high}")
+    return value
+
+
+def _check_request(index: int, item: Any, seen: set[str]) -> dict[str, Any]:
+    """One entry of ``requests``: custom_id pattern and uniqueness, params with model, max_tokens, messages."""
+    where = f"requests.{index}"
+    if not isinstance(item, dict):
+        raise invalid_request(f"{where}: Input should be an object")
+    custom_id = item.get("custom_id")
+    if not isinstance(custom_id, str) or not CUSTOM_ID_RE.match(custom_id):
+        raise invalid_request(f"{where}.custom_id: String should match pattern '{CUSTOM_ID_RE.pattern}'")
+    if custom_id in seen:
+        raise invalid_request(f"{where}.custom_id: Duplicate custom_id {custom_id!r}; custom_ids must be unique "
+                              "within a batch")
+    seen.add(custom_id)
+    params = item.get("params")
+    if not isinstance(params, dict):
+        raise invalid_request(f"{where}.params: Field required")
+    if not isinstance(params.get("model"), str) or not params["model"]:
+        raise invalid_request(f"{where}.params.model: Field required")
+    max_tokens = params.get("max_tokens")
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
+        raise invalid_request(f"{where}.params.max_tokens: Field required")
+    if max_tokens < 1:
+        raise invalid_request(f"{where}.params.max_tokens: Input should be greater than or equal to 1")
+    messages = params.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise invalid_request(f"{where}.params.messages: Field required")
+    return {"custom_id": custom_id, "params": params}
+
+
+def parse_create(body: bytes) -> list[dict[str, Any]]:
+    """The validated ``requests`` of a create body: 1-100,000 requests, at most 256 MB."""
+    if len(body) > MAX_BYTES:
+        raise anthropic_error(413, f"Request exceeds the maximum allowed number of bytes ({MAX_BYTES}).")
+    try:
+        payload = json.loads(body or b"{}")
+    except ValueError as exc:
+        raise invalid_request(f"The request body is not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise invalid_request("The request body must be a JSON object.")
+    requests = payload.get("requests")
+    if not isinstance(requests, list):
+        raise invalid_request("requests: Field required")
+    if not 1 <= len(requests) <= MAX_REQUESTS:
+        raise invalid_request(f"requests: a batch holds between 1 and {MAX_REQUESTS} requests, not {len(requests)}")
+    seen: set[str] = set()
+    return [_check_request(i, item, seen) for i, item in enumerate(requests)]
+
+
+class AnthropicApi:
+    """The Message Batches endpoints over a ``SandboxState`` (callers hold its lock)."""
+
+    def __init__(self, state: SandboxState) -> None:
+        self.state = state
+
+    def register(self, router: Router) -> None:
+        """Add the endpoints to ``router``; route names are the scenario endpoint names."""
+        router.add("POST", BATCHES, "anthropic_create", self.create)
+        router.add("GET", BATCHES, "anthropic_list", self.list)
+        router.add("GET", BATCHES + "/{batch_id}", "anthropic_retrieve", self.retrieve)
+        router.add("DELETE", BATCHES + "/{batch_id}", "anthropic_delete", self.delete)
+        router.add("POST", BATCHES + "/{batch_id}/cancel", "anthropic_cancel", self.cancel)
+        router.add("GET", BATCHES + "/{batch_id}/results", "anthropic_results", self.results)
+
+    def _object(self, batch: AnthropicBatch, request: Request) -> Response:
+        host = request.headers.get("host") or "127.0.0.1"
+        return Response(payload=batch.to_api(self.state.clock.now(), host), batch_id=batch.id)
+
+    def create(self, request: Request) -> Response:
+        requests = parse_create(request.body)
+        scenario = self.state.scenario
+        fault = account_fault(scenario, sorted({r["params"]["model"] for r in requests}), "anthropic")
+        if fault is not None:
+            raise fault
+        batch = self.state.anthropic.create(requests, scenario, self.state.clock.now())
+        return self._object(batch, request)
+
+    def retrieve(self, request: Request) -> Response:
+        return self._object(self.state.anthropic.get(request.params["batch_id"]), request)
+
+    def cancel(self, request: Request) -> Response:
+        batch = self.state.anthropic.get(request.params["batch_id"])
+        self.state.anthropic.cancel(batch, self.state.clock.now())
+        return self._object(batch, request)
+
+    def delete(self, request: Request) -> Response:
+        batch_id = request.params["batch_id"]
+        self.state.anthropic.delete(batch_id)
+        return Response(payload={"id": batch_id, "type": "message_batch_deleted"}, batch_id=batch_id)
+
+    def results(self, request: Request) -> Response:
+        batch = self.state.anthropic.get(request.params["batch_id"])
+        if batch.processing_status != "ended":
+            raise invalid_request(f"Message batch {batch.id} is {batch.processing_status}; results are available "
+                                  "once processing has ended.")
+        if batch.archived_at(self.state.clock.now()) is not None:
+            raise anthropic_error(404, f"The results of message batch {batch.id} have expired (kept 29 days).")
+        data = "".join(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n"
+                       for line in batch.result_lines())
+        return Response(payload=data.encode("utf-8"), content_type=JSONL, batch_id=batch.id)
+
+    def list(self, request: Request) -> Response:
+        limit = _int_param(request, "limit", 20, 1, 1000)
+        after, before = request.query.get("after_id"), request.query.get("before_id")
+        if after and before:
+            raise invalid_request("Only one of after_id and before_id may be given.")
+        batches = self.state.anthropic.newest_first()
+        ids = [b.id for b in batches]
+        for name, cursor in (("after_id", after), ("before_id", before)):
+            if cursor and cursor not in ids:
+                raise invalid_request(f"{name}: unknown message batch id {cursor!r}")
+        if before:
+            end = ids.index(before)
+            page, has_more = batches[max(0, end - limit):end], end - limit > 0
+        else:
+            start = ids.index(after) + 1 if after else 0
+            page, has_more = batches[start:start + limit], start + limit < len(batches)
+        host = request.headers.get("host") or "127.0.0.1"
+        now = self.state.clock.now()
+        data = [b.to_api(now, host) for b in page]
+        return Response(payload={
+            "data": data,
+            "has_more": has_more,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+        })

@@ -1,0 +1,252 @@
+"""Anthropic message batches and their clock-driven lifecycle (advanced lazily, never by a background thread).
+
+in_progress -> ended; in_progress -> canceling -> ended. Requests are processed one by one, linearly over
+``in_progress_s`` (after ``validating_s``), in a deterministic shuffled order, and the batch ends
+``finalizing_s`` later. At ``expires_at`` (24 h), or at the end of in_progress under the ``expire``
+scenario, the unprocessed requests become ``expired``; after a cancel they become ``canceled``.
+Only succeeded requests are billed, once, when the batch ends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable, Optional
+
+from .anthropic_errors import anthropic_error, invalid_request
+from .anthropic_responder import AnthropicResult, AnthropicRunner
+from .ids import new_id
+from .scenarios import Scenario
+
+EXPIRY_S = 24 * 3600
+RESULTS_KEPT_S = 29 * 24 * 3600
+Bill = Callable[[list[dict[str, Any]]], None]
+
+
+def rfc3339(value: Optional[float]) -> Optional[str]:
+    """Clock seconds as an RFC 3339 UTC timestamp (None stays None)."""
+    if value is None:
+        return None
+    return datetime.fromtimestamp(value, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def output_order(custom_ids: list[str]) -> list[int]:
+    """A shuffle of the request indices, fixed by the custom_ids, that differs from input order when n >= 2."""
+    order = list(range(len(custom_ids)))
+    random.Random(hashlib.sha256("\n".join(custom_ids).encode("utf-8")).hexdigest()).shuffle(order)
+    if len(order) >= 2 and order == sorted(order):
+        order = order[1:] + order[:1]
+    return order
+
+
+@dataclass
+class AnthropicBatch:
+    """All the sandbox knows about one message batch. Times are clock seconds."""
+
+    id: str
+    created_at: float
+    requests: list[dict[str, Any]]
+    order: list[int]
+    scenario: Scenario
+    processing_status: str = "in_progress"
+    results: list[AnthropicResult] = field(default_factory=list)
+    cancel_initiated_at: Optional[float] = None
+    ended_at: Optional[float] = None
+    unprocessed: Optional[str] = None  # "canceled" or "expired": what the requests never run became
+
+    @property
+    def expires_at(self) -> float:
+        return self.created_at + EXPIRY_S
+
+    def duration(self, key: str) -> float:
+        return float(self.scenario.param(key))
+
+    @property
+    def processing_start(self) -> float:
+        return self.created_at + self.duration("validating_s")
+
+    @property
+    def processing_end(self) -> float:
+        return self.processing_start + self.duration("in_progress_s")
+
+    def archived_at(self, now: float) -> Optional[float]:
+        """When the results stopped being available (29 days after creation), if that has passed."""
+        at = self.created_at + RESULTS_KEPT_S
+        return at if now >= at else None
+
+    def counts(self) -> dict[str, int]:
+        """``request_counts``: everything is ``processing`` until the batch has ended."""
+        counts = {"processing": 0, "succeeded": 0, "errored": 0, "canceled": 0, "expired": 0}
+        if self.processing_status != "ended":
+            counts["processing"] = len(self.requests)
+            return counts
+        for result in self.results:
+            counts["succeeded" if result.succeeded else "errored"] += 1
+        if self.unprocessed is not None:
+            counts[self.unprocessed] += len(self.requests) - len(self.results)
+        return counts
+
+    def result_lines(self) -> list[dict[str, Any]]:
+        """The results file: processed requests in processing order, then the ones never run."""
+        lines = [{"custom_id": r.custom_id, "result": r.result} for r in self.results]
+        if self.unprocessed is not None:
+            for index in self.order[len(self.results):]:
+                lines.append({"custom_id": self.requests[index]["custom_id"], "result": {"type": self.unprocessed}})
+        return lines
+
+    def to_api(self, now: float, host: str) -> dict[str, Any]:
+        """The API ``MessageBatch`` object; ``results_url`` is absolute, built from the request's host."""
+        ended = self.processing_status == "ended"
+        return {
+            "id": self.id,
+            "type": "message_batch",
+            "processing_status": self.processing_status,
+            "request_counts": self.counts(),
+            "created_at": rfc3339(self.created_at),
+            "expires_at": rfc3339(self.expires_at),
+            "ended_at": rfc3339(self.ended_at),
+            "cancel_initiated_at": rfc3339(self.cancel_initiated_at),
+            "archived_at": rfc3339(self.archived_at(now)),
+            "results_url": f"http://{host}/v1/messages/batches/{self.id}/results" if ended else None,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON for persistence."""
+        data = asdict(self)
+        data["scenario"] = self.scenario.to_json()
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "AnthropicBatch":
+        """Inverse of ``to_json``."""
+        data = dict(data)
+        data["scenario"] = Scenario(**data["scenario"])
+        data["results"] = [AnthropicResult(**r) for r in data["results"]]
+        return cls(**data)
+
+
+class AnthropicBatches:
+    """The message batches of one sandbox (callers hold the state lock)."""
+
+    def __init__(self, runner: AnthropicRunner, bill: Bill) -> None:
+        self.runner = runner
+        self.bill = bill
+        self.batches: dict[str, AnthropicBatch] = {}
+
+    def clear(self) -> None:
+        """Forget every batch."""
+        self.batches.clear()
+
+    def create(self, requests: list[dict[str, Any]], scenario: Scenario, now: float) -> AnthropicBatch:
+        """A new batch in ``in_progress``."""
+        batch = AnthropicBatch(new_id("msgbatch_"), now, requests,
+                               output_order([r["custom_id"] for r in requests]), scenario)
+        self.batches[batch.id] = batch
+        return batch
+
+    def get(self, batch_id: str) -> AnthropicBatch:
+        """A batch by id (404 ``not_found_error`` if unknown or deleted)."""
+        if batch_id not in self.batches:
+            raise anthropic_error(404, f"No message batch with id {batch_id!r}.")
+        return self.batches[batch_id]
+
+    def newest_first(self) -> list[AnthropicBatch]:
+        """Every batch, most recently created first."""
+        return list(reversed(self.batches.values()))
+
+    def cancel(self, batch: AnthropicBatch, now: float) -> None:
+        """Start canceling (requests processed so far are kept); 400 once the batch has ended."""
+        self.advance(batch, now)
+        if batch.processing_status == "ended":
+            raise invalid_request(f"Message batch {batch.id} has already ended and cannot be canceled.")
+        if batch.processing_status == "canceling":
+            return
+        batch.processing_status = "canceling"
+        batch.cancel_initiated_at = now
+
+    def delete(self, batch_id: str) -> None:
+        """Delete an ended batch; 400 while it is still processing."""
+        batch = self.get(batch_id)
+        if batch.processing_status != "ended":
+            raise invalid_request(
+                f"Message batch {batch_id} is {batch.processing_status}; only ended batches can be deleted "
+                "(cancel it first).")
+        del self.batches[batch_id]
+
+    def advance_all(self, now: float) -> bool:
+        """Bring every batch up to the clock; True if any changed."""
+        changed = False
+        for batch in self.batches.values():
+            changed = self.advance(batch, now) or changed
+        return changed
+
+    def advance(self, batch: AnthropicBatch, now: float) -> bool:
+        """Apply everything due by ``now``; True if anything changed."""
+        before = (batch.processing_status, len(batch.results))
+        if batch.processing_status == "in_progress":
+            natural_end = batch.processing_end + batch.duration("finalizing_s")
+            if now >= batch.expires_at and batch.expires_at < natural_end:
+                self._process_until(batch, min(batch.expires_at, batch.processing_end))
+                self._close(batch, "expired", batch.expires_at)
+            elif now >= batch.processing_end:
+                self._process_until(batch, batch.processing_end)
+                if batch.scenario.name == "expire":
+                    self._close(batch, "expired", batch.processing_end)
+                elif now >= natural_end:
+                    self._close(batch, None, natural_end)
+            else:
+                self._process_until(batch, now)
+        elif batch.processing_status == "canceling":
+            assert batch.cancel_initiated_at is not None
+            due = batch.cancel_initiated_at + batch.duration("cancelling_s")
+            if now >= due:
+                self._close(batch, "canceled", due)
+        return before != (batch.processing_status, len(batch.results))
+
+    def _quota(self, batch: AnthropicBatch) -> int:
+        total = len(batch.requests)
+        if batch.scenario.name == "expire":
+            return int(round(total * float(batch.scenario.param("complete_share"))))
+        return total
+
+    def _process_until(self, batch: AnthropicBatch, at: float) -> None:
+        """Process the requests due by clock time ``at`` (progress is linear over in_progress)."""
+        total = len(batch.requests)
+        span = batch.duration("in_progress_s")
+        elapsed = at - batch.processing_start
+        due = total if span <= 0 or elapsed >= span else math.floor(total * max(elapsed, 0.0) / span)
+        due = min(due, self._quota(batch))
+        while len(batch.results) < due:
+            request = batch.requests[batch.order[len(batch.results)]]
+            batch.results.append(self.runner.run(batch.id, request, batch.scenario))
+
+    def _close(self, batch: AnthropicBatch, unprocessed: Optional[str], at: float) -> None:
+        batch.processing_status = "ended"
+        batch.ended_at = at
+        batch.unprocessed = unprocessed if len(batch.results) < len(batch.requests) else None
+        self.bill([
+            {
+                "provider": "anthropic",
+                "batch_id": batch.id,
+                "custom_id": r.custom_id,
+                "model": r.model,
+                "input_tokens": r.input_tokens + r.cache_creation_input_tokens + r.cache_read_input_tokens,
+                "cached_tokens": r.cache_read_input_tokens,
+                "cache_creation_input_tokens": r.cache_creation_input_tokens,
+                "output_tokens": r.output_tokens,
+                "billed_at": at,
+            }
+            for r in batch.results
+            if r.succeeded
+        ])
+
+    def to_json(self) -> list[dict[str, Any]]:
+        """Every batch as plain JSON."""
+        return [b.to_json() for b in self.batches.values()]
+
+    def load(self, saved: Optional[list[dict[str, Any]]]) -> None:
+        """Restore batches saved by ``to_json``."""
+        self.batches = {b["id"]: AnthropicBatch.from_json(b) for b in saved or []}
