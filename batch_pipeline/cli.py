@@ -150,6 +150,9 @@ def _print_summary(report: dict) -> None:
     for label, key in SUMMARY_ROWS:
         value = report.get(key)
         table.add_row(label, f"{value:.6f}" if isinstance(value, float) else str(value))
+    by_pricing = report.get("cost_by_pricing") or {}
+    if len(by_pricing) > 1:
+        table.add_row("cost by pricing (USD)", ", ".join(f"{k} {v:.6f}" for k, v in sorted(by_pricing.items())))
     table.add_row("wall time (s)", str(report.get("wall_time_s")))
     outputs = report.get("outputs", {})
     table.add_row("validated table", str(outputs.get("validated", "")))

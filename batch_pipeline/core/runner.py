@@ -9,7 +9,7 @@ appends validated results; a crash mid-collection just collects the same batch a
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import polars as pl
@@ -65,6 +65,7 @@ class ShardRunner:
         self.plan = RequestPlan.from_spec(spec)
         self.control = JobControl(store, spec.name)
         self.owner = owner or default_owner()
+        self._cancel_when: Callable[[], bool] | None = None
 
     # -- what is left -----------------------------------------------------------------------------------
     def pending_items(self, shard_id: str) -> pa.Table:
@@ -131,6 +132,13 @@ class ShardRunner:
             self.control.stop(str(exc), code=exc.code)
             raise
 
+    def _guarded(self, results: Iterator[pa.Table]) -> Iterator[pa.Table]:
+        try:
+            yield from results
+        except SystemicError as exc:
+            self.control.stop(str(exc), code=exc.code)
+            raise
+
     def _check_retry_cap(self, shard_id: str, pending: pa.Table) -> None:
         results = read_results(self.store, self.spec.name, columns=[*STATE_COLUMNS, "cost_usd"])
         if results.height == 0:
@@ -149,6 +157,53 @@ class ShardRunner:
             raise SystemicError(reason + "; inspect the failures (batch-pipeline status), then raise "
                                 "retries.spend_cap_share or fix the cause and resume", code="retry_cap")
 
+    # -- stream shape ---------------------------------------------------------------------------------------
+    def run_stream(self, shard_id: str, on_flush: Callable[[int, int], None] | None = None) -> CollectOutcome:
+        """Run the shard's pending items inline (vLLM, an online endpoint), writing a part per flush.
+
+        An attempt left open by a crash is closed as interrupted: what it flushed is in the store, and the
+        new attempt sends only what is still pending.
+        """
+        executor = self.executor
+        assert isinstance(executor, StreamExecutor)
+        self.control.ensure_running()
+        with acquire(self.store, self.spec.name, shard_id, self.owner) as lease:
+            attempts = AttemptLog(self.store, self.spec.name, shard_id)
+            for attempt in attempts.all():
+                if attempt.open:
+                    attempts.record(attempt.number, "abandoned", {"reason": "interrupted; flushed results kept"})
+            outcome = CollectOutcome(shard_id)
+            pending = self.pending_items(shard_id)
+            if pending.num_rows == 0:
+                return outcome
+            self._check_retry_cap(shard_id, pending)
+            number = attempts.next_number()
+            work = ShardWork(self.spec.name, shard_id, number, self._key(shard_id, number), self.plan, pending)
+            lease.check("run")
+            if not attempts.create_intent(number, {"key": work.key, "backend": executor.name, "lease_token": lease.token,
+                                                   "request_ids": work.request_ids, "requests": pending.num_rows}):
+                raise LeaseHeldError(f"shard {shard_id}: attempt {number} was claimed by another run")
+            expected = pa.array(work.request_ids, pa.string())
+            renew_at = time.monotonic() + lease.ttl.total_seconds() / 3
+            for flush, raw in enumerate(self._guarded(executor.run(work)), start=1):
+                raw = raw.filter(pc.is_in(raw.column("request_id"), value_set=expected))
+                table = build_results(raw, work, backend=executor.name, pricing=self.pricing,
+                                      prompt_version=self.spec.prompt.version, price=self.price, provider_batch_id=None)
+                write_results(self.store, self.spec.name, shard_id, number, flush, table)
+                outcome.rows += table.num_rows
+                outcome.succeeded += pc.sum(pc.equal(table.column("status"), "succeeded")).as_py() or 0
+                if on_flush:
+                    on_flush(outcome.rows, pending.num_rows)
+                if time.monotonic() > renew_at:
+                    lease.renew()
+                    renew_at = time.monotonic() + lease.ttl.total_seconds() / 3
+            lease.check("mark the attempt collected")
+            attempts.record(number, "collected", {"state": "completed", "rows": outcome.rows,
+                                                  "succeeded": outcome.succeeded})
+            outcome.attempts.append(number)
+            outcome.final_states.append("completed")
+            return outcome
+
     def open_attempts(self, shard_id: str) -> list[Attempt]:
         return [a for a in AttemptLog(self.store, self.spec.name, shard_id).all() if a.open and a.submitted]
 
@@ -158,8 +213,14 @@ class ShardRunner:
         return [(a, executor.poll(BatchHandle.from_dict(a.submitted or {}))) for a in self.open_attempts(shard_id)]
 
     def collect(self, shard_id: str, *, poll_interval_s: float = 1.0, timeout_s: float | None = None,
-                on_status: Callable[[str, BatchStatus], None] | None = None) -> CollectOutcome:
-        """Wait for every open batch of the shard to end, then ingest its results."""
+                on_status: Callable[[str, BatchStatus], None] | None = None,
+                cancel_when: Callable[[], bool] | None = None) -> CollectOutcome:
+        """Wait for every open batch of the shard to end, then ingest its results.
+
+        ``cancel_when`` is asked while waiting; once it says yes the batch is cancelled (its finished
+        requests are kept) so that the rest can be rescued elsewhere.
+        """
+        self._cancel_when = cancel_when
         executor = self.executor
         assert isinstance(executor, BatchExecutor)
         with acquire(self.store, self.spec.name, shard_id, self.owner) as lease:
@@ -182,6 +243,10 @@ class ShardRunner:
                     on_status(shard_id, status)
                 if status.state.ended:
                     break
+                if self._cancel_when is not None and status.state != BatchState.CANCELLING and self._cancel_when():
+                    log.warning("shard %s: cancelling batch %s to rescue its tail", shard_id, handle.batch_id)
+                    self._guard(lambda: executor.cancel(handle))
+                    self._cancel_when = None
                 if deadline is not None and time.monotonic() > deadline:
                     raise TransientError(f"shard {shard_id}: batch {handle.batch_id} still {status.provider_status}")
                 time.sleep(poll_interval_s)

@@ -112,6 +112,14 @@ class RetrySpec(_Strict):
     spend_cap_share: float = Field(default=0.10, ge=0, le=1)
 
 
+class TailRescueSpec(_Strict):
+    """Near the deadline, or when a batch expires, unfinished items go to an online backend (interactive price)."""
+
+    backend: BackendSpec = Field(default_factory=lambda: BackendSpec(name="online"))
+    before_deadline_minutes: float = Field(default=60, ge=0)
+    on_expiry: bool = True
+
+
 class JobSpec(_Strict):
     name: str = Field(pattern=JOB_NAME_PATTERN)
     description: str = ""
@@ -125,6 +133,7 @@ class JobSpec(_Strict):
     retries: RetrySpec = Field(default_factory=RetrySpec)
     budget_usd: float | None = Field(default=None, ge=0)
     deadline: datetime | None = None
+    tail: TailRescueSpec | None = None
     source_path: str | None = Field(default=None, exclude=True, description="set by the loader")
 
     @field_validator("prompt")

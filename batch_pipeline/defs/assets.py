@@ -7,11 +7,13 @@ import dagster as dg
 import polars as pl
 
 from batch_pipeline.core.errors import BatchPipelineError
+from batch_pipeline.core.executor import StreamExecutor
 from batch_pipeline.core.manifest import Manifest, ShardCaps, build_manifest
 from batch_pipeline.core.paths import JobPaths
 from batch_pipeline.core.publish import JobState, dead_letters, publish
 from batch_pipeline.core.quote import make_quote
 from batch_pipeline.core.report import build_report, shard_table
+from batch_pipeline.core.rescue import deadline_near, rescue_reason
 from batch_pipeline.core.runner import ShardRunner
 from batch_pipeline.core.spec import JobSpec
 from batch_pipeline.defs.checks import build_result_checks
@@ -33,6 +35,15 @@ def asset_key(spec: JobSpec, name: str) -> dg.AssetKey:
 def _runner(spec: JobSpec, store: StoreResource, prices: PricesResource) -> ShardRunner:
     executor = create_executor(spec.backend)
     return ShardRunner(spec, store.get(), executor, prices.get().lookup(spec.backend.name, spec.model),
+                       executor.pricing)
+
+
+def _rescuer(spec: JobSpec, store: StoreResource, prices: PricesResource) -> ShardRunner:
+    """The tail-rescue runner: the spec's online backend, at its interactive price."""
+    if spec.tail is None:
+        raise dg.Failure(f"job {spec.name} has no tail rescue configured (tail: in the job spec)")
+    executor = create_executor(spec.tail.backend)
+    return ShardRunner(spec, store.get(), executor, prices.get().lookup(spec.tail.backend.name, spec.model),
                        executor.pricing)
 
 
@@ -94,7 +105,8 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
 
     @dg.asset(key=asset_key(spec, "submissions"), deps=[quote], partitions_def=shards, group_name=job,
               backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=MAX_SHARDS_PER_RUN),
-              kinds={"python"}, description="Submit each shard's pending items (re-attach to an open batch).")
+              kinds={"python"}, description="Submit each shard's pending items (re-attach to an open batch); "
+                                            "self-hosted and online backends run the shard inline.")
     def submissions(context: dg.AssetExecutionContext, store: StoreResource,
                     prices: PricesResource) -> dg.MaterializeResult:
         st = store.get()
@@ -105,11 +117,21 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
         runner = _runner(spec, store, prices)
         sent, batches = 0, []
         for key in context.partition_keys:
-            out = _clean_failure(lambda: runner.submit(key))
-            sent += out.requests if not out.reattached else 0
-            if out.handle:
-                batches.append(f"{key}:{out.handle.batch_id}{' (re-attached)' if out.reattached else ''}")
-                context.log.info(f"shard {key}: attempt {out.attempt}, {out.requests} requests, {out.handle.batch_id}")
+            if deadline_near(spec):
+                out = _clean_failure(lambda: _rescuer(spec, store, prices).run_stream(key))
+                context.log.warning(f"shard {key}: deadline near, {out.rows} items sent online instead of batch")
+                sent += out.rows
+                continue
+            if isinstance(runner.executor, StreamExecutor):
+                out = _clean_failure(lambda: runner.run_stream(key))
+                context.log.info(f"shard {key}: ran inline, {out.rows} results, {out.succeeded} succeeded")
+                sent += out.rows
+                continue
+            sub = _clean_failure(lambda: runner.submit(key))
+            sent += sub.requests if not sub.reattached else 0
+            if sub.handle:
+                batches.append(f"{key}:{sub.handle.batch_id}{' (re-attached)' if sub.reattached else ''}")
+                context.log.info(f"shard {key}: attempt {sub.attempt}, {sub.requests} requests, {sub.handle.batch_id}")
             else:
                 context.log.info(f"shard {key}: nothing left to send")
         return dg.MaterializeResult(metadata={"requests_sent": dg.MetadataValue.int(sent),
@@ -117,10 +139,13 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
 
     @dg.asset(key=asset_key(spec, "shard_results"), deps=[submissions], partitions_def=shards, group_name=job,
               backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=MAX_SHARDS_PER_RUN),
-              kinds={"parquet"}, description="Collect each shard's ended batches; validate and append results.")
+              kinds={"parquet"}, description="Collect each shard's ended batches; validate and append results; "
+                                            "rescue the tail online near the deadline or after an expiry.")
     def shard_results(context: dg.AssetExecutionContext, store: StoreResource,
                       prices: PricesResource) -> dg.MaterializeResult:
         runner = _runner(spec, store, prices)
+        if isinstance(runner.executor, StreamExecutor):
+            return dg.MaterializeResult(metadata={"results": dg.MetadataValue.text("written while the shard ran")})
         interval = float(getattr(runner.executor, "poll_interval_s", 2.0))
         last_log = [0.0]
 
@@ -130,14 +155,22 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
                 context.log.info(f"shard {shard_id}: {status.provider_status} "
                                  f"{status.completed}/{status.total} done, {status.failed} failed")
 
-        rows = ok = 0
+        rows = ok = rescued = 0
         for key in context.partition_keys:
-            out = _clean_failure(lambda: runner.collect(key, poll_interval_s=interval, on_status=on_status))
+            out = _clean_failure(lambda: runner.collect(key, poll_interval_s=interval, on_status=on_status,
+                                                        cancel_when=lambda: deadline_near(spec)))
             rows, ok = rows + out.rows, ok + out.succeeded
             context.log.info(f"shard {key}: collected attempts {out.attempts or 'none'}: {out.rows} results, "
                              f"{out.succeeded} succeeded")
+            reason = rescue_reason(spec, out.final_states)
+            if reason:
+                tail = _clean_failure(lambda: _rescuer(spec, store, prices).run_stream(key))
+                rescued += tail.rows
+                context.log.warning(f"shard {key}: {reason}; rescued {tail.rows} items online "
+                                    f"({tail.succeeded} succeeded)")
         return dg.MaterializeResult(metadata={"results": dg.MetadataValue.int(rows),
-                                              "succeeded": dg.MetadataValue.int(ok)})
+                                              "succeeded": dg.MetadataValue.int(ok),
+                                              "rescued_online": dg.MetadataValue.int(rescued)})
 
     @dg.asset(key=asset_key(spec, "results"), deps=[shard_results], group_name=job, kinds={"parquet", "duckdb"},
               description="The validated table: one row per source row, latest valid result of its request.")
