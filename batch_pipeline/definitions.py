@@ -9,6 +9,7 @@ from batch_pipeline.core.spec import JobSpec, load_specs
 from batch_pipeline.defs.assets import build_job_assets
 from batch_pipeline.defs.jobs import build_jobs
 from batch_pipeline.defs.resources import PROJECT_ROOT, default_resources
+from batch_pipeline.defs.sensors import build_new_data_sensor, build_shard_sensor
 
 
 def jobs_dir() -> Path:
@@ -16,13 +17,16 @@ def jobs_dir() -> Path:
 
 
 def build_definitions(specs: list[JobSpec], resources: dict | None = None) -> dg.Definitions:
-    assets, checks, jobs = [], [], []
+    assets, checks, jobs, sensors = [], [], [], []
     for spec in specs:
         a, c = build_job_assets(spec)
         assets += a
         checks += c
-        jobs += build_jobs(spec)
-    return dg.Definitions(assets=assets, asset_checks=checks, jobs=jobs, resources=resources or default_resources())
+        job_defs = build_jobs(spec)
+        jobs += list(job_defs.values())
+        sensors += [build_new_data_sensor(spec, job_defs), build_shard_sensor(spec, job_defs)]
+    return dg.Definitions(assets=assets, asset_checks=checks, jobs=jobs, sensors=sensors,
+                          resources=resources or default_resources())
 
 
 defs = build_definitions(load_specs(jobs_dir()))

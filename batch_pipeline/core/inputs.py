@@ -72,15 +72,17 @@ def _format_of(path: str, declared: str) -> str:
 def resolve_inputs(pattern: str, declared_format: str = "auto", base_dir: Path | None = None) -> list[InputFile]:
     """Every file the input path names, sorted, so the same inputs always give the same manifest."""
     if "://" in pattern:
-        fs, path = pafs.FileSystem.from_uri(pattern.split("*")[0].rstrip("/") if "*" in pattern else pattern)
+        location, _, query = pattern.partition("?")  # s3://bucket/prefix/*.jsonl?endpoint_override=...
+        base = location.split("*")[0].rstrip("/") if "*" in location else location
+        fs, path = pafs.FileSystem.from_uri(base + (f"?{query}" if query else ""))
         scheme = pattern.split("://", 1)[0]
         info = fs.get_file_info(path)
         if info.type == pafs.FileType.File:
             infos = [info]
         else:
             infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
-            if "*" in pattern:
-                suffix = pattern.rsplit("*", 1)[1]
+            if "*" in location:
+                suffix = location.rsplit("*", 1)[1]
                 infos = [i for i in infos if i.path.endswith(suffix)]
         files = [InputFile(f"{scheme}://{i.path}", fs, i.path, _format_of(i.path, declared_format), i.size)
                  for i in infos if i.type == pafs.FileType.File and not i.base_name.startswith(".")]

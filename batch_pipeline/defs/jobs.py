@@ -1,25 +1,37 @@
-"""Per job spec: three Dagster jobs, in the order a run goes (prepare -> shards -> publish)."""
+"""Per job spec, the Dagster jobs a run goes through: prepare -> (submit -> collect | shards) -> publish.
+
+``<job>_shards`` submits and collects in one run (the CLI and the UI); sensors use ``<job>_submit`` and
+``<job>_collect`` so that no run waits on a provider's batch window.
+"""
 
 import dagster as dg
+from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from batch_pipeline.core.spec import JobSpec
 from batch_pipeline.defs.assets import asset_key, shards_partitions
 
 
 def job_names(spec: JobSpec) -> dict[str, str]:
-    return {"prepare": f"{spec.name}_prepare", "shards": f"{spec.name}_shards", "publish": f"{spec.name}_publish"}
+    return {stage: f"{spec.name}_{stage}" for stage in ("prepare", "shards", "submit", "collect", "publish")}
 
 
-def build_jobs(spec: JobSpec) -> list:
+def build_jobs(spec: JobSpec) -> dict[str, UnresolvedAssetJobDefinition]:
     names = job_names(spec)
-    key = lambda n: asset_key(spec, n)  # noqa: E731
-    return [
-        dg.define_asset_job(names["prepare"], selection=dg.AssetSelection.assets(key("manifest"), key("quote")),
+    shards = shards_partitions(spec)
+
+    def assets(*names_: str) -> dg.AssetSelection:
+        return dg.AssetSelection.assets(*[asset_key(spec, n) for n in names_])
+
+    jobs = [
+        dg.define_asset_job(names["prepare"], selection=assets("manifest", "quote"),
                             description="Build the manifest and the quote."),
-        dg.define_asset_job(names["shards"], selection=dg.AssetSelection.assets(key("submissions"), key("shard_results")),
-                            partitions_def=shards_partitions(spec),
+        dg.define_asset_job(names["shards"], selection=assets("submissions", "shard_results"), partitions_def=shards,
                             description="Submit and collect shards (one run can take a range of shards)."),
-        dg.define_asset_job(names["publish"], selection=dg.AssetSelection.assets(
-            key("results"), key("dead_letters"), key("report")),
-            description="Publish the validated table, dead letters and the report; run the blocking checks."),
+        dg.define_asset_job(names["submit"], selection=assets("submissions"), partitions_def=shards,
+                            description="Submit a shard's pending items and return (the batch sensor collects)."),
+        dg.define_asset_job(names["collect"], selection=assets("shard_results"), partitions_def=shards,
+                            description="Collect a shard whose provider batch has ended."),
+        dg.define_asset_job(names["publish"], selection=assets("results", "dead_letters", "report"),
+                            description="Publish the validated table, dead letters and the report; run the blocking checks."),
     ]
+    return dict(zip(names, jobs))

@@ -1,0 +1,108 @@
+"""Sensors: new input -> manifest run; provider batch ended -> collect run; retryable shard -> submit run.
+
+Order is explicit: no shard run starts while a manifest run of the job is queued or running, so new
+shards are only ever submitted against a finished manifest and a fresh quote.
+"""
+
+import hashlib
+import json
+import os
+
+import dagster as dg
+import polars as pl
+
+from batch_pipeline.core.attempts import AttemptLog
+from batch_pipeline.core.control import JobControl
+from batch_pipeline.core.executor import BatchExecutor, BatchHandle
+from batch_pipeline.core.inputs import resolve_inputs
+from batch_pipeline.core.manifest import Manifest
+from batch_pipeline.core.publish import JobState
+from batch_pipeline.core.reconcile import INVALID, MISSING
+from batch_pipeline.core.spec import JobSpec
+from batch_pipeline.defs.jobs import job_names
+from batch_pipeline.defs.resources import StoreResource
+from batch_pipeline.executors.registry import create_executor
+
+IN_FLIGHT = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
+             dg.DagsterRunStatus.STARTED]
+INTERVAL_S = int(os.environ.get("BATCH_PIPELINE_SENSOR_INTERVAL_S", "30"))
+
+
+def _in_flight(instance: dg.DagsterInstance, job_name: str, partition: str | None = None) -> bool:
+    tags = {"dagster/partition": partition} if partition else None
+    runs = instance.get_runs(dg.RunsFilter(job_name=job_name, statuses=IN_FLIGHT, tags=tags), limit=1)
+    return bool(runs)
+
+
+def input_fingerprint(spec: JobSpec) -> str:
+    files = resolve_inputs(spec.input.path, spec.input.format, spec.input_base_dir())
+    listing = [(f.uri, f.size) for f in files]
+    return hashlib.sha256(json.dumps(listing).encode()).hexdigest()[:16]
+
+
+def build_new_data_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
+    @dg.sensor(name=f"{spec.name}_new_data", job=jobs["prepare"], minimum_interval_seconds=INTERVAL_S,
+               description=f"New or grown input files of job {spec.name} -> a manifest run.")
+    def new_data(context: dg.SensorEvaluationContext):
+        try:
+            fingerprint = input_fingerprint(spec)
+        except Exception as exc:  # an empty or unreachable input folder is a skip, not a crash
+            return dg.SkipReason(f"no input: {exc}")
+        if fingerprint == context.cursor:
+            return dg.SkipReason("input unchanged")
+        context.update_cursor(fingerprint)
+        return dg.RunRequest(run_key=f"prepare:{fingerprint}", tags={"batch_pipeline/trigger": "new_data"})
+
+    return new_data
+
+
+def build_shard_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
+    names = job_names(spec)
+
+    @dg.sensor(name=f"{spec.name}_shard_driver", jobs=[jobs["submit"], jobs["collect"], jobs["publish"]], minimum_interval_seconds=INTERVAL_S,
+               description=f"Drives job {spec.name}'s shards: submit new and retryable ones, collect ended batches, "
+                           "publish when every item is settled.")
+    def shard_sensor(context: dg.SensorEvaluationContext, store: StoreResource):
+        st = store.get()
+        instance = context.instance
+        if _in_flight(instance, names["prepare"]):
+            return dg.SkipReason("a manifest run is in progress; shards wait for it")
+        stop = JobControl(st, spec.name).current()
+        if stop:
+            return dg.SkipReason(f"job stopped: {stop['reason']}")
+        shard_ids = Manifest(spec.name, st).shard_ids()
+        if not shard_ids:
+            return dg.SkipReason("no manifest yet")
+        requests: list[dg.RunRequest] = []
+        executor = None
+        waiting = set()
+        for shard in shard_ids:
+            open_attempts = [a for a in AttemptLog(st, spec.name, shard).all() if a.open]
+            if not open_attempts:
+                continue
+            waiting.add(shard)
+            attempt = open_attempts[-1]
+            if not attempt.submitted or _in_flight(instance, names["collect"], shard):
+                continue
+            executor = executor or create_executor(spec.backend)
+            if not isinstance(executor, BatchExecutor):
+                continue
+            status = executor.poll(BatchHandle.from_dict(attempt.submitted))
+            if status.state.ended:
+                requests.append(dg.RunRequest(job_name=names["collect"], partition_key=shard,
+                                              run_key=f"collect:{shard}:{attempt.number}"))
+        state = JobState.load(spec, st)
+        retryable = state.states.filter(pl.col("state").is_in([INVALID, MISSING]))
+        counts = dict(retryable.group_by("shard_id").len().iter_rows())
+        for shard in shard_ids:
+            if shard in waiting or shard not in counts or _in_flight(instance, names["submit"], shard):
+                continue
+            attempt_no = len(AttemptLog(st, spec.name, shard).all()) + 1
+            requests.append(dg.RunRequest(job_name=names["submit"], partition_key=shard,
+                                          run_key=f"submit:{shard}:{attempt_no}"))
+        if not requests and not waiting and not counts and not _in_flight(instance, names["publish"]):
+            settled = int(state.results.height)
+            requests.append(dg.RunRequest(job_name=names["publish"], run_key=f"publish:{settled}"))
+        return requests or dg.SkipReason(f"{len(waiting)} batch(es) still running")
+
+    return shard_sensor

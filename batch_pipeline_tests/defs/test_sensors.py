@@ -1,0 +1,113 @@
+"""Sensors through build_sensor_context: new data -> manifest run -> shard runs (submit, collect) -> publish."""
+
+import shutil
+import time
+
+import dagster as dg
+
+from batch_pipeline.core.control import JobControl
+from batch_pipeline.core.store import Store
+from batch_pipeline.defs.assets import asset_key
+from batch_pipeline.defs.jobs import build_jobs
+from batch_pipeline.defs.sensors import build_new_data_sensor, build_shard_sensor
+from batch_pipeline.definitions import build_definitions
+
+from .conftest import SMALL, ledger_ids
+
+STAGE_ASSETS = {"prepare": ["manifest", "quote"], "submit": ["submissions"], "collect": ["shard_results"],
+                "publish": ["results", "dead_letters", "report"]}
+
+
+def _requests(result) -> list[dg.RunRequest]:
+    if isinstance(result, dg.SkipReason):
+        return []
+    return [result] if isinstance(result, dg.RunRequest) else list(result or [])
+
+
+def _execute(spec, instance, resources, request: dg.RunRequest, default_stage: str) -> None:
+    """Run what a sensor asked for, in-process, as the daemon would (same assets, same partition)."""
+    stage = (request.job_name or f"{spec.name}_{default_stage}").removeprefix(f"{spec.name}_")
+    defs = build_definitions([spec], resources)
+    dg.materialize([*defs.assets, *defs.asset_checks], selection=[asset_key(spec, n) for n in STAGE_ASSETS[stage]],
+                   partition_key=request.partition_key, instance=instance, resources=defs.resources,
+                   tags=request.tags)
+
+
+def test_new_data_sensor_fires_once_per_change(make_job, instance, tmp_path):
+    spec = make_job()
+    sensor = build_new_data_sensor(spec, build_jobs(spec))
+    ctx = dg.build_sensor_context(instance=instance)
+    first = _requests(sensor(ctx))
+    assert len(first) == 1 and first[0].run_key.startswith("prepare:")
+    ctx = dg.build_sensor_context(instance=instance, cursor=ctx.cursor)
+    assert _requests(sensor(ctx)) == []
+    shutil.copy(SMALL, tmp_path / "data" / "in" / "more.jsonl")  # a dropped file
+    again = _requests(sensor(dg.build_sensor_context(instance=instance, cursor=ctx.cursor)))
+    assert len(again) == 1 and again[0].run_key != first[0].run_key
+
+
+def test_dropped_file_drives_manifest_then_shards_then_publish(sandbox, make_job, instance, resources, home, tmp_path):
+    spec = make_job()
+    jobs = build_jobs(spec)
+    new_data, driver = build_new_data_sensor(spec, jobs), build_shard_sensor(spec, jobs)
+    store = Store(home)
+
+    def tick_driver():
+        return _requests(driver(dg.build_sensor_context(instance=instance, resources=resources)))
+
+    # before any manifest, the driver starts nothing
+    assert tick_driver() == []
+    # a prepare run in flight holds every shard back
+    [prepare] = _requests(new_data(dg.build_sensor_context(instance=instance)))
+    run = instance.add_run(dg.DagsterRun(job_name=f"{spec.name}_prepare", run_id="f" * 36,
+                                         status=dg.DagsterRunStatus.STARTED))
+    _execute(spec, instance, resources, prepare, "prepare")
+    assert tick_driver() == [], "shards must wait while a manifest run is in flight"
+    instance.report_run_canceled(run)
+    # first pass: one submit per shard
+    submits = tick_driver()
+    assert sorted(r.partition_key for r in submits) == ["s00001", "s00002", "s00003", "s00004"]
+    assert {r.job_name for r in submits} == {f"{spec.name}_submit"}
+    for r in submits:
+        _execute(spec, instance, resources, r, "submit")
+    # batches end at the provider; the driver asks for collection runs, never a second submission
+    collects: list[dg.RunRequest] = []
+    for _ in range(100):
+        collects = tick_driver()
+        if len(collects) == 4:
+            break
+        time.sleep(0.1)
+    assert {r.job_name for r in collects} == {f"{spec.name}_collect"}
+    for r in collects:
+        _execute(spec, instance, resources, r, "collect")
+    [publish] = tick_driver()
+    assert publish.job_name == f"{spec.name}_publish"
+    _execute(spec, instance, resources, publish, "publish")
+    report = store.read_json(f"jobs/{spec.name}/report.json")
+    assert report["complete"] and report["succeeded"] == 40
+    assert sorted(set(ledger_ids(sandbox))) == sorted(ledger_ids(sandbox)) and len(ledger_ids(sandbox)) == 40
+
+
+def test_driver_skips_a_stopped_job_and_resubmits_retryable_shards(sandbox, make_job, instance, resources, home):
+    spec = make_job()
+    jobs = build_jobs(spec)
+    driver = build_shard_sensor(spec, jobs)
+    _execute(spec, instance, resources, dg.RunRequest(), "prepare")
+    store = Store(home)
+    JobControl(store, spec.name).stop("bad key", code="invalid_api_key")
+    result = driver(dg.build_sensor_context(instance=instance, resources=resources))
+    assert isinstance(result, dg.SkipReason) and "stopped" in result.skip_message
+    JobControl(store, spec.name).clear()
+    sandbox.set_scenario("line_errors", rate=0.5, times=1)
+    first = _requests(driver(dg.build_sensor_context(instance=instance, resources=resources)))
+    _execute(spec, instance, resources, next(r for r in first if r.partition_key == "s00001"), "submit")
+    for _ in range(100):
+        collect = [r for r in _requests(driver(dg.build_sensor_context(instance=instance, resources=resources)))
+                   if r.partition_key == "s00001" and r.job_name.endswith("_collect")]
+        if collect:
+            break
+        time.sleep(0.1)
+    _execute(spec, instance, resources, collect[0], "collect")
+    again = [r for r in _requests(driver(dg.build_sensor_context(instance=instance, resources=resources)))
+             if r.partition_key == "s00001"]
+    assert len(again) == 1 and again[0].job_name.endswith("_submit") and again[0].run_key == "submit:s00001:2"
