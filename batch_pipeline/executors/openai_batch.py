@@ -7,7 +7,9 @@ repaired by listing batches and matching the key, never by submitting again.
 
 import logging
 import os
+import random
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -62,6 +64,19 @@ def redact(text: str, secret: str | None = None) -> str:
     return _KEY_LIKE.sub(lambda m: m.group(1) + "-***", text)
 
 
+def _retry_after(response: Any) -> float | None:
+    """The provider's wait: retry-after-ms first, then retry-after in seconds."""
+    if response is None:
+        return None
+    for header, scale in (("retry-after-ms", 1e-3), ("retry-after", 1.0)):
+        value = response.headers.get(header)
+        try:
+            return float(value) * scale if value else None
+        except ValueError:
+            continue
+    return None
+
+
 def translate(exc: Exception, action: str, secret: str | None = None) -> BatchPipelineError:
     """SDK exception -> our error class (after the SDK's own retries were spent); secrets redacted."""
     if isinstance(exc, openai.APIStatusError):
@@ -73,8 +88,7 @@ def translate(exc: Exception, action: str, secret: str | None = None) -> BatchPi
         if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError) or code in _SYSTEMIC_CODES:
             return SystemicError(msg + " (check the API key, model and account; then re-run to resume)", code=code)
         if exc.status_code in (408, 409, 429) or exc.status_code >= 500:
-            retry_after = exc.response.headers.get("retry-after") if exc.response is not None else None
-            return TransientError(msg, code=code, retry_after_s=float(retry_after) if retry_after else None)
+            return TransientError(msg, code=code, retry_after_s=_retry_after(exc.response))
         return SystemicError(msg, code=code)
     if isinstance(exc, openai.APIConnectionError | openai.APITimeoutError):
         return TransientError(redact(f"OpenAI {action} failed: {type(exc).__name__}: {exc}", secret))
@@ -121,11 +135,32 @@ class OpenAIBatchExecutor:
                               f"{self.max_bytes_per_batch} (lower shards.max_bytes)")
         name = work.key.replace(":", "_") + ".jsonl"
         uploaded = self._call("file upload", self.client.files.create, file=(name, data), purpose="batch")
-        batch = self._call("batch create", self.client.batches.create, input_file_id=uploaded.id,
-                           endpoint=CHAT_URL, completion_window=self.settings.completion_window,
-                           metadata={KEY_METADATA: work.key, "job": work.job, "shard": work.shard_id,
-                                     "attempt": str(work.attempt)})
-        return BatchHandle(self.name, batch.id, work.key, uploaded.id)
+        return self._create_once(work, uploaded.id)
+
+    def _create_once(self, work: ShardWork, file_id: str) -> BatchHandle:
+        """Create the batch without blind retries: a create that failed in transit may still have
+        succeeded at the provider, so before each retry we look for the batch by its key."""
+        create = self.client.with_options(max_retries=0).batches.create
+        metadata = {KEY_METADATA: work.key, "job": work.job, "shard": work.shard_id, "attempt": str(work.attempt)}
+        delay = 0.5
+        for attempt in range(self.settings.max_retries + 1):
+            try:
+                batch = self._call("batch create", create, input_file_id=file_id, endpoint=CHAT_URL,
+                                   completion_window=self.settings.completion_window, metadata=metadata)
+                return BatchHandle(self.name, batch.id, work.key, file_id)
+            except TransientError as exc:
+                found = self.find(work.key)
+                if found is not None:
+                    log.warning("batch create for %s failed (%s) but the provider has it: %s", work.key, exc,
+                                found.batch_id)
+                    return BatchHandle(self.name, found.batch_id, work.key, file_id)
+                if attempt == self.settings.max_retries:
+                    raise
+                wait = min(exc.retry_after_s or delay * (1 + random.random()), 60.0)
+                log.warning("batch create for %s failed (%s); retrying in %.2fs", work.key, exc, wait)
+                time.sleep(wait)
+                delay *= 2
+        raise AssertionError("unreachable")
 
     def poll(self, handle: BatchHandle) -> BatchStatus:
         batch = self._call("batch retrieve", self.client.batches.retrieve, handle.batch_id)

@@ -172,3 +172,27 @@ def test_crash_between_accept_and_record_reattaches_without_a_second_batch(admin
     runner.collect("s00001", poll_interval_s=0.05)
     assert runner.pending_items("s00001").num_rows == 0
     assert len(admin.ledger()) == 7
+
+
+def test_a_create_that_failed_in_transit_but_succeeded_is_not_created_twice(admin):
+    """The provider made the batch and then answered 500: a blind retry would pay twice."""
+    admin.set_scenario("server_error", times=1, on=["create_batch"], commit=True)
+    ex, w = executor(), work(6)
+    handle = ex.submit(w)
+    creates = [r for r in admin.requests() if r["method"] == "POST" and r["path"] == "/v1/batches"]
+    assert [r["status"] for r in creates] == [500]  # no second create: found by key instead
+    listed = ex.client.batches.list(limit=100).data
+    assert [b.id for b in listed] == [handle.batch_id]
+    wait_ended(ex, handle)
+    assert len(admin.ledger()) == 6
+
+
+def test_a_create_that_really_failed_is_retried_after_the_provider_wait(admin):
+    admin.set_scenario("rate_limit", times=2, retry_after_ms=200, on=["create_batch"])
+    ex, w = executor(), work(3)
+    handle = ex.submit(w)
+    creates = [r for r in admin.requests() if r["method"] == "POST" and r["path"] == "/v1/batches"]
+    assert [r["status"] for r in creates] == [429, 429, 200]
+    gaps = [b["monotonic"] - a["monotonic"] for a, b in zip(creates, creates[1:])]
+    assert min(gaps) >= 0.2  # retry-after-ms honoured
+    assert wait_ended(ex, handle).state == BatchState.COMPLETED
