@@ -6,7 +6,7 @@ million lines is ingested column-wise, not object by object. Results are matched
 never by position.
 """
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
@@ -114,7 +114,11 @@ class BatchExecutor(Protocol):
     def poll(self, handle: BatchHandle) -> BatchStatus: ...
     def fetch(self, handle: BatchHandle) -> Iterator[pa.Table]: ...
     def cancel(self, handle: BatchHandle) -> None: ...
-    def find(self, key: str) -> BatchHandle | None: ...
+    def find(self, key: str, request_ids: Sequence[str] | None = None,
+             not_before: str | None = None) -> BatchHandle | None:
+        """The batch an attempt created, after a crash: by key (metadata) where the provider keeps one,
+        else by the attempt's request IDs and the time of its intent."""
+        ...
 
 
 @runtime_checkable

@@ -102,7 +102,8 @@ class ShardRunner:
                          attempt.submitted["batch_id"])
                 return SubmitOutcome(shard_id, attempt.number, len(attempt.request_ids),
                                      BatchHandle.from_dict(attempt.submitted), reattached=True)
-            found = self._guard(lambda: executor.find(attempt.key))
+            found = self._guard(lambda: executor.find(attempt.key, request_ids=attempt.request_ids,
+                                                      not_before=attempt.records["intent"]["at"]))
             if found is not None:
                 log.warning("shard %s: attempt %d was accepted by the provider as %s but not recorded; re-attaching",
                             shard_id, attempt.number, found.batch_id)

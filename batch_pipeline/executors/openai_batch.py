@@ -10,7 +10,7 @@ import os
 import random
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import openai
@@ -191,7 +191,9 @@ class OpenAIBatchExecutor:
     def cancel(self, handle: BatchHandle) -> None:
         self._call("batch cancel", self.client.batches.cancel, handle.batch_id)
 
-    def find(self, key: str) -> BatchHandle | None:
+    def find(self, key: str, request_ids: Sequence[str] | None = None,
+             not_before: str | None = None) -> BatchHandle | None:
+        """By the attempt key in the batch metadata (request IDs and time are not needed here)."""
         scanned = 0
         page = self._call("batch list", self.client.batches.list, limit=100)
         for batch in page:  # the SDK's auto-pagination walks newest first

@@ -38,6 +38,7 @@ def batch_limits(name: str) -> tuple[int | None, int | None]:
 def _load_builtin() -> None:
     # importing the adapters registers them
     from batch_pipeline.executors import openai_batch  # noqa: F401
+    from batch_pipeline.executors import anthropic_batch  # noqa: F401
     from batch_pipeline.executors import online  # noqa: F401
 
 

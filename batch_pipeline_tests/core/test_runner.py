@@ -69,7 +69,7 @@ class MemoryProvider:
     def cancel(self, handle: BatchHandle) -> None:
         pass
 
-    def find(self, key: str) -> BatchHandle | None:
+    def find(self, key: str, request_ids=None, not_before=None) -> BatchHandle | None:
         for bid, b in self.batches.items():
             if b["key"] == key:
                 return BatchHandle(self.name, bid, key)

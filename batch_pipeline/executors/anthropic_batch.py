@@ -1,0 +1,286 @@
+"""Anthropic Message Batches executor (real ``anthropic`` SDK): create, poll, stream results, cancel, find.
+
+Every ``processing_status`` is mapped explicitly; an unknown one is an error.
+
+Re-attaching (``find``). An Anthropic batch carries no metadata, and neither the batch object nor the list
+API returns its requests; a request's custom_id is our 64-character request_id, so the attempt key cannot ride
+along either. What the API does expose is each batch's ``created_at``, its request total (the sum of
+``request_counts``) and, once it has ended, the custom_ids of its results. ``find(key, request_ids=...,
+not_before=...)`` therefore matches on those, with the request IDs and the intent time of the attempt (both
+in the runner's intent record):
+
+1. list batches newest first (at most ``find_scan_limit``), stopping at ``not_before - find_clock_skew_s``;
+2. keep those whose total equals ``len(request_ids)``; batches created at or after ``not_before`` are tried
+   first, then those within the clock-skew margin;
+3. an ended candidate matches when its results hold exactly our custom_ids (verified); otherwise a single
+   candidate that has not ended yet is taken (unverified), and several are ambiguous: ``TransientError``,
+   so the caller retries once they have ended and can be told apart. Nothing is resubmitted on a guess.
+
+Without ``request_ids`` (the protocol's plain ``find(key)``) the executor uses what it remembers of its own
+submissions in this process, and otherwise returns None with a warning.
+
+Residual risk: an unverified match may be another batch of the same size created in the same window (another
+job in the workspace); its results are then ignored by ID at ingestion and the attempt's items stay pending,
+so nothing is lost or double counted, but the real batch is paid for and its results are not collected.
+
+``submit`` sends the create call without SDK retries: after a 5xx or a lost connection it first asks ``find``
+whether the batch exists (a failed create may still have created one), and only then tries again.
+"""
+
+import logging
+import os
+import random
+import time
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import anthropic
+import httpx2
+import pyarrow as pa
+import pyarrow.json as pajson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from batch_pipeline.core.errors import BatchPipelineError, ConfigError, SystemicError, TransientError
+from batch_pipeline.core.executor import BatchHandle, BatchState, BatchStatus, ShardWork
+from batch_pipeline.executors.anthropic_format import batch_requests, parse_results_block
+from batch_pipeline.executors.openai_batch import redact
+from batch_pipeline.executors.openai_format import iter_blocks
+from batch_pipeline.executors.registry import register
+
+log = logging.getLogger(__name__)
+
+SANDBOX_URL_ENV = "BATCH_PIPELINE_SANDBOX_URL"
+MAX_REQUESTS = 100_000
+MAX_BYTES = 256 * 2**20
+STATUS_MAP = {"in_progress": BatchState.RUNNING, "canceling": BatchState.CANCELLING, "ended": BatchState.COMPLETED}
+_MAX_RETRY_WAIT_S = 60.0
+
+
+class AnthropicBatchSettings(BaseModel):
+    """``backend.settings`` of ``anthropic_batch``. The key is read from the environment, never from the spec."""
+
+    model_config = ConfigDict(extra="forbid")
+    sandbox: bool = Field(default=False, description=f"use the bundled sandbox at ${SANDBOX_URL_ENV}")
+    base_url: str | None = Field(default=None, description="without /v1")
+    api_key_env: str = "ANTHROPIC_API_KEY"
+    max_retries: int = Field(default=4, ge=0)
+    timeout_s: float = Field(default=120, gt=0)
+    poll_interval_s: float | None = Field(default=None, gt=0, description="default 30 s; 0.2 s on the sandbox")
+    find_scan_limit: int = Field(default=1000, gt=0, description="batches scanned when re-attaching")
+    find_clock_skew_s: float = Field(default=120, ge=0, description="tolerated gap between our clock and theirs")
+
+
+def _retry_after(response: Any) -> float | None:
+    headers = getattr(response, "headers", None) or {}
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        try:
+            return float(headers[name]) * scale
+        except (KeyError, TypeError, ValueError):
+            continue
+    return None
+
+
+def translate(exc: Exception, action: str, secret: str | None = None) -> BatchPipelineError:
+    """SDK exception -> our error class (after the SDK's own retries were spent); secrets redacted."""
+    if isinstance(exc, anthropic.APIStatusError):
+        kind = exc.type or "error"
+        detail = exc.api_message or str(exc.message)
+        msg = redact(f"Anthropic {action} failed: HTTP {exc.status_code} {kind}: {detail}", secret)
+        lowered = detail.lower()
+        if isinstance(exc, anthropic.AuthenticationError | anthropic.PermissionDeniedError):
+            return SystemicError(msg + " (check the API key and its workspace; then re-run to resume)", code=kind)
+        if exc.status_code == 402 or kind == "billing_error" or "credit balance" in lowered:
+            return SystemicError(msg + " (the account has no credit left; add credit, then re-run to resume)",
+                                 code="credit_balance_too_low")
+        if exc.status_code == 404 and "model" in lowered:
+            return SystemicError(msg + " (unknown model: check `model` in the job spec)", code="model_not_found")
+        if exc.status_code in (408, 409, 429) or exc.status_code >= 500:
+            return TransientError(msg, code=kind, retry_after_s=_retry_after(exc.response))
+        return SystemicError(msg, code=kind)
+    if isinstance(exc, anthropic.APIConnectionError):
+        return TransientError(redact(f"Anthropic {action} failed: {type(exc).__name__}: {exc}", secret))
+    return BatchPipelineError(redact(f"Anthropic {action} failed: {exc}", secret))
+
+
+def _as_datetime(value: datetime | str) -> datetime:
+    moment = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+class AnthropicBatchExecutor:
+    name = "anthropic_batch"
+    pricing = "batch"
+    max_requests_per_batch = MAX_REQUESTS
+    max_bytes_per_batch = MAX_BYTES
+
+    def __init__(self, settings: AnthropicBatchSettings):
+        self.settings = settings
+        self.poll_interval_s = settings.poll_interval_s or (0.2 if settings.sandbox else 30.0)
+        base_url = settings.base_url
+        api_key = os.environ.get(settings.api_key_env)
+        if settings.sandbox:
+            sandbox = os.environ.get(SANDBOX_URL_ENV)
+            if not sandbox:
+                raise ConfigError(
+                    f"backend anthropic_batch has sandbox: true but ${SANDBOX_URL_ENV} is not set; start one with "
+                    "`batch-pipeline sandbox` (or use `batch-pipeline run` / `batch-pipeline dev`, which start it)")
+            base_url = sandbox.rstrip("/")
+            api_key = api_key or "sk-sandbox"
+        if not api_key:
+            raise ConfigError(f"backend anthropic_batch needs an API key in ${settings.api_key_env}")
+        self.client = anthropic.Anthropic(api_key=api_key, base_url=base_url, max_retries=settings.max_retries,
+                                          timeout=settings.timeout_s)
+        self._create_client = self.client.with_options(max_retries=0)
+        self._submitted: dict[str, tuple[list[str], datetime]] = {}  # key -> (request IDs, when submit began)
+
+    def _call(self, action: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except anthropic.AnthropicError as exc:
+            raise translate(exc, action, self.client.api_key) from None
+
+    # -- submit -------------------------------------------------------------------------------------------
+    def submit(self, work: ShardWork) -> BatchHandle:
+        if work.items.num_rows > self.max_requests_per_batch:
+            raise ConfigError(f"shard {work.shard_id} has {work.items.num_rows} requests; Anthropic allows "
+                              f"{self.max_requests_per_batch} per batch (lower shards.max_requests)")
+        requests, size = batch_requests(work)
+        if size > self.max_bytes_per_batch:
+            raise ConfigError(f"shard {work.shard_id} request body is about {size} bytes; Anthropic allows "
+                              f"{self.max_bytes_per_batch} (lower shards.max_bytes)")
+        started = datetime.now(UTC)
+        self._submitted[work.key] = (work.request_ids, started)
+        for attempt in range(self.settings.max_retries + 1):
+            try:
+                batch = self._create_client.messages.batches.create(requests=requests)  # type: ignore[arg-type]
+                return BatchHandle(self.name, batch.id, work.key)
+            except anthropic.AnthropicError as exc:
+                error = translate(exc, "batch create", self.client.api_key)
+                if not isinstance(error, TransientError) or attempt == self.settings.max_retries:
+                    raise error from None
+                if not isinstance(exc, anthropic.RateLimitError):  # the create may have happened anyway
+                    found = self.find(work.key, request_ids=work.request_ids, not_before=started)
+                    if found is not None:
+                        log.warning("batch create for %s failed (%s) but the batch exists as %s; using it",
+                                    work.key, error, found.batch_id)
+                        return found
+                wait = error.retry_after_s or min(0.5 * 2**attempt, 8.0) * (1 - 0.25 * random.random())
+                log.info("batch create for %s: %s; retrying in %.2f s", work.key, error, wait)
+                time.sleep(min(wait, _MAX_RETRY_WAIT_S))
+        raise AssertionError("unreachable")
+
+    # -- poll / fetch / cancel ----------------------------------------------------------------------------------
+    def poll(self, handle: BatchHandle) -> BatchStatus:
+        batch = self._call("batch retrieve", self.client.messages.batches.retrieve, handle.batch_id)
+        return self._status(batch)
+
+    def _status(self, batch: Any) -> BatchStatus:
+        try:
+            state = STATUS_MAP[batch.processing_status]
+        except KeyError:
+            raise BatchPipelineError(
+                f"Anthropic batch {batch.id} has unknown processing_status {batch.processing_status!r}") from None
+        counts = batch.request_counts
+        if state == BatchState.COMPLETED and counts.canceled > 0:
+            state = BatchState.CANCELLED
+        elif state == BatchState.COMPLETED and counts.expired > 0:
+            state = BatchState.EXPIRED
+        total = counts.processing + counts.succeeded + counts.errored + counts.canceled + counts.expired
+        return BatchStatus(state, batch.processing_status, total, counts.succeeded,
+                           counts.errored + counts.canceled + counts.expired)
+
+    def _stream_results(self, batch_id: str) -> Iterator[bytes]:
+        """The results JSONL of an ended batch, in blocks that end at line boundaries."""
+        try:
+            with self.client.messages.batches.with_streaming_response.results(batch_id) as resp:
+                yield from iter_blocks(resp.iter_bytes(1 << 20))
+        except anthropic.AnthropicError as exc:
+            raise translate(exc, "batch results", self.client.api_key) from None
+        except httpx2.TransportError as exc:  # the connection broke while streaming
+            raise TransientError(redact(f"Anthropic batch results failed: {type(exc).__name__}: {exc}",
+                                        self.client.api_key)) from None
+
+    def fetch(self, handle: BatchHandle) -> Iterator[pa.Table]:
+        for block in self._stream_results(handle.batch_id):
+            yield parse_results_block(block)
+
+    def cancel(self, handle: BatchHandle) -> None:
+        try:
+            self.client.messages.batches.cancel(handle.batch_id)
+        except anthropic.BadRequestError as exc:
+            if self.poll(handle).state.ended:  # it ended on its own meanwhile: nothing to cancel
+                return
+            raise translate(exc, "batch cancel", self.client.api_key) from None
+        except anthropic.AnthropicError as exc:
+            raise translate(exc, "batch cancel", self.client.api_key) from None
+
+    # -- find ---------------------------------------------------------------------------------------------
+    def _result_ids(self, batch_id: str) -> set[str]:
+        """The custom_ids in an ended batch's results."""
+        ids: set[str] = set()
+        schema = pa.schema([("custom_id", pa.string())])
+        options = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+        for block in self._stream_results(batch_id):
+            try:
+                column = pajson.read_json(pa.BufferReader(block), parse_options=options).column("custom_id")
+            except pa.ArrowInvalid:  # an odd line: the tolerant parser
+                column = parse_results_block(block).column("request_id")
+            ids.update(column.to_pylist())
+        return ids
+
+    def find(self, key: str, request_ids: Sequence[str] | None = None,
+             not_before: datetime | str | None = None) -> BatchHandle | None:
+        """The batch this attempt created, if any (see the module docstring for how it is matched)."""
+        if request_ids is None and key in self._submitted:
+            request_ids, not_before = self._submitted[key]
+        if request_ids is None:
+            log.warning("find(%s): Anthropic batches carry no key; without the attempt's request IDs no batch can "
+                        "be matched", key)
+            return None
+        wanted = set(request_ids)
+        since = _as_datetime(not_before) if not_before is not None else None
+        floor = since - timedelta(seconds=self.settings.find_clock_skew_s) if since is not None else None
+        strict: list[Any] = []
+        margin: list[Any] = []
+        scanned = 0
+        for batch in self._call("batch list", self.client.messages.batches.list, limit=100):  # newest first
+            created = _as_datetime(batch.created_at)
+            if floor is not None and created < floor:
+                break
+            scanned += 1
+            if scanned > self.settings.find_scan_limit:
+                log.warning("find(%s): stopped after %d batches", key, self.settings.find_scan_limit)
+                break
+            if self._status(batch).total == len(wanted):
+                (strict if since is None or created >= since else margin).append(batch)
+        for group in (strict, margin):
+            found = self._match(key, group, wanted)
+            if found is not None:
+                return found
+        return None
+
+    def _match(self, key: str, candidates: list[Any], wanted: set[str]) -> BatchHandle | None:
+        open_ones = []
+        for batch in candidates:
+            if batch.processing_status != "ended":
+                open_ones.append(batch)
+            elif batch.results_url and self._result_ids(batch.id) == wanted:
+                return BatchHandle(self.name, batch.id, key)
+        if len(open_ones) == 1:
+            log.warning("find(%s): re-attaching to %s, the only unfinished batch of the right size and time; it "
+                        "cannot be verified before it ends", key, open_ones[0].id)
+            return BatchHandle(self.name, open_ones[0].id, key)
+        if open_ones:
+            raise TransientError(f"find({key}): {len(open_ones)} unfinished batches match by size and time "
+                                 f"({', '.join(b.id for b in open_ones)}); retry once they have ended")
+        return None
+
+
+@register("anthropic_batch", max_requests=MAX_REQUESTS, max_bytes=MAX_BYTES)
+def _factory(settings: dict[str, Any]) -> AnthropicBatchExecutor:
+    try:
+        parsed = AnthropicBatchSettings.model_validate(settings)
+    except ValidationError as exc:
+        raise ConfigError(f"backend.settings for anthropic_batch: {exc}") from None
+    return AnthropicBatchExecutor(parsed)

@@ -1,0 +1,202 @@
+"""The Anthropic Message Batches format, both ways: request entries out, result lines in (column-wise).
+
+Requests carry the system prompt as one cacheable block (``cache_control: ephemeral``), so every request of a
+job shares a cached prefix. A choice or JSON-schema contract becomes one forced tool (``answer``) whose
+``input_schema`` is the contract; its ``input`` comes back as the output text, so ``{"label": ...}``
+validates as a choice. Result lines become ``RAW_RESULT_SCHEMA`` rows; only the rows with a ``tool_use``
+block are decoded in Python (their ``input`` is an arbitrary object).
+"""
+
+import io
+import json
+import re
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pajson
+
+from batch_pipeline.core.errors import ConfigError
+from batch_pipeline.core.executor import RAW_RESULT_SCHEMA, RequestPlan, ShardWork
+from batch_pipeline.core.validate import choice_schema
+
+TOOL_NAME = "answer"
+CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+FINISH_REASONS = {"end_turn": "stop", "tool_use": "stop", "stop_sequence": "stop", "max_tokens": "length",
+                  "model_context_window_exceeded": "length", "refusal": "refusal", "pause_turn": "pause_turn"}
+# errored results: Anthropic error type -> the HTTP status the same error would have had online
+ERROR_STATUS = {"invalid_request_error": 400, "authentication_error": 401, "billing_error": 402,
+                "permission_error": 403, "not_found_error": 404, "request_too_large": 413, "rate_limit_error": 429,
+                "api_error": 500, "timeout_error": 504, "overloaded_error": 500}
+UNRUN = {"canceled": ("batch_cancelled", "This request was not executed because the batch was canceled."),
+         "expired": ("batch_expired", "This request was not executed before the batch expired (24 h).")}
+
+_STR, _INT = pa.string(), pa.int64()
+_USAGE = pa.struct([("input_tokens", _INT), ("output_tokens", _INT), ("cache_creation_input_tokens", _INT),
+                    ("cache_read_input_tokens", _INT)])
+_MESSAGE = pa.struct([("id", _STR), ("content", pa.list_(pa.struct([("type", _STR), ("text", _STR)]))),
+                      ("stop_reason", _STR), ("usage", _USAGE)])
+_ERROR = pa.struct([("type", _STR), ("error", pa.struct([("type", _STR), ("message", _STR)]))])
+RESULT_LINE_SCHEMA = pa.schema([("custom_id", _STR),
+                                ("result", pa.struct([("type", _STR), ("message", _MESSAGE), ("error", _ERROR)]))])
+
+
+def output_schema(plan: RequestPlan) -> dict[str, Any] | None:
+    """The tool input schema that enforces the output contract (None for free text)."""
+    if plan.output.kind == "choice":
+        return choice_schema(plan.output.choice or [])
+    if plan.output.kind == "json_schema":
+        return plan.output.json_schema
+    return None
+
+
+def shared_params(plan: RequestPlan) -> dict[str, Any]:
+    """Everything in ``params`` except the messages: model, limits, sampling, cacheable system, forced tool.
+
+    ``sampling.seed`` is not sent: the Messages API has no seed.
+    """
+    sampling = plan.sampling
+    if sampling.temperature > 1:
+        raise ConfigError(f"sampling.temperature is {sampling.temperature}; Anthropic accepts 0 to 1")
+    params: dict[str, Any] = {"model": plan.model, "max_tokens": sampling.max_tokens,
+                              "temperature": sampling.temperature}
+    if sampling.top_p is not None:
+        params["top_p"] = sampling.top_p
+    if plan.system:
+        params["system"] = [{"type": "text", "text": plan.system, "cache_control": {"type": "ephemeral"}}]
+    schema = output_schema(plan)
+    if schema is not None:
+        params["tools"] = [{"name": TOOL_NAME, "description": "Give the answer in the required structure.",
+                            "input_schema": schema}]
+        params["tool_choice"] = {"type": "tool", "name": TOOL_NAME}
+    return params
+
+
+def batch_requests(work: ShardWork) -> tuple[list[dict[str, Any]], int]:
+    """The ``requests`` of a create call, and an upper bound of the JSON body's size in bytes."""
+    shared = shared_params(work.plan)
+    ids = work.items.column("request_id").to_pylist()
+    prompts = work.items.column("user_prompt").to_pylist()
+    bad = next((rid for rid in ids if not isinstance(rid, str) or not CUSTOM_ID.match(rid)), None)
+    if bad is not None:
+        raise ConfigError(f"request_id {bad!r} is not a valid Anthropic custom_id (^[a-zA-Z0-9_-]{{1,64}}$)")
+    frame = len(json.dumps({"custom_id": "", "params": {**shared, "messages": [{"role": "user", "content": ""}]}}))
+    size = 16 + sum(frame + 2 + len(rid) + len(json.dumps(prompt)) for rid, prompt in zip(ids, prompts))
+    requests = [{"custom_id": rid, "params": {**shared, "messages": [{"role": "user", "content": prompt}]}}
+                for rid, prompt in zip(ids, prompts)]
+    return requests, size
+
+
+def _lookup(values: pa.Array, mapping: dict[str, Any], value_type: pa.DataType) -> pa.Array:
+    """``mapping[value]`` element-wise; null where the value is null or not a key."""
+    keys = list(mapping)
+    index = pc.index_in(values, value_set=pa.array(keys, _STR))
+    return pc.take(pa.array([mapping[k] for k in keys], value_type), index)
+
+
+def _zero(values: pa.Array) -> pa.Array:
+    return pc.fill_null(values, 0)
+
+
+def _per_row(content: pa.Array, flat: pa.Array) -> pa.ListArray:
+    """``flat`` (one value per content block) regrouped into one list per row, null where content is null."""
+    lengths = _zero(pc.list_value_length(content)).to_numpy(zero_copy_only=False)
+    offsets = pa.array([0, *lengths.cumsum().tolist()], pa.int32())
+    return pa.ListArray.from_arrays(offsets, flat, mask=pc.is_null(content))
+
+
+def _tool_inputs(lines: list[bytes], rows: list[int]) -> dict[int, str | None]:
+    """The first ``tool_use`` input of each listed row, as JSON text."""
+    found: dict[int, str | None] = {}
+    for row in rows:
+        blocks = ((json.loads(lines[row]).get("result") or {}).get("message") or {}).get("content") or []
+        tool = next((b for b in blocks if isinstance(b, dict) and b.get("type") == "tool_use"), None)
+        found[row] = None if tool is None else json.dumps(tool.get("input"), ensure_ascii=False)
+    return found
+
+
+def parse_results_block(block: bytes) -> pa.Table:
+    """Result lines -> RAW_RESULT_SCHEMA rows, column-wise (a slow path for odd lines)."""
+    lines = [line for line in block.split(b"\n") if line.strip()]
+    if not lines:
+        return RAW_RESULT_SCHEMA.empty_table()
+    options = pajson.ParseOptions(explicit_schema=RESULT_LINE_SCHEMA, unexpected_field_behavior="ignore")
+    try:
+        t = pajson.read_json(io.BytesIO(b"\n".join(lines)), parse_options=options)
+        if t.num_rows != len(lines):
+            raise ValueError("row count mismatch")
+    except (pa.ArrowInvalid, ValueError):
+        t = pa.Table.from_pylist([_loose_line(line) for line in lines], schema=RESULT_LINE_SCHEMA)
+    result = t.column("result").combine_chunks()
+    kind = pc.struct_field(result, "type")
+    message = pc.struct_field(result, "message")
+    inner = pc.struct_field(pc.struct_field(result, "error"), "error")
+    usage = pc.struct_field(message, "usage")
+    content = pc.struct_field(message, "content")
+    succeeded = pc.fill_null(pc.equal(kind, "succeeded"), False)
+    # text: the text blocks joined; rows with a tool_use block take its input instead
+    blocks = pc.list_flatten(content)
+    text = pc.binary_join(_per_row(content, pc.fill_null(pc.struct_field(blocks, "text"), "")), "")
+    is_tool = pc.fill_null(pc.equal(pc.struct_field(blocks, "type"), "tool_use"), False)
+    tool_rows = sorted(set(pc.filter(pc.list_parent_indices(content), is_tool).to_pylist()))
+    if tool_rows:
+        inputs = _tool_inputs(lines, tool_rows)
+        text = pa.array([inputs[i] if i in inputs else v for i, v in enumerate(text.to_pylist())], _STR)
+    stop = pc.struct_field(message, "stop_reason")
+    error_type = pc.struct_field(inner, "type")
+    status = pc.if_else(succeeded, pa.scalar(200, pa.int32()),
+                        pc.if_else(pc.equal(kind, "errored"),
+                                   pc.fill_null(_lookup(error_type, ERROR_STATUS, pa.int32()), 400),
+                                   pa.scalar(None, pa.int32())))
+    unrun = {k: v[0] for k, v in UNRUN.items()}
+    code = pc.if_else(succeeded, pa.scalar(None, _STR),
+                      pc.coalesce(error_type, _lookup(kind, unrun, _STR), kind, pa.scalar("missing_result", _STR)))
+    refused = pc.if_else(pc.fill_null(pc.equal(stop, "refusal"), False),
+                         pa.scalar("refused (stop_reason=refusal)", _STR), pa.scalar(None, _STR))
+    error_message = pc.coalesce(pc.struct_field(inner, "message"),
+                                _lookup(kind, {k: v[1] for k, v in UNRUN.items()}, _STR), refused)
+    cache_read = _zero(pc.struct_field(usage, "cache_read_input_tokens"))
+    input_tokens = pc.add(pc.add(pc.struct_field(usage, "input_tokens"), cache_read),
+                          _zero(pc.struct_field(usage, "cache_creation_input_tokens")))
+    return pa.Table.from_arrays([
+        t.column("custom_id").combine_chunks(),
+        status,
+        pc.if_else(succeeded, text, pa.scalar(None, _STR)),
+        pc.coalesce(_lookup(stop, FINISH_REASONS, _STR), stop),
+        input_tokens,
+        pc.if_else(pc.is_valid(usage), cache_read, pa.scalar(None, _INT)),
+        pc.struct_field(usage, "output_tokens"),
+        code,
+        error_message,
+        pc.struct_field(message, "id"),
+        pa.array([line.decode("utf-8", "replace") for line in lines], _STR),
+    ], schema=RAW_RESULT_SCHEMA)
+
+
+def _loose_line(line: bytes) -> dict[str, Any]:
+    """One line the column reader refused: keep what is recognisable, report the rest as an error."""
+    try:
+        obj = json.loads(line)
+        if not isinstance(obj, dict):
+            raise ValueError("not an object")
+    except ValueError as exc:
+        return {"custom_id": None, "result": {"type": "unparseable_line",
+                                              "error": {"type": "error", "error": {"type": "unparseable_line",
+                                                                                   "message": str(exc)}}}}
+    result = obj.get("result") if isinstance(obj.get("result"), dict) else {}
+    message = result.get("message") if isinstance(result.get("message"), dict) else None
+    if message is not None:
+        blocks = message.get("content") if isinstance(message.get("content"), list) else []
+        usage = message.get("usage") if isinstance(message.get("usage"), dict) else {}
+        message = {"id": message.get("id"), "stop_reason": message.get("stop_reason"),
+                   "usage": {k: v if isinstance(v, int) else None for k, v in usage.items()
+                             if k in _USAGE.names},
+                   "content": [{"type": str(b.get("type")), "text": b.get("text") if isinstance(b.get("text"), str)
+                                else None} for b in blocks if isinstance(b, dict)]}
+    error = result.get("error") if isinstance(result.get("error"), dict) else None
+    inner = error.get("error") if error and isinstance(error.get("error"), dict) else None
+    return {"custom_id": obj.get("custom_id") if isinstance(obj.get("custom_id"), str) else None,
+            "result": {"type": result.get("type") if isinstance(result.get("type"), str) else None,
+                       "message": message,
+                       "error": None if inner is None else {"type": "error", "error": {
+                           "type": str(inner.get("type")), "message": str(inner.get("message"))}}}}
