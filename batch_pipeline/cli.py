@@ -25,7 +25,7 @@ from batch_pipeline.core.spec import JobSpec, load_spec
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SANDBOX_URL_ENV = "BATCH_PIPELINE_SANDBOX_URL"
-console = Console()
+console = Console(soft_wrap=True)  # messages keep paths and fields on one line
 
 
 def _dagster_home() -> Path:

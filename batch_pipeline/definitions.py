@@ -8,6 +8,7 @@ import dagster as dg
 from batch_pipeline.core.spec import JobSpec, load_specs
 from batch_pipeline.defs.assets import build_job_assets
 from batch_pipeline.defs.jobs import build_jobs
+from batch_pipeline.defs.k8s import executor_from_env
 from batch_pipeline.defs.resources import PROJECT_ROOT, default_resources
 from batch_pipeline.defs.sensors import build_new_data_sensor, build_shard_sensor
 
@@ -26,7 +27,7 @@ def build_definitions(specs: list[JobSpec], resources: dict | None = None) -> dg
         jobs += list(job_defs.values())
         sensors += [build_new_data_sensor(spec, job_defs), build_shard_sensor(spec, job_defs)]
     return dg.Definitions(assets=assets, asset_checks=checks, jobs=jobs, sensors=sensors,
-                          resources=resources or default_resources())
+                          resources=resources or default_resources(), executor=executor_from_env())
 
 
 defs = build_definitions(load_specs(jobs_dir()))

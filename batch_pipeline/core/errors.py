@@ -69,7 +69,8 @@ class StaleAttemptError(BatchPipelineError):
 # Batch output line error codes and HTTP statuses -> error class. Unknown codes are transient only when
 # the HTTP status says so; everything else per-item is poison (retried within the item's budget).
 _TRANSIENT_LINE_CODES = frozenset(
-    {"batch_expired", "batch_cancelled", "request_timeout", "server_error", "rate_limit_exceeded", "timeout"}
+    {"batch_expired", "batch_cancelled", "request_timeout", "server_error", "rate_limit_exceeded", "timeout",
+     "connection_error", "overloaded_error", "api_error"}
 )
 _SYSTEMIC_LINE_CODES = frozenset(
     {"invalid_api_key", "model_not_found", "insufficient_quota", "billing_hard_limit_reached", "account_deactivated"}

@@ -32,6 +32,8 @@ from batch_pipeline.core.store import Store
 
 log = logging.getLogger(__name__)
 
+MAX_TRANSIENT_POLLS = 20
+MAX_FETCH_TRIES = 4
 STATE_COLUMNS = ["request_id", "attempt", "status", "error_class", "error_code", "error_message"]
 
 
@@ -235,8 +237,19 @@ class ShardRunner:
         renew_at = time.monotonic() + lease.ttl.total_seconds() / 3
         for attempt in self.open_attempts(shard_id):
             handle = BatchHandle.from_dict(attempt.submitted or {})
+            transient_in_a_row = 0
             while True:
-                status = self._guard(lambda: executor.poll(handle))
+                try:
+                    status = self._guard(lambda: executor.poll(handle))
+                    transient_in_a_row = 0
+                except TransientError as exc:  # a flaky poll is not a failed batch: wait and ask again
+                    transient_in_a_row += 1
+                    if transient_in_a_row > MAX_TRANSIENT_POLLS:
+                        raise
+                    wait = min(exc.retry_after_s or poll_interval_s * 2 ** transient_in_a_row, 60.0)
+                    log.warning("shard %s: polling %s failed (%s); again in %.1fs", shard_id, handle.batch_id, exc, wait)
+                    time.sleep(wait)
+                    continue
                 if time.monotonic() > renew_at:
                     lease.renew()
                     renew_at = time.monotonic() + lease.ttl.total_seconds() / 3
@@ -254,9 +267,11 @@ class ShardRunner:
             if status.state == BatchState.FAILED:
                 lease.check("record a failed batch")
                 log_.record(attempt.number, "collected", {"state": status.state.value, "errors": status.errors})
-                raise SystemicError(f"shard {shard_id}: batch {handle.batch_id} failed at the provider: "
-                                    + "; ".join(status.errors[:5]))
-            rows, ok = self._ingest(attempt, handle)
+                reason = (f"shard {shard_id}: batch {handle.batch_id} failed at the provider: "
+                          + "; ".join(status.errors[:5]))
+                self.control.stop(reason, code="batch_failed")
+                raise SystemicError(reason, code="batch_failed")
+            rows, ok = self._ingest_with_retries(attempt, handle)
             lease.check("mark the attempt collected")
             log_.record(attempt.number, "collected", {"state": status.state.value, "rows": rows, "succeeded": ok,
                                                       "provider_counts": {"total": status.total,
@@ -267,6 +282,18 @@ class ShardRunner:
             outcome.succeeded += ok
             outcome.final_states.append(status.state.value)
         return outcome
+
+    def _ingest_with_retries(self, attempt: Attempt, handle: BatchHandle) -> tuple[int, int]:
+        """A download that breaks half-way is fetched again; rows already written are deduplicated."""
+        for n in range(1, MAX_FETCH_TRIES + 1):
+            try:
+                return self._ingest(attempt, handle)
+            except TransientError as exc:
+                if n == MAX_FETCH_TRIES:
+                    raise
+                log.warning("fetching %s failed (%s); trying again", handle.batch_id, exc)
+                time.sleep(min(exc.retry_after_s or 2.0 ** n, 60.0))
+        raise AssertionError("unreachable")
 
     def _ingest(self, attempt: Attempt, handle: BatchHandle) -> tuple[int, int]:
         """Validate and append every result of one ended batch; IDs outside the attempt are ignored."""

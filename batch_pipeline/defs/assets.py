@@ -6,7 +6,7 @@ import time
 import dagster as dg
 import polars as pl
 
-from batch_pipeline.core.errors import BatchPipelineError
+from batch_pipeline.core.errors import BatchPipelineError, SystemicError
 from batch_pipeline.core.executor import StreamExecutor
 from batch_pipeline.core.manifest import Manifest, ShardCaps, build_manifest
 from batch_pipeline.core.paths import JobPaths
@@ -17,6 +17,7 @@ from batch_pipeline.core.rescue import deadline_near, rescue_reason
 from batch_pipeline.core.runner import ShardRunner
 from batch_pipeline.core.spec import JobSpec
 from batch_pipeline.defs.checks import build_result_checks
+from batch_pipeline.defs.k8s import GPU_POOL, gpu_step_tags, is_gpu_backend
 from batch_pipeline.defs.metadata import md_table, plain
 from batch_pipeline.defs.resources import PricesResource, StoreResource
 from batch_pipeline.executors.registry import batch_limits, create_executor
@@ -59,6 +60,8 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
     job = spec.name
     shards = shards_partitions(spec)
     paths = JobPaths(job)
+    # shard steps of self-hosted vLLM jobs hold a GPU: pod tags for the k8s executor, and the `gpu` pool
+    gpu = {"op_tags": gpu_step_tags(), "pool": GPU_POOL} if is_gpu_backend(spec.backend.name) else {}
 
     @dg.asset(key=asset_key(spec, "manifest"), group_name=job, kinds={"parquet"},
               description=f"Every item of job {job}: request IDs, prompts, token estimates, shards; rejects.")
@@ -104,7 +107,7 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
                                                    "budget_usd": q.get("budget_usd")}))
 
     @dg.asset(key=asset_key(spec, "submissions"), deps=[quote], partitions_def=shards, group_name=job,
-              backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=MAX_SHARDS_PER_RUN),
+              backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=MAX_SHARDS_PER_RUN), **gpu,
               kinds={"python"}, description="Submit each shard's pending items (re-attach to an open batch); "
                                             "self-hosted and online backends run the shard inline.")
     def submissions(context: dg.AssetExecutionContext, store: StoreResource,
@@ -138,7 +141,7 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
                                               "batches": dg.MetadataValue.text("\n".join(batches) or "none")})
 
     @dg.asset(key=asset_key(spec, "shard_results"), deps=[submissions], partitions_def=shards, group_name=job,
-              backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=MAX_SHARDS_PER_RUN),
+              backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=MAX_SHARDS_PER_RUN), **gpu,
               kinds={"parquet"}, description="Collect each shard's ended batches; validate and append results; "
                                             "rescue the tail online near the deadline or after an expiry.")
     def shard_results(context: dg.AssetExecutionContext, store: StoreResource,
@@ -156,9 +159,14 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
                                  f"{status.completed}/{status.total} done, {status.failed} failed")
 
         rows = ok = rescued = 0
+        systemic: list[str] = []
         for key in context.partition_keys:
-            out = _clean_failure(lambda: runner.collect(key, poll_interval_s=interval, on_status=on_status,
-                                                        cancel_when=lambda: deadline_near(spec)))
+            try:  # a failed batch stops the job, but the other shards' ended batches are still collected
+                out = runner.collect(key, poll_interval_s=interval, on_status=on_status,
+                                     cancel_when=lambda: deadline_near(spec))
+            except SystemicError as exc:
+                systemic.append(str(exc))
+                continue
             rows, ok = rows + out.rows, ok + out.succeeded
             context.log.info(f"shard {key}: collected attempts {out.attempts or 'none'}: {out.rows} results, "
                              f"{out.succeeded} succeeded")
@@ -168,6 +176,8 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
                 rescued += tail.rows
                 context.log.warning(f"shard {key}: {reason}; rescued {tail.rows} items online "
                                     f"({tail.succeeded} succeeded)")
+        if systemic:
+            raise dg.Failure(description=f"SystemicError: {'; '.join(systemic)}")
         return dg.MaterializeResult(metadata={"results": dg.MetadataValue.int(rows),
                                               "succeeded": dg.MetadataValue.int(ok),
                                               "rescued_online": dg.MetadataValue.int(rescued)})

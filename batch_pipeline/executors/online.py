@@ -205,7 +205,7 @@ class OnlineExecutor:
             return
         builder = BodyBuilder(work.plan, s.extra_body)
         limiter = RateLimiter(s.rpm, s.tpm)
-        items = iter(zip(ids, prompts))
+        items = iter(zip(ids, prompts, strict=True))
         items_lock = threading.Lock()
         results: queue.SimpleQueue[Any] = queue.SimpleQueue()
         stop = threading.Event()
@@ -223,10 +223,7 @@ class OnlineExecutor:
                     row = self._one(item[0], item[1], transport, builder, limiter, stop, stats)
                     if row is not None:
                         results.put(row)
-            except SystemicError as exc:
-                stop.set()
-                results.put(exc)
-            except BaseException as exc:  # a bug: stop the run and surface it
+            except BaseException as exc:  # SystemicError, or a bug: stop the run and surface it
                 stop.set()
                 results.put(exc)
             finally:
@@ -324,8 +321,8 @@ class OnlineExecutor:
 
 def _table(rows: list[tuple[Any, ...]]) -> pa.Table:
     columns = list(zip(*rows))
-    return pa.Table.from_arrays([pa.array(col, type=f.type) for col, f in zip(columns, RAW_RESULT_SCHEMA)],
-                                schema=RAW_RESULT_SCHEMA)
+    arrays = [pa.array(col, type=f.type) for col, f in zip(columns, RAW_RESULT_SCHEMA, strict=True)]
+    return pa.Table.from_arrays(arrays, schema=RAW_RESULT_SCHEMA)
 
 
 @register("online")

@@ -1,0 +1,155 @@
+"""Kubernetes: the step executor, and the ``dagster-k8s/config`` tags that put vLLM shard steps on GPU nodes.
+
+On Kubernetes every step runs in its own pod (``k8s_job_executor``), so the store must be object storage
+(``BATCH_PIPELINE_HOME=s3://...``). Nothing here names a cluster: every value comes from the environment
+of the code server (set by ``k8s/helm/values.yaml``), with these defaults:
+
+- ``BATCH_PIPELINE_EXECUTOR`` (unset): ``k8s`` makes ``executor_from_env()`` return ``k8s_executor()``
+- ``BATCH_PIPELINE_K8S_NAMESPACE`` (``batch-pipeline``): namespace of the step Jobs
+- ``BATCH_PIPELINE_K8S_ENV_SECRETS`` (``batch-pipeline-provider-keys,batch-pipeline-storage``): Secrets
+  loaded into every step pod (``envFrom``)
+- ``BATCH_PIPELINE_K8S_ENV_VARS`` (empty): more variables copied from the run pod, comma-separated;
+  ``BATCH_PIPELINE_HOME`` always is (a step fails to launch without it)
+- ``BATCH_PIPELINE_STEP_CPU`` / ``_MEMORY`` / ``_MEMORY_LIMIT`` (``500m`` / ``1Gi`` / ``4Gi``): every step pod
+- ``BATCH_PIPELINE_STEP_GRACE_S`` (``120``): ``terminationGracePeriodSeconds``, time for a step to flush
+  and release its lease on SIGTERM
+- ``BATCH_PIPELINE_GPU_IMAGE`` (unset: the code location's image): image of GPU steps (``k8s/Dockerfile.gpu``)
+- ``BATCH_PIPELINE_GPU_NODE_SELECTOR`` (``{"nvidia.com/gpu.present": "true"}``): JSON object or ``k=v,k2=v2``
+- ``BATCH_PIPELINE_GPU_TOLERATION_KEY`` (``nvidia.com/gpu``): taint tolerated by GPU steps (Exists, NoSchedule)
+- ``BATCH_PIPELINE_GPU_CPU`` / ``_MEMORY`` (``8`` / ``32Gi``): GPU step requests (the memory is also the limit)
+- ``BATCH_PIPELINE_GPU_SHM`` (``8Gi``): size of the in-memory ``/dev/shm`` of GPU steps
+
+GPU steps also share the concurrency pool ``GPU_POOL``; its limit lives in the Dagster instance
+(``concurrency.pools`` in the Helm values, or ``dagster instance concurrency set gpu N``).
+"""
+
+import json
+import os
+from collections.abc import Mapping
+
+from dagster import ExecutorDefinition
+from dagster_k8s import k8s_job_executor
+
+GPU_POOL = "gpu"
+K8S_CONFIG_TAG = "dagster-k8s/config"
+MODEL_CACHE_CLAIM = "batch-pipeline-model-cache"
+MODEL_CACHE_MOUNT = "/models"
+MODEL_CACHE_VOLUME = "model-cache"
+SHM_VOLUME = "dshm"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+DEFAULT_NAMESPACE = "batch-pipeline"
+DEFAULT_ENV_SECRETS = ("batch-pipeline-provider-keys", "batch-pipeline-storage")
+PASSTHROUGH_ENV_VARS = ("BATCH_PIPELINE_HOME",)
+DEFAULT_GPU_NODE_SELECTOR = {"nvidia.com/gpu.present": "true"}
+
+
+def _env(name: str, default: str) -> str:
+    value = os.environ.get(name, "").strip()
+    return value or default
+
+
+def _csv(value: str) -> list[str]:
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def parse_node_selector(text: str) -> dict[str, str]:
+    """``{"k": "v"}`` (JSON) or ``k=v,k2=v2``; an empty string is an empty selector."""
+    text = text.strip()
+    if not text:
+        return {}
+    if text.startswith("{"):
+        parsed = json.loads(text)
+        if not isinstance(parsed, dict):
+            raise ValueError(f"node selector must be a JSON object, got {text!r}")
+        return {str(k): str(v) for k, v in parsed.items()}
+    out = {}
+    for pair in _csv(text):
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"node selector entry {pair!r} is not key=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def gpu_node_selector() -> dict[str, str]:
+    raw = os.environ.get("BATCH_PIPELINE_GPU_NODE_SELECTOR")
+    return dict(DEFAULT_GPU_NODE_SELECTOR) if raw is None else parse_node_selector(raw)
+
+
+def k8s_executor_config() -> dict:
+    """The ``k8s_job_executor`` config for every step: namespace, secrets, env, default resources."""
+    env_vars = list(PASSTHROUGH_ENV_VARS)
+    env_vars += [v for v in _csv(_env("BATCH_PIPELINE_K8S_ENV_VARS", "")) if v not in env_vars]
+    return {
+        "job_namespace": _env("BATCH_PIPELINE_K8S_NAMESPACE", DEFAULT_NAMESPACE),
+        "env_secrets": _csv(_env("BATCH_PIPELINE_K8S_ENV_SECRETS", ",".join(DEFAULT_ENV_SECRETS))),
+        # a name without "=value" is copied from the run pod's environment when the step is launched
+        "env_vars": env_vars,
+        "resources": {
+            "requests": {"cpu": _env("BATCH_PIPELINE_STEP_CPU", "500m"),
+                         "memory": _env("BATCH_PIPELINE_STEP_MEMORY", "1Gi")},
+            "limits": {"memory": _env("BATCH_PIPELINE_STEP_MEMORY_LIMIT", "4Gi")},
+        },
+        "step_k8s_config": {
+            "pod_spec_config": {
+                "termination_grace_period_seconds": int(_env("BATCH_PIPELINE_STEP_GRACE_S", "120")),
+            },
+        },
+    }
+
+
+def k8s_executor() -> ExecutorDefinition:
+    """``k8s_job_executor`` configured from the environment: each step is a Kubernetes Job."""
+    return k8s_job_executor.configured(k8s_executor_config(), name="batch_pipeline_k8s")
+
+
+def executor_from_env() -> ExecutorDefinition | None:
+    """``k8s_executor()`` when ``BATCH_PIPELINE_EXECUTOR=k8s`` (set by the Helm values), else None (default)."""
+    return k8s_executor() if _env("BATCH_PIPELINE_EXECUTOR", "").lower() == "k8s" else None
+
+
+def is_gpu_backend(name: str) -> bool:
+    """Backends whose shard steps hold a GPU: the self-hosted vLLM ones."""
+    return name.startswith("vllm")
+
+
+def gpu_step_tags(gpus: int = 1, node_selector: Mapping[str, str] | None = None,
+                  model_cache_claim: str = MODEL_CACHE_CLAIM) -> dict:
+    """``op_tags`` for a shard step that runs vLLM in its own pod on a GPU node.
+
+    The pod gets ``gpus`` × ``nvidia.com/gpu``, CPU/memory requests, the GPU node selector and a
+    toleration for the GPU taint, the model cache PVC at ``/models`` (read-only) and an in-memory
+    ``/dev/shm``. Use with ``pool=GPU_POOL`` so the instance caps how many run at once.
+    """
+    if gpus < 1:
+        raise ValueError(f"gpus must be >= 1, got {gpus}")
+    memory = _env("BATCH_PIPELINE_GPU_MEMORY", "32Gi")
+    container: dict = {
+        "resources": {
+            "limits": {GPU_RESOURCE: str(gpus), "memory": memory},
+            "requests": {"cpu": _env("BATCH_PIPELINE_GPU_CPU", "8"), "memory": memory},
+        },
+        "volume_mounts": [
+            {"name": MODEL_CACHE_VOLUME, "mount_path": MODEL_CACHE_MOUNT, "read_only": True},
+            {"name": SHM_VOLUME, "mount_path": "/dev/shm"},
+        ],
+    }
+    image = os.environ.get("BATCH_PIPELINE_GPU_IMAGE", "").strip()
+    if image:
+        container["image"] = image
+    config = {
+        "container_config": container,
+        "pod_spec_config": {
+            "node_selector": dict(node_selector) if node_selector is not None else gpu_node_selector(),
+            "tolerations": [{"key": _env("BATCH_PIPELINE_GPU_TOLERATION_KEY", GPU_RESOURCE),
+                             "operator": "Exists", "effect": "NoSchedule"}],
+            "volumes": [
+                {"name": MODEL_CACHE_VOLUME,
+                 "persistent_volume_claim": {"claim_name": model_cache_claim, "read_only": True}},
+                {"name": SHM_VOLUME,
+                 "empty_dir": {"medium": "Memory", "size_limit": _env("BATCH_PIPELINE_GPU_SHM", "8Gi")}},
+            ],
+        },
+    }
+    return {K8S_CONFIG_TAG: config}

@@ -1,0 +1,325 @@
+"""The online executor against the sandbox process over HTTP: throughput, retries, limits, error classes."""
+
+import json
+import statistics
+import threading
+import time
+from collections import defaultdict
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from batch_pipeline.core.errors import ConfigError, SystemicError
+from batch_pipeline.core.executor import RAW_RESULT_SCHEMA, RequestPlan, ShardWork, StreamExecutor
+from batch_pipeline.core.spec import BackendSpec, parse_spec
+from batch_pipeline.executors.online import OnlineExecutor, classify, retry_after_s
+from batch_pipeline.executors.online_transport import BodyBuilder, Reply
+from batch_pipeline.executors.openai_format import body_settings, chat_messages
+from batch_pipeline.executors.rate_limit import RateLimiter, parse_duration
+from batch_pipeline.executors.registry import batch_limits, create_executor, names
+from batch_pipeline.sandbox import SandboxAdmin
+
+CHAT = "/v1/chat/completions"
+LABELS = ["billing", "bug", "other"]
+SPEC = f"""
+name: online_job
+input: {{path: in.jsonl, text_field: body}}
+prompt: {{version: v1, system: "Label it.", template: "{{body}}"}}
+model: gpt-4o-mini
+backend: {{name: online, settings: {{sandbox: true}}}}
+sampling: {{max_tokens: 16}}
+output: {{choice: {LABELS}}}
+"""
+
+
+@pytest.fixture
+def admin(sandbox_proc, monkeypatch):
+    _, url = sandbox_proc
+    a = SandboxAdmin(url)
+    a.reset()
+    monkeypatch.setenv("BATCH_PIPELINE_SANDBOX_URL", url)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    return a
+
+
+def prompt(i: int) -> str:
+    return f"ticket {i}: my billing is wrong" if i % 2 else f"ticket {i}: the app has a bug"
+
+
+def work(n: int, prompts: list[str] | None = None) -> ShardWork:
+    plan = RequestPlan.from_spec(parse_spec(SPEC))
+    items = pa.table({"request_id": [f"{i:064x}" for i in range(n)],
+                      "user_prompt": prompts or [prompt(i) for i in range(n)]})
+    return ShardWork("online_job", "s00001", 1, "online_job:s00001:1", plan, items)
+
+
+def executor(**settings: Any) -> OnlineExecutor:
+    ex = create_executor(BackendSpec(name="online", settings={"sandbox": True, **settings}))
+    assert isinstance(ex, OnlineExecutor)
+    return ex
+
+
+def chat_log(admin: SandboxAdmin) -> list[dict[str, Any]]:
+    return [r for r in admin.requests() if r["path"] == CHAT]
+
+
+def by_request(log: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    grouped: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for entry in sorted(log, key=lambda r: r["monotonic"]):
+        grouped[entry["request_key"]].append(entry)
+    return grouped
+
+
+def test_registered_as_a_stream_executor_without_batch_limits(admin):
+    assert "online" in names() and batch_limits("online") == (None, None)
+    ex = executor()
+    assert isinstance(ex, StreamExecutor) and ex.pricing == "online"
+    with pytest.raises(ConfigError, match="concurency"):
+        create_executor(BackendSpec(name="online", settings={"sandbox": True, "concurency": 3}))
+
+
+def test_needs_a_key_unless_told_there_is_none(monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(ConfigError, match="OPENAI_API_KEY"):
+        create_executor(BackendSpec(name="online", settings={"base_url": "http://127.0.0.1:9/v1"}))
+    ex = create_executor(BackendSpec(name="online", settings={"base_url": "http://127.0.0.1:9/v1",
+                                                              "api_key_env": None}))
+    assert ex.name == "online"
+
+
+@pytest.mark.parametrize("transport, n", [("http", 200), ("sdk", 60)])
+def test_all_succeed_matched_by_id_and_flushed_in_parts(admin, transport, n):
+    tables = list(executor(transport=transport, concurrency=16, flush_every=48).run(work(n)))
+    assert len(tables) >= n // 48 and all(t.schema == RAW_RESULT_SCHEMA for t in tables)
+    rows = pa.concat_tables(tables).to_pylist()
+    assert sorted(r["request_id"] for r in rows) == [f"{i:064x}" for i in range(n)]
+    for row in rows:
+        i = int(row["request_id"], 16)
+        assert row["http_status"] == 200 and row["finish_reason"] == "stop"
+        assert json.loads(row["output_text"]) == {"label": "billing" if i % 2 else "bug"}  # the answer to *its* prompt
+        assert row["input_tokens"] > 0 and row["output_tokens"] > 0 and row["provider_request_id"].startswith("req_")
+        assert json.loads(row["raw_payload"])["object"] == "chat.completion"
+    # every 200 billed exactly once, and each billed completion is a row
+    ledger = admin.ledger()
+    assert len(ledger) == n and all(e["mode"] == "online" for e in ledger)
+    assert sorted(e["completion_id"] for e in ledger) == sorted(json.loads(r["raw_payload"])["id"] for r in rows)
+    assert len({r["request_key"] for r in chat_log(admin)}) == n
+    assert max(r["retry_count"] for r in chat_log(admin)) == 0
+
+
+def test_429_storm_honours_retry_after_ms(admin):
+    admin.set_scenario("rate_limit", times=30, retry_after_ms=300, on=["chat_completions"])
+    rows = pa.concat_tables(list(executor(concurrency=8, max_attempts_per_request=8).run(work(20)))).to_pylist()
+    assert len(rows) == 20 and all(r["http_status"] == 200 for r in rows)
+    log = chat_log(admin)
+    assert sum(r["status"] == 429 for r in log) == 30
+    checked = 0
+    for attempts in by_request(log).values():
+        assert attempts[-1]["status"] == 200
+        assert [a["retry_count"] for a in attempts] == list(range(len(attempts)))
+        for before, after in zip(attempts, attempts[1:]):
+            assert before["status"] == 429
+            assert after["monotonic"] - before["monotonic"] >= 0.3
+            checked += 1
+    assert checked >= 20
+
+
+def test_backoff_without_a_header_is_jittered_and_bounded(admin):
+    admin.set_scenario("server_error", times=24, on=["chat_completions"])  # a 500 carries no retry-after
+    ex = executor(concurrency=6, max_attempts_per_request=8, backoff_base_s=0.1, backoff_max_s=0.2)
+    rows = pa.concat_tables(list(ex.run(work(6)))).to_pylist()
+    assert all(r["http_status"] == 200 for r in rows)
+    gaps = []
+    for attempts in by_request(chat_log(admin)).values():
+        for n, (before, after) in enumerate(zip(attempts, attempts[1:]), start=1):
+            gap = after["monotonic"] - before["monotonic"]
+            assert gap <= min(0.2, 0.1 * 2 ** (n - 1)) + 0.2  # full jitter below the exponential ceiling (+ slack)
+            gaps.append(gap)
+    assert len(gaps) == 24 and statistics.pstdev(gaps) > 0.01  # not one fixed delay
+
+
+def test_retries_spent_leave_a_transient_row(admin):
+    admin.set_scenario("server_error", times=10_000, on=["chat_completions"])
+    rows = pa.concat_tables(list(executor(max_attempts_per_request=3, backoff_base_s=0.01).run(work(4)))).to_pylist()
+    assert [(r["http_status"], r["error_code"]) for r in rows] == [(500, "server_error")] * 4
+    assert all(r["output_text"] is None and "server_error" in r["error_message"] for r in rows)
+    assert all(len(a) == 3 for a in by_request(chat_log(admin)).values())
+    assert admin.ledger() == []
+
+
+def test_line_errors_are_retried_per_request(admin):
+    admin.set_scenario("line_errors", rate=1.0, times=1)
+    rows = pa.concat_tables(list(executor(backoff_base_s=0.01).run(work(10)))).to_pylist()
+    assert all(r["http_status"] == 200 for r in rows)
+    assert [[a["status"] for a in v] for v in by_request(chat_log(admin)).values()] == [[500, 200]] * 10
+    assert len(admin.ledger()) == 10
+
+
+def test_configured_rpm_bounds_the_observed_request_rate(admin):
+    rpm, n = 600, 40  # 10 requests/s, bursts of at most one second's worth
+    tables = list(executor(rpm=rpm, concurrency=16, flush_every=1000, flush_interval_s=0.5).run(work(n)))
+    assert len(tables) >= 3  # flushed on the interval, not only at the end
+    times = sorted(r["monotonic"] for r in chat_log(admin))
+    rate, burst = rpm / 60, rpm / 60
+    for i in range(len(times)):
+        for j in range(i + 1, len(times)):
+            assert j - i + 1 <= burst + rate * (times[j] - times[i]) + 2, (i, j)  # + 2: arrival jitter
+    assert times[-1] - times[0] >= (n - burst) / rate * 0.9
+
+
+def test_poison_is_a_row_and_never_retried(admin):
+    prompts = [prompt(i) for i in range(8)]
+    prompts[3] = "this row is [[sandbox:poison]]"
+    rows = {r["request_id"]: r for r in pa.concat_tables(list(executor().run(work(8, prompts)))).to_pylist()}
+    bad = rows[f"{3:064x}"]
+    assert bad["http_status"] == 400 and bad["error_code"] == "context_length_exceeded"
+    assert bad["output_text"] is None and "poison" in bad["error_message"]
+    assert sum(r["http_status"] == 200 for r in rows.values()) == 7
+    assert sorted(r["status"] for r in chat_log(admin)) == [200] * 7 + [400]
+
+
+def test_bad_key_stops_the_run_at_once_without_spending_other_budgets(admin, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-sandbox-bad")
+    before = threading.active_count()
+    started = time.monotonic()
+    tables: list[pa.Table] = []
+    with pytest.raises(SystemicError) as err:
+        for table in executor(concurrency=16).run(work(200)):
+            tables.append(table)
+    assert time.monotonic() - started < 5
+    assert "sk-sandbox-bad" not in str(err.value) and err.value.code == "invalid_api_key"
+    log = chat_log(admin)
+    assert all(r["status"] == 401 for r in log) and len(log) <= 32  # far fewer than the 200 items
+    assert all(r["retry_count"] == 0 for r in log) and tables == []
+    time.sleep(0.1)
+    assert threading.active_count() <= before
+
+
+def test_closing_the_iterator_early_stops_the_workers(admin):
+    before = threading.active_count()
+    run = executor(concurrency=8, flush_every=10).run(work(400))
+    first = next(run)
+    run.close()
+    assert first.num_rows >= 10
+    time.sleep(0.1)
+    assert threading.active_count() <= before and len(chat_log(admin)) < 400
+
+
+def reply(status: int | None, body: Any = None, **headers: str) -> Reply:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode() if body is not None else b""
+    return Reply(status, dict(headers), data, failure=None if status else "timeout")
+
+
+def err(code: str | None, type_: str = "invalid_request_error") -> dict[str, Any]:
+    return {"error": {"message": "m", "type": type_, "param": None, "code": code}}
+
+
+@pytest.mark.parametrize("given, kind", [
+    (reply(200, {}), "ok"),
+    (reply(400, err("context_length_exceeded")), "poison"),
+    (reply(422, err(None)), "poison"),
+    (reply(401, err("invalid_api_key")), "systemic"),
+    (reply(403, err(None)), "systemic"),
+    (reply(404, err("model_not_found")), "systemic"),
+    (reply(429, err("insufficient_quota", "insufficient_quota")), "systemic"),
+    (reply(429, err("rate_limit_exceeded", "requests")), "transient"),
+    (reply(408, err(None)), "transient"),
+    (reply(409, err(None)), "transient"),
+    (reply(503, b"not json"), "transient"),
+    (reply(500, err("x"), **{"x-should-retry": "false"}), "poison"),
+    (reply(400, err("x"), **{"x-should-retry": "true"}), "transient"),
+    (reply(None), "transient"),
+])
+def test_classification(given, kind):
+    assert classify(given).kind == kind
+
+
+def test_retry_after_headers():
+    assert retry_after_s({"retry-after-ms": "250", "retry-after": "9"}) == 0.25
+    assert retry_after_s({"retry-after": "2"}) == 2.0
+    soon = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 30))
+    assert 25 <= (retry_after_s({"retry-after": soon}) or 0) <= 31
+    assert retry_after_s({}) is None and retry_after_s({"retry-after": "soon"}) is None
+
+
+def test_body_is_the_batch_body_plus_extra_body():
+    plan = RequestPlan.from_spec(parse_spec(SPEC))
+    builder = BodyBuilder(plan, {"structured_outputs": {"choice": LABELS}, "temperature": 0.5})
+    body = json.loads(builder.data('say "hi" \u00e9'))
+    assert body == {**body_settings(plan), "temperature": 0.5, "structured_outputs": {"choice": LABELS},
+                    "messages": chat_messages(plan, 'say "hi" \u00e9')}
+    assert builder.estimate_tokens("x" * 400) >= 100 + 16
+
+
+@pytest.mark.parametrize("text, seconds", [("1s", 1), ("6m0s", 360), ("120ms", 0.12), ("1m30.5s", 90.5),
+                                           ("2", 2), ("", None), ("soon", None)])
+def test_reset_durations(text, seconds):
+    assert parse_duration(text) == (pytest.approx(seconds) if seconds is not None else None)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_limiter_tightens_from_headers_and_holds_when_nothing_is_left():
+    clock, stop = FakeClock(), threading.Event()
+    limiter = RateLimiter(rpm=6000, clock=clock)
+    limiter.observe({"x-ratelimit-limit-requests": "120", "x-ratelimit-remaining-requests": "100"})
+    assert limiter.limits == {"requests": 120}
+    limiter.observe({"x-ratelimit-limit-requests": "100000"})  # never looser than configured
+    assert limiter.limits == {"requests": 120}
+    assert limiter.acquire(1, stop) and limiter.acquire(1, stop)  # one second's worth: 2 requests
+    stop.set()
+    assert not limiter.acquire(1, stop)  # the third must wait, and gives up when told to stop
+    clock.now = 1.0
+    assert limiter.acquire(1, threading.Event())
+    limiter.observe({"x-ratelimit-limit-tokens": "6000", "x-ratelimit-remaining-tokens": "0",
+                     "x-ratelimit-reset-tokens": "20s"})
+    assert limiter.limits == {"requests": 120, "tokens": 6000}
+    clock.now = 10.0
+    assert not limiter.acquire(1, stop)  # held until the provider's reset
+    clock.now = 21.0
+    assert limiter.acquire(50, threading.Event())
+
+
+def test_http_transport_resends_once_on_a_keep_alive_connection_the_server_closed():
+    """A server that drops the connection after each answer (without saying so): the next request is resent on a
+    fresh connection instead of failing."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from batch_pipeline.executors.online_transport import HttpTransport
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:  # noqa: N802 - stdlib name
+            self.rfile.read(int(self.headers["content-length"]))
+            data = b'{"ok": true}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            self.close_connection = True  # hang up, although the response promised keep-alive
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        plan = RequestPlan.from_spec(parse_spec(SPEC))
+        transport = HttpTransport(f"http://127.0.0.1:{server.server_address[1]}/v1", None, 5, BodyBuilder(plan, None))
+        for _ in range(3):
+            time.sleep(0.05)  # let the server close its end
+            got = transport.send("hi", 0)
+            assert (got.status, got.body) == (200, b'{"ok": true}'), got
+        transport.close()
+    finally:
+        server.shutdown()
+        server.server_close()
