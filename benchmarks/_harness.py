@@ -1,0 +1,74 @@
+"""Small shared helpers: run a function in a ``spawn`` child (so peak RSS is per variant), timers."""
+
+import importlib
+import multiprocessing as mp
+import resource
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "out"
+
+
+def maxrss_mb() -> float:
+    """Peak RSS of this process so far, in MiB (ru_maxrss is KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def cpu_s() -> float:
+    """User + system CPU seconds of this process so far (all threads)."""
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
+
+
+def load() -> float:
+    """1-minute load average: other work on the machine makes wall-clock figures noisy."""
+    import os
+
+    return os.getloadavg()[0]
+
+
+def _child(target: str, args: tuple, conn) -> None:
+    try:
+        module, name = target.split(":")
+        fn = getattr(importlib.import_module(module), name)
+        conn.send(fn(*args))
+    except BaseException as exc:  # report, don't hang the parent
+        import traceback
+
+        conn.send({"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+    finally:
+        conn.close()
+
+
+def run_in_child(target: str, *args) -> dict:
+    """Call ``module:function(*args)`` in a fresh spawned interpreter; return its dict result."""
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=_child, args=(target, args, child))
+    wall = time.perf_counter()
+    p.start()
+    child.close()
+    result = parent.recv()
+    p.join()
+    if "error" in result:
+        raise RuntimeError(f"{target} failed: {result['error']}\n{result['traceback']}")
+    result["child_wall_s"] = time.perf_counter() - wall
+    return result
+
+
+def repeat(fn: Callable[[], object], times: int) -> tuple[list[float], object]:
+    """Run ``fn`` ``times`` times; the wall times and the last result."""
+    out = None
+    secs = []
+    for _ in range(times):
+        t = time.perf_counter()
+        out = fn()
+        secs.append(time.perf_counter() - t)
+    return secs, out
+
+
+def summary(secs: list[float]) -> str:
+    return f"min {min(secs):.3f} s, median {statistics.median(secs):.3f} s over {len(secs)}"

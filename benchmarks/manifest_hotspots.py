@@ -1,0 +1,252 @@
+"""Micro-benchmarks behind the manifest hot spots: the current core step against candidate changes.
+
+Runs on the first ``--rows`` rows of the cached ``make_rows`` file, block by block (8 MB, as
+``inputs._jsonl`` cuts them), and prints seconds per million rows for each step, so the gains can be
+compared with the ``manifest_bench.py --sections`` breakdown.
+
+    python benchmarks/manifest_hotspots.py [--rows 200000]
+"""
+
+import argparse
+import hashlib
+import io
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))
+
+import polars as pl  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.json as pajson  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+
+from batch_pipeline.core import ids  # noqa: E402
+from batch_pipeline.core.inputs import CHUNK_BYTES, _jsonl_block  # noqa: E402
+from batch_pipeline.core.manifest import ITEM_SCHEMA  # noqa: E402
+from benchmarks.make_rows import ensure_rows  # noqa: E402
+
+PREFIX = ids.id_prefix("v1", "gpt-4o-mini", "0123456789abcdef")
+
+
+def blocks_of(path: Path, rows: int) -> list[bytes]:
+    out, n, carry = [], 0, b""
+    with open(path, "rb") as f:
+        while n < rows:
+            chunk = f.read(CHUNK_BYTES)
+            if not chunk:
+                break
+            data = carry + chunk
+            cut = data.rfind(b"\n")
+            block, carry = data[: cut + 1], data[cut + 1 :]
+            out.append(block)
+            n += block.count(b"\n")
+    return out
+
+
+def timeit(label: str, fn, rows: int, results: dict, reps: int = 3):
+    best = float("inf")
+    value = None
+    for _ in range(reps):
+        t = time.perf_counter()
+        value = fn()
+        best = min(best, time.perf_counter() - t)
+    per_m = best / rows * 1e6
+    results[label] = per_m
+    print(f"  {per_m:7.2f} s per 1M rows  {label}", flush=True)
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--rows", type=int, default=200_000)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--source-rows", type=int, default=1_000_000, help="which cached make_rows file to read")
+    args = ap.parse_args(argv)
+    path, _ = ensure_rows(args.source_rows, args.seed)
+    blocks = blocks_of(path, args.rows)
+    n = sum(b.count(b"\n") for b in blocks)
+    mb = sum(len(b) for b in blocks) / 2**20
+    print(f"{n:,} rows in {len(blocks)} blocks of ~8 MB ({mb:,.0f} MiB), pyarrow {pa.__version__}, "
+          f"polars {pl.__version__}")
+    r: dict[str, float] = {}
+    fields = ["body"]
+    schema = pa.schema([("body", pa.string()), ("id", pa.string())])
+    options = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+
+    print("read (inputs._jsonl_block):")
+    frames = timeit("core _jsonl_block (split lines, Arrow read_json, from_arrow)",
+                    lambda: [_jsonl_block("f", b, 1, fields, "id", options).frame for b in blocks], n, r)
+    timeit("  of which pajson.read_json alone",
+           lambda: [pajson.read_json(io.BytesIO(b), parse_options=options) for b in blocks], n, r)
+    timeit("  of which split/strip/join of lines in Python",
+           lambda: [b"\n".join([ln for ln in b.split(b"\n") if ln.strip()]) for b in blocks], n, r)
+    timeit("alt: pl.read_ndjson(block, schema)",
+           lambda: [pl.read_ndjson(io.BytesIO(b), schema={"id": pl.String, "body": pl.String}) for b in blocks], n, r)
+    timeit("alt: pajson.read_json, block_size 8 MB (one parse task per block)",
+           lambda: [pajson.read_json(io.BytesIO(b), parse_options=options,
+                                     read_options=pajson.ReadOptions(block_size=len(b) + 1)) for b in blocks], n, r)
+
+    print("normalise (_prepare):")
+    norm = [pl.col("body").str.replace_all(ids.ABNORMAL_WHITESPACE, " ").str.strip_chars(ids.WHITESPACE_CHARS)]
+    normed = timeit("core: str.replace_all(ABNORMAL_WHITESPACE) + strip_chars",
+                    lambda: [f.with_columns(norm) for f in frames], n, r)
+    timeit("  of which str.contains(ABNORMAL_WHITESPACE) (the scan alone)",
+           lambda: [f.select(pl.col("body").str.contains(ids.ABNORMAL_WHITESPACE).sum()) for f in frames], n, r)
+    ascii_ws = "[\\t\\n\\x0b\\x0c\\r ]"
+    timeit("  scan with an ASCII-only class, for comparison (not equivalent)",
+           lambda: [f.select(pl.col("body").str.contains(f"{ascii_ws}{{2,}}|[\\t\\n\\x0b\\x0c\\r]").sum())
+                    for f in frames], n, r)
+
+    print("request IDs:")
+    prompts = [f["body"] for f in normed]
+    lists = timeit("core: Series.to_list() (Arrow -> Python str)", lambda: [s.to_list() for s in prompts], n, r)
+    timeit("core: ids.request_ids(prefix, list[str]) (encode + sha256 + hexdigest)",
+           lambda: [ids.request_ids(PREFIX, x) for x in lists], n, r)
+
+    def bin_lists():
+        return [s.cast(pl.Binary).to_list() for s in prompts]
+
+    blists = timeit("alt: .cast(pl.Binary).to_list() (bytes, no UTF-8 decode)", bin_lists, n, r)
+
+    def hash_bytes(lst):
+        base = hashlib.sha256(PREFIX)
+        out = []
+        append = out.append
+        for b in lst:
+            h = base.copy()
+            h.update(b)
+            append(h.hexdigest())
+        return out
+
+    timeit("alt: sha256 over bytes (no encode)", lambda: [hash_bytes(x) for x in blists], n, r)
+
+    def hash_buffers():
+        import numpy as np
+
+        out_all = []
+        base = hashlib.sha256(PREFIX)
+        for s in prompts:
+            arr = s.to_arrow()
+            if isinstance(arr, pa.ChunkedArray):
+                arr = arr.combine_chunks()
+            arr = arr.cast(pa.large_string())
+            _, offs, data = arr.buffers()
+            o = np.frombuffer(offs, dtype=np.int64)[arr.offset: arr.offset + len(arr) + 1].tolist()
+            mv = memoryview(data)
+            out = []
+            append = out.append
+            for i in range(len(arr)):
+                h = base.copy()
+                h.update(mv[o[i]:o[i + 1]])
+                append(h.hexdigest())
+            out_all.append(out)
+        return out_all
+
+    timeit("alt: sha256 over memoryview slices of the Arrow buffer (no per-row objects but the hex)",
+           hash_buffers, n, r)
+    try:
+        import duckdb
+
+        con = duckdb.connect()
+        con.execute("SET threads = 2")
+        pre = PREFIX.decode()
+
+        def duck():
+            out = []
+            for s in prompts:
+                con.register("prompts_t", pa.table({"p": s.to_arrow()}))
+                out.append(con.execute("SELECT sha256(? || p) AS rid FROM prompts_t", [pre]).to_arrow_table())
+            return out
+
+        dres = timeit("alt: DuckDB sha256(prefix || prompt) over the Arrow column (2 threads)", duck, n, r)
+        a = ids.request_ids(PREFIX, prompts[0].to_list()[:1000])
+        same = dres[0].column("rid").to_pylist()[:1000] == a
+        print(f"          DuckDB IDs identical to ids.request_ids: {same}")
+    except Exception as exc:  # duckdb optional
+        print(f"  (duckdb not usable: {exc})")
+
+    print("dedup set (memory per key):")
+    import tracemalloc
+
+    sample = [x for lst in lists[:3] for x in ids.request_ids(PREFIX, lst)]
+    tracemalloc.start()
+    s1 = set(sample)
+    m1 = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    del s1
+    digests = [bytes.fromhex(x) for x in sample]
+    tracemalloc.start()
+    s2 = set(digests)
+    m2 = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    del s2
+    print(f"  set of 64-char hex str: {m1 / len(sample):.0f} B/key (+ the str objects, "
+          f"{sys.getsizeof(sample[0])} B each); set of 32-byte digests: {m2 / len(sample):.0f} B/key "
+          f"(+ {sys.getsizeof(digests[0])} B each)")
+
+    print("shard write (_close), per 5,000-row shard:")
+    big = pl.concat([f.with_columns(pl.col("body").alias("user_prompt")) for f in normed])
+    rid_col = pl.Series("request_id", [x for lst in lists for x in ids.request_ids(PREFIX, lst)])
+    big = big.with_columns(rid_col, pl.lit(60, pl.Int32).alias("est_input_tokens"),
+                           pl.lit(3, pl.Int8).alias("length_bucket"),
+                           pl.col("user_prompt").str.len_bytes().cast(pl.Int32).alias("request_bytes"),
+                           pl.lit("input.jsonl").alias("source"), pl.int_range(pl.len()).alias("_line"))
+    shards = [big.slice(i, 5000) for i in range(0, big.height, 5000)]
+    parts = [[s.slice(j, 1000) for j in range(0, s.height, 1000)] for s in shards]
+
+    def to_tables():
+        return [pl.concat(p).sort("request_id").select(
+            "request_id", pl.lit("s00001").alias("shard_id"), "user_prompt", "est_input_tokens", "length_bucket",
+            "request_bytes", "source", pl.col("_line").alias("line"), pl.lit(1).alias("generation"),
+        ).to_arrow().cast(ITEM_SCHEMA) for p in parts]
+
+    tables = timeit("core: concat + sort + select + to_arrow + cast", to_tables, n, r)
+
+    def write(**kw):
+        def go():
+            for t in tables:
+                buf = io.BytesIO()
+                pq.write_table(t, buf, **kw)
+        return go
+
+    timeit("core: pq.write_table(zstd) (dictionary on every column, statistics on)", write(compression="zstd"), n, r)
+    timeit("alt: zstd, use_dictionary only for low-cardinality columns",
+           write(compression="zstd", use_dictionary=["shard_id", "source", "length_bucket", "generation"]), n, r)
+    timeit("alt: zstd, that + no statistics for user_prompt",
+           write(compression="zstd", use_dictionary=["shard_id", "source", "length_bucket", "generation"],
+                 write_statistics=["request_id", "shard_id", "est_input_tokens", "length_bucket", "request_bytes",
+                                   "source", "line", "generation"]), n, r)
+    timeit("alt: lz4, use_dictionary only for low-cardinality columns",
+           write(compression="lz4", use_dictionary=["shard_id", "source", "length_bucket", "generation"]), n, r)
+    timeit("isolate: no compression, default dictionary", write(compression="none"), n, r)
+    timeit("isolate: zstd, no dictionary at all", write(compression="zstd", use_dictionary=False), n, r)
+    timeit("reference point: no compression, no dictionary",
+           write(compression="none", use_dictionary=False), n, r)
+
+    print("shard write in a background thread (GIL released while encoding), overlapped with hashing:")
+    from concurrent.futures import ThreadPoolExecutor
+
+    def serial():
+        for t in tables:
+            pq.write_table(t, io.BytesIO(), compression="zstd")
+        for x in lists:
+            ids.request_ids(PREFIX, x)
+
+    def overlapped():
+        with ThreadPoolExecutor(1) as pool:
+            futs = [pool.submit(pq.write_table, t, io.BytesIO(), compression="zstd") for t in tables]
+            for x in lists:
+                ids.request_ids(PREFIX, x)
+            for f in futs:
+                f.result()
+
+    timeit("serial: write every shard, then hash every row (as build() interleaves them)", serial, n, r)
+    timeit("overlapped: shard writes on a 1-thread pool while the main thread hashes", overlapped, n, r)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
