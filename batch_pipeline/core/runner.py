@@ -61,13 +61,15 @@ class CollectOutcome:
 
 class ShardRunner:
     def __init__(self, spec: JobSpec, store: Store, executor: BatchExecutor | StreamExecutor,
-                 price: Price | None, pricing: str = "batch", owner: str | None = None):
+                 price: Price | None, pricing: str = "batch", owner: str | None = None,
+                 before_spend: Callable[[str, pa.Table], None] | None = None):
         self.spec, self.store, self.executor, self.price, self.pricing = spec, store, executor, price, pricing
         self.manifest = Manifest(spec.name, store)
         self.plan = RequestPlan.from_spec(spec)
         self.control = JobControl(store, spec.name)
         self.owner = owner or default_owner()
         self._cancel_when: Callable[[], bool] | None = None
+        self.before_spend = before_spend  # e.g. the budget guard: raises to refuse a paid call
 
     # -- what is left -----------------------------------------------------------------------------------
     def pending_items(self, shard_id: str) -> pa.Table:
@@ -116,6 +118,8 @@ class ShardRunner:
         if pending.num_rows == 0:
             return SubmitOutcome(shard_id, None, 0, None)
         self._check_retry_cap(shard_id, pending)
+        if self.before_spend:
+            self.before_spend(shard_id, pending)
         number = attempts.next_number()
         work = ShardWork(self.spec.name, shard_id, number, self._key(shard_id, number), self.plan, pending)
         lease.check("submit")
@@ -180,6 +184,8 @@ class ShardRunner:
             if pending.num_rows == 0:
                 return outcome
             self._check_retry_cap(shard_id, pending)
+            if self.before_spend:
+                self.before_spend(shard_id, pending)
             number = attempts.next_number()
             work = ShardWork(self.spec.name, shard_id, number, self._key(shard_id, number), self.plan, pending)
             lease.check("run")

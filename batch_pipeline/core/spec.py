@@ -134,6 +134,8 @@ class JobSpec(_Strict):
     budget_usd: float | None = Field(default=None, ge=0)
     deadline: datetime | None = None
     tail: TailRescueSpec | None = None
+    canary_first: bool = Field(default=True, description="run the first shard alone, then re-quote (calibrated) "
+                                                         "before any other shard is submitted")
     source_path: str | None = Field(default=None, exclude=True, description="set by the loader")
 
     @field_validator("prompt")

@@ -1,21 +1,21 @@
 """Per job spec, the assets of DESIGN section 3, keyed ``<job>/<asset>``. Thin: the work is in core/."""
 
-import json
 import time
 
 import dagster as dg
 import polars as pl
 
+from batch_pipeline.core.budget import BudgetGuard
 from batch_pipeline.core.errors import BatchPipelineError, SystemicError
 from batch_pipeline.core.executor import StreamExecutor
 from batch_pipeline.core.manifest import Manifest, ShardCaps, build_manifest
 from batch_pipeline.core.paths import JobPaths
 from batch_pipeline.core.publish import JobState, dead_letters, publish
-from batch_pipeline.core.quote import make_quote
+from batch_pipeline.core.quote import make_quote, verify_quote
 from batch_pipeline.core.report import build_report, shard_table
 from batch_pipeline.core.rescue import deadline_near, rescue_reason
 from batch_pipeline.core.runner import ShardRunner
-from batch_pipeline.core.spec import JobSpec
+from batch_pipeline.core.spec import BackendSpec, JobSpec
 from batch_pipeline.defs.checks import build_result_checks
 from batch_pipeline.defs.k8s import GPU_POOL, gpu_step_tags, is_gpu_backend
 from batch_pipeline.defs.metadata import md_table, plain
@@ -33,19 +33,24 @@ def asset_key(spec: JobSpec, name: str) -> dg.AssetKey:
     return dg.AssetKey([spec.name, name])
 
 
-def _runner(spec: JobSpec, store: StoreResource, prices: PricesResource) -> ShardRunner:
-    executor = create_executor(spec.backend)
-    return ShardRunner(spec, store.get(), executor, prices.get().lookup(spec.backend.name, spec.model),
-                       executor.pricing)
+def _runner(spec: JobSpec, store: StoreResource, prices: PricesResource, backend: BackendSpec | None = None
+            ) -> ShardRunner:
+    """A shard runner whose every paid call first passes the budget guard."""
+    backend = backend or spec.backend
+    st = store.get()
+    executor = create_executor(backend)
+    price = prices.get().lookup(backend.name, spec.model)
+    quote = st.read_json(JobPaths(spec.name).quote) or {}
+    guard = BudgetGuard(spec, st, price, quote.get("calibration", {}).get("factor", 1.0),
+                        batch=executor.pricing == "batch")
+    return ShardRunner(spec, st, executor, price, executor.pricing, before_spend=guard.check)
 
 
 def _rescuer(spec: JobSpec, store: StoreResource, prices: PricesResource) -> ShardRunner:
     """The tail-rescue runner: the spec's online backend, at its interactive price."""
     if spec.tail is None:
         raise dg.Failure(f"job {spec.name} has no tail rescue configured (tail: in the job spec)")
-    executor = create_executor(spec.tail.backend)
-    return ShardRunner(spec, store.get(), executor, prices.get().lookup(spec.tail.backend.name, spec.model),
-                       executor.pricing)
+    return _runner(spec, store, prices, spec.tail.backend)
 
 
 def _clean_failure(call):
@@ -76,8 +81,10 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
 
         caps = ShardCaps.of(spec, *batch_limits(spec.backend.name))
         summary = build_manifest(spec, st, progress=progress, caps=caps)
-        if summary.new_shards:
-            context.instance.add_dynamic_partitions(shards.name, summary.new_shards)
+        known = set(context.instance.get_dynamic_partitions(shards.name))
+        missing = [s for s in Manifest(job, st).shard_ids() if s not in known]  # new ones, or a fresh instance
+        if missing:
+            context.instance.add_dynamic_partitions(shards.name, missing)
         rejects = pl.from_arrow(Manifest(job, st).rejects())
         context.log.info(f"manifest gen {summary.generation}: {summary.input_rows} rows, {summary.rejected_rows} "
                          f"rejected, {summary.new_requests} new requests in {len(summary.new_shards)} new shards")
@@ -89,21 +96,31 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
         return dg.MaterializeResult(metadata=meta)
 
     @dg.asset(key=asset_key(spec, "quote"), deps=[manifest], group_name=job, kinds={"python"},
-              description="The remaining work priced before any spend (tokens x price).")
+              description="The remaining work priced before any spend: a low/expected/high range per pass, "
+                          "calibrated on measured usage, bound to a fingerprint of its inputs, expiring.")
     def quote(context: dg.AssetExecutionContext, store: StoreResource, prices: PricesResource) -> dg.MaterializeResult:
         st = store.get()
         state = JobState.load(spec, st)
-        q = make_quote(spec, st, prices.get(), state.states)
+        q = make_quote(spec, st, prices.get(), state.items, state.results, state.states)
         st.write_json(paths.quote, q)
-        context.log.info(f"quote: {q['pending_requests']} requests, ~${q['est_cost_usd']:.4f} "
-                         f"(budget {q['budget_usd']})")
-        return dg.MaterializeResult(metadata=plain({k: v for k, v in q.items() if k != "price"}))
+        st.write_json(f"{paths.root}/quotes/quote-{q['created_at'].replace(':', '')}.json", q)
+        est = q["est_cost_usd"]
+        context.log.info(f"quote: {q['pending_requests']} requests, ${est['low']:.4f} / ${est['expected']:.4f} / "
+                         f"${est['high']:.4f} (low/expected/high), budget {q['budget_usd']}")
+        meta = plain({"pending_requests": q["pending_requests"], "cost_low_usd": est["low"],
+                      "cost_expected_usd": est["expected"], "cost_high_usd": est["high"],
+                      "budget_usd": q["budget_usd"], "within_budget": q["within_budget"],
+                      "calibration": q["calibration"]["factor"], "fingerprint": q["fingerprint"][:16],
+                      "expires_at": q["expires_at"]})
+        meta["passes"] = dg.MetadataValue.json(q["passes"])
+        meta["cache_hit_share"] = dg.MetadataValue.json(q["cache_hit_share"])
+        return dg.MaterializeResult(metadata=meta)
 
-    @dg.asset_check(asset=quote, blocking=True, description="The quote is within budget_usd.")
+    @dg.asset_check(asset=quote, blocking=True, description="The quote's high estimate is within budget_usd.")
     def quote_within_budget(store: StoreResource) -> dg.AssetCheckResult:
         q = store.get().read_json(paths.quote) or {}
         return dg.AssetCheckResult(passed=bool(q.get("within_budget")),
-                                   metadata=plain({"est_cost_usd": q.get("est_cost_usd"),
+                                   metadata=plain({"cost_high_usd": (q.get("est_cost_usd") or {}).get("high"),
                                                    "budget_usd": q.get("budget_usd")}))
 
     @dg.asset(key=asset_key(spec, "submissions"), deps=[quote], partitions_def=shards, group_name=job,
@@ -113,10 +130,7 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
     def submissions(context: dg.AssetExecutionContext, store: StoreResource,
                     prices: PricesResource) -> dg.MaterializeResult:
         st = store.get()
-        q = st.read_json(paths.quote)
-        if q is None or not q.get("within_budget"):
-            raise dg.Failure(f"job {job}: no quote within budget; materialize {job}/quote first "
-                             f"(quote: {json.dumps(q)[:300] if q else 'none'})")
+        _clean_failure(lambda: verify_quote(spec, st, prices.get(), st.read_json(paths.quote)))
         runner = _runner(spec, store, prices)
         sent, batches = 0, []
         for key in context.partition_keys:

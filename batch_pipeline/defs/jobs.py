@@ -12,7 +12,8 @@ from batch_pipeline.defs.assets import asset_key, shards_partitions
 
 
 def job_names(spec: JobSpec) -> dict[str, str]:
-    return {stage: f"{spec.name}_{stage}" for stage in ("prepare", "shards", "submit", "collect", "publish")}
+    return {stage: f"{spec.name}_{stage}"
+            for stage in ("prepare", "quote", "shards", "submit", "collect", "publish")}
 
 
 def build_jobs(spec: JobSpec) -> dict[str, UnresolvedAssetJobDefinition]:
@@ -25,6 +26,8 @@ def build_jobs(spec: JobSpec) -> dict[str, UnresolvedAssetJobDefinition]:
     jobs = [
         dg.define_asset_job(names["prepare"], selection=assets("manifest", "quote"),
                             description="Build the manifest and the quote."),
+        dg.define_asset_job(names["quote"], selection=assets("quote"),
+                            description="Quote the remaining work again (a quote expires after 30 minutes)."),
         dg.define_asset_job(names["shards"], selection=assets("submissions", "shard_results"), partitions_def=shards,
                             description="Submit and collect shards (one run can take a range of shards)."),
         dg.define_asset_job(names["submit"], selection=assets("submissions"), partitions_def=shards,

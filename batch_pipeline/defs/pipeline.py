@@ -48,15 +48,23 @@ def run_job(spec: JobSpec, instance: dg.DagsterInstance, resources: dict | None 
         return result
 
     stage("manifest")
-    run(["manifest", "quote"])
+    run(["manifest"])
     store = resources["store"].get()
     all_shards = instance.get_dynamic_partitions(shards_partitions(spec).name)
     todo = list(all_shards)
+    state = JobState.load(spec, store)
+    if spec.canary_first and len(todo) > 1 and state.results.height == 0:
+        # the canary shard runs alone: it calibrates the token estimate (and, later, gates on quality)
+        stage(f"canary: shard {todo[0]}")
+        run(["quote"])
+        run(["submissions", "shard_results"], partition_key=todo[0])
+        todo = retryable_shards(JobState.load(spec, store))  # every other shard, and the canary's leftovers
     passes = 0
     max_passes = spec.retries.per_item + 2  # expired/cancelled items do not spend their budget
     while todo and passes < max_passes:
         passes += 1
         stage(f"pass {passes}: {len(todo)} shard(s)")
+        run(["quote"])  # every pass spends against a fresh quote
         for chunk in _ranges(all_shards, todo, shards_per_run):
             run(["submissions", "shard_results"], tags={RANGE_START: chunk[0], RANGE_END: chunk[-1]})
         todo = retryable_shards(JobState.load(spec, store))

@@ -7,6 +7,7 @@ shards are only ever submitted against a finished manifest and a fresh quote.
 import hashlib
 import json
 import os
+from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 import polars as pl
@@ -16,6 +17,7 @@ from batch_pipeline.core.control import JobControl
 from batch_pipeline.core.executor import BatchExecutor, BatchHandle
 from batch_pipeline.core.inputs import resolve_inputs
 from batch_pipeline.core.manifest import Manifest
+from batch_pipeline.core.paths import JobPaths
 from batch_pipeline.core.publish import JobState
 from batch_pipeline.core.reconcile import INVALID, MISSING
 from batch_pipeline.core.spec import JobSpec
@@ -40,6 +42,15 @@ def input_fingerprint(spec: JobSpec) -> str:
     return hashlib.sha256(json.dumps(listing).encode()).hexdigest()[:16]
 
 
+def _quote_current(store, spec: JobSpec) -> bool:
+    quote = store.read_json(JobPaths(spec.name).quote)
+    return bool(quote) and datetime.fromisoformat(quote["expires_at"]) > datetime.now(UTC) + timedelta(minutes=2)
+
+
+def _now_bucket() -> str:
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M")
+
+
 def build_new_data_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
     @dg.sensor(name=f"{spec.name}_new_data", job=jobs["prepare"], minimum_interval_seconds=INTERVAL_S,
                description=f"New or grown input files of job {spec.name} -> a manifest run.")
@@ -59,7 +70,8 @@ def build_new_data_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
 def build_shard_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
     names = job_names(spec)
 
-    @dg.sensor(name=f"{spec.name}_shard_driver", jobs=[jobs["submit"], jobs["collect"], jobs["publish"]], minimum_interval_seconds=INTERVAL_S,
+    @dg.sensor(name=f"{spec.name}_shard_driver",
+               jobs=[jobs["quote"], jobs["submit"], jobs["collect"], jobs["publish"]], minimum_interval_seconds=INTERVAL_S,
                description=f"Drives job {spec.name}'s shards: submit new and retryable ones, collect ended batches, "
                            "publish when every item is settled.")
     def shard_sensor(context: dg.SensorEvaluationContext, store: StoreResource):
@@ -94,8 +106,16 @@ def build_shard_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
         state = JobState.load(spec, st)
         retryable = state.states.filter(pl.col("state").is_in([INVALID, MISSING]))
         counts = dict(retryable.group_by("shard_id").len().iter_rows())
-        for shard in shard_ids:
-            if shard in waiting or shard not in counts or _in_flight(instance, names["submit"], shard):
+        candidates = [s for s in shard_ids if s not in waiting and s in counts]
+        canary = shard_ids[0]
+        if spec.canary_first and len(shard_ids) > 1 and (canary in waiting or canary in counts):
+            candidates = [s for s in candidates if s == canary]  # nothing else until the canary settled
+        if candidates and not _quote_current(st, spec):
+            if not _in_flight(instance, names["quote"]):
+                requests.append(dg.RunRequest(job_name=names["quote"], run_key=f"quote:{_now_bucket()}"))
+            candidates = []
+        for shard in candidates:
+            if _in_flight(instance, names["submit"], shard):
                 continue
             attempt_no = len(AttemptLog(st, spec.name, shard).all()) + 1
             requests.append(dg.RunRequest(job_name=names["submit"], partition_key=shard,

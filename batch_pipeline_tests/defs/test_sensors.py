@@ -14,7 +14,7 @@ from batch_pipeline.definitions import build_definitions
 
 from .conftest import SMALL, ledger_ids
 
-STAGE_ASSETS = {"prepare": ["manifest", "quote"], "submit": ["submissions"], "collect": ["shard_results"],
+STAGE_ASSETS = {"prepare": ["manifest", "quote"], "quote": ["quote"], "submit": ["submissions"], "collect": ["shard_results"],
                 "publish": ["results", "dead_letters", "report"]}
 
 
@@ -55,6 +55,18 @@ def test_dropped_file_drives_manifest_then_shards_then_publish(sandbox, make_job
     def tick_driver():
         return _requests(driver(dg.build_sensor_context(instance=instance, resources=resources)))
 
+    def tick_and_run_collects(expected: int) -> list[str]:
+        collects: list[dg.RunRequest] = []
+        for _ in range(100):
+            collects = tick_driver()
+            if len(collects) == expected:
+                break
+            time.sleep(0.1)
+        assert {r.job_name for r in collects} == {f"{spec.name}_collect"}
+        for r in collects:
+            _execute(spec, instance, resources, r, "collect")
+        return sorted(r.partition_key for r in collects)
+
     # before any manifest, the driver starts nothing
     assert tick_driver() == []
     # a prepare run in flight holds every shard back
@@ -64,22 +76,18 @@ def test_dropped_file_drives_manifest_then_shards_then_publish(sandbox, make_job
     _execute(spec, instance, resources, prepare, "prepare")
     assert tick_driver() == [], "shards must wait while a manifest run is in flight"
     instance.report_run_canceled(run)
-    # first pass: one submit per shard
+    # the canary shard goes first, alone; the others wait until it has settled
+    [canary] = tick_driver()
+    assert canary.partition_key == "s00001" and canary.job_name == f"{spec.name}_submit"
+    _execute(spec, instance, resources, canary, "submit")
+    assert tick_and_run_collects(expected=1) == ["s00001"]
     submits = tick_driver()
-    assert sorted(r.partition_key for r in submits) == ["s00001", "s00002", "s00003", "s00004"]
+    assert sorted(r.partition_key for r in submits) == ["s00002", "s00003", "s00004"]
     assert {r.job_name for r in submits} == {f"{spec.name}_submit"}
     for r in submits:
         _execute(spec, instance, resources, r, "submit")
     # batches end at the provider; the driver asks for collection runs, never a second submission
-    collects: list[dg.RunRequest] = []
-    for _ in range(100):
-        collects = tick_driver()
-        if len(collects) == 4:
-            break
-        time.sleep(0.1)
-    assert {r.job_name for r in collects} == {f"{spec.name}_collect"}
-    for r in collects:
-        _execute(spec, instance, resources, r, "collect")
+    assert tick_and_run_collects(expected=3) == ["s00002", "s00003", "s00004"]
     [publish] = tick_driver()
     assert publish.job_name == f"{spec.name}_publish"
     _execute(spec, instance, resources, publish, "publish")
@@ -111,3 +119,17 @@ def test_driver_skips_a_stopped_job_and_resubmits_retryable_shards(sandbox, make
     again = [r for r in _requests(driver(dg.build_sensor_context(instance=instance, resources=resources)))
              if r.partition_key == "s00001"]
     assert len(again) == 1 and again[0].job_name.endswith("_submit") and again[0].run_key == "submit:s00001:2"
+
+
+def test_driver_requotes_before_submitting_when_the_quote_expired(sandbox, make_job, instance, resources, home):
+    spec = make_job()
+    driver = build_shard_sensor(spec, build_jobs(spec))
+    _execute(spec, instance, resources, dg.RunRequest(), "prepare")
+    store = Store(home)
+    quote = store.read_json(f"jobs/{spec.name}/quote.json")
+    store.write_json(f"jobs/{spec.name}/quote.json", {**quote, "expires_at": "2026-01-01T00:00:00+00:00"})
+    [request] = _requests(driver(dg.build_sensor_context(instance=instance, resources=resources)))
+    assert request.job_name == f"{spec.name}_quote"
+    _execute(spec, instance, resources, request, "quote")
+    [submit] = _requests(driver(dg.build_sensor_context(instance=instance, resources=resources)))
+    assert submit.job_name == f"{spec.name}_submit" and submit.partition_key == "s00001"
