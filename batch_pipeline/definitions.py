@@ -7,6 +7,7 @@ import dagster as dg
 
 from batch_pipeline.core.spec import JobSpec, load_specs
 from batch_pipeline.defs.assets import build_job_assets
+from batch_pipeline.defs.evals import build_eval_defs
 from batch_pipeline.defs.jobs import build_jobs
 from batch_pipeline.defs.k8s import executor_from_env
 from batch_pipeline.defs.resources import PROJECT_ROOT, default_resources
@@ -18,15 +19,19 @@ def jobs_dir() -> Path:
 
 
 def build_definitions(specs: list[JobSpec], resources: dict | None = None) -> dg.Definitions:
-    assets, checks, jobs, sensors = [], [], [], []
+    assets, checks, jobs, sensors, schedules = [], [], [], [], []
     for spec in specs:
+        eval_assets, eval_jobs, eval_schedules = build_eval_defs(spec)
+        assets += eval_assets
+        jobs += eval_jobs
+        schedules += eval_schedules
         a, c = build_job_assets(spec)
         assets += a
         checks += c
         job_defs = build_jobs(spec)
         jobs += list(job_defs.values())
         sensors += [build_new_data_sensor(spec, job_defs), build_shard_sensor(spec, job_defs)]
-    return dg.Definitions(assets=assets, asset_checks=checks, jobs=jobs, sensors=sensors,
+    return dg.Definitions(assets=assets, asset_checks=checks, jobs=jobs, sensors=sensors, schedules=schedules,
                           resources=resources or default_resources(), executor=executor_from_env())
 
 

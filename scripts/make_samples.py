@@ -7,7 +7,7 @@ Running ``python scripts/make_samples.py`` (re)writes, under ``data/``:
   (2,000 lines in total by default, split 60/40 -> 1,200 + 800);
 * ``samples/tickets_small/tickets.jsonl``: 40 clean rows, a subset of the above
   (and of the golden set, so their labels are known);
-* ``golden/demo.jsonl``: 60 ``{"ticket_id", "body", "label"}`` rows with the true
+* ``golden/demo.jsonl``: 60 ``{"ticket_id", "subject", "body", "label"}`` rows with the true
   category of 60 valid, non-duplicated, normal-length tickets.
 
 A ticket row looks like::
@@ -809,7 +809,8 @@ def generate(out_dir: Path, n_rows: int = 2000, seed: int = 42) -> dict:
     with open(golden_path, "wb") as fh:
         for rec in by_id(golden):
             t = rec["ticket"]
-            fh.write(_dumps({"ticket_id": t["ticket_id"], "body": t["body"], "label": rec["label"]}).encode("utf-8") + b"\n")
+            fh.write(_dumps({"ticket_id": t["ticket_id"], "subject": t["subject"], "body": t["body"],
+                             "label": rec["label"]}).encode("utf-8") + b"\n")
     small_path = small_dir / SMALL_FILE
     with open(small_path, "wb") as fh:
         for rec in by_id(small):

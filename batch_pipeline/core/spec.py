@@ -120,6 +120,27 @@ class TailRescueSpec(_Strict):
     on_expiry: bool = True
 
 
+class CompareSpec(_Strict):
+    """The B side of a paired comparison on the golden set: another prompt and/or another model."""
+
+    prompt: PromptSpec | None = None
+    model: str | None = None
+
+
+class QualitySpec(_Strict):
+    """Golden records (trusted labels) and the gates and evals built on them."""
+
+    golden: str = Field(description="JSONL with the input fields and a trusted label per row")
+    label_field: str = "label"
+    canary_min_accuracy: float = Field(default=0.85, ge=0, le=1)
+    canary_max_failure_rate: float = Field(default=0.05, ge=0, le=1)
+    golden_share: float = Field(default=0.01, ge=0, le=0.5, description="golden probes mixed into every shard")
+    eval_backend: BackendSpec = Field(default_factory=lambda: BackendSpec(name="online"))
+    compare: CompareSpec | None = None
+    target_half_width: float = Field(default=0.03, gt=0, lt=0.5,
+                                     description="precision wanted for accuracy (95% interval half-width)")
+
+
 class JobSpec(_Strict):
     name: str = Field(pattern=JOB_NAME_PATTERN)
     description: str = ""
@@ -134,6 +155,7 @@ class JobSpec(_Strict):
     budget_usd: float | None = Field(default=None, ge=0)
     deadline: datetime | None = None
     tail: TailRescueSpec | None = None
+    quality: QualitySpec | None = None
     canary_first: bool = Field(default=True, description="run the first shard alone, then re-quote (calibrated) "
                                                          "before any other shard is submitted")
     source_path: str | None = Field(default=None, exclude=True, description="set by the loader")

@@ -1,0 +1,101 @@
+"""The weekly eval: a weekly partitioned asset (and its schedule) that runs the golden set, optionally a
+paired comparison of two prompts or models, and keeps the history as a table and a plot."""
+
+import base64
+import io
+
+import dagster as dg
+import polars as pl
+
+from batch_pipeline.core.evals import load_golden, paired, run_golden, samples_needed, wilson
+from batch_pipeline.core.executor import StreamExecutor
+from batch_pipeline.core.paths import JobPaths
+from batch_pipeline.core.spec import JobSpec
+from batch_pipeline.defs.metadata import md_table
+from batch_pipeline.defs.resources import StoreResource
+from batch_pipeline.executors.registry import create_executor
+
+WEEKLY = dg.WeeklyPartitionsDefinition(start_date="2026-01-04", day_offset=1)  # weeks start on Monday
+
+
+def _plot(history: pl.DataFrame) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.2), dpi=100)
+    weeks = history["week"].to_list()
+    ax.fill_between(weeks, history["accuracy_low"].to_list(), history["accuracy_high"].to_list(), alpha=0.25,
+                    label="95% interval")
+    ax.plot(weeks, history["accuracy"].to_list(), marker="o", label="golden-set accuracy")
+    if "b_accuracy" in history.columns and history["b_accuracy"].drop_nulls().len():
+        ax.plot(weeks, history["b_accuracy"].to_list(), marker="s", linestyle="--", label="comparison (B)")
+    ax.set_ylim(0, 1.02)
+    ax.set_ylabel("accuracy")
+    ax.tick_params(axis="x", labelrotation=30, labelsize=7)
+    ax.legend(loc="lower left", fontsize=7)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def build_eval_defs(spec: JobSpec) -> tuple[list, list, list]:
+    """(assets, jobs, schedules) for a job with a golden set; nothing otherwise."""
+    if spec.quality is None:
+        return [], [], []
+    quality = spec.quality
+    paths = JobPaths(spec.name)
+
+    @dg.asset(key=dg.AssetKey([spec.name, "eval"]), partitions_def=WEEKLY, group_name=spec.name, kinds={"python"},
+              description="Weekly golden-set accuracy (with its interval) and an optional paired comparison.")
+    def weekly_eval(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
+        st = store.get()
+        executor = create_executor(quality.eval_backend)
+        if not isinstance(executor, StreamExecutor):
+            raise dg.Failure(f"quality.eval_backend {quality.eval_backend.name!r} must be an online or self-hosted "
+                             "backend (evals run inline, not through a 24-hour batch)")
+        golden = load_golden(spec)
+        a = run_golden(spec, executor, golden, key=f"eval-{context.partition_key}")
+        acc = wilson(int(a["correct"].sum()), a.height)
+        row = {"week": context.partition_key, "model": spec.model, "prompt_version": spec.prompt.version,
+               "n": a.height, "accuracy": acc.estimate, "accuracy_low": acc.low, "accuracy_high": acc.high,
+               "samples_needed": samples_needed(min(max(acc.estimate, 0.5), 0.99), quality.target_half_width)}
+        meta: dict = {}
+        if quality.compare is not None:
+            prompt_b = quality.compare.prompt or spec.prompt
+            b = run_golden(spec, executor, load_golden(spec, prompt_b), model=quality.compare.model,
+                           prompt=prompt_b, key=f"eval-b-{context.partition_key}")
+            pair = paired(a.sort("row")["correct"].to_list(), b.sort("row")["correct"].to_list())
+            row.update({"b_model": quality.compare.model or spec.model, "b_prompt_version": prompt_b.version,
+                        "b_accuracy": pair.b_accuracy, "difference": pair.difference.estimate,
+                        "difference_low": pair.difference.low, "difference_high": pair.difference.high,
+                        "b_wins": pair.b_wins, "b_losses": pair.b_losses})
+            meta["comparison"] = dg.MetadataValue.json(pair.as_dict())
+        rel = f"{paths.root}/evals/history.parquet"
+        old = pl.read_parquet(st.read_bytes(rel)) if st.exists(rel) else None
+        history = pl.DataFrame([row])
+        if old is not None:
+            history = pl.concat([old.filter(pl.col("week") != row["week"]), history], how="diagonal_relaxed")
+        history = history.sort("week")
+        st.write_table(rel, history.to_arrow())
+        png = _plot(history)
+        st.write_bytes(f"{paths.root}/evals/history.png", png)
+        context.log.info(f"week {row['week']}: accuracy {acc.estimate:.3f} [{acc.low:.3f}, {acc.high:.3f}] on "
+                         f"{a.height} golden items ({row['samples_needed']} needed for +-{quality.target_half_width})")
+        meta.update({
+            "accuracy": dg.MetadataValue.float(acc.estimate),
+            "interval": dg.MetadataValue.text(f"[{acc.low:.3f}, {acc.high:.3f}] (95%, n={a.height})"),
+            "samples_needed": dg.MetadataValue.int(row["samples_needed"]),
+            "history": md_table(history.select("week", "n", "accuracy", "accuracy_low", "accuracy_high"), limit=60),
+            "plot": dg.MetadataValue.md(f"![history](data:image/png;base64,{base64.b64encode(png).decode()})"),
+            "plot_path": dg.MetadataValue.path(st.uri(f"{paths.root}/evals/history.png")),
+        })
+        return dg.MaterializeResult(metadata=meta)
+
+    job = dg.define_asset_job(f"{spec.name}_eval", selection=[weekly_eval], partitions_def=WEEKLY,
+                              description="The weekly golden-set eval.")
+    schedule = dg.build_schedule_from_partitioned_job(job, hour_of_day=6, name=f"{spec.name}_weekly_eval")
+    return [weekly_eval], [job], [schedule]
