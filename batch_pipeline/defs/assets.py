@@ -16,7 +16,7 @@ from batch_pipeline.core.report import build_report, shard_table
 from batch_pipeline.core.rescue import deadline_near, rescue_reason
 from batch_pipeline.core.runner import ShardRunner
 from batch_pipeline.core.spec import BackendSpec, JobSpec
-from batch_pipeline.defs.checks import build_result_checks
+from batch_pipeline.defs.checks import build_result_checks, build_shard_stats_check
 from batch_pipeline.defs.k8s import GPU_POOL, gpu_step_tags, is_gpu_backend
 from batch_pipeline.defs.metadata import md_table, plain
 from batch_pipeline.defs.resources import PricesResource, StoreResource
@@ -235,4 +235,4 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
         return dg.MaterializeResult(metadata=meta)
 
     assets = [manifest, quote, submissions, shard_results, results, dead_letters_asset, report]
-    return assets, [quote_within_budget, build_result_checks(spec, results)]
+    return assets, [quote_within_budget, build_result_checks(spec, results), build_shard_stats_check(spec, results)]

@@ -7,6 +7,8 @@ import polars as pl
 from batch_pipeline.core.errors import ReconciliationError
 from batch_pipeline.core.paths import JobPaths
 from batch_pipeline.core.publish import JobState
+from batch_pipeline.core.results import read_results
+from batch_pipeline.core.shard_stats import shard_outliers
 from batch_pipeline.core.spec import JobSpec
 from batch_pipeline.core.validate import validate
 from batch_pipeline.defs.metadata import md_table, plain
@@ -85,3 +87,21 @@ def build_result_checks(spec: JobSpec, results_asset: dg.AssetsDefinition) -> dg
                                       metadata={"error": dg.MetadataValue.text(str(exc)[:2000])})
 
     return result_checks
+
+
+def build_shard_stats_check(spec: JobSpec, results_asset: dg.AssetsDefinition) -> dg.AssetChecksDefinition:
+    """Non-blocking: flags shards whose labels, output lengths or refusals stand out from their neighbours."""
+
+    @dg.asset_check(asset=results_asset, name="shard_distributions", blocking=False,
+                    description="Per-shard label distribution, output length and refusal rate vs the other shards.")
+    def shard_distributions(store: StoreResource) -> dg.AssetCheckResult:
+        results = read_results(store.get(), spec.name, columns=["request_id", "attempt", "shard_id", "status",
+                                                                "parsed_output", "output_tokens", "error_message"])
+        stats = shard_outliers(results, spec.output.kind)
+        flagged = stats.filter(pl.col("flagged").is_not_null())
+        return dg.AssetCheckResult(
+            passed=flagged.height == 0, severity=dg.AssetCheckSeverity.WARN,
+            metadata={"flagged_shards": dg.MetadataValue.text(", ".join(flagged["shard_id"]) or "none"),
+                      "per_shard": md_table(stats, limit=50)})
+
+    return shard_distributions

@@ -7,7 +7,8 @@ from typing import Any
 
 from .batches import BatchRecord, LineResult
 from .ids import stable_fraction, stable_hex
-from .responder import cacheable_prefix, chat_completion, error_body, markers
+from .responder import cacheable_prefix, chat_completion, error_body, last_user_text, markers
+from .schema_fill import pick_label
 
 UNPROCESSED_ERRORS = {
     "expired": ("batch_expired", "This request could not be executed before the completion window expired."),
@@ -55,7 +56,7 @@ class LineRunner:
             cached = prefix[1] if key in self.seen_prompts else 0
             self.seen_prompts.add(key)
         completion = chat_completion(
-            body,
+            steer_labels(body, scenario, custom_id),
             completion_id="chatcmpl-" + stable_hex(batch.id, custom_id, "completion"),
             created=int(at),
             cached_tokens=cached,
@@ -65,6 +66,33 @@ class LineRunner:
             index, custom_id, 200, request_id, completion.body,
             completion.prompt_tokens, completion.cached_tokens, completion.completion_tokens,
         )
+
+
+def steer_labels(body: dict[str, Any], scenario: Any, custom_id: str) -> dict[str, Any]:
+    """skew_labels answers every label question with one label; wrong_labels answers a share of them with a
+    label the text does not point to. Both work by a marker the label picker honours."""
+    if scenario.name == "skew_labels":
+        marker = f"[[sandbox:label={scenario.param('label')}]]"
+    elif scenario.name == "wrong_labels" and stable_fraction("wrong_labels", custom_id) < float(scenario.param("share")):
+        text = last_user_text(body)
+        right = pick_label_for(body, text)
+        marker = f"[[sandbox:label=not:{right}]]" if right is not None else ""
+    else:
+        return body
+    messages = [dict(m) for m in body.get("messages", [])]
+    for message in reversed(messages):
+        if message.get("role") == "user" and isinstance(message.get("content"), str):
+            message["content"] = message["content"] + " " + marker
+            break
+    return {**body, "messages": messages}
+
+
+def pick_label_for(body: dict[str, Any], text: str) -> Any:
+    """The label the sandbox would choose for this request (None when it asks for no label)."""
+    fmt = body.get("response_format")
+    schema = ((fmt or {}).get("json_schema") or {}).get("schema") if isinstance(fmt, dict) else None
+    enum = (((schema or {}).get("properties") or {}).get("label") or {}).get("enum")
+    return pick_label(enum, text) if enum else None
 
 
 def _line_id(batch: BatchRecord, custom_id: str) -> str:

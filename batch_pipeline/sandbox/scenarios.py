@@ -45,6 +45,8 @@ SCENARIO_PARAMS: dict[str, dict[str, Any]] = {
     "slow": {"in_progress_s": 3.0},
     "unknown_model": {},
     "no_credit": {},
+    "skew_labels": {"label": "other"},
+    "wrong_labels": {"share": 1.0},
 }
 
 METADATA_NAME = "sandbox_scenario"

@@ -16,6 +16,7 @@ from typing import Any
 from .ids import stable_hex
 
 _WORD_SPLIT = re.compile(r"[_\s\-]+")
+FORCE_LABEL_RE = re.compile(r"\[\[sandbox:label=([^\]]+)\]\]")
 _MAX_DEPTH = 12
 _FORMATS = {
     "date": "2024-01-01",
@@ -43,6 +44,14 @@ def pick_label(options: list[Any], text: str, salt: str = "") -> Any:
     """
     if not options:
         raise ValueError("enum without values")
+    forced = FORCE_LABEL_RE.search(text)
+    if forced:  # scenarios skew_labels / wrong_labels steer the answer through this marker
+        wanted = forced.group(1)
+        if wanted in options:
+            return wanted
+        others = [o for o in options if o != wanted.removeprefix("not:")]
+        if wanted.startswith("not:") and others:
+            return others[int(stable_hex(text, salt, length=12), 16) % len(others)]
     lowered = text.lower()
     best: tuple[int, int, int, int] | None = None
     for index, option in enumerate(options):

@@ -1,0 +1,73 @@
+"""Per-shard statistics against the neighbours: a shard whose label distribution, output lengths or
+refusal rate stands out from the other shards is flagged (a drifting model, a bad batch, a poisoned input
+file show up here before anyone reads the table).
+"""
+
+import polars as pl
+
+# a shard is an outlier when its labels differ from the pooled other shards both significantly (chi-square,
+# p < 0.001) and materially (total variation distance); small shards are judged by the test, big ones by both
+MAX_LABEL_TVD = 0.20
+Z_P001 = 3.090
+MAX_LENGTH_RATIO = 2.0        # median output tokens vs the median over shards, either way
+MAX_REFUSAL_EXCESS = 0.10     # refusal rate above the median over shards
+MIN_ITEMS = 5                 # shards smaller than this are too noisy to judge
+
+
+def shard_outliers(results: pl.DataFrame, contract: str) -> pl.DataFrame:
+    """One row per shard: label TVD vs the others, median output tokens, refusal rate, and why it is flagged.
+
+    ``results``: one row per result with shard_id, status, parsed_output, output_tokens, error_message.
+    """
+    latest = results.sort("attempt").unique(["request_id"], keep="last")
+    per_shard = latest.group_by("shard_id").agg(
+        pl.len().alias("items"),
+        pl.col("output_tokens").filter(pl.col("status") == "succeeded").median().alias("median_output_tokens"),
+        pl.col("error_message").fill_null("").str.starts_with("refused").mean().alias("refusal_rate"),
+    )
+    tvd = _label_tests(latest) if contract == "choice" else pl.DataFrame(
+        {"shard_id": per_shard["shard_id"], "label_tvd": [0.0] * per_shard.height,
+         "label_chi2": [0.0] * per_shard.height, "chi2_critical": [1.0] * per_shard.height})
+    stats = per_shard.join(tvd, on="shard_id", how="left").with_columns(
+        pl.col("label_tvd").fill_null(0.0), pl.col("label_chi2").fill_null(0.0), pl.col("chi2_critical").fill_null(1.0))
+    median_len = stats["median_output_tokens"].median() or 0.0
+    median_refusal = stats["refusal_rate"].median() or 0.0
+    judged = pl.col("items") >= MIN_ITEMS
+    reasons = [
+        pl.when(judged & (pl.col("label_tvd") > MAX_LABEL_TVD) & (pl.col("label_chi2") > pl.col("chi2_critical")))
+        .then(pl.lit("label distribution")),
+        pl.when(judged & ((pl.col("median_output_tokens") > median_len * MAX_LENGTH_RATIO) |
+                          (pl.col("median_output_tokens") < median_len / MAX_LENGTH_RATIO)))
+        .then(pl.lit("output length")),
+        pl.when(judged & (pl.col("refusal_rate") > median_refusal + MAX_REFUSAL_EXCESS)).then(pl.lit("refusals")),
+    ]
+    return stats.with_columns(pl.concat_str(reasons, separator=", ", ignore_nulls=True).alias("flagged")) \
+        .with_columns(pl.col("flagged").replace("", None)).sort("shard_id")
+
+
+def chi2_critical(df: int, z: float = Z_P001) -> float:
+    """Upper quantile of chi-square (Wilson-Hilferty), p = 0.001 by default."""
+    df = max(df, 1)
+    return df * (1 - 2 / (9 * df) + z * (2 / (9 * df)) ** 0.5) ** 3
+
+
+def _label_tests(latest: pl.DataFrame) -> pl.DataFrame:
+    """Per shard: TVD and chi-square of its label counts against the shares of all other shards."""
+    valid = latest.filter(pl.col("status") == "succeeded").select("shard_id", pl.col("parsed_output").alias("label"))
+    counts = valid.group_by("shard_id", "label").len()
+    totals = counts.group_by("label").agg(pl.col("len").sum().alias("all"))
+    shard_sizes = counts.group_by("shard_id").agg(pl.col("len").sum().alias("n"))
+    grid = shard_sizes.join(totals, how="cross").join(counts, on=["shard_id", "label"], how="left") \
+        .with_columns(pl.col("len").fill_null(0))
+    grand = float(valid.height)
+    smoothing = 0.5  # a label the other shards never gave must not divide by zero
+    labels = totals.height
+    grid = grid.with_columns(
+        (pl.col("len") / pl.col("n")).alias("p_shard"),
+        ((pl.col("all") - pl.col("len") + smoothing) / (grand - pl.col("n") + smoothing * labels)).alias("p_rest"),
+    ).with_columns((pl.col("n") * pl.col("p_rest")).alias("expected"))
+    out = grid.group_by("shard_id").agg(
+        ((pl.col("p_shard") - pl.col("p_rest")).abs().sum() / 2).fill_nan(0.0).alias("label_tvd"),
+        ((pl.col("len") - pl.col("expected")) ** 2 / pl.col("expected")).sum().alias("label_chi2"),
+    )
+    return out.with_columns(pl.lit(chi2_critical(labels - 1)).alias("chi2_critical"))
