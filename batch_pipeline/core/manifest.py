@@ -140,7 +140,7 @@ class ManifestBuilder:
         line_overhead = REQUEST_FRAMING_BYTES + system_bytes
         open_shards = [_OpenShard(next_shard + i) for i in range(window)]
         next_shard += window
-        bucket_turn = [0] * (len(BUCKET_EDGES) + 1)
+        turn = 0
         rejects: list[Reject] = []
         with self.store.parquet_writer(self.paths.rows(gen), ROW_SCHEMA) as rows_out:
             for f in files:
@@ -156,28 +156,33 @@ class ManifestBuilder:
                         pl.lit(batch.source).alias("source"), pl.col(LINE).alias("line"),
                         pl.col(KEY).alias("source_key"), "request_id").to_arrow().cast(ROW_SCHEMA))
                     summary.accepted_rows += frame.height
-                    # dedup and deal new items to the open shards, round-robin within each length bucket
-                    assign: list[int] = []
+                    # dedup, then deal the block's new items to the open shards round-robin in a stratified
+                    # order (each bucket spread evenly over the sequence): whenever a shard fills, it holds
+                    # every bucket in proportion, and the open shards fill evenly
                     keep: list[bool] = []
+                    for rid in rids:
+                        fresh = rid not in seen
+                        keep.append(fresh)
+                        if fresh:
+                            seen.add(rid)
+                    buckets = frame["length_bucket"].to_list()
+                    sizes = frame["request_bytes"].to_list()
+                    fresh_at = [i for i, k in enumerate(keep) if k]
+                    shard_of: dict[int, int] = {}
                     full: list[_OpenShard] = []
-                    for rid, bucket, nbytes in zip(rids, frame["length_bucket"].to_list(),
-                                                   frame["request_bytes"].to_list()):
-                        if rid in seen:
-                            keep.append(False)
-                            continue
-                        seen.add(rid)
-                        keep.append(True)
-                        slot = bucket_turn[bucket] % window
-                        bucket_turn[bucket] += 1
+                    for i in _stratified(fresh_at, buckets, rids):
+                        slot = turn % window
+                        turn += 1
                         shard = open_shards[slot]
-                        nbytes += line_overhead
+                        nbytes = sizes[i] + line_overhead
                         if shard.count >= self.caps.max_requests or shard.bytes + nbytes > self.caps.max_bytes:
                             full.append(shard)  # closed once this block's rows are in it
                             shard = open_shards[slot] = _OpenShard(next_shard)
                             next_shard += 1
                         shard.count += 1
                         shard.bytes += nbytes
-                        assign.append(shard.number)
+                        shard_of[i] = shard.number
+                    assign = [shard_of[i] for i in fresh_at]
                     new = frame.filter(pl.Series(keep)).with_columns(pl.Series("_shard", assign, dtype=pl.Int64))
                     by_number = {s.number: s for s in [*open_shards, *full]}
                     for (number,), part in new.partition_by("_shard", as_dict=True).items():
@@ -262,6 +267,16 @@ class ManifestBuilder:
     def _write_rejects(self, gen: int, rejects: list[Reject]) -> None:
         cols = {name: [getattr(r, name) for r in rejects] for name in REJECT_SCHEMA.names}
         self.store.write_table(self.paths.rejects(gen), pa.table(cols, schema=REJECT_SCHEMA))
+
+
+def _stratified(positions: list[int], buckets: list[int], rids: list[str]) -> list[int]:
+    """Positions reordered so that every bucket is spread evenly over the sequence (rank/size within bucket)."""
+    by_bucket: dict[int, list[int]] = {}
+    for i in sorted(positions, key=lambda i: rids[i]):
+        by_bucket.setdefault(buckets[i], []).append(i)
+    keyed = [((rank + 0.5) / len(members), bucket, i)
+             for bucket, members in by_bucket.items() for rank, i in enumerate(members)]
+    return [i for _, _, i in sorted(keyed)]
 
 
 def _count_rows(files) -> int:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import duckdb
 import polars as pl
 
+from batch_pipeline.core.golden import GoldenProbes
 from batch_pipeline.core.manifest import Manifest
 from batch_pipeline.core.paths import JobPaths
 from batch_pipeline.core.reconcile import DEAD, check_invariant, item_states
@@ -35,12 +36,21 @@ class JobState:
     results: pl.DataFrame
     states: pl.DataFrame
 
+    probe_results: pl.DataFrame | None = None
+
     @classmethod
     def load(cls, spec: JobSpec, store: Store) -> "JobState":
+        """Items and their results; golden probe results are kept apart (they are not items of the job)."""
         items = pl.from_arrow(Manifest(spec.name, store).item_index())
         assert isinstance(items, pl.DataFrame)
         results = read_results(store, spec.name)
-        return cls(items, results, item_states(items, results, spec.retries.per_item))
+        probes = None
+        if spec.quality is not None:
+            ids = GoldenProbes(spec, store).all_probe_ids().select("request_id")
+            if ids.height:
+                probes = results.join(ids, on="request_id", how="semi")
+                results = results.join(ids, on="request_id", how="anti")
+        return cls(items, results, item_states(items, results, spec.retries.per_item), probes)
 
     def check(self):
         return check_invariant(self.items, self.results, self.states)

@@ -62,7 +62,8 @@ class CollectOutcome:
 class ShardRunner:
     def __init__(self, spec: JobSpec, store: Store, executor: BatchExecutor | StreamExecutor,
                  price: Price | None, pricing: str = "batch", owner: str | None = None,
-                 before_spend: Callable[[str, pa.Table], None] | None = None):
+                 before_spend: Callable[[str, pa.Table], None] | None = None,
+                 extra_items: Callable[[str, int], pa.Table | None] | None = None):
         self.spec, self.store, self.executor, self.price, self.pricing = spec, store, executor, price, pricing
         self.manifest = Manifest(spec.name, store)
         self.plan = RequestPlan.from_spec(spec)
@@ -70,6 +71,7 @@ class ShardRunner:
         self.owner = owner or default_owner()
         self._cancel_when: Callable[[], bool] | None = None
         self.before_spend = before_spend  # e.g. the budget guard: raises to refuse a paid call
+        self.extra_items = extra_items    # e.g. golden probes: (shard, attempt) -> request_id, user_prompt
 
     # -- what is left -----------------------------------------------------------------------------------
     def pending_items(self, shard_id: str) -> pa.Table:
@@ -121,6 +123,7 @@ class ShardRunner:
         if self.before_spend:
             self.before_spend(shard_id, pending)
         number = attempts.next_number()
+        pending = self._with_extra(shard_id, number, pending)
         work = ShardWork(self.spec.name, shard_id, number, self._key(shard_id, number), self.plan, pending)
         lease.check("submit")
         if not attempts.create_intent(number, {"key": work.key, "backend": executor.name, "lease_token": lease.token,
@@ -130,6 +133,13 @@ class ShardRunner:
         attempts.record(number, "submitted", handle.as_dict())
         log.info("shard %s: attempt %d submitted %d requests as %s", shard_id, number, pending.num_rows, handle.batch_id)
         return SubmitOutcome(shard_id, number, pending.num_rows, handle)
+
+    def _with_extra(self, shard_id: str, attempt: int, pending: pa.Table) -> pa.Table:
+        extra = self.extra_items(shard_id, attempt) if self.extra_items else None
+        if extra is None or extra.num_rows == 0:
+            return pending
+        return pa.concat_tables([pending.select(["request_id", "user_prompt"]),
+                                 extra.select(["request_id", "user_prompt"]).cast(pending.schema)])
 
     def _guard(self, call):
         """Run a provider call; a systemic failure stops the whole job once, with its message."""
@@ -187,6 +197,7 @@ class ShardRunner:
             if self.before_spend:
                 self.before_spend(shard_id, pending)
             number = attempts.next_number()
+            pending = self._with_extra(shard_id, number, pending)
             work = ShardWork(self.spec.name, shard_id, number, self._key(shard_id, number), self.plan, pending)
             lease.check("run")
             if not attempts.create_intent(number, {"key": work.key, "backend": executor.name, "lease_token": lease.token,

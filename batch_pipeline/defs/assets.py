@@ -8,11 +8,13 @@ import polars as pl
 from batch_pipeline.core.budget import BudgetGuard
 from batch_pipeline.core.errors import BatchPipelineError, SystemicError
 from batch_pipeline.core.executor import StreamExecutor
+from batch_pipeline.core.golden import GoldenProbes, canary_passed, judge_canary
 from batch_pipeline.core.manifest import Manifest, ShardCaps, build_manifest
 from batch_pipeline.core.paths import JobPaths
 from batch_pipeline.core.publish import JobState, dead_letters, publish
 from batch_pipeline.core.quote import make_quote, verify_quote
 from batch_pipeline.core.report import build_report, shard_table
+from batch_pipeline.core.results import read_results
 from batch_pipeline.core.rescue import deadline_near, rescue_reason
 from batch_pipeline.core.runner import ShardRunner
 from batch_pipeline.core.spec import BackendSpec, JobSpec
@@ -43,7 +45,55 @@ def _runner(spec: JobSpec, store: StoreResource, prices: PricesResource, backend
     quote = st.read_json(JobPaths(spec.name).quote) or {}
     guard = BudgetGuard(spec, st, price, quote.get("calibration", {}).get("factor", 1.0),
                         batch=executor.pricing == "batch")
-    return ShardRunner(spec, st, executor, price, executor.pricing, before_spend=guard.check)
+    return ShardRunner(spec, st, executor, price, executor.pricing, before_spend=guard.check,
+                       extra_items=_probe_hook(spec, st))
+
+
+def _probe_hook(spec: JobSpec, st):
+    """Golden probes ride along with a shard's first real submission (all of them in the canary shard)."""
+    probes = GoldenProbes(spec, st)
+    if not probes.enabled:
+        return None
+    manifest = Manifest(spec.name, st)
+
+    def extra(shard_id: str, attempt: int):
+        shard_probes = probes.for_shard(shard_id, manifest.shard_items(shard_id, ["request_id"]).num_rows,
+                                        canary=shard_id == manifest.shard_ids()[0])
+        answered = read_results(st, spec.name, shard_id, ["request_id"])
+        if answered.join(shard_probes.select("request_id"), on="request_id", how="semi").height:
+            return None
+        return shard_probes.select("request_id", "user_prompt").to_arrow()
+
+    return extra
+
+
+def _gate_on_canary(spec: JobSpec, st, shard_id: str) -> None:
+    """Refuse any shard but the canary until the canary passed (for runs started separately, e.g. by a sensor)."""
+    if spec.quality is None or not spec.canary_first:
+        return
+    canary = Manifest(spec.name, st).shard_ids()[0]
+    if shard_id == canary:
+        return
+    verdict = canary_passed(spec, st)
+    if verdict is None or not verdict["passed"]:
+        state = "has not been judged yet" if verdict is None else f"failed: {verdict['reason']}"
+        raise dg.Failure(description=f"shard {shard_id} waits for the canary shard {canary}, which {state}")
+
+
+def _judge_if_canary(context, spec: JobSpec, st, shard_id: str) -> None:
+    if spec.quality is None or not spec.canary_first or shard_id != Manifest(spec.name, st).shard_ids()[0]:
+        return
+    state = JobState.load(spec, st)
+    results = read_results(st, spec.name, shard_id)
+    probes = GoldenProbes(spec, st).for_shard(shard_id, 0, canary=True)
+    unanswered = probes.join(results.filter(pl.col("status") != "errored"), on="request_id", how="anti").height
+    leftovers = state.states.filter((pl.col("shard_id") == shard_id) & pl.col("state").is_in(["invalid", "missing"]))
+    if unanswered and leftovers.height:
+        return  # probes still owed an answer: judged after the canary's next attempt
+    verdict = judge_canary(spec, st, shard_id, results, state.states)
+    context.log.info(f"canary {shard_id}: {verdict.reason} (accuracy {verdict.accuracy:.3f} on {verdict.probes} probes)")
+    if not verdict.passed:
+        raise dg.Failure(description=f"canary shard {shard_id} failed: {verdict.reason}; the job is stopped")
 
 
 def _rescuer(spec: JobSpec, store: StoreResource, prices: PricesResource) -> ShardRunner:
@@ -134,6 +184,7 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
         runner = _runner(spec, store, prices)
         sent, batches = 0, []
         for key in context.partition_keys:
+            _gate_on_canary(spec, st, key)
             if deadline_near(spec):
                 out = _clean_failure(lambda: _rescuer(spec, store, prices).run_stream(key))
                 context.log.warning(f"shard {key}: deadline near, {out.rows} items sent online instead of batch")
@@ -143,6 +194,7 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
                 out = _clean_failure(lambda: runner.run_stream(key))
                 context.log.info(f"shard {key}: ran inline, {out.rows} results, {out.succeeded} succeeded")
                 sent += out.rows
+                _judge_if_canary(context, spec, st, key)
                 continue
             sub = _clean_failure(lambda: runner.submit(key))
             sent += sub.requests if not sub.reattached else 0
@@ -184,6 +236,8 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
             rows, ok = rows + out.rows, ok + out.succeeded
             context.log.info(f"shard {key}: collected attempts {out.attempts or 'none'}: {out.rows} results, "
                              f"{out.succeeded} succeeded")
+            if out.attempts:
+                _judge_if_canary(context, spec, store.get(), key)
             reason = rescue_reason(spec, out.final_states)
             if reason:
                 tail = _clean_failure(lambda: _rescuer(spec, store, prices).run_stream(key))

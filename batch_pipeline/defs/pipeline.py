@@ -12,6 +12,7 @@ from collections.abc import Callable
 import dagster as dg
 import polars as pl
 
+from batch_pipeline.core.golden import canary_passed
 from batch_pipeline.core.publish import JobState
 from batch_pipeline.core.reconcile import INVALID, MISSING
 from batch_pipeline.core.spec import JobSpec
@@ -53,12 +54,17 @@ def run_job(spec: JobSpec, instance: dg.DagsterInstance, resources: dict | None 
     all_shards = instance.get_dynamic_partitions(shards_partitions(spec).name)
     todo = list(all_shards)
     state = JobState.load(spec, store)
-    if spec.canary_first and len(todo) > 1 and state.results.height == 0:
-        # the canary shard runs alone: it calibrates the token estimate (and, later, gates on quality)
-        stage(f"canary: shard {todo[0]}")
-        run(["quote"])
-        run(["submissions", "shard_results"], partition_key=todo[0])
-        todo = retryable_shards(JobState.load(spec, store))  # every other shard, and the canary's leftovers
+    canary = all_shards[0] if all_shards else None
+    if spec.canary_first and len(all_shards) > 1 and _canary_pending(spec, store, state, canary):
+        # the canary shard runs alone: it calibrates the token estimate and, with a golden set, gates quality
+        for attempt in range(spec.retries.per_item + 1):
+            stage(f"canary: shard {canary}" + (f" (attempt {attempt + 1})" if attempt else ""))
+            run(["quote"])
+            run(["submissions", "shard_results"], partition_key=canary)
+            state = JobState.load(spec, store)
+            if not _canary_pending(spec, store, state, canary):
+                break
+        todo = retryable_shards(state)  # every other shard, and the canary's leftovers
     passes = 0
     max_passes = spec.retries.per_item + 2  # expired/cancelled items do not spend their budget
     while todo and passes < max_passes:
@@ -73,6 +79,13 @@ def run_job(spec: JobSpec, instance: dg.DagsterInstance, resources: dict | None 
     report = store.read_json(f"jobs/{spec.name}/report.json") or {}
     report["passes"] = passes
     return report
+
+
+def _canary_pending(spec: JobSpec, store, state: JobState, canary: str) -> bool:
+    """True while the canary has not done its job: nothing measured yet, or (with a golden set) no verdict."""
+    if spec.quality is not None:
+        return canary_passed(spec, store) is None
+    return state.results.filter(pl.col("shard_id") == canary).height == 0
 
 
 def _ranges(all_keys: list[str], wanted: list[str], limit: int) -> list[list[str]]:

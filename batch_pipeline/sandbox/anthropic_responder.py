@@ -211,7 +211,10 @@ class AnthropicRunner:
         limit = limit if isinstance(limit, int) and not isinstance(limit, bool) else None
         tool = forced_tool(params)
         text = user_text(params)
-        rendered = (json.dumps(fill_schema(tool["input_schema"], text), ensure_ascii=False) if tool
+        system = params.get("system")
+        instructions = system if isinstance(system, str) else " ".join(
+            b.get("text", "") for b in system or [] if isinstance(b, dict))
+        rendered = (json.dumps(fill_schema(tool["input_schema"], text, instructions), ensure_ascii=False) if tool
                     else render_content({"messages": params.get("messages") or []}))
         produced = count_tokens(rendered)
         if TRUNCATE_MARKER in marks:

@@ -59,6 +59,12 @@ def cacheable_prefix(body: dict[str, Any]) -> tuple[str, int] | None:
     return content_text(messages[0].get("content")), tokens
 
 
+def system_text(body: dict[str, Any]) -> str:
+    """The system/developer instructions of a request (label descriptions live there)."""
+    return " ".join(content_text(m.get("content")) for m in _messages(body)
+                    if m.get("role") in ("system", "developer"))
+
+
 def render_content(body: dict[str, Any]) -> str:
     """The assistant text: a schema-valid JSON document for ``json_schema``, a JSON object for ``json_object``,
     otherwise a short sentence."""
@@ -67,7 +73,7 @@ def render_content(body: dict[str, Any]) -> str:
     kind = response_format.get("type") if isinstance(response_format, dict) else None
     if kind == "json_schema":
         schema = (response_format.get("json_schema") or {}).get("schema") or {"type": "object"}
-        return json.dumps(fill_schema(schema, text), ensure_ascii=False)
+        return json.dumps(fill_schema(schema, text, system_text(body)), ensure_ascii=False)
     words = re.findall(r"\w+", MARKER_RE.sub(" ", text))
     snippet = " ".join(words[:8]) or "an empty message"
     if kind == "json_object":

@@ -35,7 +35,31 @@ def _find_word(haystack: str, needle: str) -> int | None:
     return match.start() if match else None
 
 
-def pick_label(options: list[Any], text: str, salt: str = "") -> Any:
+_HINT_RE = re.compile(r"\b([A-Za-z][\w-]*)\s*\(([^()]{1,300})\)")
+
+
+def label_hints(instructions: str) -> dict[str, list[str]]:
+    """``label (word, word, ...)`` descriptions in a system prompt, as lower-case stems per label."""
+    hints: dict[str, list[str]] = {}
+    for label, words in _HINT_RE.findall(instructions or ""):
+        stems = [w.lower()[:6] for w in re.findall(r"[A-Za-z]{3,}", words)]
+        if stems:
+            hints.setdefault(label, []).extend(stems)
+    return hints
+
+
+def _hint_score(stems: list[str], lowered: str) -> tuple[int, int]:
+    """(how many hint stems start a word of the text, earliest such position)."""
+    hits, first = 0, len(lowered)
+    for stem in stems:
+        match = re.search(r"(?<!\w)" + re.escape(stem), lowered)
+        if match:
+            hits += 1
+            first = min(first, match.start())
+    return hits, first
+
+
+def pick_label(options: list[Any], text: str, salt: str = "", hints: dict[str, list[str]] | None = None) -> Any:
     """Choose one of ``options`` for a message ``text``.
 
     A label whose text occurs in the message (case-insensitive, whole words) wins; failing that, a label all of
@@ -53,6 +77,15 @@ def pick_label(options: list[Any], text: str, salt: str = "") -> Any:
         if wanted.startswith("not:") and others:
             return others[int(stable_hex(text, salt, length=12), 16) % len(others)]
     lowered = text.lower()
+    if hints:  # the instructions describe the labels: the label whose description the text matches best
+        scored = []
+        for i, option in enumerate(options):
+            hits, first = _hint_score(hints.get(str(option), []), lowered)
+            named = _find_word(lowered, str(option).lower().replace("_", " ")) is not None
+            scored.append((-(hits + named), first, i))
+        top = min(scored)
+        if top[0] < 0:
+            return options[top[2]]
     best: tuple[int, int, int, int] | None = None
     for index, option in enumerate(options):
         if not isinstance(option, str) or not option.strip():
@@ -124,7 +157,8 @@ def _schema_type(schema: dict[str, Any]) -> str:
 class SchemaFiller:
     """Fills schemas for one message text; every choice is a function of the text and the value's path."""
 
-    def __init__(self, root: dict[str, Any], text: str) -> None:
+    def __init__(self, root: dict[str, Any], text: str, hints: dict[str, list[str]] | None = None) -> None:
+        self.hints = hints
         self.root = root
         self.text = text
         words = re.findall(r"\w+", re.sub(r"\[\[sandbox:\w+\]\]", " ", text))
@@ -144,7 +178,7 @@ class SchemaFiller:
         if "const" in schema:
             return schema["const"]
         if isinstance(schema.get("enum"), list):
-            return pick_label(schema["enum"], self.text, path)
+            return pick_label(schema["enum"], self.text, path, self.hints)
         for key in ("anyOf", "oneOf"):
             if isinstance(schema.get(key), list) and schema[key]:
                 branches = [_resolve(b, self.root) for b in schema[key]]
@@ -241,6 +275,7 @@ class SchemaFiller:
         return None
 
 
-def fill_schema(schema: dict[str, Any], text: str) -> Any:
-    """A deterministic instance of ``schema`` for the message ``text``."""
-    return SchemaFiller(schema, text).fill()
+def fill_schema(schema: dict[str, Any], text: str, instructions: str = "") -> Any:
+    """A deterministic instance of ``schema`` for the message ``text`` (label descriptions in ``instructions``
+    steer enum choices)."""
+    return SchemaFiller(schema, text, label_hints(instructions)).fill()
