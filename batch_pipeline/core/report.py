@@ -5,7 +5,9 @@ from datetime import datetime
 import polars as pl
 
 from batch_pipeline.core.attempts import AttemptLog
+from batch_pipeline.core.golden import GoldenProbes, probe_accuracy
 from batch_pipeline.core.manifest import Manifest
+from batch_pipeline.core.paths import JobPaths
 from batch_pipeline.core.publish import JobState
 from batch_pipeline.core.reconcile import counts_by_shard, job_counts
 from batch_pipeline.core.spec import JobSpec
@@ -62,7 +64,46 @@ def build_report(spec: JobSpec, store: Store, state: JobState, outputs: dict[str
         "processing_span_s": round(span, 3),
         "outputs": outputs or {},
     }
+    report["quoted_vs_actual"] = quoted_vs_actual(spec, store, state)
+    report["cost_by_attempt"] = {str(k): round(v, 6) for k, v in
+                                 state.results.group_by("attempt").agg(pl.col("cost_usd").sum()).sort("attempt")
+                                 .iter_rows()} if res.height else {}
+    if state.probe_results is not None and state.probe_results.height:
+        probes = GoldenProbes(spec, store).all_probe_ids()
+        report["golden_probes_cost_usd"] = round(float(state.probe_results["cost_usd"].sum()), 6)
+        report["golden_accuracy_by_shard"] = probe_accuracy(state.probe_results, probes).to_dicts()
+        report["cost_usd"] = round(cost + report["golden_probes_cost_usd"], 6)
+        report["cost_per_accepted_item_usd"] = (round(report["cost_usd"] / totals.valid, 8) if totals.valid
+                                                else None)
     return report
+
+
+def quoted_vs_actual(spec: JobSpec, store: Store, state: JobState) -> dict:
+    """The first quote of the job against what was spent, explained by pass, cache-hit share and tokens."""
+    quotes = store.list_files(f"{JobPaths(spec.name).root}/quotes", suffix=".json")
+    first = store.read_json(quotes[0]) if quotes else None
+    res = state.results
+    if first is None or res.height == 0:
+        return {}
+    first_attempt = res.with_columns((pl.col("attempt") == pl.col("attempt").min().over("request_id")).alias("_first"))
+    actual_first = float(first_attempt.filter(pl.col("_first"))["cost_usd"].sum())
+    actual_retries = float(first_attempt.filter(~pl.col("_first"))["cost_usd"].sum())
+    input_tokens = int(res["input_tokens"].sum())
+    passes = first["passes"]
+    return {
+        "quoted_at": first["created_at"],
+        "quoted_usd": first["est_cost_usd"],
+        "actual_usd": round(actual_first + actual_retries, 6),
+        "first_pass": {"quoted_expected": round(passes["first"]["cost_expected"], 6), "actual": round(actual_first, 6)},
+        "retries": {"quoted_expected": round(passes["retries"]["cost_expected"], 6),
+                    "actual": round(actual_retries, 6)},
+        "input_tokens": {"quoted": passes["first"]["input_tokens"], "actual": input_tokens},
+        "output_tokens": {"quoted_expected": passes["first"]["output_tokens_expected"],
+                          "actual": int(res["output_tokens"].sum())},
+        "cache_hit_share": {"quoted": first["cache_hit_share"],
+                            "actual": round(float(res["cached_tokens"].sum()) / max(input_tokens, 1), 4)},
+        "calibration_factor_at_quote": first["calibration"]["factor"],
+    }
 
 
 SUMMARY_ROWS = [

@@ -1,5 +1,6 @@
 """Per job spec, the assets of DESIGN section 3, keyed ``<job>/<asset>``. Thin: the work is in core/."""
 
+import base64
 import time
 
 import dagster as dg
@@ -10,6 +11,7 @@ from batch_pipeline.core.errors import BatchPipelineError, SystemicError
 from batch_pipeline.core.executor import StreamExecutor
 from batch_pipeline.core.golden import GoldenProbes, canary_passed, judge_canary
 from batch_pipeline.core.manifest import Manifest, ShardCaps, build_manifest
+from batch_pipeline.core.plots import cost_over_time
 from batch_pipeline.core.paths import JobPaths
 from batch_pipeline.core.publish import JobState, dead_letters, publish
 from batch_pipeline.core.quote import make_quote, verify_quote
@@ -283,8 +285,15 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
         rep = build_report(spec, st, state, outputs={"validated": st.uri(paths.validated),
                                                      "duckdb": str(st.local_path(paths.duckdb) or "")})
         st.write_json(paths.report, rep)
-        meta = plain({k: v for k, v in rep.items() if not isinstance(v, dict)})
-        meta["cost_by_pricing"] = dg.MetadataValue.json(rep["cost_by_pricing"])
+        png = cost_over_time(state.results)
+        st.write_bytes(f"{paths.root}/report.png", png)
+        meta = plain({k: v for k, v in rep.items() if not isinstance(v, dict | list)})
+        for key in ("cost_by_pricing", "quoted_vs_actual", "cost_by_attempt"):
+            meta[key] = dg.MetadataValue.json(rep.get(key) or {})
+        if rep.get("golden_accuracy_by_shard"):
+            meta["golden_accuracy_by_shard"] = md_table(pl.DataFrame(rep["golden_accuracy_by_shard"]), limit=50)
+        meta["plot"] = dg.MetadataValue.md(f"![spend](data:image/png;base64,{base64.b64encode(png).decode()})")
+        meta["plot_path"] = dg.MetadataValue.path(st.uri(f"{paths.root}/report.png"))
         meta["shards"] = md_table(pl.DataFrame(shard_table(state)), limit=50)
         return dg.MaterializeResult(metadata=meta)
 

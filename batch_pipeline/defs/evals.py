@@ -2,13 +2,13 @@
 paired comparison of two prompts or models, and keeps the history as a table and a plot."""
 
 import base64
-import io
 
 import dagster as dg
 import polars as pl
 
 from batch_pipeline.core.evals import load_golden, paired, run_golden, samples_needed, wilson
 from batch_pipeline.core.executor import StreamExecutor
+from batch_pipeline.core.plots import accuracy_history
 from batch_pipeline.core.paths import JobPaths
 from batch_pipeline.core.spec import JobSpec
 from batch_pipeline.defs.metadata import md_table
@@ -16,30 +16,6 @@ from batch_pipeline.defs.resources import StoreResource
 from batch_pipeline.executors.registry import create_executor
 
 WEEKLY = dg.WeeklyPartitionsDefinition(start_date="2026-01-04", day_offset=1)  # weeks start on Monday
-
-
-def _plot(history: pl.DataFrame) -> bytes:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.2), dpi=100)
-    weeks = history["week"].to_list()
-    ax.fill_between(weeks, history["accuracy_low"].to_list(), history["accuracy_high"].to_list(), alpha=0.25,
-                    label="95% interval")
-    ax.plot(weeks, history["accuracy"].to_list(), marker="o", label="golden-set accuracy")
-    if "b_accuracy" in history.columns and history["b_accuracy"].drop_nulls().len():
-        ax.plot(weeks, history["b_accuracy"].to_list(), marker="s", linestyle="--", label="comparison (B)")
-    ax.set_ylim(0, 1.02)
-    ax.set_ylabel("accuracy")
-    ax.tick_params(axis="x", labelrotation=30, labelsize=7)
-    ax.legend(loc="lower left", fontsize=7)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
 
 
 def build_eval_defs(spec: JobSpec) -> tuple[list, list, list]:
@@ -81,7 +57,7 @@ def build_eval_defs(spec: JobSpec) -> tuple[list, list, list]:
             history = pl.concat([old.filter(pl.col("week") != row["week"]), history], how="diagonal_relaxed")
         history = history.sort("week")
         st.write_table(rel, history.to_arrow())
-        png = _plot(history)
+        png = accuracy_history(history)
         st.write_bytes(f"{paths.root}/evals/history.png", png)
         context.log.info(f"week {row['week']}: accuracy {acc.estimate:.3f} [{acc.low:.3f}, {acc.high:.3f}] on "
                          f"{a.height} golden items ({row['samples_needed']} needed for +-{quality.target_half_width})")

@@ -145,3 +145,17 @@ def test_budget_guard_refuses_the_submission_that_would_cross_and_stops_the_job(
     assert JobControl(store, tight.name).current()["code"] == "budget"
     creates = [r for r in sandbox.requests() if r["path"] == "/v1/batches" and r["method"] == "POST"]
     assert len(creates) == 1 and pending.num_rows == 10
+
+
+def test_report_explains_quoted_vs_actual_by_pass_and_plots_spend(sandbox, make_job, instance, resources, home):
+    rows = [json.loads(line) for line in SMALL.read_text().splitlines()]
+    rows[0]["body"] += " [[sandbox:truncate]]"  # paid twice or more: a real retry cost
+    spec = make_job(rows=rows, retries={"per_item": 3, "spend_cap_share": 1.0})
+    report = run_job(spec, instance, resources)
+    qa = report["quoted_vs_actual"]
+    assert qa["actual_usd"] == pytest.approx(report["cost_usd"], abs=1e-6)
+    assert qa["retries"]["actual"] > 0 and qa["first_pass"]["actual"] > 0
+    assert qa["first_pass"]["actual"] <= qa["quoted_usd"]["high"]
+    assert set(report["cost_by_attempt"]) >= {"1", "2"}
+    assert sum(report["cost_by_attempt"].values()) == pytest.approx(report["cost_usd"], abs=1e-5)
+    assert Store(home).read_bytes(f"jobs/{spec.name}/report.png")[:4] == b"\x89PNG"

@@ -1,0 +1,59 @@
+"""PNG plots for reports and evals (matplotlib, headless)."""
+
+import io
+from datetime import datetime
+
+import polars as pl
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png")
+    _pyplot().close(fig)
+    return buf.getvalue()
+
+
+def cost_over_time(results: pl.DataFrame) -> bytes:
+    """Cumulative cost (left axis) and accepted items (right axis) against the time results were recorded."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.2), dpi=100)
+    if results.height:
+        ordered = results.sort("recorded_at").with_columns(
+            pl.col("cost_usd").cum_sum().alias("cum_cost"),
+            (pl.col("status") == "succeeded").cast(pl.Int64).cum_sum().alias("cum_accepted"))
+        times: list[datetime] = ordered["recorded_at"].to_list()
+        ax.step(times, ordered["cum_cost"].to_list(), where="post", color="tab:red", label="cumulative cost (USD)")
+        ax2 = ax.twinx()
+        ax2.step(times, ordered["cum_accepted"].to_list(), where="post", color="tab:blue", label="accepted items")
+        ax2.set_ylabel("accepted items")
+        ax.tick_params(axis="x", labelrotation=30, labelsize=7)
+    ax.set_ylabel("USD")
+    ax.set_title("spend and accepted items over time", fontsize=9)
+    return _png(fig)
+
+
+def accuracy_history(history: pl.DataFrame) -> bytes:
+    """Weekly golden-set accuracy with its interval (and the comparison side when there is one)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.2), dpi=100)
+    weeks = history["week"].to_list()
+    ax.fill_between(weeks, history["accuracy_low"].to_list(), history["accuracy_high"].to_list(), alpha=0.25,
+                    label="95% interval")
+    ax.plot(weeks, history["accuracy"].to_list(), marker="o", label="golden-set accuracy")
+    if "b_accuracy" in history.columns and history["b_accuracy"].drop_nulls().len():
+        ax.plot(weeks, history["b_accuracy"].to_list(), marker="s", linestyle="--", label="comparison (B)")
+    ax.set_ylim(0, 1.02)
+    ax.set_ylabel("accuracy")
+    ax.tick_params(axis="x", labelrotation=30, labelsize=7)
+    ax.legend(loc="lower left", fontsize=7)
+    return _png(fig)
