@@ -25,7 +25,8 @@ from batch_pipeline.core.spec import JobSpec, load_spec
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SANDBOX_URL_ENV = "BATCH_PIPELINE_SANDBOX_URL"
-console = Console(soft_wrap=True)  # messages keep paths and fields on one line
+# messages keep paths and fields on one line; tables get room when the output is not a terminal (CI logs, pipes)
+console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 
 
 def _dagster_home() -> Path:
@@ -192,6 +193,43 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_quote(args: argparse.Namespace) -> int:
+    """Quote a job (building its manifest if needed; nothing is sent), optionally on every configured backend."""
+    from batch_pipeline.core.compare import compare_backends
+    from batch_pipeline.core.cost import load_prices
+    from batch_pipeline.core.manifest import Manifest, build_manifest
+    from batch_pipeline.core.publish import JobState
+    from batch_pipeline.core.quote import make_quote
+    from batch_pipeline.core.spec import CostCompareSpec
+    from batch_pipeline.core.store import Store
+
+    spec = _resolve_spec(args.job)
+    store = Store(args.home or os.environ.get("BATCH_PIPELINE_HOME", Path.cwd() / ".batch_pipeline"))
+    if Manifest(spec.name, store).last_generation() == 0:
+        summary = build_manifest(spec, store)
+        console.print(f"manifest built: {summary.new_requests} requests in {len(summary.new_shards)} shards")
+    prices = load_prices(os.environ.get("BATCH_PIPELINE_PRICES", PROJECT_ROOT / "data" / "prices.yaml"))
+    state = JobState.load(spec, store)
+    if not args.compare:
+        q = make_quote(spec, store, prices, state.items, state.results, state.states)
+        est = q["est_cost_usd"]
+        console.print(f"job {spec.name}: {q['pending_requests']} requests on {spec.backend.name}/{spec.model}: "
+                      f"${est['low']:.4f} low, ${est['expected']:.4f} expected, ${est['high']:.4f} high "
+                      f"(budget {spec.budget_usd}; within: {q['within_budget']})")
+        return 0
+    rows = compare_backends(spec, store, prices, spec.cost_compare or CostCompareSpec(), state.items, state.results,
+                            state.states)
+    table = Table(title=f"job {spec.name}: the same plan on each backend")
+    cols = ["backend", "model", "requests", "cost_expected_usd", "cost_high_usd", "cost_per_million_items_usd",
+            "gpu_hours", "break_even_utilisation"]
+    for c in cols:
+        table.add_column(c.replace("_usd", " ($)").replace("_", " "), justify="right")
+    for r in rows:
+        table.add_row(*["" if r.get(c) is None else str(r.get(c)) for c in cols])
+    console.print(table)
+    return 0
+
+
 def cmd_sandbox(args: argparse.Namespace) -> int:
     argv = [sys.executable, "-m", "batch_pipeline.sandbox", "--port", str(args.port)]
     if args.scenario:
@@ -226,6 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("job", help="job name or spec path")
     p.add_argument("--home")
     p.set_defaults(fn=cmd_status)
+    p = sub.add_parser("quote", help="price a job before any spend (no request is sent)")
+    p.add_argument("job", help="job name or spec path")
+    p.add_argument("--compare", action="store_true", help="quote every backend in cost_compare, and self-hosted")
+    p.add_argument("--home")
+    p.set_defaults(fn=cmd_quote)
     p = sub.add_parser("sandbox", help="serve the provider sandbox on loopback")
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--scenario", help="server-wide scenario (see batch_pipeline/sandbox/README.md)")

@@ -141,6 +141,26 @@ class QualitySpec(_Strict):
                                      description="precision wanted for accuracy (95% interval half-width)")
 
 
+class SelfHostedCost(_Strict):
+    gpu_usd_per_hour: float = Field(gt=0)
+    gpus: int = Field(default=1, ge=1)
+    prefill_tokens_per_s: float = Field(gt=0, description="measured, aggregate over the batch")
+    decode_tokens_per_s: float = Field(gt=0, description="measured, aggregate over the batch")
+    prefix_hit_share: float = Field(default=0.0, ge=0, lt=1)
+    utilisation: float = Field(default=0.7, gt=0, le=1)
+    spot_loss: float = Field(default=0.0, ge=0, lt=1, description="share of GPU time lost to preemption")
+
+
+class BackendChoice(_Strict):
+    backend: BackendSpec
+    model: str | None = None
+
+
+class CostCompareSpec(_Strict):
+    backends: list[BackendChoice] = Field(default_factory=list)
+    self_hosted: SelfHostedCost | None = None
+
+
 class JobSpec(_Strict):
     name: str = Field(pattern=JOB_NAME_PATTERN)
     description: str = ""
@@ -156,6 +176,8 @@ class JobSpec(_Strict):
     deadline: datetime | None = None
     tail: TailRescueSpec | None = None
     quality: QualitySpec | None = None
+    cost_compare: CostCompareSpec | None = Field(default=None, description="backends to quote side by side and "
+                                                 "self-hosted GPU figures (core/compare.py)")
     canary_first: bool = Field(default=True, description="run the first shard alone, then re-quote (calibrated) "
                                                          "before any other shard is submitted")
     source_path: str | None = Field(default=None, exclude=True, description="set by the loader")

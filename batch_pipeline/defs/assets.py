@@ -7,6 +7,7 @@ import dagster as dg
 import polars as pl
 
 from batch_pipeline.core.budget import BudgetGuard
+from batch_pipeline.core.compare import compare_backends
 from batch_pipeline.core.errors import BatchPipelineError, SystemicError
 from batch_pipeline.core.executor import StreamExecutor
 from batch_pipeline.core.golden import GoldenProbes, canary_passed, judge_canary
@@ -19,7 +20,7 @@ from batch_pipeline.core.report import build_report, shard_table
 from batch_pipeline.core.results import read_results
 from batch_pipeline.core.rescue import deadline_near, rescue_reason
 from batch_pipeline.core.runner import ShardRunner
-from batch_pipeline.core.spec import BackendSpec, JobSpec
+from batch_pipeline.core.spec import BackendSpec, CostCompareSpec, JobSpec
 from batch_pipeline.defs.checks import build_result_checks, build_shard_stats_check
 from batch_pipeline.defs.k8s import GPU_POOL, gpu_step_tags, is_gpu_backend
 from batch_pipeline.defs.metadata import md_table, plain
@@ -297,5 +298,17 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
         meta["shards"] = md_table(pl.DataFrame(shard_table(state)), limit=50)
         return dg.MaterializeResult(metadata=meta)
 
-    assets = [manifest, quote, submissions, shard_results, results, dead_letters_asset, report]
+    @dg.asset(key=asset_key(spec, "backend_comparison"), deps=[manifest], group_name=job, kinds={"python"},
+              description="The same request plan quoted on every configured backend, and the self-hosted "
+                          "break-even utilisation.")
+    def backend_comparison(context: dg.AssetExecutionContext, store: StoreResource,
+                           prices: PricesResource) -> dg.MaterializeResult:
+        st = store.get()
+        state = JobState.load(spec, st)
+        rows = compare_backends(spec, st, prices.get(), spec.cost_compare or CostCompareSpec(), state.items,
+                                state.results, state.states)
+        st.write_json(f"{paths.root}/backend_comparison.json", rows)
+        return dg.MaterializeResult(metadata={"comparison": md_table(pl.DataFrame(rows), limit=20)})
+
+    assets = [manifest, quote, submissions, shard_results, results, dead_letters_asset, report, backend_comparison]
     return assets, [quote_within_budget, build_result_checks(spec, results), build_shard_stats_check(spec, results)]
