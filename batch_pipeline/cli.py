@@ -151,6 +151,13 @@ def _print_summary(report: dict) -> None:
     for label, key in SUMMARY_ROWS:
         value = report.get(key)
         table.add_row(label, f"{value:.6f}" if isinstance(value, float) else str(value))
+    quoted = (report.get("quoted_vs_actual") or {}).get("quoted_usd")
+    if quoted:
+        table.add_row("quoted before the run (USD)", f"{quoted['expected']:.6f} expected, {quoted['high']:.6f} high")
+    golden = report.get("golden_accuracy_by_shard") or []
+    if golden:
+        correct, probes = sum(g["correct"] for g in golden), sum(g["probes"] for g in golden)
+        table.add_row("golden accuracy (probes)", f"{correct / probes:.3f} on {probes} probes in {len(golden)} shards")
     by_pricing = report.get("cost_by_pricing") or {}
     if len(by_pricing) > 1:
         table.add_row("cost by pricing (USD)", ", ".join(f"{k} {v:.6f}" for k, v in sorted(by_pricing.items())))
