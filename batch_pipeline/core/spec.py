@@ -127,6 +127,16 @@ class CompareSpec(_Strict):
     model: str | None = None
 
 
+class JudgeSpec(_Strict):
+    """Judge sampling for free-text outputs: a stratified sample graded by a judge model."""
+
+    backend: BackendSpec = Field(default_factory=lambda: BackendSpec(name="online"))
+    model: str | None = Field(default=None, description="default: the job's model")
+    sample_size: int = Field(default=200, gt=0)
+    instructions: str = ("You grade an answer to a task. Reply pass (correct, complete, follows the task) "
+                         "or fail (wrong, incomplete, off-task).")
+
+
 class QualitySpec(_Strict):
     """Golden records (trusted labels) and the gates and evals built on them."""
 
@@ -139,6 +149,7 @@ class QualitySpec(_Strict):
     compare: CompareSpec | None = None
     target_half_width: float = Field(default=0.03, gt=0, lt=0.5,
                                      description="precision wanted for accuracy (95% interval half-width)")
+    judge: JudgeSpec | None = None
 
 
 class SelfHostedCost(_Strict):

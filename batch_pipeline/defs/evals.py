@@ -7,6 +7,9 @@ import dagster as dg
 import polars as pl
 
 from batch_pipeline.core.evals import load_golden, paired, run_golden, samples_needed, wilson
+from batch_pipeline.core.judge import judge, stratified_sample, summarise
+from batch_pipeline.core.manifest import Manifest
+from batch_pipeline.core.publish import JobState
 from batch_pipeline.core.executor import StreamExecutor
 from batch_pipeline.core.plots import accuracy_history
 from batch_pipeline.core.paths import JobPaths
@@ -71,7 +74,59 @@ def build_eval_defs(spec: JobSpec) -> tuple[list, list, list]:
         })
         return dg.MaterializeResult(metadata=meta)
 
+    assets = [weekly_eval]
+    if quality.judge is not None:
+        assets.append(build_judge_asset(spec))
     job = dg.define_asset_job(f"{spec.name}_eval", selection=[weekly_eval], partitions_def=WEEKLY,
                               description="The weekly golden-set eval.")
     schedule = dg.build_schedule_from_partitioned_job(job, hour_of_day=6, name=f"{spec.name}_weekly_eval")
-    return [weekly_eval], [job], [schedule]
+    return assets, [job], [schedule]
+
+
+def build_judge_asset(spec: JobSpec) -> dg.AssetsDefinition:
+    assert spec.quality is not None and spec.quality.judge is not None
+    cfg = spec.quality.judge
+    paths = JobPaths(spec.name)
+
+    @dg.asset(key=dg.AssetKey([spec.name, "judge"]), deps=[dg.AssetKey([spec.name, "results"])], group_name=spec.name,
+              kinds={"python"}, description="A stratified sample of accepted outputs graded by a judge model, "
+                                            "with the judge's agreement against the golden labels.")
+    def judge_sample(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
+        st = store.get()
+        executor = create_executor(cfg.backend)
+        if not isinstance(executor, StreamExecutor):
+            raise dg.Failure(f"quality.judge.backend {cfg.backend.name!r} must be an online or self-hosted backend")
+        state = JobState.load(spec, st)
+        items = state.items.join(pl.from_arrow(Manifest(spec.name, st).item_index(["request_id", "user_prompt"])),
+                                 on="request_id")
+        accepted = state.results.filter(pl.col("status") == "succeeded").sort("attempt") \
+            .unique("request_id", keep="last").select("request_id", pl.col("output_text").alias("answer"))
+        pool = items.join(accepted, on="request_id").select("request_id", "shard_id", "length_bucket",
+                                                             "user_prompt", "answer")
+        sample = stratified_sample(pool, cfg.sample_size)
+        truth = None
+        probes = state.probe_results
+        if probes is not None and probes.height:
+            known = pl.concat([pl.read_parquet(st.read_bytes(p)) for p in
+                               st.list_files(f"{paths.root}/golden/probes", suffix=".parquet")])
+            answered = probes.filter(pl.col("status") != "errored").sort("attempt").unique("request_id", keep="last")
+            golden = answered.join(known.select("request_id", "user_prompt", "label"), on="request_id")
+            truth = golden.select("request_id", (pl.col("parsed_output") == pl.col("label")).alias("correct"))
+            sample = pl.concat([sample.select("request_id", "user_prompt", "answer"),
+                                golden.select("request_id", "user_prompt", pl.col("output_text").alias("answer"))])
+        graded = judge(spec, executor, sample.select("request_id", "user_prompt", "answer"))
+        items_graded = graded.join(pool.select("request_id"), on="request_id", how="semi")
+        summary = summarise(items_graded)
+        if truth is not None:
+            summary.update({k: v for k, v in summarise(graded, truth).items() if k.startswith(("golden", "agree"))})
+        strata = sample.join(pool.select("request_id", "shard_id", "length_bucket"), on="request_id") \
+            .group_by("shard_id", "length_bucket").len().sort("shard_id", "length_bucket")
+        st.write_json(f"{paths.root}/judge.json", summary)
+        st.write_table(f"{paths.root}/judge/verdicts.parquet", graded.to_arrow())
+        context.log.info(f"judge: pass rate {summary['pass_rate']:.3f} on {summary['judged']} sampled outputs"
+                         + (f", agreement with golden {summary['agreement']:.3f}" if "agreement" in summary else ""))
+        return dg.MaterializeResult(metadata={**{k: dg.MetadataValue.float(float(v)) if isinstance(v, float)
+                                                 else dg.MetadataValue.int(int(v)) for k, v in summary.items()},
+                                              "strata": md_table(strata, limit=100)})
+
+    return judge_sample

@@ -1,0 +1,45 @@
+"""Judge sampling for free-text outputs: stratified sample, graded through an executor, agreement vs golden."""
+
+import dagster as dg
+import polars as pl
+
+from batch_pipeline.core.judge import stratified_sample
+from batch_pipeline.core.store import Store
+from batch_pipeline.defs.pipeline import run_job
+from batch_pipeline.definitions import build_definitions
+
+from .conftest import REPO
+
+ONLINE = {"name": "online", "settings": {"sandbox": True}}
+
+
+def test_stratified_sample_covers_every_stratum_in_proportion():
+    rows = [{"request_id": f"r{i}", "shard_id": f"s{i % 4}", "length_bucket": 3 if i % 10 == 1 else 0}
+            for i in range(400)]
+    sample = stratified_sample(pl.DataFrame(rows), 40)
+    strata = sample.group_by("shard_id", "length_bucket").len()
+    existing = pl.DataFrame(rows).group_by("shard_id", "length_bucket").len()
+    assert strata.height == existing.height == 6 and sample.height <= 40
+    assert sample["length_bucket"].eq(3).sum() >= 4  # the rare long bucket is still represented
+    assert stratified_sample(pl.DataFrame(rows), 40).equals(sample)  # reproducible
+
+
+def test_judge_asset_grades_a_sample_and_reports_agreement_with_golden(sandbox, make_job, instance, resources,
+                                                                       home):
+    quality = {"golden": str(REPO / "data" / "golden" / "demo.jsonl"), "golden_share": 0.1,
+               "eval_backend": ONLINE, "canary_min_accuracy": 0.0, "canary_max_failure_rate": 1.0,
+               "judge": {"backend": ONLINE, "sample_size": 12}}
+    spec = make_job(output={"text": {}}, sampling={"temperature": 0, "max_tokens": 64}, quality=quality)
+    run_job(spec, instance, resources)
+    defs = build_definitions([spec], resources)
+    result = dg.materialize([*defs.assets], selection=[dg.AssetKey([spec.name, "judge"])], instance=instance,
+                            resources=defs.resources)
+    assert result.success
+    summary = Store(home).read_json(f"jobs/{spec.name}/judge.json")
+    assert summary["sampled"] == summary["judged"] == 12
+    assert summary["pass_rate_low"] <= summary["pass_rate"] <= summary["pass_rate_high"]
+    assert summary["golden_judged"] >= 60 and 0 <= summary["agreement"] <= 1
+    verdicts = pl.read_parquet(Store(home).read_bytes(f"jobs/{spec.name}/judge/verdicts.parquet"))
+    assert set(verdicts["verdict"].drop_nulls()) <= {"pass", "fail"}
+    judged_online = [e for e in sandbox.ledger() if e.get("mode") == "online"]
+    assert len(judged_online) == verdicts.height
