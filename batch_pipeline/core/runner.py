@@ -116,23 +116,31 @@ class ShardRunner:
                 attempts.record(attempt.number, "submitted", {**found.as_dict(), "reattached": True})
                 return SubmitOutcome(shard_id, attempt.number, len(attempt.request_ids), found, reattached=True)
             attempts.record(attempt.number, "abandoned", {"reason": "the provider has no batch for this key"})
+        work = self._start_attempt(shard_id, attempts, lease, executor.name)
+        if work is None:
+            return SubmitOutcome(shard_id, None, 0, None)
+        handle = self._guard(lambda: executor.submit(work))  # a crash here is repaired by find() next time
+        attempts.record(work.attempt, "submitted", handle.as_dict())
+        log.info("shard %s: attempt %d submitted %d requests as %s", shard_id, work.attempt, work.items.num_rows,
+                 handle.batch_id)
+        return SubmitOutcome(shard_id, work.attempt, work.items.num_rows, handle)
+
+    def _start_attempt(self, shard_id: str, attempts: AttemptLog, lease: Lease, backend: str) -> ShardWork | None:
+        """What is left, past the spend checks, claimed under the lease with an intent record; None if nothing is."""
         pending = self.pending_items(shard_id)
         if pending.num_rows == 0:
-            return SubmitOutcome(shard_id, None, 0, None)
+            return None
         self._check_retry_cap(shard_id, pending)
         if self.before_spend:
             self.before_spend(shard_id, pending)
         number = attempts.next_number()
         pending = self._with_extra(shard_id, number, pending)
         work = ShardWork(self.spec.name, shard_id, number, self._key(shard_id, number), self.plan, pending)
-        lease.check("submit")
-        if not attempts.create_intent(number, {"key": work.key, "backend": executor.name, "lease_token": lease.token,
+        lease.check("start an attempt")
+        if not attempts.create_intent(number, {"key": work.key, "backend": backend, "lease_token": lease.token,
                                                "request_ids": work.request_ids, "requests": pending.num_rows}):
             raise LeaseHeldError(f"shard {shard_id}: attempt {number} was claimed by another run")
-        handle = self._guard(lambda: executor.submit(work))  # a crash here is repaired by find() next time
-        attempts.record(number, "submitted", handle.as_dict())
-        log.info("shard %s: attempt %d submitted %d requests as %s", shard_id, number, pending.num_rows, handle.batch_id)
-        return SubmitOutcome(shard_id, number, pending.num_rows, handle)
+        return work
 
     def _with_extra(self, shard_id: str, attempt: int, pending: pa.Table) -> pa.Table:
         extra = self.extra_items(shard_id, attempt) if self.extra_items else None
@@ -190,19 +198,10 @@ class ShardRunner:
                 if attempt.open:
                     attempts.record(attempt.number, "abandoned", {"reason": "interrupted; flushed results kept"})
             outcome = CollectOutcome(shard_id)
-            pending = self.pending_items(shard_id)
-            if pending.num_rows == 0:
+            work = self._start_attempt(shard_id, attempts, lease, executor.name)
+            if work is None:
                 return outcome
-            self._check_retry_cap(shard_id, pending)
-            if self.before_spend:
-                self.before_spend(shard_id, pending)
-            number = attempts.next_number()
-            pending = self._with_extra(shard_id, number, pending)
-            work = ShardWork(self.spec.name, shard_id, number, self._key(shard_id, number), self.plan, pending)
-            lease.check("run")
-            if not attempts.create_intent(number, {"key": work.key, "backend": executor.name, "lease_token": lease.token,
-                                                   "request_ids": work.request_ids, "requests": pending.num_rows}):
-                raise LeaseHeldError(f"shard {shard_id}: attempt {number} was claimed by another run")
+            number, total = work.attempt, work.items.num_rows
             expected = pa.array(work.request_ids, pa.string())
             renew_at = time.monotonic() + lease.ttl.total_seconds() / 3
             for flush, raw in enumerate(self._guarded(executor.run(work)), start=1):
@@ -213,7 +212,7 @@ class ShardRunner:
                 outcome.rows += table.num_rows
                 outcome.succeeded += pc.sum(pc.equal(table.column("status"), "succeeded")).as_py() or 0
                 if on_flush:
-                    on_flush(outcome.rows, pending.num_rows)
+                    on_flush(outcome.rows, total)
                 if time.monotonic() > renew_at:
                     lease.renew()
                     renew_at = time.monotonic() + lease.ttl.total_seconds() / 3
