@@ -27,7 +27,7 @@ import json
 import os
 from collections.abc import Mapping
 
-from dagster import ExecutorDefinition
+from dagster import ExecutorDefinition, in_process_executor
 from dagster_k8s import k8s_job_executor
 
 GPU_POOL = "gpu"
@@ -105,8 +105,14 @@ def k8s_executor() -> ExecutorDefinition:
 
 
 def executor_from_env() -> ExecutorDefinition | None:
-    """``k8s_executor()`` when ``BATCH_PIPELINE_EXECUTOR=k8s`` (set by the Helm values), else None (default)."""
-    return k8s_executor() if _env("BATCH_PIPELINE_EXECUTOR", "").lower() == "k8s" else None
+    """``BATCH_PIPELINE_EXECUTOR``: ``k8s`` (set by the Helm values) -> one pod per step; ``in_process`` -> the
+    whole run in its worker (fast local runs, sensors on a laptop); unset -> Dagster's default."""
+    choice = _env("BATCH_PIPELINE_EXECUTOR", "").lower()
+    if choice == "k8s":
+        return k8s_executor()
+    if choice == "in_process":
+        return in_process_executor
+    return None
 
 
 def is_gpu_backend(name: str) -> bool:

@@ -30,15 +30,33 @@ IN_FLIGHT = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.Dag
 INTERVAL_S = int(os.environ.get("BATCH_PIPELINE_SENSOR_INTERVAL_S", "30"))
 
 
+MAX_FAILED_RUNS = 3  # a shard whose run failed this often for the same attempt waits for a human
+
+
 def _in_flight(instance: dg.DagsterInstance, job_name: str, partition: str | None = None) -> bool:
     tags = {"dagster/partition": partition} if partition else None
     runs = instance.get_runs(dg.RunsFilter(job_name=job_name, statuses=IN_FLIGHT, tags=tags), limit=1)
     return bool(runs)
 
 
+def _failed_runs(instance: dg.DagsterInstance, job_name: str, run_key_prefix: str, partition: str) -> int:
+    """Runs of this job and shard that failed for the same step (their run key starts with the prefix): the
+    next request gets a new key, or Dagster would skip it as already done."""
+    runs = instance.get_runs(dg.RunsFilter(job_name=job_name, tags={"dagster/partition": partition},
+                                           statuses=[dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]))
+    return sum(1 for r in runs if str(r.tags.get("dagster/run_key", "")).startswith(run_key_prefix))
+
+
+def _keyed_request(instance, job_name: str, shard: str, key: str) -> dg.RunRequest | None:
+    failures = _failed_runs(instance, job_name, key, shard)
+    if failures >= MAX_FAILED_RUNS:
+        return None
+    return dg.RunRequest(job_name=job_name, partition_key=shard, run_key=f"{key}:r{failures}" if failures else key)
+
+
 def input_fingerprint(spec: JobSpec) -> str:
     files = resolve_inputs(spec.input.path, spec.input.format, spec.input_base_dir())
-    listing = [(f.uri, f.size) for f in files]
+    listing = [(f.uri, f.size, str(f.fs.get_file_info(f.path).mtime)) for f in files]  # a rewrite counts too
     return hashlib.sha256(json.dumps(listing).encode()).hexdigest()[:16]
 
 
@@ -88,21 +106,26 @@ def build_shard_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
         requests: list[dg.RunRequest] = []
         executor = None
         waiting = set()
+        stuck: list[str] = []
         for shard in shard_ids:
             open_attempts = [a for a in AttemptLog(st, spec.name, shard).all() if a.open]
             if not open_attempts:
                 continue
             waiting.add(shard)
             attempt = open_attempts[-1]
-            if not attempt.submitted or _in_flight(instance, names["collect"], shard):
+            if not attempt.submitted or _in_flight(instance, names["collect"], shard) or \
+                    _in_flight(instance, names["submit"], shard):
                 continue
             executor = executor or create_executor(spec.backend)
             if not isinstance(executor, BatchExecutor):
                 continue
             status = executor.poll(BatchHandle.from_dict(attempt.submitted))
             if status.state.ended:
-                requests.append(dg.RunRequest(job_name=names["collect"], partition_key=shard,
-                                              run_key=f"collect:{shard}:{attempt.number}"))
+                request = _keyed_request(instance, names["collect"], shard, f"collect:{shard}:{attempt.number}")
+                if request is None:
+                    stuck.append(shard)
+                else:
+                    requests.append(request)
         state = JobState.load(spec, st)
         retryable = state.states.filter(pl.col("state").is_in([INVALID, MISSING]))
         counts = dict(retryable.group_by("shard_id").len().iter_rows())
@@ -118,11 +141,22 @@ def build_shard_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
             if _in_flight(instance, names["submit"], shard):
                 continue
             attempt_no = len(AttemptLog(st, spec.name, shard).all()) + 1
-            requests.append(dg.RunRequest(job_name=names["submit"], partition_key=shard,
-                                          run_key=f"submit:{shard}:{attempt_no}"))
-        if not requests and not waiting and not counts and not _in_flight(instance, names["publish"]):
+            request = _keyed_request(instance, names["submit"], shard, f"submit:{shard}:{attempt_no}")
+            if request is None:
+                stuck.append(shard)
+            else:
+                requests.append(request)
+        busy = any(_in_flight(instance, names[j]) for j in ("quote", "submit", "collect", "publish"))
+        if not requests and not waiting and not counts and not busy:
             settled = int(state.results.height)
             requests.append(dg.RunRequest(job_name=names["publish"], run_key=f"publish:{settled}"))
-        return requests or dg.SkipReason(f"{len(waiting)} batch(es) still running")
+        if requests:
+            return requests
+        why = [f"{len(waiting)} batch(es) open at the provider"] if waiting else []
+        if stuck:
+            why.append(f"shard(s) {', '.join(stuck)} failed {MAX_FAILED_RUNS} runs in a row: look at their runs")
+        if counts and not waiting:
+            why.append("waiting for in-flight runs or the canary")
+        return dg.SkipReason("; ".join(why) or "nothing to do")
 
     return shard_sensor

@@ -28,7 +28,6 @@ whether the batch exists (a failed create may still have created one), and only 
 """
 
 import logging
-import os
 import random
 import time
 from collections.abc import Iterator, Sequence
@@ -44,13 +43,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from batch_pipeline.core.errors import BatchPipelineError, ConfigError, SystemicError, TransientError
 from batch_pipeline.core.executor import BatchHandle, BatchState, BatchStatus, ShardWork
 from batch_pipeline.executors.anthropic_format import batch_requests, parse_results_block
+from batch_pipeline.executors.endpoint import SANDBOX_URL_ENV, resolve_endpoint
 from batch_pipeline.executors.openai_batch import redact
 from batch_pipeline.executors.openai_format import iter_blocks
 from batch_pipeline.executors.registry import register
 
 log = logging.getLogger(__name__)
 
-SANDBOX_URL_ENV = "BATCH_PIPELINE_SANDBOX_URL"
 MAX_REQUESTS = 100_000
 MAX_BYTES = 256 * 2**20
 STATUS_MAP = {"in_progress": BatchState.RUNNING, "canceling": BatchState.CANCELLING, "ended": BatchState.COMPLETED}
@@ -117,18 +116,8 @@ class AnthropicBatchExecutor:
     def __init__(self, settings: AnthropicBatchSettings):
         self.settings = settings
         self.poll_interval_s = settings.poll_interval_s or (0.2 if settings.sandbox else 30.0)
-        base_url = settings.base_url
-        api_key = os.environ.get(settings.api_key_env)
-        if settings.sandbox:
-            sandbox = os.environ.get(SANDBOX_URL_ENV)
-            if not sandbox:
-                raise ConfigError(
-                    f"backend anthropic_batch has sandbox: true but ${SANDBOX_URL_ENV} is not set; start one with "
-                    "`batch-pipeline sandbox` (or use `batch-pipeline run` / `batch-pipeline dev`, which start it)")
-            base_url = sandbox.rstrip("/")
-            api_key = api_key or "sk-sandbox"
-        if not api_key:
-            raise ConfigError(f"backend anthropic_batch needs an API key in ${settings.api_key_env}")
+        base_url, api_key = resolve_endpoint(self.name, sandbox=settings.sandbox, base_url=settings.base_url,
+                                             api_key_env=settings.api_key_env)
         self.client = anthropic.Anthropic(api_key=api_key, base_url=base_url, max_retries=settings.max_retries,
                                           timeout=settings.timeout_s)
         self._create_client = self.client.with_options(max_retries=0)

@@ -11,7 +11,6 @@ pending work. Results carry their ``request_id``; order is completion order.
 import email.utils
 import json
 import logging
-import os
 import queue
 import random
 import threading
@@ -25,7 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from batch_pipeline.core.errors import ConfigError, SystemicError
 from batch_pipeline.core.executor import RAW_RESULT_SCHEMA, ShardWork
 from batch_pipeline.executors.online_transport import BodyBuilder, HttpTransport, Reply, SdkTransport, Transport
-from batch_pipeline.executors.openai_batch import SANDBOX_URL_ENV, redact
+from batch_pipeline.executors.endpoint import SANDBOX_URL_ENV, resolve_endpoint
+from batch_pipeline.executors.openai_batch import redact
 from batch_pipeline.executors.rate_limit import RateLimiter
 from batch_pipeline.executors.registry import register
 
@@ -164,18 +164,11 @@ class OnlineExecutor:
     def __init__(self, settings: OnlineSettings) -> None:
         self.settings = settings
         self.pricing = settings.pricing
-        base_url = settings.base_url or DEFAULT_BASE_URL
-        api_key = os.environ.get(settings.api_key_env) if settings.api_key_env else None
-        if settings.sandbox:
-            sandbox = os.environ.get(SANDBOX_URL_ENV)
-            if not sandbox:
-                raise ConfigError(f"backend online has sandbox: true but ${SANDBOX_URL_ENV} is not set; start one with "
-                                  "`batch-pipeline sandbox` (or `batch-pipeline run` / `dev`, which start it)")
-            base_url = sandbox.rstrip("/") + "/v1"
-            api_key = api_key or "sk-sandbox"
-        elif settings.api_key_env and not api_key:
-            raise ConfigError(f"backend online needs an API key in ${settings.api_key_env} "
-                              "(or api_key_env: null for a server without keys)")
+        base_url, api_key = resolve_endpoint(self.name, sandbox=settings.sandbox,
+                                             base_url=settings.base_url or DEFAULT_BASE_URL,
+                                             api_key_env=settings.api_key_env, sandbox_path="/v1",
+                                             key_required=bool(settings.api_key_env))
+        assert base_url is not None
         if not base_url.startswith(("http://", "https://")):
             raise ConfigError(f"backend online: base_url must be an http(s) URL, not {base_url!r}")
         self.base_url = base_url

@@ -6,7 +6,6 @@ repaired by listing batches and matching the key, never by submitting again.
 """
 
 import logging
-import os
 import random
 import re
 import time
@@ -19,12 +18,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from batch_pipeline.core.errors import BatchPipelineError, ConfigError, SystemicError, TransientError
 from batch_pipeline.core.executor import BatchHandle, BatchState, BatchStatus, ShardWork
+from batch_pipeline.executors.endpoint import SANDBOX_URL_ENV, resolve_endpoint
 from batch_pipeline.executors.openai_format import CHAT_URL, iter_blocks, parse_output_block, request_lines
 from batch_pipeline.executors.registry import register
 
 log = logging.getLogger(__name__)
 
-SANDBOX_URL_ENV = "BATCH_PIPELINE_SANDBOX_URL"
 KEY_METADATA = "batch_pipeline_key"
 STATUS_MAP = {
     "validating": BatchState.VALIDATING,
@@ -104,18 +103,8 @@ class OpenAIBatchExecutor:
     def __init__(self, settings: OpenAIBatchSettings):
         self.settings = settings
         self.poll_interval_s = settings.poll_interval_s or (0.2 if settings.sandbox else 30.0)
-        base_url = settings.base_url
-        api_key = os.environ.get(settings.api_key_env)
-        if settings.sandbox:
-            sandbox = os.environ.get(SANDBOX_URL_ENV)
-            if not sandbox:
-                raise ConfigError(
-                    f"backend openai_batch has sandbox: true but ${SANDBOX_URL_ENV} is not set; start one with "
-                    "`batch-pipeline sandbox` (or use `batch-pipeline run` / `batch-pipeline dev`, which start it)")
-            base_url = sandbox.rstrip("/") + "/v1"
-            api_key = api_key or "sk-sandbox"
-        if not api_key:
-            raise ConfigError(f"backend openai_batch needs an API key in ${settings.api_key_env}")
+        base_url, api_key = resolve_endpoint(self.name, sandbox=settings.sandbox, base_url=settings.base_url,
+                                             api_key_env=settings.api_key_env, sandbox_path="/v1")
         self.client = openai.OpenAI(api_key=api_key, base_url=base_url, max_retries=settings.max_retries,
                                     timeout=settings.timeout_s)
 

@@ -16,6 +16,7 @@ import sys
 import time
 import warnings
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,16 +46,13 @@ class Project:
     home: Path  # BATCH_PIPELINE_HOME
 
 
-@pytest.fixture(scope="module")
-def e2e_project(tmp_path_factory) -> Project:
-    """One job spec `e2e` (the demo's, on a copy of tickets_small, 10 requests per shard), empty homes."""
-    root = tmp_path_factory.mktemp("e2e_project")
-    inputs = root / "inputs"
-    inputs.mkdir()
-    shutil.copy(SMALL, inputs / "tickets.jsonl")
+def write_project(root: Path, input_path: str, **overrides: Any) -> Project:
+    """A project under `root`: one job spec `e2e` (the demo's, 10 requests per shard, `input.path` =
+    `input_path`, then `overrides`), the repo's dagster.yaml in an empty DAGSTER_HOME, an empty store home."""
     spec = yaml.safe_load((REPO / "data" / "jobs" / "demo.yaml").read_text())
-    spec.update(name=JOB, input={**spec["input"], "path": str(inputs / "tickets.jsonl")},
-                shards={"max_requests": 10})
+    spec.update(name=JOB, input={**spec["input"], "path": input_path}, shards={"max_requests": 10})
+    spec.pop("quality", None)  # no golden probes: the ledger holds exactly the job's requests
+    spec.update(overrides)
     jobs_dir = root / "jobs"
     jobs_dir.mkdir()
     spec_path = jobs_dir / f"{JOB}.yaml"
@@ -65,6 +63,16 @@ def e2e_project(tmp_path_factory) -> Project:
     home = root / "home"
     home.mkdir()
     return Project(root, jobs_dir, spec_path, dagster_home, home)
+
+
+@pytest.fixture(scope="module")
+def e2e_project(tmp_path_factory) -> Project:
+    """One job spec `e2e` (the demo's, on a copy of tickets_small, 10 requests per shard), empty homes."""
+    root = tmp_path_factory.mktemp("e2e_project")
+    inputs = root / "inputs"
+    inputs.mkdir()
+    shutil.copy(SMALL, inputs / "tickets.jsonl")
+    return write_project(root, str(inputs / "tickets.jsonl"))
 
 
 def free_port() -> int:
@@ -173,30 +181,33 @@ def _stop(proc: subprocess.Popen, seen: dict[int, psutil.Process]) -> list[str]:
     return killed
 
 
-@pytest.fixture(scope="module")
-def dagster_dev(sandbox_proc, e2e_project: Project) -> Iterator[DagsterDev]:
-    """`python -m dagster dev` on a free loopback port, on the temp project; yields once GraphQL answers."""
-    _, sandbox_url = sandbox_proc
+@contextmanager
+def run_dagster_dev(sandbox_url: str, project: Project, extra_env: dict[str, str] | None = None,
+                    workspace: Path = REPO / "workspace.yaml") -> Iterator[DagsterDev]:
+    """`python -m dagster dev` on a free loopback port, on `project` (environment + `extra_env`, code locations
+    from `workspace`); yields once GraphQL answers. On exit: stopped by PID, and fails if any process it
+    spawned is still alive."""
     admin = SandboxAdmin(sandbox_url)
     admin.reset()
     port = free_port()
     env = {
         **os.environ,
-        "DAGSTER_HOME": str(e2e_project.dagster_home),
-        "BATCH_PIPELINE_HOME": str(e2e_project.home),
-        "BATCH_PIPELINE_JOBS": str(e2e_project.jobs_dir),
+        "DAGSTER_HOME": str(project.dagster_home),
+        "BATCH_PIPELINE_HOME": str(project.home),
+        "BATCH_PIPELINE_JOBS": str(project.jobs_dir),
         "BATCH_PIPELINE_SANDBOX_URL": sandbox_url,
         "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
         "DAGSTER_DISABLE_TELEMETRY": "1",
+        **(extra_env or {}),
     }
-    log_path = e2e_project.root / "dagster_dev.log"
+    log_path = project.root / "dagster_dev.log"
     log = log_path.open("wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "dagster", "dev", "-h", "127.0.0.1", "-p", str(port),
-         "-w", str(REPO / "workspace.yaml")],
-        env=env, cwd=e2e_project.root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+         "-w", str(workspace)],
+        env=env, cwd=project.root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     seen: dict[int, psutil.Process] = {}
-    dev = DagsterDev(proc, port, GraphQL(f"http://127.0.0.1:{port}/graphql"), log_path, admin, e2e_project, seen)
+    dev = DagsterDev(proc, port, GraphQL(f"http://127.0.0.1:{port}/graphql"), log_path, admin, project, seen)
     try:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while True:
@@ -219,6 +230,14 @@ def dagster_dev(sandbox_proc, e2e_project: Project) -> Iterator[DagsterDev]:
     if killed:
         warnings.warn(f"dagster dev did not shut down on SIGTERM within {STOP_TIMEOUT_S} s; SIGKILLed: {killed}",
                       stacklevel=1)
-    left = _alive({**seen, **_with_dagster_home(e2e_project.dagster_home)})
+    left = _alive({**seen, **_with_dagster_home(project.dagster_home)})
     assert proc.returncode is not None
     assert not left, f"dagster dev left processes behind: {left}\n{dev.log_tail()}"
+
+
+@pytest.fixture(scope="module")
+def dagster_dev(sandbox_proc, e2e_project: Project) -> Iterator[DagsterDev]:
+    """`python -m dagster dev` on a free loopback port, on the temp project; yields once GraphQL answers."""
+    _, sandbox_url = sandbox_proc
+    with run_dagster_dev(sandbox_url, e2e_project) as dev:
+        yield dev

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.e2e
 
 RANGE_START = "dagster/asset_partition_range_start"
 RANGE_END = "dagster/asset_partition_range_end"
-ASSETS = ["manifest", "quote", "submissions", "shard_results", "results", "dead_letters", "report"]
+ASSETS = ["manifest", "quote", "submissions", "shard_results", "results", "dead_letters", "report",
+          "backend_comparison"]
 RESULT_CHECKS = {"validated_schema", "outputs_within_contract", "no_truncated_outputs", "reconciliation"}
 SHARDS = ["s00001", "s00002", "s00003", "s00004"]
 ROWS = 40
