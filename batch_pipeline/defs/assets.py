@@ -186,6 +186,7 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
         _clean_failure(lambda: verify_quote(spec, st, prices.get(), st.read_json(paths.quote)))
         runner = _runner(spec, store, prices)
         sent, batches = 0, []
+        engine_metrics: dict = {}
         for key in context.partition_keys:
             _gate_on_canary(spec, st, key)
             if deadline_near(spec):
@@ -197,6 +198,9 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
                 out = _clean_failure(lambda: runner.run_stream(key))
                 context.log.info(f"shard {key}: ran inline, {out.rows} results, {out.succeeded} succeeded")
                 sent += out.rows
+                engine = getattr(runner.executor, "metrics", {}).get(key)
+                if engine:
+                    engine_metrics[key] = engine
                 _judge_if_canary(context, spec, st, key)
                 continue
             sub = _clean_failure(lambda: runner.submit(key))
@@ -206,8 +210,11 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
                 context.log.info(f"shard {key}: attempt {sub.attempt}, {sub.requests} requests, {sub.handle.batch_id}")
             else:
                 context.log.info(f"shard {key}: nothing left to send")
-        return dg.MaterializeResult(metadata={"requests_sent": dg.MetadataValue.int(sent),
-                                              "batches": dg.MetadataValue.text("\n".join(batches) or "none")})
+        meta = {"requests_sent": dg.MetadataValue.int(sent),
+                "batches": dg.MetadataValue.text("\n".join(batches) or "none")}
+        if engine_metrics:  # self-hosted: prompt/cached/generated tokens, tokens/s, engine vs wall time
+            meta["engine_metrics"] = dg.MetadataValue.json(engine_metrics)
+        return dg.MaterializeResult(metadata=meta)
 
     @dg.asset(key=asset_key(spec, "shard_results"), deps=[submissions], partitions_def=shards, group_name=job,
               backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=MAX_SHARDS_PER_RUN), **gpu,

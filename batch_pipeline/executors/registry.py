@@ -40,6 +40,7 @@ def _load_builtin() -> None:
     from batch_pipeline.executors import openai_batch  # noqa: F401
     from batch_pipeline.executors import anthropic_batch  # noqa: F401
     from batch_pipeline.executors import online  # noqa: F401
+    from batch_pipeline.executors import vllm_offline  # noqa: F401
 
 
 def names() -> list[str]:
