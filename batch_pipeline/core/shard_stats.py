@@ -52,22 +52,20 @@ def chi2_critical(df: int, z: float = Z_P001) -> float:
 
 
 def _label_tests(latest: pl.DataFrame) -> pl.DataFrame:
-    """Per shard: TVD and chi-square of its label counts against the shares of all other shards."""
+    """Per shard: TVD and chi-square of its label counts against a robust reference, the median share of each
+    label across shards (renormalised), so one skewed shard does not drag the reference towards itself."""
     valid = latest.filter(pl.col("status") == "succeeded").select("shard_id", pl.col("parsed_output").alias("label"))
     counts = valid.group_by("shard_id", "label").len()
-    totals = counts.group_by("label").agg(pl.col("len").sum().alias("all"))
+    labels = counts.select("label").unique()
     shard_sizes = counts.group_by("shard_id").agg(pl.col("len").sum().alias("n"))
-    grid = shard_sizes.join(totals, how="cross").join(counts, on=["shard_id", "label"], how="left") \
-        .with_columns(pl.col("len").fill_null(0))
-    grand = float(valid.height)
-    smoothing = 0.5  # a label the other shards never gave must not divide by zero
-    labels = totals.height
-    grid = grid.with_columns(
-        (pl.col("len") / pl.col("n")).alias("p_shard"),
-        ((pl.col("all") - pl.col("len") + smoothing) / (grand - pl.col("n") + smoothing * labels)).alias("p_rest"),
-    ).with_columns((pl.col("n") * pl.col("p_rest")).alias("expected"))
+    grid = shard_sizes.join(labels, how="cross").join(counts, on=["shard_id", "label"], how="left") \
+        .with_columns(pl.col("len").fill_null(0)).with_columns((pl.col("len") / pl.col("n")).alias("p_shard"))
+    smoothing = 0.5 / max(float(valid.height), 1.0)  # a label no shard's median gives must not divide by zero
+    reference = grid.group_by("label").agg((pl.col("p_shard").median() + smoothing).alias("p_ref"))
+    reference = reference.with_columns(pl.col("p_ref") / pl.col("p_ref").sum())
+    grid = grid.join(reference, on="label").with_columns((pl.col("n") * pl.col("p_ref")).alias("expected"))
     out = grid.group_by("shard_id").agg(
-        ((pl.col("p_shard") - pl.col("p_rest")).abs().sum() / 2).fill_nan(0.0).alias("label_tvd"),
+        ((pl.col("p_shard") - pl.col("p_ref")).abs().sum() / 2).fill_nan(0.0).alias("label_tvd"),
         ((pl.col("len") - pl.col("expected")) ** 2 / pl.col("expected")).sum().alias("label_chi2"),
     )
-    return out.with_columns(pl.lit(chi2_critical(labels - 1)).alias("chi2_critical"))
+    return out.with_columns(pl.lit(chi2_critical(labels.height - 1)).alias("chi2_critical"))
