@@ -9,16 +9,20 @@ sandbox): chat-completion bodies whose content is ``{"label":"..."}`` with usage
 Variants, each in its own spawned process (peak RSS per variant), timed in one script run:
 - reference: plain Python, ``json.loads`` per line, pick the ``RAW_RESULT_SCHEMA`` fields, append to
   lists, write one Parquet file (zstd). No validation, no cost.
-- ours: the executor's path, the files read in 1 MiB chunks -> ``iter_blocks`` (8 MB) ->
+- ours: the path ``ShardRunner._ingest`` runs: the files read in 1 MiB chunks -> ``iter_blocks`` (8 MB) ->
   ``parse_output_block`` -> ``build_results`` (validation against a ``choice`` output, cost, provenance)
-  -> ``Store.write_table`` per block.
-- ours, runner: ``ShardRunner._ingest`` (adds the ``is_in`` filter against the attempt's IDs and the
-  Python counting) over shards of 5,000 lines, with a stub executor serving each shard's lines.
+  -> ``write_results`` on a ``BackgroundWrites`` thread (at most 2 parts queued).
+- ours, runner: ``ShardRunner._ingest`` itself (adds the ``is_in`` filter against the attempt's IDs and the
+  counting) over shards of 5,000 lines, with a stub executor serving each shard's lines.
+
+pyarrow imports pandas the first time it converts a Python value (``pa.array``, ``pa.scalar``, a compute
+function with a literal), ~0.35 s once per process; every variant imports it before its timer starts (under
+Dagster it is imported anyway), so the figures are steady-state throughput.
 
 Target: ours >= 400k lines/s.
 
-``--breakdown`` times the steps of parse_output_block / validate / the write, and candidate replacements
-(``validate_vectorised``, ``iter_blocks_joined``, raw_payload from the block buffer) checked against core.
+``--breakdown`` times the steps one by one (parse, validate, build, write) and the alternatives measured for them
+(Arrow's and Polars' JSON readers, the per-line path, Parquet codecs and levels with the resulting sizes).
 
     python benchmarks/ingest_bench.py [--lines 500000] [--sections] [--breakdown] [--profile]
 """
@@ -162,6 +166,7 @@ def reference(files: list[str], out_dir: str) -> dict:
 
     from batch_pipeline.core.executor import RAW_RESULT_SCHEMA
 
+    import pandas  # noqa: F401 - pa.table() imports it on first use; not part of the throughput
     rss_before = maxrss_mb()
     cpu0 = cpu_s()
     started = time.perf_counter()
@@ -207,38 +212,49 @@ def _setup_ours(work: str):
     from batch_pipeline.core.spec import parse_spec
     from batch_pipeline.core.store import Store
 
+    import pandas  # noqa: F401 - pyarrow imports it on its first Python-value conversion; not throughput
     spec = parse_spec(SPEC_YAML)
     return spec, RequestPlan.from_spec(spec), Price.model_validate(PRICE), Store(Path(work) / "store")
 
 
 def ours(files: list[str], work: str, sections: bool, profile: bool) -> dict:
-    import uuid
-
+    """The executor's path as ``ShardRunner._ingest`` runs it: 1 MiB reads -> ``iter_blocks`` (8 MB) ->
+    ``parse_output_block`` -> ``build_results`` -> ``write_results`` on a ``BackgroundWrites`` thread."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     from batch_pipeline.core import results as results_mod
     from batch_pipeline.core import validate as validate_mod
     from batch_pipeline.core.executor import ShardWork
-    from batch_pipeline.core.paths import JobPaths
-    from batch_pipeline.core.results import build_results
+    from batch_pipeline.core.results import build_results, write_results
+    from batch_pipeline.core.store import BackgroundWrites
     from batch_pipeline.executors.openai_format import iter_blocks, parse_output_block
 
     spec, plan, price, store = _setup_ours(work)
     ids = request_ids_of(files)
     work_ = ShardWork(JOB, "s00001", 1, f"{JOB}:s00001:1", plan, pa.table({"request_id": ids}))
-    paths = JobPaths(JOB)
     secs: dict[str, float] = {}
+    thread_cpu: dict[str, float] = {}
+
+    def add(name: str, wall: float, cpu: float) -> None:
+        secs[name] = secs.get(name, 0.0) + wall
+        thread_cpu[name] = thread_cpu.get(name, 0.0) + cpu
+
     if sections:  # time validate() inside build_results too
         inner = validate_mod.validate
 
         def timed_validate(*a, **kw):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             try:
                 return inner(*a, **kw)
             finally:
-                secs["  of which validate()"] = secs.get("  of which validate()", 0.0) + time.perf_counter() - t0
+                add("  of which validate()", time.perf_counter() - t0, time.thread_time() - c0)
         results_mod.validate = timed_validate
+
+    def write(flush: int, table) -> None:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        write_results(store, JOB, "s00001", 1, flush, table)
+        add("[writer] write_results (zstd Parquet part)", time.perf_counter() - t0, time.thread_time() - c0)
 
     prof = None
     if profile:
@@ -252,29 +268,32 @@ def ours(files: list[str], work: str, sections: bool, profile: bool) -> dict:
         prof.enable()
     rows = succeeded = lines = flush = 0
 
-    def tick(name: str, since: float) -> float:
-        now = time.perf_counter()
-        secs[name] = secs.get(name, 0.0) + now - since
+    def tick(name: str, since: tuple[float, float]) -> tuple[float, float]:
+        now = time.perf_counter(), time.thread_time()
+        add(name, now[0] - since[0], now[1] - since[1])
         return now
 
-    for path in files:
-        with open(path, "rb") as f:
-            blocks = iter_blocks(iter(lambda: f.read(1 << 20), b""))
-            t = time.perf_counter()
-            for block in blocks:
-                t = tick("read 1 MiB chunks + iter_blocks", t)
-                raw = parse_output_block(block)
-                t = tick("parse_output_block", t)
-                table = build_results(raw, work_, backend="openai_batch", pricing="batch", prompt_version="v1",
-                                      price=price, provider_batch_id="batch_bench")
-                t = tick("build_results", t)
-                flush += 1
-                store.write_table(paths.result_part("s00001", 1, flush, uuid.uuid4().hex[:8]), table)
-                t = tick("Store.write_table (zstd Parquet)", t)
-                lines += raw.num_rows
-                rows += table.num_rows
-                succeeded += pc.sum(pc.equal(table.column("status"), "succeeded")).as_py() or 0
-                t = tick("bench bookkeeping", t)
+    with BackgroundWrites(depth=2) as writes:
+        for path in files:
+            with open(path, "rb") as f:
+                blocks = iter_blocks(iter(lambda: f.read(1 << 20), b""))
+                t = time.perf_counter(), time.thread_time()
+                for block in blocks:
+                    t = tick("read 1 MiB chunks + iter_blocks", t)
+                    raw = parse_output_block(block)
+                    t = tick("parse_output_block", t)
+                    table = build_results(raw, work_, backend="openai_batch", pricing="batch", prompt_version="v1",
+                                          price=price, provider_batch_id="batch_bench")
+                    t = tick("build_results", t)
+                    flush += 1
+                    writes.submit(write, flush, table)
+                    t = tick("BackgroundWrites.submit (waits while 2 parts are queued)", t)
+                    lines += raw.num_rows
+                    rows += table.num_rows
+                    succeeded += pc.sum(pc.equal(table.column("status"), "succeeded")).as_py() or 0
+                    t = tick("bench bookkeeping", t)
+        t = time.perf_counter(), time.thread_time()
+    tick("BackgroundWrites close (last writes)", t)
     if prof:
         prof.disable()
     seconds = time.perf_counter() - started
@@ -283,6 +302,7 @@ def ours(files: list[str], work: str, sections: bool, profile: bool) -> dict:
            "blocks": flush, "peak_rss_mb": maxrss_mb(), "rss_after_imports_mb": rss_before}
     if sections:
         out["sections"] = secs
+        out["sections_thread_cpu"] = thread_cpu
     if prof:
         import io
         import pstats
@@ -363,112 +383,11 @@ def ours_runner(files: list[str], work: str) -> dict:
             "shards": len(attempts), "peak_rss_mb": maxrss_mb(), "rss_after_imports_mb": rss_before}
 
 
-# -- breakdown: replicas of the core steps and candidate replacements ---------------------------------
-LABEL_RE = r'^\{\s*"label"\s*:\s*"(?P<label>[^"\\]*)"\s*\}$'
-
-
-def validate_vectorised(raw, output):
-    """Candidate for ``validate`` with a ``choice`` output: column-wise for the common rows (bare label or
-    ``{"label": "..."}``), the core's per-row Python only for the rest (errors, odd JSON). Same verdicts."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from batch_pipeline.core.errors import classify_line_error
-    from batch_pipeline.core.validate import Verdicts, _parse_choice
-
-    labels = output.choice or []
-    n = raw.num_rows
-    s = pa.string()
-    http = raw.column("http_status").combine_chunks()
-    finish = raw.column("finish_reason").combine_chunks()
-    texts = raw.column("output_text").combine_chunks()
-    answered = pc.fill_null(pc.equal(http, 200), False)
-    truncated = pc.and_(answered, pc.fill_null(pc.equal(finish, "length"), False))
-    stripped = pc.utf8_trim_whitespace(texts)
-    label_set = pa.array(labels, s)
-    bare = pc.fill_null(pc.is_in(stripped, value_set=label_set), False)
-    lab = pc.struct_field(pc.extract_regex(stripped, LABEL_RE), "label")
-    in_json = pc.fill_null(pc.is_in(lab, value_set=label_set), False)
-    live = pc.and_(answered, pc.invert(truncated))
-    ok_fast = pc.and_(live, pc.or_(bare, in_json))
-    value = pc.if_else(ok_fast, pc.if_else(bare, stripped, lab), pa.nulls(n, s))
-    status = pc.if_else(ok_fast, "succeeded", pc.if_else(answered, "invalid", "errored")).cast(s)
-    eclass = pc.if_else(ok_fast, pa.nulls(n, s), pc.if_else(answered, "invalid_output", pa.nulls(n, s))).cast(s)
-    ecode = pc.if_else(truncated, "truncated", pc.if_else(pc.and_(live, pc.invert(ok_fast)), "contract_violation",
-                                                          pa.nulls(n, s))).cast(s)
-    emsg = pc.if_else(truncated, "output hit max_tokens (finish_reason=length)", pa.nulls(n, s)).cast(s)
-    # the per-row Python path, only for rows the columns could not settle
-    slow = np.flatnonzero(pc.and_(live, pc.invert(ok_fast)).to_numpy(zero_copy_only=False))
-    if len(slow):
-        parsed = _parse_choice(texts.take(pa.array(slow)).to_pylist(), set(labels))
-        good = np.array([err is None for _, err in parsed])
-        mask = np.zeros(n, bool)
-        mask[slow] = True
-        status = pc.replace_with_mask(status, pa.array(mask), pa.array(
-            ["succeeded" if g else "invalid" for g in good], s))
-        value = pc.replace_with_mask(value, pa.array(mask), pa.array([v for v, _ in parsed], s))
-        eclass = pc.replace_with_mask(eclass, pa.array(mask), pa.array(
-            [None if g else "invalid_output" for g in good], s))
-        ecode = pc.replace_with_mask(ecode, pa.array(mask), pa.array(
-            [None if g else "contract_violation" for g in good], s))
-        emsg = pc.replace_with_mask(emsg, pa.array(mask), pa.array([e for _, e in parsed], s))
-    err_rows = np.flatnonzero(pc.invert(answered).to_numpy(zero_copy_only=False))
-    if len(err_rows):
-        idx = pa.array(err_rows)
-        mask = np.zeros(n, bool)
-        mask[err_rows] = True
-        hs = raw.column("http_status").take(idx).to_pylist()
-        cs = raw.column("error_code").take(idx).to_pylist()
-        ms = raw.column("error_message").take(idx).to_pylist()
-        m = pa.array(mask)
-        eclass = pc.replace_with_mask(eclass, m, pa.array([classify_line_error(c, h).value for c, h in zip(cs, hs)], s))
-        ecode = pc.replace_with_mask(ecode, m, pa.array(
-            [c or (f"http_{h}" if h else "no_response") for c, h in zip(cs, hs)], s))
-        emsg = pc.replace_with_mask(emsg, m, pa.array([x or "no response for this request" for x in ms], s))
-    return Verdicts(status, value, eclass, ecode, emsg)
-
-
-def _raw_payload_from_buffer(block: bytes):
-    """Candidate for the raw_payload column: one Arrow array over the block's bytes (newline offsets from
-    numpy), instead of a Python ``decode`` per line. Valid only when the block has no blank lines."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    nl = np.flatnonzero(np.frombuffer(block, np.uint8) == 10)
-    offsets = np.concatenate(([0], nl + 1)).astype(np.int64)
-    arr = pa.LargeStringArray.from_buffers(len(nl), pa.py_buffer(offsets), pa.py_buffer(block))
-    arr.validate(full=True)  # UTF-8 check; the core would fall back to the per-line path on failure
-    return pc.utf8_rtrim(arr, characters="\n").cast(pa.string())
-
-
-def iter_blocks_joined(chunks, block_bytes: int = 8 * 2**20):
-    """Candidate for ``iter_blocks``: collect chunks in a list and join once (``carry += chunk`` recopies
-    the growing carry for every 1 MiB chunk)."""
-    parts: list[bytes] = []
-    size = 0
-    for chunk in chunks:
-        parts.append(chunk)
-        size += len(chunk)
-        if size < block_bytes:
-            continue
-        buf = b"".join(parts)
-        cut = buf.rfind(b"\n")
-        if cut < 0:
-            parts, size = [buf], len(buf)
-            continue
-        yield buf[: cut + 1]
-        parts = [buf[cut + 1:]]
-        size = len(parts[0])
-    buf = b"".join(parts)
-    if buf.strip():
-        yield buf
-
-
+# -- breakdown: the steps one by one, and the alternatives measured for them ---------------------------------
 def breakdown(files: list[str], reps: int = 3) -> dict:
     import io
 
+    import polars as pl
     import pyarrow as pa
     import pyarrow.json as pajson
     import pyarrow.parquet as pq
@@ -476,66 +395,68 @@ def breakdown(files: list[str], reps: int = 3) -> dict:
     from batch_pipeline.core.executor import ShardWork
     from batch_pipeline.core.results import build_results
     from batch_pipeline.core.validate import validate
-    from batch_pipeline.executors.openai_format import OUTPUT_LINE_SCHEMA, iter_blocks, parse_output_block
+    from batch_pipeline.executors.openai_format import (OUTPUT_LINE_SCHEMA, _lines_array, _parse_lines, iter_blocks,
+                                                        parse_output_block)
 
     data = b"".join(Path(p).read_bytes() for p in files)
     n = data.count(b"\n")
     out: dict[str, float] = {}
 
-    def best(label, fn):
-        secs = []
+    def best(label, fn, lines=n, times=reps):
+        secs, cpus = [], []
         value = None
-        for _ in range(reps):
-            t = time.perf_counter()
+        for _ in range(times):
+            t, c = time.perf_counter(), cpu_s()
             value = fn()
             secs.append(time.perf_counter() - t)
-        out[label] = min(secs) / n * 1e6
-        print(f"    {out[label]:6.2f} s per 1M lines  {label}", flush=True)
+            cpus.append(cpu_s() - c)
+        out[label] = min(secs) / lines * 1e6
+        out[f"cpu: {label}"] = min(cpus) / lines * 1e6
+        print(f"    {out[label]:6.2f} s ({min(cpus) / lines * 1e6:5.2f} CPU s) per 1M lines  {label}", flush=True)
         return value
 
-    print("  breakdown (seconds per 1M lines, best of %d; replicas of core steps, 'alt' = candidate):" % reps)
+    print("  breakdown (wall and process CPU seconds per 1M lines, best of %d):" % reps)
     chunks = [data[i:i + (1 << 20)] for i in range(0, len(data), 1 << 20)]
-    blocks = best("iter_blocks over 1 MiB chunks (core: carry += chunk)", lambda: list(iter_blocks(iter(chunks))))
-    alt_blocks = best("alt: iter_blocks collecting chunks in a list, one join",
-                      lambda: list(iter_blocks_joined(iter(chunks))))
-    assert alt_blocks == blocks
-    raws = best("parse_output_block (core)", lambda: [parse_output_block(b) for b in blocks])
-    best("  of which split lines + strip filter + join (Python)",
-         lambda: [b"\n".join([ln for ln in b.split(b"\n") if ln.strip()]) for b in blocks])
+    blocks = best("iter_blocks over 1 MiB chunks", lambda: list(iter_blocks(iter(chunks))))
+    raws = best("parse_output_block (core: DuckDB json_extract_string + lines from the block buffer)",
+                lambda: [parse_output_block(b) for b in blocks])
+    best("  of which the lines array (numpy newlines, one copy without them, UTF-8 check)",
+         lambda: [_lines_array(b) for b in blocks])
+    old = best("alt: the per-line path (split/strip/join, Arrow's JSON reader, decode per line)",
+               lambda: [_parse_lines(b) for b in blocks], times=1)
+    same = all(a.equals(b) for a, b in zip(raws, old))
+    print(f"           identical tables: {same}")
+    out["parse_identical_to_per_line_path"] = same
     opts = pajson.ParseOptions(explicit_schema=OUTPUT_LINE_SCHEMA, unexpected_field_behavior="ignore")
-    best("  of which pajson.read_json(OUTPUT_LINE_SCHEMA)",
-         lambda: [pajson.read_json(io.BytesIO(b), parse_options=opts) for b in blocks])
-    best("  of which raw_payload: pa.array([line.decode() for line in lines])",
-         lambda: [pa.array([ln.decode("utf-8", "replace") for ln in b.split(b"\n") if ln.strip()], pa.string())
-                  for b in blocks])
-    alt_raw = best("alt: raw_payload as one Arrow array over the block buffer",
-                   lambda: [_raw_payload_from_buffer(b) for b in blocks])
-    assert all(a.equals(r.column("raw_payload").combine_chunks()) for a, r in zip(alt_raw, raws))
+    best("alt: pajson.read_json(OUTPUT_LINE_SCHEMA) alone", lambda: [pajson.read_json(io.BytesIO(b), parse_options=opts)
+                                                                     for b in blocks])
+    schema = pl.from_arrow(pa.Table.from_batches([], schema=OUTPUT_LINE_SCHEMA)).schema
+    first = blocks[:2]
+    best("alt: pl.read_ndjson(nested schema) alone (2 blocks)", lambda: [pl.read_ndjson(b, schema=schema) for b in first],
+         lines=sum(b.count(b"\n") for b in first), times=1)
     scratch = tempfile.mkdtemp(prefix="ingest_bd-")
     spec, plan, price, _ = _setup_ours(scratch)
     shutil.rmtree(scratch, ignore_errors=True)
-    core_v = best("validate (core: to_pylist x4, json.loads per row, per-row loop)",
-                  lambda: [validate(r, spec.output) for r in raws])
-    alt_v = best("alt: validate_vectorised (columns + Python only for unsettled rows)",
-                 lambda: [validate_vectorised(r, spec.output) for r in raws])
-    same = all(all(getattr(a, f).equals(getattr(b, f)) for f in ("status", "parsed_output", "error_class",
-                                                                 "error_code", "error_message"))
-               for a, b in zip(core_v, alt_v))
-    print(f"           validate_vectorised verdicts identical to core: {same}")
-    out["validate_vectorised_identical"] = same
+    best("validate (core: column-wise, Python only for unsettled and error rows)",
+         lambda: [validate(r, spec.output) for r in raws])
     work = ShardWork(JOB, "s00001", 1, "k", plan, pa.table({"request_id": pa.array([], pa.string())}))
-    tables = best("build_results (core, includes validate)",
+    tables = best("build_results (includes validate)",
                   lambda: [build_results(r, work, backend="openai_batch", pricing="batch", prompt_version="v1",
                                          price=price, provider_batch_id="b") for r in raws])
+    for kw in ({"compression": "zstd"}, {"compression": "zstd", "compression_level": -1}, {"compression": "snappy"},
+               {"compression": "lz4"}, {"compression": "none"}):
+        sizes: list[int] = []
 
-    def write(**kw):
-        return lambda: [pq.write_table(t, io.BytesIO(), **kw) for t in tables]
-
-    best("Store.write_table equivalent: pq.write_table(zstd) (core)", write(compression="zstd"))
-    low = ["shard_id", "attempt", "backend", "pricing", "model", "prompt_version", "status", "parsed_output",
-           "finish_reason", "error_class", "error_code", "provider_batch_id"]
-    best("alt: zstd, dictionary only for low-cardinality columns", write(compression="zstd", use_dictionary=low))
-    best("isolate: no compression (what zstd of ~850-byte raw_payload lines costs)", write(compression="none"))
+        def write(kw=kw, sizes=sizes):
+            sizes.clear()
+            for t in tables:
+                buf = pa.BufferOutputStream()
+                pq.write_table(t, buf, **kw)
+                sizes.append(buf.getvalue().size)
+        label = "pq.write_table " + ", ".join(f"{k}={v}" for k, v in kw.items())
+        best(label, write)
+        out[f"MiB per 1M lines: {label}"] = sum(sizes) / n * 1e6 / 2**20
+        print(f"           {sum(sizes) / n * 1e6 / 2**20:,.0f} MiB per 1M lines")
     return out
 
 
@@ -599,9 +520,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  [{'ok' if ok else 'MISS'}] {name}")
     if args.sections and "ours" in res:
         total = res["ours"]["seconds"]
-        print(f"  ours, time by step (of {total:.2f} s):")
+        tcpu = res["ours"]["sections_thread_cpu"]
+        print(f"  ours, time by step (of {total:.2f} s wall, {res['ours']['cpu_s']:.2f} s CPU in all threads; "
+              "thread CPU = the calling thread's own, [writer] runs beside the main thread):")
         for name, s in sorted(res["ours"]["sections"].items(), key=lambda kv: -kv[1]):
-            print(f"    {s:7.3f} s {100 * s / total:5.1f}%  {name}")
+            print(f"    {s:7.3f} s {100 * s / total:5.1f}%  thread CPU {tcpu[name]:6.3f} s  {name}")
     if args.profile and "ours" in res:
         print(res["ours"]["profile"])
     bd = breakdown(files) if args.breakdown else None

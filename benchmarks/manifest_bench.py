@@ -12,7 +12,7 @@ Both must find the same number of unique requests and the same set of request ID
 digest of the sorted IDs, computed after the timed section). Targets: ours >= 3x the reference,
 peak RSS < 1.5 GB at 2M rows. Wall and CPU seconds are measured in the child around the work only; with
 ``--repeat N`` the variants alternate N times and the fastest run is reported (the machine may be shared).
-``--sections`` times the phases of ``build()`` and notes the peak RSS before the final rows re-read.
+``--sections`` times the phases of ``build()`` (wall and the calling thread's CPU seconds).
 
     python benchmarks/manifest_bench.py --rows 1000000 [--rows 2000000] [--repeat 2] [--sections] [--profile]
 """
@@ -145,19 +145,28 @@ def reference(path: str, out_dir: str, prefix: bytes) -> dict:
 
 
 def _install_section_timers(totals: dict[str, float]) -> None:
-    """Wrap the phases of ManifestBuilder.build with timers (cheap, unlike cProfile)."""
-    from batch_pipeline.core import ids, inputs, manifest, store
+    """Wrap the phases of ManifestBuilder.build with timers (cheap, unlike cProfile).
+
+    Each section records wall seconds and the CPU seconds of the thread that ran it (``time.thread_time``;
+    Polars and Arrow worker threads not included), keyed ``"wall|<label>"`` and ``"cpu|<label>"``. Steps on the
+    background writer thread are labelled ``[writer]``: their wall time overlaps the main thread's.
+    """
+    from batch_pipeline.core import ids, manifest, store
+
+    def add(label, wall, cpu):
+        totals[f"wall|{label}"] = totals.get(f"wall|{label}", 0.0) + wall
+        totals[f"cpu|{label}"] = totals.get(f"cpu|{label}", 0.0) + cpu
 
     def timed(owner, name, label=None):
         fn = getattr(owner, name)
         label = label or name
 
         def wrapper(*a, **kw):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             try:
                 return fn(*a, **kw)
             finally:
-                totals[label] = totals.get(label, 0.0) + time.perf_counter() - t
+                add(label, time.perf_counter() - t, time.thread_time() - c)
         setattr(owner, name, wrapper)
 
     def timed_gen(owner, name, label):
@@ -166,34 +175,24 @@ def _install_section_timers(totals: dict[str, float]) -> None:
         def wrapper(*a, **kw):
             it = fn(*a, **kw)
             while True:
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.thread_time()
                 try:
                     item = next(it)
                 except StopIteration:
-                    totals[label] = totals.get(label, 0.0) + time.perf_counter() - t
+                    add(label, time.perf_counter() - t, time.thread_time() - c)
                     return
-                totals[label] = totals.get(label, 0.0) + time.perf_counter() - t
+                add(label, time.perf_counter() - t, time.thread_time() - c)
                 yield item
         setattr(owner, name, wrapper)
 
-    timed(manifest, "_count_rows", "_count_rows (pre-scan of the input)")
+    timed(manifest, "_count_rows", "_count_rows (head of the input, to size the window)")
     timed_gen(manifest, "read_batches", "read_batches (Arrow JSON + _jsonl_block)")
     timed(manifest.ManifestBuilder, "_prepare", "_prepare (Polars normalise/render/estimate)")
     timed(ids, "request_ids", "ids.request_ids (hashlib loop)")
-    timed(manifest.ManifestBuilder, "_close", "_close (concat+sort+write shard Parquet)")
-    timed(store.Store, "read_part", "Store.read_part (rows re-read for duplicates_collapsed)")
-    # memory: the peak RSS reached before the final re-read of the rows file, to tell what sets the peak
-    inner_read = store.Store.read_part
-
-    def read_part_mem(self, rel, *a, **kw):
-        if "/manifest/rows/" in rel:
-            totals["_mem: peak RSS before duplicates_collapsed (MB)"] = _maxrss_mb()
-            totals["_mem: current RSS before duplicates_collapsed (MB)"] = _current_rss_mb()
-        return inner_read(self, rel, *a, **kw)
-    store.Store.read_part = read_part_mem
-    timed(manifest.Manifest, "item_index", "Manifest.item_index (seed of the seen set)")
-    # the rows table is streamed through Store.parquet_writer; time that writer's write_table only
-    # (pq.write_table, used by _close, goes through ParquetWriter too)
+    timed(manifest.ManifestBuilder, "_write_shard", "[writer] _write_shard (concat+sort+zstd Parquet)")
+    timed(store.BackgroundWrites, "submit",
+          "BackgroundWrites.submit (rows and shards to the writers; waits while they are behind)")
+    timed(store.BackgroundWrites, "close", "BackgroundWrites.close (drain at the end)")
     from contextlib import contextmanager
 
     original = store.Store.parquet_writer
@@ -203,12 +202,12 @@ def _install_section_timers(totals: dict[str, float]) -> None:
             self._inner = inner
 
         def write_table(self, *a, **kw):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             try:
                 return self._inner.write_table(*a, **kw)
             finally:
-                label = "rows table: ParquetWriter.write_table (zstd)"
-                totals[label] = totals.get(label, 0.0) + time.perf_counter() - t
+                add("[writer] rows table: ParquetWriter.write_table (zstd)", time.perf_counter() - t,
+                    time.thread_time() - c)
 
         def __getattr__(self, name):
             return getattr(self._inner, name)
@@ -219,7 +218,6 @@ def _install_section_timers(totals: dict[str, float]) -> None:
             yield _TimedWriter(w)
 
     store.Store.parquet_writer = parquet_writer
-    _ = inputs
 
 
 def ours(path: str, work: str, sections: bool, profile: bool) -> dict:
@@ -361,23 +359,30 @@ def bench(rows: int, seed: int, sections: bool, profile: bool, variants: list[st
         ours_r = results["ours"]
         checks.append(("ours: items in shards == unique", ours_r["items_in_shards"] == ours_r["unique"]))
         checks.append((f"ours: no shard above {SHARD_SIZE}", results["ours"]["largest_shard"] <= SHARD_SIZE))
+        checks.append(("ours: duplicates_collapsed == accepted - unique",
+                       ours_r["duplicates_collapsed"] == ours_r["rows"] - ours_r["rejected"] - ours_r["unique"]))
         if rows >= 2_000_000:
             checks.append(("ours peak RSS < 1.5 GB", results["ours"]["peak_rss_mb"] < 1536))
     out["checks"] = {name: ok for name, ok in checks}
     for name, ok in checks:
         print(f"  [{'ok' if ok else 'MISS'}] {name}")
     if sections and "ours" in results:
-        secs = {k: v for k, v in results["ours"]["sections"].items() if not k.startswith("_mem")}
-        mem = {k[6:]: v for k, v in results["ours"]["sections"].items() if k.startswith("_mem")}
-        total = results["ours"]["seconds"]
-        print(f"  ours, time by section (of {total:.1f} s wall):")
-        for name, s in sorted(secs.items(), key=lambda kv: -kv[1]):
-            print(f"    {s:7.2f} s {100 * s / total:5.1f}%  {name}")
-        rest = total - sum(secs.values())
-        print(f"    {rest:7.2f} s {100 * rest / total:5.1f}%  rest of build(): dedup/dealing loop, to_list(), "
-              "Series, partition_by, duplicates_collapsed set")
-        for k, v in mem.items():
-            print(f"  ours, {k}: {v:,.0f}  (final peak {results['ours']['peak_rss_mb']:,.0f} MB)")
+        r = results["ours"]
+        sec = r["sections"]
+        labels = sorted({k.split("|", 1)[1] for k in sec}, key=lambda k: -sec[f"wall|{k}"])
+        total = r["seconds"]
+        print(f"  ours, time by section (of {total:.1f} s wall, {r['cpu_s']:.1f} s CPU in all threads; "
+              "thread CPU = the calling thread's own):")
+        print(f"    {'wall s':>7} {'share':>6} {'thread CPU s':>12}  section")
+        main_wall = 0.0
+        for name in labels:
+            w, c = sec[f"wall|{name}"], sec[f"cpu|{name}"]
+            if not name.startswith("[writer]"):
+                main_wall += w
+            print(f"    {w:7.2f} {100 * w / total:5.1f}% {c:12.2f}  {name}")
+        rest = total - main_wall
+        print(f"    {rest:7.2f} {100 * rest / total:5.1f}% {'':>12}  rest of build() on the main thread: dedup/dealing "
+              "loop, to_list(), Series, partition_by")
     if profile and "ours" in results:
         print(results["ours"]["profile"])
     return out

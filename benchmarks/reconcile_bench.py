@@ -13,7 +13,7 @@ Measured:
    ``read_results`` (state columns, as the runner reads them, and all columns), ``read_results`` of one
    shard (what ``pending_items`` does), ``Manifest.item_index`` and the whole reconcile from the store.
 
-``--breakdown`` also times replicas of the steps inside those functions and candidate replacements.
+``--breakdown`` also times the steps inside those functions and the plain formulations they replaced.
 
     python benchmarks/reconcile_bench.py [--items 1000000] [--shards 200] [--repeat 5] [--breakdown]
 """
@@ -172,56 +172,54 @@ def _best(label: str, fn, reps: int = 3) -> float:
 
 
 def breakdown_in_memory(items: pl.DataFrame, res: pl.DataFrame, states: pl.DataFrame) -> dict:
-    """Replicas of the steps inside item_states and check_invariant, and candidate replacements."""
-    print("    breakdown (replicas of the core steps; 'alt' = candidate change):")
+    """The steps inside item_states and check_invariant, and the plain formulations they replaced."""
+    from batch_pipeline.core.reconcile import _item_states_by_id
+
+    print("    breakdown ('was' = the plain formulation, kept in core as the fallback on a hash collision):")
     out = {}
-    srt = res.sort("attempt")
-    out["item_states: sort(attempt)"] = _best("item_states: results.sort('attempt')", lambda: res.sort("attempt"))
-    out["item_states: group_by(request_id).agg"] = _best(
-        "item_states: group_by('request_id').agg(6 aggregates) on 64-char hex keys",
-        lambda: srt.group_by("request_id").agg(
-            (pl.col("status") == "succeeded").any().alias("_ok"), pl.col("attempt").max(), pl.col("status").last(),
-            pl.col("error_code").last(), pl.col("error_message").last()))
-    per = srt.group_by("request_id").agg(pl.col("attempt").max())
-    out["item_states: join"] = _best("item_states: items.join(per_item, how='left')",
-                                     lambda: items.select("request_id", "shard_id").join(per, on="request_id",
-                                                                                          how="left"))
-    out["check: items n_unique"] = _best("check_invariant: items request_id n_unique",
-                                         lambda: items.get_column("request_id").n_unique())
-    out["check: unique + anti join"] = _best(
-        "check_invariant: results.select(request_id).unique().join(items, how='anti')",
-        lambda: res.select("request_id").unique().join(items.select("request_id"), on="request_id", how="anti"))
-    out["alt check: anti join, no unique"] = _best(
-        "alt: anti join without the unique() first (unique only the orphans, usually none)",
+    out["item_states (core: 64-bit hash key, numeric sort + sorted group_by, one join)"] = _best(
+        "item_states (core: 64-bit hash key, numeric sort + sorted group_by, one join)",
+        lambda: item_states(items, res, BUDGET))
+    out["was: item_states on the ID strings"] = _best(
+        "was: sort(attempt) + group_by(request_id) with 6 aggregates + join on the ID strings",
+        lambda: _item_states_by_id(items, res, BUDGET))
+    out["check: items hash n_unique"] = _best("check_invariant: n_unique of the items' ID hashes",
+                                              lambda: items.get_column("request_id").hash().n_unique())
+    out["was: items n_unique strings"] = _best("was: n_unique of the ID strings",
+                                               lambda: items.get_column("request_id").n_unique())
+    out["check: anti join"] = _best(
+        "check_invariant: results anti join items on the ID strings (no unique() first)",
         lambda: res.select("request_id").join(items.select("request_id"), on="request_id", how="anti"))
-    out["check: counts_by_shard"] = _best("check_invariant: counts_by_shard(states) (2nd time)",
-                                          lambda: counts_by_shard(states))
-    out["check: succeeded unique"] = _best(
-        "check_invariant: results.filter(succeeded).select(request_id).unique()",
+    out["was: unique + anti join"] = _best(
+        "was: results.select(request_id).unique() then the anti join",
+        lambda: res.select("request_id").unique().join(items.select("request_id"), on="request_id", how="anti"))
+    out["check: succeeded hash n_unique"] = _best(
+        "check_invariant: distinct hashes of succeeded IDs",
+        lambda: res.filter(pl.col("status") == "succeeded").get_column("request_id").hash().n_unique())
+    out["was: succeeded unique"] = _best(
+        "was: results.filter(succeeded).select(request_id).unique()",
         lambda: res.filter(pl.col("status") == "succeeded").select("request_id").unique())
+    out["check: counts_by_shard"] = _best("check_invariant: counts_by_shard(states)", lambda: counts_by_shard(states))
     return out
 
 
 def breakdown_read(store: Store) -> dict:
-    print("    read_results breakdown (replicas; 'alt' = candidate change):")
+    print("    read_results breakdown ('was' = the previous formulation):")
     paths = JobPaths(JOB)
     files = store.list_files(paths.results, recursive=True, suffix=".parquet")
-    out = {}
-    out["read_part x parts"] = _best(f"read_part() of {len(files)} parts, one after another",
-                                     lambda: [store.read_part(r, STATE_COLUMNS) for r in files])
-    tabs = [store.read_part(r, STATE_COLUMNS) for r in files]
-    out["concat + from_arrow"] = _best("pa.concat_tables + pl.from_arrow",
-                                       lambda: pl.from_arrow(pa.concat_tables(tabs, promote_options="permissive")))
-    frame = pl.from_arrow(pa.concat_tables(tabs, promote_options="permissive"))
-    out["unique(maintain_order)"] = _best("unique(subset=[request_id, attempt], keep='first', maintain_order=True)",
-                                          lambda: frame.unique(subset=["request_id", "attempt"], keep="first",
-                                                               maintain_order=True))
-    out["alt: duplicate check only"] = _best("alt: is_duplicated().any() first (skip unique when nothing repeats)",
-                                             lambda: frame.select(pl.struct("request_id", "attempt")
-                                                                  .is_duplicated().any()).item())
     local = [str(store.local_path(r)) for r in files]
-    out["alt: scan_parquet"] = _best("alt: pl.scan_parquet(all parts).select(cols).collect() (parallel reads)",
-                                     lambda: pl.scan_parquet(local).select(STATE_COLUMNS).collect())
+    out = {}
+    out["scan_parquet"] = _best(f"core: pl.scan_parquet({len(files)} parts).select(cols).collect() (parallel)",
+                                lambda: pl.scan_parquet(local).select(STATE_COLUMNS).collect())
+    out["was: read_part x parts"] = _best(f"was: read_part() of {len(files)} parts, one after another",
+                                          lambda: [store.read_part(r, STATE_COLUMNS) for r in files])
+    frame = pl.scan_parquet(local).select(STATE_COLUMNS).collect()
+    out["duplicate check"] = _best("core: duplicate check on (hash(request_id), attempt) (unique() only if any)",
+                                   lambda: frame.select(pl.struct(pl.col("request_id").hash(), "attempt")
+                                                        .is_duplicated().any()).item())
+    out["was: unique(maintain_order)"] = _best(
+        "was: unique(subset=[request_id, attempt], keep='first', maintain_order=True) always",
+        lambda: frame.unique(subset=["request_id", "attempt"], keep="first", maintain_order=True))
     return out
 
 
@@ -233,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--keep", action="store_true", help="keep the temp store (path printed)")
     ap.add_argument("--breakdown", action="store_true",
-                    help="also time the steps inside item_states, check_invariant and read_results (replicas)")
+                    help="also time the steps inside item_states, check_invariant and read_results")
     args = ap.parse_args(argv)
     out: dict = {"items": args.items, "shards": args.shards, "date": date.today().isoformat()}
 

@@ -43,13 +43,24 @@ def request_id(prefix: bytes, rendered_input: str) -> str:
     return h.hexdigest()
 
 
-def request_ids(prefix: bytes, rendered_inputs: list[str]) -> list[str]:
-    """Many IDs at once: the prefix is hashed once and the state copied per row."""
+def request_ids(prefix: bytes, rendered_inputs: list[str] | list[bytes]) -> list[str]:
+    """Many IDs at once: the prefix is hashed once and the state copied per row.
+
+    Takes the rendered inputs as text or as their UTF-8 bytes (what Polars hands over from a ``Binary``
+    cast without decoding); both give the same IDs.
+    """
     base = hashlib.sha256(prefix)
+    copy = base.copy
     out = []
     append = out.append
+    if rendered_inputs and isinstance(rendered_inputs[0], bytes):
+        for data in rendered_inputs:
+            h = copy()
+            h.update(data)
+            append(h.hexdigest())
+        return out
     for text in rendered_inputs:
-        h = base.copy()
+        h = copy()
         h.update(text.encode("utf-8"))
         append(h.hexdigest())
     return out

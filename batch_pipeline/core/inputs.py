@@ -6,10 +6,9 @@ bad row is named by file, line and field while the good rows around it go on.
 """
 
 import glob
-import io
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -122,16 +121,66 @@ def _jsonl(f: InputFile, fields: list[str], key_field: str | None) -> Iterator[R
                 if data:
                     yield _jsonl_block(f.uri, data, next_line, fields, key_field, options)
                 return
-            cut = data.rfind(b"\n")
-            if cut < 0:
+            ends = line_ends(data)  # the newlines, found once per block
+            if not len(ends):
                 carry = data
                 continue
+            cut = ends[-1]
             block, carry = data[: cut + 1], data[cut + 1 :]
-            yield _jsonl_block(f.uri, block, next_line, fields, key_field, options)
-            next_line += block.count(b"\n")
+            yield _jsonl_block(f.uri, block, next_line, fields, key_field, options, ends)
+            next_line += len(ends)
+
+
+_STRIP_BYTES = list(b" \t\n\r\x0b\x0c")  # what ``bytes.strip`` removes
+
+
+def line_ends(block: bytes) -> pl.Series:
+    """Offsets of every newline in ``block`` (UInt32), found column-wise over a zero-copy view of its bytes."""
+    view = pl.from_arrow(pa.Array.from_buffers(pa.uint8(), len(block), [None, pa.py_buffer(block)]))
+    assert isinstance(view, pl.Series)
+    return (view == 10).arg_true()
+
+
+def first_bytes(block: bytes, ends: pl.Series) -> pl.Series:
+    """The first byte of every line of ``block`` (``ends``: its newline offsets, the last one at its end)."""
+    view = pl.from_arrow(pa.Array.from_buffers(pa.uint8(), len(block), [None, pa.py_buffer(block)]))
+    assert isinstance(view, pl.Series)
+    starts = pl.concat([pl.Series([0], dtype=ends.dtype), ends.head(len(ends) - 1) + 1])
+    return view.gather(starts)
+
+
+def _clean_line_count(block: bytes, ends: pl.Series | None = None) -> int | None:
+    """The number of lines of a block that ends with a newline and has no line that is blank or starts with
+    whitespace (so no line needs the per-line filter); None otherwise. ``ends``: the block's newline offsets."""
+    if not block.endswith(b"\n"):
+        return None
+    if ends is None:
+        ends = line_ends(block)
+    return None if first_bytes(block, ends).is_in(_STRIP_BYTES).any() else len(ends)
 
 
 def _jsonl_block(source: str, block: bytes, first_line: int, fields: list[str], key_field: str | None,
+                 options: pajson.ParseOptions, ends: pl.Series | None = None) -> RowBatch:
+    n = _clean_line_count(block, ends)
+    if n:  # every line is a candidate row: parse the block as it is, no split, filter and join
+        try:
+            table = _read_block(block, options, key_field)
+            if table.num_rows != n:
+                raise ValueError("row count mismatch")
+            table.validate(full=True)  # Arrow's JSON reader does not check UTF-8; this does
+        except (pa.ArrowInvalid, UnicodeDecodeError, ValueError):  # the per-line path would fail the same way
+            raw_lines = block.split(b"\n")
+            raw_lines.pop()
+            return _jsonl_slow(source, raw_lines, list(range(first_line, first_line + n)), fields, key_field)
+        frame = pl.from_arrow(table)
+        assert isinstance(frame, pl.DataFrame)
+        frame = frame.with_columns(pl.int_range(first_line, first_line + n, dtype=pl.Int64).alias(LINE),
+                                   (pl.col(key_field) if key_field else pl.lit(None, pl.String)).alias(KEY))
+        return _split_missing(source, frame, fields, lambda: block.split(b"\n"))
+    return _jsonl_lines(source, block, first_line, fields, key_field, options)
+
+
+def _jsonl_lines(source: str, block: bytes, first_line: int, fields: list[str], key_field: str | None,
                  options: pajson.ParseOptions) -> RowBatch:
     raw_lines = block.split(b"\n")
     if raw_lines and raw_lines[-1] == b"":
@@ -152,19 +201,19 @@ def _jsonl_block(source: str, block: bytes, first_line: int, fields: list[str], 
     assert isinstance(frame, pl.DataFrame)
     frame = frame.with_columns(pl.Series(LINE, line_numbers, dtype=pl.Int64))
     frame = frame.with_columns((pl.col(key_field) if key_field else pl.lit(None, pl.String)).alias(KEY))
-    return _split_missing(source, frame, fields, raw_lines)
+    return _split_missing(source, frame, fields, lambda: raw_lines)
 
 
 def _read_block(data: bytes, options: pajson.ParseOptions, key_field: str | None) -> pa.Table:
     """Parse a block column-wise; a numeric key column (``"id": 123``) is read as a number, kept as text."""
     try:
-        return pajson.read_json(io.BytesIO(data), parse_options=options)
+        return pajson.read_json(pa.BufferReader(data), parse_options=options)
     except pa.ArrowInvalid as exc:
         if not key_field or f"Column(/{key_field}) changed from string" not in str(exc):
             raise
     schema = options.explicit_schema
     numeric = schema.set(schema.get_field_index(key_field), pa.field(key_field, pa.int64()))
-    table = pajson.read_json(io.BytesIO(data), parse_options=pajson.ParseOptions(
+    table = pajson.read_json(pa.BufferReader(data), parse_options=pajson.ParseOptions(
         explicit_schema=numeric, unexpected_field_behavior="ignore"))
     return table.set_column(table.schema.get_field_index(key_field), key_field,
                             table.column(key_field).cast(pa.string()))
@@ -216,16 +265,21 @@ def _bad_field(row: dict, fields: list[str]) -> tuple[str, str, str] | None:
     return None
 
 
-def _split_missing(source: str, frame: pl.DataFrame, fields: list[str], raw_lines: list[bytes] | None) -> RowBatch:
-    """Rows with a null required field become rejects (Arrow cannot tell missing from null)."""
+def _split_missing(source: str, frame: pl.DataFrame, fields: list[str],
+                   raw_lines: Callable[[], list[bytes]] | None) -> RowBatch:
+    """Rows with a null required field become rejects (Arrow cannot tell missing from null).
+
+    ``raw_lines`` gives the frame's lines (row i is line i), for the reject previews; called only if needed.
+    """
     null_any = pl.any_horizontal([pl.col(n).is_null() for n in fields])
     if not frame.select(null_any.any()).item():
         return RowBatch(source, frame.select([*fields, LINE, KEY]))
+    lines = raw_lines() if raw_lines else None
     bad = frame.with_row_index("_i").filter(null_any)
     rejects = []
     for row in bad.iter_rows(named=True):
         name = next(n for n in fields if row[n] is None)
-        raw = raw_lines[row["_i"]][:RAW_PREVIEW].decode("utf-8", "replace") if raw_lines else ""
+        raw = lines[row["_i"]][:RAW_PREVIEW].decode("utf-8", "replace") if lines else ""
         rejects.append(Reject(source, row[LINE], name, "missing_field", f"missing or null field '{name}'", raw))
     return RowBatch(source, frame.filter(~null_any).select([*fields, LINE, KEY]), rejects)
 

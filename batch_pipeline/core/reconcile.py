@@ -40,35 +40,85 @@ class Counts:
                 "missing": self.missing, "dead_lettered": self.dead_lettered}
 
 
-def item_states(items: pl.DataFrame, results: pl.DataFrame, per_item_budget: int) -> pl.DataFrame:
-    """One row per manifest item: its state, failures spent and last error.
-
-    ``items``: request_id, shard_id. ``results``: request_id, attempt, status, error_class, error_code,
-    error_message (one row per request and attempt).
-    """
-    failed = (pl.col("status") != "succeeded") & (pl.col("error_class") != ErrorClass.SYSTEMIC.value) & \
+def _failed() -> pl.Expr:
+    """A failure that spends the item's budget (systemic failures and never-tried items do not)."""
+    return (pl.col("status") != "succeeded") & (pl.col("error_class") != ErrorClass.SYSTEMIC.value) & \
         ~pl.col("error_code").fill_null("").is_in(NO_BUDGET_CODES)
+
+
+def _state(per_item_budget: int) -> pl.Expr:
+    return (
+        pl.when(pl.col("_ok").fill_null(False)).then(pl.lit(VALID))
+        .when(pl.col("failures").fill_null(0) >= per_item_budget).then(pl.lit(DEAD))
+        .when(pl.col("last_status") == "invalid").then(pl.lit(INVALID))
+        .otherwise(pl.lit(MISSING))
+    )
+
+
+def _finish(joined: pl.DataFrame, per_item_budget: int) -> pl.DataFrame:
+    return joined.with_columns(_state(per_item_budget).alias("state"), pl.col("failures").fill_null(0),
+                               pl.col("attempts").fill_null(0)).drop("_ok")
+
+
+def _item_states_by_id(items: pl.DataFrame, results: pl.DataFrame, per_item_budget: int) -> pl.DataFrame:
+    """The plain formulation: group and join on the request-ID strings."""
     per_item = (
         results.sort("attempt")
         .group_by("request_id")
         .agg(
             (pl.col("status") == "succeeded").any().alias("_ok"),
-            failed.sum().alias("failures"),
+            _failed().sum().alias("failures"),
             pl.col("attempt").max().alias("attempts"),
             pl.col("status").last().alias("last_status"),
             pl.col("error_code").last().alias("last_error_code"),
             pl.col("error_message").last().alias("last_error"),
         )
     )
-    joined = items.select("request_id", "shard_id").join(per_item, on="request_id", how="left")
-    state = (
-        pl.when(pl.col("_ok").fill_null(False)).then(pl.lit(VALID))
-        .when(pl.col("failures").fill_null(0) >= per_item_budget).then(pl.lit(DEAD))
-        .when(pl.col("last_status") == "invalid").then(pl.lit(INVALID))
-        .otherwise(pl.lit(MISSING))
+    joined = items.select("request_id", "shard_id").join(per_item, on="request_id", how="left",
+                                                        maintain_order="left")
+    return _finish(joined, per_item_budget)
+
+
+def item_states(items: pl.DataFrame, results: pl.DataFrame, per_item_budget: int) -> pl.DataFrame:
+    """One row per manifest item (in the items' order): its state, failures spent and last error.
+
+    ``items``: request_id, shard_id. ``results``: request_id, attempt, status, error_class, error_code,
+    error_message (one row per request and attempt).
+
+    Grouped and joined on a 64-bit hash of the request ID instead of the 64-character strings, with only
+    numeric columns sorted and grouped; the strings of the last attempt are gathered once by row index. Two
+    exact guards fall back to the plain formulation on a hash collision: rows of one key must carry one ID,
+    and the ID of the group an item is joined to must be the item's.
+    """
+    if results.height == 0 or items.height == 0:
+        return _item_states_by_id(items, results, per_item_budget)
+    rid = results.get_column("request_id")
+    rows = results.select(
+        pl.col("request_id").hash().alias("_k"), pl.col("attempt"),
+        (pl.col("status") == "succeeded").alias("_ok"), _failed().cast(pl.UInt32).alias("_f"),
+        pl.int_range(pl.len(), dtype=pl.UInt32).alias("_i"),
+    ).sort("_k", "attempt")
+    key, index = rows.get_column("_k"), rows.get_column("_i")
+    repeat = (key == key.shift(1)).fill_null(False)
+    if repeat.any():  # guard 1: every run of equal keys holds one request ID
+        at = repeat.arg_true()
+        if rid.gather(index.gather(at)).ne_missing(rid.gather(index.gather(at - 1))).any():
+            return _item_states_by_id(items, results, per_item_budget)
+    per_item = rows.with_columns(pl.col("_k").set_sorted()).group_by("_k").agg(
+        pl.col("_ok").max(), pl.col("_f").sum().alias("failures"), pl.col("attempt").last().alias("attempts"),
+        pl.col("_i").last(),
     )
-    return joined.with_columns(state.alias("state"), pl.col("failures").fill_null(0),
-                               pl.col("attempts").fill_null(0)).drop("_ok")
+    joined = items.select("request_id", "shard_id", pl.col("request_id").hash().alias("_k")).join(
+        per_item, on="_k", how="left", maintain_order="left")
+    last = joined.get_column("_i")
+    seen_id = rid.gather(last)
+    if (last.is_not_null() & seen_id.ne_missing(joined.get_column("request_id"))).any():  # guard 2
+        return _item_states_by_id(items, results, per_item_budget)
+    tail = results.select(pl.col("status").alias("last_status"), pl.col("error_code").alias("last_error_code"),
+                          pl.col("error_message").alias("last_error")).gather(last)
+    joined = pl.concat([joined.select("request_id", "shard_id", "_ok", "failures", "attempts"), tail],
+                       how="horizontal")
+    return _finish(joined, per_item_budget)
 
 
 def counts_by_shard(states: pl.DataFrame) -> dict[str, Counts]:
@@ -87,10 +137,14 @@ def check_invariant(items: pl.DataFrame, results: pl.DataFrame, states: pl.DataF
     """Assert the accounting from independent sets; raise ``ReconciliationError`` naming the gap."""
     problems = []
     expected_ids = items.get_column("request_id")
-    if expected_ids.n_unique() != items.height:
-        problems.append(f"{items.height - expected_ids.n_unique()} request IDs appear in more than one shard")
-    orphans = results.select("request_id").unique().join(items.select("request_id"), on="request_id", how="anti")
+    # distinct hashes imply distinct IDs; count the strings only when the hashes say otherwise
+    hashed_apart = expected_ids.hash().n_unique() == items.height
+    duplicated = 0 if hashed_apart else items.height - expected_ids.n_unique()
+    if duplicated:
+        problems.append(f"{duplicated} request IDs appear in more than one shard")
+    orphans = results.select("request_id").join(items.select("request_id"), on="request_id", how="anti")
     if orphans.height:
+        orphans = orphans.unique(maintain_order=True)
         problems.append(f"{orphans.height} results for request IDs the manifest does not know "
                         f"(e.g. {orphans['request_id'][0]})")
     per_shard = counts_by_shard(states)
@@ -100,9 +154,11 @@ def check_invariant(items: pl.DataFrame, results: pl.DataFrame, states: pl.DataF
     for shard, c in per_shard.items():
         if not c.balanced:
             problems.append(f"shard {shard}: expected {c.expected} != {c.as_dict()}")
-    valid_ids = results.filter(pl.col("status") == "succeeded").select("request_id").unique()
-    if valid_ids.height != total.valid:
-        problems.append(f"{valid_ids.height} items have a succeeded result but {total.valid} are counted valid")
+    succeeded = results.filter(pl.col("status") == "succeeded").get_column("request_id")
+    # with unique item IDs and no orphans, every succeeded ID is an item's, and item IDs hash apart
+    valid_ids = succeeded.hash().n_unique() if hashed_apart and not orphans.height else succeeded.n_unique()
+    if valid_ids != total.valid:
+        problems.append(f"{valid_ids} items have a succeeded result but {total.valid} are counted valid")
     if problems:
         raise ReconciliationError("reconciliation failed: " + "; ".join(problems))
     return total

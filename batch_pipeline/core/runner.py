@@ -312,7 +312,13 @@ class ShardRunner:
         raise AssertionError("unreachable")
 
     def _ingest(self, attempt: Attempt, handle: BatchHandle) -> tuple[int, int]:
-        """Validate and append every result of one ended batch; IDs outside the attempt are ignored."""
+        """Validate and append every result of one ended batch; IDs outside the attempt are ignored.
+
+        Each part is written on a background thread (Parquet and zstd release the GIL) while the next block is
+        fetched and validated; every write has finished when this returns or raises.
+        """
+        from batch_pipeline.core.store import BackgroundWrites
+
         executor = self.executor
         assert isinstance(executor, BatchExecutor)
         shard_id = attempt.key.split(":")[1]
@@ -320,20 +326,22 @@ class ShardRunner:
                          pa.table({"request_id": attempt.request_ids}))
         expected = pa.array(attempt.request_ids, pa.string())
         rows = ok = 0
-        seen: set[str] = set()
-        for flush, raw in enumerate(executor.fetch(handle), start=1):
-            mine = raw.filter(pc.is_in(raw.column("request_id"), value_set=expected))
-            if mine.num_rows != raw.num_rows:
-                log.warning("shard %s: batch %s returned %d results for IDs not in attempt %d; ignored",
-                            shard_id, handle.batch_id, raw.num_rows - mine.num_rows, attempt.number)
-            table = build_results(mine, work, backend=executor.name, pricing=self.pricing,
-                                  prompt_version=self.spec.prompt.version, price=self.price,
-                                  provider_batch_id=handle.batch_id)
-            write_results(self.store, self.spec.name, shard_id, attempt.number, flush, table)
-            rows += table.num_rows
-            ok += pc.sum(pc.equal(table.column("status"), "succeeded")).as_py() or 0
-            seen.update(table.column("request_id").to_pylist())
-        missing = len(set(attempt.request_ids) - seen)
+        answered: list[pa.Array] = []
+        with BackgroundWrites(depth=2) as writes:
+            for flush, raw in enumerate(executor.fetch(handle), start=1):
+                mine = raw.filter(pc.is_in(raw.column("request_id"), value_set=expected))
+                if mine.num_rows != raw.num_rows:
+                    log.warning("shard %s: batch %s returned %d results for IDs not in attempt %d; ignored",
+                                shard_id, handle.batch_id, raw.num_rows - mine.num_rows, attempt.number)
+                table = build_results(mine, work, backend=executor.name, pricing=self.pricing,
+                                      prompt_version=self.spec.prompt.version, price=self.price,
+                                      provider_batch_id=handle.batch_id)
+                writes.submit(write_results, self.store, self.spec.name, shard_id, attempt.number, flush, table)
+                rows += table.num_rows
+                ok += pc.sum(pc.equal(table.column("status"), "succeeded")).as_py() or 0
+                answered.extend(table.column("request_id").chunks)
+        seen = pa.concat_arrays(answered) if answered else pa.array([], pa.string())
+        missing = pc.count_distinct(expected.filter(pc.invert(pc.is_in(expected, value_set=seen)))).as_py()
         if missing:
             log.warning("shard %s: batch %s has no result for %d of %d requests; they stay pending",
                         shard_id, handle.batch_id, missing, len(attempt.request_ids))

@@ -6,12 +6,13 @@ filesystem without atomic rename) fails to parse and is skipped with a warning. 
 in place except derived snapshots (the validated table), which are replaced atomically.
 """
 
-import io
 import json
 import logging
 import os
 import uuid
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,7 @@ class Store:
         return f"{head}/{tmp}" if head else tmp
 
     # -- bytes -----------------------------------------------------------------
-    def write_bytes(self, rel: str, data: bytes) -> None:
+    def write_bytes(self, rel: str, data: bytes | pa.Buffer) -> None:
         self._mkdir_for(rel)
         if not self.is_local:  # one PUT is atomic on object stores
             with self.fs.open_output_stream(self.full(rel)) as out:
@@ -146,7 +147,7 @@ class Store:
 
     # -- Parquet ---------------------------------------------------------------
     def write_table(self, rel: str, table: pa.Table, **kwargs: Any) -> None:
-        buf = io.BytesIO()
+        buf = pa.BufferOutputStream()  # no copy out of it, unlike io.BytesIO.getvalue()
         pq.write_table(table, buf, compression=kwargs.pop("compression", "zstd"), **kwargs)
         self.write_bytes(rel, buf.getvalue())
 
@@ -190,3 +191,53 @@ class Store:
         if not tables:
             return None
         return pa.concat_tables(tables, promote_options="permissive")
+
+
+class BackgroundWrites:
+    """Writes run on worker threads, with at most ``depth`` submitted and not yet finished.
+
+    Parquet encoding and zstd release the GIL, so a write runs on another core while the caller goes on with
+    the next block. With one worker (the default) writes run in the order submitted, e.g. the row groups of
+    one ``ParquetWriter``; with more, only independent writes (separate files) may be submitted. A failed write
+    is raised by the next ``submit`` or by ``wait``. Leaving the ``with`` block waits for every pending write;
+    it raises the first failure unless an exception is already on its way out.
+    """
+
+    def __init__(self, depth: int = 2, workers: int = 1):
+        self.depth = max(1, depth)
+        self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="store-write")
+        self._pending: deque[Future] = deque()
+
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        while self._pending and (len(self._pending) >= self.depth or self._pending[0].done()):
+            self._pending.popleft().result()
+        self._pending.append(self._pool.submit(fn, *args, **kwargs))
+
+    def wait(self) -> None:
+        """Block until every submitted write is done; raise the first failure."""
+        first: BaseException | None = None
+        while self._pending:
+            try:
+                self._pending.popleft().result()
+            except BaseException as exc:  # noqa: BLE001 - wait for the rest, then raise the first
+                first = first or exc
+        if first is not None:
+            raise first
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> "BackgroundWrites":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except BaseException as failure:  # noqa: BLE001 - the exception already leaving wins
+            log.warning("a background write failed while another error was raised: %s", failure)

@@ -82,58 +82,82 @@ def _parse_text(texts: list[str | None]) -> list[tuple[str | None, str | None]]:
     return [(t, None) if t and t.strip() else (None, "empty output") for t in texts]
 
 
-def _fast_choice(texts: pa.Array, labels: list[str]) -> pa.Array | None:
-    """Column-wise check of bare labels; None when some rows need the JSON path."""
-    stripped = pc.utf8_trim_whitespace(texts)
-    ok = pc.is_in(stripped, value_set=pa.array(labels))
-    return stripped if pc.all(ok).as_py() else None
+# The forms a choice output takes when it is settled column-wise: a bare label, or the object a backend with a
+# JSON schema returns, compact or with one space after the colon. Anything else goes through the per-row parser.
+_CHOICE_OBJECT = r'^\{"' + CHOICE_KEY + r'": ?"(?P<label>[^"\\\x00-\x1f]*)"\}$'
+TRUNCATED_MESSAGE = "output hit max_tokens (finish_reason=length)"
+
+
+def _plain_labels(labels: list[str]) -> bool:
+    """Labels that read the same as text, stripped, and inside a JSON string (so the column checks agree
+    with ``_parse_choice``)."""
+    return all(label and label == label.strip() and label.isprintable() and '"' not in label and "\\" not in label
+               for label in labels)
+
+
+def _choice_columns(texts: pa.Array, labels: list[str]) -> tuple[pa.Array, pa.Array]:
+    """(settled, value): rows whose output is a bare allowed label or ``{"label": "<allowed>"}``."""
+    allowed = pa.array(labels, pa.string())
+    bare = pc.fill_null(pc.is_in(texts, value_set=allowed), False)
+    label = pc.struct_field(pc.extract_regex(texts, _CHOICE_OBJECT), "label")
+    in_object = pc.fill_null(pc.is_in(label, value_set=allowed), False)
+    return pc.or_(bare, in_object), pc.if_else(bare, texts, label)
+
+
+def _scatter(base: pa.Array, mask: pa.Array, values: list) -> pa.Array:
+    return pc.replace_with_mask(base, mask, pa.array(values, pa.string()))
 
 
 def validate(raw: pa.Table, output: OutputSpec) -> Verdicts:
-    """Classify every raw result row: succeeded, invalid (answered but unusable) or errored."""
-    n = raw.num_rows
-    http = raw.column("http_status").to_pylist()
-    finish = raw.column("finish_reason").to_pylist()
-    codes = raw.column("error_code").to_pylist()
-    messages = raw.column("error_message").to_pylist()
-    texts_col = raw.column("output_text").combine_chunks() if n else pa.array([], pa.string())
-    answered = [h == 200 for h in http]
-    parsed: list[tuple[str | None, str | None]]
-    if output.kind == "choice":
-        fast = _fast_choice(texts_col, output.choice or []) if all(answered) and n else None
-        if fast is not None:
-            parsed = [(t, None) for t in fast.to_pylist()]
-        else:
-            parsed = _parse_choice(texts_col.to_pylist(), set(output.choice or []))
-    elif output.kind == "json_schema":
-        parsed = _parse_json(texts_col.to_pylist(), output.json_schema or {})
-    else:
-        parsed = _parse_text(texts_col.to_pylist())
-    status, value, eclass, ecode, emsg = [], [], [], [], []
-    for i in range(n):
-        if not answered[i]:
-            status.append(ERRORED)
-            value.append(None)
-            eclass.append(classify_line_error(codes[i], http[i]).value)
-            ecode.append(codes[i] or (f"http_{http[i]}" if http[i] else "no_response"))
-            emsg.append(messages[i] or "no response for this request")
-        elif finish[i] == "length":
-            status.append(INVALID)
-            value.append(None)
-            eclass.append(ErrorClass.INVALID_OUTPUT.value)
-            ecode.append("truncated")
-            emsg.append("output hit max_tokens (finish_reason=length)")
-        elif parsed[i][1] is not None:
-            status.append(INVALID)
-            value.append(None)
-            eclass.append(ErrorClass.INVALID_OUTPUT.value)
-            ecode.append("contract_violation")
-            emsg.append(parsed[i][1])
-        else:
-            status.append(SUCCEEDED)
-            value.append(parsed[i][0])
-            eclass.append(None)
-            ecode.append(None)
-            emsg.append(None)
+    """Classify every raw result row: succeeded, invalid (answered but unusable) or errored.
+
+    Column-wise for the common rows (answered choice outputs in the usual forms, truncations); the per-row
+    parsers run only on the rows the columns cannot settle, and the error rows are classified one by one.
+    """
     s = pa.string()
-    return Verdicts(pa.array(status, s), pa.array(value, s), pa.array(eclass, s), pa.array(ecode, s), pa.array(emsg, s))
+    n = raw.num_rows
+    if n == 0:
+        return Verdicts(*(pa.array([], s) for _ in range(5)))
+    http = raw.column("http_status").combine_chunks()
+    texts = raw.column("output_text").combine_chunks()
+    answered = pc.fill_null(pc.equal(http, 200), False)
+    truncated = pc.and_(answered, pc.fill_null(pc.equal(raw.column("finish_reason").combine_chunks(), "length"),
+                                               False))
+    live = pc.and_not(answered, truncated)
+    nulls = pa.nulls(n, s)
+    if output.kind == "choice" and _plain_labels(output.choice or []):
+        settled, settled_value = _choice_columns(texts, output.choice or [])
+        ok = pc.and_(live, settled)
+    else:
+        ok, settled_value = pa.array([False] * n), nulls
+    status = pc.if_else(ok, SUCCEEDED, pc.if_else(answered, INVALID, ERRORED)).cast(s)
+    value = pc.if_else(ok, settled_value, nulls).cast(s)
+    eclass = pc.if_else(pc.and_not(answered, ok), ErrorClass.INVALID_OUTPUT.value, nulls).cast(s)
+    unsettled = pc.and_not(live, ok)
+    ecode = pc.if_else(truncated, "truncated", pc.if_else(unsettled, "contract_violation", nulls)).cast(s)
+    emsg = pc.if_else(truncated, TRUNCATED_MESSAGE, nulls).cast(s)
+
+    if pc.any(unsettled).as_py():
+        rows = texts.filter(unsettled).to_pylist()
+        if output.kind == "choice":
+            parsed = _parse_choice(rows, set(output.choice or []))
+        elif output.kind == "json_schema":
+            parsed = _parse_json(rows, output.json_schema or {})
+        else:
+            parsed = _parse_text(rows)
+        good = [err is None for _, err in parsed]
+        status = _scatter(status, unsettled, [SUCCEEDED if g else INVALID for g in good])
+        value = _scatter(value, unsettled, [v for v, _ in parsed])
+        eclass = _scatter(eclass, unsettled, [None if g else ErrorClass.INVALID_OUTPUT.value for g in good])
+        ecode = _scatter(ecode, unsettled, [None if g else "contract_violation" for g in good])
+        emsg = _scatter(emsg, unsettled, [err for _, err in parsed])
+
+    errored = pc.invert(answered)
+    if pc.any(errored).as_py():
+        hs = http.filter(errored).to_pylist()
+        cs = raw.column("error_code").combine_chunks().filter(errored).to_pylist()
+        ms = raw.column("error_message").combine_chunks().filter(errored).to_pylist()
+        eclass = _scatter(eclass, errored, [classify_line_error(c, h).value for c, h in zip(cs, hs)])
+        ecode = _scatter(ecode, errored, [c or (f"http_{h}" if h else "no_response") for c, h in zip(cs, hs)])
+        emsg = _scatter(emsg, errored, [m or "no response for this request" for m in ms])
+    return Verdicts(status, value, eclass, ecode, emsg)

@@ -4,15 +4,17 @@ Used by the OpenAI batch executor, and by anything else that speaks the format (
 export of validated results).
 """
 
-import io
 import json
+import threading
 from collections.abc import Iterator
 
+import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
 
 from batch_pipeline.core.executor import RAW_RESULT_SCHEMA, RequestPlan, ShardWork
+from batch_pipeline.core.inputs import first_bytes, line_ends
 from batch_pipeline.core.validate import choice_schema
 
 CHAT_URL = "/v1/chat/completions"
@@ -84,14 +86,94 @@ def _null_str(n: int) -> pa.Array:
     return pa.nulls(n, pa.string())
 
 
+# The fields of RAW_RESULT_SCHEMA as JSON paths of an output/error line, extracted in one pass by DuckDB's
+# JSON reader (yyjson): measured 1.9 CPU s per 1M ~850-byte lines against 3.5 for Arrow's reader with
+# OUTPUT_LINE_SCHEMA and ~25 for Polars' read_ndjson with the same nested schema.
+_PATHS = ["$.custom_id", "$.response.status_code", "$.response.body.choices[0].message.content",
+          "$.response.body.choices[0].finish_reason", "$.response.body.usage.prompt_tokens",
+          "$.response.body.usage.prompt_tokens_details.cached_tokens", "$.response.body.usage.completion_tokens",
+          "$.error.code", "$.response.body.error.code", "$.response.body.error.type",
+          "$.error.message", "$.response.body.error.message", "$.response.body.choices[0].message.refusal",
+          "$.response.request_id"]
+_EXTRACT_SQL = f"""
+SELECT v[1] AS request_id, TRY_CAST(v[2] AS INTEGER) AS http_status, v[3] AS output_text, v[4] AS finish_reason,
+       TRY_CAST(v[5] AS BIGINT) AS input_tokens, TRY_CAST(v[6] AS BIGINT) AS cached_tokens,
+       TRY_CAST(v[7] AS BIGINT) AS output_tokens, coalesce(v[8], v[9], v[10]) AS error_code,
+       coalesce(v[11], v[12], CASE WHEN v[13] IS NOT NULL THEN 'refused: ' || v[13] END) AS error_message,
+       v[14] AS provider_request_id,
+       v[1] IS NULL AND v[2] IS NULL AND v[8] IS NULL AND v[11] IS NULL AND v[14] IS NULL AS _blank
+FROM (SELECT json_extract_string(line, [{", ".join(f"'{p}'" for p in _PATHS)}]) AS v FROM output_lines)
+"""
+_SPACE_BYTES = list(b" \t\r\x0b\x0c\n")  # what ``bytes.strip`` removes
+_duckdb = threading.local()
+
+
+def _connection():
+    con = getattr(_duckdb, "con", None)
+    if con is None:
+        import duckdb
+
+        # one thread: a block is one Arrow batch, which DuckDB scans on one thread anyway, and the caller's
+        # other core is busy writing the previous block's part
+        con = _duckdb.con = duckdb.connect(config={"threads": 1})
+    return con
+
+
+def _lines_array(block: bytes) -> pa.StringArray | None:
+    """The block's lines (without their newline) as one Arrow string array over one copy of the block's bytes
+    (offsets found column-wise); None when the block has blank lines or is not valid UTF-8 (the per-line path
+    handles those)."""
+    if not block.endswith(b"\n"):
+        block += b"\n"
+    if len(block) >= 2**31:
+        return None
+    ends = line_ends(block)
+    if first_bytes(block, ends).is_in(_SPACE_BYTES).any():  # a blank line, or one that starts with whitespace
+        return None
+    offsets = pl.concat([pl.Series([0], dtype=pl.Int64),
+                         ends.cast(pl.Int64) - pl.int_range(0, len(ends), dtype=pl.Int64, eager=True)]).cast(pl.Int32).rechunk()
+    lines = pa.StringArray.from_buffers(len(ends), offsets.to_arrow().buffers()[1],
+                                        pa.py_buffer(block.replace(b"\n", b"")))
+    try:
+        lines.validate(full=True)  # UTF-8
+    except pa.ArrowInvalid:
+        return None
+    return lines
+
+
+def _parse_fast(block: bytes) -> pa.Table | None:
+    """Column-wise parse of a clean block; None to fall back to the per-line path (blank lines, bad UTF-8,
+    a line that is not JSON, or one with none of the fields, e.g. not an object)."""
+    lines = _lines_array(block)
+    if lines is None:
+        return None
+    con = _connection()
+    con.register("output_lines", pa.table({"line": lines}))
+    try:
+        t = con.sql(_EXTRACT_SQL).to_arrow_table()
+    except Exception:  # noqa: BLE001 - duckdb.Error: malformed JSON somewhere in the block
+        return None
+    finally:
+        con.unregister("output_lines")
+    if t.num_rows != len(lines) or pc.any(t.column("_blank")).as_py():
+        return None
+    return pa.Table.from_arrays([*t.columns[:-1], lines], schema=RAW_RESULT_SCHEMA)
+
+
 def parse_output_block(block: bytes) -> pa.Table:
     """Output or error file lines -> RAW_RESULT_SCHEMA rows, column-wise (a slow path for odd lines)."""
+    fast = _parse_fast(block)
+    return fast if fast is not None else _parse_lines(block)
+
+
+def _parse_lines(block: bytes) -> pa.Table:
+    """Line by line: blank lines skipped, Arrow's JSON reader, and ``_loose_line`` when it refuses the block."""
     lines = [line for line in block.split(b"\n") if line.strip()]
     if not lines:
-        return RAW_RESULT_SCHEMA.empty_table()
+        return pa.Table.from_batches([], schema=RAW_RESULT_SCHEMA)
     options = pajson.ParseOptions(explicit_schema=OUTPUT_LINE_SCHEMA, unexpected_field_behavior="ignore")
     try:
-        t = pajson.read_json(io.BytesIO(b"\n".join(lines)), parse_options=options)
+        t = pajson.read_json(pa.BufferReader(b"\n".join(lines)), parse_options=options)
         if t.num_rows != len(lines):
             raise ValueError("row count mismatch")
     except (pa.ArrowInvalid, ValueError):
@@ -161,16 +243,30 @@ def _as_text(content: object) -> str | None:
 
 
 def iter_blocks(chunks: Iterator[bytes], block_bytes: int = 8 * 2**20) -> Iterator[bytes]:
-    """Re-cut a byte stream into blocks that end at line boundaries."""
-    carry = b""
+    """Re-cut a byte stream into blocks that end at line boundaries.
+
+    Chunks are kept in a list and each block is joined once, cut at the last newline of its last chunk (appending
+    to one growing ``bytes`` copied it again for every chunk, and slicing the joined block copied it twice)."""
+    parts: list[bytes] = []
+    size = 0
     for chunk in chunks:
-        carry += chunk
-        if len(carry) < block_bytes:
+        if not chunk:
             continue
-        cut = carry.rfind(b"\n")
-        if cut < 0:
+        parts.append(chunk)
+        size += len(chunk)
+        if size < block_bytes:
             continue
-        yield carry[: cut + 1]
-        carry = carry[cut + 1 :]
-    if carry.strip():
-        yield carry
+        for i in range(len(parts) - 1, -1, -1):  # the last chunk that holds a newline, normally the last one
+            cut = parts[i].rfind(b"\n")
+            if cut >= 0:
+                break
+        else:
+            continue
+        head, tail = parts[i][: cut + 1], parts[i][cut + 1 :]
+        rest = parts[i + 1 :]
+        yield b"".join([*parts[:i], head]) if i else head
+        parts = [tail, *rest] if tail else rest
+        size = sum(map(len, parts))
+    data = b"".join(parts)
+    if data.strip():
+        yield data

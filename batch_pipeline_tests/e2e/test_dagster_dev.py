@@ -263,9 +263,10 @@ def test_dagster_dev_runs_a_job_over_graphql(dagster_dev: DagsterDev):
     checks_or_error = node["assetChecksOrError"]
     assert checks_or_error["__typename"] == "AssetChecks", checks_or_error
     checks = {c["name"]: c for c in checks_or_error["checks"]}
-    assert set(checks) == RESULT_CHECKS
+    assert set(checks) == RESULT_CHECKS | {"shard_distributions"}
+    assert not checks["shard_distributions"]["blocking"]  # per-shard statistics warn, they do not block
     for name, check in checks.items():
-        assert check["blocking"], name
+        assert check["blocking"] == (name in RESULT_CHECKS), name
         execution = check["executionForLatestMaterialization"]
         assert execution is not None, f"check {name} has no execution for the latest materialization"
         assert execution["runId"] == publish, name
