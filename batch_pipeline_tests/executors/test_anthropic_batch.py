@@ -20,7 +20,6 @@ from batch_pipeline.core.validate import validate
 from batch_pipeline.executors.anthropic_batch import STATUS_MAP, AnthropicBatchExecutor, AnthropicBatchSettings
 from batch_pipeline.executors.anthropic_format import batch_requests, parse_results_block
 from batch_pipeline.executors.registry import batch_limits, create_executor, names
-from batch_pipeline.sandbox import SandboxAdmin
 
 LABELS = ["billing", "bug", "other"]
 LONG_SYSTEM = "Label the support ticket with exactly one of the allowed labels. " * 100  # > 1024 tokens
@@ -34,15 +33,6 @@ sampling: {{max_tokens: 16}}
 output: {{choice: {LABELS}}}
 """
 
-
-@pytest.fixture
-def admin(sandbox_proc, monkeypatch):
-    _, url = sandbox_proc
-    a = SandboxAdmin(url)
-    a.reset()
-    monkeypatch.setenv("BATCH_PIPELINE_SANDBOX_URL", url)
-    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
-    return a
 
 
 def spec(text: str = SPEC):

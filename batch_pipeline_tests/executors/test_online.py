@@ -33,15 +33,6 @@ output: {{choice: {LABELS}}}
 """
 
 
-@pytest.fixture
-def admin(sandbox_proc, monkeypatch):
-    _, url = sandbox_proc
-    a = SandboxAdmin(url)
-    a.reset()
-    monkeypatch.setenv("BATCH_PIPELINE_SANDBOX_URL", url)
-    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    return a
-
 
 def prompt(i: int) -> str:
     return f"ticket {i}: my billing is wrong" if i % 2 else f"ticket {i}: the app has a bug"

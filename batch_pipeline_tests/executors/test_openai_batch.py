@@ -16,7 +16,6 @@ from batch_pipeline.core.store import Store
 from batch_pipeline.executors.openai_batch import STATUS_MAP, OpenAIBatchExecutor, OpenAIBatchSettings
 from batch_pipeline.executors.openai_format import parse_output_block, request_lines
 from batch_pipeline.executors.registry import create_executor, names
-from batch_pipeline.sandbox import SandboxAdmin
 
 OPENAPI = Path("/work/shared/specs/openai-files-batches.openapi.json")
 LABELS = ["billing", "bug", "other"]
@@ -30,15 +29,6 @@ sampling: {{max_tokens: 16}}
 output: {{choice: {LABELS}}}
 """
 
-
-@pytest.fixture
-def admin(sandbox_proc, monkeypatch):
-    _, url = sandbox_proc
-    a = SandboxAdmin(url)
-    a.reset()
-    monkeypatch.setenv("BATCH_PIPELINE_SANDBOX_URL", url)
-    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    return a
 
 
 def work(n: int = 20, attempt: int = 1) -> ShardWork:

@@ -1,0 +1,16 @@
+"""Executor tests talk to the module's sandbox process, reset for each test, with no real keys in reach."""
+
+import pytest
+
+from batch_pipeline.sandbox import SandboxAdmin
+
+
+@pytest.fixture
+def admin(sandbox_proc, monkeypatch) -> SandboxAdmin:
+    _, url = sandbox_proc
+    sandbox = SandboxAdmin(url)
+    sandbox.reset()
+    monkeypatch.setenv("BATCH_PIPELINE_SANDBOX_URL", url)
+    for key in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
+        monkeypatch.delenv(key, raising=False)
+    return sandbox
