@@ -140,9 +140,29 @@ class Store:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             return True
-        if self.exists(rel):  # S3 conditional PUT arrives with the object-storage issue
+        if self.scheme == "s3":
+            return self._s3_put_if_absent(rel, data)
+        if self.exists(rel):  # other object stores: best effort (check, then write)
             return False
         self.write_bytes(rel, data)
+        return True
+
+    def _s3_put_if_absent(self, rel: str, data: bytes) -> bool:
+        """A conditional PUT (``If-None-Match: *``): S3 itself decides who created the object first."""
+        import boto3
+
+        query = dict(part.split("=", 1) for part in self.root.partition("?")[2].split("&") if "=" in part)
+        endpoint = query.get("endpoint_override")
+        client = boto3.client("s3", region_name=query.get("region"),
+                              endpoint_url=f"{query.get('scheme', 'https')}://{endpoint}" if endpoint else None)
+        bucket, _, prefix = self.base.partition("/")
+        key = f"{prefix}/{rel}" if prefix else rel
+        try:
+            client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+        except client.exceptions.ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
+                return False
+            raise
         return True
 
     # -- Parquet ---------------------------------------------------------------

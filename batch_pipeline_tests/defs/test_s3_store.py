@@ -107,3 +107,30 @@ def dg_context(instance, cursor=None):
     import dagster as dg
 
     return dg.build_sensor_context(instance=instance, cursor=cursor)
+
+
+def test_two_concurrent_lease_attempts_on_s3_one_wins(s3_root):
+    """The lease is a conditional PUT on S3: of two contenders racing for the same token, exactly one wins."""
+    import threading
+
+    from batch_pipeline.core.lease import LeaseHeldError, acquire
+
+    store = Store(s3_root)
+    start = threading.Barrier(8)
+    won, lost = [], []
+
+    def contend(i: int) -> None:
+        start.wait()
+        try:
+            won.append(acquire(store, "race", "s00001", owner=f"remote-host:{i}:x"))
+        except LeaseHeldError:
+            lost.append(i)
+
+    threads = [threading.Thread(target=contend, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1 and len(lost) == 7 and won[0].token == 1
+    assert store.create_json_exclusive("jobs/t/x.json", {"a": 1}) is True
+    assert store.create_json_exclusive("jobs/t/x.json", {"a": 2}) is False
