@@ -20,6 +20,7 @@ import pyarrow as pa
 from batch_pipeline.core import ids
 from batch_pipeline.core.cost import estimate_request_tokens
 from batch_pipeline.core.errors import ReconciliationError
+from batch_pipeline.core.batch_input import read_openai_batch
 from batch_pipeline.core.inputs import KEY, LINE, Reject, RowBatch, read_batches, resolve_inputs
 from batch_pipeline.core.paths import JobPaths
 from batch_pipeline.core.spec import JobSpec
@@ -184,7 +185,9 @@ class ManifestBuilder:
         with self.store.parquet_writer(self.paths.rows(gen), ROW_SCHEMA) as rows_out, \
                 BackgroundWrites(depth=2) as row_writes, BackgroundWrites(depth=4, workers=2) as writes:
             for f in files:
-                for batch in read_batches(f, fields, spec.input.key_field):
+                batches = (read_openai_batch(f, fields, spec.input.key_field, spec.prompt.system, spec.model)
+                           if f.format == "openai_batch" else read_batches(f, fields, spec.input.key_field))
+                for batch in batches:
                     summary.input_rows += batch.frame.height + len(batch.rejects)
                     rejects.extend(batch.rejects)
                     frame = self._prepare(batch, rejects, system_bytes)

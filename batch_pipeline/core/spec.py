@@ -28,7 +28,8 @@ class InputSpec(_Strict):
     """Where the rows are and which field holds the text to classify."""
 
     path: str = Field(description="file, directory or glob; local or s3://bucket/prefix/*.jsonl")
-    format: Literal["auto", "jsonl", "csv", "parquet"] = "auto"
+    format: Literal["auto", "jsonl", "csv", "parquet", "openai_batch"] = Field(
+        default="auto", description="openai_batch: an OpenAI/vLLM batch input file (custom_id, method, url, body)")
     text_field: str
     key_field: str | None = Field(default=None, description="source-key column kept for every row")
     max_input_tokens: int = Field(default=8000, gt=0, description="longer rendered prompts go to rejects")
