@@ -7,18 +7,17 @@ validates as a choice. Result lines become ``RAW_RESULT_SCHEMA`` rows; only the 
 block are decoded in Python (their ``input`` is an arbitrary object).
 """
 
-import io
 import json
 import re
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.json as pajson
 
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.executor import RAW_RESULT_SCHEMA, RequestPlan, ShardWork
 from batch_pipeline.core.validate import choice_schema
+from batch_pipeline.executors.openai_format import read_lines
 
 TOOL_NAME = "answer"
 CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -120,13 +119,7 @@ def parse_results_block(block: bytes) -> pa.Table:
     lines = [line for line in block.split(b"\n") if line.strip()]
     if not lines:
         return RAW_RESULT_SCHEMA.empty_table()
-    options = pajson.ParseOptions(explicit_schema=RESULT_LINE_SCHEMA, unexpected_field_behavior="ignore")
-    try:
-        t = pajson.read_json(io.BytesIO(b"\n".join(lines)), parse_options=options)
-        if t.num_rows != len(lines):
-            raise ValueError("row count mismatch")
-    except (pa.ArrowInvalid, ValueError):
-        t = pa.Table.from_pylist([_loose_line(line) for line in lines], schema=RESULT_LINE_SCHEMA)
+    t = read_lines(lines, RESULT_LINE_SCHEMA, _loose_line)
     result = t.column("result").combine_chunks()
     kind = pc.struct_field(result, "type")
     message = pc.struct_field(result, "message")

@@ -6,7 +6,7 @@ export of validated results).
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import polars as pl
 import pyarrow as pa
@@ -171,13 +171,7 @@ def _parse_lines(block: bytes) -> pa.Table:
     lines = [line for line in block.split(b"\n") if line.strip()]
     if not lines:
         return pa.Table.from_batches([], schema=RAW_RESULT_SCHEMA)
-    options = pajson.ParseOptions(explicit_schema=OUTPUT_LINE_SCHEMA, unexpected_field_behavior="ignore")
-    try:
-        t = pajson.read_json(pa.BufferReader(b"\n".join(lines)), parse_options=options)
-        if t.num_rows != len(lines):
-            raise ValueError("row count mismatch")
-    except (pa.ArrowInvalid, ValueError):
-        t = pa.Table.from_pylist([_loose_line(line) for line in lines], schema=OUTPUT_LINE_SCHEMA)
+    t = read_lines(lines, OUTPUT_LINE_SCHEMA, _loose_line)
     n = t.num_rows
     resp = t.column("response").combine_chunks()
     body = pc.struct_field(resp, "body")
@@ -212,6 +206,19 @@ def _first_choice(choices: pa.Array) -> pa.Array:
     has_one = pc.fill_null(pc.greater(pc.list_value_length(choices), 0), False)
     safe = pc.if_else(has_one, choices, pa.nulls(len(choices), choices.type))
     return pc.list_element(safe, 0)
+
+
+def read_lines(lines: list[bytes], schema: pa.Schema, loose: Callable[[bytes], dict]) -> pa.Table:
+    """Provider result lines as a table of ``schema``: Arrow's reader for the block, ``loose`` line by line
+    when it refuses (a line of another shape must not sink its neighbours)."""
+    options = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+    try:
+        t = pajson.read_json(pa.BufferReader(b"\n".join(lines)), parse_options=options)
+        if t.num_rows != len(lines):
+            raise ValueError("row count mismatch")
+        return t
+    except (pa.ArrowInvalid, ValueError):
+        return pa.Table.from_pylist([loose(line) for line in lines], schema=schema)
 
 
 def _loose_line(line: bytes) -> dict:
