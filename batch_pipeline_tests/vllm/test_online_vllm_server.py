@@ -22,7 +22,7 @@ from batch_pipeline.core.results import read_results
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.pipeline import run_job
 
-from .conftest import JSON_SCHEMA, LABELS, MODEL, PY, free_port, python_env, stop_process, write_job
+from .conftest import JSON_SCHEMA, LABELS, MODEL, PY, describe, free_port, processes_left, python_env, stop_process, write_job
 
 STARTUP_TIMEOUT_S = 240
 
@@ -59,10 +59,9 @@ def vllm_server(tiny_model, tmp_path_factory) -> Iterator[str]:
         family.update(c.pid for c in psutil.Process(proc.pid).children(recursive=True))
         yield url
     finally:
-        stop_process(proc)
-        survivors = [pid for pid in family if psutil.pid_exists(pid)
-                     and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
-        assert survivors == [], f"server processes left after stopping it by PID: {survivors}"
+        stop_process(proc, family=family)
+        survivors = processes_left(family)
+        assert survivors == [], f"server processes left after stopping it by PID: {describe(survivors)}"
 
 
 def _online(url: str, **extra) -> dict:
