@@ -228,8 +228,10 @@ def ours(files: list[str], work: str, sections: bool, profile: bool) -> dict:
     from batch_pipeline.core.executor import ShardWork
     from batch_pipeline.core.results import build_results, write_results
     from batch_pipeline.core.store import BackgroundWrites
+    from batch_pipeline.core.threads import default_workers, ordered_map
     from batch_pipeline.executors.openai_format import iter_blocks, parse_output_block
 
+    workers = default_workers()  # what the executor uses
     spec, plan, price, store = _setup_ours(work)
     ids = request_ids_of(files)
     work_ = ShardWork(JOB, "s00001", 1, f"{JOB}:s00001:1", plan, pa.table({"request_id": ids}))
@@ -273,15 +275,20 @@ def ours(files: list[str], work: str, sections: bool, profile: bool) -> dict:
         add(name, now[0] - since[0], now[1] - since[1])
         return now
 
+    def parse(block: bytes):
+        t0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            return parse_output_block(block)
+        finally:
+            add("[parse workers] parse_output_block", time.perf_counter() - t0, time.thread_time() - c0)
+
     with BackgroundWrites(depth=2) as writes:
         for path in files:
             with open(path, "rb") as f:
                 blocks = iter_blocks(iter(lambda: f.read(1 << 20), b""))
                 t = time.perf_counter(), time.thread_time()
-                for block in blocks:
-                    t = tick("read 1 MiB chunks + iter_blocks", t)
-                    raw = parse_output_block(block)
-                    t = tick("parse_output_block", t)
+                for raw in ordered_map(parse, blocks, workers):
+                    t = tick("read 1 MiB chunks + iter_blocks, wait for the parsed block", t)
                     table = build_results(raw, work_, backend="openai_batch", pricing="batch", prompt_version="v1",
                                           price=price, provider_batch_id="batch_bench")
                     t = tick("build_results", t)
@@ -297,7 +304,7 @@ def ours(files: list[str], work: str, sections: bool, profile: bool) -> dict:
     if prof:
         prof.disable()
     seconds = time.perf_counter() - started
-    out = {"variant": "ours", "seconds": seconds, "cpu_s": cpu_s() - cpu0, "lines": lines, "rows": rows,
+    out = {"variant": "ours", "parse_workers": workers, "seconds": seconds, "cpu_s": cpu_s() - cpu0, "lines": lines, "rows": rows,
            "succeeded": succeeded,
            "blocks": flush, "peak_rss_mb": maxrss_mb(), "rss_after_imports_mb": rss_before}
     if sections:
@@ -326,12 +333,12 @@ class _StubExecutor:
         self.by_batch = by_batch
 
     def fetch(self, handle):
-        from batch_pipeline.executors.openai_format import iter_blocks, parse_output_block
+        from batch_pipeline.core.threads import default_workers
+        from batch_pipeline.executors.openai_format import parse_output_stream
 
         data = self.by_batch[handle.batch_id]
         chunks = (data[i:i + (1 << 20)] for i in range(0, len(data), 1 << 20))
-        for block in iter_blocks(chunks):
-            yield parse_output_block(block)
+        yield from parse_output_stream(chunks, default_workers())
 
     def submit(self, work):
         raise NotImplementedError

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.executor import RAW_RESULT_SCHEMA, RequestPlan, ShardWork
 from batch_pipeline.core.validate import choice_schema
-from batch_pipeline.executors.openai_format import read_lines
+from batch_pipeline.executors.openai_format import read_lines, utf8_or_marker
 
 TOOL_NAME = "answer"
 CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -114,12 +114,16 @@ def _tool_inputs(lines: list[bytes], rows: list[int]) -> dict[int, str | None]:
     return found
 
 
+_NOT_UTF8 = json.dumps({"custom_id": None, "result": {"type": "unparseable_line", "error": {
+    "type": "error", "error": {"type": "unparseable_line", "message": "the line is not valid UTF-8"}}}}).encode()
+
+
 def parse_results_block(block: bytes) -> pa.Table:
     """Result lines -> RAW_RESULT_SCHEMA rows, column-wise (a slow path for odd lines)."""
     lines = [line for line in block.split(b"\n") if line.strip()]
     if not lines:
         return RAW_RESULT_SCHEMA.empty_table()
-    t = read_lines(lines, RESULT_LINE_SCHEMA, _loose_line)
+    t = read_lines(utf8_or_marker(lines, _NOT_UTF8), RESULT_LINE_SCHEMA, _loose_line)
     result = t.column("result").combine_chunks()
     kind = pc.struct_field(result, "type")
     message = pc.struct_field(result, "message")

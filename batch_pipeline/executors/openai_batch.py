@@ -18,8 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from batch_pipeline.core.errors import BatchPipelineError, ConfigError, SystemicError, TransientError
 from batch_pipeline.core.executor import BatchHandle, BatchState, BatchStatus, ShardWork
+from batch_pipeline.core.threads import default_workers
 from batch_pipeline.executors.endpoint import SANDBOX_URL_ENV, resolve_endpoint
-from batch_pipeline.executors.openai_format import CHAT_URL, iter_blocks, parse_output_block, request_lines
+from batch_pipeline.executors.openai_format import CHAT_URL, parse_output_stream, request_lines
 from batch_pipeline.executors.registry import register
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,8 @@ class OpenAIBatchSettings(BaseModel):
     completion_window: str = "24h"
     find_scan_limit: int = Field(default=1000, gt=0, description="batches scanned when re-attaching by key")
     poll_interval_s: float | None = Field(default=None, gt=0, description="default 30 s; 0.2 s on the sandbox")
+    parse_workers: int | None = Field(default=None, ge=1, le=32,
+                                      description="threads parsing a downloaded result file; default: the cores, at most 4")
 
 
 _KEY_LIKE = re.compile(r"\b(sk|key)-[A-Za-z0-9_\-*]{4,}")
@@ -103,6 +106,7 @@ class OpenAIBatchExecutor:
     def __init__(self, settings: OpenAIBatchSettings):
         self.settings = settings
         self.poll_interval_s = settings.poll_interval_s or (0.2 if settings.sandbox else 30.0)
+        self.parse_workers = settings.parse_workers or default_workers()
         base_url, api_key = resolve_endpoint(self.name, sandbox=settings.sandbox, base_url=settings.base_url,
                                              api_key_env=settings.api_key_env, sandbox_path="/v1")
         self.client = openai.OpenAI(api_key=api_key, base_url=base_url, max_retries=settings.max_retries,
@@ -174,8 +178,7 @@ class OpenAIBatchExecutor:
             if not file_id:
                 continue
             with self._call("file download", self.client.files.with_streaming_response.content, file_id) as resp:
-                for block in iter_blocks(resp.iter_bytes(1 << 20)):
-                    yield parse_output_block(block)
+                yield from parse_output_stream(resp.iter_bytes(1 << 20), self.parse_workers)
 
     def cancel(self, handle: BatchHandle) -> None:
         self._call("batch cancel", self.client.batches.cancel, handle.batch_id)

@@ -309,3 +309,15 @@ def test_results_parser_handles_every_result_type_and_odd_lines():
     assert by[None]["error_code"] == "unparseable_line" and by["t"]["output_text"] == "Hello world"
     assert by["w"]["http_status"] == 200 and by["w"]["output_text"] == ""
     assert all(r["raw_payload"] for r in by.values())
+
+
+def test_a_result_line_that_is_not_utf8_sinks_only_itself():
+    good = {"custom_id": "g", "result": {"type": "succeeded", "message": {
+        "content": [{"type": "text", "text": "fine"}], "stop_reason": "end_turn",
+        "usage": {"input_tokens": 5, "output_tokens": 1}}}}
+    bad = json.dumps({**good, "custom_id": "b"}).encode().replace(b'"b"', b'"b\xff"')
+    out = parse_results_block(json.dumps(good).encode() + b"\n" + bad + b"\n").to_pylist()
+    assert [r["request_id"] for r in out] == ["g", None]
+    assert out[0]["output_text"] == "fine"
+    assert out[1]["error_code"] == "unparseable_line" and "UTF-8" in out[1]["error_message"]
+    assert "\ufffd" in out[1]["raw_payload"]
