@@ -9,7 +9,7 @@ sandbox): chat-completion bodies whose content is ``{"label":"..."}`` with usage
 Variants, each in its own spawned process (peak RSS per variant), timed in one script run:
 - reference: plain Python, ``json.loads`` per line, pick the ``RAW_RESULT_SCHEMA`` fields, append to
   lists, write one Parquet file (zstd). No validation, no cost.
-- ours: the path ``ShardRunner._ingest`` runs: the files read in 1 MiB chunks -> ``iter_blocks`` (8 MB) ->
+- ours: the path ``ShardRunner._ingest`` runs: the files read in 1 MiB chunks -> ``iter_blocks`` (16 MB) ->
   ``parse_output_block`` -> ``build_results`` (validation against a ``choice`` output, cost, provenance)
   -> ``write_results`` on a ``BackgroundWrites`` thread (at most 2 parts queued).
 - ours, runner: ``ShardRunner._ingest`` itself (adds the ``is_in`` filter against the attempt's IDs and the
@@ -218,7 +218,7 @@ def _setup_ours(work: str):
 
 
 def ours(files: list[str], work: str, sections: bool, profile: bool) -> dict:
-    """The executor's path as ``ShardRunner._ingest`` runs it: 1 MiB reads -> ``iter_blocks`` (8 MB) ->
+    """The executor's path as ``ShardRunner._ingest`` runs it: 1 MiB reads -> ``iter_blocks`` (16 MB) ->
     ``parse_output_block`` -> ``build_results`` -> ``write_results`` on a ``BackgroundWrites`` thread."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -321,7 +321,7 @@ def ours(files: list[str], work: str, sections: bool, profile: bool) -> dict:
 
 
 class _StubExecutor:
-    """Serves each shard's lines as the OpenAI executor's ``fetch`` would (1 MiB chunks, 8 MB blocks)."""
+    """Serves each shard's lines as the OpenAI executor's ``fetch`` would (1 MiB chunks, 16 MB blocks)."""
 
     name = "openai_batch"
     pricing = "batch"
@@ -400,7 +400,7 @@ def breakdown(files: list[str], reps: int = 3) -> dict:
     import pyarrow.parquet as pq
 
     from batch_pipeline.core.executor import ShardWork
-    from batch_pipeline.core.results import build_results
+    from batch_pipeline.core.results import PART_OPTIONS, build_results
     from batch_pipeline.core.validate import validate
     from batch_pipeline.executors.openai_format import (OUTPUT_LINE_SCHEMA, _lines_array, _parse_lines, iter_blocks,
                                                         parse_output_block)
@@ -427,7 +427,7 @@ def breakdown(files: list[str], reps: int = 3) -> dict:
     blocks = best("iter_blocks over 1 MiB chunks", lambda: list(iter_blocks(iter(chunks))))
     raws = best("parse_output_block (core: DuckDB json_extract_string + lines from the block buffer)",
                 lambda: [parse_output_block(b) for b in blocks])
-    best("  of which the lines array (numpy newlines, one copy without them, UTF-8 check)",
+    best("  of which the lines array (numpy newlines, one copy without them; DuckDB checks UTF-8)",
          lambda: [_lines_array(b) for b in blocks])
     old = best("alt: the per-line path (split/strip/join, Arrow's JSON reader, decode per line)",
                lambda: [_parse_lines(b) for b in blocks], times=1)
@@ -450,8 +450,8 @@ def breakdown(files: list[str], reps: int = 3) -> dict:
     tables = best("build_results (includes validate)",
                   lambda: [build_results(r, work, backend="openai_batch", pricing="batch", prompt_version="v1",
                                          price=price, provider_batch_id="b") for r in raws])
-    for kw in ({"compression": "zstd"}, {"compression": "zstd", "compression_level": -1}, {"compression": "snappy"},
-               {"compression": "lz4"}, {"compression": "none"}):
+    for kw in (PART_OPTIONS, {"compression": "zstd"}, {"compression": "zstd", "compression_level": -1},
+               {"compression": "snappy"}, {"compression": "lz4"}, {"compression": "none"}):
         sizes: list[int] = []
 
         def write(kw=kw, sizes=sizes):
@@ -460,7 +460,9 @@ def breakdown(files: list[str], reps: int = 3) -> dict:
                 buf = pa.BufferOutputStream()
                 pq.write_table(t, buf, **kw)
                 sizes.append(buf.getvalue().size)
-        label = "pq.write_table " + ", ".join(f"{k}={v}" for k, v in kw.items())
+        label = ("pq.write_table PART_OPTIONS (core: raw_payload LZ4, the rest zstd; no dictionary or statistics for "
+                 "the all-distinct columns)" if kw is PART_OPTIONS else
+                 "pq.write_table " + ", ".join(f"{k}={v}" for k, v in kw.items()))
         best(label, write)
         out[f"MiB per 1M lines: {label}"] = sum(sizes) / n * 1e6 / 2**20
         print(f"           {sum(sizes) / n * 1e6 / 2**20:,.0f} MiB per 1M lines")

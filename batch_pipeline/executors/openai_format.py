@@ -19,6 +19,10 @@ from batch_pipeline.core.threads import ordered_map
 from batch_pipeline.core.validate import choice_schema
 
 CHAT_URL = "/v1/chat/completions"
+# Result files are parsed, validated and written one block of about this size at a time (one result part per
+# block). Each block pays fixed costs (a DuckDB query, a Parquet file): 16 MB blocks ingested 5-10% faster than
+# 8 MB and 2-3x faster than 0.5-2 MB; memory holds about (parse workers + 3) blocks.
+RESULT_BLOCK_BYTES = 16 * 2**20
 
 _USAGE = pa.struct([("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
                     ("prompt_tokens_details", pa.struct([("cached_tokens", pa.int64())]))])
@@ -168,7 +172,7 @@ def parse_output_block(block: bytes) -> pa.Table:
 
 
 def parse_output_stream(chunks: Iterable[bytes], workers: int = 1,
-                        block_bytes: int = 8 * 2**20) -> Iterator[pa.Table]:
+                        block_bytes: int = RESULT_BLOCK_BYTES) -> Iterator[pa.Table]:
     """A downloaded output or error file, as byte chunks -> RAW_RESULT_SCHEMA tables, one per block of about
     ``block_bytes``, in file order; blocks are parsed on ``workers`` threads while the next ones arrive."""
     return ordered_map(parse_output_block, iter_blocks(chunks, block_bytes), workers)
@@ -280,7 +284,7 @@ def _as_text(content: object) -> str | None:
     return json.dumps(content)
 
 
-def iter_blocks(chunks: Iterable[bytes], block_bytes: int = 8 * 2**20) -> Iterator[bytes]:
+def iter_blocks(chunks: Iterable[bytes], block_bytes: int = RESULT_BLOCK_BYTES) -> Iterator[bytes]:
     """Re-cut a byte stream into blocks that end at line boundaries.
 
     Chunks are kept in a list and each block is joined once, cut at the last newline of its last chunk (appending
