@@ -148,8 +148,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def stop_process(proc: subprocess.Popen, timeout: float = 30.0, family: set[int] = frozenset()) -> int:
-    """SIGTERM to the process (by PID), then SIGKILL to its session and to each known descendant left."""
+def stop_process(proc: subprocess.Popen, timeout: float = 30.0,
+                 family: "list[psutil.Process]" = ()) -> int:
+    """SIGTERM to the process (by PID), then SIGKILL to its session and to each known descendant left.
+
+    ``family`` holds psutil handles taken while the processes ran: psutil checks a handle's creation time
+    before it signals, so a PID the kernel has since given to another process is never hit.
+    """
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -160,52 +165,41 @@ def stop_process(proc: subprocess.Popen, timeout: float = 30.0, family: set[int]
         os.killpg(proc.pid, signal.SIGKILL)  # its own session: the engine core and workers it started
     except (ProcessLookupError, PermissionError):
         pass
-    for pid in family - {proc.pid}:  # a descendant that left the session (setsid) is still ours to stop
+    for member in family:  # a descendant that left the session (setsid) is still ours to stop
         try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
+            member.kill()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
     if proc.poll() is None:
         proc.wait(timeout=10)
     return int(proc.returncode)
 
 
-def processes_left(pids: set[int], timeout: float = 20.0) -> list[int]:
-    """The PIDs still alive (zombies count as gone) once a killed process tree had ``timeout`` s to exit.
+def family_of(pid: int) -> "list[psutil.Process]":
+    """Handles on a running process and all its descendants."""
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
+def processes_left(family: "list[psutil.Process]", timeout: float = 20.0) -> list[str]:
+    """The members of a killed process tree still alive after ``timeout`` s (zombies and reused PIDs count as
+    gone), described for a failure message.
 
     SIGKILL is delivered asynchronously: a process with gigabytes mapped takes a moment to be torn down, so
     checking right after ``killpg`` would race the kernel.
     """
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            continue
     deadline = time.monotonic() + timeout
     while True:
         alive = []
-        for p in procs:
+        for member in family:
             try:
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(p.pid)
+                if member.is_running() and member.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(f"{member.pid} {member.status()} {' '.join(member.cmdline())[:200]}")
             except psutil.NoSuchProcess:
                 continue
         if not alive or time.monotonic() > deadline:
-            return sorted(alive)
+            return alive
         time.sleep(0.2)
-
-
-def describe(pids: list[int]) -> list[str]:
-    """PID, status and command line of each process, for a failure message."""
-    out = []
-    for pid in pids:
-        try:
-            p = psutil.Process(pid)
-            out.append(f"{pid} {p.status()} {' '.join(p.cmdline())[:200]}")
-        except psutil.NoSuchProcess:
-            out.append(f"{pid} (gone)")
-    return out
 
 
 def python_env(**extra: str) -> dict:

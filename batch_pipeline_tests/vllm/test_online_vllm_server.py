@@ -22,7 +22,7 @@ from batch_pipeline.core.results import read_results
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.pipeline import run_job
 
-from .conftest import JSON_SCHEMA, LABELS, MODEL, PY, describe, free_port, processes_left, python_env, stop_process, write_job
+from .conftest import JSON_SCHEMA, LABELS, MODEL, PY, family_of, free_port, processes_left, python_env, stop_process, write_job
 
 STARTUP_TIMEOUT_S = 240
 
@@ -48,7 +48,7 @@ def vllm_server(tiny_model, tmp_path_factory) -> Iterator[str]:
     with open(log_path, "w") as log:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    family: set[int] = {proc.pid}
+    family: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while not _healthy(url):
@@ -56,12 +56,15 @@ def vllm_server(tiny_model, tmp_path_factory) -> Iterator[str]:
                 raise AssertionError(f"vLLM server did not come up (exit {proc.poll()}):\n"
                                      + log_path.read_text()[-4000:])
             time.sleep(0.5)
-        family.update(c.pid for c in psutil.Process(proc.pid).children(recursive=True))
         yield url
     finally:
+        try:
+            family = family_of(proc.pid)  # the server and every process it runs now
+        except psutil.NoSuchProcess:
+            pass
         stop_process(proc, family=family)
         survivors = processes_left(family)
-        assert survivors == [], f"server processes left after stopping it by PID: {describe(survivors)}"
+        assert survivors == [], f"server processes left after stopping it by PID: {survivors}"
 
 
 def _online(url: str, **extra) -> dict:
