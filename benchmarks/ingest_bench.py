@@ -229,7 +229,8 @@ def ours(files: list[str], work: str, sections: bool, profile: bool) -> dict:
     from batch_pipeline.core.results import build_results, write_results
     from batch_pipeline.core.store import BackgroundWrites
     from batch_pipeline.core.threads import default_workers, ordered_map
-    from batch_pipeline.executors.openai_format import iter_blocks, parse_output_block
+    from batch_pipeline.executors.jsonl_blocks import iter_blocks
+    from batch_pipeline.executors.openai_format import parse_output_block
 
     workers = default_workers()  # what the executor uses
     spec, plan, price, store = _setup_ours(work)
@@ -402,8 +403,8 @@ def breakdown(files: list[str], reps: int = 3) -> dict:
     from batch_pipeline.core.executor import ShardWork
     from batch_pipeline.core.results import PART_OPTIONS, build_results
     from batch_pipeline.core.validate import validate
-    from batch_pipeline.executors.openai_format import (OUTPUT_LINE_SCHEMA, _lines_array, _parse_lines, iter_blocks,
-                                                        parse_output_block)
+    from batch_pipeline.executors.jsonl_blocks import iter_blocks, lines_array
+    from batch_pipeline.executors.openai_format import OUTPUT_LINE_SCHEMA, _parse_lines, parse_output_block
 
     data = b"".join(Path(p).read_bytes() for p in files)
     n = data.count(b"\n")
@@ -428,7 +429,7 @@ def breakdown(files: list[str], reps: int = 3) -> dict:
     raws = best("parse_output_block (core: DuckDB json_extract_string + lines from the block buffer)",
                 lambda: [parse_output_block(b) for b in blocks])
     best("  of which the lines array (numpy newlines, one copy without them; DuckDB checks UTF-8)",
-         lambda: [_lines_array(b) for b in blocks])
+         lambda: [lines_array(b) for b in blocks])
     old = best("alt: the per-line path (split/strip/join, Arrow's JSON reader, decode per line)",
                lambda: [_parse_lines(b) for b in blocks], times=1)
     same = all(a.equals(b) for a, b in zip(raws, old))

@@ -42,10 +42,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from batch_pipeline.core.errors import BatchPipelineError, ConfigError, SystemicError, TransientError
 from batch_pipeline.core.executor import BatchHandle, BatchState, BatchStatus, ShardWork
+from batch_pipeline.core.threads import default_workers, ordered_map
 from batch_pipeline.executors.anthropic_format import batch_requests, parse_results_block
 from batch_pipeline.executors.endpoint import SANDBOX_URL_ENV, resolve_endpoint
+from batch_pipeline.executors.jsonl_blocks import iter_blocks
 from batch_pipeline.executors.openai_batch import redact
-from batch_pipeline.executors.openai_format import iter_blocks
 from batch_pipeline.executors.registry import register
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,8 @@ class AnthropicBatchSettings(BaseModel):
     poll_interval_s: float | None = Field(default=None, gt=0, description="default 30 s; 0.2 s on the sandbox")
     find_scan_limit: int = Field(default=1000, gt=0, description="batches scanned when re-attaching")
     find_clock_skew_s: float = Field(default=120, ge=0, description="tolerated gap between our clock and theirs")
+    parse_workers: int | None = Field(default=None, ge=1, le=32,
+                                      description="threads parsing a downloaded result file; default: the cores, at most 4")
 
 
 def _retry_after(response: Any) -> float | None:
@@ -116,6 +119,7 @@ class AnthropicBatchExecutor:
     def __init__(self, settings: AnthropicBatchSettings):
         self.settings = settings
         self.poll_interval_s = settings.poll_interval_s or (0.2 if settings.sandbox else 30.0)
+        self.parse_workers = settings.parse_workers or default_workers()
         base_url, api_key = resolve_endpoint(self.name, sandbox=settings.sandbox, base_url=settings.base_url,
                                              api_key_env=settings.api_key_env)
         self.client = anthropic.Anthropic(api_key=api_key, base_url=base_url, max_retries=settings.max_retries,
@@ -191,8 +195,8 @@ class AnthropicBatchExecutor:
                                         self.client.api_key)) from None
 
     def fetch(self, handle: BatchHandle) -> Iterator[pa.Table]:
-        for block in self._stream_results(handle.batch_id):
-            yield parse_results_block(block)
+        # blocks parsed on worker threads, in file order, while the next ones download
+        yield from ordered_map(parse_results_block, self._stream_results(handle.batch_id), self.parse_workers)
 
     def cancel(self, handle: BatchHandle) -> None:
         try:

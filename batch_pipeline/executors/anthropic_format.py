@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.executor import RAW_RESULT_SCHEMA, RequestPlan, ShardWork
 from batch_pipeline.core.validate import choice_schema
-from batch_pipeline.executors.openai_format import read_lines, utf8_or_marker
+from batch_pipeline.executors.jsonl_blocks import extract, json_paths_sql, lines_array, read_lines, utf8_or_marker
 
 TOOL_NAME = "answer"
 CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -110,7 +110,8 @@ def _tool_inputs(lines: list[bytes], rows: list[int]) -> dict[int, str | None]:
     for row in rows:
         blocks = ((json.loads(lines[row]).get("result") or {}).get("message") or {}).get("content") or []
         tool = next((b for b in blocks if isinstance(b, dict) and b.get("type") == "tool_use"), None)
-        found[row] = None if tool is None else json.dumps(tool.get("input"), ensure_ascii=False)
+        found[row] = None if tool is None else json.dumps(tool.get("input"), ensure_ascii=False,
+                                                           separators=(",", ":"))  # as DuckDB writes it
     return found
 
 
@@ -119,18 +120,65 @@ _NOT_UTF8 = json.dumps({"custom_id": None, "result": {"type": "unparseable_line"
 
 
 def parse_results_block(block: bytes) -> pa.Table:
-    """Result lines -> RAW_RESULT_SCHEMA rows, column-wise (a slow path for odd lines)."""
+    """Result lines -> RAW_RESULT_SCHEMA rows, column-wise; the per-line path for odd blocks and odd rows."""
+    fast = _parse_fast(block)
+    return fast if fast is not None else _parse_lines(block)
+
+
+# The fields of a result line, extracted in one DuckDB pass (see ``jsonl_blocks``). A row whose message has
+# more than one content block, or a first block that is neither text nor tool_use, is parsed per line.
+_PATHS = ["$.custom_id", "$.result.type", "$.result.message.id", "$.result.message.stop_reason",
+          "$.result.message.usage.input_tokens", "$.result.message.usage.output_tokens",
+          "$.result.message.usage.cache_creation_input_tokens", "$.result.message.usage.cache_read_input_tokens",
+          "$.result.error.error.type", "$.result.error.error.message", "$.result.message.content[0].type",
+          "$.result.message.content[0].text", "$.result.message.content[0].input", "$.result.message.content[1].type"]
+_EXTRACT_SQL = f"""
+SELECT v[1] AS custom_id, v[2] AS kind, v[3] AS message_id, v[4] AS stop_reason,
+       TRY_CAST(v[5] AS BIGINT) AS input_tokens, TRY_CAST(v[6] AS BIGINT) AS output_tokens,
+       TRY_CAST(v[7] AS BIGINT) AS cache_creation, TRY_CAST(v[8] AS BIGINT) AS cache_read,
+       v[9] AS error_type, v[10] AS error_message,
+       CASE v[11] WHEN 'text' THEN v[12] WHEN 'tool_use' THEN v[13] END AS text,
+       v[2] = 'succeeded' AND (v[14] IS NOT NULL OR v[11] IS NULL OR v[11] NOT IN ('text', 'tool_use'))
+         OR v[2] IS NULL AS _odd
+FROM (SELECT {json_paths_sql(_PATHS)} AS v FROM lines)
+"""
+
+
+def _parse_fast(block: bytes) -> pa.Table | None:
+    """Column-wise parse; None to send the whole block to the per-line path (blank lines, bad UTF-8, a line
+    that is not JSON). Odd rows (see ``_PATHS``) are parsed per line and put back in their place."""
+    lines = lines_array(block)
+    if lines is None:
+        return None
+    t = extract(lines, _EXTRACT_SQL)
+    if t is None:
+        return None
+    col = t.column
+    has_usage = pc.or_(pc.is_valid(col("input_tokens")), pc.is_valid(col("output_tokens")))
+    table = _assemble(col("custom_id"), col("kind"), col("text"), col("stop_reason"), col("input_tokens"),
+                      col("output_tokens"), col("cache_creation"), col("cache_read"), has_usage,
+                      col("error_type"), col("error_message"), col("message_id"), lines)
+    odd = pc.fill_null(col("_odd"), True)
+    if not pc.any(odd).as_py():
+        return table
+    odd_rows = pc.indices_nonzero(odd)
+    slow = _parse_lines(b"\n".join(s.as_py().encode() for s in pc.take(lines, odd_rows)))
+    regular = pc.indices_nonzero(pc.invert(odd))
+    merged = pa.concat_tables([table.take(regular), slow])
+    return merged.take(pc.sort_indices(pa.concat_arrays([regular, odd_rows])))
+
+
+def _parse_lines(block: bytes) -> pa.Table:
+    """Line by line: blank lines skipped, Arrow's JSON reader, and ``_loose_line`` when it refuses the block."""
     lines = [line for line in block.split(b"\n") if line.strip()]
     if not lines:
         return RAW_RESULT_SCHEMA.empty_table()
     t = read_lines(utf8_or_marker(lines, _NOT_UTF8), RESULT_LINE_SCHEMA, _loose_line)
     result = t.column("result").combine_chunks()
-    kind = pc.struct_field(result, "type")
     message = pc.struct_field(result, "message")
     inner = pc.struct_field(pc.struct_field(result, "error"), "error")
     usage = pc.struct_field(message, "usage")
     content = pc.struct_field(message, "content")
-    succeeded = pc.fill_null(pc.equal(kind, "succeeded"), False)
     # text: the text blocks joined; rows with a tool_use block take its input instead
     blocks = pc.list_flatten(content)
     text = pc.binary_join(_per_row(content, pc.fill_null(pc.struct_field(blocks, "text"), "")), "")
@@ -139,8 +187,19 @@ def parse_results_block(block: bytes) -> pa.Table:
     if tool_rows:
         inputs = _tool_inputs(lines, tool_rows)
         text = pa.array([inputs[i] if i in inputs else v for i, v in enumerate(text.to_pylist())], _STR)
-    stop = pc.struct_field(message, "stop_reason")
-    error_type = pc.struct_field(inner, "type")
+    return _assemble(t.column("custom_id"), pc.struct_field(result, "type"), text,
+                     pc.struct_field(message, "stop_reason"), pc.struct_field(usage, "input_tokens"),
+                     pc.struct_field(usage, "output_tokens"), pc.struct_field(usage, "cache_creation_input_tokens"),
+                     pc.struct_field(usage, "cache_read_input_tokens"), pc.is_valid(usage),
+                     pc.struct_field(inner, "type"), pc.struct_field(inner, "message"),
+                     pc.struct_field(message, "id"),
+                     pa.array([line.decode("utf-8", "replace") for line in lines], _STR))
+
+
+def _assemble(custom_id, kind, text, stop, input_tokens, output_tokens, cache_creation, cache_read, has_usage,
+              error_type, error_text, message_id, raw) -> pa.Table:
+    """RAW_RESULT_SCHEMA rows from the fields of result lines, however they were read."""
+    succeeded = pc.fill_null(pc.equal(kind, "succeeded"), False)
     status = pc.if_else(succeeded, pa.scalar(200, pa.int32()),
                         pc.if_else(pc.equal(kind, "errored"),
                                    pc.fill_null(_lookup(error_type, ERROR_STATUS, pa.int32()), 400),
@@ -150,24 +209,26 @@ def parse_results_block(block: bytes) -> pa.Table:
                       pc.coalesce(error_type, _lookup(kind, unrun, _STR), kind, pa.scalar("missing_result", _STR)))
     refused = pc.if_else(pc.fill_null(pc.equal(stop, "refusal"), False),
                          pa.scalar("refused (stop_reason=refusal)", _STR), pa.scalar(None, _STR))
-    error_message = pc.coalesce(pc.struct_field(inner, "message"),
-                                _lookup(kind, {k: v[1] for k, v in UNRUN.items()}, _STR), refused)
-    cache_read = _zero(pc.struct_field(usage, "cache_read_input_tokens"))
-    input_tokens = pc.add(pc.add(pc.struct_field(usage, "input_tokens"), cache_read),
-                          _zero(pc.struct_field(usage, "cache_creation_input_tokens")))
+    error_message = pc.coalesce(error_text, _lookup(kind, {k: v[1] for k, v in UNRUN.items()}, _STR), refused)
+    cache_read = _zero(cache_read)
+    total_input = pc.add(pc.add(input_tokens, cache_read), _zero(cache_creation))
     return pa.Table.from_arrays([
-        t.column("custom_id").combine_chunks(),
+        _chunk(custom_id),
         status,
-        pc.if_else(succeeded, text, pa.scalar(None, _STR)),
+        pc.if_else(succeeded, _chunk(text), pa.scalar(None, _STR)),
         pc.coalesce(_lookup(stop, FINISH_REASONS, _STR), stop),
-        input_tokens,
-        pc.if_else(pc.is_valid(usage), cache_read, pa.scalar(None, _INT)),
-        pc.struct_field(usage, "output_tokens"),
+        total_input,
+        pc.if_else(has_usage, cache_read, pa.scalar(None, _INT)),
+        output_tokens,
         code,
         error_message,
-        pc.struct_field(message, "id"),
-        pa.array([line.decode("utf-8", "replace") for line in lines], _STR),
+        message_id,
+        raw,
     ], schema=RAW_RESULT_SCHEMA)
+
+
+def _chunk(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
 
 
 def _loose_line(line: bytes) -> dict[str, Any]:

@@ -5,24 +5,17 @@ export of validated results).
 """
 
 import json
-import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
-import duckdb
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.json as pajson
 
 from batch_pipeline.core.executor import RAW_RESULT_SCHEMA, RequestPlan, ShardWork
-from batch_pipeline.core.threads import ordered_map
 from batch_pipeline.core.validate import choice_schema
+from batch_pipeline.executors.jsonl_blocks import (RESULT_BLOCK_BYTES, extract, json_paths_sql, lines_array,
+                                                   parse_stream, read_lines, utf8_or_marker)
 
 CHAT_URL = "/v1/chat/completions"
-# Result files are parsed, validated and written one block of about this size at a time (one result part per
-# block). Each block pays fixed costs (a DuckDB query, a Parquet file): 16 MB blocks ingested 5-10% faster than
-# 8 MB and 2-3x faster than 0.5-2 MB; memory holds about (parse workers + 3) blocks.
-RESULT_BLOCK_BYTES = 16 * 2**20
 
 _USAGE = pa.struct([("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
                     ("prompt_tokens_details", pa.struct([("cached_tokens", pa.int64())]))])
@@ -107,60 +100,18 @@ SELECT v[1] AS request_id, TRY_CAST(v[2] AS INTEGER) AS http_status, v[3] AS out
        coalesce(v[11], v[12], CASE WHEN v[13] IS NOT NULL THEN 'refused: ' || v[13] END) AS error_message,
        v[14] AS provider_request_id,
        v[1] IS NULL AND v[2] IS NULL AND v[8] IS NULL AND v[11] IS NULL AND v[14] IS NULL AS _blank
-FROM (SELECT json_extract_string(line, [{", ".join(f"'{p}'" for p in _PATHS)}]) AS v FROM output_lines)
+FROM (SELECT {json_paths_sql(_PATHS)} AS v FROM lines)
 """
-_SPACE_BYTES = list(b" \t\r\x0b\x0c\n")  # what ``bytes.strip`` removes
-_duckdb = threading.local()
-
-
-def _connection():
-    con = getattr(_duckdb, "con", None)
-    if con is None:
-        # one thread: a block is one Arrow batch, which DuckDB scans on one thread anyway, and the caller's
-        # other core is busy writing the previous block's part
-        con = _duckdb.con = duckdb.connect(config={"threads": 1})
-    return con
-
-
-def _lines_array(block: bytes) -> pa.StringArray | None:
-    """The block's lines (without their newline) as one Arrow string array over one copy of the block's bytes
-    (offsets found with numpy); None when the block has a blank line or one that starts with whitespace (the
-    per-line path handles those).
-
-    UTF-8 is not checked here: DuckDB checks every string it scans and raises on a bad one, which sends the block
-    to the per-line path (checking here too cost 0.4 s per 1M lines)."""
-    if not block.endswith(b"\n"):
-        block += b"\n"
-    if len(block) >= 2**31:
-        return None
-    data = np.frombuffer(block, np.uint8)
-    ends = np.flatnonzero(data == 10).astype(np.int32)
-    starts = np.empty_like(ends)
-    starts[0] = 0
-    starts[1:] = ends[:-1] + 1
-    if np.isin(data[starts], _SPACE_BYTES).any():  # a blank line, or one that starts with whitespace
-        return None
-    offsets = np.empty(len(ends) + 1, np.int32)
-    offsets[0] = 0
-    offsets[1:] = ends - np.arange(len(ends), dtype=np.int32)  # each line's end once its newlines are gone
-    return pa.StringArray.from_buffers(len(ends), pa.py_buffer(offsets), pa.py_buffer(block.replace(b"\n", b"")))
 
 
 def _parse_fast(block: bytes) -> pa.Table | None:
     """Column-wise parse of a clean block; None to fall back to the per-line path (blank lines, bad UTF-8,
     a line that is not JSON, or one with none of the fields, e.g. not an object)."""
-    lines = _lines_array(block)
+    lines = lines_array(block)
     if lines is None:
         return None
-    con = _connection()
-    con.register("output_lines", pa.table({"line": lines}))
-    try:
-        t = con.sql(_EXTRACT_SQL).to_arrow_table()
-    except (duckdb.Error, UnicodeDecodeError):  # malformed JSON, or bytes that are not UTF-8, in the block
-        return None
-    finally:
-        con.unregister("output_lines")
-    if t.num_rows != len(lines) or pc.any(t.column("_blank")).as_py():
+    t = extract(lines, _EXTRACT_SQL)
+    if t is None or pc.any(t.column("_blank")).as_py():
         return None
     return pa.Table.from_arrays([*t.columns[:-1], lines], schema=RAW_RESULT_SCHEMA)
 
@@ -175,7 +126,7 @@ def parse_output_stream(chunks: Iterable[bytes], workers: int = 1,
                         block_bytes: int = RESULT_BLOCK_BYTES) -> Iterator[pa.Table]:
     """A downloaded output or error file, as byte chunks -> RAW_RESULT_SCHEMA tables, one per block of about
     ``block_bytes``, in file order; blocks are parsed on ``workers`` threads while the next ones arrive."""
-    return ordered_map(parse_output_block, iter_blocks(chunks, block_bytes), workers)
+    return parse_stream(parse_output_block, chunks, workers, block_bytes)
 
 
 def _parse_lines(block: bytes) -> pa.Table:
@@ -224,38 +175,6 @@ _NOT_UTF8 = json.dumps({"custom_id": None, "response": None, "error": {
     "code": "unparseable_line", "message": "the line is not valid UTF-8"}}).encode()
 
 
-def utf8_or_marker(lines: list[bytes], marker: bytes) -> list[bytes]:
-    """Each line, or ``marker`` where it is not valid UTF-8: Arrow's JSON reader passes such bytes into its
-    string columns, where they would break every later reader."""
-    try:
-        for line in lines:
-            line.decode("utf-8")  # ASCII-fast in CPython; the common case ends here
-        return lines
-    except UnicodeDecodeError:
-        pass
-    out = []
-    for line in lines:
-        try:
-            line.decode("utf-8")
-        except UnicodeDecodeError:
-            line = marker
-        out.append(line)
-    return out
-
-
-def read_lines(lines: list[bytes], schema: pa.Schema, loose: Callable[[bytes], dict]) -> pa.Table:
-    """Provider result lines as a table of ``schema``: Arrow's reader for the block, ``loose`` line by line
-    when it refuses (a line of another shape must not sink its neighbours)."""
-    options = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
-    try:
-        t = pajson.read_json(pa.BufferReader(b"\n".join(lines)), parse_options=options)
-        if t.num_rows != len(lines):
-            raise ValueError("row count mismatch")
-        return t
-    except (pa.ArrowInvalid, ValueError):
-        return pa.Table.from_pylist([loose(line) for line in lines], schema=schema)
-
-
 def _loose_line(line: bytes) -> dict:
     """One line the column reader refused: keep what is recognisable, report the rest as an error."""
     try:
@@ -282,33 +201,3 @@ def _as_text(content: object) -> str | None:
     if content is None or isinstance(content, str):
         return content
     return json.dumps(content)
-
-
-def iter_blocks(chunks: Iterable[bytes], block_bytes: int = RESULT_BLOCK_BYTES) -> Iterator[bytes]:
-    """Re-cut a byte stream into blocks that end at line boundaries.
-
-    Chunks are kept in a list and each block is joined once, cut at the last newline of its last chunk (appending
-    to one growing ``bytes`` copied it again for every chunk, and slicing the joined block copied it twice)."""
-    parts: list[bytes] = []
-    size = 0
-    for chunk in chunks:
-        if not chunk:
-            continue
-        parts.append(chunk)
-        size += len(chunk)
-        if size < block_bytes:
-            continue
-        for i in range(len(parts) - 1, -1, -1):  # the last chunk that holds a newline, normally the last one
-            cut = parts[i].rfind(b"\n")
-            if cut >= 0:
-                break
-        else:
-            continue
-        head, tail = parts[i][: cut + 1], parts[i][cut + 1 :]
-        rest = parts[i + 1 :]
-        yield b"".join([*parts[:i], head]) if i else head
-        parts = [tail, *rest] if tail else rest
-        size = sum(map(len, parts))
-    data = b"".join(parts)
-    if data.strip():
-        yield data

@@ -18,7 +18,7 @@ from batch_pipeline.core.spec import BackendSpec, parse_spec
 from batch_pipeline.core.store import Store
 from batch_pipeline.core.validate import validate
 from batch_pipeline.executors.anthropic_batch import STATUS_MAP, AnthropicBatchExecutor, AnthropicBatchSettings
-from batch_pipeline.executors.anthropic_format import batch_requests, parse_results_block
+from batch_pipeline.executors.anthropic_format import batch_requests, parse_results_block, _parse_fast, _parse_lines
 from batch_pipeline.executors.registry import batch_limits, create_executor, names
 
 LABELS = ["billing", "bug", "other"]
@@ -321,3 +321,44 @@ def test_a_result_line_that_is_not_utf8_sinks_only_itself():
     assert out[0]["output_text"] == "fine"
     assert out[1]["error_code"] == "unparseable_line" and "UTF-8" in out[1]["error_message"]
     assert "\ufffd" in out[1]["raw_payload"]
+
+
+def test_the_column_wise_path_gives_the_per_line_paths_rows_with_odd_rows_in_place():
+    def ok(cid, content, stop="end_turn"):
+        return {"custom_id": cid, "result": {"type": "succeeded", "message": {
+            "id": f"msg_{cid}", "type": "message", "role": "assistant", "model": "m", "content": content,
+            "stop_reason": stop, "stop_sequence": None,
+            "usage": {"input_tokens": 5, "output_tokens": 3, "cache_creation_input_tokens": 7,
+                      "cache_read_input_tokens": 11, "service_tier": "batch"}}}}
+
+    regular = [
+        ok("text", [{"type": "text", "text": "Hello ünï"}]),
+        ok("tool", [{"type": "tool_use", "id": "t", "name": "answer", "input": {"label": "bug", "n": [1, {"x": "é"}]}}],
+           "tool_use"),
+        ok("cut", [{"type": "text", "text": "cu"}], "max_tokens"),
+        ok("refused", [{"type": "text", "text": ""}], "refusal"),
+        {"custom_id": "err", "result": {"type": "errored", "error": {"type": "error", "error": {
+            "type": "invalid_request_error", "message": "too long"}}}},
+        {"custom_id": "gone", "result": {"type": "expired"}},
+        {"custom_id": "stopped", "result": {"type": "canceled"}},
+    ]
+    odd = [
+        ok("two", [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]),
+        ok("think", [{"type": "thinking", "thinking": "hmm", "signature": "s"},
+                     {"type": "tool_use", "id": "t", "name": "answer", "input": {"label": "other"}}], "tool_use"),
+        ok("empty", []),
+    ]
+    lines = [regular[0], odd[0], *regular[1:4], odd[1], *regular[4:], odd[2]]
+    block = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines).encode()
+    fast = _parse_fast(block)
+    assert fast is not None, "a clean block takes the column-wise path"
+    assert fast.equals(_parse_lines(block))
+    assert fast.column("request_id").to_pylist() == [line["custom_id"] for line in lines]
+    by = rows(fast)
+    assert json.loads(by["tool"]["output_text"]) == {"label": "bug", "n": [1, {"x": "é"}]}
+    assert by["two"]["output_text"] == "ab" and json.loads(by["think"]["output_text"]) == {"label": "other"}
+    assert by["empty"]["output_text"] == "" and by["text"]["output_text"] == "Hello ünï"
+    assert (by["err"]["http_status"], by["err"]["error_code"]) == (400, "invalid_request_error")
+    assert by["gone"]["error_code"] == "batch_expired" and by["stopped"]["error_code"] == "batch_cancelled"
+    assert by["refused"]["error_message"] == "refused (stop_reason=refusal)"
+    assert by["cut"]["finish_reason"] == "length" and by["text"]["input_tokens"] == 23
