@@ -17,7 +17,8 @@ import pyarrow.compute as pc
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.executor import RAW_RESULT_SCHEMA, RequestPlan, ShardWork
 from batch_pipeline.core.validate import choice_schema
-from batch_pipeline.executors.jsonl_blocks import extract, json_paths_sql, lines_array, read_lines, utf8_or_marker
+from batch_pipeline.executors.jsonl_blocks import (extract, json_paths_sql, lines_array, read_lines, replace_rows,
+                                                   utf8_or_marker)
 
 TOOL_NAME = "answer"
 CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -161,11 +162,7 @@ def _parse_fast(block: bytes) -> pa.Table | None:
     odd = pc.fill_null(col("_odd"), True)
     if not pc.any(odd).as_py():
         return table
-    odd_rows = pc.indices_nonzero(odd)
-    slow = _parse_lines(b"\n".join(s.as_py().encode() for s in pc.take(lines, odd_rows)))
-    regular = pc.indices_nonzero(pc.invert(odd))
-    merged = pa.concat_tables([table.take(regular), slow])
-    return merged.take(pc.sort_indices(pa.concat_arrays([regular, odd_rows])))
+    return replace_rows(table, odd, _parse_lines(b"\n".join(s.as_py().encode() for s in lines.filter(odd))))
 
 
 def _parse_lines(block: bytes) -> pa.Table:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.json as pajson
 
 from batch_pipeline.core.threads import ordered_map
@@ -107,6 +108,14 @@ def extract(lines: pa.StringArray, sql: str) -> pa.Table | None:
     finally:
         con.unregister("lines")
     return t if t.num_rows == len(lines) else None
+
+
+def replace_rows(table: pa.Table, mask: pa.Array | pa.ChunkedArray, replacement: pa.Table) -> pa.Table:
+    """``table`` with the rows where ``mask`` is true replaced, in order, by the rows of ``replacement``."""
+    odd = pc.indices_nonzero(mask)
+    regular = pc.indices_nonzero(pc.invert(mask))
+    merged = pa.concat_tables([table.take(regular), replacement.select(table.column_names).cast(table.schema)])
+    return merged.take(pc.sort_indices(pa.concat_arrays([regular, odd])))
 
 
 def utf8_or_marker(lines: list[bytes], marker: bytes) -> list[bytes]:

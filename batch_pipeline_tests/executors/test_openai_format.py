@@ -4,6 +4,7 @@ import json
 import random
 
 import pyarrow as pa
+import pytest
 import pyarrow.parquet as pq
 
 from batch_pipeline.core.executor import RequestPlan, ShardWork
@@ -56,6 +57,15 @@ def test_the_column_wise_path_gives_the_per_line_paths_table():
     assert by["c2"]["http_status"] == 500 and by["c2"]["error_code"] == "server_error"
     assert by["c3"]["error_code"] == "batch_expired" and by["c3"]["http_status"] is None
     assert json.loads(by["c5"]["raw_payload"]) == _line(5)  # the provider's line, verbatim, without its newline
+
+
+@pytest.mark.parametrize("kinds", [(0,), (2, 3), (1,), (0, 1, 2, 3)], ids=["answered", "errors", "refusals", "mixed"])
+def test_answered_lines_and_the_rest_take_their_own_queries_and_keep_their_order(kinds):
+    """Answered lines are read with 9 JSON paths, the others (errors, refusals) with all 14, then merged."""
+    block = "".join(json.dumps(_line(i)) + "\n" for i in range(400) if i % 4 in kinds).encode()
+    fast = _parse_fast(block)
+    assert fast is not None and fast.equals(_parse_lines(block))
+    assert fast.column("request_id").to_pylist() == [f"c{i}" for i in range(400) if i % 4 in kinds]
 
 
 def test_a_line_that_is_not_utf8_sinks_only_itself():
