@@ -61,7 +61,7 @@ def test_the_column_wise_path_gives_the_per_line_paths_table():
 
 @pytest.mark.parametrize("kinds", [(0,), (2, 3), (1,), (0, 1, 2, 3)], ids=["answered", "errors", "refusals", "mixed"])
 def test_answered_lines_and_the_rest_take_their_own_queries_and_keep_their_order(kinds):
-    """Answered lines are read with 9 JSON paths, the others (errors, refusals) with all 14, then merged."""
+    """Answered lines are read with 10 JSON paths, the others (errors, refusals) with all 14, then merged."""
     block = "".join(json.dumps(_line(i)) + "\n" for i in range(400) if i % 4 in kinds).encode()
     fast = _parse_fast(block)
     assert fast is not None and fast.equals(_parse_lines(block))
@@ -103,3 +103,12 @@ def test_result_parts_store_the_raw_lines_with_lz4_and_the_rest_with_zstd(tmp_pa
     codecs = {meta.column(i).path_in_schema: meta.column(i).compression for i in range(meta.num_columns)}
     assert codecs["raw_payload"] == "LZ4" and codecs["output_text"] == "ZSTD"
     assert store.read_part(rel).equals(table)
+
+
+def test_an_answer_that_also_carries_a_refusal_keeps_the_refusal():
+    line = _line(0)
+    line["response"]["body"]["choices"][0]["message"]["refusal"] = "partly refused"
+    block = (json.dumps(_line(4)) + "\n" + json.dumps(line) + "\n").encode()
+    fast = _parse_fast(block)
+    assert fast is not None and fast.equals(_parse_lines(block))
+    assert fast.column("error_message").to_pylist() == [None, "refused: partly refused"]
