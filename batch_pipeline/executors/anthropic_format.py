@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.executor import RAW_RESULT_SCHEMA, RequestPlan, ShardWork
 from batch_pipeline.core.validate import choice_schema
-from batch_pipeline.executors.jsonl_blocks import (extract, json_paths_sql, lines_array, read_lines, replace_rows,
+from batch_pipeline.executors.jsonl_blocks import (extract_block, json_paths_sql, read_lines, replace_rows,
                                                    utf8_or_marker)
 
 TOOL_NAME = "answer"
@@ -148,12 +148,10 @@ FROM (SELECT {json_paths_sql(_PATHS)} AS v FROM lines)
 def _parse_fast(block: bytes) -> pa.Table | None:
     """Column-wise parse; None to send the whole block to the per-line path (blank lines, bad UTF-8, a line
     that is not JSON). Odd rows (see ``_PATHS``) are parsed per line and put back in their place."""
-    lines = lines_array(block)
-    if lines is None:
+    read = extract_block(block, _EXTRACT_SQL)
+    if read is None:
         return None
-    t = extract(lines, _EXTRACT_SQL)
-    if t is None:
-        return None
+    lines, t = read
     col = t.column
     has_usage = pc.or_(pc.is_valid(col("input_tokens")), pc.is_valid(col("output_tokens")))
     table = _assemble(col("custom_id"), col("kind"), col("text"), col("stop_reason"), col("input_tokens"),

@@ -110,6 +110,15 @@ def extract(lines: pa.StringArray, sql: str) -> pa.Table | None:
     return t if t.num_rows == len(lines) else None
 
 
+def extract_block(block: bytes, sql: str) -> tuple[pa.StringArray, pa.Table] | None:
+    """(the block's lines, ``sql`` over them), or None when the column path refuses the block."""
+    lines = lines_array(block)
+    if lines is None:
+        return None
+    t = extract(lines, sql)
+    return None if t is None else (lines, t)
+
+
 def replace_rows(table: pa.Table, mask: pa.Array | pa.ChunkedArray, replacement: pa.Table) -> pa.Table:
     """``table`` with the rows where ``mask`` is true replaced, in order, by the rows of ``replacement``."""
     odd = pc.indices_nonzero(mask)

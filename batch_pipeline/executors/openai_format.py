@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 
 from batch_pipeline.core.executor import RAW_RESULT_SCHEMA, RequestPlan, ShardWork
 from batch_pipeline.core.validate import choice_schema
-from batch_pipeline.executors.jsonl_blocks import (RESULT_BLOCK_BYTES, extract, json_paths_sql, lines_array,
+from batch_pipeline.executors.jsonl_blocks import (RESULT_BLOCK_BYTES, extract, extract_block, json_paths_sql,
                                                    parse_stream, read_lines, replace_rows, utf8_or_marker)
 
 CHAT_URL = "/v1/chat/completions"
@@ -118,12 +118,10 @@ FROM (SELECT {json_paths_sql(_HOT_PATHS)} AS v FROM lines)
 def _parse_fast(block: bytes) -> pa.Table | None:
     """Column-wise parse of a clean block; None to fall back to the per-line path (blank lines, bad UTF-8,
     a line that is not JSON, or one with none of the fields, e.g. not an object)."""
-    lines = lines_array(block)
-    if lines is None:
+    read = extract_block(block, _HOT_SQL)
+    if read is None:
         return None
-    t = extract(lines, _HOT_SQL)
-    if t is None:
-        return None
+    lines, t = read
     cold = t.column("_cold")
     t = t.drop_columns(["_cold"])
     if pc.any(cold).as_py():

@@ -275,13 +275,16 @@ def test_runner_reattaches_in_process_without_a_second_batch(admin, tmp_path):
     assert len(admin.ledger()) == 7
 
 
+def ok(cid: str, content: list, stop: str = "end_turn") -> dict:
+    """A succeeded result line with the given content blocks."""
+    return {"custom_id": cid, "result": {"type": "succeeded", "message": {
+        "id": f"msg_{cid}", "type": "message", "role": "assistant", "model": "m", "content": content,
+        "stop_reason": stop, "stop_sequence": None,
+        "usage": {"input_tokens": 5, "output_tokens": 3, "cache_creation_input_tokens": 7,
+                  "cache_read_input_tokens": 11, "service_tier": "batch"}}}}
+
+
 def test_results_parser_handles_every_result_type_and_odd_lines():
-    def ok(cid, content, stop="end_turn"):
-        return {"custom_id": cid, "result": {"type": "succeeded", "message": {
-            "id": f"msg_{cid}", "type": "message", "role": "assistant", "model": "m", "content": content,
-            "stop_reason": stop, "stop_sequence": None, "usage": {"input_tokens": 5, "output_tokens": 3,
-                                                                  "cache_creation_input_tokens": 7,
-                                                                  "cache_read_input_tokens": 11}}}}
     lines = [
         ok("t", [{"type": "text", "text": "Hello "}, {"type": "text", "text": "world"}]),
         ok("u", [{"type": "tool_use", "id": "x", "name": "answer", "input": {"label": "bug", "n": {"deep": [1]}}}],
@@ -324,13 +327,6 @@ def test_a_result_line_that_is_not_utf8_sinks_only_itself():
 
 
 def test_the_column_wise_path_gives_the_per_line_paths_rows_with_odd_rows_in_place():
-    def ok(cid, content, stop="end_turn"):
-        return {"custom_id": cid, "result": {"type": "succeeded", "message": {
-            "id": f"msg_{cid}", "type": "message", "role": "assistant", "model": "m", "content": content,
-            "stop_reason": stop, "stop_sequence": None,
-            "usage": {"input_tokens": 5, "output_tokens": 3, "cache_creation_input_tokens": 7,
-                      "cache_read_input_tokens": 11, "service_tier": "batch"}}}}
-
     regular = [
         ok("text", [{"type": "text", "text": "Hello ünï"}]),
         ok("tool", [{"type": "tool_use", "id": "t", "name": "answer", "input": {"label": "bug", "n": [1, {"x": "é"}]}}],
