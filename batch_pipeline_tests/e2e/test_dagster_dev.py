@@ -27,7 +27,7 @@ ASSETS = ["manifest", "quote", "submissions", "shard_results", "results", "dead_
 RESULT_CHECKS = {"validated_schema", "outputs_within_contract", "no_truncated_outputs", "reconciliation"}
 SHARDS = ["s00001", "s00002", "s00003", "s00004"]
 ROWS = 40
-RUN_TIMEOUT_S = 60.0
+RUN_TIMEOUT_S = 120.0
 TERMINAL = {"SUCCESS", "FAILURE", "CANCELED"}
 # Each run still gets its own run-worker process (launched by the code server); its steps run in that
 # process instead of one subprocess per step (the default multiprocess executor costs ~2.5 s a step, ~25 s

@@ -30,13 +30,13 @@ from batch_pipeline.core.paths import JobPaths
 from .conftest import JOB, LOCATION, REPOSITORY, SMALL, DagsterDev, Project, run_dagster_dev, write_project
 from .test_dagster_dev import ROWS, TERMINAL, failure_report
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]  # the bounds below, not the global 300 s
 
 INTERVAL_S = 2
 SHARDS = ["s00001", "s00002"]  # 40 rows, 20 requests a shard: the canary and one more
 DEQUEUE_INTERVAL_S = 1
-FIRST_TICK_TIMEOUT_S = 30.0  # the daemon starts with `dagster dev`, its first sensor loop can lag the webserver
-FLOW_TIMEOUT_S = 150.0  # file dropped -> publish succeeded: 6 runs, one after the other
+FIRST_TICK_TIMEOUT_S = 60.0  # the daemon starts with `dagster dev`, its first sensor loop can lag the webserver
+FLOW_TIMEOUT_S = 240.0  # file dropped -> publish succeeded: 6 runs, one after the other
 SENSOR_TAG = "dagster/sensor_name"
 NEW_DATA = f"{JOB}_new_data"
 DRIVER = f"{JOB}_shard_driver"
