@@ -327,6 +327,7 @@ class ShardRunner:
         expected = pa.array(attempt.request_ids, pa.string())
         rows = ok = 0
         answered: list[pa.Array] = []
+        started = time.monotonic()
         with BackgroundWrites(depth=2) as writes:
             for flush, raw in enumerate(executor.fetch(handle), start=1):
                 mine = raw.filter(pc.is_in(raw.column("request_id"), value_set=expected))
@@ -340,6 +341,9 @@ class ShardRunner:
                 rows += table.num_rows
                 ok += pc.sum(pc.equal(table.column("status"), "succeeded")).as_py() or 0
                 answered.extend(table.column("request_id").chunks)
+        elapsed = time.monotonic() - started
+        log.info("shard %s: batch %s: %d results stored (%d succeeded) in %.1f s, %.0f results/s", shard_id,
+                 handle.batch_id, rows, ok, elapsed, rows / elapsed if elapsed > 0 else 0.0)
         seen = pa.concat_arrays(answered) if answered else pa.array([], pa.string())
         missing = pc.count_distinct(expected.filter(pc.invert(pc.is_in(expected, value_set=seen)))).as_py()
         if missing:

@@ -4,6 +4,7 @@ The provider is an in-memory stand-in implementing the ``BatchExecutor`` protoco
 *provider*, not of our code); the HTTP sandbox covers the real SDK paths in the executors tests.
 """
 
+import logging
 from collections.abc import Callable, Iterator
 from datetime import date
 
@@ -120,8 +121,9 @@ def kinds_in(states_: dict[str, str], state: str) -> list[str]:
     return sorted(k.split()[0] for k, v in states_.items() if v == state)
 
 
-def test_submit_collect_resume_until_only_dead_letters_remain(job):
+def test_submit_collect_resume_until_only_dead_letters_remain(job, caplog):
     spec, store = job
+    caplog.set_level(logging.INFO, logger="batch_pipeline.core.runner")
     provider = MemoryProvider(behaviour)
     assert isinstance(provider, BatchExecutor)
     runner = ShardRunner(spec, store, provider, PRICE)
@@ -130,6 +132,7 @@ def test_submit_collect_resume_until_only_dead_letters_remain(job):
     assert (first.attempt, first.requests, first.reattached) == (1, 10, False)
     out = runner.collect("s00001", poll_interval_s=0)
     assert (out.attempts, out.rows, out.succeeded) == ([1], 9, 6)
+    assert any("9 results stored (6 succeeded)" in r.getMessage() for r in caplog.records)  # progress for the log
     s = states(spec, store)
     assert kinds_in(s, VALID) == ["good"] * 6
     assert kinds_in(s, INVALID) == ["junk"]
