@@ -32,6 +32,7 @@ UNRUN = {"canceled": ("batch_cancelled", "This request was not executed because 
          "expired": ("batch_expired", "This request was not executed before the batch expired (24 h).")}
 
 _STR, _INT = pa.string(), pa.int64()
+Column = pa.Array | pa.ChunkedArray  # a column as Arrow compute returns it
 _USAGE = pa.struct([("input_tokens", _INT), ("output_tokens", _INT), ("cache_creation_input_tokens", _INT),
                     ("cache_read_input_tokens", _INT)])
 _MESSAGE = pa.struct([("id", _STR), ("content", pa.list_(pa.struct([("type", _STR), ("text", _STR)]))),
@@ -191,8 +192,9 @@ def _parse_lines(block: bytes) -> pa.Table:
                      pa.array([line.decode("utf-8", "replace") for line in lines], _STR))
 
 
-def _assemble(custom_id, kind, text, stop, input_tokens, output_tokens, cache_creation, cache_read, has_usage,
-              error_type, error_text, message_id, raw) -> pa.Table:
+def _assemble(custom_id: Column, kind: Column, text: Column, stop: Column, input_tokens: Column,
+              output_tokens: Column, cache_creation: Column, cache_read: Column, has_usage: Column,
+              error_type: Column, error_text: Column, message_id: Column, raw: Column) -> pa.Table:
     """RAW_RESULT_SCHEMA rows from the fields of result lines, however they were read."""
     succeeded = pc.fill_null(pc.equal(kind, "succeeded"), False)
     status = pc.if_else(succeeded, pa.scalar(200, pa.int32()),
@@ -222,7 +224,7 @@ def _assemble(custom_id, kind, text, stop, input_tokens, output_tokens, cache_cr
     ], schema=RAW_RESULT_SCHEMA)
 
 
-def _chunk(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+def _chunk(values: Column) -> pa.Array:
     return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
 
 
