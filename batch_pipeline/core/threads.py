@@ -4,11 +4,13 @@ DuckDB, Arrow and zstd release the GIL, so threads give real parallelism for the
 Python glue between them stays on the caller's thread.
 """
 
+import math
 import os
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -18,13 +20,25 @@ _pools: dict[int, ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
 
 
-def default_workers() -> int:
-    """Parse workers for one download: the cores this process may use, at most 4."""
+def usable_cores(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """The cores this process may use: its CPU affinity, capped by a cgroup v2 CPU quota (a Kubernetes CPU limit
+    shows every core of the node but lets the pod use only ``quota / period`` of them)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         cores = os.cpu_count() or 1
-    return max(1, min(4, cores))
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
+
+
+def default_workers() -> int:
+    """Parse workers for one download: the usable cores, at most 4."""
+    return min(4, usable_cores())
 
 
 def shared_pool(workers: int) -> ThreadPoolExecutor:

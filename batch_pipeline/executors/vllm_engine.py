@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from batch_pipeline.core.errors import ConfigError
+from batch_pipeline.core.threads import usable_cores
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ def prepare_in_process_threads() -> None:
         log.warning("vllm: torch was imported before the engine; set OMP_NUM_THREADS to the number of cores "
                     "minus one for multiprocessing: false")
         return
-    os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) - 1))
+    os.environ["OMP_NUM_THREADS"] = str(max(1, usable_cores() - 1))
 
 
 def release_engines() -> None:

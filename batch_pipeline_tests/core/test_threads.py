@@ -1,11 +1,12 @@
 """ordered_map: input order kept, bounded look-ahead, errors raised in order, nothing left running."""
 
+import os
 import threading
 import time
 
 import pytest
 
-from batch_pipeline.core.threads import ordered_map
+from batch_pipeline.core.threads import ordered_map, usable_cores
 
 
 def test_results_come_in_input_order_whatever_finishes_first():
@@ -87,3 +88,13 @@ def test_an_error_from_the_items_is_raised_and_work_in_flight_is_finished_first(
 def test_one_worker_is_a_plain_map_on_the_calling_thread():
     caller = threading.get_ident()
     assert list(ordered_map(lambda x: threading.get_ident() == caller, range(3), workers=1)) == [True] * 3
+
+
+@pytest.mark.parametrize(("cpu_max", "cap"), [("max 100000\n", None), ("150000 100000\n", 2), ("50000 100000\n", 1),
+                                              ("garbage", None)])
+def test_usable_cores_follow_a_cgroup_cpu_quota(tmp_path, cpu_max, cap):
+    path = tmp_path / "cpu.max"
+    path.write_text(cpu_max)
+    affinity = len(os.sched_getaffinity(0))
+    assert usable_cores(path) == (affinity if cap is None else min(affinity, cap))
+    assert usable_cores(tmp_path / "missing") == affinity  # cgroup v1 or no cgroup: the affinity alone
