@@ -354,22 +354,22 @@ class _StubExecutor:
         return None
 
 
-def ours_runner(files: list[str], work: str) -> dict:
+def ours_runner(files: list[str], work: str, shard_lines: int = SHARD) -> dict:
     from batch_pipeline.core.attempts import Attempt
     from batch_pipeline.core.executor import BatchHandle
     from batch_pipeline.core.runner import ShardRunner
 
     spec, _plan, price, store = _setup_ours(work)
-    # setup (untimed): group the lines into shards of SHARD by their position, output file first
+    # setup (untimed): group the lines into shards of shard_lines by their position, output file first
     lines: list[bytes] = []
     for p in files:
         with open(p, "rb") as f:
             lines.extend(f.readlines())
     by_batch: dict[str, bytes] = {}
     attempts = []
-    for s in range(0, len(lines), SHARD):
-        sid = f"s{s // SHARD + 1:05d}"
-        chunk = lines[s:s + SHARD]
+    for s in range(0, len(lines), shard_lines):
+        sid = f"s{s // shard_lines + 1:05d}"
+        chunk = lines[s:s + shard_lines]
         rids = [ln[ln.index(b'"custom_id": "') + 14:][:64].decode() for ln in chunk]
         by_batch[f"batch_{sid}"] = b"".join(chunk)
         attempts.append((Attempt(1, {"intent": {"key": f"{JOB}:{sid}:1", "request_ids": rids}}),
@@ -478,6 +478,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sections", action="store_true", help="time the steps of our path")
     ap.add_argument("--profile", action="store_true", help="cProfile our path (slows Python code)")
     ap.add_argument("--only", choices=["reference", "ours", "ours_runner"], action="append")
+    ap.add_argument("--shard-lines", type=int, default=SHARD,
+                    help="lines per shard for ours_runner (default 5,000; OpenAI allows up to 50,000 per batch)")
     ap.add_argument("--breakdown", action="store_true",
                     help="time the steps of parse_output_block/validate/write and candidate replacements")
     args = ap.parse_args(argv)
@@ -504,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
             elif v == "ours":
                 r = run_in_child("benchmarks.ingest_bench:ours", files, str(d), args.sections, args.profile)
             else:
-                r = run_in_child("benchmarks.ingest_bench:ours_runner", files, str(d))
+                r = run_in_child("benchmarks.ingest_bench:ours_runner", files, str(d), args.shard_lines)
             r["lines_per_s"] = r["lines"] / r["seconds"]
             res[v] = r
             print(f"  {v:12s} {r['lines']:>9,} lines  {r['seconds']:6.2f} s (cpu {r['cpu_s']:.2f} s)  "
