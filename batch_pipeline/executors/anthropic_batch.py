@@ -38,7 +38,7 @@ import anthropic
 import httpx2
 import pyarrow as pa
 import pyarrow.json as pajson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from batch_pipeline.core.errors import BatchPipelineError, ConfigError, SystemicError, TransientError
 from batch_pipeline.core.executor import BatchHandle, BatchState, BatchStatus, ShardWork
@@ -270,10 +270,5 @@ class AnthropicBatchExecutor:
         return None
 
 
-@register("anthropic_batch", max_requests=MAX_REQUESTS, max_bytes=MAX_BYTES)
-def _factory(settings: dict[str, Any]) -> AnthropicBatchExecutor:
-    try:
-        parsed = AnthropicBatchSettings.model_validate(settings)
-    except ValidationError as exc:
-        raise ConfigError(f"backend.settings for anthropic_batch: {exc}") from None
-    return AnthropicBatchExecutor(parsed)
+register("anthropic_batch", AnthropicBatchSettings, max_requests=MAX_REQUESTS, max_bytes=MAX_BYTES)(
+    AnthropicBatchExecutor)

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any, Literal
 
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from batch_pipeline.core.errors import ConfigError, SystemicError
 from batch_pipeline.core.executor import RAW_RESULT_SCHEMA, ShardWork
@@ -318,10 +318,4 @@ def _table(rows: list[tuple[Any, ...]]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=RAW_RESULT_SCHEMA)
 
 
-@register("online")
-def _factory(settings: dict[str, Any]) -> OnlineExecutor:
-    try:
-        parsed = OnlineSettings.model_validate(settings)
-    except ValidationError as exc:
-        raise ConfigError(f"backend.settings for online: {exc}") from None
-    return OnlineExecutor(parsed)
+register("online", OnlineSettings)(OnlineExecutor)

@@ -14,7 +14,7 @@ from typing import Any
 
 import openai
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from batch_pipeline.core.errors import BatchPipelineError, ConfigError, SystemicError, TransientError
 from batch_pipeline.core.executor import BatchHandle, BatchState, BatchStatus, ShardWork
@@ -198,11 +198,5 @@ class OpenAIBatchExecutor:
         return None
 
 
-@register("openai_batch", max_requests=OpenAIBatchExecutor.max_requests_per_batch,
-          max_bytes=OpenAIBatchExecutor.max_bytes_per_batch)
-def _factory(settings: dict[str, Any]) -> OpenAIBatchExecutor:
-    try:
-        parsed = OpenAIBatchSettings.model_validate(settings)
-    except ValidationError as exc:
-        raise ConfigError(f"backend.settings for openai_batch: {exc}") from None
-    return OpenAIBatchExecutor(parsed)
+register("openai_batch", OpenAIBatchSettings, max_requests=OpenAIBatchExecutor.max_requests_per_batch,
+         max_bytes=OpenAIBatchExecutor.max_bytes_per_batch)(OpenAIBatchExecutor)

@@ -3,6 +3,8 @@
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import BaseModel, ValidationError
+
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.executor import BatchExecutor, StreamExecutor
 from batch_pipeline.core.spec import BackendSpec
@@ -13,16 +15,25 @@ _FACTORIES: dict[str, Factory] = {}
 _LIMITS: dict[str, tuple[int | None, int | None]] = {}
 
 
-def register(name: str, *, max_requests: int | None = None, max_bytes: int | None = None
-             ) -> Callable[[Factory], Factory]:
-    """Register a factory, with the backend's per-batch limits (the sharder respects them)."""
+def register(name: str, settings: type[BaseModel], *, max_requests: int | None = None,
+             max_bytes: int | None = None) -> Callable[[Callable[[Any], Executor]], Callable[[Any], Executor]]:
+    """Register an executor built from its validated ``settings`` model (invalid ``backend.settings`` are a
+    ``ConfigError`` naming the backend), with the backend's per-batch limits (the sharder respects them)."""
 
-    def deco(factory: Factory) -> Factory:
+    def deco(build: Callable[[Any], Executor]) -> Callable[[Any], Executor]:
         if name in _FACTORIES:
             raise ValueError(f"executor {name!r} registered twice")
+
+        def factory(raw: dict[str, Any]) -> Executor:
+            try:
+                parsed = settings.model_validate(raw)
+            except ValidationError as exc:
+                raise ConfigError(f"backend.settings for {name}: {exc}") from None
+            return build(parsed)
+
         _FACTORIES[name] = factory
         _LIMITS[name] = (max_requests, max_bytes)
-        return factory
+        return build
 
     return deco
 

@@ -35,9 +35,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
-from pydantic import ValidationError
 
-from batch_pipeline.core.errors import ConfigError, SystemicError, TransientError
+from batch_pipeline.core.errors import SystemicError, TransientError
 from batch_pipeline.core.executor import RAW_RESULT_SCHEMA, ShardWork
 from batch_pipeline.executors.registry import register
 from batch_pipeline.executors.vllm_engine import VllmSettings, load_engine, release_engines
@@ -248,10 +247,4 @@ class _Metrics:
                  self.generated, d["tokens_per_s"], self.engine_s, wall, " (interrupted)" if interrupted else "")
 
 
-@register("vllm")
-def _factory(settings: dict[str, Any]) -> VllmOfflineExecutor:
-    try:
-        parsed = VllmSettings.model_validate(settings)
-    except ValidationError as exc:
-        raise ConfigError(f"backend.settings for vllm: {exc}") from None
-    return VllmOfflineExecutor(parsed)
+register("vllm", VllmSettings)(VllmOfflineExecutor)
