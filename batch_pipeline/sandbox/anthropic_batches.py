@@ -9,15 +9,13 @@ Only succeeded requests are billed, once, when the batch ends.
 
 from __future__ import annotations
 
-import hashlib
-import math
-import random
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Optional
 
 from .anthropic_errors import anthropic_error, invalid_request
 from .anthropic_responder import AnthropicResult, AnthropicRunner
+from .batches import lines_due, output_order
 from .ids import new_id
 from .scenarios import Scenario
 
@@ -31,15 +29,6 @@ def rfc3339(value: Optional[float]) -> Optional[str]:
     if value is None:
         return None
     return datetime.fromtimestamp(value, timezone.utc).isoformat().replace("+00:00", "Z")
-
-
-def output_order(custom_ids: list[str]) -> list[int]:
-    """A shuffle of the request indices, fixed by the custom_ids, that differs from input order when n >= 2."""
-    order = list(range(len(custom_ids)))
-    random.Random(hashlib.sha256("\n".join(custom_ids).encode("utf-8")).hexdigest()).shuffle(order)
-    if len(order) >= 2 and order == sorted(order):
-        order = order[1:] + order[:1]
-    return order
 
 
 @dataclass
@@ -143,7 +132,7 @@ class AnthropicBatches:
     def create(self, requests: list[dict[str, Any]], scenario: Scenario, now: float) -> AnthropicBatch:
         """A new batch in ``in_progress``."""
         batch = AnthropicBatch(new_id("msgbatch_"), now, requests,
-                               output_order([r["custom_id"] for r in requests]), scenario)
+                               output_order("\n".join(r["custom_id"] for r in requests).encode("utf-8"), len(requests)), scenario)
         self.batches[batch.id] = batch
         return batch
 
@@ -206,19 +195,9 @@ class AnthropicBatches:
                 self._close(batch, "canceled", due)
         return before != (batch.processing_status, len(batch.results))
 
-    def _quota(self, batch: AnthropicBatch) -> int:
-        total = len(batch.requests)
-        if batch.scenario.name == "expire":
-            return int(round(total * float(batch.scenario.param("complete_share"))))
-        return total
-
     def _process_until(self, batch: AnthropicBatch, at: float) -> None:
         """Process the requests due by clock time ``at`` (progress is linear over in_progress)."""
-        total = len(batch.requests)
-        span = batch.duration("in_progress_s")
-        elapsed = at - batch.processing_start
-        due = total if span <= 0 or elapsed >= span else math.floor(total * max(elapsed, 0.0) / span)
-        due = min(due, self._quota(batch))
+        due = lines_due(batch, batch.processing_start, at)
         while len(batch.results) < due:
             request = batch.requests[batch.order[len(batch.results)]]
             batch.results.append(self.runner.run(batch.id, request, batch.scenario))

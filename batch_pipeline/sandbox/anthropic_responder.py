@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .ids import stable_fraction, stable_hex
-from .responder import CACHE_MIN_TOKENS, MARKER_RE, render_content
+from .responder import CACHE_MIN_TOKENS, last_user_text, markers, render_content
 from .scenarios import Scenario
 from .schema_fill import fill_schema
-from .tokens import PER_MESSAGE_TOKENS, content_text, count_tokens, truncate_tokens
+from .tokens import PER_MESSAGE_TOKENS, count_tokens, truncate_tokens
 
 REFUSAL_MARKER, TRUNCATE_MARKER, POISON_MARKER = "refuse", "truncate", "poison"
 SEEN_PREFIX = "anthropic|"  # keys in the state's shared memories (custom_ids seen, cached prefixes)
@@ -99,23 +99,6 @@ def build_prompt(params: dict[str, Any]) -> Prompt:
             extra = PER_MESSAGE_TOKENS if position == 0 else 0
             prompt.add(_block_text(block), extra=extra, breakpoint=_has_cache_control(block))
     return prompt
-
-
-def user_text(params: dict[str, Any]) -> str:
-    """Text of the last user message."""
-    for message in reversed(params.get("messages") or []):
-        if isinstance(message, dict) and message.get("role") == "user":
-            return content_text(message.get("content"))
-    return ""
-
-
-def markers(params: dict[str, Any]) -> set[str]:
-    """The ``[[sandbox:NAME]]`` markers found in user messages."""
-    found: set[str] = set()
-    for message in params.get("messages") or []:
-        if isinstance(message, dict) and message.get("role") == "user":
-            found.update(MARKER_RE.findall(content_text(message.get("content"))))
-    return found
 
 
 def forced_tool(params: dict[str, Any]) -> dict[str, Any] | None:
@@ -210,7 +193,7 @@ class AnthropicRunner:
         limit = params.get("max_tokens")
         limit = limit if isinstance(limit, int) and not isinstance(limit, bool) else None
         tool = forced_tool(params)
-        text = user_text(params)
+        text = last_user_text(params)
         system = params.get("system")
         instructions = system if isinstance(system, str) else " ".join(
             b.get("text", "") for b in system or [] if isinstance(b, dict))

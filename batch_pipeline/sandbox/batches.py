@@ -7,7 +7,9 @@ Lines are processed one by one during in_progress, in the (shuffled) output orde
 
 from __future__ import annotations
 
+import hashlib
 import math
+import random
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
 
@@ -16,6 +18,31 @@ from .scenarios import Scenario
 
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
 COMPLETION_WINDOW_S = 24 * 3600
+
+
+def output_order(seed: bytes, count: int) -> list[int]:
+    """A shuffle of the request indices, fixed by ``seed`` (the batch's input), that differs from input order
+    when count >= 2 (results come back out of order, as providers' do)."""
+    order = list(range(count))
+    random.Random(hashlib.sha256(seed).hexdigest()).shuffle(order)
+    if count >= 2 and order == sorted(order):
+        order = order[1:] + order[:1]
+    return order
+
+
+def lines_due(batch: Any, start: float, at: float) -> int:
+    """How many of ``batch``'s requests are processed by clock time ``at``: progress is linear over the
+    in-progress span from ``start``, and an ``expire`` scenario stops at its ``complete_share``. ``batch`` is
+    an OpenAI ``BatchRecord`` or an Anthropic batch (``requests``, ``scenario``, ``duration``)."""
+    total = len(batch.requests)
+    quota = total
+    if batch.scenario.name == "expire":
+        quota = int(round(total * float(batch.scenario.param("complete_share"))))
+    span = batch.duration("in_progress_s")
+    elapsed = at - start
+    due = total if span <= 0 or elapsed >= span else math.floor(total * max(elapsed, 0.0) / span)
+    return min(due, quota)
+
 
 
 @dataclass
@@ -219,22 +246,12 @@ class Lifecycle:
             batch.status, batch.finalizing_at = "finalizing", end
         return True
 
-    @staticmethod
-    def _quota(batch: BatchRecord) -> int:
-        """How many lines this batch will ever process before it ends on its own."""
-        total = len(batch.requests)
-        if batch.scenario.name == "expire":
-            return int(round(total * float(batch.scenario.param("complete_share"))))
-        return total
-
     def _process_until(self, batch: BatchRecord, at: float) -> None:
         """Process the lines due by clock time ``at`` (progress is linear over in_progress)."""
         assert batch.in_progress_at is not None
         total = len(batch.requests)
         span = batch.duration("in_progress_s")
-        elapsed = at - batch.in_progress_at
-        due = total if span <= 0 or elapsed >= span else math.floor(total * max(elapsed, 0.0) / span)
-        due = min(due, self._quota(batch))
+        due = lines_due(batch, batch.in_progress_at, at)
         while len(batch.results) < due:
             done = len(batch.results)
             finished_at = batch.in_progress_at + (span * (done + 1) / total if span > 0 else 0.0)

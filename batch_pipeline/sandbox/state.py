@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-import random
 import threading
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -12,7 +10,7 @@ from typing import Any, Optional
 
 from .anthropic_batches import AnthropicBatches
 from .anthropic_responder import AnthropicRunner
-from .batches import BatchRecord, Lifecycle
+from .batches import BatchRecord, Lifecycle, output_order
 from .clock import SandboxClock
 from .errors import not_found
 from .ids import new_id
@@ -49,16 +47,6 @@ class StoredFile:
             "status": "processed",
             "status_details": None,
         }
-
-
-def _output_order(content: bytes, count: int) -> list[int]:
-    """A shuffle of the input indices, fixed by the input file's content, that differs from input order
-    when count >= 2."""
-    order = list(range(count))
-    random.Random(hashlib.sha256(content).hexdigest()).shuffle(order)
-    if count >= 2 and order == sorted(order):
-        order = order[1:] + order[:1]
-    return order
 
 
 class SandboxState:
@@ -148,7 +136,7 @@ class SandboxState:
             created_at=self.clock.now(),
             requests=parsed.requests,
             validation_errors=errors,
-            order=_output_order(input_file.data, len(parsed.requests)),
+            order=output_order(input_file.data, len(parsed.requests)),
         )
         self.batches[batch_id] = batch
         return batch
