@@ -46,7 +46,7 @@ from batch_pipeline.core.threads import default_workers, ordered_map
 from batch_pipeline.executors.anthropic_format import batch_requests, parse_results_block
 from batch_pipeline.executors.endpoint import SANDBOX_URL_ENV, resolve_endpoint
 from batch_pipeline.executors.jsonl_blocks import iter_blocks
-from batch_pipeline.executors.openai_batch import redact
+from batch_pipeline.executors.provider_errors import redact, retry_after_s
 from batch_pipeline.executors.registry import register
 
 log = logging.getLogger(__name__)
@@ -73,16 +73,6 @@ class AnthropicBatchSettings(BaseModel):
                                       description="threads parsing a downloaded result file; default: the cores, at most 4")
 
 
-def _retry_after(response: Any) -> float | None:
-    headers = getattr(response, "headers", None) or {}
-    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
-        try:
-            return float(headers[name]) * scale
-        except (KeyError, TypeError, ValueError):
-            continue
-    return None
-
-
 def translate(exc: Exception, action: str, secret: str | None = None) -> BatchPipelineError:
     """SDK exception -> our error class (after the SDK's own retries were spent); secrets redacted."""
     if isinstance(exc, anthropic.APIStatusError):
@@ -98,7 +88,7 @@ def translate(exc: Exception, action: str, secret: str | None = None) -> BatchPi
         if exc.status_code == 404 and "model" in lowered:
             return SystemicError(msg + " (unknown model: check `model` in the job spec)", code="model_not_found")
         if exc.status_code in (408, 409, 429) or exc.status_code >= 500:
-            return TransientError(msg, code=kind, retry_after_s=_retry_after(exc.response))
+            return TransientError(msg, code=kind, retry_after_s=retry_after_s(getattr(exc.response, "headers", None)))
         return SystemicError(msg, code=kind)
     if isinstance(exc, anthropic.APIConnectionError):
         return TransientError(redact(f"Anthropic {action} failed: {type(exc).__name__}: {exc}", secret))

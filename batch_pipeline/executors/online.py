@@ -8,7 +8,6 @@ poison row, not retried; a bad key, a missing model or no credit raises ``System
 pending work. Results carry their ``request_id``; order is completion order.
 """
 
-import email.utils
 import json
 import logging
 import queue
@@ -25,15 +24,13 @@ from batch_pipeline.core.errors import ConfigError, SystemicError
 from batch_pipeline.core.executor import RAW_RESULT_SCHEMA, ShardWork
 from batch_pipeline.executors.online_transport import BodyBuilder, HttpTransport, Reply, SdkTransport, Transport
 from batch_pipeline.executors.endpoint import SANDBOX_URL_ENV, resolve_endpoint
-from batch_pipeline.executors.openai_batch import redact
+from batch_pipeline.executors.provider_errors import OPENAI_SYSTEMIC_CODES, redact, retry_after_s
 from batch_pipeline.executors.rate_limit import RateLimiter
 from batch_pipeline.executors.registry import register
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
-SYSTEMIC_CODES = frozenset({"invalid_api_key", "model_not_found", "insufficient_quota", "billing_hard_limit_reached",
-                            "account_deactivated", "unsupported_country_region_territory", "invalid_organization"})
 RETRY_STATUSES = frozenset({408, 409, 429})
 
 
@@ -87,35 +84,13 @@ def classify(reply: Reply) -> Outcome:
     except (ValueError, AttributeError):
         pass
     status = reply.status
-    if status in (401, 403) or code in SYSTEMIC_CODES or status == 404:
+    if status in (401, 403) or code in OPENAI_SYSTEMIC_CODES or status == 404:
         return Outcome("systemic", status, code or f"http_{status}", message, text)
     should_retry = reply.headers.get("x-should-retry")
     retry = status in RETRY_STATUSES or status >= 500
     if should_retry in ("true", "false"):
         retry = should_retry == "true"
     return Outcome("transient" if retry else "poison", status, code or f"http_{status}", message, text)
-
-
-def retry_after_s(headers: dict[str, str]) -> float | None:
-    """``retry-after-ms``, else ``retry-after`` (seconds or an HTTP date), in seconds; None when absent."""
-    millis = headers.get("retry-after-ms")
-    if millis:
-        try:
-            return max(0.0, float(millis) / 1000)
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time()) if when is not None else None
 
 
 _COLUMNS = RAW_RESULT_SCHEMA.names

@@ -7,7 +7,6 @@ repaired by listing batches and matching the key, never by submitting again.
 
 import logging
 import random
-import re
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -21,6 +20,7 @@ from batch_pipeline.core.executor import BatchHandle, BatchState, BatchStatus, S
 from batch_pipeline.core.threads import default_workers
 from batch_pipeline.executors.endpoint import SANDBOX_URL_ENV, resolve_endpoint
 from batch_pipeline.executors.openai_format import CHAT_URL, parse_output_stream, request_lines
+from batch_pipeline.executors.provider_errors import OPENAI_SYSTEMIC_CODES, redact, retry_after_s
 from batch_pipeline.executors.registry import register
 
 log = logging.getLogger(__name__)
@@ -36,9 +36,6 @@ STATUS_MAP = {
     "cancelled": BatchState.CANCELLED,
     "failed": BatchState.FAILED,
 }
-_SYSTEMIC_CODES = {"invalid_api_key", "model_not_found", "insufficient_quota", "billing_hard_limit_reached",
-                   "account_deactivated", "unsupported_country_region_territory"}
-
 
 class OpenAIBatchSettings(BaseModel):
     """``backend.settings`` of ``openai_batch``. The key is read from the environment, never from the spec."""
@@ -56,29 +53,6 @@ class OpenAIBatchSettings(BaseModel):
                                       description="threads parsing a downloaded result file; default: the cores, at most 4")
 
 
-_KEY_LIKE = re.compile(r"\b(sk|key)-[A-Za-z0-9_\-*]{4,}")
-
-
-def redact(text: str, secret: str | None = None) -> str:
-    """Remove the API key (and anything shaped like one) from text that may be logged or stored."""
-    if secret:
-        text = text.replace(secret, "***")
-    return _KEY_LIKE.sub(lambda m: m.group(1) + "-***", text)
-
-
-def _retry_after(response: Any) -> float | None:
-    """The provider's wait: retry-after-ms first, then retry-after in seconds."""
-    if response is None:
-        return None
-    for header, scale in (("retry-after-ms", 1e-3), ("retry-after", 1.0)):
-        value = response.headers.get(header)
-        try:
-            return float(value) * scale if value else None
-        except ValueError:
-            continue
-    return None
-
-
 def translate(exc: Exception, action: str, secret: str | None = None) -> BatchPipelineError:
     """SDK exception -> our error class (after the SDK's own retries were spent); secrets redacted."""
     if isinstance(exc, openai.APIStatusError):
@@ -87,10 +61,10 @@ def translate(exc: Exception, action: str, secret: str | None = None) -> BatchPi
             code = exc.body.get("code") or (exc.body.get("error") or {}).get("code")
         msg = redact(f"OpenAI {action} failed: HTTP {exc.status_code} {code or ''}: {exc.message}", secret)
         msg = msg.replace("  ", " ")
-        if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError) or code in _SYSTEMIC_CODES:
+        if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError) or code in OPENAI_SYSTEMIC_CODES:
             return SystemicError(msg + " (check the API key, model and account; then re-run to resume)", code=code)
         if exc.status_code in (408, 409, 429) or exc.status_code >= 500:
-            return TransientError(msg, code=code, retry_after_s=_retry_after(exc.response))
+            return TransientError(msg, code=code, retry_after_s=retry_after_s(exc.response.headers if exc.response is not None else None))
         return SystemicError(msg, code=code)
     if isinstance(exc, openai.APIConnectionError | openai.APITimeoutError):
         return TransientError(redact(f"OpenAI {action} failed: {type(exc).__name__}: {exc}", secret))

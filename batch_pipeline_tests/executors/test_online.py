@@ -13,7 +13,8 @@ import pytest
 from batch_pipeline.core.errors import ConfigError, SystemicError
 from batch_pipeline.core.executor import RAW_RESULT_SCHEMA, RequestPlan, ShardWork, StreamExecutor
 from batch_pipeline.core.spec import BackendSpec, parse_spec
-from batch_pipeline.executors.online import OnlineExecutor, classify, retry_after_s
+from batch_pipeline.executors.online import OnlineExecutor, classify
+from batch_pipeline.executors.provider_errors import retry_after_s
 from batch_pipeline.executors.online_transport import BodyBuilder, Reply
 from batch_pipeline.executors.openai_format import body_settings, chat_messages
 from batch_pipeline.executors.rate_limit import RateLimiter, parse_duration

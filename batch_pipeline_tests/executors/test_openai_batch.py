@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import openai
 import pyarrow as pa
 import pytest
 
@@ -186,3 +187,16 @@ def test_a_create_that_really_failed_is_retried_after_the_provider_wait(admin):
     gaps = [b["monotonic"] - a["monotonic"] for a, b in zip(creates, creates[1:])]
     assert min(gaps) >= 0.2  # retry-after-ms honoured
     assert wait_ended(ex, handle).state == BatchState.COMPLETED
+
+
+@pytest.mark.parametrize(("headers", "wait"), [({"retry-after-ms": "250", "retry-after": "9"}, 0.25),
+                                               ({"retry-after": "2"}, 2.0), ({}, None)])
+def test_a_rate_limit_carries_the_providers_wait_from_either_header(headers, wait):
+    import httpx2
+
+    from batch_pipeline.core.errors import TransientError
+    from batch_pipeline.executors.openai_batch import translate
+
+    response = httpx2.Response(429, headers=headers, request=httpx2.Request("POST", "http://127.0.0.1/v1/batches"))
+    error = translate(openai.RateLimitError("slow down", response=response, body=None), "batch create")
+    assert isinstance(error, TransientError) and error.retry_after_s == wait

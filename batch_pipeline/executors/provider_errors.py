@@ -1,0 +1,44 @@
+"""Pieces shared by the backends' error translation: secrets out of messages, the provider's requested wait,
+and the OpenAI error codes that no retry can fix."""
+
+import email.utils
+import re
+import time
+from collections.abc import Mapping
+
+# OpenAI (and OpenAI-compatible) error codes that mean the key, model or account is wrong: systemic
+OPENAI_SYSTEMIC_CODES = frozenset({"invalid_api_key", "model_not_found", "insufficient_quota",
+                                   "billing_hard_limit_reached", "account_deactivated",
+                                   "unsupported_country_region_territory", "invalid_organization"})
+_KEY_LIKE = re.compile(r"\b(sk|key)-[A-Za-z0-9_\-*]{4,}")
+
+
+def redact(text: str, secret: str | None = None) -> str:
+    """Remove the API key (and anything shaped like one) from text that may be logged or stored."""
+    if secret:
+        text = text.replace(secret, "***")
+    return _KEY_LIKE.sub(lambda m: m.group(1) + "-***", text)
+
+
+def retry_after_s(headers: Mapping[str, str] | None) -> float | None:
+    """``retry-after-ms``, else ``retry-after`` (seconds or an HTTP date), in seconds; None when absent."""
+    if not headers:
+        return None
+    millis = headers.get("retry-after-ms")
+    if millis:
+        try:
+            return max(0.0, float(millis) / 1000)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time()) if when is not None else None
