@@ -30,6 +30,13 @@ RAW_RESULT_SCHEMA = pa.schema([
 ])
 
 
+def raw_table(rows: Sequence[tuple[Any, ...]]) -> pa.Table:
+    """Result rows built one by one (tuples in ``RAW_RESULT_SCHEMA`` column order) as one table."""
+    columns = list(zip(*rows))
+    return pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, RAW_RESULT_SCHEMA, strict=True)],
+                                schema=RAW_RESULT_SCHEMA)
+
+
 @dataclass(frozen=True)
 class RequestPlan:
     """What every request of a job shares: the stable prefix and the generation settings."""

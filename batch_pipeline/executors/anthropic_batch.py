@@ -16,8 +16,8 @@ in the runner's intent record):
    candidate that has not ended yet is taken (unverified), and several are ambiguous: ``TransientError``,
    so the caller retries once they have ended and can be told apart. Nothing is resubmitted on a guess.
 
-Without ``request_ids`` (the protocol's plain ``find(key)``) the executor uses what it remembers of its own
-submissions in this process, and otherwise returns None with a warning.
+Without ``request_ids`` (the protocol's plain ``find(key)``) nothing can be matched: None, with a warning. The
+runner always passes the attempt's request IDs and intent time.
 
 Residual risk: an unverified match may be another batch of the same size created in the same window (another
 job in the workspace); its results are then ignored by ID at ingestion and the attempt's items stay pending,
@@ -115,7 +115,6 @@ class AnthropicBatchExecutor:
         self.client = anthropic.Anthropic(api_key=api_key, base_url=base_url, max_retries=settings.max_retries,
                                           timeout=settings.timeout_s)
         self._create_client = self.client.with_options(max_retries=0)
-        self._submitted: dict[str, tuple[list[str], datetime]] = {}  # key -> (request IDs, when submit began)
 
     def _call(self, action: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -133,7 +132,6 @@ class AnthropicBatchExecutor:
             raise ConfigError(f"shard {work.shard_id} request body is about {size} bytes; Anthropic allows "
                               f"{self.max_bytes_per_batch} (lower shards.max_bytes)")
         started = datetime.now(UTC)
-        self._submitted[work.key] = (work.request_ids, started)
         for attempt in range(self.settings.max_retries + 1):
             try:
                 batch = self._create_client.messages.batches.create(requests=requests)  # type: ignore[arg-type]
@@ -215,8 +213,6 @@ class AnthropicBatchExecutor:
     def find(self, key: str, request_ids: Sequence[str] | None = None,
              not_before: datetime | str | None = None) -> BatchHandle | None:
         """The batch this attempt created, if any (see the module docstring for how it is matched)."""
-        if request_ids is None and key in self._submitted:
-            request_ids, not_before = self._submitted[key]
         if request_ids is None:
             log.warning("find(%s): Anthropic batches carry no key; without the attempt's request IDs no batch can "
                         "be matched", key)

@@ -21,7 +21,7 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
 from batch_pipeline.core.errors import ConfigError, SystemicError
-from batch_pipeline.core.executor import RAW_RESULT_SCHEMA, ShardWork
+from batch_pipeline.core.executor import RAW_RESULT_SCHEMA, ShardWork, raw_table
 from batch_pipeline.executors.online_transport import BodyBuilder, HttpTransport, Reply, SdkTransport, Transport
 from batch_pipeline.executors.endpoint import SANDBOX_URL_ENV, resolve_endpoint
 from batch_pipeline.executors.provider_errors import OPENAI_SYSTEMIC_CODES, redact, retry_after_s
@@ -224,7 +224,7 @@ class OnlineExecutor:
                     failure = message
                 now = time.monotonic()
                 if rows and (len(rows) >= s.flush_every or now - last_flush >= s.flush_interval_s):
-                    yield _table(rows)
+                    yield raw_table(rows)
                     rows, last_flush = [], now
                 elif now - last_flush >= s.flush_interval_s:
                     last_flush = now
@@ -232,7 +232,7 @@ class OnlineExecutor:
                     last_log = now
                     self._progress(work, stats, total, started, limiter)
             if rows:
-                yield _table(rows)
+                yield raw_table(rows)
                 rows = []
         finally:
             stop.set()
@@ -285,12 +285,6 @@ class OnlineExecutor:
                 stats.done += 1
             return row
         return None
-
-
-def _table(rows: list[tuple[Any, ...]]) -> pa.Table:
-    columns = list(zip(*rows))
-    arrays = [pa.array(col, type=f.type) for col, f in zip(columns, RAW_RESULT_SCHEMA, strict=True)]
-    return pa.Table.from_arrays(arrays, schema=RAW_RESULT_SCHEMA)
 
 
 register("online", OnlineSettings)(OnlineExecutor)

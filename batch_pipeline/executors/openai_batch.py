@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import httpx2
 import openai
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
@@ -152,7 +153,17 @@ class OpenAIBatchExecutor:
             if not file_id:
                 continue
             with self._call("file download", self.client.files.with_streaming_response.content, file_id) as resp:
-                yield from parse_output_stream(resp.iter_bytes(1 << 20), self.parse_workers)
+                yield from parse_output_stream(self._download(resp, file_id), self.parse_workers)
+
+    def _download(self, resp: Any, file_id: str) -> Iterator[bytes]:
+        """The file's bytes; a connection that breaks mid-download is a TransientError (the runner fetches again)."""
+        try:
+            yield from resp.iter_bytes(1 << 20)
+        except openai.OpenAIError as exc:
+            raise translate(exc, "file download", self.client.api_key) from None
+        except httpx2.TransportError as exc:
+            raise TransientError(redact(f"OpenAI file download of {file_id} failed: {type(exc).__name__}: {exc}",
+                                        self.client.api_key)) from None
 
     def cancel(self, handle: BatchHandle) -> None:
         self._call("batch cancel", self.client.batches.cancel, handle.batch_id)

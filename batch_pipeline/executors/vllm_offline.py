@@ -37,7 +37,7 @@ from typing import Any
 import pyarrow as pa
 
 from batch_pipeline.core.errors import SystemicError, TransientError
-from batch_pipeline.core.executor import RAW_RESULT_SCHEMA, ShardWork
+from batch_pipeline.core.executor import ShardWork, raw_table
 from batch_pipeline.executors.registry import register
 from batch_pipeline.executors.vllm_engine import VllmSettings, load_engine, release_engines
 from batch_pipeline.executors.vllm_prompts import PromptRenderer, order_items, sampling_params
@@ -199,12 +199,6 @@ def _error_row(request_id: str, ext: str, status: int, code: str, message: str) 
     return (request_id, status, None, None, None, None, None, code, message, ext, payload)
 
 
-def _table(rows: list[tuple]) -> pa.Table:
-    columns = list(zip(*rows))
-    return pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, RAW_RESULT_SCHEMA, strict=True)],
-                                schema=RAW_RESULT_SCHEMA)
-
-
 class _Metrics:
     """Per-shard counters: tokens, engine time (inside ``step()``), time handed to the runner for flushes."""
 
@@ -228,7 +222,7 @@ class _Metrics:
     def flushed(self, rows: list[tuple]) -> Iterator[pa.Table]:
         if rows:
             t0 = time.monotonic()
-            yield _table(rows)
+            yield raw_table(rows)
             self.flush_s += time.monotonic() - t0
 
     def finish(self, executor: VllmOfflineExecutor, interrupted: bool = False) -> None:

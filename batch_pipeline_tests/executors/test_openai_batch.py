@@ -200,3 +200,51 @@ def test_a_rate_limit_carries_the_providers_wait_from_either_header(headers, wai
     response = httpx2.Response(429, headers=headers, request=httpx2.Request("POST", "http://127.0.0.1/v1/batches"))
     error = translate(openai.RateLimitError("slow down", response=response, body=None), "batch create")
     assert isinstance(error, TransientError) and error.retry_after_s == wait
+
+
+def test_a_download_that_breaks_half_way_is_a_transient_error(monkeypatch):
+    """A server that promises a whole output file and closes the connection after part of it."""
+    import http.server
+    import threading
+
+    from batch_pipeline.core.errors import TransientError
+    from batch_pipeline.core.executor import BatchHandle
+
+    line = json.dumps({"id": "r", "custom_id": "a", "error": None, "response": {"status_code": 200, "body": {}}})
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            if self.path.endswith("/content"):
+                body = (line + "\n").encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(100 * len(body)))  # promises 100 lines, sends 1
+                self.end_headers()
+                self.wfile.write(body)
+                self.wfile.flush()
+                self.close_connection = True
+                return
+            batch = {"id": "batch_1", "object": "batch", "endpoint": "/v1/chat/completions", "completion_window": "24h",
+                     "created_at": 1, "input_file_id": "file-in", "status": "completed",
+                     "output_file_id": "file-out", "error_file_id": None}
+            data = json.dumps(batch).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        monkeypatch.setenv("BROKEN_KEY", "sk-test-broken")
+        ex = OpenAIBatchExecutor(OpenAIBatchSettings(base_url=f"http://127.0.0.1:{server.server_port}/v1",
+                                                     api_key_env="BROKEN_KEY", max_retries=0))
+        with pytest.raises(TransientError, match="download"):
+            list(ex.fetch(BatchHandle("openai_batch", "batch_1", "ex:s00001:1")))
+    finally:
+        server.shutdown()
+        server.server_close()
