@@ -113,17 +113,21 @@ class OpenAIBatchExecutor:
         delay = 0.5
         for attempt in range(self.settings.max_retries + 1):
             try:
-                batch = self._call("batch create", create, input_file_id=file_id, endpoint=CHAT_URL,
-                                   completion_window=self.settings.completion_window, metadata=metadata)
+                batch = create(input_file_id=file_id, endpoint=CHAT_URL,
+                               completion_window=self.settings.completion_window, metadata=metadata)
                 return BatchHandle(self.name, batch.id, work.key, file_id)
-            except TransientError as exc:
-                found = self.find(work.key)
-                if found is not None:
-                    log.warning("batch create for %s failed (%s) but the provider has it: %s", work.key, exc,
-                                found.batch_id)
-                    return BatchHandle(self.name, found.batch_id, work.key, file_id)
+            except openai.OpenAIError as error:
+                exc = translate(error, "batch create", self.client.api_key)
+                if not isinstance(exc, TransientError):
+                    raise exc from None
+                if not isinstance(error, openai.RateLimitError):  # a 429 created nothing; anything else may have
+                    found = self.find(work.key)
+                    if found is not None:
+                        log.warning("batch create for %s failed (%s) but the provider has it: %s", work.key, exc,
+                                    found.batch_id)
+                        return BatchHandle(self.name, found.batch_id, work.key, file_id)
                 if attempt == self.settings.max_retries:
-                    raise
+                    raise exc from None
                 wait = min(exc.retry_after_s or delay * (1 + random.random()), 60.0)
                 log.warning("batch create for %s failed (%s); retrying in %.2fs", work.key, exc, wait)
                 time.sleep(wait)
