@@ -29,9 +29,11 @@ class BudgetGuard:
         self.schema_tokens = schema_tokens(spec)
         self.manifest = Manifest(spec.name, store)
 
-    def _calibrate(self) -> None:
-        """Measured usage beats the quote's factor; before anything is measured, keep a safety margin."""
-        results = read_results(self.store, self.spec.name, columns=["input_tokens"])
+    def _calibrate(self, results: pl.DataFrame | None = None) -> None:
+        """Measured usage beats the quote's factor; before anything is measured, keep a safety margin.
+        ``results``: the job's results with ``input_tokens``, when the caller has read them already."""
+        if results is None:
+            results = read_results(self.store, self.spec.name, columns=["input_tokens"])
         if results.height:
             items = pl.from_arrow(self.manifest.item_index(["request_id", "est_input_tokens"]))
             assert isinstance(items, pl.DataFrame)
@@ -63,12 +65,13 @@ class BudgetGuard:
         budget = self.spec.budget_usd
         if budget is None or self.price is None or pending.num_rows == 0:
             return
-        self._calibrate()
+        results = read_results(self.store, self.spec.name, columns=["input_tokens", "cost_usd"])
+        self._calibrate(results)
         items = pl.from_arrow(self.manifest.shard_items(shard_id, ["request_id", "est_input_tokens"]))
         assert isinstance(items, pl.DataFrame)
         nxt = items.filter(pl.col("request_id").is_in(pending.column("request_id").to_pylist()))
         next_cost = self.request_cost_high(float(nxt["est_input_tokens"].sum() or 0), nxt.height)
-        spent = float(read_results(self.store, self.spec.name, columns=["cost_usd"])["cost_usd"].sum() or 0.0)
+        spent = float(results["cost_usd"].sum() or 0.0)
         in_flight = self._in_flight()
         if spent + in_flight + next_cost > budget:
             reason = (f"budget cap: spent ${spent:.6f} + in flight ${in_flight:.6f} + next submission of shard "

@@ -15,7 +15,7 @@ import pyarrow as pa
 from batch_pipeline.core import ids
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.executor import RequestPlan, ShardWork, StreamExecutor
-from batch_pipeline.core.manifest import render_expr
+from batch_pipeline.core.manifest import normalise_fields, render_expr
 from batch_pipeline.core.spec import JobSpec, PromptSpec
 from batch_pipeline.core.validate import SUCCEEDED, validate
 
@@ -93,8 +93,7 @@ def load_golden(spec: JobSpec, prompt: PromptSpec | None = None) -> pl.DataFrame
     if missing:
         raise ConfigError(f"{path}: golden rows lack field(s) {missing}")
     rendered = spec.model_copy(update={"prompt": prompt})
-    frame = frame.with_columns([pl.col(f).cast(pl.String).str.replace_all(ids.ABNORMAL_WHITESPACE, " ")
-                                .str.strip_chars(ids.WHITESPACE_CHARS) for f in prompt.fields])
+    frame = normalise_fields(frame.with_columns(pl.col(f).cast(pl.String) for f in prompt.fields), prompt.fields)
     frame = frame.with_columns(render_expr(rendered).alias("user_prompt"))
     prefix = ids.id_prefix("golden:" + prompt.version, spec.model, rendered.settings_fingerprint())
     return frame.with_row_index("row").select(

@@ -319,8 +319,8 @@ class ManifestBuilder:
 
 
 def _stratified_order(frame: pl.DataFrame, keep: list[bool]) -> list[int]:
-    """``_stratified`` over the rows to keep, column-wise: the same order (rank of the request ID within the
-    length bucket, key (rank + 0.5) / bucket size, ties by bucket then position), without sorting Python tuples."""
+    """The rows to keep, reordered so that every length bucket is spread evenly over the sequence: key = (rank of
+    the request ID within its bucket + 0.5) / bucket size, ties by bucket then position."""
     order = (
         frame.select("request_id", "length_bucket")
         .with_row_index("_i")
@@ -330,16 +330,6 @@ def _stratified_order(frame: pl.DataFrame, keep: list[bool]) -> list[int]:
         .sort("_key", "length_bucket", "_i")
     )
     return order.get_column("_i").to_list()
-
-
-def _stratified(positions: list[int], buckets: list[int], rids: list[str]) -> list[int]:
-    """Positions reordered so that every bucket is spread evenly over the sequence (rank/size within bucket)."""
-    by_bucket: dict[int, list[int]] = {}
-    for i in sorted(positions, key=lambda i: rids[i]):
-        by_bucket.setdefault(buckets[i], []).append(i)
-    keyed = [((rank + 0.5) / len(members), bucket, i)
-             for bucket, members in by_bucket.items() for rank, i in enumerate(members)]
-    return [i for _, _, i in sorted(keyed)]
 
 
 def _write_rows(writer, frame: pl.DataFrame, source: str) -> None:

@@ -40,7 +40,7 @@ class Counts:
                 "missing": self.missing, "dead_lettered": self.dead_lettered}
 
 
-def _failed() -> pl.Expr:
+def spends_budget() -> pl.Expr:
     """A failure that spends the item's budget (systemic failures and never-tried items do not)."""
     return (pl.col("status") != "succeeded") & (pl.col("error_class") != ErrorClass.SYSTEMIC.value) & \
         ~pl.col("error_code").fill_null("").is_in(NO_BUDGET_CODES)
@@ -67,7 +67,7 @@ def _item_states_by_id(items: pl.DataFrame, results: pl.DataFrame, per_item_budg
         .group_by("request_id")
         .agg(
             (pl.col("status") == "succeeded").any().alias("_ok"),
-            _failed().sum().alias("failures"),
+            spends_budget().sum().alias("failures"),
             pl.col("attempt").max().alias("attempts"),
             pl.col("status").last().alias("last_status"),
             pl.col("error_code").last().alias("last_error_code"),
@@ -95,7 +95,7 @@ def item_states(items: pl.DataFrame, results: pl.DataFrame, per_item_budget: int
     rid = results.get_column("request_id")
     rows = results.select(
         pl.col("request_id").hash().alias("_k"), pl.col("attempt"),
-        (pl.col("status") == "succeeded").alias("_ok"), _failed().cast(pl.UInt32).alias("_f"),
+        (pl.col("status") == "succeeded").alias("_ok"), spends_budget().cast(pl.UInt32).alias("_f"),
         pl.int_range(pl.len(), dtype=pl.UInt32).alias("_i"),
     ).sort("_k", "attempt")
     key, index = rows.get_column("_k"), rows.get_column("_i")

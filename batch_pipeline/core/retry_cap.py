@@ -10,8 +10,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from batch_pipeline.core.errors import ErrorClass
-from batch_pipeline.core.reconcile import NO_BUDGET_CODES
+from batch_pipeline.core.reconcile import spends_budget
 
 
 @dataclass
@@ -31,11 +30,6 @@ class RetrySpend:
                 f"{self.first_pass_cost:.6f}")
 
 
-def _burns(frame: pl.DataFrame) -> pl.Expr:
-    return (pl.col("status") != "succeeded") & (pl.col("error_class") != ErrorClass.SYSTEMIC.value) & \
-        ~pl.col("error_code").fill_null("").is_in(NO_BUDGET_CODES)
-
-
 def retry_spend(results: pl.DataFrame, total_items: int, retry_items: int, share: float) -> RetrySpend:
     """Measure in dollars when rows carry cost, else in requests (cost 1 per request)."""
     if results.height == 0:
@@ -43,7 +37,7 @@ def retry_spend(results: pl.DataFrame, total_items: int, retry_items: int, share
     priced = float(results["cost_usd"].sum() or 0.0) > 0
     unit = pl.col("cost_usd") if priced else pl.lit(1.0)
     ordered = results.sort("request_id", "attempt").with_columns(
-        _burns(results).cast(pl.Int32).alias("_burn"), unit.alias("_cost"))
+        spends_budget().cast(pl.Int32).alias("_burn"), unit.alias("_cost"))
     ordered = ordered.with_columns(
         (pl.col("_burn").cum_sum().over("request_id") - pl.col("_burn")).alias("_burned_before"),
         (pl.col("attempt") == pl.col("attempt").min().over("request_id")).alias("_first"))

@@ -28,7 +28,6 @@ import os
 from collections.abc import Mapping
 
 from dagster import ExecutorDefinition, in_process_executor
-from dagster_k8s import k8s_job_executor
 
 GPU_POOL = "gpu"
 K8S_CONFIG_TAG = "dagster-k8s/config"
@@ -101,6 +100,8 @@ def k8s_executor_config() -> dict:
 
 def k8s_executor() -> ExecutorDefinition:
     """``k8s_job_executor`` configured from the environment: each step is a Kubernetes Job."""
+    from dagster_k8s import k8s_job_executor  # here, not at import: the Kubernetes client costs ~0.7 s to load
+
     return k8s_job_executor.configured(k8s_executor_config(), name="batch_pipeline_k8s")
 
 

@@ -107,8 +107,9 @@ def build_shard_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
         executor = None
         waiting = set()
         stuck: list[str] = []
+        attempts = {shard: AttemptLog(st, spec.name, shard).all() for shard in shard_ids}  # read once per tick
         for shard in shard_ids:
-            open_attempts = [a for a in AttemptLog(st, spec.name, shard).all() if a.open]
+            open_attempts = [a for a in attempts[shard] if a.open]
             if not open_attempts:
                 continue
             waiting.add(shard)
@@ -140,7 +141,7 @@ def build_shard_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
         for shard in candidates:
             if _in_flight(instance, names["submit"], shard):
                 continue
-            attempt_no = len(AttemptLog(st, spec.name, shard).all()) + 1
+            attempt_no = len(attempts[shard]) + 1
             request = _keyed_request(instance, names["submit"], shard, f"submit:{shard}:{attempt_no}")
             if request is None:
                 stuck.append(shard)
