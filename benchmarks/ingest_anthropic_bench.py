@@ -122,7 +122,6 @@ def ours(path: str, work: str) -> dict:
     from batch_pipeline.executors.jsonl_blocks import iter_blocks
 
     _spec, plan, price, store = _setup_ours(work)
-    ids = []
     with open(path, "rb") as f:  # setup: the attempt's request IDs
         ids = [line[15:79].decode() for line in f]
     work_ = ShardWork(JOB, "s00001", 1, f"{JOB}:s00001:1", plan, pa.table({"request_id": ids}))

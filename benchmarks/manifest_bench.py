@@ -19,9 +19,7 @@ peak RSS < 1.5 GB at 2M rows. Wall and CPU seconds are measured in the child aro
 
 import argparse
 import json
-import multiprocessing as mp
 import os
-import resource
 import shutil
 import sys
 import tempfile
@@ -32,6 +30,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
+
+from benchmarks._harness import OUT, cpu_s, load, maxrss_mb, run_in_child  # noqa: E402
 
 SHARD_SIZE = 5000
 JOB = "manifest_bench"
@@ -56,24 +56,6 @@ shards: {{max_requests: {shard}}}
 """
 
 
-def _maxrss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-
-
-def _cpu_s() -> float:
-    u = resource.getrusage(resource.RUSAGE_SELF)
-    return u.ru_utime + u.ru_stime
-
-
-def _current_rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def load() -> float:
-    return os.getloadavg()[0]
-
-
 def _digest(ids: list[str]) -> str:
     import hashlib
 
@@ -92,8 +74,8 @@ def reference(path: str, out_dir: str, prefix: bytes) -> dict:
 
     from batch_pipeline.core.ids import normalize_text  # imports only hashlib and re
 
-    rss_before = _maxrss_mb()
-    cpu0 = _cpu_s()
+    rss_before = maxrss_mb()
+    cpu0 = cpu_s()
     started = time.perf_counter()
     base = hashlib.sha256(prefix)
     seen: set[str] = set()
@@ -136,8 +118,8 @@ def reference(path: str, out_dir: str, prefix: bytes) -> dict:
     if buf:
         flush()
     seconds = time.perf_counter() - started
-    cpu = _cpu_s() - cpu0
-    rss = _maxrss_mb()
+    cpu = cpu_s() - cpu0
+    rss = maxrss_mb()
     return {"variant": "reference", "seconds": seconds, "cpu_s": cpu, "rows": rows, "unique": len(seen),
             "shards": shards,
             "rejected": rejected, "peak_rss_mb": rss, "rss_after_imports_mb": rss_before,
@@ -236,8 +218,8 @@ def ours(path: str, work: str, sections: bool, profile: bool) -> dict:
         import cProfile
 
         prof = cProfile.Profile()
-    rss_before = _maxrss_mb()
-    cpu0 = _cpu_s()
+    rss_before = maxrss_mb()
+    cpu0 = cpu_s()
     started = time.perf_counter()
     if prof:
         prof.enable()
@@ -245,8 +227,8 @@ def ours(path: str, work: str, sections: bool, profile: bool) -> dict:
     if prof:
         prof.disable()
     seconds = time.perf_counter() - started
-    cpu = _cpu_s() - cpu0
-    rss = _maxrss_mb()
+    cpu = cpu_s() - cpu0
+    rss = maxrss_mb()
     index = Manifest(spec.name, store).item_index(["request_id", "shard_id"])
     ids = index.column("request_id").to_pylist()
     import pyarrow.compute as pc
@@ -267,32 +249,6 @@ def ours(path: str, work: str, sections: bool, profile: bool) -> dict:
         pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
         out["profile"] = s.getvalue()
     return out
-
-
-def _child(fn_name: str, args: tuple, conn) -> None:
-    try:
-        conn.send(globals()[fn_name](*args))
-    except BaseException as exc:  # report, don't hang the parent
-        import traceback
-
-        conn.send({"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
-    finally:
-        conn.close()
-
-
-def run_in_child(fn_name: str, *args) -> dict:
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe(duplex=False)
-    p = ctx.Process(target=_child, args=(fn_name, args, child))
-    wall = time.perf_counter()
-    p.start()
-    child.close()
-    result = parent.recv()
-    p.join()
-    result["child_wall_s"] = time.perf_counter() - wall
-    if "error" in result:
-        raise RuntimeError(f"{fn_name} failed: {result['error']}\n{result['traceback']}")
-    return result
 
 
 # -- driver ---------------------------------------------------------------------------------------
@@ -320,10 +276,10 @@ def bench(rows: int, seed: int, sections: bool, profile: bool, variants: list[st
                     ref_dir = Path(work) / "reference"
                     shutil.rmtree(ref_dir, ignore_errors=True)
                     ref_dir.mkdir()
-                    r = run_in_child("reference", str(path), str(ref_dir), prefix)
+                    r = run_in_child("benchmarks.manifest_bench:reference", str(path), str(ref_dir), prefix)
                 else:
                     shutil.rmtree(Path(work) / "store", ignore_errors=True)
-                    r = run_in_child("ours", str(path), work, sections, profile)
+                    r = run_in_child("benchmarks.manifest_bench:ours", str(path), work, sections, profile)
                 r["load_after"] = load()
                 runs[v].append(r)
                 print(f"  {v:9s} {rows:>9,} rows  {r['seconds']:6.1f} s (cpu {r['cpu_s']:5.1f} s)  "
@@ -403,9 +359,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"manifest build, {rows:,} rows (seed {args.seed}):", flush=True)
         out = bench(rows, args.seed, args.sections, args.profile, variants, args.repeat)
         all_out.append(out)
-        (HERE / "out").mkdir(exist_ok=True)
+        OUT.mkdir(exist_ok=True)
         tag = f"-{args.only}" if args.only else ""
-        (HERE / "out" / f"manifest_bench-{rows}{tag}.json").write_text(
+        (OUT / f"manifest_bench-{rows}{tag}.json").write_text(
             json.dumps({k: v for k, v in out.items()}, indent=1, default=str))
     return 0 if all(all(o["checks"].values()) for o in all_out) else 1
 
