@@ -1,7 +1,6 @@
 """The Anthropic batch executor with the real anthropic SDK over HTTP against the sandbox."""
 
 import json
-import time
 import typing
 from datetime import UTC, datetime
 
@@ -21,6 +20,8 @@ from batch_pipeline.executors.anthropic_batch import STATUS_MAP, AnthropicBatchE
 from batch_pipeline.executors.anthropic_format import batch_requests, parse_results_block, _parse_fast, _parse_lines
 from batch_pipeline.executors.registry import batch_limits, create_executor, names
 
+from .conftest import wait_ended
+
 LABELS = ["billing", "bug", "other"]
 LONG_SYSTEM = "Label the support ticket with exactly one of the allowed labels. " * 100  # > 1024 tokens
 SPEC = f"""
@@ -32,7 +33,6 @@ backend: {{name: anthropic_batch, settings: {{sandbox: true}}}}
 sampling: {{max_tokens: 16}}
 output: {{choice: {LABELS}}}
 """
-
 
 
 def spec(text: str = SPEC):
@@ -50,15 +50,6 @@ def executor(text: str = SPEC) -> AnthropicBatchExecutor:
     ex = create_executor(spec(text).backend)
     assert isinstance(ex, AnthropicBatchExecutor)
     return ex
-
-
-def wait_ended(ex: AnthropicBatchExecutor, handle):
-    for _ in range(200):
-        status = ex.poll(handle)
-        if status.state.ended:
-            return status
-        time.sleep(0.05)
-    raise AssertionError("batch never ended")
 
 
 def fetch_all(ex: AnthropicBatchExecutor, handle) -> pa.Table:

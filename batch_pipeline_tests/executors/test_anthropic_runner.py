@@ -9,15 +9,9 @@ from batch_pipeline.core.runner import ShardRunner
 from batch_pipeline.core.spec import parse_spec
 from batch_pipeline.core.store import Store
 from batch_pipeline.executors.registry import create_executor
-from batch_pipeline.sandbox import SandboxAdmin
 
 
-def test_crash_between_accept_and_record_reattaches_with_a_new_executor(sandbox_proc, monkeypatch, tmp_path):
-    _, url = sandbox_proc
-    admin = SandboxAdmin(url)
-    admin.reset()
-    monkeypatch.setenv("BATCH_PIPELINE_SANDBOX_URL", url)
-    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+def test_crash_between_accept_and_record_reattaches_with_a_new_executor(admin, tmp_path):
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"body": f"invoice {i} was wrong"}) + "\n" for i in range(9)))
     spec = parse_spec(f"""
 name: anth

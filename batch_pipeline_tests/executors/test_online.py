@@ -34,7 +34,6 @@ output: {{choice: {LABELS}}}
 """
 
 
-
 def prompt(i: int) -> str:
     return f"ticket {i}: my billing is wrong" if i % 2 else f"ticket {i}: the app has a bug"
 

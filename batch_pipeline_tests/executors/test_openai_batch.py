@@ -18,6 +18,8 @@ from batch_pipeline.executors.openai_batch import STATUS_MAP, OpenAIBatchExecuto
 from batch_pipeline.executors.openai_format import parse_output_block, request_lines
 from batch_pipeline.executors.registry import create_executor, names
 
+from .conftest import wait_ended
+
 OPENAPI = Path("/work/shared/specs/openai-files-batches.openapi.json")
 LABELS = ["billing", "bug", "other"]
 SPEC = f"""
@@ -31,7 +33,6 @@ output: {{choice: {LABELS}}}
 """
 
 
-
 def work(n: int = 20, attempt: int = 1) -> ShardWork:
     spec = parse_spec(SPEC)
     items = pa.table({"request_id": [f"{i:064x}" for i in range(n)],
@@ -42,17 +43,6 @@ def work(n: int = 20, attempt: int = 1) -> ShardWork:
 
 def executor() -> OpenAIBatchExecutor:
     return create_executor(parse_spec(SPEC).backend)
-
-
-def wait_ended(ex: OpenAIBatchExecutor, handle):
-    import time
-
-    for _ in range(200):
-        status = ex.poll(handle)
-        if status.state.ended:
-            return status
-        time.sleep(0.05)
-    raise AssertionError("batch never ended")
 
 
 def test_registry_knows_openai_batch_and_rejects_unknown_settings():

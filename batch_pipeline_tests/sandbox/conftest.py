@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from subprocess import Popen
 
+import anthropic
 import openai
 import pytest
 
@@ -29,5 +30,13 @@ def admin(sandbox_url: str) -> Iterator[SandboxAdmin]:
 def client(sandbox_url: str, admin: SandboxAdmin) -> Iterator[openai.OpenAI]:
     """The real OpenAI SDK pointed at the sandbox."""
     sdk = openai.OpenAI(base_url=sandbox_url + "/v1", api_key="sk-sandbox", max_retries=2, timeout=20)
+    yield sdk
+    sdk.close()
+
+
+@pytest.fixture
+def aclient(sandbox_url: str, admin: SandboxAdmin) -> Iterator[anthropic.Anthropic]:
+    """The real Anthropic SDK pointed at the sandbox (base_url without /v1)."""
+    sdk = anthropic.Anthropic(base_url=sandbox_url, api_key="sk-sandbox", max_retries=2, timeout=20)
     yield sdk
     sdk.close()

@@ -6,7 +6,6 @@ import json
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any, Optional
 from urllib.parse import urlsplit
@@ -19,14 +18,6 @@ from batch_pipeline.sandbox import anthropic_api
 
 MODEL = "claude-sonnet-4-5"
 COUNT_KEYS = {"processing", "succeeded", "errored", "canceled", "expired"}
-
-
-@pytest.fixture
-def aclient(sandbox_url: str, admin: SandboxAdmin) -> Iterator[anthropic.Anthropic]:
-    """The real Anthropic SDK pointed at the sandbox (base_url without /v1)."""
-    sdk = anthropic.Anthropic(base_url=sandbox_url, api_key="sk-sandbox", max_retries=2, timeout=20)
-    yield sdk
-    sdk.close()
 
 
 def request(custom_id: str, text: str, *, model: str = MODEL, max_tokens: int = 64, **params: Any) -> dict[str, Any]:

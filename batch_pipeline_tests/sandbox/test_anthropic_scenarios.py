@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -21,14 +20,6 @@ SCHEMA = {"type": "object", "properties": {"label": {"type": "string", "enum": L
           "additionalProperties": False}
 TOOL = {"tools": [{"name": "answer", "input_schema": SCHEMA}], "tool_choice": {"type": "tool", "name": "answer"}}
 LONG_SYSTEM = "You label support tickets carefully. " * 200  # > 1024 tokens: long enough to be cached
-
-
-@pytest.fixture
-def aclient(sandbox_url: str, admin: SandboxAdmin) -> Iterator[anthropic.Anthropic]:
-    """The real Anthropic SDK pointed at the sandbox."""
-    sdk = anthropic.Anthropic(base_url=sandbox_url, api_key="sk-sandbox", max_retries=2, timeout=20)
-    yield sdk
-    sdk.close()
 
 
 def by_id(lines: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
