@@ -24,7 +24,7 @@ from batch_pipeline.core.executor import (BatchExecutor, BatchHandle, BatchState
                                           ShardWork, StreamExecutor)
 from batch_pipeline.core.lease import Lease, LeaseHeldError, acquire, default_owner
 from batch_pipeline.core.manifest import Manifest
-from batch_pipeline.core.reconcile import DEAD, VALID, item_states
+from batch_pipeline.core.reconcile import DEAD, VALID, item_states, spends_budget
 from batch_pipeline.core.results import build_results, read_results, write_results
 from batch_pipeline.core.retry_cap import retry_spend
 from batch_pipeline.core.spec import JobSpec
@@ -168,14 +168,14 @@ class ShardRunner:
         results = read_results(self.store, self.spec.name, columns=[*STATE_COLUMNS, "cost_usd"])
         if results.height == 0:
             return
-        items = pl.from_arrow(self.manifest.item_index(["request_id", "shard_id"]))
-        assert isinstance(items, pl.DataFrame)
-        states = item_states(items, results, self.spec.retries.per_item)
+        # pending items that failed before at a cost to their budget: the ones this submission retries
         ids = pl.Series(pending.column("request_id").to_pylist())
-        retry_items = states.filter(pl.col("request_id").is_in(ids) & (pl.col("failures") > 0)).height
+        retry_items = results.filter(pl.col("request_id").is_in(ids) & spends_budget())["request_id"].n_unique()
         if retry_items == 0:
             return
-        spend = retry_spend(results, items.height, retry_items, self.spec.retries.spend_cap_share)
+        latest = self.manifest.latest()
+        assert latest is not None  # there are pending items, so there is a manifest
+        spend = retry_spend(results, latest["unique_requests"], retry_items, self.spec.retries.spend_cap_share)
         if spend.exceeded:
             reason = f"retry-spend cap reached before resubmitting shard {shard_id}: {spend.describe()}"
             self.control.stop(reason, code="retry_cap")
