@@ -285,3 +285,27 @@ def test_attempt_log_ignores_torn_records_and_numbers_attempts(tmp_path):
     assert log.next_number() == 3
     log.record(1, "collected", {"rows": 2})
     assert log.all()[0].closed and not log.all()[0].open
+
+
+@pytest.mark.parametrize(("share", "stops"), [(0.1, True), (0.35, False)])
+def test_the_retry_spend_cap_stops_a_resubmission_that_would_pass_it(tmp_path, share, stops):
+    """First pass: 10 items, 3 of them fail at a cost to their budget. Retrying them costs about 3/10 of the
+    first pass: a cap of 10% stops the job before the second batch, one of 35% lets it go."""
+    kinds = ["good"] * 6 + ["flaky", "poison", "junk", "silent"]
+    path = write_jsonl(tmp_path / "in.jsonl", [{"id": f"k{i}", "body": f"{k} ticket {i}"} for i, k in enumerate(kinds)])
+    spec = write_spec(tmp_path / "job", base_spec_dict(str(path), retries={"per_item": 3, "spend_cap_share": share}))
+    store = Store(tmp_path / "store")
+    build_manifest(spec, store)
+    provider = MemoryProvider(behaviour)
+    runner = ShardRunner(spec, store, provider, PRICE)
+    runner.submit("s00001")
+    runner.collect("s00001", poll_interval_s=0)
+    if stops:
+        with pytest.raises(SystemicError, match="retry-spend cap") as raised:
+            runner.submit("s00001")
+        assert raised.value.code == "retry_cap"
+        assert JobControl(store, spec.name).current()["code"] == "retry_cap"
+        assert len(provider.batches) == 1  # nothing was sent
+    else:
+        assert runner.submit("s00001").requests == 4
+        assert len(provider.batches) == 2
