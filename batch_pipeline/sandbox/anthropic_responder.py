@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .ids import stable_fraction, stable_hex
+from .ids import stable_hex
 from .responder import CACHE_MIN_TOKENS, last_user_text, markers, render_content
 from .scenarios import Scenario
 from .schema_fill import fill_schema
@@ -138,11 +138,7 @@ class AnthropicRunner:
         if POISON_MARKER in marks:
             return AnthropicResult(custom_id, model, errored(
                 "invalid_request_error", "prompt is too long or malformed (sandbox marker poison)."))
-        if (
-            scenario.name == "line_errors"
-            and stable_fraction("line_errors", custom_id) < float(scenario.param("rate"))
-            and sightings < int(scenario.param("times"))
-        ):
+        if scenario.line_error_due(custom_id, sightings):
             return AnthropicResult(custom_id, model, errored(
                 "api_error", "Internal server error (sandbox scenario line_errors)."))
         prompt = build_prompt(params)

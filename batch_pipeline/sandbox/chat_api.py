@@ -14,7 +14,7 @@ import math
 from typing import Any, Optional
 
 from .errors import ApiError, bad_request
-from .ids import new_id, stable_fraction
+from .ids import new_id
 from .responder import cacheable_prefix, chat_completion, markers
 from .routing import Request, Response, Router
 from .state import SandboxState
@@ -178,8 +178,6 @@ class ChatApi:
         seen_key = _LINE_ERRORS_PREFIX + key
         sightings = self.state.seen_custom_ids.get(seen_key, 0)
         self.state.seen_custom_ids[seen_key] = sightings + 1
-        if stable_fraction("line_errors", key) < float(scenario.param("rate")) and sightings < int(
-            scenario.param("times")
-        ):
+        if scenario.line_error_due(key, sightings):
             raise ApiError(500, "The server had an error processing this request (sandbox scenario line_errors).",
                            type="server_error", code="server_error", headers=headers)

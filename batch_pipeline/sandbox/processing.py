@@ -40,11 +40,7 @@ class LineRunner:
                 type="invalid_request_error", code="context_length_exceeded", param="messages",
             ))
         scenario = batch.scenario
-        if (
-            scenario.name == "line_errors"
-            and stable_fraction("line_errors", custom_id) < float(scenario.param("rate"))
-            and sightings < int(scenario.param("times"))
-        ):
+        if scenario.line_error_due(custom_id, sightings):
             return LineResult(index, custom_id, 500, request_id, error_body(
                 "The server had an error processing this request (sandbox scenario line_errors).",
                 type="server_error", code="server_error",

@@ -9,6 +9,7 @@ from typing import Any
 
 from .anthropic_errors import AnthropicError
 from .errors import ApiError
+from .ids import stable_fraction
 
 ENDPOINTS = (
     "upload_file",
@@ -89,6 +90,12 @@ class Scenario:
     def param(self, key: str) -> Any:
         """A parameter value (with its default)."""
         return self.params[key]
+
+    def line_error_due(self, key: str, sightings: int) -> bool:
+        """``line_errors``: the request ``key`` (a stable ``rate`` share of all keys) fails while it has been seen
+        fewer than ``times`` times before."""
+        return (self.name == "line_errors" and stable_fraction("line_errors", key) < float(self.param("rate"))
+                and sightings < int(self.param("times")))
 
     def to_json(self) -> dict[str, Any]:
         """``{"name", "params"}``."""
