@@ -52,8 +52,8 @@ def run_job(spec: JobSpec, instance: dg.DagsterInstance, resources: dict | None 
     run(["manifest"])
     store = resources["store"].get()
     all_shards = instance.get_dynamic_partitions(shards_partitions(spec).name)
-    todo = list(all_shards)
     state = JobState.load(spec, store)
+    todo = retryable_shards(state)  # all of them on a new job; none when a finished job is run again
     canary = all_shards[0] if all_shards else None
     if spec.canary_first and len(all_shards) > 1 and _canary_pending(spec, store, state, canary):
         # the canary shard runs alone: it calibrates the token estimate and, with a golden set, gates quality
