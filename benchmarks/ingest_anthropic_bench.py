@@ -1,7 +1,7 @@
 """Results ingestion for Anthropic Message Batches: results JSONL -> validated result rows in the store.
 
 Input (generated once, cached under ``benchmarks/out/``): the results file of a choice job in the format of
-``/work/shared/PROVIDER_PROTOCOLS.md`` (and of the sandbox): a forced ``answer`` tool, so a succeeded line holds
+the provider wire formats (``PROVIDER_PROTOCOLS.md`` of the design notes) (and of the sandbox): a forced ``answer`` tool, so a succeeded line holds
 one ``tool_use`` block with ``{"label": ...}``; ~97% good labels, 0.5% cut at ``max_tokens`` (empty input),
 0.5% labels outside the set, 1% ``overloaded_error``, 0.5% ``invalid_request_error``, 0.5% ``expired``.
 

@@ -1,7 +1,7 @@
 """Results ingestion throughput: OpenAI batch output JSONL -> validated result rows in the store.
 
 Input (generated once, cached under ``benchmarks/out/``): an output file and an error file of an OpenAI
-batch, ``--lines`` lines in all, in the format of ``/work/shared/PROVIDER_PROTOCOLS.md`` (and of the
+batch, ``--lines`` lines in all, in the format of the provider wire formats (``PROVIDER_PROTOCOLS.md`` of the design notes) (and of the
 sandbox): chat-completion bodies whose content is ``{"label":"..."}`` with usage; ~97% good labels,
 0.5% truncated (``finish_reason: length``), 0.5% labels outside the set, and in the error file 1% HTTP
 500 ``server_error``, 0.5% HTTP 400 ``context_length_exceeded``, 0.5% ``batch_expired`` lines.

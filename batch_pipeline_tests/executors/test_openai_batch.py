@@ -20,7 +20,7 @@ from batch_pipeline.executors.registry import create_executor, names
 
 from .conftest import wait_ended
 
-OPENAPI = Path("/work/shared/specs/openai-files-batches.openapi.json")
+OPENAPI = Path(__file__).resolve().parents[1] / "fixtures" / "openai-files-batches.openapi.json"
 LABELS = ["billing", "bug", "other"]
 SPEC = f"""
 name: ex

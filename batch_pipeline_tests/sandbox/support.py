@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 import jsonschema
 import openai
 
-SPEC_PATH = Path("/work/shared/specs/openai-files-batches.openapi.json")
+SPEC_PATH = Path(__file__).resolve().parents[1] / "fixtures" / "openai-files-batches.openapi.json"
 MODEL = "gpt-4o-mini"
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 
