@@ -136,3 +136,11 @@ class StreamExecutor(Protocol):
     pricing: str
 
     def run(self, work: ShardWork) -> Iterator[pa.Table]: ...
+
+
+@runtime_checkable
+class DrainableStream(Protocol):
+    """A stream executor that can hand over results it holds but has not yielded yet (its flush buffer), after
+    ``run`` was interrupted: those requests were paid for, so the runner stores them before it stops."""
+
+    def take_unflushed(self, key: str) -> pa.Table | None: ...

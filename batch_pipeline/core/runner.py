@@ -204,18 +204,36 @@ class ShardRunner:
             number, total = work.attempt, work.items.num_rows
             expected = pa.array(work.request_ids, pa.string())
             renew_at = time.monotonic() + lease.ttl.total_seconds() / 3
-            for flush, raw in enumerate(self._guarded(executor.run(work)), start=1):
+            flush = 0
+
+            def store_flush(raw: pa.Table) -> None:
+                nonlocal flush
+                flush += 1
                 raw = raw.filter(pc.is_in(raw.column("request_id"), value_set=expected))
                 table = build_results(raw, work, backend=executor.name, pricing=self.pricing,
                                       prompt_version=self.spec.prompt.version, price=self.price, provider_batch_id=None)
                 write_results(self.store, self.spec.name, shard_id, number, flush, table)
                 outcome.rows += table.num_rows
                 outcome.succeeded += pc.sum(pc.equal(table.column("status"), "succeeded")).as_py() or 0
-                if on_flush:
-                    on_flush(outcome.rows, total)
-                if time.monotonic() > renew_at:
-                    lease.renew()
-                    renew_at = time.monotonic() + lease.ttl.total_seconds() / 3
+
+            try:
+                for raw in self._guarded(executor.run(work)):
+                    store_flush(raw)
+                    if on_flush:
+                        on_flush(outcome.rows, total)
+                    if time.monotonic() > renew_at:
+                        lease.renew()
+                        renew_at = time.monotonic() + lease.ttl.total_seconds() / 3
+            except BaseException:
+                # interrupted (SIGTERM, a pause, a systemic stop): results the engine already has were paid for,
+                # so they are stored before the attempt is left open for the next run to close
+                unflushed = getattr(executor, "take_unflushed", None)
+                leftover = unflushed(work.key) if unflushed else None
+                if leftover is not None and leftover.num_rows:
+                    store_flush(leftover)
+                    log.warning("shard %s: interrupted; %d finished results stored before stopping", shard_id,
+                                leftover.num_rows)
+                raise
             lease.check("mark the attempt collected")
             attempts.record(number, "collected", {"state": "completed", "rows": outcome.rows,
                                                   "succeeded": outcome.succeeded})
