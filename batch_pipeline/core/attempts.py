@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from batch_pipeline.core.paths import JobPaths
+from batch_pipeline.core.state.machine import check_attempt_event, last_event
 from batch_pipeline.core.store import Store
 
 EVENTS = ("intent", "submitted", "collected", "abandoned")
@@ -41,6 +42,14 @@ class Attempt:
     def open(self) -> bool:
         return "intent" in self.records and not self.closed
 
+    @property
+    def canary(self) -> bool:
+        return bool(self.records["intent"].get("canary"))
+
+    @property
+    def backend(self) -> str | None:
+        return self.records["intent"].get("backend")
+
 
 def now_iso() -> str:
     return datetime.now(UTC).isoformat()
@@ -64,8 +73,12 @@ class AttemptLog:
         attempts = self.all()
         return attempts[-1].number + 1 if attempts else 1
 
+    def events(self, attempt: int) -> dict[str, bool]:
+        return {e: True for e in EVENTS if self.store.exists(self.paths.attempt_event(self.shard_id, attempt, e))}
+
     def record(self, attempt: int, event: str, payload: dict[str, Any]) -> None:
-        assert event in EVENTS
+        """Append one event; an event the attempt's state does not allow raises ``IllegalTransition``."""
+        check_attempt_event(self.shard_id, attempt, last_event(self.events(attempt)), event)
         self.store.write_json(self.paths.attempt_event(self.shard_id, attempt, event), {**payload, "at": now_iso()})
 
     def create_intent(self, attempt: int, payload: dict[str, Any]) -> bool:

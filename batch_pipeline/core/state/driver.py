@@ -1,0 +1,167 @@
+"""The one driver: from per-shard summaries and a few job facts, the plan of what happens next.
+
+``next_steps`` is the only place that decides: the CLI pass loop, both sensors and the shard assets execute
+its plan (or ``shard_step`` for one shard) and never re-derive it. The rules, in order, for one shard:
+
+| the job / the shard                               | step        | or it waits because            |
+|---------------------------------------------------|-------------|--------------------------------|
+| job stopped                                       | -           | the stop reason                |
+| job paused                                        | -           | paused                         |
+| a run of this shard is in flight                  | -           | run in flight                  |
+| settled                                           | -           | (nothing left)                 |
+| submitted, deadline near, tail configured         | RESCUE      |                                |
+| submitted, the provider ended the batch           | COLLECT     |                                |
+| submitted                                         | -           | batch open at the provider     |
+| intent without a submission                       | RESOLVE     |                                |
+| canary pending, this is the canary shard          | CANARY      |                                |
+| canary pending, any other shard                   | -           | waits for the canary           |
+| new or retryable, deadline near, tail configured  | RESCUE      |                                |
+| new or retryable, quote stale                     | REQUOTE     | waits for a fresh quote        |
+| new or retryable                                  | SUBMIT      |                                |
+
+When every shard is settled and nothing is in flight, the plan is PUBLISH.
+"""
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from batch_pipeline.core.state.machine import ShardState
+from batch_pipeline.core.state.summary import ShardSummary
+
+
+class Action(StrEnum):
+    CANARY = "canary"      # run the canary sample of the first shard, alone
+    SUBMIT = "submit"      # new or retryable items: a new attempt
+    RESOLVE = "resolve"    # an intent with no submission: find() at the provider, else close it and resubmit
+    COLLECT = "collect"    # the provider ended the batch: ingest it (and judge the canary)
+    RESCUE = "rescue"      # deadline near: cancel the live batch, keep its results, the rest online
+    REQUOTE = "requote"    # the quote expired: price the remaining work again before spending
+    PUBLISH = "publish"    # every item settled: stage, check, promote
+
+
+@dataclass(frozen=True)
+class Step:
+    action: Action
+    shard_id: str | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class CanaryStatus:
+    shard_id: str | None       # None: the job has no canary (canary_first off, or no shards)
+    verdict: bool | None = None  # None: not judged yet
+    reason: str = ""
+
+    @property
+    def pending(self) -> bool:
+        """Not passed yet: not judged, or failed and resumed by a human (the canary then runs again)."""
+        return self.shard_id is not None and self.verdict is not True
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """What the driver needs beyond the summaries; each caller fills it from the store (and Dagster's runs)."""
+
+    canary: CanaryStatus = CanaryStatus(None)
+    stopped: str | None = None
+    paused: bool = False
+    quote_fresh: bool = True
+    deadline_near: bool = False
+    has_tail: bool = False
+    in_flight: frozenset[str] = frozenset()   # shards with a queued or running run
+    ended: frozenset[str] = frozenset()       # submitted shards whose batch the provider has ended
+    busy: bool = False                        # any run of the job in flight (holds publishing back)
+
+
+@dataclass
+class Plan:
+    steps: list[Step] = field(default_factory=list)
+    waiting: dict[str, str] = field(default_factory=dict)
+    stopped: str | None = None
+    paused: bool = False
+    states: dict[str, ShardState] = field(default_factory=dict)
+
+    def shards(self, *actions: Action) -> list[str]:
+        return [s.shard_id for s in self.steps if s.action in actions and s.shard_id is not None]
+
+    def has(self, action: Action) -> bool:
+        return any(s.action == action for s in self.steps)
+
+    @property
+    def publish(self) -> bool:
+        return self.has(Action.PUBLISH)
+
+    def describe(self) -> str:
+        """One line: what happens next, or why nothing does."""
+        if self.stopped:
+            return f"job stopped: {self.stopped}"
+        if self.paused:
+            return "job paused: `batch-pipeline resume` continues it"
+        parts = []
+        for action in Action:
+            n = sum(1 for s in self.steps if s.action == action)
+            if n:
+                parts.append(f"{action.value} {n}" if action not in (Action.PUBLISH, Action.REQUOTE) else action.value)
+        reasons: dict[str, int] = {}
+        for why in self.waiting.values():
+            reasons[why] = reasons.get(why, 0) + 1
+        waits = [f"{n} shard(s) wait: {why}" for why, n in sorted(reasons.items(), key=lambda kv: -kv[1])]
+        return "; ".join(parts + waits[:3]) or "nothing to do"
+
+
+def shard_step(s: ShardSummary, facts: JobFacts) -> Step | str | None:
+    """The step for one shard, the reason it waits (a str), or None when it is settled."""
+    if facts.stopped:
+        return f"job stopped: {facts.stopped}"
+    if facts.paused:
+        return "job paused"
+    if s.shard_id in facts.in_flight:
+        return "a run of this shard is in flight"
+    if s.state == ShardState.SETTLED:
+        return None
+    rescue = facts.deadline_near and facts.has_tail
+    if s.state in (ShardState.SUBMITTED, ShardState.ENDED):
+        if rescue:
+            return Step(Action.RESCUE, s.shard_id, "deadline near: cancel the batch, keep its results, rest online")
+        if s.state == ShardState.ENDED or s.shard_id in facts.ended:
+            return Step(Action.COLLECT, s.shard_id, "the provider ended the batch")
+        batch = (s.open.submitted or {}).get("batch_id") if s.open else None
+        return f"batch open at the provider{f' ({batch})' if batch else ''}"
+    if s.state == ShardState.INTENT:
+        return Step(Action.RESOLVE, s.shard_id, "an intent with no recorded submission: ask the provider, "
+                                                "else close it and resubmit")
+    canary = facts.canary
+    if canary.pending:
+        if s.shard_id != canary.shard_id:
+            return f"waits for the canary ({canary.shard_id})"
+        return Step(Action.CANARY, s.shard_id, "the canary runs first, alone" if not s.canary_done else
+                    "the canary has no verdict yet: it runs again (what is still pending in its sample)")
+    if rescue:
+        return Step(Action.RESCUE, s.shard_id, "deadline near: the shard goes to the tail backend")
+    if not facts.quote_fresh:
+        return "waits for a fresh quote"
+    what = "new" if s.state == ShardState.NEW else f"{s.retryable} retryable item(s)"
+    return Step(Action.SUBMIT, s.shard_id, what)
+
+
+def next_steps(summaries: Iterable[ShardSummary], facts: JobFacts) -> Plan:
+    plan = Plan(stopped=facts.stopped, paused=facts.paused)
+    unsettled = 0
+    for s in summaries:
+        plan.states[s.shard_id] = (ShardState.STOPPED if facts.stopped else
+                                   ShardState.PAUSED if facts.paused and s.state != ShardState.SETTLED else s.state)
+        if s.state != ShardState.SETTLED:
+            unsettled += 1
+        step = shard_step(s, facts)
+        if isinstance(step, Step):
+            plan.steps.append(step)
+        elif isinstance(step, str):
+            plan.waiting[s.shard_id] = step
+    if facts.stopped or facts.paused:
+        return plan
+    if not facts.quote_fresh and any(why == "waits for a fresh quote" for why in plan.waiting.values()):
+        plan.steps.append(Step(Action.REQUOTE, None, "the quote expired or the work changed"))
+    if plan.states and unsettled == 0 and not facts.busy and not facts.in_flight:
+        plan.steps.append(Step(Action.PUBLISH, None, "every item is settled"))
+    return plan

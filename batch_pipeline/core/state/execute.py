@@ -1,0 +1,150 @@
+"""Carry out the driver's step for one shard with the runners (the shard assets call this; nothing here decides).
+
+``submit_phase`` asks ``shard_step`` what the shard needs and does it: the canary sample, a new attempt, a
+resolve of an orphaned intent, or a rescue that cancels the live batch first. ``collect_phase`` ingests ended
+batches, judges the canary, and moves an expired batch's leftovers to the tail backend.
+"""
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from batch_pipeline.core.errors import BatchPipelineError, SystemicError
+from batch_pipeline.core.executor import BatchStatus, StreamExecutor
+from batch_pipeline.core.golden import canary_sample, judge_canary
+from batch_pipeline.core.manifest import Manifest
+from batch_pipeline.core.reconcile import item_states
+from batch_pipeline.core.rescue import deadline_near, rescue_reason
+from batch_pipeline.core.results import read_results
+from batch_pipeline.core.runner import ShardRunner
+from batch_pipeline.core.spec import JobSpec
+from batch_pipeline.core.state.driver import Action, Step, shard_step
+from batch_pipeline.core.state.view import load_view
+from batch_pipeline.core.store import Store
+
+log = logging.getLogger(__name__)
+
+
+class ShardWaits(BatchPipelineError):
+    """The driver says this shard cannot move now (e.g. it waits for the canary); the message says why."""
+
+
+@dataclass
+class ShardReport:
+    shard_id: str
+    action: str
+    sent: int = 0
+    results: int = 0
+    succeeded: int = 0
+    rescued: int = 0
+    batches: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+class ShardDriver:
+    def __init__(self, spec: JobSpec, store: Store, runner: ShardRunner,
+                 tail: Callable[[], ShardRunner] | None = None, say: Callable[[str], None] | None = None):
+        self.spec, self.store, self.runner, self.tail = spec, store, runner, tail
+        self.say = say or log.info
+        self.stream = isinstance(runner.executor, StreamExecutor)
+
+    def _step(self, shard_id: str) -> Step | str | None:
+        view = load_view(self.spec, self.store)
+        summary = next((s for s in view.summaries if s.shard_id == shard_id), None)
+        if summary is None:
+            raise ShardWaits(f"shard {shard_id} is not in the manifest of job {self.spec.name}")
+        return shard_step(summary, view.facts)
+
+    def _tail(self) -> ShardRunner:
+        if self.tail is None:
+            raise ShardWaits(f"job {self.spec.name} has no tail backend (tail: in the job spec)")
+        return self.tail()
+
+    def submit_phase(self, shard_id: str) -> ShardReport:
+        self.runner.control.ensure_running()
+        step = self._step(shard_id)
+        if step is None:
+            return ShardReport(shard_id, "settled")
+        if isinstance(step, str):
+            if step.startswith("batch open") or step.startswith("a run of"):
+                return ShardReport(shard_id, "wait", notes=[step])
+            raise ShardWaits(f"shard {shard_id} {step}" if step.startswith("waits") else f"shard {shard_id}: {step}")
+        report = ShardReport(shard_id, step.action.value)
+        if step.action == Action.COLLECT:
+            return report  # the collect phase does it
+        if step.action == Action.RESCUE and not self.stream:
+            collected, online = self.runner.rescue(shard_id, self._tail(),
+                                                   poll_interval_s=self._poll_interval())
+            report.results, report.succeeded = collected.rows + online.rows, collected.succeeded + online.succeeded
+            report.rescued = online.rows
+            self.say(f"shard {shard_id}: {step.reason}: {collected.rows} batch results kept, "
+                     f"{online.rows} items sent to the tail backend")
+            return report
+        only = self._canary_ids(shard_id) if step.action == Action.CANARY else None
+        canary = step.action == Action.CANARY
+        if self.stream:
+            out = self.runner.run_stream(shard_id, only=only, canary=canary)
+            report.sent = report.results = out.rows
+            report.succeeded = out.succeeded
+            if canary:
+                self.judge(shard_id, nothing_left=out.rows == 0)
+            return report
+        sub = self.runner.submit(shard_id, only=only, canary=canary)
+        report.sent = sub.requests if not sub.reattached else 0
+        if sub.handle:
+            report.batches.append(f"{shard_id}:{sub.handle.batch_id}{' (re-attached)' if sub.reattached else ''}")
+        elif canary:
+            self.judge(shard_id, nothing_left=True)
+        return report
+
+    def collect_phase(self, shard_id: str, on_status: Callable[[str, BatchStatus], None] | None = None
+                      ) -> ShardReport:
+        report = ShardReport(shard_id, "collect")
+        if self.stream:
+            return report
+        out = self.runner.collect(shard_id, poll_interval_s=self._poll_interval(), on_status=on_status,
+                                  cancel_when=lambda: deadline_near(self.spec))
+        report.results, report.succeeded = out.rows, out.succeeded
+        summary = self.runner.summaries.read(shard_id)
+        if summary is not None and summary.canary_done:
+            self.judge(shard_id)
+        reason = rescue_reason(self.spec, out.final_states)
+        if reason:
+            tail = self._tail().run_stream(shard_id)
+            report.rescued = tail.rows
+            self.say(f"shard {shard_id}: {reason}; rescued {tail.rows} items online ({tail.succeeded} succeeded)")
+        return report
+
+    def judge(self, shard_id: str, nothing_left: bool = False) -> None:
+        """Judge the canary once its attempt is in; a failure stops the job (SystemicError, one message)."""
+        view = load_view(self.spec, self.store)
+        if not view.facts.canary.pending or view.facts.canary.shard_id != shard_id:
+            return
+        summary = self.runner.summaries.read(shard_id)
+        final = nothing_left or (summary is not None and summary.attempts >= self.spec.retries.per_item)
+        results = read_results(self.store, self.spec.name, shard_id)
+        items = pl.from_arrow(Manifest(self.spec.name, self.store).shard_items(shard_id, ["request_id", "shard_id"]))
+        assert isinstance(items, pl.DataFrame)
+        states = item_states(items, results, self.spec.retries.per_item)
+        verdict = judge_canary(self.spec, self.store, shard_id, results, states, final=final)
+        if verdict is None:
+            self.say(f"canary {shard_id}: nothing answered yet; it runs again")
+            return
+        self.say(f"canary {shard_id}: {verdict.reason} ({verdict.items} items, structural failure rate "
+                 f"{verdict.failure_rate:.3f}" + (f", accuracy {verdict.accuracy:.3f} on {verdict.probes} probes)"
+                                                  if self.spec.quality else ")"))
+        if not verdict.passed:
+            raise SystemicError(f"canary shard {shard_id} failed: {verdict.reason}; the job is stopped before "
+                                "anything else is sent -- fix the spec, then `batch-pipeline resume`",
+                                code="canary_failed")
+
+    def _canary_ids(self, shard_id: str) -> list[str]:
+        items = pl.from_arrow(Manifest(self.spec.name, self.store).shard_items(shard_id,
+                                                                               ["request_id", "est_input_tokens"]))
+        assert isinstance(items, pl.DataFrame)
+        return canary_sample(items, self.spec.canary.size)
+
+    def _poll_interval(self) -> float:
+        return float(getattr(self.runner.executor, "poll_interval_s", 2.0))

@@ -1,0 +1,160 @@
+"""Per-shard summaries: what the driver decides from, written whenever a shard's attempt log changes.
+
+A summary holds the shard's state, its open attempt (if any), its item counts by state and its spend. It is
+recomputed from that one shard's attempt log and result parts (never the whole job), so a decision over a
+10,000-shard job reads 10,000 small JSON objects instead of every result row. A summary that is missing
+(an older store, a crash between a record and its summary) is rebuilt on read; a stale one is repaired by
+``refresh`` the next time the shard is touched, and the state it moves to is checked against the machine.
+"""
+
+import logging
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import polars as pl
+
+from batch_pipeline.core.attempts import Attempt, AttemptLog
+from batch_pipeline.core.golden import GoldenProbes
+from batch_pipeline.core.manifest import Manifest
+from batch_pipeline.core.paths import JobPaths
+from batch_pipeline.core.reconcile import DEAD, INVALID, MISSING, VALID, item_states
+from batch_pipeline.core.results import read_results
+from batch_pipeline.core.spec import JobSpec
+from batch_pipeline.core.state.machine import ShardState, check_summary_move
+from batch_pipeline.core.store import Store
+from batch_pipeline.core.threads import ordered_map
+
+log = logging.getLogger(__name__)
+
+STATE_COLUMNS = ["request_id", "attempt", "status", "error_class", "error_code", "error_message", "cost_usd"]
+
+
+@dataclass
+class OpenAttempt:
+    number: int
+    key: str
+    backend: str | None
+    intent_at: str
+    canary: bool
+    submitted: dict[str, Any] | None  # the provider handle, once the provider accepted the batch
+
+
+@dataclass
+class ShardSummary:
+    shard_id: str
+    state: ShardState
+    expected: int = 0
+    valid: int = 0
+    invalid: int = 0
+    missing: int = 0
+    dead_lettered: int = 0
+    attempts: int = 0
+    spend_usd: float = 0.0
+    canary_done: bool = False          # a canary attempt of this shard has been collected
+    last_final_state: str | None = None  # the provider's final state of the last collected attempt
+    open: OpenAttempt | None = None
+    updated_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
+
+    @property
+    def retryable(self) -> int:
+        return self.invalid + self.missing
+
+    @property
+    def balanced(self) -> bool:
+        return self.expected == self.valid + self.invalid + self.missing + self.dead_lettered
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["state"] = self.state.value
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ShardSummary":
+        opened = d.get("open")
+        return cls(**{**d, "state": ShardState(d["state"]),
+                      "open": OpenAttempt(**opened) if opened else None})
+
+
+def _open_attempt(attempts: list[Attempt]) -> OpenAttempt | None:
+    live = [a for a in attempts if a.open]
+    if not live:
+        return None
+    a = live[-1]
+    return OpenAttempt(a.number, a.key, a.backend, a.records["intent"]["at"], a.canary, a.submitted)
+
+
+def derive_state(open_attempt: OpenAttempt | None, attempts: int, retryable: int) -> ShardState:
+    if open_attempt is not None:
+        return ShardState.SUBMITTED if open_attempt.submitted else ShardState.INTENT
+    if attempts == 0:
+        return ShardState.NEW
+    return ShardState.COLLECTED if retryable else ShardState.SETTLED
+
+
+class ShardSummaries:
+    """Read and write the summaries of one job."""
+
+    def __init__(self, spec: JobSpec, store: Store):
+        self.spec, self.store, self.job, self.budget = spec, store, spec.name, spec.retries.per_item
+        self.paths = JobPaths(spec.name)
+        self.manifest = Manifest(spec.name, store)
+        self._probe_ids: pl.DataFrame | None = None
+
+    @property
+    def probe_ids(self) -> pl.DataFrame | None:
+        """Golden probes are paid but are not items: left out of the counts (read when first needed)."""
+        if self.spec.quality is None:
+            return None
+        if self._probe_ids is None:
+            self._probe_ids = GoldenProbes(self.spec, self.store).all_probe_ids().select("request_id")
+        return self._probe_ids
+
+    def compute(self, shard_id: str) -> ShardSummary:
+        """From this shard's own records: its attempt log, its result parts and its manifest items."""
+        attempts = AttemptLog(self.store, self.job, shard_id).all()
+        items = pl.from_arrow(self.manifest.shard_items(shard_id, ["request_id", "shard_id"]))
+        assert isinstance(items, pl.DataFrame)
+        results = read_results(self.store, self.job, shard_id, STATE_COLUMNS)
+        spend = float(results["cost_usd"].sum() or 0.0) if results.height else 0.0
+        probes = self.probe_ids if results.height else None
+        if probes is not None and probes.height:
+            self._probe_ids = None  # a shard's probes are registered at its first attempt: read them afresh next time
+            results = results.join(probes, on="request_id", how="anti")
+        states = item_states(items, results.drop("cost_usd"), self.budget)
+        counts = dict(states.group_by("state").len().iter_rows())
+        opened = _open_attempt(attempts)
+        closed = [a for a in attempts if not a.open]
+        collected = [a for a in closed if "collected" in a.records]
+        retryable = counts.get(INVALID, 0) + counts.get(MISSING, 0)
+        return ShardSummary(
+            shard_id=shard_id, state=derive_state(opened, len(attempts), retryable), expected=items.height,
+            valid=counts.get(VALID, 0), invalid=counts.get(INVALID, 0), missing=counts.get(MISSING, 0),
+            dead_lettered=counts.get(DEAD, 0), attempts=len(attempts), spend_usd=round(spend, 10),
+            canary_done=any(a.canary for a in collected),
+            last_final_state=collected[-1].records["collected"].get("state") if collected else None, open=opened)
+
+    def refresh(self, shard_id: str) -> ShardSummary:
+        """Recompute and store one summary; a move the state machine does not allow raises IllegalTransition."""
+        new = self.compute(shard_id)
+        old = self.read(shard_id)
+        if old is not None:
+            check_summary_move(shard_id, old.state, new.state)
+        self.store.write_json(self.paths.shard_summary(shard_id), new.as_dict())
+        return new
+
+    def read(self, shard_id: str) -> ShardSummary | None:
+        raw = self.store.read_json(self.paths.shard_summary(shard_id))
+        return ShardSummary.from_dict(raw) if raw else None
+
+    def all(self, shard_ids: list[str] | None = None) -> list[ShardSummary]:
+        """Every shard's summary in shard order; missing ones are computed and stored."""
+        shard_ids = self.manifest.shard_ids() if shard_ids is None else shard_ids
+        read = list(ordered_map(self.read, shard_ids, workers=4, ahead=64))
+        out = []
+        for shard_id, summary in zip(shard_ids, read, strict=True):
+            if summary is None:  # written once, never over a summary that a lease holder refreshed meanwhile
+                summary = self.compute(shard_id)
+                self.store.create_json_exclusive(self.paths.shard_summary(shard_id), summary.as_dict())
+            out.append(summary)
+        return out
