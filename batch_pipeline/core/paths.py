@@ -46,7 +46,15 @@ class JobPaths:
     def lease(self, shard_id: str) -> str:
         return f"{self.root}/leases/{shard_id}.json"
 
-    # derived outputs
+    # derived outputs: staged by `results`, promoted to validated/ only when every blocking check passed
+    @property
+    def staged(self) -> str:
+        return f"{self.root}/staged/{self.job}.parquet"
+
+    @property
+    def staged_dead_letters(self) -> str:
+        return f"{self.root}/staged/dead_letters.parquet"
+
     @property
     def validated(self) -> str:
         return f"{self.root}/validated/{self.job}.parquet"

@@ -1,5 +1,10 @@
 """The published outputs: the validated table (one row per source row), dead letters, DuckDB views.
 
+Publishing is two steps so that a gate can sit between them: ``stage`` writes the table and the dead
+letters under ``staged/`` (where the blocking checks read them), ``promote`` copies the staged files to
+``validated/`` (where users read them) and refreshes the DuckDB views. A failed check means no promotion:
+the previous validated table stays as it was.
+
 Duplicates are paid once and answered for every row: each source row joins its request's latest
 valid result; the cost sits on the first row of a request only, so summing the table's cost gives
 what was paid for accepted items.
@@ -73,12 +78,22 @@ def dead_letters(state: JobState) -> pl.DataFrame:
         "request_id", "shard_id", "failures", "attempts", "last_status", "last_error_code", "last_error")
 
 
-def publish(spec: JobSpec, store: Store, state: JobState) -> dict[str, str]:
-    """Write the validated table and dead letters (replaced atomically) and refresh the DuckDB views."""
+def stage(spec: JobSpec, store: Store, state: JobState) -> dict[str, str]:
+    """Write the staged table and dead letters (each replaced atomically); nothing users read changes."""
     paths = JobPaths(spec.name)
-    table = validated_table(spec, store, state)
-    store.write_table(paths.validated, table.to_arrow())
-    store.write_table(paths.dead_letters, dead_letters(state).to_arrow())
+    store.write_table(paths.staged, validated_table(spec, store, state).to_arrow())
+    store.write_table(paths.staged_dead_letters, dead_letters(state).to_arrow())
+    return {"staged": store.uri(paths.staged), "staged_dead_letters": store.uri(paths.staged_dead_letters)}
+
+
+def promote(spec: JobSpec, store: Store) -> dict[str, str]:
+    """Copy the staged files to validated/ byte for byte (each write atomic) and refresh the DuckDB views."""
+    paths = JobPaths(spec.name)
+    missing = [rel for rel in (paths.staged, paths.staged_dead_letters) if not store.exists(rel)]
+    if missing:
+        raise FileNotFoundError(f"nothing staged to promote for job {spec.name}: {', '.join(missing)} missing")
+    store.write_bytes(paths.dead_letters, store.read_bytes(paths.staged_dead_letters))
+    store.write_bytes(paths.validated, store.read_bytes(paths.staged))
     out = {"validated": store.uri(paths.validated), "dead_letters": store.uri(paths.dead_letters)}
     db = store.local_path(paths.duckdb)
     if db is not None:

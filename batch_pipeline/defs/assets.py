@@ -5,6 +5,9 @@ import time
 
 import dagster as dg
 import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 from batch_pipeline.core.budget import BudgetGuard
 from batch_pipeline.core.compare import compare_backends
@@ -14,14 +17,14 @@ from batch_pipeline.core.golden import GoldenProbes, canary_passed, judge_canary
 from batch_pipeline.core.manifest import Manifest, ShardCaps, build_manifest
 from batch_pipeline.core.plots import cost_over_time
 from batch_pipeline.core.paths import JobPaths
-from batch_pipeline.core.publish import JobState, dead_letters, publish
+from batch_pipeline.core.publish import JobState, dead_letters, promote, stage
 from batch_pipeline.core.quote import make_quote, verify_quote
 from batch_pipeline.core.report import build_report, shard_table
 from batch_pipeline.core.results import read_results
 from batch_pipeline.core.rescue import deadline_near, rescue_reason
 from batch_pipeline.core.runner import ShardRunner
 from batch_pipeline.core.spec import BackendSpec, CostCompareSpec, JobSpec
-from batch_pipeline.defs.checks import build_result_checks, build_shard_stats_check
+from batch_pipeline.defs.checks import CHECKS, build_result_checks, build_shard_stats_check
 from batch_pipeline.defs.k8s import GPU_POOL, gpu_step_tags, is_gpu_backend
 from batch_pipeline.defs.metadata import md_table, plain
 from batch_pipeline.defs.resources import PricesResource, StoreResource
@@ -104,6 +107,30 @@ def _rescuer(spec: JobSpec, store: StoreResource, prices: PricesResource) -> Sha
     if spec.tail is None:
         raise dg.Failure(f"job {spec.name} has no tail rescue configured (tail: in the job spec)")
     return _runner(spec, store, prices, spec.tail.backend)
+
+
+def _unpassed_checks(instance: dg.DagsterInstance, results_key: dg.AssetKey) -> list[str]:
+    """The blocking checks that did not pass on the latest materialization of ``results`` (empty: promote).
+
+    Dagster already skips ``validated`` in a run where a blocking check failed; this also refuses a run that
+    selects ``validated`` alone after a failed (or unchecked) ``results``.
+    """
+    latest = instance.fetch_materializations(results_key, limit=1).records
+    if not latest:
+        return [f"{results_key.to_user_string()} was never materialized"]
+    keys = [dg.AssetCheckKey(results_key, name) for name in CHECKS]
+    records = instance.event_log_storage.get_latest_asset_check_execution_by_key(keys)
+    out = []
+    for key in keys:
+        rec = records.get(key)
+        done = rec is not None and rec.status in (AssetCheckExecutionRecordStatus.SUCCEEDED,
+                                                  AssetCheckExecutionRecordStatus.FAILED)
+        target = rec.evaluation.target_materialization_data if done and rec.evaluation else None
+        if target is None or target.storage_id != latest[0].storage_id:
+            out.append(f"{key.name} has not run on the latest materialization")
+        elif rec.status != AssetCheckExecutionRecordStatus.SUCCEEDED:
+            out.append(f"{key.name} failed")
+    return out
 
 
 def _clean_failure(call):
@@ -260,23 +287,40 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
                                               "succeeded": dg.MetadataValue.int(ok),
                                               "rescued_online": dg.MetadataValue.int(rescued)})
 
-    @dg.asset(key=asset_key(spec, "results"), deps=[shard_results], group_name=job, kinds={"parquet", "duckdb"},
-              description="The validated table: one row per source row, latest valid result of its request.")
+    @dg.asset(key=asset_key(spec, "results"), deps=[shard_results], group_name=job, kinds={"parquet"},
+              description="The staged table: one row per source row, latest valid result of its request. "
+                          "The blocking checks run on it; users read the promoted copy, validated.")
     def results(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
         st = store.get()
         if Manifest(job, st).last_generation() == 0:
             raise dg.Failure(f"job {job} has no manifest in {st.root}; materialize {job}/manifest first")
         state = JobState.load(spec, st)
-        outputs = publish(spec, st, state)
-        table = pl.read_parquet(st.read_bytes(paths.validated))
-        context.log.info(f"validated table: {table.height} rows -> {outputs['validated']}")
+        outputs = stage(spec, st, state)
+        table = pl.read_parquet(st.read_bytes(paths.staged))
+        context.log.info(f"staged table: {table.height} rows -> {outputs['staged']}")
         meta = plain({"rows": table.height, **outputs})
         meta["preview"] = md_table(table.select("source_key", "output", "attempt", "input_tokens", "output_tokens",
                                                 "cost_usd", "is_duplicate"))
         meta["dagster/row_count"] = dg.MetadataValue.int(table.height)
         return dg.MaterializeResult(metadata=meta)
 
-    @dg.asset(key=asset_key(spec, "dead_letters"), deps=[results], group_name=job, kinds={"parquet"},
+    @dg.asset(key=asset_key(spec, "validated"), deps=[results], group_name=job, kinds={"parquet", "duckdb"},
+              description="The validated table users read (Parquet + DuckDB views): the staged table, promoted "
+                          "only when every blocking check on results passed.")
+    def validated(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
+        st = store.get()
+        unpassed = _unpassed_checks(context.instance, results.key)
+        if unpassed:
+            raise dg.Failure(description=f"not promoting {job}/results: {'; '.join(unpassed)}; the validated "
+                                         f"table is unchanged")
+        outputs = promote(spec, st)
+        rows = pq.read_metadata(pa.BufferReader(st.read_bytes(paths.validated))).num_rows
+        context.log.info(f"validated table: {rows} rows -> {outputs['validated']}")
+        meta = plain({"rows": rows, **outputs})
+        meta["dagster/row_count"] = dg.MetadataValue.int(rows)
+        return dg.MaterializeResult(metadata=meta)
+
+    @dg.asset(key=asset_key(spec, "dead_letters"), deps=[validated], group_name=job, kinds={"parquet"},
               description="Items whose retry budget is spent, with their last error; replayable after a fix.")
     def dead_letters_asset(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
         st = store.get()
@@ -285,7 +329,7 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
                                               "preview": md_table(dead.select("request_id", "failures",
                                                                               "last_error_code", "last_error"))})
 
-    @dg.asset(key=asset_key(spec, "report"), deps=[results, dead_letters_asset], group_name=job, kinds={"python"},
+    @dg.asset(key=asset_key(spec, "report"), deps=[validated, dead_letters_asset], group_name=job, kinds={"python"},
               description="Counts, tokens, cost per accepted item, per-shard reconciliation.")
     def report(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
         st = store.get()
@@ -317,5 +361,6 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
         st.write_json(f"{paths.root}/backend_comparison.json", rows)
         return dg.MaterializeResult(metadata={"comparison": md_table(pl.DataFrame(rows), limit=20)})
 
-    assets = [manifest, quote, submissions, shard_results, results, dead_letters_asset, report, backend_comparison]
+    assets = [manifest, quote, submissions, shard_results, results, validated, dead_letters_asset, report,
+              backend_comparison]
     return assets, [quote_within_budget, build_result_checks(spec, results), build_shard_stats_check(spec, results)]

@@ -1,4 +1,7 @@
-"""Blocking checks on the validated table: schema (pandera), contract, truncation, reconciliation."""
+"""Blocking checks on the staged table (`<job>/results`): schema (pandera), contract, truncation, reconciliation.
+
+Blocking: when one fails, `<job>/validated` is not materialized and the previous validated table stays.
+"""
 
 import dagster as dg
 import pandera.pandas as pa
@@ -49,7 +52,7 @@ def build_result_checks(spec: JobSpec, results_asset: dg.AssetsDefinition) -> dg
     @dg.multi_asset_check(specs=specs, name=f"{spec.name}_result_checks")
     def result_checks(store: StoreResource):
         st = store.get()
-        table = pl.read_parquet(st.read_bytes(paths.validated))
+        table = pl.read_parquet(st.read_bytes(paths.staged))
         frame = table.to_pandas()
         key = results_asset.key
         # 1. schema
@@ -62,7 +65,7 @@ def build_result_checks(spec: JobSpec, results_asset: dg.AssetsDefinition) -> dg
             yield dg.AssetCheckResult(check_name="validated_schema", asset_key=key, passed=False,
                                       metadata={"failures": dg.MetadataValue.int(cases.height),
                                                 "failure_cases": md_table(cases, limit=20)})
-        # 2. every published output honours the contract (re-validated from the raw text)
+        # 2. every output to be published honours the contract (re-validated from the raw text)
         raw = table.select(pl.col("request_id"), pl.lit(200, pl.Int32).alias("http_status"), "output_text",
                            "finish_reason", *[pl.lit(None, pl.Int64).alias(c) for c in
                                               ("input_tokens", "cached_tokens", "output_tokens")],
@@ -72,7 +75,7 @@ def build_result_checks(spec: JobSpec, results_asset: dg.AssetsDefinition) -> dg
         bad = [i for i, s in enumerate(verdicts.status.to_pylist()) if s != "succeeded"]
         yield dg.AssetCheckResult(check_name="outputs_within_contract", asset_key=key, passed=not bad,
                                   metadata={"violations": dg.MetadataValue.int(len(bad)), "contract": spec.output.kind})
-        # 3. no truncated output was published
+        # 3. no truncated output is about to be published
         truncated = table.filter(pl.col("finish_reason") == "length").height
         yield dg.AssetCheckResult(check_name="no_truncated_outputs", asset_key=key, passed=truncated == 0,
                                   metadata={"truncated": dg.MetadataValue.int(truncated)})

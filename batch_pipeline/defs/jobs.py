@@ -11,6 +11,10 @@ from batch_pipeline.core.spec import JobSpec
 from batch_pipeline.defs.assets import asset_key, shards_partitions
 
 
+# the publish run: stage, the blocking checks (on results), promote, then what reads the promoted table
+PUBLISH_ASSETS = ["results", "validated", "dead_letters", "report"]
+
+
 def job_names(spec: JobSpec) -> dict[str, str]:
     return {stage: f"{spec.name}_{stage}"
             for stage in ("prepare", "quote", "shards", "submit", "collect", "publish")}
@@ -34,7 +38,8 @@ def build_jobs(spec: JobSpec) -> dict[str, UnresolvedAssetJobDefinition]:
                             description="Submit a shard's pending items and return (the batch sensor collects)."),
         dg.define_asset_job(names["collect"], selection=assets("shard_results"), partitions_def=shards,
                             description="Collect a shard whose provider batch has ended."),
-        dg.define_asset_job(names["publish"], selection=assets("results", "dead_letters", "report"),
-                            description="Publish the validated table, dead letters and the report; run the blocking checks."),
+        dg.define_asset_job(names["publish"], selection=assets(*PUBLISH_ASSETS),
+                            description="Stage the table, run the blocking checks, promote it to validated only "
+                                        "when they all pass; dead letters and the report."),
     ]
     return dict(zip(names, jobs))

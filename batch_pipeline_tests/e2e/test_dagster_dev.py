@@ -22,7 +22,7 @@ pytestmark = pytest.mark.e2e
 
 RANGE_START = "dagster/asset_partition_range_start"
 RANGE_END = "dagster/asset_partition_range_end"
-ASSETS = ["manifest", "quote", "submissions", "shard_results", "results", "dead_letters", "report",
+ASSETS = ["manifest", "quote", "submissions", "shard_results", "results", "validated", "dead_letters", "report",
           "backend_comparison"]
 RESULT_CHECKS = {"validated_schema", "outputs_within_contract", "no_truncated_outputs", "reconciliation"}
 SHARDS = ["s00001", "s00002", "s00003", "s00004"]
@@ -244,7 +244,7 @@ def test_dagster_dev_runs_a_job_over_graphql(dagster_dev: DagsterDev):
     # 2. all shards in one ranged run (BackfillPolicy.multi_run lets one run take a range of partitions)
     shards = run_job(dev, f"{JOB}_shards", {RANGE_START: SHARDS[0], RANGE_END: SHARDS[-1]})
 
-    # 3. publish: results (+ its blocking checks), dead letters, report
+    # 3. publish: results (the staged table, + its blocking checks), validated (promoted), dead letters, report
     publish = run_job(dev, f"{JOB}_publish")
 
     # the run history: exactly our three runs, all successful, the shards run tagged with its range
@@ -283,6 +283,11 @@ def test_dagster_dev_runs_a_job_over_graphql(dagster_dev: DagsterDev):
     preview = meta["preview"]
     assert preview["__typename"] == "MarkdownMetadataEntry", preview
     assert "source_key" in preview["mdStr"] and preview["mdStr"].count("\n") >= 3, preview["mdStr"][:500]
+
+    # <job>/validated: promoted in the publish run, once its checks passed
+    [promoted] = dev.gql(LATEST_MATERIALIZATION, key=key("validated"))["assetOrError"]["assetMaterializations"]
+    assert promoted["runId"] == publish
+    assert {m["label"]: m for m in promoted["metadataEntries"]}["dagster/row_count"]["intValue"] == ROWS
 
     # the validated table in the store ($BATCH_PIPELINE_HOME)
     validated = project.home / JobPaths(JOB).validated
