@@ -15,6 +15,7 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 
+from batch_pipeline.core.contract_floor import answer_floor
 from batch_pipeline.core.errors import ConfigError
 
 JOB_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,47}$"
@@ -204,6 +205,33 @@ class JobSpec(_Strict):
                 f"it uses {prompt.fields or 'no fields'}"
             )
         return prompt
+
+    @model_validator(mode="after")
+    def _max_tokens_fits_the_answer(self) -> "JobSpec":
+        """``sampling.max_tokens`` below the shortest valid answer truncates every request, and each is paid for.
+
+        Checked for every backend that sends this job's requests with its sampling (the job's, the tail's, the
+        golden evals'), each with the answer form it returns (``contract_floor.CHOICE_FORMS``). The error is
+        raised at ``sampling.max_tokens`` so that ``_format_errors`` names that line.
+        """
+        backends = [self.backend.name]
+        if self.tail is not None:
+            backends.append(self.tail.backend.name)
+        if self.quality is not None:
+            backends.append(self.quality.eval_backend.name)
+        floors = {name: answer_floor(self.output, name) for name in backends}
+        name = max(floors, key=lambda n: floors[n][1])
+        answer, tokens = floors[name]
+        have = self.sampling.max_tokens
+        if have >= tokens:
+            return self
+        message = (f"sampling.max_tokens {have} cannot fit the shortest valid answer of the output contract "
+                   f"on {name} (`{answer}`, about {tokens} tokens); raise it to at least {tokens}")
+        # a ValueError would land on the whole spec; a ValidationError raised here keeps its own loc
+        # (pydantic-core passes it through), so the error names sampling.max_tokens and its line
+        raise ValidationError.from_exception_data(type(self).__name__, [
+            {"type": "value_error", "loc": ("sampling", "max_tokens"), "input": have,
+             "ctx": {"error": ValueError(message)}}])
 
     def settings_fingerprint(self) -> str:
         """Everything besides the row that changes what the model is asked; part of every request ID."""
