@@ -95,34 +95,57 @@ def probe_accuracy(results: pl.DataFrame, probes: pl.DataFrame) -> pl.DataFrame:
     ).with_columns((pl.col("correct") / pl.col("probes")).alias("accuracy")).sort("shard_id")
 
 
-def judge_canary(spec: JobSpec, store: Store, shard_id: str, results: pl.DataFrame,
-                 item_states: pl.DataFrame) -> CanaryVerdict:
-    """Decide the canary; a failing canary stops the job (every other shard is refused until a human looks)."""
-    assert spec.quality is not None
-    probes = GoldenProbes(spec, store).for_shard(shard_id, 0, canary=True)
-    answered = results.join(probes.select("request_id", "label"), on="request_id").sort("attempt") \
-        .unique("request_id", keep="last").filter(pl.col("status") != "errored")  # a model answer, right or wrong
-    correct = int(((answered["status"] == "succeeded") & (answered["parsed_output"] == answered["label"])).sum())
-    ci = wilson(correct, answered.height)
+def canary_sample(items: pl.DataFrame, size: int) -> list[str]:
+    """``size`` request IDs of a shard spread evenly over its length order (a stratified sample across length
+    buckets: short, typical and long prompts all ride in the canary). Deterministic."""
+    if items.height <= size:
+        return items["request_id"].to_list()
+    ordered = items.sort("est_input_tokens", "request_id")["request_id"]
+    step = items.height / size
+    return [ordered[int(i * step + step / 2)] for i in range(size)]
+
+
+def judge_canary(spec: JobSpec, store: Store, shard_id: str, results: pl.DataFrame, item_states: pl.DataFrame,
+                 *, final: bool = True) -> CanaryVerdict | None:
+    """Decide the canary from what its attempt(s) answered; a failing canary stops the job.
+
+    The structural failure rate (answers that break the contract, truncation included, over the items that got
+    an answer) is gated always; golden accuracy when the job has a golden set. With no evidence yet (nothing
+    answered: every request errored transiently) and ``final`` False, there is no verdict: the canary runs again.
+    """
     mine = item_states.filter(pl.col("shard_id") == shard_id)
-    # structural failures: answers that break the contract (or items already dead), not transient errors
-    tried = mine.filter(pl.col("attempts") > 0)
-    failed = tried.filter((pl.col("last_status") == "invalid") | (pl.col("state") == "dead_lettered")).height
-    failure_rate = failed / tried.height if tried.height else 0.0
-    q = spec.quality
+    answered_items = mine.filter((pl.col("attempts") > 0) & pl.col("last_status").is_in(["succeeded", "invalid"])
+                                 | (pl.col("state") == "valid"))
+    failed = answered_items.filter(pl.col("last_status") == "invalid").height
+    failure_rate = failed / answered_items.height if answered_items.height else 1.0
     reasons = []
-    if answered.height == 0 or ci.estimate < q.canary_min_accuracy:
-        reasons.append(f"golden accuracy {ci.estimate:.3f} [{ci.low:.3f}, {ci.high:.3f}] on {answered.height} probes "
-                       f"< {q.canary_min_accuracy}")
-    if failure_rate > q.canary_max_failure_rate:
-        reasons.append(f"structural failure rate {failure_rate:.3f} > {q.canary_max_failure_rate}")
-    verdict = CanaryVerdict(shard_id, not reasons, answered.height, ci.estimate, ci.low, ci.high, mine.height,
-                            failure_rate, "; ".join(reasons) or "passed")
-    store.write_json(f"{JobPaths(spec.name).root}/golden/canary.json", verdict.as_dict())
+    probes_n, acc, low, high = 0, 1.0, 1.0, 1.0
+    if spec.quality is not None:
+        probes = GoldenProbes(spec, store).for_shard(shard_id, 0, canary=True)
+        answered = results.join(probes.select("request_id", "label"), on="request_id").sort("attempt") \
+            .unique("request_id", keep="last").filter(pl.col("status") != "errored")  # a model answer
+        correct = int(((answered["status"] == "succeeded") & (answered["parsed_output"] == answered["label"])).sum())
+        ci = wilson(correct, answered.height)
+        probes_n, acc, low, high = answered.height, ci.estimate, ci.low, ci.high
+        if answered.height == 0 and not final:
+            return None
+        if answered.height == 0 or ci.estimate < spec.quality.canary_min_accuracy:
+            reasons.append(f"golden accuracy {ci.estimate:.3f} [{ci.low:.3f}, {ci.high:.3f}] on {answered.height} "
+                           f"probes < {spec.quality.canary_min_accuracy}")
+    if answered_items.height == 0 and not final:
+        return None
+    if failure_rate > spec.canary.max_failure_rate:
+        what = (f"{failed} of {answered_items.height} answers broke the output contract" if answered_items.height
+                else "no canary item got an answer")
+        reasons.append(f"structural failure rate {failure_rate:.3f} > canary.max_failure_rate "
+                       f"{spec.canary.max_failure_rate} ({what})")
+    verdict = CanaryVerdict(shard_id, not reasons, probes_n, acc, low, high, answered_items.height, failure_rate,
+                            "; ".join(reasons) or "passed")
+    store.write_json(JobPaths(spec.name).canary_verdict, verdict.as_dict())
     if not verdict.passed:
         JobControl(store, spec.name).stop(f"canary shard {shard_id} failed: {verdict.reason}", code="canary_failed")
     return verdict
 
 
 def canary_passed(spec: JobSpec, store: Store) -> dict | None:
-    return store.read_json(f"{JobPaths(spec.name).root}/golden/canary.json")
+    return store.read_json(JobPaths(spec.name).canary_verdict)

@@ -43,6 +43,22 @@ class JobPaths:
     def attempt_event(self, shard_id: str, attempt: int, event: str) -> str:
         return f"{self.attempts(shard_id)}/attempt-{attempt:04d}.{event}.json"
 
+    # state: one summary per shard (core/state/summary.py), job-wide flags
+    def shard_summary(self, shard_id: str) -> str:
+        return f"{self.root}/state/shards/{shard_id}.json"
+
+    @property
+    def pause(self) -> str:
+        return f"{self.root}/control/pause.json"
+
+    @property
+    def stop(self) -> str:
+        return f"{self.root}/control/stop.json"
+
+    @property
+    def canary_verdict(self) -> str:
+        return f"{self.root}/golden/canary.json"
+
     def lease(self, shard_id: str) -> str:
         return f"{self.root}/leases/{shard_id}.json"
 

@@ -9,6 +9,7 @@ appends validated results; a crash mid-collection just collects the same batch a
 
 import logging
 import time
+from datetime import UTC, datetime
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -19,7 +20,8 @@ import pyarrow.compute as pc
 from batch_pipeline.core.attempts import Attempt, AttemptLog
 from batch_pipeline.core.control import JobControl
 from batch_pipeline.core.cost import Price
-from batch_pipeline.core.errors import SystemicError, TransientError
+from batch_pipeline.core.errors import ErrorClass, SystemicError, TransientError
+from batch_pipeline.core.faults import crash_point, faults_armed
 from batch_pipeline.core.executor import (BatchExecutor, BatchHandle, BatchState, BatchStatus, RequestPlan,
                                           ShardWork, StreamExecutor)
 from batch_pipeline.core.lease import Lease, LeaseHeldError, acquire, default_owner
@@ -28,6 +30,7 @@ from batch_pipeline.core.reconcile import DEAD, VALID, item_states, spends_budge
 from batch_pipeline.core.results import build_results, read_results, write_results
 from batch_pipeline.core.retry_cap import retry_spend
 from batch_pipeline.core.spec import JobSpec
+from batch_pipeline.core.state.summary import ShardSummaries, ShardSummary
 from batch_pipeline.core.store import Store
 
 log = logging.getLogger(__name__)
@@ -72,6 +75,11 @@ class ShardRunner:
         self._cancel_when: Callable[[], bool] | None = None
         self.before_spend = before_spend  # e.g. the budget guard: raises to refuse a paid call
         self.extra_items = extra_items    # e.g. golden probes: (shard, attempt) -> request_id, user_prompt
+        self.summaries = ShardSummaries(spec, store)
+
+    def _changed(self, shard_id: str) -> ShardSummary:
+        """Refresh the shard's summary after every record: the driver decides from it."""
+        return self.summaries.refresh(shard_id)
 
     # -- what is left -----------------------------------------------------------------------------------
     def pending_items(self, shard_id: str) -> pa.Table:
@@ -90,16 +98,46 @@ class ShardRunner:
         return f"{self.spec.name}:{shard_id}:{attempt}"
 
     # -- batch shape ----------------------------------------------------------------------------------------
-    def submit(self, shard_id: str) -> SubmitOutcome:
-        """Send the shard's pending items once, under the shard's lease; re-attach to an open batch instead."""
+    def submit(self, shard_id: str, only: list[str] | None = None, canary: bool = False) -> SubmitOutcome:
+        """Send the shard's pending items (or those of ``only``, e.g. the canary sample) once, under the shard's
+        lease; re-attach to an open batch instead."""
         executor = self.executor
         assert isinstance(executor, BatchExecutor)
         self.control.ensure_running()
         with acquire(self.store, self.spec.name, shard_id, self.owner) as lease:
-            return self._submit(shard_id, executor, lease)
+            attempts = AttemptLog(self.store, self.spec.name, shard_id)
+            live = self._resolve_open(shard_id, executor, attempts)
+            if live is not None:
+                return live
+            work = self._start_attempt(shard_id, attempts, lease, executor.name, only, canary)
+            if work is None:
+                return SubmitOutcome(shard_id, None, 0, None)
+            handle = self._guard(lambda: executor.submit(work))  # a crash here is repaired by find() next time
+            crash_point("after_create")
+            attempts.record(work.attempt, "submitted", handle.as_dict())
+            self._changed(shard_id)
+            log.info("shard %s: attempt %d submitted %d requests as %s", shard_id, work.attempt,
+                     work.items.num_rows, handle.batch_id)
+            return SubmitOutcome(shard_id, work.attempt, work.items.num_rows, handle)
 
-    def _submit(self, shard_id: str, executor: BatchExecutor, lease: Lease) -> SubmitOutcome:
-        attempts = AttemptLog(self.store, self.spec.name, shard_id)
+    def resolve(self, shard_id: str) -> SubmitOutcome | None:
+        """Settle the shard's open attempts and send nothing new (the driver decides what the next attempt is):
+        a stream attempt left open by a crash is closed (its flushed results are kept); a batch intent is looked
+        up at the provider. Returns the re-attached batch, if any."""
+        with acquire(self.store, self.spec.name, shard_id, self.owner):
+            attempts = AttemptLog(self.store, self.spec.name, shard_id)
+            if isinstance(self.executor, BatchExecutor):
+                return self._resolve_open(shard_id, self.executor, attempts)
+            for attempt in attempts.all():
+                if attempt.open and not attempt.submitted:
+                    attempts.record(attempt.number, "abandoned", {"reason": "interrupted; flushed results kept"})
+                    self._changed(shard_id)
+            return None
+
+    def _resolve_open(self, shard_id: str, executor: BatchExecutor, attempts: AttemptLog) -> SubmitOutcome | None:
+        """Settle every open attempt before anything new is sent: a submitted one is re-attached; an intent with
+        no submission (a crash between the two) is looked up at the provider (``find``) and re-attached when the
+        provider has it, else closed once the executor's grace period (``find_grace_s``) has passed."""
         for attempt in attempts.all():
             if not attempt.open:
                 continue
@@ -108,46 +146,58 @@ class ShardRunner:
                          attempt.submitted["batch_id"])
                 return SubmitOutcome(shard_id, attempt.number, len(attempt.request_ids),
                                      BatchHandle.from_dict(attempt.submitted), reattached=True)
+            if attempt.backend not in (None, executor.name):
+                attempts.record(attempt.number, "abandoned", {"reason": f"interrupted {attempt.backend} run; "
+                                                                        "flushed results kept"})
+                self._changed(shard_id)
+                continue
             found = self._guard(lambda: executor.find(attempt.key, request_ids=attempt.request_ids,
                                                       not_before=attempt.records["intent"]["at"]))
             if found is not None:
                 log.warning("shard %s: attempt %d was accepted by the provider as %s but not recorded; re-attaching",
                             shard_id, attempt.number, found.batch_id)
                 attempts.record(attempt.number, "submitted", {**found.as_dict(), "reattached": True})
+                self._changed(shard_id)
                 return SubmitOutcome(shard_id, attempt.number, len(attempt.request_ids), found, reattached=True)
+            age = (datetime.now(UTC) - datetime.fromisoformat(attempt.records["intent"]["at"])).total_seconds()
+            grace = float(getattr(executor, "find_grace_s", 0.0))
+            if age < grace:
+                raise TransientError(f"shard {shard_id}: attempt {attempt.number} has an intent {age:.0f} s old and "
+                                     f"the provider shows no batch yet; asking again after {grace:.0f} s",
+                                     retry_after_s=grace - age)
             attempts.record(attempt.number, "abandoned", {"reason": "the provider has no batch for this key"})
-        work = self._start_attempt(shard_id, attempts, lease, executor.name)
-        if work is None:
-            return SubmitOutcome(shard_id, None, 0, None)
-        handle = self._guard(lambda: executor.submit(work))  # a crash here is repaired by find() next time
-        attempts.record(work.attempt, "submitted", handle.as_dict())
-        log.info("shard %s: attempt %d submitted %d requests as %s", shard_id, work.attempt, work.items.num_rows,
-                 handle.batch_id)
-        return SubmitOutcome(shard_id, work.attempt, work.items.num_rows, handle)
+            self._changed(shard_id)
+        return None
 
-    def _start_attempt(self, shard_id: str, attempts: AttemptLog, lease: Lease, backend: str) -> ShardWork | None:
+    def _start_attempt(self, shard_id: str, attempts: AttemptLog, lease: Lease, backend: str,
+                       only: list[str] | None = None, canary: bool = False) -> ShardWork | None:
         """What is left, past the spend checks, claimed under the lease with an intent record; None if nothing is."""
         pending = self.pending_items(shard_id)
-        if pending.num_rows == 0:
+        if only is not None:
+            pending = pending.filter(pc.is_in(pending.column("request_id"), value_set=pa.array(only, pa.string())))
+        number = attempts.next_number()
+        extra = self._extra(shard_id, number)
+        if pending.num_rows == 0 and (not canary or extra is None):
             return None
         self._check_retry_cap(shard_id, pending)
         if self.before_spend:
             self.before_spend(shard_id, pending)
-        number = attempts.next_number()
-        pending = self._with_extra(shard_id, number, pending)
+        if extra is not None:
+            pending = pa.concat_tables([pending.select(["request_id", "user_prompt"]),
+                                        extra.select(["request_id", "user_prompt"]).cast(pending.schema)])
         work = ShardWork(self.spec.name, shard_id, number, self._key(shard_id, number), self.plan, pending)
         lease.check("start an attempt")
         if not attempts.create_intent(number, {"key": work.key, "backend": backend, "lease_token": lease.token,
-                                               "request_ids": work.request_ids, "requests": pending.num_rows}):
+                                               "request_ids": work.request_ids, "requests": pending.num_rows,
+                                               "canary": canary}):
             raise LeaseHeldError(f"shard {shard_id}: attempt {number} was claimed by another run")
+        crash_point("after_intent")
+        self._changed(shard_id)
         return work
 
-    def _with_extra(self, shard_id: str, attempt: int, pending: pa.Table) -> pa.Table:
+    def _extra(self, shard_id: str, attempt: int) -> pa.Table | None:
         extra = self.extra_items(shard_id, attempt) if self.extra_items else None
-        if extra is None or extra.num_rows == 0:
-            return pending
-        return pa.concat_tables([pending.select(["request_id", "user_prompt"]),
-                                 extra.select(["request_id", "user_prompt"]).cast(pending.schema)])
+        return None if extra is None or extra.num_rows == 0 else extra
 
     def _guard(self, call):
         """Run a provider call; a systemic failure stops the whole job once, with its message."""
@@ -183,11 +233,13 @@ class ShardRunner:
                                 "retries.spend_cap_share or fix the cause and resume", code="retry_cap")
 
     # -- stream shape ---------------------------------------------------------------------------------------
-    def run_stream(self, shard_id: str, on_flush: Callable[[int, int], None] | None = None) -> CollectOutcome:
+    def run_stream(self, shard_id: str, on_flush: Callable[[int, int], None] | None = None,
+                   only: list[str] | None = None, canary: bool = False) -> CollectOutcome:
         """Run the shard's pending items inline (vLLM, an online endpoint), writing a part per flush.
 
-        An attempt left open by a crash is closed as interrupted: what it flushed is in the store, and the
-        new attempt sends only what is still pending.
+        An attempt of a stream backend left open by a crash is closed as interrupted: what it flushed is in the
+        store, and the new attempt sends only what is still pending. An open provider batch is never closed
+        here: the state machine refuses it (rescue cancels and collects it first, so its results are kept).
         """
         executor = self.executor
         assert isinstance(executor, StreamExecutor)
@@ -197,8 +249,9 @@ class ShardRunner:
             for attempt in attempts.all():
                 if attempt.open:
                     attempts.record(attempt.number, "abandoned", {"reason": "interrupted; flushed results kept"})
+                    self._changed(shard_id)
             outcome = CollectOutcome(shard_id)
-            work = self._start_attempt(shard_id, attempts, lease, executor.name)
+            work = self._start_attempt(shard_id, attempts, lease, executor.name, only, canary)
             if work is None:
                 return outcome
             number, total = work.attempt, work.items.num_rows
@@ -219,6 +272,7 @@ class ShardRunner:
             try:
                 for raw in self._guarded(executor.run(work)):
                     store_flush(raw)
+                    crash_point("mid_stream")
                     if on_flush:
                         on_flush(outcome.rows, total)
                     if time.monotonic() > renew_at:
@@ -237,6 +291,7 @@ class ShardRunner:
             lease.check("mark the attempt collected")
             attempts.record(number, "collected", {"state": "completed", "rows": outcome.rows,
                                                   "succeeded": outcome.succeeded})
+            self._changed(shard_id)
             outcome.attempts.append(number)
             outcome.final_states.append("completed")
             return outcome
@@ -301,23 +356,33 @@ class ShardRunner:
             if status.state == BatchState.FAILED:
                 lease.check("record a failed batch")
                 log_.record(attempt.number, "collected", {"state": status.state.value, "errors": status.errors})
+                self._changed(shard_id)
                 reason = (f"shard {shard_id}: batch {handle.batch_id} failed at the provider: "
                           + "; ".join(status.errors[:5]))
                 self.control.stop(reason, code="batch_failed")
                 raise SystemicError(reason, code="batch_failed")
-            rows, ok = self._ingest_with_retries(attempt, handle)
+            rows, ok, systemic = self._ingest_with_retries(attempt, handle)
+            crash_point("before_collected")
             lease.check("mark the attempt collected")
             log_.record(attempt.number, "collected", {"state": status.state.value, "rows": rows, "succeeded": ok,
+                                                      "systemic": systemic,
                                                       "provider_counts": {"total": status.total,
                                                                           "completed": status.completed,
                                                                           "failed": status.failed}})
+            self._changed(shard_id)
+            crash_point("after_collected")
+            if systemic:  # recorded (no item's budget spent on it), then the job stops once, with one message
+                reason = (f"shard {shard_id}: batch {handle.batch_id}: {systemic['count']} request(s) failed with "
+                          f"{systemic['code']}: {systemic['message']}")
+                self.control.stop(reason, code=systemic["code"])
+                raise SystemicError(reason, code=systemic["code"])
             outcome.attempts.append(attempt.number)
             outcome.rows += rows
             outcome.succeeded += ok
             outcome.final_states.append(status.state.value)
         return outcome
 
-    def _ingest_with_retries(self, attempt: Attempt, handle: BatchHandle) -> tuple[int, int]:
+    def _ingest_with_retries(self, attempt: Attempt, handle: BatchHandle) -> tuple[int, int, dict | None]:
         """A download that breaks half-way is fetched again; rows already written are deduplicated."""
         for n in range(1, MAX_FETCH_TRIES + 1):
             try:
@@ -329,8 +394,9 @@ class ShardRunner:
                 time.sleep(min(exc.retry_after_s or 2.0 ** n, 60.0))
         raise AssertionError("unreachable")
 
-    def _ingest(self, attempt: Attempt, handle: BatchHandle) -> tuple[int, int]:
-        """Validate and append every result of one ended batch; IDs outside the attempt are ignored.
+    def _ingest(self, attempt: Attempt, handle: BatchHandle) -> tuple[int, int, dict | None]:
+        """Validate and append every result of one ended batch; IDs outside the attempt are ignored. Returns the
+        rows stored, how many succeeded, and the first systemic error inside the files (bad key, no credit), if any.
 
         Each part is written on a background thread (Parquet and zstd release the GIL) while the next block is
         fetched and validated; every write has finished when this returns or raises.
@@ -344,6 +410,7 @@ class ShardRunner:
                          pa.table({"request_id": attempt.request_ids}))
         expected = pa.array(attempt.request_ids, pa.string())
         rows = ok = 0
+        systemic: dict | None = None
         answered: list[pa.Array] = []
         started = time.monotonic()
         with BackgroundWrites(depth=2) as writes:
@@ -356,9 +423,13 @@ class ShardRunner:
                                       prompt_version=self.spec.prompt.version, price=self.price,
                                       provider_batch_id=handle.batch_id)
                 writes.submit(write_results, self.store, self.spec.name, shard_id, attempt.number, flush, table)
+                if flush == 1 and faults_armed():
+                    writes.wait()
+                    crash_point("mid_collect")  # a part is written, the next is not
                 rows += table.num_rows
                 ok += pc.sum(pc.equal(table.column("status"), "succeeded")).as_py() or 0
                 answered.extend(table.column("request_id").chunks)
+                systemic = _systemic(table, systemic)
         elapsed = time.monotonic() - started
         log.info("shard %s: batch %s: %d results stored (%d succeeded) in %.1f s, %.0f results/s", shard_id,
                  handle.batch_id, rows, ok, elapsed, rows / elapsed if elapsed > 0 else 0.0)
@@ -367,4 +438,37 @@ class ShardRunner:
         if missing:
             log.warning("shard %s: batch %s has no result for %d of %d requests; they stay pending",
                         shard_id, handle.batch_id, missing, len(attempt.request_ids))
-        return rows, ok
+        return rows, ok, systemic
+
+    # -- rescue ---------------------------------------------------------------------------------------------
+    def rescue(self, shard_id: str, tail: "ShardRunner", *, poll_interval_s: float = 1.0,
+               timeout_s: float | None = None) -> tuple[CollectOutcome, CollectOutcome]:
+        """Move a shard to the tail backend without paying twice: its live batch is cancelled first, the run
+        waits for the provider to end it and ingests what it finished, and only the items that still have no
+        result go to ``tail`` (a stream runner). An intent with no recorded submission is looked up first.
+        """
+        executor = self.executor
+        assert isinstance(executor, BatchExecutor)
+        self.control.ensure_running()
+        with acquire(self.store, self.spec.name, shard_id, self.owner):
+            self._resolve_open(shard_id, executor, AttemptLog(self.store, self.spec.name, shard_id))
+        collected = CollectOutcome(shard_id)
+        if self.open_attempts(shard_id):
+            collected = self.collect(shard_id, poll_interval_s=poll_interval_s, timeout_s=timeout_s,
+                                     cancel_when=lambda: True)
+        crash_point("mid_rescue")
+        return collected, tail.run_stream(shard_id)
+
+
+def _systemic(table: pa.Table, first: dict | None) -> dict | None:
+    """Count the systemic failures of a result table (keeping the first code and message seen)."""
+    mask = pc.equal(table.column("error_class"), ErrorClass.SYSTEMIC.value)
+    n = pc.sum(mask).as_py() or 0
+    if not n:
+        return first
+    if first is None:
+        hit = table.filter(mask).slice(0, 1)
+        first = {"code": hit.column("error_code")[0].as_py() or "systemic",
+                 "message": (hit.column("error_message")[0].as_py() or "")[:300], "count": 0}
+    first["count"] += n
+    return first

@@ -145,13 +145,20 @@ class QualitySpec(_Strict):
     golden: str = Field(description="JSONL with the input fields and a trusted label per row")
     label_field: str = "label"
     canary_min_accuracy: float = Field(default=0.85, ge=0, le=1)
-    canary_max_failure_rate: float = Field(default=0.05, ge=0, le=1)
     golden_share: float = Field(default=0.01, ge=0, le=0.5, description="golden probes mixed into every shard")
     eval_backend: BackendSpec = Field(default_factory=lambda: BackendSpec(name="online"))
     compare: CompareSpec | None = None
     target_half_width: float = Field(default=0.03, gt=0, lt=0.5,
                                      description="precision wanted for accuracy (95% interval half-width)")
     judge: JudgeSpec | None = None
+
+
+class CanarySpec(_Strict):
+    """A small sample of the first shard, run alone before anything else is paid for (with every golden probe)."""
+
+    size: int = Field(default=300, gt=0, description="items in the canary, a stratified sample across lengths")
+    max_failure_rate: float = Field(default=0.05, ge=0, le=1,
+                                    description="structural failures (invalid or truncated answers) allowed")
 
 
 class SelfHostedCost(_Strict):
@@ -191,8 +198,9 @@ class JobSpec(_Strict):
     quality: QualitySpec | None = None
     cost_compare: CostCompareSpec | None = Field(default=None, description="backends to quote side by side and "
                                                  "self-hosted GPU figures (core/compare.py)")
-    canary_first: bool = Field(default=True, description="run the first shard alone, then re-quote (calibrated) "
-                                                         "before any other shard is submitted")
+    canary_first: bool = Field(default=True, description="run a canary sample of the first shard alone, gate on it, "
+                                                         "then re-quote (calibrated) before anything else is sent")
+    canary: CanarySpec = Field(default_factory=CanarySpec)
     source_path: str | None = Field(default=None, exclude=True, description="set by the loader")
 
     @field_validator("prompt")

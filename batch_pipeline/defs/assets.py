@@ -12,8 +12,7 @@ from dagster._core.storage.asset_check_execution_record import AssetCheckExecuti
 from batch_pipeline.core.budget import BudgetGuard
 from batch_pipeline.core.compare import compare_backends
 from batch_pipeline.core.errors import BatchPipelineError, SystemicError
-from batch_pipeline.core.executor import StreamExecutor
-from batch_pipeline.core.golden import GoldenProbes, canary_passed, judge_canary
+from batch_pipeline.core.golden import GoldenProbes
 from batch_pipeline.core.manifest import Manifest, ShardCaps, build_manifest
 from batch_pipeline.core.plots import cost_over_time
 from batch_pipeline.core.paths import JobPaths
@@ -21,8 +20,8 @@ from batch_pipeline.core.publish import JobState, dead_letters, promote, stage
 from batch_pipeline.core.quote import make_quote, verify_quote
 from batch_pipeline.core.report import build_report, shard_table
 from batch_pipeline.core.results import read_results
-from batch_pipeline.core.rescue import deadline_near, rescue_reason
 from batch_pipeline.core.runner import ShardRunner
+from batch_pipeline.core.state.execute import ShardDriver
 from batch_pipeline.core.spec import BackendSpec, CostCompareSpec, JobSpec
 from batch_pipeline.defs.checks import CHECKS, build_result_checks, build_shard_stats_check
 from batch_pipeline.defs.k8s import GPU_POOL, gpu_step_tags, is_gpu_backend
@@ -73,40 +72,10 @@ def _probe_hook(spec: JobSpec, st):
     return extra
 
 
-def _gate_on_canary(spec: JobSpec, st, shard_id: str) -> None:
-    """Refuse any shard but the canary until the canary passed (for runs started separately, e.g. by a sensor)."""
-    if spec.quality is None or not spec.canary_first:
-        return
-    canary = Manifest(spec.name, st).shard_ids()[0]
-    if shard_id == canary:
-        return
-    verdict = canary_passed(spec, st)
-    if verdict is None or not verdict["passed"]:
-        state = "has not been judged yet" if verdict is None else f"failed: {verdict['reason']}"
-        raise dg.Failure(description=f"shard {shard_id} waits for the canary shard {canary}, which {state}")
-
-
-def _judge_if_canary(context, spec: JobSpec, st, shard_id: str) -> None:
-    if spec.quality is None or not spec.canary_first or shard_id != Manifest(spec.name, st).shard_ids()[0]:
-        return
-    state = JobState.load(spec, st)
-    results = read_results(st, spec.name, shard_id)
-    probes = GoldenProbes(spec, st).for_shard(shard_id, 0, canary=True)
-    unanswered = probes.join(results.filter(pl.col("status") != "errored"), on="request_id", how="anti").height
-    leftovers = state.states.filter((pl.col("shard_id") == shard_id) & pl.col("state").is_in(["invalid", "missing"]))
-    if unanswered and leftovers.height:
-        return  # probes still owed an answer: judged after the canary's next attempt
-    verdict = judge_canary(spec, st, shard_id, results, state.states)
-    context.log.info(f"canary {shard_id}: {verdict.reason} (accuracy {verdict.accuracy:.3f} on {verdict.probes} probes)")
-    if not verdict.passed:
-        raise dg.Failure(description=f"canary shard {shard_id} failed: {verdict.reason}; the job is stopped")
-
-
-def _rescuer(spec: JobSpec, store: StoreResource, prices: PricesResource) -> ShardRunner:
-    """The tail-rescue runner: the spec's online backend, at its interactive price."""
-    if spec.tail is None:
-        raise dg.Failure(f"job {spec.name} has no tail rescue configured (tail: in the job spec)")
-    return _runner(spec, store, prices, spec.tail.backend)
+def _shard_driver(context, spec: JobSpec, store: StoreResource, prices: PricesResource) -> ShardDriver:
+    """The shard runner and, on demand, the tail-rescue runner (the spec's online backend, interactive price)."""
+    tail = (lambda: _runner(spec, store, prices, spec.tail.backend)) if spec.tail is not None else None
+    return ShardDriver(spec, store.get(), _runner(spec, store, prices), tail, say=context.log.info)
 
 
 def _unpassed_checks(instance: dg.DagsterInstance, results_key: dg.AssetKey) -> list[str]:
@@ -211,32 +180,19 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
                     prices: PricesResource) -> dg.MaterializeResult:
         st = store.get()
         _clean_failure(lambda: verify_quote(spec, st, prices.get(), st.read_json(paths.quote)))
-        runner = _runner(spec, store, prices)
+        driver = _shard_driver(context, spec, store, prices)
         sent, batches = 0, []
         engine_metrics: dict = {}
-        for key in context.partition_keys:
-            _gate_on_canary(spec, st, key)
-            if deadline_near(spec):
-                out = _clean_failure(lambda: _rescuer(spec, store, prices).run_stream(key))
-                context.log.warning(f"shard {key}: deadline near, {out.rows} items sent online instead of batch")
-                sent += out.rows
-                continue
-            if isinstance(runner.executor, StreamExecutor):
-                out = _clean_failure(lambda: runner.run_stream(key))
-                context.log.info(f"shard {key}: ran inline, {out.rows} results, {out.succeeded} succeeded")
-                sent += out.rows
-                engine = getattr(runner.executor, "metrics", {}).get(key)
-                if engine:
-                    engine_metrics[key] = engine
-                _judge_if_canary(context, spec, st, key)
-                continue
-            sub = _clean_failure(lambda: runner.submit(key))
-            sent += sub.requests if not sub.reattached else 0
-            if sub.handle:
-                batches.append(f"{key}:{sub.handle.batch_id}{' (re-attached)' if sub.reattached else ''}")
-                context.log.info(f"shard {key}: attempt {sub.attempt}, {sub.requests} requests, {sub.handle.batch_id}")
-            else:
-                context.log.info(f"shard {key}: nothing left to send")
+        for key in context.partition_keys:  # each shard does what the driver's plan says for it
+            out = _clean_failure(lambda: driver.submit_phase(key))
+            sent += out.sent
+            batches.extend(out.batches)
+            context.log.info(f"shard {key}: {out.action}: {out.sent} requests sent"
+                             + (f", {out.rescued} rescued online" if out.rescued else "")
+                             + (f" ({'; '.join(out.notes)})" if out.notes else ""))
+            engine = getattr(driver.runner.executor, "metrics", {}).get(key)
+            if engine:
+                engine_metrics[key] = engine
         meta = {"requests_sent": dg.MetadataValue.int(sent),
                 "batches": dg.MetadataValue.text("\n".join(batches) or "none")}
         if engine_metrics:  # self-hosted: prompt/cached/generated tokens, tokens/s, engine vs wall time
@@ -249,10 +205,9 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
                                             "rescue the tail online near the deadline or after an expiry.")
     def shard_results(context: dg.AssetExecutionContext, store: StoreResource,
                       prices: PricesResource) -> dg.MaterializeResult:
-        runner = _runner(spec, store, prices)
-        if isinstance(runner.executor, StreamExecutor):
+        driver = _shard_driver(context, spec, store, prices)
+        if driver.stream:
             return dg.MaterializeResult(metadata={"results": dg.MetadataValue.text("written while the shard ran")})
-        interval = float(getattr(runner.executor, "poll_interval_s", 2.0))
         last_log = [0.0]
 
         def on_status(shard_id, status):
@@ -265,22 +220,12 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
         systemic: list[str] = []
         for key in context.partition_keys:
             try:  # a failed batch stops the job, but the other shards' ended batches are still collected
-                out = runner.collect(key, poll_interval_s=interval, on_status=on_status,
-                                     cancel_when=lambda: deadline_near(spec))
+                out = driver.collect_phase(key, on_status=on_status)
             except SystemicError as exc:
                 systemic.append(str(exc))
                 continue
-            rows, ok = rows + out.rows, ok + out.succeeded
-            context.log.info(f"shard {key}: collected attempts {out.attempts or 'none'}: {out.rows} results, "
-                             f"{out.succeeded} succeeded")
-            if out.attempts:
-                _judge_if_canary(context, spec, store.get(), key)
-            reason = rescue_reason(spec, out.final_states)
-            if reason:
-                tail = _clean_failure(lambda: _rescuer(spec, store, prices).run_stream(key))
-                rescued += tail.rows
-                context.log.warning(f"shard {key}: {reason}; rescued {tail.rows} items online "
-                                    f"({tail.succeeded} succeeded)")
+            rows, ok, rescued = rows + out.results, ok + out.succeeded, rescued + out.rescued
+            context.log.info(f"shard {key}: collected {out.results} results, {out.succeeded} succeeded")
         if systemic:
             raise dg.Failure(description=f"SystemicError: {'; '.join(systemic)}")
         return dg.MaterializeResult(metadata={"results": dg.MetadataValue.int(rows),

@@ -1,36 +1,35 @@
-"""Run a whole job through Dagster in-process: prepare, shard passes, publish.
+"""Run a whole job through Dagster in-process: prepare, then the driver's plan pass by pass, then publish.
 
 The same assets the UI shows, materialized with ``materialize()`` against a real instance (so runs
-appear in ``dagster dev``). Shards run in ranges (one run takes up to ``shards_per_run`` partitions);
-after each pass, shards with retryable items run again until none are left or the per-item budget is
-spent. Each pass is a resume: only items that are neither valid nor dead-lettered are sent.
+appear in ``dagster dev``). Each pass asks the driver (``core/state``) for the plan and runs it: the canary
+alone first, then the shards to submit, resolve, rescue or collect, in ranges (one run takes up to
+``shards_per_run`` partitions). A pass is a resume: only items that are neither valid nor dead-lettered are
+sent. Nothing here decides what a shard needs; the plan does.
 """
 
 import logging
 from collections.abc import Callable
 
 import dagster as dg
-import polars as pl
 
-from batch_pipeline.core.golden import canary_passed
-from batch_pipeline.core.publish import JobState
-from batch_pipeline.core.reconcile import INVALID, MISSING
+from batch_pipeline.core.state.driver import Action
+from batch_pipeline.core.state.machine import ShardState
+from batch_pipeline.core.state.view import load_view
 from batch_pipeline.core.spec import JobSpec
 from batch_pipeline.defs.assets import asset_key, shards_partitions
+from batch_pipeline.defs.jobs import PUBLISH_ASSETS
 from batch_pipeline.definitions import build_definitions
 
 log = logging.getLogger(__name__)
 
 RANGE_START = "dagster/asset_partition_range_start"
 RANGE_END = "dagster/asset_partition_range_end"
+SHARD_ASSETS = ["submissions", "shard_results"]
+MOVES = (Action.SUBMIT, Action.RESOLVE, Action.RESCUE, Action.COLLECT)
 
 
 def _quiet(level: str) -> dict:
     return {"loggers": {"console": {"config": {"log_level": level}}}}
-
-
-def retryable_shards(state: JobState) -> list[str]:
-    return sorted(state.states.filter(pl.col("state").is_in([INVALID, MISSING]))["shard_id"].unique().to_list())
 
 
 def run_job(spec: JobSpec, instance: dg.DagsterInstance, resources: dict | None = None, *,
@@ -52,40 +51,42 @@ def run_job(spec: JobSpec, instance: dg.DagsterInstance, resources: dict | None 
     run(["manifest"])
     store = resources["store"].get()
     all_shards = instance.get_dynamic_partitions(shards_partitions(spec).name)
-    state = JobState.load(spec, store)
-    todo = retryable_shards(state)  # all of them on a new job; none when a finished job is run again
-    canary = all_shards[0] if all_shards else None
-    if spec.canary_first and len(all_shards) > 1 and _canary_pending(spec, store, state, canary):
-        # the canary shard runs alone: it calibrates the token estimate and, with a golden set, gates quality
-        for attempt in range(spec.retries.per_item + 1):
-            stage(f"canary: shard {canary}" + (f" (attempt {attempt + 1})" if attempt else ""))
-            run(["quote"])
-            run(["submissions", "shard_results"], partition_key=canary)
-            state = JobState.load(spec, store)
-            if not _canary_pending(spec, store, state, canary):
-                break
-        todo = retryable_shards(state)  # every other shard, and the canary's leftovers
-    passes = 0
+    passes = canaries = 0
     max_passes = spec.retries.per_item + 2  # expired/cancelled items do not spend their budget
-    while todo and passes < max_passes:
+    while True:
+        plan = load_view(spec, store).plan()
+        log.info("job %s: plan: %s", spec.name, plan.describe())
+        if plan.stopped:
+            raise dg.Failure(f"job stopped: {plan.stopped}")
+        if plan.publish:
+            break
+        canary = plan.shards(Action.CANARY)
+        if canary:
+            canaries += 1
+            if canaries > spec.retries.per_item + 1:
+                raise dg.Failure(f"the canary shard {canary[0]} got no verdict after {canaries - 1} attempts: "
+                                 f"{plan.describe()}")
+            stage(f"canary: shard {canary[0]} ({spec.canary.size} items at most, alone)"
+                  + (f" (attempt {canaries})" if canaries > 1 else ""))
+            run(["quote"])  # the canary spends against a fresh quote too
+            run(SHARD_ASSETS, partition_key=canary[0])
+            continue
+        # the CLI waits on open batches inline (shard_results polls them), so a submitted shard is work here
+        todo = sorted(set(plan.shards(*MOVES)) | {s for s, st in plan.states.items() if st == ShardState.SUBMITTED})
+        if not todo or passes >= max_passes:
+            if todo or plan.waiting:
+                log.warning("job %s: publishing what there is: %s", spec.name, plan.describe())
+            break
         passes += 1
-        stage(f"pass {passes}: {len(todo)} shard(s)")
+        stage(f"pass {passes}: {len(todo)} shard(s) ({plan.describe()})")
         run(["quote"])  # every pass spends against a fresh quote
         for chunk in _ranges(all_shards, todo, shards_per_run):
-            run(["submissions", "shard_results"], tags={RANGE_START: chunk[0], RANGE_END: chunk[-1]})
-        todo = retryable_shards(JobState.load(spec, store))
+            run(SHARD_ASSETS, tags={RANGE_START: chunk[0], RANGE_END: chunk[-1]})
     stage("publish")
-    run(["results", "dead_letters", "report"])
+    run(PUBLISH_ASSETS)
     report = store.read_json(f"jobs/{spec.name}/report.json") or {}
     report["passes"] = passes
     return report
-
-
-def _canary_pending(spec: JobSpec, store, state: JobState, canary: str) -> bool:
-    """True while the canary has not done its job: nothing measured yet, or (with a golden set) no verdict."""
-    if spec.quality is not None:
-        return canary_passed(spec, store) is None
-    return state.results.filter(pl.col("shard_id") == canary).height == 0
 
 
 def _ranges(all_keys: list[str], wanted: list[str], limit: int) -> list[list[str]]:

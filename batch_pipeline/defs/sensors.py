@@ -7,26 +7,23 @@ shards are only ever submitted against a finished manifest and a fresh quote.
 import hashlib
 import json
 import os
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import dagster as dg
-import polars as pl
 
-from batch_pipeline.core.attempts import AttemptLog
-from batch_pipeline.core.control import JobControl
 from batch_pipeline.core.executor import BatchExecutor, BatchHandle
 from batch_pipeline.core.inputs import resolve_inputs
 from batch_pipeline.core.manifest import Manifest
-from batch_pipeline.core.paths import JobPaths
-from batch_pipeline.core.publish import JobState
-from batch_pipeline.core.reconcile import INVALID, MISSING
 from batch_pipeline.core.spec import JobSpec
+from batch_pipeline.core.state.driver import Action
+from batch_pipeline.core.state.view import load_view
 from batch_pipeline.defs.jobs import job_names
 from batch_pipeline.defs.resources import StoreResource
 from batch_pipeline.executors.registry import create_executor
 
 IN_FLIGHT = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
              dg.DagsterRunStatus.STARTED]
+RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
 INTERVAL_S = int(os.environ.get("BATCH_PIPELINE_SENSOR_INTERVAL_S", "30"))
 
 
@@ -60,11 +57,6 @@ def input_fingerprint(spec: JobSpec) -> str:
     return hashlib.sha256(json.dumps(listing).encode()).hexdigest()[:16]
 
 
-def _quote_current(store, spec: JobSpec) -> bool:
-    quote = store.read_json(JobPaths(spec.name).quote)
-    return bool(quote) and datetime.fromisoformat(quote["expires_at"]) > datetime.now(UTC) + timedelta(minutes=2)
-
-
 def _now_bucket() -> str:
     return datetime.now(UTC).strftime("%Y%m%dT%H%M")
 
@@ -87,77 +79,77 @@ def build_new_data_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
 
 def build_shard_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
     names = job_names(spec)
+    run_jobs = {Action.CANARY: "submit", Action.SUBMIT: "submit", Action.RESOLVE: "submit", Action.RESCUE: "submit",
+                Action.COLLECT: "collect"}
 
     @dg.sensor(name=f"{spec.name}_shard_driver",
                jobs=[jobs["quote"], jobs["submit"], jobs["collect"], jobs["publish"]], minimum_interval_seconds=INTERVAL_S,
-               description=f"Drives job {spec.name}'s shards: submit new and retryable ones, collect ended batches, "
-                           "publish when every item is settled.")
+               description=f"Drives job {spec.name}'s shards by the driver's plan: the canary first, then submit, "
+                           "resolve orphaned intents, rescue near the deadline, collect ended batches, publish when "
+                           "every item is settled.")
     def shard_sensor(context: dg.SensorEvaluationContext, store: StoreResource):
         st = store.get()
         instance = context.instance
         if _in_flight(instance, names["prepare"]):
             return dg.SkipReason("a manifest run is in progress; shards wait for it")
-        stop = JobControl(st, spec.name).current()
-        if stop:
-            return dg.SkipReason(f"job stopped: {stop['reason']}")
         shard_ids = Manifest(spec.name, st).shard_ids()
         if not shard_ids:
             return dg.SkipReason("no manifest yet")
-        requests: list[dg.RunRequest] = []
+        in_flight = frozenset(_partitions_in_flight(instance, [names["submit"], names["collect"]], shard_ids))
+        busy = bool(in_flight) or any(_in_flight(instance, names[j]) for j in ("quote", "publish"))
         executor = None
-        waiting = set()
-        stuck: list[str] = []
-        attempts = {shard: AttemptLog(st, spec.name, shard).all() for shard in shard_ids}  # read once per tick
-        for shard in shard_ids:
-            open_attempts = [a for a in attempts[shard] if a.open]
-            if not open_attempts:
-                continue
-            waiting.add(shard)
-            attempt = open_attempts[-1]
-            if not attempt.submitted or _in_flight(instance, names["collect"], shard) or \
-                    _in_flight(instance, names["submit"], shard):
-                continue
+
+        def batch_ended(summary) -> bool:
+            nonlocal executor
             executor = executor or create_executor(spec.backend)
-            if not isinstance(executor, BatchExecutor):
+            if not isinstance(executor, BatchExecutor) or summary.open is None or not summary.open.submitted:
+                return False
+            return executor.poll(BatchHandle.from_dict(summary.open.submitted)).state.ended
+
+        view = load_view(spec, st, in_flight=in_flight, busy=busy, batch_ended=batch_ended)
+        plan = view.plan()
+        attempts = {s.shard_id: s.attempts for s in view.summaries}
+        if plan.stopped:
+            return dg.SkipReason(f"job stopped: {plan.stopped}")
+        if plan.paused:
+            return dg.SkipReason("job paused: `batch-pipeline resume` continues it")
+        requests: list[dg.RunRequest] = []
+        stuck: list[str] = []
+        for step in plan.steps:
+            if step.action == Action.REQUOTE:
+                if not _in_flight(instance, names["quote"]):
+                    requests.append(dg.RunRequest(job_name=names["quote"], run_key=f"quote:{_now_bucket()}"))
                 continue
-            status = executor.poll(BatchHandle.from_dict(attempt.submitted))
-            if status.state.ended:
-                request = _keyed_request(instance, names["collect"], shard, f"collect:{shard}:{attempt.number}")
-                if request is None:
-                    stuck.append(shard)
-                else:
-                    requests.append(request)
-        state = JobState.load(spec, st)
-        retryable = state.states.filter(pl.col("state").is_in([INVALID, MISSING]))
-        counts = dict(retryable.group_by("shard_id").len().iter_rows())
-        candidates = [s for s in shard_ids if s not in waiting and s in counts]
-        canary = shard_ids[0]
-        if spec.canary_first and len(shard_ids) > 1 and (canary in waiting or canary in counts):
-            candidates = [s for s in candidates if s == canary]  # nothing else until the canary settled
-        if candidates and not _quote_current(st, spec):
-            if not _in_flight(instance, names["quote"]):
-                requests.append(dg.RunRequest(job_name=names["quote"], run_key=f"quote:{_now_bucket()}"))
-            candidates = []
-        for shard in candidates:
-            if _in_flight(instance, names["submit"], shard):
+            if step.action == Action.PUBLISH:
+                settled = sum(s.valid + s.dead_lettered for s in view.summaries)
+                requests.append(dg.RunRequest(job_name=names["publish"], run_key=f"publish:{settled}"))
                 continue
-            attempt_no = len(attempts[shard]) + 1
-            request = _keyed_request(instance, names["submit"], shard, f"submit:{shard}:{attempt_no}")
+            assert step.shard_id is not None
+            job = run_jobs[step.action]  # a new attempt gets a new run key; a failed run of the same step retries
+            request = _keyed_request(instance, names[job], step.shard_id,
+                                     f"{step.action.value}:{step.shard_id}:{attempts[step.shard_id] + 1}")
             if request is None:
-                stuck.append(shard)
+                stuck.append(step.shard_id)
             else:
                 requests.append(request)
-        busy = any(_in_flight(instance, names[j]) for j in ("quote", "submit", "collect", "publish"))
-        if not requests and not waiting and not counts and not busy:
-            settled = int(state.results.height)
-            requests.append(dg.RunRequest(job_name=names["publish"], run_key=f"publish:{settled}"))
         if requests:
             return requests
-        why = [f"{len(waiting)} batch(es) open at the provider"] if waiting else []
+        why = [plan.describe()]
         if stuck:
             why.append(f"shard(s) {', '.join(stuck)} failed {MAX_FAILED_RUNS} runs in a row: look at their runs")
-        if counts and not waiting:
-            why.append("waiting for in-flight runs or the canary")
-        return dg.SkipReason("; ".join(why) or "nothing to do")
+        return dg.SkipReason("; ".join(why))
 
     return shard_sensor
+
+
+def _partitions_in_flight(instance: dg.DagsterInstance, jobs: list[str], shard_ids: list[str]) -> set[str]:
+    """Shards that a queued or running run of these jobs holds, one partition or a range of them."""
+    out: set[str] = set()
+    for name in jobs:
+        for run in instance.get_runs(dg.RunsFilter(job_name=name, statuses=IN_FLIGHT)):
+            if run.tags.get("dagster/partition"):
+                out.add(run.tags["dagster/partition"])
+            start, end = run.tags.get(RANGE_START), run.tags.get(RANGE_END)
+            if start and end:
+                out.update(s for s in shard_ids if start <= s <= end)
+    return out

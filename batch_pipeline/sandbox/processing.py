@@ -41,9 +41,9 @@ class LineRunner:
             ))
         scenario = batch.scenario
         if scenario.line_error_due(custom_id, sightings):
-            return LineResult(index, custom_id, 500, request_id, error_body(
-                "The server had an error processing this request (sandbox scenario line_errors).",
-                type="server_error", code="server_error",
+            status, kind, code = scenario.line_error()
+            return LineResult(index, custom_id, status, request_id, error_body(
+                f"The request failed with {code} (sandbox scenario line_errors).", type=kind, code=code,
             ))
         cached = 0
         prefix = cacheable_prefix(body)

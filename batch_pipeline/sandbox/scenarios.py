@@ -32,13 +32,19 @@ ENDPOINTS = (
 )
 
 # Lifecycle durations in clock seconds; every scenario accepts them.
+# the line errors a batch output can carry: transient by default, or systemic (a revoked key, no credit)
+LINE_ERROR_CODES: dict[str, tuple[int, str, str]] = {
+    "server_error": (500, "server_error", "server_error"),
+    "invalid_api_key": (401, "invalid_request_error", "invalid_api_key"),
+    "insufficient_quota": (429, "insufficient_quota", "insufficient_quota"),
+}
 COMMON_PARAMS: dict[str, Any] = {"validating_s": 0.05, "in_progress_s": 0.2, "finalizing_s": 0.05, "cancelling_s": 0.05}
 # Online rate limits of /v1/chat/completions per sandbox-clock minute; every scenario accepts them.
 COMMON_PARAMS.update({"rpm": 1_000_000, "tpm": 1_000_000_000})
 
 SCENARIO_PARAMS: dict[str, dict[str, Any]] = {
     "normal": {},
-    "line_errors": {"rate": 0.1, "times": 1},
+    "line_errors": {"rate": 0.1, "times": 1, "code": "server_error"},
     "expire": {"complete_share": 0.5},
     "rate_limit": {"times": 3, "retry_after_ms": 50, "on": list(ENDPOINTS)},
     "server_error": {"times": 1, "on": list(ENDPOINTS), "commit": False},
@@ -96,6 +102,11 @@ class Scenario:
         fewer than ``times`` times before."""
         return (self.name == "line_errors" and stable_fraction("line_errors", key) < float(self.param("rate"))
                 and sightings < int(self.param("times")))
+
+    def line_error(self) -> tuple[int, str, str]:
+        """``line_errors``: the (HTTP status, error type, code) of a failed line; ``code`` chooses it."""
+        code = str(self.params.get("code", "server_error"))
+        return LINE_ERROR_CODES.get(code, (500, "server_error", code))
 
     def to_json(self) -> dict[str, Any]:
         """``{"name", "params"}``."""

@@ -27,9 +27,10 @@ def test_stratified_sample_covers_every_stratum_in_proportion():
 def test_judge_asset_grades_a_sample_and_reports_agreement_with_golden(sandbox, make_job, instance, resources,
                                                                        home):
     quality = {"golden": str(REPO / "data" / "golden" / "demo.jsonl"), "golden_share": 0.1,
-               "eval_backend": ONLINE, "canary_min_accuracy": 0.0, "canary_max_failure_rate": 1.0,
+               "eval_backend": ONLINE, "canary_min_accuracy": 0.0,
                "judge": {"backend": ONLINE, "sample_size": 12}}
-    spec = make_job(output={"text": {}}, sampling={"temperature": 0, "max_tokens": 64}, quality=quality)
+    spec = make_job(output={"text": {}}, sampling={"temperature": 0, "max_tokens": 64}, quality=quality,
+                    canary={"max_failure_rate": 1.0})
     run_job(spec, instance, resources)
     defs = build_definitions([spec], resources)
     result = dg.materialize([*defs.assets], selection=[dg.AssetKey([spec.name, "judge"])], instance=instance,

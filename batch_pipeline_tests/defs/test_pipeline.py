@@ -7,6 +7,7 @@ import polars as pl
 import pytest
 
 from batch_pipeline.core.attempts import AttemptLog
+from batch_pipeline.core.golden import GoldenProbes
 from batch_pipeline.core.manifest import Manifest
 from batch_pipeline.core.paths import JobPaths
 from batch_pipeline.core.publish import JobState
@@ -58,7 +59,10 @@ def test_demo_job_accounts_for_every_item_and_a_rerun_sends_nothing(sandbox, ins
     paid_for_items = float(JobState.load(spec, store).results["cost_usd"].sum())
     assert validated["cost_usd"].sum() == pytest.approx(paid_for_items, abs=1e-6)
     creates = batch_creates(sandbox)
-    assert creates == report["shards"]
+    assert creates == report["shards"] + 1  # the canary sample is its own small batch, then the rest of its shard
+    canary = AttemptLog(store, "demo", "s00001").all()[0]
+    golden = GoldenProbes(spec, store).for_shard("s00001", 0, canary=True).height  # every golden record rides in it
+    assert canary.canary and len(canary.request_ids) == spec.canary.size + golden
     # a finished job run again sends zero requests
     again = run_job(spec, instance, resources)
     assert again["complete"] and len(sandbox.ledger()) == len(billed) and batch_creates(sandbox) == creates

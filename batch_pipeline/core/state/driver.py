@@ -134,7 +134,9 @@ def shard_step(s: ShardSummary, facts: JobFacts) -> Step | str | None:
     canary = facts.canary
     if canary.pending:
         if s.shard_id != canary.shard_id:
-            return f"waits for the canary ({canary.shard_id})"
+            return f"waits for the canary shard {canary.shard_id}"
+        if not facts.quote_fresh:
+            return "waits for a fresh quote"
         return Step(Action.CANARY, s.shard_id, "the canary runs first, alone" if not s.canary_done else
                     "the canary has no verdict yet: it runs again (what is still pending in its sample)")
     if rescue:

@@ -74,6 +74,12 @@ class ShardDriver:
         report = ShardReport(shard_id, step.action.value)
         if step.action == Action.COLLECT:
             return report  # the collect phase does it
+        if step.action == Action.RESOLVE:  # settle the orphan only; the next plan says what to send
+            found = self.runner.resolve(shard_id)
+            if found is not None and found.handle is not None:
+                report.batches.append(f"{shard_id}:{found.handle.batch_id} (re-attached)")
+            report.notes.append("re-attached to the provider's batch" if found else "intent closed: nothing was sent")
+            return report
         if step.action == Action.RESCUE and not self.stream:
             collected, online = self.runner.rescue(shard_id, self._tail(),
                                                    poll_interval_s=self._poll_interval())
@@ -84,8 +90,9 @@ class ShardDriver:
             return report
         only = self._canary_ids(shard_id) if step.action == Action.CANARY else None
         canary = step.action == Action.CANARY
-        if self.stream:
-            out = self.runner.run_stream(shard_id, only=only, canary=canary)
+        late = canary and self.tail is not None and deadline_near(self.spec)  # even then, the canary goes first
+        if self.stream or late:
+            out = (self._tail() if late else self.runner).run_stream(shard_id, only=only, canary=canary)
             report.sent = report.results = out.rows
             report.succeeded = out.succeeded
             if canary:

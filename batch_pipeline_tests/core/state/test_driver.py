@@ -34,7 +34,7 @@ def test_nothing_else_moves_until_the_canary_has_passed():
     facts = JobFacts(canary=CanaryStatus("s00001"))
     plan = next_steps([summary("s00001", ShardState.NEW), summary("s00002", ShardState.NEW)], facts)
     assert [(s.action, s.shard_id) for s in plan.steps] == [(Action.CANARY, "s00001")]
-    assert plan.waiting == {"s00002": "waits for the canary (s00001)"}
+    assert plan.waiting == {"s00002": "waits for the canary shard s00001"}
     # judged but not passed, then resumed by a human: it runs again, still alone
     again = next_steps([summary("s00001", ShardState.COLLECTED, retryable=9, canary_done=True),
                         summary("s00002", ShardState.NEW)], JobFacts(canary=CanaryStatus("s00001", False)))
