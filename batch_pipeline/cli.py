@@ -10,6 +10,8 @@ import argparse
 import logging
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -106,6 +108,71 @@ class _Progress:
                                 f"{len(parts)} result part(s) written")
 
 
+SIGTERM_EXIT = 128 + signal.SIGTERM
+
+
+class _TermAsInterrupt:
+    """While a run goes (main thread only): SIGTERM interrupts it as Ctrl-C does, and ``received`` says it came.
+
+    Our handler raises ``KeyboardInterrupt`` in the main thread. While Dagster executes it maps SIGTERM onto its
+    own SIGINT handling (its interrupt is raised inside the step, so a stream shard stores the finished results it
+    holds, and the run then ends as failed instead of raising). The signal is therefore also watched through the
+    wakeup fd, whichever handler takes it; once it came, Dagster's console log (the interrupted step's stack) is
+    muted. Read ``received`` after leaving the context.
+    """
+
+    def __init__(self) -> None:
+        self.received = False
+        self._active = False
+        self._stderr = None
+
+    def __enter__(self) -> "_TermAsInterrupt":
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        self._reader, self._writer = socket.socketpair()
+        self._writer.setblocking(False)
+        self._previous_fd = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
+        self._previous = signal.signal(signal.SIGTERM, self._interrupt)
+        self._watcher = threading.Thread(target=self._watch, name="sigterm-watch", daemon=True)
+        self._watcher.start()
+        self._active = True
+        return self
+
+    def _interrupt(self, signum, frame) -> None:
+        self.received = True
+        raise KeyboardInterrupt
+
+    def _watch(self) -> None:
+        while data := self._reader.recv(64):
+            if signal.SIGTERM in data:
+                self.received = True
+                if self._stderr is None:  # Dagster's console logger writes to sys.stderr as it is at each record
+                    self._stderr, sys.stderr = sys.stderr, open(os.devnull, "w")
+            if 0 in data:  # our own wake-up: the run is over
+                return
+
+    def __exit__(self, *exc) -> None:
+        if not self._active:
+            return
+        self._active = False
+        signal.set_wakeup_fd(self._previous_fd)
+        # Dagster may have remapped SIGTERM meanwhile; whichever handler it has now, ours ends here
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if self._previous is None else self._previous)
+        self._writer.send(b"\0")
+        self._watcher.join(timeout=5)
+        self._reader.close()
+        self._writer.close()
+        if self._stderr is not None:
+            muted, sys.stderr, self._stderr = sys.stderr, self._stderr, None
+            muted.close()
+
+
+def _interrupted(spec_arg: str) -> int:
+    console.print(f"interrupted: finished results were stored; resume with `batch-pipeline run {spec_arg}`",
+                  markup=False, highlight=False)
+    return SIGTERM_EXIT
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from batch_pipeline.core.store import Store
 
@@ -129,14 +196,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     if stopped:
         console.print(f"[yellow]resuming: the job was stopped at {stopped['at']}: {stopped['reason']}[/yellow]")
     started = time.perf_counter()
+    term = _TermAsInterrupt()  # SIGTERM: a stream shard stores what finished, then we exit 143 (no traceback)
     try:
-        with _sandbox_if_needed(spec), dg.DagsterInstance.get() as instance, \
+        with term, _sandbox_if_needed(spec), dg.DagsterInstance.get() as instance, \
                 _Progress(spec, Store(os.environ["BATCH_PIPELINE_HOME"])) as progress:
             report = run_job(spec, instance, resources, log_level=args.log_level, on_stage=progress.set_stage)
     except dg.Failure as exc:
-        console.print(f"[red]job {spec.name} stopped:[/red] {exc.description}")
+        if not (term.received and "Interrupt" in (exc.description or "")):  # Dagster's interrupt needs no words
+            console.print(f"[red]job {spec.name} stopped:[/red] {exc.description}")
+        if term.received:
+            return _interrupted(args.spec)
         console.print(f"fix the cause, then resume: batch-pipeline run {args.spec}")
         return 1
+    except KeyboardInterrupt:
+        if term.received:
+            return _interrupted(args.spec)
+        raise
     report["wall_time_s"] = round(time.perf_counter() - started, 2)
     _print_summary(report)
     return 0 if report.get("complete") else 3

@@ -6,11 +6,14 @@ SDK, see benchmarks/README.md), under a requests/tokens limiter, and yields ``RA
 retried (``retry-after-ms``, then ``retry-after``, up to a cap; else full-jitter exponential backoff); a 4xx is a
 poison row, not retried; a bad key, a missing model or no credit raises ``SystemicError`` at once and cancels the
 pending work. Results carry their ``request_id``; order is completion order.
+
+A run left early (an exception raised in it, such as the interrupt a SIGTERM becomes, or closed by its consumer)
+sends nothing more, lets the requests in flight finish (up to ``timeout_s``) and keeps the finished rows it has not
+yielded for ``take_unflushed(work.key)``: those requests were paid for, and the runner stores them before it stops.
 """
 
 import json
 import logging
-import queue
 import random
 import threading
 import time
@@ -148,6 +151,20 @@ class OnlineExecutor:
             raise ConfigError(f"backend online: base_url must be an http(s) URL, not {base_url!r}")
         self.base_url = base_url
         self._api_key = api_key
+        self._unflushed: dict[str, pa.Table] = {}  # work key -> finished rows a left run did not yield
+        self._unflushed_lock = threading.Lock()
+
+    def take_unflushed(self, key: str) -> pa.Table | None:
+        """The finished rows an interrupted ``run`` of ``key`` held but did not yield (once; None if there are none)."""
+        with self._unflushed_lock:
+            return self._unflushed.pop(key, None)
+
+    def _keep_unflushed(self, key: str, rows: list[tuple[Any, ...]]) -> None:
+        table = raw_table(rows)
+        with self._unflushed_lock:
+            earlier = self._unflushed.get(key)
+            self._unflushed[key] = table if earlier is None else pa.concat_tables([earlier, table])
+        log.warning("online %s: stopped early; %d finished results kept for the runner to store", key, len(rows))
 
     def _transport(self, builder: BodyBuilder) -> Transport:
         s = self.settings
@@ -175,7 +192,13 @@ class OnlineExecutor:
         limiter = RateLimiter(s.rpm, s.tpm)
         items = iter(zip(ids, prompts, strict=True))
         items_lock = threading.Lock()
-        results: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # Finished rows wait in `buffer` until the very moment they are yielded, so that a run left at any point
+        # (an interrupt may be raised between any two calls) still holds each of them in one place: a row taken out
+        # of a queue into a local would be lost with it.
+        buffer: list[tuple[Any, ...]] = []  # workers append; only the loop below removes
+        failures: list[BaseException] = []
+        ended: list[str] = []  # workers that are done
+        wake = threading.Event()
         stop = threading.Event()
         stats = _Stats()
         shared = self._transport(builder) if s.transport == "sdk" else None
@@ -190,59 +213,59 @@ class OnlineExecutor:
                         break
                     row = self._one(item[0], item[1], transport, builder, limiter, stop, stats)
                     if row is not None:
-                        results.put(row)
+                        buffer.append(row)
+                        wake.set()
             except BaseException as exc:  # SystemicError, or a bug: stop the run and surface it
                 stop.set()
-                results.put(exc)
+                failures.append(exc)
             finally:
                 if shared is None:
                     transport.close()
-                results.put(None)
+                ended.append(threading.current_thread().name)
+                wake.set()
 
         threads = [threading.Thread(target=worker, name=f"online-{i}", daemon=True)
                    for i in range(min(s.concurrency, total))]
         for thread in threads:
             thread.start()
         log.info("online %s: %d requests to %s, concurrency %d", work.key, total, self.base_url, len(threads))
-        failure: BaseException | None = None
-        rows: list[tuple[Any, ...]] = []
         started = last_flush = last_log = time.monotonic()
-        running = len(threads)
         try:
-            while running:
+            while True:
+                wake.clear()
+                done = len(ended) == len(threads)  # read first: a worker appends its rows before it ends
                 now = time.monotonic()
-                timeout = max(0.0, min(last_flush + s.flush_interval_s, last_log + s.progress_interval_s) - now)
-                try:
-                    message = results.get(timeout=timeout)
-                except queue.Empty:
-                    message = False
-                if message is None:
-                    running -= 1
-                elif isinstance(message, tuple):
-                    rows.append(message)
-                elif isinstance(message, BaseException) and failure is None:
-                    failure = message
-                now = time.monotonic()
-                if rows and (len(rows) >= s.flush_every or now - last_flush >= s.flush_interval_s):
-                    yield raw_table(rows)
-                    rows, last_flush = [], now
-                elif now - last_flush >= s.flush_interval_s:
+                if buffer and (done or len(buffer) >= s.flush_every or now - last_flush >= s.flush_interval_s):
+                    last_flush = now
+                    n = min(len(buffer), s.flush_every)
+                    table = raw_table(buffer[:n])
+                    del buffer[:n]  # no call from here to the yield: nothing can be raised in between
+                    yield table
+                    continue
+                if done:
+                    break
+                if now - last_flush >= s.flush_interval_s:
                     last_flush = now
                 if now - last_log >= s.progress_interval_s:
                     last_log = now
                     self._progress(work, stats, total, started, limiter)
-            if rows:
-                yield raw_table(rows)
-                rows = []
+                wake.wait(max(0.0, min(last_flush + s.flush_interval_s, last_log + s.progress_interval_s) - now))
         finally:
-            stop.set()
-            for thread in threads:
-                thread.join(timeout=s.timeout_s + 1)
-            if shared is not None:
-                shared.close()
+            stop.set()  # done, or left early: no worker takes another item or sends another attempt
+            try:
+                for thread in threads:
+                    thread.join(timeout=s.timeout_s + 1)  # requests in flight finish and buffer their rows
+            finally:
+                if shared is not None:
+                    shared.close()
+                if buffer:  # only a run left early holds rows here: a finished one yielded them all
+                    self._keep_unflushed(work.key, buffer[:])
+                if any(thread.is_alive() for thread in threads):
+                    log.warning("online %s: requests still in flight after %.0f s; their results are lost",
+                                work.key, s.timeout_s + 1)
         self._progress(work, stats, total, started, limiter)
-        if failure is not None:
-            raise failure
+        if failures:
+            raise failures[0]
 
     def _progress(self, work: ShardWork, stats: _Stats, total: int, started: float, limiter: RateLimiter) -> None:
         elapsed = max(time.monotonic() - started, 1e-9)
@@ -255,8 +278,8 @@ class OnlineExecutor:
         tokens = builder.estimate_tokens(prompt)
         attempts = self.settings.max_attempts_per_request
         for attempt in range(1, attempts + 1):
-            if not limiter.acquire(tokens, stop):
-                return None
+            if not limiter.acquire(tokens, stop) or stop.is_set():
+                return None  # stopped: this attempt is never sent
             reply = transport.send(prompt, attempt - 1)
             with stats.lock:
                 stats.sent += 1

@@ -314,3 +314,58 @@ def test_http_transport_resends_once_on_a_keep_alive_connection_the_server_close
     finally:
         server.shutdown()
         server.server_close()
+
+
+def _completion_ids(table: pa.Table) -> set[str]:
+    return {json.loads(payload)["id"] for payload in table.column("raw_payload").to_pylist()}
+
+
+def _billed(admin: SandboxAdmin) -> set[str]:
+    return {e["completion_id"] for e in admin.ledger()}
+
+
+def _assert_nothing_sent_after(admin: SandboxAdmin, sent: int) -> None:
+    time.sleep(0.5)  # at 10 requests/s, a worker still going would have sent ~5 more by now
+    assert len(chat_log(admin)) == sent, "a request was sent after the run was left"
+
+
+def test_closing_mid_run_keeps_the_finished_unyielded_rows_and_sends_nothing_more(admin):
+    # 10 requests/s, a table every 5 rows: the workers go on while the consumer holds the first table
+    ex = executor(concurrency=4, rpm=600, flush_every=5, flush_interval_s=600)
+    shard = work(100)
+    run = ex.run(shard)
+    first = next(run)
+    time.sleep(0.5)  # ~5 more requests finish; their rows wait in the executor, not yielded
+    run.close()
+    sent = len(chat_log(admin))
+    kept = ex.take_unflushed(shard.key)
+    _assert_nothing_sent_after(admin, sent)
+    assert kept is not None and kept.schema == RAW_RESULT_SCHEMA and kept.num_rows > 0
+    billed = _billed(admin)
+    assert first.num_rows == 5 and 5 + kept.num_rows == len(billed) == sent < 100  # every request sent was billed
+    assert _completion_ids(kept) == billed - _completion_ids(first)  # exactly the finished rows not yielded
+    assert set(kept.column("request_id").to_pylist()).isdisjoint(first.column("request_id").to_pylist())
+    assert ex.take_unflushed(shard.key) is None  # handed over once
+    assert ex.take_unflushed("online_job:s00002:1") is None
+
+
+def test_an_interrupt_raised_inside_the_run_keeps_every_finished_row(admin):
+    """As a SIGTERM does under Dagster: the interrupt is raised in the main thread while it waits inside run()."""
+    import _thread
+
+    ex = executor(concurrency=4, rpm=600, flush_every=1000, flush_interval_s=600)
+    shard, other = work(100), work(3)
+    other.key = "online_job:s00002:1"
+    assert pa.concat_tables(list(ex.run(other))).num_rows == 3  # a run that ended keeps nothing back
+    before = len(admin.ledger())
+    timer = threading.Timer(0.6, _thread.interrupt_main)
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        next(ex.run(shard))  # nothing is flushed by size or time: only the interrupt ends this wait
+    timer.join()
+    sent = len(chat_log(admin))
+    kept = ex.take_unflushed(shard.key)
+    _assert_nothing_sent_after(admin, sent)
+    assert kept is not None and 0 < kept.num_rows == len(admin.ledger()) - before == sent - 3 < 100
+    assert _completion_ids(kept) == {e["completion_id"] for e in admin.ledger()[before:]}
+    assert ex.take_unflushed(other.key) is None and ex.take_unflushed(shard.key) is None
