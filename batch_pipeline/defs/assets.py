@@ -226,8 +226,9 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
                 continue
             rows, ok, rescued = rows + out.results, ok + out.succeeded, rescued + out.rescued
             context.log.info(f"shard {key}: collected {out.results} results, {out.succeeded} succeeded")
-        if systemic:
-            raise dg.Failure(description=f"SystemicError: {'; '.join(systemic)}")
+        if systemic:  # one message for the job: the first cause, and how many other shards it stopped
+            more = f" (and {len(systemic) - 1} more shard(s) stopped by the same stop)" if len(systemic) > 1 else ""
+            raise dg.Failure(description=f"SystemicError: {systemic[0]}{more}")
         return dg.MaterializeResult(metadata={"results": dg.MetadataValue.int(rows),
                                               "succeeded": dg.MetadataValue.int(ok),
                                               "rescued_online": dg.MetadataValue.int(rescued)})

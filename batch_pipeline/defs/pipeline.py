@@ -51,7 +51,7 @@ def run_job(spec: JobSpec, instance: dg.DagsterInstance, resources: dict | None 
     run(["manifest"])
     store = resources["store"].get()
     all_shards = instance.get_dynamic_partitions(shards_partitions(spec).name)
-    passes = canaries = 0
+    passes = canaries = requotes = 0
     max_passes = spec.retries.per_item + 2  # expired/cancelled items do not spend their budget
     while True:
         plan = load_view(spec, store).plan()
@@ -60,6 +60,13 @@ def run_job(spec: JobSpec, instance: dg.DagsterInstance, resources: dict | None 
             raise dg.Failure(f"job stopped: {plan.stopped}")
         if plan.publish:
             break
+        if plan.has(Action.REQUOTE):
+            requotes += 1
+            if requotes > 3:
+                raise dg.Failure(f"the quote stays stale after {requotes - 1} re-quotes: {plan.describe()}")
+            run(["quote"])
+            continue
+        requotes = 0
         canary = plan.shards(Action.CANARY)
         if canary:
             canaries += 1
