@@ -269,9 +269,12 @@ class ShardRunner:
                 outcome.rows += table.num_rows
                 outcome.succeeded += pc.sum(pc.equal(table.column("status"), "succeeded")).as_py() or 0
 
+            in_hand: pa.Table | None = None  # yielded by the engine, not yet stored
             try:
                 for raw in self._guarded(executor.run(work)):
+                    in_hand = raw
                     store_flush(raw)
+                    in_hand = None
                     crash_point("mid_stream")
                     if on_flush:
                         on_flush(outcome.rows, total)
@@ -281,6 +284,8 @@ class ShardRunner:
             except BaseException:
                 # interrupted (SIGTERM, a pause, a systemic stop): results the engine already has were paid for,
                 # so they are stored before the attempt is left open for the next run to close
+                if in_hand is not None:  # interrupted while storing it: store it whole (re-written rows dedupe)
+                    store_flush(in_hand)
                 unflushed = getattr(executor, "take_unflushed", None)
                 leftover = unflushed(work.key) if unflushed else None
                 if leftover is not None and leftover.num_rows:
