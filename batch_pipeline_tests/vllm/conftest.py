@@ -133,6 +133,18 @@ def write_job(root: Path, name: str, backend: dict, rows: list[dict] | None = No
     return load_spec(path)
 
 
+def truncating(spec: JobSpec, max_tokens: int) -> JobSpec:
+    """The spec with a ``sampling.max_tokens`` too small for any answer, so that the engine truncates every request.
+
+    ``JobSpec`` refuses such a spec at load (``core/contract_floor``): a real job must never pay for answers that
+    cannot fit. The tests that need a ``length`` finish from the real engine load a spec that fits and then
+    shrink it with ``model_copy``, which skips validation. A deterministic truncation is the point; a schema
+    whose minimal answer fits but whose typical one does not would depend on what the random-weight model
+    happens to generate.
+    """
+    return spec.model_copy(update={"sampling": spec.sampling.model_copy(update={"max_tokens": max_tokens})})
+
+
 @pytest.fixture
 def make_job(tmp_path, tiny_model) -> Callable[..., JobSpec]:
     def make(name: str, rows: list[dict] | None = None, settings: dict | None = None, **overrides) -> JobSpec:

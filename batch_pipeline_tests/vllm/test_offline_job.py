@@ -2,10 +2,13 @@
 
 import json
 
+import dagster as dg
 import jsonschema
 import polars as pl
 import pyarrow as pa
+import pytest
 
+from batch_pipeline.core.control import JobControl
 from batch_pipeline.core.executor import RequestPlan, ShardWork
 from batch_pipeline.core.manifest import build_manifest
 from batch_pipeline.core.paths import JobPaths
@@ -17,7 +20,7 @@ from batch_pipeline.executors.registry import create_executor
 from batch_pipeline.executors.vllm_offline import VllmOfflineExecutor
 from batch_pipeline.executors.vllm_prompts import order_items
 
-from .conftest import JSON_SCHEMA, LABELS
+from .conftest import JSON_SCHEMA, LABELS, truncating
 
 
 def _validated(home, job: str) -> pl.DataFrame:
@@ -59,8 +62,12 @@ def test_json_schema_job_outputs_all_validate(make_job, instance, resources, hom
 
 
 def test_length_finish_is_retried_then_dead_lettered(make_job, instance, resources, home):
-    spec = make_job("vlength", output={"json_schema": JSON_SCHEMA}, sampling={"temperature": 0, "max_tokens": 3},
-                    retries={"per_item": 2, "spend_cap_share": 1.0})
+    # max_tokens 3 cannot fit {"label":"bug","urgent":false} (about 9 tokens): the spec would not load, so it is
+    # loaded with 40 and shrunk afterwards (conftest.truncating). No canary: with one, a job that truncates
+    # everything stops after the canary (the next test); this one is about the retry path of every item.
+    spec = truncating(make_job("vlength", output={"json_schema": JSON_SCHEMA},
+                               sampling={"temperature": 0, "max_tokens": 40},
+                               retries={"per_item": 2, "spend_cap_share": 1.0}, canary_first=False), 3)
     report = run_job(spec, instance, resources)
     assert report["succeeded"] == 0 and report["dead_lettered"] == 40 and report["complete"]
     results = read_results(Store(home), "vlength")
@@ -71,6 +78,22 @@ def test_length_finish_is_retried_then_dead_lettered(make_job, instance, resourc
     dead = pl.read_parquet(Store(home).local_path(JobPaths("vlength").dead_letters))
     assert dead.height == 40 and set(dead["last_error_code"]) == {"truncated"}
     assert _validated(home, "vlength").height == 0
+
+
+def test_a_truncating_canary_stops_the_job_before_the_other_shards(make_job, instance, resources, home):
+    # the same truncating spec with the default canary: only the first shard's sample (its 10 items) is sent,
+    # once; every answer is cut off, so the structural failure rate (1.0) is over canary.max_failure_rate
+    spec = truncating(make_job("vcanary", output={"json_schema": JSON_SCHEMA},
+                               sampling={"temperature": 0, "max_tokens": 40}, retries={"per_item": 2}), 3)
+    with pytest.raises(dg.Failure, match="canary"):
+        run_job(spec, instance, resources)
+    store = Store(home)
+    assert JobControl(store, "vcanary").current()["code"] == "canary_failed"
+    verdict = store.read_json(JobPaths("vcanary").canary_verdict)
+    assert not verdict["passed"] and verdict["failure_rate"] == 1.0 and verdict["items"] == 10
+    results = read_results(store, "vcanary")
+    assert results.height == 10 and set(results["attempt"]) == {1} and results["shard_id"].n_unique() == 1
+    assert set(results["finish_reason"]) == {"length"} and set(results["error_code"]) == {"truncated"}
 
 
 def test_runner_flushes_and_the_executor_reports_metrics(make_job, home):

@@ -16,7 +16,7 @@ from batch_pipeline.executors.batch_format_export import export_openai_batch_err
 from batch_pipeline.executors.openai_format import parse_output_block, request_lines
 from batch_pipeline_tests.sandbox.support import validate_spec
 
-from .conftest import JSON_SCHEMA, LABELS, MODEL, PY, python_env
+from .conftest import JSON_SCHEMA, LABELS, MODEL, PY, python_env, truncating
 
 
 def test_vllm_run_batch_runs_our_request_file_and_its_output_ingests(make_job, home, tiny_model, tmp_path):
@@ -66,8 +66,12 @@ def test_validated_results_export_as_an_openai_batch_output_file(make_job, insta
 
 
 def test_dead_letters_export_as_an_openai_batch_error_file(make_job, instance, resources, home, tmp_path):
-    spec = make_job("vexporterr", output={"json_schema": JSON_SCHEMA}, sampling={"temperature": 0, "max_tokens": 2},
-                    retries={"per_item": 1})
+    # every item truncated (max_tokens 2), so every item is a dead letter. The spec loads with a max_tokens that
+    # fits the contract and is shrunk afterwards (conftest.truncating); no canary, which would stop the job
+    # after the first shard's sample instead of dead-lettering all 40
+    spec = truncating(make_job("vexporterr", output={"json_schema": JSON_SCHEMA},
+                               sampling={"temperature": 0, "max_tokens": 40}, retries={"per_item": 1},
+                               canary_first=False), 2)
     assert run_job(spec, instance, resources)["dead_lettered"] == 40
     dead = pl.read_parquet(Store(home).local_path(JobPaths(spec.name).dead_letters))
     path = tmp_path / "errors.jsonl"

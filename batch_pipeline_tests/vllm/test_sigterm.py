@@ -2,6 +2,10 @@
 
 The step flushes what finished, releases its lease and exits; the attempt stays open (it is closed as
 interrupted by the next run), and the re-run sends only the items that have no valid result yet.
+
+The job keeps the default canary (``canary_first``, ``canary.size`` 300 of the shard's 400 items), so the
+signal lands in the canary attempt: the re-run first finishes what is still pending of the canary sample,
+alone (attempt 2), judges it, and only then sends the other 100 items (attempt 3).
 """
 
 import signal
@@ -14,11 +18,13 @@ from batch_pipeline.core.attempts import AttemptLog
 from batch_pipeline.core.lease import current_token
 from batch_pipeline.core.paths import JobPaths
 from batch_pipeline.core.results import read_results
+from batch_pipeline.core.spec import CanarySpec
 from batch_pipeline.core.store import Store
 
 from .conftest import PY, engine_settings, python_env, stop_process, wait_for, write_job
 
 ROWS = 400
+CANARY = CanarySpec().size  # the default: 300 items of the one shard run first, alone
 TOPICS = ["invoice", "refund", "password", "crash", "export", "seats", "login", "charge"]
 
 
@@ -57,13 +63,18 @@ def test_sigterm_flushes_releases_the_lease_and_the_rerun_sends_only_the_rest(tm
     assert took < 30, f"the step needed {took:.1f} s to stop"
     shard = "s00001"
     first = read_results(store, spec.name, shard)
-    assert 24 <= first.height < ROWS, "the results flushed before the signal are in the store"
+    assert 24 <= first.height < CANARY, "the results flushed before the signal are in the store"
     assert set(first["attempt"]) == {1} and set(first["status"]) == {"succeeded"}
     token = current_token(store, spec.name, shard)
     assert store.exists(f"{paths.root}/leases/{shard}/lease-{token:06d}.released.json"), "the lease was released"
     attempts = AttemptLog(store, spec.name, shard).all()
     assert [a.number for a in attempts] == [1] and attempts[0].open  # interrupted, not marked collected
+    # the signal caught the canary: attempt 1 sent only the canary sample, alone
+    assert attempts[0].canary and len(attempts[0].request_ids) == CANARY
+    canary_ids = set(attempts[0].request_ids)
     done_before = set(first["request_id"])
+    assert done_before < canary_ids
+    assert store.read_json(paths.canary_verdict) is None  # not judged: the canary did not finish
 
     again = _cli(spec.source_path, home, tmp_path, prices_file)
     try:
@@ -72,9 +83,16 @@ def test_sigterm_flushes_releases_the_lease_and_the_rerun_sends_only_the_rest(tm
         stop_process(again)
     assert again.returncode == 0, out2
     attempts = AttemptLog(store, spec.name, shard).all()
-    assert [a.number for a in attempts] == [1, 2]
-    assert "abandoned" in attempts[0].records and "collected" in attempts[1].records
-    resent = set(attempts[1].request_ids)
+    # the interrupted canary is closed, the rest of its sample runs alone and is judged, then the other items
+    assert [a.number for a in attempts] == [1, 2, 3]
+    assert "abandoned" in attempts[0].records
+    assert all("collected" in a.records for a in attempts[1:])
+    assert attempts[1].canary and not attempts[2].canary
+    assert set(attempts[1].request_ids) == canary_ids - done_before  # only what the canary still lacked
+    verdict = store.read_json(paths.canary_verdict)
+    assert verdict is not None and verdict["passed"], verdict
+    resent = set(attempts[1].request_ids) | set(attempts[2].request_ids)
+    assert set(attempts[1].request_ids).isdisjoint(attempts[2].request_ids)
     assert resent.isdisjoint(done_before) and len(resent) + len(done_before) == ROWS  # only the rest
     results = read_results(store, spec.name)
     ok = results.filter(pl.col("status") == "succeeded")
