@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from batch_pipeline.core.errors import BatchPipelineError
+from batch_pipeline.cli_state import add_commands
 from batch_pipeline.core.spec import JobSpec, load_spec
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -190,9 +191,13 @@ def cmd_run(args: argparse.Namespace) -> int:
                  "prices": PricesResource(path=os.environ.get("BATCH_PIPELINE_PRICES",
                                                               str(PROJECT_ROOT / "data" / "prices.yaml")))}
     console.print(f"[bold]job {spec.name}[/bold]: {spec.model} on {spec.backend.name}, input {spec.input.path}")
-    from batch_pipeline.core.control import JobControl
+    from batch_pipeline.core.control import JobControl, JobPaused
 
-    stopped = JobControl(Store(os.environ["BATCH_PIPELINE_HOME"]), spec.name).clear()
+    control = JobControl(Store(os.environ["BATCH_PIPELINE_HOME"]), spec.name)
+    held = control.unpause()
+    if held:
+        console.print(f"[yellow]resuming: the job was paused at {held['at']} ({held['reason']})[/yellow]")
+    stopped = control.clear()
     if stopped:
         console.print(f"[yellow]resuming: the job was stopped at {stopped['at']}: {stopped['reason']}[/yellow]")
     started = time.perf_counter()
@@ -208,6 +213,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             return _interrupted(args.spec)
         console.print(f"fix the cause, then resume: batch-pipeline run {args.spec}")
         return 1
+    except JobPaused as exc:
+        console.print(f"[yellow]{exc}[/yellow]")
+        return 4
     except KeyboardInterrupt:
         if term.received:
             return _interrupted(args.spec)
@@ -244,35 +252,6 @@ def _print_summary(report: dict) -> None:
     if not report.get("complete"):
         console.print(f"[yellow]not complete: {report.get('missing')} missing, {report.get('invalid')} invalid; "
                       "run again to resume[/yellow]")
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    from batch_pipeline.core.publish import JobState
-    from batch_pipeline.core.report import shard_table
-    from batch_pipeline.core.store import Store
-
-    spec = _resolve_spec(args.job)
-    store = Store(args.home or os.environ.get("BATCH_PIPELINE_HOME", Path.cwd() / ".batch_pipeline"))
-    state = JobState.load(spec, store)
-    rows = shard_table(state)
-    if not rows:
-        console.print(f"job {spec.name}: no manifest in {store.root} yet; run it first")
-        return 1
-    table = Table(title=f"job {spec.name}: reconciliation per shard ({store.root})")
-    for col in ("shard", "expected", "valid", "invalid", "missing", "dead_lettered", "balanced"):
-        table.add_column(col, justify="right")
-    for r in rows:
-        table.add_row(*[str(r[c]) for c in ("shard", "expected", "valid", "invalid", "missing", "dead_lettered",
-                                             "balanced")])
-    from batch_pipeline.core.control import JobControl
-
-    stop = JobControl(store, spec.name).current()
-    if stop:
-        console.print(f"[red]job stopped at {stop['at']}: {stop['reason']}[/red]")
-    totals = state.check()
-    table.add_row("total", *[str(v) for v in totals.as_dict().values()], str(totals.balanced), style="bold")
-    console.print(table)
-    return 0
 
 
 def cmd_quote(args: argparse.Namespace) -> int:
@@ -342,10 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--home")
     p.add_argument("--log-level", default="WARNING")
     p.set_defaults(fn=cmd_run)
-    p = sub.add_parser("status", help="per-shard reconciliation of a job")
-    p.add_argument("job", help="job name or spec path")
-    p.add_argument("--home")
-    p.set_defaults(fn=cmd_status)
+    add_commands(sub, _resolve_spec, console)
     p = sub.add_parser("quote", help="price a job before any spend (no request is sent)")
     p.add_argument("job", help="job name or spec path")
     p.add_argument("--compare", action="store_true", help="quote every backend in cost_compare, and self-hosted")

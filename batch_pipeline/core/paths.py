@@ -48,6 +48,10 @@ class JobPaths:
         return f"{self.root}/state/shards/{shard_id}.json"
 
     @property
+    def replays(self) -> str:
+        return f"{self.root}/replays"
+
+    @property
     def pause(self) -> str:
         return f"{self.root}/control/pause.json"
 

@@ -20,6 +20,7 @@ from batch_pipeline.core.golden import GoldenProbes
 from batch_pipeline.core.manifest import Manifest
 from batch_pipeline.core.paths import JobPaths
 from batch_pipeline.core.reconcile import DEAD, check_invariant, item_states
+from batch_pipeline.core.state.replay import Replays
 from batch_pipeline.core.results import read_results
 from batch_pipeline.core.spec import JobSpec
 from batch_pipeline.core.store import Store
@@ -55,7 +56,7 @@ class JobState:
             if ids.height:
                 probes = results.join(ids, on="request_id", how="semi")
                 results = results.join(ids, on="request_id", how="anti")
-        return cls(items, results, item_states(items, results, spec.retries.per_item), probes)
+        return cls(items, results, item_states(items, results, spec.retries, Replays(store, spec.name).table()), probes)
 
     def check(self):
         return check_invariant(self.items, self.results, self.states)

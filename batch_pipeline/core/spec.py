@@ -110,7 +110,13 @@ class ShardLimits(_Strict):
 
 
 class RetrySpec(_Strict):
-    per_item: int = Field(default=3, ge=1, description="failed attempts before an item is dead-lettered")
+    """Retry budgets per error class (the seed rule: transient errors are retried with backoff; an invalid or
+    truncated answer is retried once, then dead-lettered; a poison item is not retried), within ``per_item``."""
+
+    per_item: int = Field(default=3, ge=1, description="failed attempts of any class before an item is dead-lettered")
+    transient: int | None = Field(default=None, ge=1, description="transient failures allowed (default per_item)")
+    invalid_output: int = Field(default=2, ge=1, description="answers that break the contract or are truncated")
+    poison: int = Field(default=1, ge=1, description="requests the provider rejects as malformed or too long")
     spend_cap_share: float = Field(default=0.10, ge=0, le=1)
 
 

@@ -21,7 +21,7 @@ from batch_pipeline.core.quote import make_quote, verify_quote
 from batch_pipeline.core.report import build_report, shard_table
 from batch_pipeline.core.results import read_results
 from batch_pipeline.core.runner import ShardRunner
-from batch_pipeline.core.state.execute import ShardDriver
+from batch_pipeline.core.state.execute import ShardDriver, ShardWaits
 from batch_pipeline.core.spec import BackendSpec, CostCompareSpec, JobSpec
 from batch_pipeline.defs.checks import CHECKS, build_result_checks, build_shard_stats_check
 from batch_pipeline.defs.k8s import GPU_POOL, gpu_step_tags, is_gpu_backend
@@ -183,8 +183,17 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
         driver = _shard_driver(context, spec, store, prices)
         sent, batches = 0, []
         engine_metrics: dict = {}
-        for key in context.partition_keys:  # each shard does what the driver's plan says for it
-            out = _clean_failure(lambda: driver.submit_phase(key))
+        keys = context.partition_keys
+        for key in keys:  # each shard does what the driver's plan says for it
+            try:
+                out = driver.submit_phase(key)
+            except ShardWaits as exc:
+                if len(keys) == 1:  # asked for this shard alone: say why it cannot move
+                    raise dg.Failure(description=f"ShardWaits: {exc}") from exc
+                context.log.warning(f"{exc}: skipped in this run")
+                continue
+            except BatchPipelineError as exc:
+                raise dg.Failure(description=f"{type(exc).__name__}: {exc}") from exc
             sent += out.sent
             batches.extend(out.batches)
             context.log.info(f"shard {key}: {out.action}: {out.sent} requests sent"

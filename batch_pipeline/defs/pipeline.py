@@ -12,6 +12,8 @@ from collections.abc import Callable
 
 import dagster as dg
 
+from batch_pipeline.core.control import JobPaused
+
 from batch_pipeline.core.state.driver import Action
 from batch_pipeline.core.state.machine import ShardState
 from batch_pipeline.core.state.view import load_view
@@ -58,6 +60,8 @@ def run_job(spec: JobSpec, instance: dg.DagsterInstance, resources: dict | None 
         log.info("job %s: plan: %s", spec.name, plan.describe())
         if plan.stopped:
             raise dg.Failure(f"job stopped: {plan.stopped}")
+        if plan.paused:  # a deploy: running shards stored what finished and returned; nothing new goes out
+            raise JobPaused(f"job {spec.name} is paused: {plan.describe()}")
         if plan.publish:
             break
         if plan.has(Action.REQUOTE):

@@ -125,9 +125,10 @@ def build_shard_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
                 requests.append(dg.RunRequest(job_name=names["publish"], run_key=f"publish:{settled}"))
                 continue
             assert step.shard_id is not None
-            job = run_jobs[step.action]  # a new attempt gets a new run key; a failed run of the same step retries
+            job = run_jobs[step.action]  # keyed by the attempt it makes (or collects): a failed run of it retries
+            attempt = attempts[step.shard_id] + (0 if step.action == Action.COLLECT else 1)
             request = _keyed_request(instance, names[job], step.shard_id,
-                                     f"{step.action.value}:{step.shard_id}:{attempts[step.shard_id] + 1}")
+                                     f"{step.action.value}:{step.shard_id}:{attempt}")
             if request is None:
                 stuck.append(step.shard_id)
             else:

@@ -111,7 +111,7 @@ def job(tmp_path):
 def states(spec, store, shard="s00001") -> dict[str, str]:
     items = pl.from_arrow(Manifest(spec.name, store).shard_items(shard, ["request_id", "shard_id", "user_prompt"]))
     results = read_results(store, spec.name, shard, STATE_COLUMNS)
-    st = item_states(items, results, spec.retries.per_item)
+    st = item_states(items, results, spec.retries)
     check_invariant(items.select("request_id", "shard_id"), results, st)
     prompt_of = dict(zip(items["request_id"], items["user_prompt"]))
     return {prompt_of[r].split("\n")[1]: s for r, s in zip(st["request_id"], st["state"])}
@@ -136,26 +136,27 @@ def test_submit_collect_resume_until_only_dead_letters_remain(job, caplog):
     s = states(spec, store)
     assert kinds_in(s, VALID) == ["good"] * 6
     assert kinds_in(s, INVALID) == ["junk"]
-    assert kinds_in(s, MISSING) == ["flaky", "poison", "silent"]
+    assert kinds_in(s, MISSING) == ["flaky", "silent"]
+    assert kinds_in(s, DEAD) == ["poison"]  # retries.poison defaults to 1: a poison item is not retried
 
     second = runner.submit("s00001")
-    assert (second.attempt, second.requests) == (2, 4)  # valid items are never sent again
+    assert (second.attempt, second.requests) == (2, 3)  # valid and dead items are never sent again
     runner.collect("s00001", poll_interval_s=0)
     s = states(spec, store)
     assert kinds_in(s, VALID) == ["flaky"] + ["good"] * 6 + ["silent"]
-    assert kinds_in(s, DEAD) == ["junk", "poison"]  # budget of 2 spent
+    assert kinds_in(s, DEAD) == ["junk", "poison"]  # junk: retried once (retries.invalid_output 2), then dead
 
     third = runner.submit("s00001")
     assert third.nothing_to_do and third.requests == 0
     assert len(provider.batches) == 2
-    assert sum(provider.sent.values()) == 14
+    assert sum(provider.sent.values()) == 13
 
     # cost is recorded per attempt from the provider's token counts
     results = read_results(store, spec.name, "s00001")
     ok = results.filter(pl.col("status") == "succeeded")
     assert ok["cost_usd"].to_list() == pytest.approx([PRICE.cost(100, 2, 0, batch=True)] * 8)
     log = AttemptLog(store, spec.name, "s00001").all()
-    assert [(a.number, a.closed, a.records["collected"]["rows"]) for a in log] == [(1, True, 9), (2, True, 4)]
+    assert [(a.number, a.closed, a.records["collected"]["rows"]) for a in log] == [(1, True, 9), (2, True, 3)]
 
 
 def test_an_open_submitted_attempt_is_reattached_not_resubmitted(job):
@@ -307,5 +308,5 @@ def test_the_retry_spend_cap_stops_a_resubmission_that_would_pass_it(tmp_path, s
         assert JobControl(store, spec.name).current()["code"] == "retry_cap"
         assert len(provider.batches) == 1  # nothing was sent
     else:
-        assert runner.submit("s00001").requests == 4
+        assert runner.submit("s00001").requests == 3  # the poison item is not retried
         assert len(provider.batches) == 2

@@ -11,11 +11,13 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
+from batch_pipeline.core.control import JobPaused
 from batch_pipeline.core.errors import BatchPipelineError, SystemicError
 from batch_pipeline.core.executor import BatchStatus, StreamExecutor
 from batch_pipeline.core.golden import canary_sample, judge_canary
 from batch_pipeline.core.manifest import Manifest
 from batch_pipeline.core.reconcile import item_states
+from batch_pipeline.core.state.replay import Replays
 from batch_pipeline.core.rescue import deadline_near, rescue_reason
 from batch_pipeline.core.results import read_results
 from batch_pipeline.core.runner import ShardRunner
@@ -63,6 +65,12 @@ class ShardDriver:
         return self.tail()
 
     def submit_phase(self, shard_id: str) -> ShardReport:
+        try:
+            return self._submit_phase(shard_id)
+        except JobPaused as exc:
+            return ShardReport(shard_id, "paused", notes=[str(exc)])
+
+    def _submit_phase(self, shard_id: str) -> ShardReport:
         self.runner.control.ensure_running()
         step = self._step(shard_id)
         if step is None:
@@ -111,8 +119,11 @@ class ShardDriver:
         report = ShardReport(shard_id, "collect")
         if self.stream:
             return report
-        out = self.runner.collect(shard_id, poll_interval_s=self._poll_interval(), on_status=on_status,
-                                  cancel_when=lambda: deadline_near(self.spec))
+        try:
+            out = self.runner.collect(shard_id, poll_interval_s=self._poll_interval(), on_status=on_status,
+                                      cancel_when=lambda: deadline_near(self.spec))
+        except JobPaused as exc:
+            return ShardReport(shard_id, "paused", notes=[str(exc)])
         report.results, report.succeeded = out.rows, out.succeeded
         summary = self.runner.summaries.read(shard_id)
         if summary is not None and summary.canary_done:
@@ -134,7 +145,7 @@ class ShardDriver:
         results = read_results(self.store, self.spec.name, shard_id)
         items = pl.from_arrow(Manifest(self.spec.name, self.store).shard_items(shard_id, ["request_id", "shard_id"]))
         assert isinstance(items, pl.DataFrame)
-        states = item_states(items, results, self.spec.retries.per_item)
+        states = item_states(items, results, self.spec.retries, Replays(self.store, self.spec.name).table(shard_id))
         verdict = judge_canary(self.spec, self.store, shard_id, results, states, final=final)
         if verdict is None:
             self.say(f"canary {shard_id}: nothing answered yet; it runs again")

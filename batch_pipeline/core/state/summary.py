@@ -20,6 +20,7 @@ from batch_pipeline.core.manifest import Manifest
 from batch_pipeline.core.paths import JobPaths
 from batch_pipeline.core.reconcile import DEAD, INVALID, MISSING, VALID, item_states
 from batch_pipeline.core.results import read_results
+from batch_pipeline.core.state.replay import Replays
 from batch_pipeline.core.spec import JobSpec
 from batch_pipeline.core.state.machine import ShardState, check_summary_move
 from batch_pipeline.core.store import Store
@@ -96,7 +97,7 @@ class ShardSummaries:
     """Read and write the summaries of one job."""
 
     def __init__(self, spec: JobSpec, store: Store):
-        self.spec, self.store, self.job, self.budget = spec, store, spec.name, spec.retries.per_item
+        self.spec, self.store, self.job = spec, store, spec.name
         self.paths = JobPaths(spec.name)
         self.manifest = Manifest(spec.name, store)
         self._probe_ids: pl.DataFrame | None = None
@@ -121,7 +122,7 @@ class ShardSummaries:
         if probes is not None and probes.height:
             self._probe_ids = None  # a shard's probes are registered at its first attempt: read them afresh next time
             results = results.join(probes, on="request_id", how="anti")
-        states = item_states(items, results.drop("cost_usd"), self.budget)
+        states = item_states(items, results.drop("cost_usd"), self.spec.retries, Replays(self.store, self.job).table(shard_id))
         counts = dict(states.group_by("state").len().iter_rows())
         opened = _open_attempt(attempts)
         closed = [a for a in attempts if not a.open]

@@ -1,0 +1,113 @@
+"""`batch-pipeline status | pause | replay`: read and steer a job's state machine from the command line.
+
+``status`` reads the per-shard summaries and the driver's plan (fast on 10,000 shards); ``--check`` also runs the
+full reconciliation over every result row. ``pause`` holds the job for a deploy; ``resume`` (or ``run``) lifts it.
+``replay`` gives matching dead letters a fresh budget after a fix.
+"""
+
+import argparse
+import os
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from batch_pipeline.core.spec import JobSpec
+
+COUNTS = ("expected", "valid", "invalid", "missing", "dead_lettered")
+
+
+def _store(args: argparse.Namespace):
+    from batch_pipeline.core.store import Store
+
+    return Store(args.home or os.environ.get("BATCH_PIPELINE_HOME", Path.cwd() / ".batch_pipeline"))
+
+
+def status(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
+    from batch_pipeline.core.control import JobControl
+    from batch_pipeline.core.manifest import Manifest
+    from batch_pipeline.core.publish import JobState
+    from batch_pipeline.core.state.view import load_view
+
+    store = _store(args)
+    if not Manifest(spec.name, store).shard_ids():
+        console.print(f"job {spec.name}: no manifest in {store.root} yet; run it first")
+        return 1
+    view = load_view(spec, store)
+    plan = view.plan()
+    table = Table(title=f"job {spec.name}: shards ({store.root})")
+    for col in ("shard", "state", *COUNTS, "attempts", "spend ($)", "balanced"):
+        table.add_column(col, justify="right")
+    totals = dict.fromkeys(COUNTS, 0)
+    for s in view.summaries:
+        for c in COUNTS:
+            totals[c] += getattr(s, c)
+        table.add_row(s.shard_id, plan.states[s.shard_id].value, *[str(getattr(s, c)) for c in COUNTS],
+                      str(s.attempts), f"{s.spend_usd:.6f}", str(s.balanced))
+    balanced = totals["expected"] == sum(totals[c] for c in COUNTS[1:])
+    table.add_row("total", "", *[str(totals[c]) for c in COUNTS], "",
+                  f"{sum(s.spend_usd for s in view.summaries):.6f}", str(balanced), style="bold")
+    console.print(table)
+    stop = JobControl(store, spec.name).current()
+    if stop:
+        console.print(f"[red]job stopped at {stop['at']}: {stop['reason']}[/red]")
+    console.print(f"next: {plan.describe()}")
+    if args.check:  # the full reconciliation from independent sets (reads every result row)
+        counts = JobState.load(spec, store).check()
+        console.print(f"reconciliation over every result row: {counts.as_dict()} balanced={counts.balanced}")
+    return 0
+
+
+def pause(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
+    from batch_pipeline.core.control import JobControl
+
+    JobControl(_store(args), spec.name).pause(args.reason)
+    console.print(f"job {spec.name} paused: running stream shards store what finished and return, open provider "
+                  f"batches keep running, sensors launch nothing. Continue with `batch-pipeline resume {spec.name}`.")
+    return 0
+
+
+def replay(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
+    from batch_pipeline.core.publish import JobState, dead_letters
+    from batch_pipeline.core.state.replay import Replays, select_dead_letters
+    from batch_pipeline.core.state.summary import ShardSummaries
+
+    store = _store(args)
+    state = JobState.load(spec, store)
+    chosen = select_dead_letters(state.states.filter(state.states["state"] == "dead_lettered"), args.code, args.kind)
+    if chosen.height == 0:
+        known = dead_letters(state)["last_error_code"].value_counts().rows()
+        console.print(f"job {spec.name}: no dead letters match (code={args.code}, kind={args.kind}); "
+                      f"dead letters by code: {dict(known) or 'none'}")
+        return 1
+    record = Replays(store, spec.name).record(chosen, args.code, args.kind)
+    summaries = ShardSummaries(spec, store)
+    for shard in record.shards:
+        summaries.refresh(shard)
+    console.print(f"job {spec.name}: replay {record.number}: {record.items} dead letter(s) in {len(record.shards)} "
+                  f"shard(s) have a fresh budget; `batch-pipeline run {spec.source_path or spec.name}` sends them")
+    return 0
+
+
+def add_commands(sub, resolve, console: Console) -> None:
+    """Register the commands on the CLI's subparsers; ``resolve`` turns a job name or spec path into a JobSpec."""
+
+    def wrap(fn):
+        return lambda args: fn(resolve(args.job), args, console)
+
+    p = sub.add_parser("status", help="per-shard state, counts and spend, and what happens next")
+    p.add_argument("job", help="job name or spec path")
+    p.add_argument("--home")
+    p.add_argument("--check", action="store_true", help="also reconcile over every result row (slower)")
+    p.set_defaults(fn=wrap(status))
+    p = sub.add_parser("pause", help="hold a job (deploys): nothing new is sent until `resume`")
+    p.add_argument("job", help="job name or spec path")
+    p.add_argument("--reason", default="paused by a user")
+    p.add_argument("--home")
+    p.set_defaults(fn=wrap(pause))
+    p = sub.add_parser("replay", help="give matching dead letters a fresh budget (after a fix), then run")
+    p.add_argument("job", help="job name or spec path")
+    p.add_argument("--code", help="only dead letters whose last error code is this (e.g. truncated)")
+    p.add_argument("--kind", help="only dead letters of this error class (invalid_output, poison, transient)")
+    p.add_argument("--home")
+    p.set_defaults(fn=wrap(replay))
