@@ -261,6 +261,7 @@ class ShardRunner:
 
             def store_flush(raw: pa.Table) -> None:
                 nonlocal flush
+                lease.check("write a result part")  # fenced: a stale attempt writes no part
                 flush += 1
                 raw = raw.filter(pc.is_in(raw.column("request_id"), value_set=expected))
                 table = build_results(raw, work, backend=executor.name, pricing=self.pricing,
@@ -284,6 +285,8 @@ class ShardRunner:
             except BaseException:
                 # interrupted (SIGTERM, a pause, a systemic stop): results the engine already has were paid for,
                 # so they are stored before the attempt is left open for the next run to close
+                if not lease.is_current():  # fenced: a stale attempt stores and records nothing more
+                    raise
                 if in_hand is not None:  # interrupted while storing it: store it whole (re-written rows dedupe)
                     store_flush(in_hand)
                 unflushed = getattr(executor, "take_unflushed", None)
@@ -366,7 +369,7 @@ class ShardRunner:
                           + "; ".join(status.errors[:5]))
                 self.control.stop(reason, code="batch_failed")
                 raise SystemicError(reason, code="batch_failed")
-            rows, ok, systemic = self._ingest_with_retries(attempt, handle)
+            rows, ok, systemic = self._ingest_with_retries(attempt, handle, lease)
             crash_point("before_collected")
             lease.check("mark the attempt collected")
             log_.record(attempt.number, "collected", {"state": status.state.value, "rows": rows, "succeeded": ok,
@@ -387,11 +390,12 @@ class ShardRunner:
             outcome.final_states.append(status.state.value)
         return outcome
 
-    def _ingest_with_retries(self, attempt: Attempt, handle: BatchHandle) -> tuple[int, int, dict | None]:
+    def _ingest_with_retries(self, attempt: Attempt, handle: BatchHandle,
+                             lease: Lease | None = None) -> tuple[int, int, dict | None]:
         """A download that breaks half-way is fetched again; rows already written are deduplicated."""
         for n in range(1, MAX_FETCH_TRIES + 1):
             try:
-                return self._ingest(attempt, handle)
+                return self._ingest(attempt, handle, lease)
             except TransientError as exc:
                 if n == MAX_FETCH_TRIES:
                     raise
@@ -399,12 +403,14 @@ class ShardRunner:
                 time.sleep(min(exc.retry_after_s or 2.0 ** n, 60.0))
         raise AssertionError("unreachable")
 
-    def _ingest(self, attempt: Attempt, handle: BatchHandle) -> tuple[int, int, dict | None]:
+    def _ingest(self, attempt: Attempt, handle: BatchHandle,
+                lease: Lease | None = None) -> tuple[int, int, dict | None]:
         """Validate and append every result of one ended batch; IDs outside the attempt are ignored. Returns the
         rows stored, how many succeeded, and the first systemic error inside the files (bad key, no credit), if any.
 
         Each part is written on a background thread (Parquet and zstd release the GIL) while the next block is
-        fetched and validated; every write has finished when this returns or raises.
+        fetched and validated; every write has finished when this returns or raises. Under ``lease`` each part is
+        fenced (``StaleAttemptError`` once another run took the shard over) and a long download renews the lease.
         """
         from batch_pipeline.core.store import BackgroundWrites
 
@@ -427,6 +433,9 @@ class ShardRunner:
                 table = build_results(mine, work, backend=executor.name, pricing=self.pricing,
                                       prompt_version=self.spec.prompt.version, price=self.price,
                                       provider_batch_id=handle.batch_id)
+                if lease is not None:  # fenced before each part (one lease-dir listing, ~0.1 ms locally)
+                    lease.check("write a result part")
+                    lease.heartbeat()  # every ttl/3: a huge or slow download outlasts no lease
                 writes.submit(write_results, self.store, self.spec.name, shard_id, attempt.number, flush, table)
                 if flush == 1 and faults_armed():
                     writes.wait()
