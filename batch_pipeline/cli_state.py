@@ -80,7 +80,7 @@ def replay(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
         console.print(f"job {spec.name}: no dead letters match (code={args.code}, kind={args.kind}); "
                       f"dead letters by code: {dict(known) or 'none'}")
         return 1
-    record = Replays(store, spec.name).record(chosen, args.code, args.kind)
+    record = Replays(store, spec.name).record(chosen, args.code, args.kind, args.max_tokens)
     summaries = ShardSummaries(spec, store)
     for shard in record.shards:
         summaries.refresh(shard)
@@ -109,5 +109,6 @@ def add_commands(sub, resolve, console: Console) -> None:
     p.add_argument("job", help="job name or spec path")
     p.add_argument("--code", help="only dead letters whose last error code is this (e.g. truncated)")
     p.add_argument("--kind", help="only dead letters of this error class (invalid_output, poison, transient)")
+    p.add_argument("--max-tokens", type=int, help="let the replayed shards answer at this length (truncated items)")
     p.add_argument("--home")
     p.set_defaults(fn=wrap(replay))

@@ -11,6 +11,7 @@ from batch_pipeline.core.paths import JobPaths
 from batch_pipeline.core.publish import JobState
 from batch_pipeline.core.reconcile import counts_by_shard, job_counts
 from batch_pipeline.core.spec import JobSpec
+from batch_pipeline.core.state.replay import Replays
 from batch_pipeline.core.store import Store
 
 
@@ -65,6 +66,7 @@ def build_report(spec: JobSpec, store: Store, state: JobState, outputs: dict[str
         "outputs": outputs or {},
     }
     report["quoted_vs_actual"] = quoted_vs_actual(spec, store, state)
+    report["replays"] = [r.as_dict() for r in Replays(store, spec.name).records()]  # dead letters given a new budget
     report["cost_by_attempt"] = {str(k): round(v, 6) for k, v in
                                  state.results.group_by("attempt").agg(pl.col("cost_usd").sum()).sort("attempt")
                                  .iter_rows()} if res.height else {}

@@ -30,19 +30,40 @@ class RetrySpend:
                 f"{self.first_pass_cost:.6f}")
 
 
-def retry_spend(results: pl.DataFrame, total_items: int, retry_items: int, share: float) -> RetrySpend:
-    """Measure in dollars when rows carry cost, else in requests (cost 1 per request)."""
+@dataclass(frozen=True)
+class RetryCosts:
+    """One shard's (or the job's) part of the cap: what first tries cost and how many there were, what retries
+    cost and how many. Kept in each shard's summary, so the cap is checked without reading every result row.
+    Measured in dollars when results carry a cost, else in requests (1 per request)."""
+
+    first_cost: float = 0.0
+    first_tries: int = 0
+    retry_cost: float = 0.0
+    retry_tries: int = 0
+
+    def __add__(self, other: "RetryCosts") -> "RetryCosts":
+        return RetryCosts(self.first_cost + other.first_cost, self.first_tries + other.first_tries,
+                          self.retry_cost + other.retry_cost, self.retry_tries + other.retry_tries)
+
+    def spend(self, total_items: int, retry_items: int, share: float) -> RetrySpend:
+        priced = self.first_cost > 0
+        first, retried = (self.first_cost, self.retry_cost) if priced else (float(self.first_tries),
+                                                                              float(self.retry_tries))
+        mean = first / self.first_tries if self.first_tries else 0.0
+        first_pass = mean * total_items
+        return RetrySpend(first_pass, retried, mean * retry_items, share * first_pass)
+
+
+def retry_costs(results: pl.DataFrame) -> RetryCosts:
+    """The cap's inputs over these results (one row per request and attempt, with ``cost_usd``)."""
     if results.height == 0:
-        return RetrySpend(0.0, 0.0, 0.0, 0.0)
-    priced = float(results["cost_usd"].sum() or 0.0) > 0
-    unit = pl.col("cost_usd") if priced else pl.lit(1.0)
-    ordered = results.sort("request_id", "attempt").with_columns(
-        spends_budget().cast(pl.Int32).alias("_burn"), unit.alias("_cost"))
+        return RetryCosts()
+    ordered = results.sort("request_id", "attempt").with_columns(spends_budget().cast(pl.Int32).alias("_burn"))
     ordered = ordered.with_columns(
         (pl.col("_burn").cum_sum().over("request_id") - pl.col("_burn")).alias("_burned_before"),
         (pl.col("attempt") == pl.col("attempt").min().over("request_id")).alias("_first"))
     first = ordered.filter(pl.col("_first"))
-    mean = float(first["_cost"].mean() or 0.0)
-    retry_cost = float(ordered.filter(pl.col("_burned_before") > 0)["_cost"].sum() or 0.0)
-    first_pass = mean * total_items
-    return RetrySpend(first_pass, retry_cost, mean * retry_items, share * first_pass)
+    retries = ordered.filter(pl.col("_burned_before") > 0)
+    return RetryCosts(float(first["cost_usd"].sum() or 0.0), first.height, float(retries["cost_usd"].sum() or 0.0),
+                      retries.height)
+

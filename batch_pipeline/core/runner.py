@@ -11,14 +11,14 @@ import logging
 import time
 from datetime import UTC, datetime
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from batch_pipeline.core.attempts import Attempt, AttemptLog
-from batch_pipeline.core.control import JobControl
+from batch_pipeline.core.control import JobControl, JobPaused
 from batch_pipeline.core.cost import Price
 from batch_pipeline.core.errors import ErrorClass, SystemicError, TransientError
 from batch_pipeline.core.faults import crash_point, faults_armed
@@ -28,8 +28,9 @@ from batch_pipeline.core.lease import Lease, LeaseHeldError, acquire, default_ow
 from batch_pipeline.core.manifest import Manifest
 from batch_pipeline.core.reconcile import DEAD, VALID, item_states, spends_budget
 from batch_pipeline.core.results import build_results, read_results, write_results
-from batch_pipeline.core.retry_cap import retry_spend
+from batch_pipeline.core.retry_cap import RetryCosts
 from batch_pipeline.core.spec import JobSpec
+from batch_pipeline.core.state.replay import Replays
 from batch_pipeline.core.state.summary import ShardSummaries, ShardSummary
 from batch_pipeline.core.store import Store
 
@@ -76,6 +77,7 @@ class ShardRunner:
         self.before_spend = before_spend  # e.g. the budget guard: raises to refuse a paid call
         self.extra_items = extra_items    # e.g. golden probes: (shard, attempt) -> request_id, user_prompt
         self.summaries = ShardSummaries(spec, store)
+        self._summaries_cache: tuple[float, list[ShardSummary]] | None = None
 
     def _changed(self, shard_id: str) -> ShardSummary:
         """Refresh the shard's summary after every record: the driver decides from it."""
@@ -90,7 +92,7 @@ class ShardRunner:
             return items.select(["request_id", "user_prompt"])
         frame = pl.from_arrow(items)
         assert isinstance(frame, pl.DataFrame)
-        states = item_states(frame, results, self.spec.retries.per_item)
+        states = item_states(frame, results, self.spec.retries, Replays(self.store, self.spec.name).table(shard_id))
         done = states.filter(pl.col("state").is_in([VALID, DEAD])).select("request_id")
         return frame.join(done, on="request_id", how="anti").select("request_id", "user_prompt").to_arrow()
 
@@ -185,7 +187,7 @@ class ShardRunner:
         if extra is not None:
             pending = pa.concat_tables([pending.select(["request_id", "user_prompt"]),
                                         extra.select(["request_id", "user_prompt"]).cast(pending.schema)])
-        work = ShardWork(self.spec.name, shard_id, number, self._key(shard_id, number), self.plan, pending)
+        work = ShardWork(self.spec.name, shard_id, number, self._key(shard_id, number), self._plan(shard_id), pending)
         lease.check("start an attempt")
         if not attempts.create_intent(number, {"key": work.key, "backend": backend, "lease_token": lease.token,
                                                "request_ids": work.request_ids, "requests": pending.num_rows,
@@ -194,6 +196,20 @@ class ShardRunner:
         crash_point("after_intent")
         self._changed(shard_id)
         return work
+
+    def _job_summaries(self) -> list[ShardSummary]:
+        """Every shard's summary, read at most every 30 s by one runner (a ranged run submits many shards)."""
+        now = time.monotonic()
+        if self._summaries_cache is None or now - self._summaries_cache[0] > 30:
+            self._summaries_cache = (now, self.summaries.all())
+        return self._summaries_cache[1]
+
+    def _plan(self, shard_id: str) -> RequestPlan:
+        """The job's request plan, with the larger ``max_tokens`` a replay granted this shard (if any)."""
+        granted = Replays(self.store, self.spec.name).max_tokens(shard_id)
+        if granted is None or granted <= self.plan.sampling.max_tokens:
+            return self.plan
+        return replace(self.plan, sampling=self.plan.sampling.model_copy(update={"max_tokens": granted}))
 
     def _extra(self, shard_id: str, attempt: int) -> pa.Table | None:
         extra = self.extra_items(shard_id, attempt) if self.extra_items else None
@@ -215,17 +231,24 @@ class ShardRunner:
             raise
 
     def _check_retry_cap(self, shard_id: str, pending: pa.Table) -> None:
-        results = read_results(self.store, self.spec.name, columns=[*STATE_COLUMNS, "cost_usd"])
+        """Stop before a resubmission that would take retry spend past its cap. Decided from the per-shard
+        summaries (the job's first-try and retry costs) and this shard's own results, not every result row."""
+        results = read_results(self.store, self.spec.name, shard_id, columns=STATE_COLUMNS)
         if results.height == 0:
             return
-        # pending items that failed before at a cost to their budget: the ones this submission retries
+        # pending items that failed before at a cost to their budget: the ones this submission retries (a
+        # replayed dead letter is a human's decision to spend again, outside the cap)
         ids = pl.Series(pending.column("request_id").to_pylist())
-        retry_items = results.filter(pl.col("request_id").is_in(ids) & spends_budget())["request_id"].n_unique()
+        replayed = Replays(self.store, self.spec.name).table(shard_id)["request_id"]
+        retried = results.filter(pl.col("request_id").is_in(ids) & ~pl.col("request_id").is_in(replayed)
+                                 & spends_budget())
+        retry_items = retried["request_id"].n_unique()
         if retry_items == 0:
             return
         latest = self.manifest.latest()
         assert latest is not None  # there are pending items, so there is a manifest
-        spend = retry_spend(results, latest["unique_requests"], retry_items, self.spec.retries.spend_cap_share)
+        costs = sum((s.retry_costs for s in self._job_summaries()), RetryCosts())
+        spend = costs.spend(latest["unique_requests"], retry_items, self.spec.retries.spend_cap_share)
         if spend.exceeded:
             reason = f"retry-spend cap reached before resubmitting shard {shard_id}: {spend.describe()}"
             self.control.stop(reason, code="retry_cap")
@@ -271,20 +294,25 @@ class ShardRunner:
                 outcome.succeeded += pc.sum(pc.equal(table.column("status"), "succeeded")).as_py() or 0
 
             in_hand: pa.Table | None = None  # yielded by the engine, not yet stored
+            stream = self._guarded(executor.run(work))
             try:
-                for raw in self._guarded(executor.run(work)):
+                for raw in stream:
                     in_hand = raw
                     store_flush(raw)
                     in_hand = None
                     crash_point("mid_stream")
+                    if self.control.paused():  # a deploy: finish what is in flight, store it, give the shard back
+                        raise JobPaused(f"job {self.spec.name} paused: shard {shard_id} stopped after "
+                                        f"{outcome.rows} of {total} results")
                     if on_flush:
                         on_flush(outcome.rows, total)
                     if time.monotonic() > renew_at:
                         lease.renew()
                         renew_at = time.monotonic() + lease.ttl.total_seconds() / 3
-            except BaseException:
+            except BaseException as exc:
                 # interrupted (SIGTERM, a pause, a systemic stop): results the engine already has were paid for,
                 # so they are stored before the attempt is left open for the next run to close
+                stream.close()  # the engine stops sending and hands over what it holds
                 if not lease.is_current():  # fenced: a stale attempt stores and records nothing more
                     raise
                 if in_hand is not None:  # interrupted while storing it: store it whole (re-written rows dedupe)
@@ -295,6 +323,10 @@ class ShardRunner:
                     store_flush(leftover)
                     log.warning("shard %s: interrupted; %d finished results stored before stopping", shard_id,
                                 leftover.num_rows)
+                if isinstance(exc, JobPaused):
+                    attempts.record(number, "abandoned", {"reason": "paused; flushed results kept",
+                                                          "rows": outcome.rows})
+                    self._changed(shard_id)
                 raise
             lease.check("mark the attempt collected")
             attempts.record(number, "collected", {"state": "completed", "rows": outcome.rows,
@@ -354,6 +386,9 @@ class ShardRunner:
                     on_status(shard_id, status)
                 if status.state.ended:
                     break
+                if self.control.paused():  # the batch keeps running at the provider; a later run collects it
+                    raise JobPaused(f"job {self.spec.name} paused: batch {handle.batch_id} of shard {shard_id} is "
+                                    f"left running ({status.provider_status}); resume collects it")
                 if self._cancel_when is not None and status.state != BatchState.CANCELLING and self._cancel_when():
                     log.warning("shard %s: cancelling batch %s to rescue its tail", shard_id, handle.batch_id)
                     self._guard(lambda: executor.cancel(handle))

@@ -1,5 +1,9 @@
-"""Dead-letter replay: after a fix (a larger ``max_tokens``, a repaired prompt), give matching dead letters a
-fresh budget. Each replay is an immutable record (``replays/replay-0001.parquet`` with the items and the attempt
+"""Dead-letter replay: after a fix, give matching dead letters a fresh budget.
+
+A replay may grant a larger ``max_tokens`` to the shards it reopens (``--max-tokens``): the answers that fit
+the old limit stay valid (a limit only cuts an answer short; it does not change it), so the request IDs and
+every finished result are kept, and only the truncated items are sent again with room to finish. Editing
+``sampling.max_tokens`` in the spec instead makes a new request fingerprint: a new version of the whole job. Each replay is an immutable record (``replays/replay-0001.parquet`` with the items and the attempt
 they had reached, plus a ``.json`` with who/what/when); the failures before it stop counting for those items, so
 the driver sees them as retryable again and the next pass sends them once more.
 """
@@ -23,6 +27,7 @@ class ReplayRecord:
     kind: str | None
     items: int
     shards: list[str]
+    max_tokens: int | None = None  # the fix: later attempts of these shards may answer at this length
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -46,14 +51,20 @@ class Replays:
         out = [self.store.read_json(p) for p in self.store.list_files(self.paths.replays, suffix=".json")]
         return [ReplayRecord(**r) for r in out if r]
 
-    def record(self, dead: pl.DataFrame, code: str | None, kind: str | None) -> ReplayRecord:
+    def max_tokens(self, shard_id: str) -> int | None:
+        """The largest ``max_tokens`` a replay granted this shard, if any."""
+        granted = [r.max_tokens for r in self.records() if r.max_tokens and shard_id in r.shards]
+        return max(granted) if granted else None
+
+    def record(self, dead: pl.DataFrame, code: str | None, kind: str | None,
+               max_tokens: int | None = None) -> ReplayRecord:
         """Write one replay of the given dead letters (request_id, shard_id, attempts)."""
         number = len(self.records()) + 1
         rel = f"{self.paths.replays}/replay-{number:04d}"
         table = dead.select("request_id", "shard_id", pl.col("attempts").cast(pl.Int32).alias("through_attempt"))
         self.store.write_table(f"{rel}.parquet", table.to_arrow())
         rec = ReplayRecord(number, datetime.now(UTC).isoformat(), code, kind, dead.height,
-                           sorted(dead["shard_id"].unique().to_list()))
+                           sorted(dead["shard_id"].unique().to_list()), max_tokens)
         self.store.write_json(f"{rel}.json", rec.as_dict())
         return rec
 

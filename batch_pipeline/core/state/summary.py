@@ -20,6 +20,7 @@ from batch_pipeline.core.manifest import Manifest
 from batch_pipeline.core.paths import JobPaths
 from batch_pipeline.core.reconcile import DEAD, INVALID, MISSING, VALID, item_states
 from batch_pipeline.core.results import read_results
+from batch_pipeline.core.retry_cap import RetryCosts, retry_costs
 from batch_pipeline.core.state.replay import Replays
 from batch_pipeline.core.spec import JobSpec
 from batch_pipeline.core.state.machine import ShardState, check_summary_move
@@ -54,12 +55,20 @@ class ShardSummary:
     spend_usd: float = 0.0
     canary_done: bool = False          # a canary attempt of this shard has been collected
     last_final_state: str | None = None  # the provider's final state of the last collected attempt
+    first_try_cost: float = 0.0        # the retry-spend cap's inputs (core/retry_cap.py), kept per shard
+    first_tries: int = 0
+    retry_cost: float = 0.0
+    retry_tries: int = 0
     open: OpenAttempt | None = None
     updated_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
 
     @property
     def retryable(self) -> int:
         return self.invalid + self.missing
+
+    @property
+    def retry_costs(self) -> RetryCosts:
+        return RetryCosts(self.first_try_cost, self.first_tries, self.retry_cost, self.retry_tries)
 
     @property
     def balanced(self) -> bool:
@@ -118,6 +127,7 @@ class ShardSummaries:
         assert isinstance(items, pl.DataFrame)
         results = read_results(self.store, self.job, shard_id, STATE_COLUMNS)
         spend = float(results["cost_usd"].sum() or 0.0) if results.height else 0.0
+        costs = retry_costs(results)
         probes = self.probe_ids if results.height else None
         if probes is not None and probes.height:
             self._probe_ids = None  # a shard's probes are registered at its first attempt: read them afresh next time
@@ -132,7 +142,8 @@ class ShardSummaries:
             shard_id=shard_id, state=derive_state(opened, len(attempts), retryable), expected=items.height,
             valid=counts.get(VALID, 0), invalid=counts.get(INVALID, 0), missing=counts.get(MISSING, 0),
             dead_lettered=counts.get(DEAD, 0), attempts=len(attempts), spend_usd=round(spend, 10),
-            canary_done=any(a.canary for a in collected),
+            canary_done=any(a.canary for a in collected), first_try_cost=round(costs.first_cost, 10),
+            first_tries=costs.first_tries, retry_cost=round(costs.retry_cost, 10), retry_tries=costs.retry_tries,
             last_final_state=collected[-1].records["collected"].get("state") if collected else None, open=opened)
 
     def refresh(self, shard_id: str) -> ShardSummary:
