@@ -7,10 +7,11 @@ issue adds the model's own tokenizer where one is available locally.
 import math
 from datetime import date
 from pathlib import Path
+from typing import Literal
 
 import polars as pl
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from batch_pipeline.core.errors import ConfigError
 
@@ -29,18 +30,49 @@ def estimate_request_tokens(user_bytes: pl.Expr, system_bytes: int) -> pl.Expr:
     return (user_bytes / BYTES_PER_TOKEN).ceil() + (system + MESSAGE_OVERHEAD_TOKENS + REQUEST_OVERHEAD_TOKENS)
 
 
+# Anthropic's published cache-write multipliers of the input rate, per TTL of the cache_control block
+CACHE_WRITE_MULTIPLIERS = {"5m": 1.25, "1h": 2.0}
+
+
 class Price(BaseModel):
+    """USD per million tokens of one model on one backend.
+
+    Input is billed in three parts: uncached input at ``input_per_mtok``, cache reads at
+    ``cached_input_per_mtok``, and cache writes at ``input_per_mtok * cache_write_multiplier``. A provider
+    whose cache is written explicitly and billed for it (Anthropic: ``cache_control`` blocks) names the TTL its
+    requests ask for in ``cache_ttl``; the multiplier defaults to that TTL's published one (5m: 1.25, 1h: 2.0),
+    else 1.25. Providers with automatic caching (OpenAI) write nothing billable: no ``cache_ttl``, and their
+    results carry no cache-write tokens.
+    """
+
     model_config = ConfigDict(extra="forbid")
     input_per_mtok: float = Field(ge=0)
     cached_input_per_mtok: float | None = Field(default=None, ge=0)
     output_per_mtok: float = Field(ge=0)
     batch_discount: float = Field(default=0.0, ge=0, lt=1, description="share taken off on the batch API")
+    cache_ttl: Literal["5m", "1h"] | None = Field(
+        default=None, description="TTL of the cache our requests write (Anthropic); None: writes are not billed apart")
+    cache_write_multiplier: float = Field(default=1.25, ge=1, description="cache writes cost input x this")
     checked: date
 
-    def cost(self, input_tokens: float, output_tokens: float, cached_tokens: float = 0, batch: bool = True) -> float:
+    @model_validator(mode="after")
+    def _ttl_multiplier(self) -> "Price":
+        if self.cache_ttl is not None and "cache_write_multiplier" not in self.model_fields_set:
+            self.cache_write_multiplier = CACHE_WRITE_MULTIPLIERS[self.cache_ttl]
+        return self
+
+    @property
+    def writes_cache(self) -> bool:
+        """Requests write a billed cache (at the multiplier) whenever they miss it."""
+        return self.cache_ttl is not None
+
+    def cost(self, input_tokens, output_tokens, cached_tokens=0, batch: bool = True, cache_write_tokens=0):
+        """The one cost formula (scalars, or NumPy arrays element-wise). ``input_tokens`` is ALL input: uncached +
+        cache reads (``cached_tokens``) + cache writes (``cache_write_tokens``)."""
         cached_rate = self.cached_input_per_mtok if self.cached_input_per_mtok is not None else self.input_per_mtok
-        raw = ((input_tokens - cached_tokens) * self.input_per_mtok + cached_tokens * cached_rate
-               + output_tokens * self.output_per_mtok) / 1e6
+        uncached = input_tokens - cached_tokens - cache_write_tokens
+        raw = (uncached * self.input_per_mtok + cache_write_tokens * (self.input_per_mtok * self.cache_write_multiplier)
+               + cached_tokens * cached_rate + output_tokens * self.output_per_mtok) / 1e6
         return raw * (1 - self.batch_discount) if batch else raw
 
 

@@ -1,9 +1,9 @@
 """The two executor shapes and the records they exchange with the runner.
 
 An executor only talks to a backend; the runner owns intents, attempts, validation and the store.
-Results travel as Arrow tables with ``RAW_RESULT_SCHEMA`` columns so that a provider output file of a
-million lines is ingested column-wise, not object by object. Results are matched by ``request_id``,
-never by position.
+Results travel as Arrow tables with ``RAW_RESULT_SCHEMA`` columns (and any of ``RAW_OPTIONAL_SCHEMA`` after
+them) so that a provider output file of a million lines is ingested column-wise, not object by object. Results
+are matched by ``request_id``, never by position.
 """
 
 from collections.abc import Iterator, Sequence
@@ -27,6 +27,11 @@ RAW_RESULT_SCHEMA = pa.schema([
     ("error_message", pa.string()),
     ("provider_request_id", pa.string()),
     ("raw_payload", pa.string()),       # the provider's line, verbatim
+])
+# Columns an executor MAY add after the RAW_RESULT_SCHEMA ones; an absent one reads as 0 (``build_results``).
+RAW_OPTIONAL_SCHEMA = pa.schema([
+    ("cache_write_tokens", pa.int64()),  # input tokens that wrote the provider's prompt cache (Anthropic
+                                         # cache_creation_input_tokens); counted in input_tokens, billed apart
 ])
 
 

@@ -45,17 +45,49 @@ class GoldenProbes:
 
     def for_shard(self, shard_id: str, shard_items: int, canary: bool) -> pl.DataFrame:
         """The shard's probes (request_id, golden_id, user_prompt, label), chosen deterministically, recorded once."""
+        recorded = self.recorded(shard_id)
+        if recorded is not None:
+            return recorded
+        probes = self._choose(shard_id, shard_items, canary)
+        self.store.write_table(self.registry_path(shard_id), probes.to_arrow())
+        return probes
+
+    def recorded(self, shard_id: str) -> pl.DataFrame | None:
+        """The shard's probes as recorded when they were first attached; None before that."""
         rel = self.registry_path(shard_id)
-        if self.store.exists(rel):
-            return pl.read_parquet(self.store.read_bytes(rel))
+        return pl.read_parquet(self.store.read_bytes(rel)) if self.store.exists(rel) else None
+
+    def _choose(self, shard_id: str, shard_items: int, canary: bool) -> pl.DataFrame:
         golden = self.golden()
         assert self.spec.quality is not None
         k = golden.height if canary else min(golden.height, max(1, math.ceil(self.spec.quality.golden_share
                                                                               * shard_items)))
-        chosen = golden.with_columns(pl.col("golden_id").map_elements(
-            lambda g: probe_id(shard_id, g), return_dtype=pl.String).alias("request_id")).sort("request_id").head(k)
-        probes = chosen.select("request_id", "golden_id", "user_prompt", "label")
-        self.store.write_table(rel, probes.to_arrow())
+        ids = pl.Series("request_id", [probe_id(shard_id, g) for g in golden["golden_id"].to_list()], pl.String)
+        chosen = golden.with_columns(ids).sort("request_id").head(k)
+        return chosen.select("request_id", "golden_id", "user_prompt", "label")
+
+    def riding(self, shard_sizes: dict[str, int], canary_shard: str | None, answered: pl.DataFrame) -> pl.DataFrame:
+        """The probes that go out with the next submission of each listed shard (shard_id, request_id, golden_id,
+        user_prompt), as the shard runner's probe hook attaches them: every golden record with the canary shard,
+        ``golden_share`` of its size with any other, and none again once any probe of the shard has a result
+        (``answered``: result rows with request_id). Nothing is recorded: a shard's recorded choice, where there is
+        one, else the choice ``for_shard`` will record. ``shard_sizes``: shard -> its items (all, not only pending)."""
+        empty = pl.DataFrame(schema={"shard_id": pl.String, "request_id": pl.String, "golden_id": pl.String,
+                                     "user_prompt": pl.String})
+        if not self.enabled or not shard_sizes:
+            return empty
+        recorded = {rel.rsplit("/", 1)[-1].removesuffix(".parquet")
+                    for rel in self.store.list_files(f"{self.paths.root}/golden/probes", suffix=".parquet")}
+        frames = []
+        for shard_id, size in shard_sizes.items():
+            probes = self.recorded(shard_id) if shard_id in recorded else None
+            if probes is None:
+                probes = self._choose(shard_id, size, shard_id == canary_shard)
+            frames.append(probes.select(pl.lit(shard_id).alias("shard_id"), "request_id", "golden_id", "user_prompt"))
+        probes = pl.concat(frames)
+        if answered.height:
+            done = probes.join(answered.select("request_id"), on="request_id", how="semi")["shard_id"].unique()
+            probes = probes.filter(~pl.col("shard_id").is_in(done.to_list()))
         return probes
 
     def all_probe_ids(self) -> pl.DataFrame:

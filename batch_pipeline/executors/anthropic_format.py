@@ -3,8 +3,13 @@
 Requests carry the system prompt as one cacheable block (``cache_control: ephemeral``), so every request of a
 job shares a cached prefix. A choice or JSON-schema contract becomes one forced tool (``answer``) whose
 ``input_schema`` is the contract; its ``input`` comes back as the output text, so ``{"label": ...}``
-validates as a choice. Result lines become ``RAW_RESULT_SCHEMA`` rows; only the rows with a ``tool_use``
-block are decoded in Python (their ``input`` is an arbitrary object).
+validates as a choice. Result lines become ``RAW_RESULT_SCHEMA`` rows plus ``cache_write_tokens``
+(``ANTHROPIC_RAW_SCHEMA``); only the rows with a ``tool_use`` block are decoded in Python (their ``input`` is an
+arbitrary object).
+
+Usage: Anthropic's ``input_tokens`` excludes both cache reads and cache writes. Our ``input_tokens`` is all of
+the input (uncached + ``cache_creation_input_tokens`` + ``cache_read_input_tokens``), ``cached_tokens`` the
+cache reads and ``cache_write_tokens`` the cache writes, so that ``Price.cost`` bills each at its own rate.
 """
 
 import json
@@ -15,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batch_pipeline.core.errors import ConfigError
-from batch_pipeline.core.executor import RAW_RESULT_SCHEMA, RequestPlan, ShardWork
+from batch_pipeline.core.executor import RAW_OPTIONAL_SCHEMA, RAW_RESULT_SCHEMA, RequestPlan, ShardWork
 from batch_pipeline.core.validate import choice_schema
 from batch_pipeline.executors.jsonl_blocks import (extract_block, json_paths_sql, read_lines, replace_rows,
                                                    utf8_or_marker)
@@ -32,6 +37,8 @@ UNRUN = {"canceled": ("batch_cancelled", "This request was not executed because 
          "expired": ("batch_expired", "This request was not executed before the batch expired (24 h).")}
 
 _STR, _INT = pa.string(), pa.int64()
+# the result rows of this format: the raw columns, then the cache writes Anthropic bills apart
+ANTHROPIC_RAW_SCHEMA = pa.schema([*RAW_RESULT_SCHEMA, RAW_OPTIONAL_SCHEMA.field("cache_write_tokens")])
 Column = pa.Array | pa.ChunkedArray  # a column as Arrow compute returns it
 _USAGE = pa.struct([("input_tokens", _INT), ("output_tokens", _INT), ("cache_creation_input_tokens", _INT),
                     ("cache_read_input_tokens", _INT)])
@@ -122,7 +129,7 @@ _NOT_UTF8 = json.dumps({"custom_id": None, "result": {"type": "unparseable_line"
 
 
 def parse_results_block(block: bytes) -> pa.Table:
-    """Result lines -> RAW_RESULT_SCHEMA rows, column-wise; the per-line path for odd blocks and odd rows."""
+    """Result lines -> ANTHROPIC_RAW_SCHEMA rows, column-wise; the per-line path for odd blocks and odd rows."""
     fast = _parse_fast(block)
     return fast if fast is not None else _parse_lines(block)
 
@@ -168,7 +175,7 @@ def _parse_lines(block: bytes) -> pa.Table:
     """Line by line: blank lines skipped, Arrow's JSON reader, and ``_loose_line`` when it refuses the block."""
     lines = [line for line in block.split(b"\n") if line.strip()]
     if not lines:
-        return RAW_RESULT_SCHEMA.empty_table()
+        return ANTHROPIC_RAW_SCHEMA.empty_table()
     t = read_lines(utf8_or_marker(lines, _NOT_UTF8), RESULT_LINE_SCHEMA, _loose_line)
     result = t.column("result").combine_chunks()
     message = pc.struct_field(result, "message")
@@ -195,7 +202,7 @@ def _parse_lines(block: bytes) -> pa.Table:
 def _assemble(custom_id: Column, kind: Column, text: Column, stop: Column, input_tokens: Column,
               output_tokens: Column, cache_creation: Column, cache_read: Column, has_usage: Column,
               error_type: Column, error_text: Column, message_id: Column, raw: Column) -> pa.Table:
-    """RAW_RESULT_SCHEMA rows from the fields of result lines, however they were read."""
+    """ANTHROPIC_RAW_SCHEMA rows from the fields of result lines, however they were read."""
     succeeded = pc.fill_null(pc.equal(kind, "succeeded"), False)
     status = pc.if_else(succeeded, pa.scalar(200, pa.int32()),
                         pc.if_else(pc.equal(kind, "errored"),
@@ -207,8 +214,8 @@ def _assemble(custom_id: Column, kind: Column, text: Column, stop: Column, input
     refused = pc.if_else(pc.fill_null(pc.equal(stop, "refusal"), False),
                          pa.scalar("refused (stop_reason=refusal)", _STR), pa.scalar(None, _STR))
     error_message = pc.coalesce(error_text, _lookup(kind, {k: v[1] for k, v in UNRUN.items()}, _STR), refused)
-    cache_read = _zero(cache_read)
-    total_input = pc.add(pc.add(input_tokens, cache_read), _zero(cache_creation))
+    cache_read, cache_creation = _zero(cache_read), _zero(cache_creation)
+    total_input = pc.add(pc.add(input_tokens, cache_read), cache_creation)  # all input: uncached + reads + writes
     return pa.Table.from_arrays([
         _chunk(custom_id),
         status,
@@ -221,7 +228,8 @@ def _assemble(custom_id: Column, kind: Column, text: Column, stop: Column, input
         error_message,
         message_id,
         raw,
-    ], schema=RAW_RESULT_SCHEMA)
+        pc.if_else(has_usage, cache_creation, pa.scalar(None, _INT)),
+    ], schema=ANTHROPIC_RAW_SCHEMA)
 
 
 def _chunk(values: Column) -> pa.Array:

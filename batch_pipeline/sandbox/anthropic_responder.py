@@ -5,7 +5,10 @@ Content honours the request's output contract: when ``tool_choice`` forces one t
 a ``tool_use`` block whose ``input`` validates against that schema; otherwise it is a short text.
 Prompt caching: every content block with ``cache_control`` is a breakpoint; the prefix up to a breakpoint
 (tools, then system, then messages) is written to the cache the first time it is seen (if it holds at least
-1024 tokens) and read from it afterwards.
+1024 tokens) and read from it afterwards. ``usage`` reports the written tokens as ``cache_creation_input_tokens``
+(and per TTL in ``cache_creation``: ``ephemeral_5m_input_tokens``, or ``ephemeral_1h_input_tokens`` for a
+breakpoint with ``"ttl": "1h"``), the read ones as ``cache_read_input_tokens``, and the rest as ``input_tokens``.
+A cached prefix does not expire here (the TTL only labels the write).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ class Segment:
     text: str
     tokens: int
     breakpoint: bool = False
+    ttl: str = "5m"  # of the breakpoint's cache_control: "5m" (the default) or "1h"
 
 
 @dataclass
@@ -58,8 +62,9 @@ class Prompt:
 
     segments: list[Segment] = field(default_factory=list)
 
-    def add(self, text: str, extra: int = 0, breakpoint: bool = False) -> None:
-        self.segments.append(Segment(text, count_tokens(text) + extra, breakpoint))
+    def add(self, text: str, extra: int = 0, cache: str | None = None) -> None:
+        """A segment; ``cache``: the TTL of its ``cache_control`` (None: not a breakpoint)."""
+        self.segments.append(Segment(text, count_tokens(text) + extra, cache is not None, cache or "5m"))
 
     @property
     def tokens(self) -> int:
@@ -78,8 +83,11 @@ def _block_text(block: Any) -> str:
     return json.dumps(block, sort_keys=True, ensure_ascii=False)
 
 
-def _has_cache_control(block: Any) -> bool:
-    return isinstance(block, dict) and isinstance(block.get("cache_control"), dict)
+def _cache_ttl(block: Any) -> str | None:
+    """The TTL a block's ``cache_control`` asks for ("5m" unless ``"ttl": "1h"``); None without one."""
+    if not (isinstance(block, dict) and isinstance(block.get("cache_control"), dict)):
+        return None
+    return "1h" if block["cache_control"].get("ttl") == "1h" else "5m"
 
 
 def build_prompt(params: dict[str, Any]) -> Prompt:
@@ -87,17 +95,17 @@ def build_prompt(params: dict[str, Any]) -> Prompt:
     prompt = Prompt()
     for tool in params.get("tools") or []:
         bare = {k: v for k, v in tool.items() if k != "cache_control"} if isinstance(tool, dict) else tool
-        prompt.add(json.dumps(bare, sort_keys=True, ensure_ascii=False), breakpoint=_has_cache_control(tool))
+        prompt.add(json.dumps(bare, sort_keys=True, ensure_ascii=False), cache=_cache_ttl(tool))
     system = params.get("system")
     if system:
         for block in _blocks(system):
-            prompt.add(_block_text(block), breakpoint=_has_cache_control(block))
+            prompt.add(_block_text(block), cache=_cache_ttl(block))
     for message in params.get("messages") or []:
         if not isinstance(message, dict):
             continue
         for position, block in enumerate(_blocks(message.get("content"))):
             extra = PER_MESSAGE_TOKENS if position == 0 else 0
-            prompt.add(_block_text(block), extra=extra, breakpoint=_has_cache_control(block))
+            prompt.add(_block_text(block), extra=extra, cache=_cache_ttl(block))
     return prompt
 
 
@@ -142,7 +150,7 @@ class AnthropicRunner:
             return AnthropicResult(custom_id, model, errored(
                 "api_error", "Internal server error (sandbox scenario line_errors)."))
         prompt = build_prompt(params)
-        creation, read = self._cache(model, prompt)
+        creation, read, by_ttl = self._cache(model, prompt)
         content, output_tokens, stop_reason = self._content(batch_id, custom_id, params, marks)
         message = {
             "id": "msg_" + stable_hex(batch_id, custom_id, "message"),
@@ -157,28 +165,36 @@ class AnthropicRunner:
                 "output_tokens": output_tokens,
                 "cache_creation_input_tokens": creation,
                 "cache_read_input_tokens": read,
+                "cache_creation": {"ephemeral_5m_input_tokens": by_ttl["5m"],
+                                   "ephemeral_1h_input_tokens": by_ttl["1h"]},
                 "service_tier": "batch",
             },
         }
         return AnthropicResult(custom_id, model, {"type": "succeeded", "message": message},
                                prompt.tokens - creation - read, creation, read, output_tokens)
 
-    def _cache(self, model: str, prompt: Prompt) -> tuple[int, int]:
-        """(cache_creation, cache_read) tokens; marks every eligible breakpoint prefix as cached."""
+    def _cache(self, model: str, prompt: Prompt) -> tuple[int, int, dict[str, int]]:
+        """(cache_creation, cache_read, cache_creation by TTL) tokens; marks every eligible breakpoint prefix as
+        cached. Written tokens between two breakpoints take the TTL of the breakpoint that ends them."""
         digest = hashlib.sha256(model.encode("utf-8"))
         running = 0
-        eligible: list[tuple[str, int]] = []
+        eligible: list[tuple[str, int, str]] = []
         for segment in prompt.segments:
             digest.update(b"\x1e" + segment.text.encode("utf-8"))
             running += segment.tokens
             if segment.breakpoint and running >= CACHE_MIN_TOKENS:
-                eligible.append((SEEN_PREFIX + digest.hexdigest(), running))
+                eligible.append((SEEN_PREFIX + digest.hexdigest(), running, segment.ttl))
+        by_ttl = {"5m": 0, "1h": 0}
         if not eligible:
-            return 0, 0
-        read = max((tokens for key, tokens in eligible if key in self.seen_prompts), default=0)
-        creation = eligible[-1][1] - read
-        self.seen_prompts.update(key for key, _ in eligible)
-        return creation, read
+            return 0, 0, by_ttl
+        read = max((tokens for key, tokens, _ in eligible if key in self.seen_prompts), default=0)
+        start = read
+        for _, tokens, ttl in eligible:
+            if tokens > start:
+                by_ttl[ttl] += tokens - start
+                start = tokens
+        self.seen_prompts.update(key for key, _, _ in eligible)
+        return eligible[-1][1] - read, read, by_ttl
 
     @staticmethod
     def _content(batch_id: str, custom_id: str, params: dict[str, Any], marks: set[str]

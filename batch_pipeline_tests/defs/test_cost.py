@@ -10,7 +10,7 @@ import pytest
 
 from batch_pipeline.core.control import JobControl
 from batch_pipeline.core.cost import load_prices
-from batch_pipeline.core.manifest import build_manifest
+from batch_pipeline.core.manifest import Manifest, build_manifest
 from batch_pipeline.core.publish import JobState
 from batch_pipeline.core.quote import QuoteRefused, make_quote, verify_quote
 from batch_pipeline.core.spec import load_spec
@@ -159,3 +159,133 @@ def test_report_explains_quoted_vs_actual_by_pass_and_plots_spend(sandbox, make_
     assert set(report["cost_by_attempt"]) >= {"1", "2"}
     assert sum(report["cost_by_attempt"].values()) == pytest.approx(report["cost_usd"], abs=1e-5)
     assert Store(home).read_bytes(f"jobs/{spec.name}/report.png")[:4] == b"\x89PNG"
+
+
+# -- golden probes: paid requests that are not items -------------------------------------------------------------
+
+QUALITY = {"golden": str(REPO / "data" / "golden" / "demo.jsonl"), "canary_min_accuracy": 0.85,
+           "golden_share": 0.1, "eval_backend": {"name": "online", "settings": {"sandbox": True}}}
+
+
+def probes_by_hand(spec, shards: list[str]) -> list[str]:
+    """The rendered prompts of the probes that ride along: every golden record with the canary shard (the
+    first), then ceil(golden_share x 10 items) = 1 per other shard, the golden record whose salted ID sorts first."""
+    from batch_pipeline.core.evals import load_golden
+    from batch_pipeline.core.golden import probe_id
+
+    golden = load_golden(spec).to_dicts()
+    prompts = [g["user_prompt"] for g in golden]
+    for shard in shards[1:]:
+        prompts.append(min(golden, key=lambda g: probe_id(shard, g["golden_id"]))["user_prompt"])
+    return prompts
+
+
+def test_the_quote_of_a_job_with_a_golden_set_is_higher_by_exactly_its_probes(make_job, home):
+    import math
+
+    from batch_pipeline.core.quote import schema_tokens
+
+    plain, gold = make_job(name="plain"), make_job(name="gold", quality=QUALITY)
+    store = Store(home)
+    build_manifest(plain, store)
+    build_manifest(gold, store)
+    q_plain, q_gold = quote_for(plain, store), quote_for(gold, store)
+    assert q_plain["pending_requests"] == q_gold["pending_requests"] == 40
+    assert q_plain["probe_requests"] == 0 and q_gold["probe_requests"] == 60 + 3 == q_gold["passes"]["probes"]["requests"]
+    # the items' passes are the same; the probes are a pass of their own
+    assert q_gold["passes"]["first"] == q_plain["passes"]["first"]
+    assert q_gold["passes"]["retries"] == q_plain["passes"]["retries"]
+    # the probes' estimate by hand, from the golden set's rendered prompts, priced at the high end: bytes / 4 per
+    # prompt + the system prompt + 4 per message x 2 + 3 priming + the output schema, x 1.25 before anything is
+    # measured; 16 output tokens each (max_tokens); no cache read; gpt-4o-mini on the batch API
+    prompts = probes_by_hand(gold, ["s00001", "s00002", "s00003", "s00004"])
+    per_request = math.ceil(len(gold.prompt.system.encode()) / 4) + 4 + 4 + 3 + schema_tokens(gold)
+    tokens = sum(math.ceil(len(p.encode()) / 4) + per_request for p in prompts)
+    assert q_gold["passes"]["probes"]["input_tokens"] == tokens
+    high_by_hand = (tokens * 1.25 * 0.15 + 63 * 16 * 0.60) / 1e6 * 0.5
+    assert q_gold["passes"]["probes"]["cost_high"] == pytest.approx(high_by_hand, rel=1e-9)
+    for level in ("low", "expected", "high"):
+        extra = q_gold["est_cost_usd"][level] - q_plain["est_cost_usd"][level]
+        assert extra == pytest.approx(q_gold["passes"]["probes"][f"cost_{level}"], abs=2e-6)  # est is rounded to 1e-6
+    assert q_gold["est_cost_usd"]["high"] - q_plain["est_cost_usd"]["high"] == pytest.approx(high_by_hand, abs=2e-6)
+
+
+def test_the_budget_guard_refuses_a_submission_its_probes_push_over_the_budget(sandbox, make_job, instance,
+                                                                             resources, home):
+    from batch_pipeline.core.budget import BudgetGuard
+    from batch_pipeline.core.errors import SystemicError
+    from batch_pipeline.core.golden import canary_sample
+    from batch_pipeline.defs.assets import _runner
+    from batch_pipeline.defs.resources import PricesResource, StoreResource
+
+    store = Store(home)
+    plain, gold = make_job(name="plain"), make_job(name="gold", quality=QUALITY)
+    build_manifest(plain, store)
+    build_manifest(gold, store)
+    # a real run: a budget between the items' quote and the items' + probes' quote
+    items_high, all_high = quote_for(plain, store)["est_cost_usd"]["high"], quote_for(gold, store)["est_cost_usd"]["high"]
+    assert all_high > items_high
+    budget = (items_high + all_high) / 2
+    with pytest.raises(dg.Failure, match="budget"):
+        run_job(make_job(name="gold", quality=QUALITY, budget_usd=budget), instance, resources)
+    assert [r for r in sandbox.requests() if r["path"].startswith("/v1/")] == []  # nothing was sent
+    report = run_job(make_job(name="plain", budget_usd=budget), instance, resources)  # the items alone fit
+    assert report["complete"] and 0 < report["cost_usd"] <= budget
+    sandbox.reset()
+
+    # the guard before the paid call (the runner run_job uses: the guard and the probe hook): the canary shard's
+    # 10 items fit the budget, its 60 probes on top do not
+    price = PRICES.lookup(gold.backend.name, gold.model)
+    guard = BudgetGuard(gold, store, price)
+    guard._calibrate()
+    items = pl.from_arrow(Manifest(gold.name, store).shard_items("s00001", ["request_id", "est_input_tokens"]))
+    items_cost = guard.request_cost_high(float(items["est_input_tokens"].sum()), items.height)
+    probes = guard.riding_probes("s00001")
+    assert probes.height == 60
+    probes_cost = guard.request_cost_high(float(probes["est_input_tokens"].sum()), probes.height)
+    tight = make_job(name="gold", quality=QUALITY, budget_usd=items_cost + probes_cost / 2)
+    runner = _runner(tight, StoreResource(root=str(home)), PricesResource(path=str(REPO / "data" / "prices.yaml")))
+    canary = canary_sample(items, tight.canary.size)
+    with pytest.raises(SystemicError, match=r"budget cap: .*\(10 items \$.* \+ 60 golden probes \$"):
+        runner.submit("s00001", only=canary, canary=True)
+    assert JobControl(store, tight.name).current()["code"] == "budget"
+    assert [r for r in sandbox.requests() if r["path"].startswith("/v1/")] == []
+    # the same budget without a golden set: the same 10 items go out
+    fits = make_job(name="plain2", budget_usd=tight.budget_usd)
+    build_manifest(fits, store)
+    sub = _runner(fits, StoreResource(root=str(home)), PricesResource(path=str(REPO / "data" / "prices.yaml"))) \
+        .submit("s00001", only=canary, canary=True)
+    assert sub.requests == 10 and sub.handle is not None
+
+
+# -- Anthropic: cache writes at their real rate -------------------------------------------------------------------
+
+def test_an_anthropic_job_costs_what_its_ledger_tokens_cost_by_hand(sandbox, make_job, instance, resources, home):
+    """A system prompt long enough to cache: the first request with it writes the cache (1.25x input), every
+    later one reads it (0.1x). The job's reported cost is the sandbox ledger's tokens priced by hand."""
+    system = "You label customer support tickets with one label: billing, bug, feature_request, account or other. " * 70
+    spec = make_job(name="anth", model="claude-haiku-4-5", backend={"name": "anthropic_batch", "settings": {"sandbox": True}},
+                    prompt={"version": "v1", "system": system, "template": "Subject: {subject}\nTicket:\n{body}"})
+    store = Store(home)
+    build_manifest(spec, store)
+    quote = quote_for(spec, store)
+    assert quote["cache"]["writes_billed"] and quote["cache"]["first_write_batches"] == 4  # 4 shards of 10
+    report = run_job(spec, instance, resources)
+    assert report["complete"] and report["succeeded"] == 40
+    ledger = sandbox.ledger()
+    assert len(ledger) == 40
+    writes = sum(e["cache_creation_input_tokens"] for e in ledger)
+    reads = sum(e["cached_tokens"] for e in ledger)
+    total_in = sum(e["input_tokens"] for e in ledger)  # uncached + writes + reads
+    out = sum(e["output_tokens"] for e in ledger)
+    assert writes > 1024 and reads > 30 * 1024  # the prefix written once, read by the other 39 requests
+    assert sum(1 for e in ledger if e["cache_creation_input_tokens"]) == 1
+    # claude-haiku-4-5 on the batch API: $1.00 in, x1.25 a 5-minute cache write, $0.10 a cache read, $5.00 out, half off
+    by_hand = ((total_in - writes - reads) * 1.00 + writes * 1.00 * 1.25 + reads * 0.10 + out * 5.00) / 1e6 * 0.5
+    assert report["cost_usd"] == pytest.approx(by_hand, abs=1e-6)  # the report rounds to 1e-6
+    state = JobState.load(spec, store)
+    assert int(state.results["cache_write_tokens"].sum()) == writes
+    assert float(state.results["cost_usd"].sum()) == pytest.approx(by_hand, rel=1e-9)
+    writes_at_input_rate = ((total_in - reads) * 1.00 + reads * 0.10 + out * 5.00) / 1e6 * 0.5
+    assert by_hand - writes_at_input_rate == pytest.approx(writes * 0.25 / 1e6 * 0.5, rel=1e-9)
+    assert float(state.results["cost_usd"].sum()) <= quote["est_cost_usd"]["high"]
