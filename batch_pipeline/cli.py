@@ -22,11 +22,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from batch_pipeline.core.errors import BatchPipelineError
 from batch_pipeline.cli_state import add_commands
+from batch_pipeline.core.errors import BatchPipelineError
+from batch_pipeline.core.settings import PROJECT_ROOT, Settings
 from batch_pipeline.core.spec import JobSpec, load_spec
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SANDBOX_URL_ENV = "BATCH_PIPELINE_SANDBOX_URL"
 # messages keep paths and fields on one line; tables get room when the output is not a terminal (CI logs, pipes)
 console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
@@ -44,7 +44,7 @@ def _dagster_home() -> Path:
 def _resolve_spec(arg: str) -> JobSpec:
     path = Path(arg)
     if not path.exists() and not arg.endswith(".yaml"):
-        path = Path(os.environ.get("BATCH_PIPELINE_JOBS", PROJECT_ROOT / "data" / "jobs")) / f"{arg}.yaml"
+        path = Settings.from_env().jobs / f"{arg}.yaml"
     return load_spec(path)
 
 
@@ -180,20 +180,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = _resolve_spec(args.spec)
     if args.home:
         os.environ["BATCH_PIPELINE_HOME"] = str(Path(args.home).resolve())
-    os.environ.setdefault("BATCH_PIPELINE_HOME", str(Path.cwd() / ".batch_pipeline"))
+    settings = Settings.from_env()
+    os.environ["BATCH_PIPELINE_HOME"] = settings.home  # the runs' resources and any child process read it
     _dagster_home()
     import dagster as dg
 
     from batch_pipeline.defs.pipeline import run_job
     from batch_pipeline.defs.resources import PricesResource, StoreResource
 
-    resources = {"store": StoreResource(root=os.environ["BATCH_PIPELINE_HOME"]),
-                 "prices": PricesResource(path=os.environ.get("BATCH_PIPELINE_PRICES",
-                                                              str(PROJECT_ROOT / "data" / "prices.yaml")))}
+    resources = {"store": StoreResource(root=settings.home), "prices": PricesResource(path=str(settings.prices))}
     console.print(f"[bold]job {spec.name}[/bold]: {spec.model} on {spec.backend.name}, input {spec.input.path}")
     from batch_pipeline.core.control import JobControl, JobPaused
 
-    control = JobControl(Store(os.environ["BATCH_PIPELINE_HOME"]), spec.name)
+    control = JobControl(Store(settings.home), spec.name)
     held = control.unpause()
     if held:
         console.print(f"[yellow]resuming: the job was paused at {held['at']} ({held['reason']})[/yellow]")
@@ -204,7 +203,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     term = _TermAsInterrupt()  # SIGTERM: a stream shard stores what finished, then we exit 143 (no traceback)
     try:
         with term, _sandbox_if_needed(spec), dg.DagsterInstance.get() as instance, \
-                _Progress(spec, Store(os.environ["BATCH_PIPELINE_HOME"])) as progress:
+                _Progress(spec, Store(settings.home)) as progress:
             report = run_job(spec, instance, resources, log_level=args.log_level, on_stage=progress.set_stage)
     except dg.Failure as exc:
         if not (term.received and "Interrupt" in (exc.description or "")):  # Dagster's interrupt needs no words
@@ -265,11 +264,11 @@ def cmd_quote(args: argparse.Namespace) -> int:
     from batch_pipeline.core.store import Store
 
     spec = _resolve_spec(args.job)
-    store = Store(args.home or os.environ.get("BATCH_PIPELINE_HOME", Path.cwd() / ".batch_pipeline"))
+    store = Store(args.home or Settings.from_env().home)
     if Manifest(spec.name, store).last_generation() == 0:
         summary = build_manifest(spec, store)
         console.print(f"manifest built: {summary.new_requests} requests in {len(summary.new_shards)} shards")
-    prices = load_prices(os.environ.get("BATCH_PIPELINE_PRICES", PROJECT_ROOT / "data" / "prices.yaml"))
+    prices = load_prices(Settings.from_env().prices)
     state = JobState.load(spec, store)
     if not args.compare:
         q = make_quote(spec, store, prices, state.items, state.results, state.states)
@@ -300,7 +299,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
 
 def cmd_dev(args: argparse.Namespace) -> int:
     home = _dagster_home()
-    os.environ.setdefault("BATCH_PIPELINE_HOME", str(Path.cwd() / ".batch_pipeline"))
+    os.environ["BATCH_PIPELINE_HOME"] = Settings.from_env().home
     with _sandbox_if_needed(None, force=not os.environ.get(SANDBOX_URL_ENV)):
         console.print(f"dagster dev on http://127.0.0.1:{args.port} (DAGSTER_HOME={home})")
         return subprocess.call([sys.executable, "-m", "dagster", "dev", "-h", "127.0.0.1", "-p", str(args.port),

@@ -6,8 +6,6 @@ full reconciliation over every result row. ``pause`` holds the job for a deploy;
 """
 
 import argparse
-import os
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -20,7 +18,9 @@ COUNTS = ("expected", "valid", "invalid", "missing", "dead_lettered")
 def _store(args: argparse.Namespace):
     from batch_pipeline.core.store import Store
 
-    return Store(args.home or os.environ.get("BATCH_PIPELINE_HOME", Path.cwd() / ".batch_pipeline"))
+    from batch_pipeline.core.settings import Settings
+
+    return Store(args.home or Settings.from_env().home)
 
 
 def status(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:

@@ -23,8 +23,9 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from batch_pipeline.core.errors import BatchPipelineError, ConfigError, StaleAttemptError
+from batch_pipeline.core.errors import BatchPipelineError, StaleAttemptError
 from batch_pipeline.core.paths import JobPaths
+from batch_pipeline.core.settings import Settings
 from batch_pipeline.core.store import Store
 
 log = logging.getLogger(__name__)
@@ -39,17 +40,9 @@ class LeaseHeldError(BatchPipelineError):
 
 
 def default_ttl() -> timedelta:
-    """``$BATCH_PIPELINE_LEASE_TTL_S`` seconds if set, else ``DEFAULT_TTL``."""
-    raw = os.environ.get(TTL_ENV, "").strip()
-    if not raw:
-        return DEFAULT_TTL
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = 0.0
-    if not seconds > 0:
-        raise ConfigError(f"${TTL_ENV}={raw!r}: the lease ttl must be a positive number of seconds")
-    return timedelta(seconds=seconds)
+    """``$BATCH_PIPELINE_LEASE_TTL_S`` seconds if set (core/settings.py), else ``DEFAULT_TTL``."""
+    seconds = Settings.from_env().lease_ttl_s
+    return timedelta(seconds=seconds) if seconds else DEFAULT_TTL
 
 
 def default_owner() -> str:

@@ -20,9 +20,9 @@ from batch_pipeline.core.golden import GoldenProbes
 from batch_pipeline.core.manifest import Manifest
 from batch_pipeline.core.paths import JobPaths
 from batch_pipeline.core.reconcile import DEAD, check_invariant, item_states
-from batch_pipeline.core.state.replay import Replays
 from batch_pipeline.core.results import read_results
 from batch_pipeline.core.spec import JobSpec
+from batch_pipeline.core.state.replay import Replays
 from batch_pipeline.core.store import Store
 
 log = logging.getLogger(__name__)

@@ -23,12 +23,13 @@ import pyarrow.parquet as pq
 
 log = logging.getLogger(__name__)
 
-DEFAULT_HOME = "./.batch_pipeline"
 TMP_PREFIX = ".tmp-"
 
 
 def default_root() -> str:
-    return os.environ.get("BATCH_PIPELINE_HOME", DEFAULT_HOME)
+    from batch_pipeline.core.settings import Settings
+
+    return Settings.from_env().home
 
 
 class Store:

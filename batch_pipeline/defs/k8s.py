@@ -29,6 +29,8 @@ from collections.abc import Mapping
 
 from dagster import ExecutorDefinition, in_process_executor
 
+from batch_pipeline.core.settings import Settings
+
 GPU_POOL = "gpu"
 K8S_CONFIG_TAG = "dagster-k8s/config"
 MODEL_CACHE_CLAIM = "batch-pipeline-model-cache"
@@ -72,7 +74,7 @@ def parse_node_selector(text: str) -> dict[str, str]:
 
 
 def gpu_node_selector() -> dict[str, str]:
-    raw = os.environ.get("BATCH_PIPELINE_GPU_NODE_SELECTOR")
+    raw = Settings.from_env().gpu_node_selector
     return dict(DEFAULT_GPU_NODE_SELECTOR) if raw is None else parse_node_selector(raw)
 
 
@@ -142,7 +144,7 @@ def gpu_step_tags(gpus: int = 1, node_selector: Mapping[str, str] | None = None,
             {"name": SHM_VOLUME, "mount_path": "/dev/shm"},
         ],
     }
-    image = os.environ.get("BATCH_PIPELINE_GPU_IMAGE", "").strip()
+    image = Settings.from_env().gpu_image or ""
     if image:
         container["image"] = image
     config = {

@@ -13,14 +13,13 @@ from collections.abc import Callable
 import dagster as dg
 
 from batch_pipeline.core.control import JobPaused
-
+from batch_pipeline.core.spec import JobSpec
 from batch_pipeline.core.state.driver import Action
 from batch_pipeline.core.state.machine import ShardState
 from batch_pipeline.core.state.view import load_view
-from batch_pipeline.core.spec import JobSpec
 from batch_pipeline.defs.assets import asset_key, shards_partitions
+from batch_pipeline.defs.build import build_definitions
 from batch_pipeline.defs.jobs import PUBLISH_ASSETS
-from batch_pipeline.definitions import build_definitions
 
 log = logging.getLogger(__name__)
 

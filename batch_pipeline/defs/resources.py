@@ -1,20 +1,17 @@
 """Dagster resources: where the store lives and where prices come from (thin wrappers over core)."""
 
-import os
-from pathlib import Path
 
 import dagster as dg
 
 from batch_pipeline.core.cost import PriceTable, load_prices
-from batch_pipeline.core.store import DEFAULT_HOME, Store
-
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+from batch_pipeline.core.settings import PROJECT_ROOT, Settings
+from batch_pipeline.core.store import Store
 
 
 class StoreResource(dg.ConfigurableResource):
     """The storage root: a local directory or s3://bucket/prefix (BATCH_PIPELINE_HOME)."""
 
-    root: str = DEFAULT_HOME
+    root: str = "./.batch_pipeline"
 
     def get(self) -> Store:
         return Store(self.root)
@@ -28,7 +25,5 @@ class PricesResource(dg.ConfigurableResource):
 
 
 def default_resources() -> dict:
-    return {
-        "store": StoreResource(root=os.environ.get("BATCH_PIPELINE_HOME", str(PROJECT_ROOT / ".batch_pipeline"))),
-        "prices": PricesResource(path=os.environ.get("BATCH_PIPELINE_PRICES", str(PROJECT_ROOT / "data" / "prices.yaml"))),
-    }
+    settings = Settings.from_env()
+    return {"store": StoreResource(root=settings.home), "prices": PricesResource(path=str(settings.prices))}

@@ -6,7 +6,6 @@ shards are only ever submitted against a finished manifest and a fresh quote.
 
 import hashlib
 import json
-import os
 from datetime import UTC, datetime
 
 import dagster as dg
@@ -14,6 +13,7 @@ import dagster as dg
 from batch_pipeline.core.executor import BatchExecutor, BatchHandle
 from batch_pipeline.core.inputs import resolve_inputs
 from batch_pipeline.core.manifest import Manifest
+from batch_pipeline.core.settings import Settings
 from batch_pipeline.core.spec import JobSpec
 from batch_pipeline.core.state.driver import Action
 from batch_pipeline.core.state.view import load_view
@@ -24,7 +24,7 @@ from batch_pipeline.executors.registry import create_executor
 IN_FLIGHT = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
              dg.DagsterRunStatus.STARTED]
 RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
-INTERVAL_S = int(os.environ.get("BATCH_PIPELINE_SENSOR_INTERVAL_S", "30"))
+INTERVAL_S = Settings.from_env().sensor_interval_s
 
 
 MAX_FAILED_RUNS = 3  # a shard whose run failed this often for the same attempt waits for a human

@@ -9,8 +9,8 @@ from batch_pipeline.core.golden import canary_passed, probe_accuracy
 from batch_pipeline.core.publish import JobState
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.assets import asset_key
+from batch_pipeline.defs.build import build_definitions
 from batch_pipeline.defs.pipeline import run_job
-from batch_pipeline.definitions import build_definitions
 
 from .conftest import REPO, batch_creates
 

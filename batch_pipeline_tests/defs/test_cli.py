@@ -27,3 +27,19 @@ def test_a_bad_spec_is_reported_with_file_and_field(tmp_path, capsys):
     assert main(["run", str(bad)]) == 2
     out = capsys.readouterr().out
     assert "bad.yaml" in out and "name" in out and "Traceback" not in out
+
+
+def test_a_broken_unrelated_spec_does_not_break_a_run(sandbox, sandbox_proc, make_job, home, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    spec = make_job()
+    jobs = tmp_path / "data" / "jobs"
+    (jobs / "broken.yaml").write_text("name: Not A Valid Name\nbackend: {}\n")  # someone else's half-written job
+    env = {**os.environ, "BATCH_PIPELINE_JOBS": str(jobs), "DAGSTER_HOME": str(tmp_path / "dh"),
+           "BATCH_PIPELINE_SANDBOX_URL": sandbox_proc[1]}
+    done = subprocess.run([sys.executable, "-m", "batch_pipeline.cli", "run", spec.source_path, "--home", str(home)],
+                          env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "broken.yaml" not in done.stdout + done.stderr

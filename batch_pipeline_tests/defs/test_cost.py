@@ -13,11 +13,10 @@ from batch_pipeline.core.cost import load_prices
 from batch_pipeline.core.manifest import Manifest, build_manifest
 from batch_pipeline.core.publish import JobState
 from batch_pipeline.core.quote import QuoteRefused, make_quote, verify_quote
-from batch_pipeline.core.spec import load_spec
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.assets import asset_key
+from batch_pipeline.defs.build import build_definitions
 from batch_pipeline.defs.pipeline import run_job
-from batch_pipeline.definitions import build_definitions
 
 from .conftest import REPO, SMALL, ledger_ids
 

@@ -17,10 +17,10 @@ from batch_pipeline.core.state.machine import IllegalTransition, ShardState
 from batch_pipeline.core.state.summary import ShardSummaries
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.assets import _runner, asset_key
+from batch_pipeline.defs.build import build_definitions
 from batch_pipeline.defs.jobs import build_jobs
 from batch_pipeline.defs.pipeline import run_job
 from batch_pipeline.defs.sensors import build_shard_sensor
-from batch_pipeline.definitions import build_definitions
 
 from .conftest import batch_creates, ledger_ids
 

@@ -9,8 +9,8 @@ import pytest
 from batch_pipeline.core.evals import paired, samples_needed, wilson
 from batch_pipeline.core.spec import load_spec
 from batch_pipeline.core.store import Store
+from batch_pipeline.defs.build import build_definitions
 from batch_pipeline.defs.evals import build_eval_defs
-from batch_pipeline.definitions import build_definitions
 
 from .conftest import REPO
 

@@ -21,10 +21,10 @@ from batch_pipeline.core.paths import JobPaths
 from batch_pipeline.core.publish import JobState
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.assets import asset_key
+from batch_pipeline.defs.build import build_definitions
 from batch_pipeline.defs.jobs import PUBLISH_ASSETS, build_jobs
 from batch_pipeline.defs.pipeline import run_job
 from batch_pipeline.defs.sensors import build_shard_sensor
-from batch_pipeline.definitions import build_definitions
 
 TAIL = {"backend": {"name": "online", "settings": {"sandbox": True, "concurrency": 2, "flush_every": 3}},
         "before_deadline_minutes": 60}

@@ -13,9 +13,9 @@ from batch_pipeline.core.paths import JobPaths
 from batch_pipeline.core.results import read_results, write_results
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.assets import asset_key
+from batch_pipeline.defs.build import build_definitions
 from batch_pipeline.defs.checks import CHECKS
 from batch_pipeline.defs.pipeline import run_job
-from batch_pipeline.definitions import build_definitions
 
 STRAY_ID = "f" * 64
 

@@ -5,8 +5,8 @@ import polars as pl
 
 from batch_pipeline.core.judge import stratified_sample
 from batch_pipeline.core.store import Store
+from batch_pipeline.defs.build import build_definitions
 from batch_pipeline.defs.pipeline import run_job
-from batch_pipeline.definitions import build_definitions
 
 from .conftest import REPO
 

@@ -8,9 +8,9 @@ import dagster as dg
 from batch_pipeline.core.control import JobControl
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.assets import asset_key
+from batch_pipeline.defs.build import build_definitions
 from batch_pipeline.defs.jobs import PUBLISH_ASSETS, build_jobs
 from batch_pipeline.defs.sensors import build_new_data_sensor, build_shard_sensor
-from batch_pipeline.definitions import build_definitions
 
 from .conftest import SMALL, ledger_ids
 

@@ -7,8 +7,8 @@ from batch_pipeline.core.results import read_results
 from batch_pipeline.core.shard_stats import shard_outliers
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.assets import asset_key
+from batch_pipeline.defs.build import build_definitions
 from batch_pipeline.defs.pipeline import run_job
-from batch_pipeline.definitions import build_definitions
 
 
 def test_a_skewed_shard_is_flagged_and_the_others_are_not(sandbox, make_job, instance, resources, home):

@@ -21,9 +21,9 @@ from batch_pipeline.core.paths import JobPaths
 from batch_pipeline.core.reconcile import DEAD, INVALID, MISSING, VALID, item_states
 from batch_pipeline.core.results import read_results
 from batch_pipeline.core.retry_cap import RetryCosts, retry_costs
-from batch_pipeline.core.state.replay import Replays
 from batch_pipeline.core.spec import JobSpec
 from batch_pipeline.core.state.machine import ShardState, check_summary_move
+from batch_pipeline.core.state.replay import Replays
 from batch_pipeline.core.store import Store
 from batch_pipeline.core.threads import ordered_map
 
