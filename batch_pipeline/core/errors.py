@@ -72,14 +72,15 @@ _TRANSIENT_LINE_CODES = frozenset(
     {"batch_expired", "batch_cancelled", "request_timeout", "server_error", "rate_limit_exceeded", "timeout",
      "connection_error", "overloaded_error", "api_error"}
 )
-_SYSTEMIC_LINE_CODES = frozenset(
-    {"invalid_api_key", "model_not_found", "insufficient_quota", "billing_hard_limit_reached", "account_deactivated"}
-)
+# The one table of systemic codes (the key, model or account is wrong: no retry can fix it), for SDK errors and for
+# the lines of a batch's output and error files alike.
+SYSTEMIC_CODES = frozenset({"invalid_api_key", "model_not_found", "insufficient_quota", "billing_hard_limit_reached",
+                            "account_deactivated", "unsupported_country_region_territory", "invalid_organization"})
 
 
 def classify_line_error(code: str | None, status_code: int | None = None) -> ErrorClass:
     """Class of one failed request line inside a provider batch."""
-    if code in _SYSTEMIC_LINE_CODES or status_code in (401, 403):
+    if code in SYSTEMIC_CODES or status_code in (401, 403):
         return ErrorClass.SYSTEMIC
     if code in _TRANSIENT_LINE_CODES:
         return ErrorClass.TRANSIENT

@@ -6,15 +6,23 @@ a result for an ID the manifest does not know, or an item counted twice, fails l
 """
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 import polars as pl
 
 from batch_pipeline.core.errors import ErrorClass, ReconciliationError
 
-VALID = "valid"
-INVALID = "invalid"
-MISSING = "missing"
-DEAD = "dead_lettered"
+class Reconciled(StrEnum):
+    """Where an item stands in the accounting (``expected = valid + invalid + missing + dead_lettered``); the state
+    machine's ItemState is this plus whether an attempt is open (core/state/machine.py ``item_state``)."""
+
+    VALID = "valid"
+    INVALID = "invalid"
+    MISSING = "missing"
+    DEAD_LETTERED = "dead_lettered"
+
+
+VALID, INVALID, MISSING, DEAD = (s.value for s in Reconciled)  # plain strings for Polars expressions
 STATES = (VALID, INVALID, MISSING, DEAD)
 NO_BUDGET_CODES = ("batch_expired", "batch_cancelled")  # the provider never tried the item
 

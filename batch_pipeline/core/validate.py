@@ -8,6 +8,7 @@ that validates against the JSON schema, or non-empty text.
 
 import json
 from dataclasses import dataclass
+from enum import StrEnum
 
 import jsonschema
 import pyarrow as pa
@@ -16,9 +17,15 @@ import pyarrow.compute as pc
 from batch_pipeline.core.errors import ErrorClass, classify_line_error
 from batch_pipeline.core.spec import OutputSpec
 
-SUCCEEDED = "succeeded"
-INVALID = "invalid"
-ERRORED = "errored"
+class ResultStatus(StrEnum):
+    """The outcome of one request in one attempt (the ``status`` column of every result row)."""
+
+    SUCCEEDED = "succeeded"
+    INVALID = "invalid"    # answered, but outside the output contract (or truncated)
+    ERRORED = "errored"    # no answer: the provider or the transport failed (its error class says why)
+
+
+SUCCEEDED, INVALID, ERRORED = (s.value for s in ResultStatus)  # plain strings for Arrow and Polars expressions
 CHOICE_KEY = "label"
 
 

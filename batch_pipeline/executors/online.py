@@ -23,11 +23,11 @@ from typing import Any, Literal
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
-from batch_pipeline.core.errors import ConfigError, SystemicError
+from batch_pipeline.core.errors import SYSTEMIC_CODES, ConfigError, SystemicError
 from batch_pipeline.core.executor import RAW_RESULT_SCHEMA, ShardWork, raw_table
 from batch_pipeline.executors.online_transport import BodyBuilder, HttpTransport, Reply, SdkTransport, Transport
 from batch_pipeline.executors.endpoint import SANDBOX_URL_ENV, resolve_endpoint
-from batch_pipeline.executors.provider_errors import OPENAI_SYSTEMIC_CODES, redact, retry_after_s
+from batch_pipeline.executors.provider_errors import redact, retry_after_s
 from batch_pipeline.executors.rate_limit import RateLimiter
 from batch_pipeline.executors.registry import register
 
@@ -87,7 +87,7 @@ def classify(reply: Reply) -> Outcome:
     except (ValueError, AttributeError):
         pass
     status = reply.status
-    if status in (401, 403) or code in OPENAI_SYSTEMIC_CODES or status == 404:
+    if status in (401, 403) or code in SYSTEMIC_CODES or status == 404:
         return Outcome("systemic", status, code or f"http_{status}", message, text)
     should_retry = reply.headers.get("x-should-retry")
     retry = status in RETRY_STATUSES or status >= 500

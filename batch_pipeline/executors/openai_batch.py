@@ -16,12 +16,12 @@ import openai
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
-from batch_pipeline.core.errors import BatchPipelineError, ConfigError, SystemicError, TransientError
+from batch_pipeline.core.errors import SYSTEMIC_CODES, BatchPipelineError, ConfigError, SystemicError, TransientError
 from batch_pipeline.core.executor import BatchHandle, BatchState, BatchStatus, ShardWork
 from batch_pipeline.core.threads import default_workers
 from batch_pipeline.executors.endpoint import SANDBOX_URL_ENV, resolve_endpoint
 from batch_pipeline.executors.openai_format import CHAT_URL, parse_output_stream, request_lines
-from batch_pipeline.executors.provider_errors import OPENAI_SYSTEMIC_CODES, redact, retry_after_s
+from batch_pipeline.executors.provider_errors import redact, retry_after_s
 from batch_pipeline.executors.registry import register
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ def translate(exc: Exception, action: str, secret: str | None = None) -> BatchPi
             code = exc.body.get("code") or (exc.body.get("error") or {}).get("code")
         msg = redact(f"OpenAI {action} failed: HTTP {exc.status_code} {code or ''}: {exc.message}", secret)
         msg = msg.replace("  ", " ")
-        if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError) or code in OPENAI_SYSTEMIC_CODES:
+        if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError) or code in SYSTEMIC_CODES:
             return SystemicError(msg + " (check the API key, model and account; then re-run to resume)", code=code)
         if exc.status_code in (408, 409, 429) or exc.status_code >= 500:
             return TransientError(msg, code=code, retry_after_s=retry_after_s(exc.response.headers if exc.response is not None else None))

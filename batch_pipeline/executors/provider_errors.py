@@ -1,15 +1,11 @@
 """Pieces shared by the backends' error translation: secrets out of messages, the provider's requested wait,
-and the OpenAI error codes that no retry can fix."""
+(the systemic error codes are one table in ``core/errors.py``: ``SYSTEMIC_CODES``)."""
 
 import email.utils
 import re
 import time
 from collections.abc import Mapping
 
-# OpenAI (and OpenAI-compatible) error codes that mean the key, model or account is wrong: systemic
-OPENAI_SYSTEMIC_CODES = frozenset({"invalid_api_key", "model_not_found", "insufficient_quota",
-                                   "billing_hard_limit_reached", "account_deactivated",
-                                   "unsupported_country_region_territory", "invalid_organization"})
 _KEY_LIKE = re.compile(r"\b(sk|key)-[A-Za-z0-9_\-*]{4,}")
 
 

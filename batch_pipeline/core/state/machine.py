@@ -95,6 +95,21 @@ def check_attempt_event(shard_id: str, attempt: int, last: str | None, event: st
                                 f"{hint}")
 
 
+_RECONCILED_TO_ITEM = {"valid": ItemState.SUCCEEDED, "invalid": ItemState.INVALID, "missing": ItemState.PENDING,
+                       "dead_lettered": ItemState.DEAD_LETTERED}
+
+
+def item_state(reconciled: str, *, in_open_attempt: bool = False, rescued: bool = False) -> ItemState:
+    """An item's state from its accounting (``core/reconcile``), whether an open attempt holds it, and whether
+    the tail backend answered it."""
+    state = _RECONCILED_TO_ITEM[reconciled]
+    if state == ItemState.SUCCEEDED and rescued:
+        return ItemState.RESCUED
+    if in_open_attempt and state in (ItemState.PENDING, ItemState.INVALID):
+        return ItemState.SUBMITTED
+    return state
+
+
 def last_event(events: dict[str, object]) -> str | None:
     """The latest event an attempt has recorded (events are written in ATTEMPT_EVENTS order)."""
     for event in ("collected", "abandoned", "submitted", "intent"):

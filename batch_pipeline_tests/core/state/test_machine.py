@@ -43,3 +43,14 @@ def test_attempt_events_follow_their_order(last):
         else:
             with pytest.raises(IllegalTransition, match=f"{last or 'none'} -> {event}"):
                 check_attempt_event("s1", 1, last, event)
+
+
+def test_item_state_from_the_accounting():
+    from batch_pipeline.core.state.machine import ItemState, item_state
+
+    assert item_state("valid") == ItemState.SUCCEEDED
+    assert item_state("valid", rescued=True) == ItemState.RESCUED
+    assert item_state("missing") == ItemState.PENDING
+    assert item_state("missing", in_open_attempt=True) == ItemState.SUBMITTED
+    assert item_state("invalid", in_open_attempt=True) == ItemState.SUBMITTED
+    assert item_state("dead_lettered", in_open_attempt=True) == ItemState.DEAD_LETTERED
