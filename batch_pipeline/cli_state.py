@@ -35,18 +35,29 @@ def status(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
         return 1
     view = load_view(spec, store)
     plan = view.plan()
-    table = Table(title=f"job {spec.name}: shards ({store.root})")
-    for col in ("shard", "state", *COUNTS, "attempts", "spend ($)", "balanced"):
+    by_state: dict[str, int] = {}
+    for state in plan.states.values():
+        by_state[state.value] = by_state.get(state.value, 0) + 1
+    # every shard with --all; otherwise the ones not settled (a 10,000-shard table takes seconds to draw)
+    shown = [s for s in view.summaries if args.all or plan.states[s.shard_id].value != "settled"]
+    table = Table(title=f"job {spec.name}: {len(view.summaries)} shards ({store.root}): "
+                        + ", ".join(f"{n} {state}" for state, n in sorted(by_state.items())))
+    for col in ("shard", "state", *COUNTS, "attempts", "spend ($)", "balanced", "next"):
         table.add_column(col, justify="right")
     totals = dict.fromkeys(COUNTS, 0)
     for s in view.summaries:
         for c in COUNTS:
             totals[c] += getattr(s, c)
+    steps = {step.shard_id: step.action.value for step in plan.steps if step.shard_id}
+    for s in shown:
         table.add_row(s.shard_id, plan.states[s.shard_id].value, *[str(getattr(s, c)) for c in COUNTS],
-                      str(s.attempts), f"{s.spend_usd:.6f}", str(s.balanced))
+                      str(s.attempts), f"{s.spend_usd:.6f}", str(s.balanced),
+                      steps.get(s.shard_id) or plan.waiting.get(s.shard_id, ""))
+    if len(shown) < len(view.summaries):
+        table.add_row(f"({len(view.summaries) - len(shown)} settled shards: --all shows them)", *[""] * 10)
     balanced = totals["expected"] == sum(totals[c] for c in COUNTS[1:])
     table.add_row("total", "", *[str(totals[c]) for c in COUNTS], "",
-                  f"{sum(s.spend_usd for s in view.summaries):.6f}", str(balanced), style="bold")
+                  f"{sum(s.spend_usd for s in view.summaries):.6f}", str(balanced), "", style="bold")
     console.print(table)
     stop = JobControl(store, spec.name).current()
     if stop:
@@ -99,6 +110,7 @@ def add_commands(sub, resolve, console: Console) -> None:
     p.add_argument("job", help="job name or spec path")
     p.add_argument("--home")
     p.add_argument("--check", action="store_true", help="also reconcile over every result row (slower)")
+    p.add_argument("--all", action="store_true", help="a row for every shard, settled ones included")
     p.set_defaults(fn=wrap(status))
     p = sub.add_parser("pause", help="hold a job (deploys): nothing new is sent until `resume`")
     p.add_argument("job", help="job name or spec path")

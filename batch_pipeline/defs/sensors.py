@@ -6,10 +6,12 @@ shards are only ever submitted against a finished manifest and a fresh quote.
 
 import hashlib
 import json
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 import dagster as dg
 
+from batch_pipeline.core.errors import TransientError
 from batch_pipeline.core.executor import BatchExecutor, BatchHandle
 from batch_pipeline.core.inputs import resolve_inputs
 from batch_pipeline.core.manifest import Manifest
@@ -28,6 +30,8 @@ INTERVAL_S = Settings.from_env().sensor_interval_s
 
 
 MAX_FAILED_RUNS = 3  # a shard whose run failed this often for the same attempt waits for a human
+MAX_POLLS_PER_TICK = 200  # provider polls per tick (the longest-waiting batches first); the rest wait a tick
+POLL_WORKERS = 8
 
 
 def _in_flight(instance: dg.DagsterInstance, job_name: str, partition: str | None = None) -> bool:
@@ -97,14 +101,9 @@ def build_shard_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
             return dg.SkipReason("no manifest yet")
         in_flight = frozenset(_partitions_in_flight(instance, [names["submit"], names["collect"]], shard_ids))
         busy = bool(in_flight) or any(_in_flight(instance, names[j]) for j in ("quote", "publish"))
-        executor = None
-
-        def batch_ended(summary) -> bool:
-            nonlocal executor
-            executor = executor or create_executor(spec.backend)
-            if not isinstance(executor, BatchExecutor) or summary.open is None or not summary.open.submitted:
-                return False
-            return executor.poll(BatchHandle.from_dict(summary.open.submitted)).state.ended
+        def batch_ended(submitted) -> set[str]:
+            executor = create_executor(spec.backend)
+            return ended_batches(executor, submitted) if isinstance(executor, BatchExecutor) else set()
 
         view = load_view(spec, st, in_flight=in_flight, busy=busy, batch_ended=batch_ended)
         plan = view.plan()
@@ -141,6 +140,22 @@ def build_shard_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
         return dg.SkipReason("; ".join(why))
 
     return shard_sensor
+
+
+def ended_batches(executor: BatchExecutor, submitted, limit: int = MAX_POLLS_PER_TICK) -> set[str]:
+    """The shards whose provider batch has ended, asking about the longest-waiting ``limit`` of them, concurrently
+    (one tick of a 10,000-shard job must not make thousands of round trips one after another)."""
+    waiting = sorted((s for s in submitted if s.open and s.open.submitted), key=lambda s: s.open.intent_at)[:limit]
+
+    def ended(summary) -> str | None:
+        try:
+            return summary.shard_id if executor.poll(BatchHandle.from_dict(summary.open.submitted)).state.ended \
+                else None
+        except TransientError:  # a flaky poll is asked again next tick
+            return None
+
+    with ThreadPoolExecutor(max_workers=POLL_WORKERS) as pool:
+        return {shard for shard in pool.map(ended, waiting) if shard}
 
 
 def _partitions_in_flight(instance: dg.DagsterInstance, jobs: list[str], shard_ids: list[str]) -> set[str]:

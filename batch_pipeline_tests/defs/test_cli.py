@@ -4,15 +4,45 @@ from batch_pipeline.cli import main
 from batch_pipeline.defs.pipeline import run_job
 
 
+def _row(out: str, first: str) -> list[str]:
+    line = next(ln for ln in out.splitlines() if ln.strip("│┃ ").startswith(first))
+    return [c.strip() for c in line.replace("┃", "│").split("│") if c.strip()]
+
+
 def test_status_prints_every_shard_balanced(sandbox, instance, resources, home, make_job, capsys):
-    spec = make_job()
+    spec = make_job(retries={"per_item": 3, "spend_cap_share": 1.0})
     run_job(spec, instance, resources)
     capsys.readouterr()
-    assert main(["status", spec.source_path, "--home", str(home)]) == 0
+    assert main(["status", spec.source_path, "--home", str(home), "--all"]) == 0
     out = capsys.readouterr().out
     for shard in ("s00001", "s00002", "s00003", "s00004"):
-        assert shard in out
-    assert "total" in out and "40" in out and "False" not in out
+        row = _row(out, shard)
+        assert row[1] == "settled" and row[2] == "10" and row[3] == "10" and row[-1] == "True", row
+    total = _row(out, "total")
+    assert total[:6] == ["total", "40", "40", "0", "0", "0"] and total[-1] == "True", total
+    assert "next: publish" in out
+    # without --all a finished job shows its totals, not 4 settled rows
+    assert main(["status", spec.source_path, "--home", str(home)]) == 0
+    brief = capsys.readouterr().out
+    assert "4 settled" in brief and "s00002" not in brief and "(4 settled shards: --all shows them)" in brief
+
+
+def test_status_shows_what_waits_and_why(sandbox, instance, resources, home, make_job, capsys):
+    from batch_pipeline.core.control import JobControl
+    from batch_pipeline.core.store import Store
+    from batch_pipeline.defs.build import build_definitions
+    import dagster as dg
+
+    spec = make_job()
+    defs = build_definitions([spec], resources)
+    dg.materialize([*defs.assets, *defs.asset_checks], instance=instance, resources=defs.resources,
+                   selection=[dg.AssetKey([spec.name, "manifest"])])
+    JobControl(Store(home), spec.name).stop("bad key", code="invalid_api_key")
+    assert main(["status", spec.source_path, "--home", str(home)]) == 0
+    out = capsys.readouterr().out
+    assert _row(out, "s00001")[1] == "stopped" and "job stopped at" in out and "bad key" in out
+    total = _row(out, "total")
+    assert total[:6] == ["total", "40", "0", "0", "40", "0"] and total[-1] == "True", total
 
 
 def test_status_of_a_job_never_run_says_so(make_job, home, capsys):

@@ -105,20 +105,24 @@ def test_expired_batch_keeps_completed_items_and_retries_the_rest(sandbox, insta
     assert len(billed) == states.height and max(billed.values()) == 1
 
 
-def test_poison_item_is_dead_lettered_after_its_budget(sandbox, instance, resources, home, make_job):
+@pytest.mark.parametrize(("retries", "sends"), [({}, 1), ({"poison": 2}, 2)])
+def test_poison_item_is_dead_lettered_after_its_budget(sandbox, instance, resources, home, make_job, retries, sends):
+    """A poison item is not retried by default (retries.poison 1); its class's own budget says how often it goes."""
     rows = [{"ticket_id": f"T{i}", "subject": "s", "body": f"My invoice {i} was charged twice."} for i in range(12)]
     rows.append({"ticket_id": "TP", "subject": "s", "body": "this one is cursed [[sandbox:poison]]"})
-    spec = make_job(rows=rows, retries={"per_item": 2})
+    spec = make_job(rows=rows, retries={"per_item": 3, **retries}, canary={"max_failure_rate": 1.0})
     report = run_job(spec, instance, resources)
     assert report["complete"] and report["dead_lettered"] == 1 and report["succeeded"] == 12
     store = Store(home)
     dead = pl.read_parquet(store.read_bytes(JobPaths(spec.name).dead_letters))
-    assert dead.height == 1 and dead["failures"][0] == 2 and dead["last_error"][0]
+    assert dead.height == 1 and dead["failures"][0] == sends and dead["last_error_code"][0] == "context_length_exceeded"
     states = JobState.load(spec, store)
     assert states.states.filter(pl.col("state") == DEAD).height == 1
-    # the poison row was sent exactly twice, and never billed
-    sent_to_poison = [e for e in sandbox.ledger() if e["custom_id"] == dead["request_id"][0]]
-    assert sent_to_poison == []
+    # how often the poison request went out: the attempts that carried it
+    poison_id = dead["request_id"][0]
+    carried = [a.number for shard in Manifest(spec.name, store).shard_ids()
+               for a in AttemptLog(store, spec.name, shard).all() if poison_id in a.request_ids]
+    assert len(carried) == sends
 
 
 def test_reconciliation_check_blocks_publishing_when_results_do_not_add_up(sandbox, instance, resources, home, make_job):

@@ -23,7 +23,7 @@ from batch_pipeline.core.runner import ShardRunner
 from batch_pipeline.core.spec import JobSpec
 from batch_pipeline.core.state.driver import Action, Step, shard_step
 from batch_pipeline.core.state.replay import Replays
-from batch_pipeline.core.state.view import load_view
+from batch_pipeline.core.state.view import load_shard
 from batch_pipeline.core.store import Store
 
 log = logging.getLogger(__name__)
@@ -53,11 +53,8 @@ class ShardDriver:
         self.stream = isinstance(runner.executor, StreamExecutor)
 
     def _step(self, shard_id: str) -> Step | str | None:
-        view = load_view(self.spec, self.store)
-        summary = next((s for s in view.summaries if s.shard_id == shard_id), None)
-        if summary is None:
-            raise ShardWaits(f"shard {shard_id} is not in the manifest of job {self.spec.name}")
-        return shard_step(summary, view.facts)
+        summary, facts = load_shard(self.spec, self.store, shard_id)
+        return shard_step(summary, facts)
 
     def _tail(self) -> ShardRunner:
         if self.tail is None:
@@ -137,10 +134,9 @@ class ShardDriver:
 
     def judge(self, shard_id: str, nothing_left: bool = False) -> None:
         """Judge the canary once its attempt is in; a failure stops the job (SystemicError, one message)."""
-        view = load_view(self.spec, self.store)
-        if not view.facts.canary.pending or view.facts.canary.shard_id != shard_id:
+        summary, facts = load_shard(self.spec, self.store, shard_id)
+        if not facts.canary.pending or facts.canary.shard_id != shard_id:
             return
-        summary = self.runner.summaries.read(shard_id)
         final = nothing_left or (summary is not None and summary.attempts >= self.spec.retries.per_item)
         results = read_results(self.store, self.spec.name, shard_id)
         items = pl.from_arrow(Manifest(self.spec.name, self.store).shard_items(shard_id, ["request_id", "shard_id"]))

@@ -5,7 +5,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from batch_pipeline.core.control import JobControl
+from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.golden import canary_passed
+from batch_pipeline.core.manifest import Manifest
 from batch_pipeline.core.paths import JobPaths
 from batch_pipeline.core.rescue import deadline_near
 from batch_pipeline.core.spec import JobSpec
@@ -45,17 +47,34 @@ class JobView:
         return next_steps(self.summaries, self.facts)
 
 
-def load_view(spec: JobSpec, store: Store, *, in_flight: frozenset[str] = frozenset(), busy: bool = False,
-              batch_ended: Callable[[ShardSummary], bool] | None = None) -> JobView:
-    """``batch_ended`` asks the provider about a submitted shard (the sensor polls; the CLI collects inline)."""
-    summaries = ShardSummaries(spec, store).all()
+def load_facts(spec: JobSpec, store: Store, shard_ids: list[str], *, in_flight: frozenset[str] = frozenset(),
+               ended: frozenset[str] = frozenset(), busy: bool = False) -> JobFacts:
     stop = JobControl(store, spec.name).current()
-    ended = frozenset(s.shard_id for s in summaries
-                      if batch_ended is not None and s.state == ShardState.SUBMITTED and s.shard_id not in in_flight
-                      and not stop and batch_ended(s))
-    facts = JobFacts(
-        canary=canary_status(spec, store, [s.shard_id for s in summaries]),
-        stopped=stop["reason"] if stop else None, paused=paused(store, spec.name) is not None,
-        quote_fresh=quote_fresh(store, spec.name), deadline_near=deadline_near(spec), has_tail=spec.tail is not None,
-        in_flight=in_flight, ended=ended, busy=busy)
+    return JobFacts(
+        canary=canary_status(spec, store, shard_ids), stopped=stop["reason"] if stop else None,
+        paused=paused(store, spec.name) is not None, quote_fresh=quote_fresh(store, spec.name),
+        deadline_near=deadline_near(spec), has_tail=spec.tail is not None, in_flight=in_flight, ended=ended,
+        busy=busy)
+
+
+def load_view(spec: JobSpec, store: Store, *, in_flight: frozenset[str] = frozenset(), busy: bool = False,
+              batch_ended: Callable[[list[ShardSummary]], set[str]] | None = None) -> JobView:
+    """``batch_ended`` asks the provider which of the submitted shards have ended (the sensor polls them, at most
+    a bounded number per tick; the CLI collects inline)."""
+    summaries = ShardSummaries(spec, store).all()
+    submitted = [s for s in summaries if s.state == ShardState.SUBMITTED and s.shard_id not in in_flight]
+    stopped = JobControl(store, spec.name).current() is not None
+    ended = frozenset(batch_ended(submitted)) if batch_ended is not None and submitted and not stopped else frozenset()
+    facts = load_facts(spec, store, [s.shard_id for s in summaries], in_flight=in_flight, ended=ended, busy=busy)
     return JobView(summaries, facts)
+
+
+def load_shard(spec: JobSpec, store: Store, shard_id: str) -> tuple[ShardSummary, JobFacts]:
+    """One shard's summary and the job's facts: what a shard run needs to take its step, without reading every
+    other shard's summary."""
+    summaries = ShardSummaries(spec, store)
+    shard_ids = Manifest(spec.name, store).shard_ids()
+    if shard_id not in shard_ids:
+        raise ConfigError(f"shard {shard_id} is not in the manifest of job {spec.name}")
+    summary = summaries.read(shard_id) or summaries.refresh(shard_id)
+    return summary, load_facts(spec, store, shard_ids)
