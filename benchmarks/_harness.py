@@ -13,7 +13,16 @@ OUT = HERE / "out"
 
 
 def maxrss_mb() -> float:
-    """Peak RSS of this process so far, in MiB (ru_maxrss is KiB on Linux)."""
+    """Peak RSS of this process so far, in MiB: ``VmHWM`` of this process's own memory map. (``ru_maxrss`` is not
+    it in a spawned child: Linux carries the parent's high-water mark across fork and exec, so a small child of a
+    2 GB parent reported 2 GB.)"""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 

@@ -382,7 +382,7 @@ def ours_runner(files: list[str], work: str, shard_lines: int = SHARD) -> dict:
     started = time.perf_counter()
     rows = ok = 0
     for attempt, handle in attempts:
-        r, k = runner._ingest(attempt, handle)
+        r, k, _systemic = runner._ingest(attempt, handle)
         rows += r
         ok += k
     seconds = time.perf_counter() - started
