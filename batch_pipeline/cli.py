@@ -24,8 +24,8 @@ from rich.table import Table
 
 from batch_pipeline.cli_state import add_commands
 from batch_pipeline.core.errors import BatchPipelineError
-from batch_pipeline.core.settings import PROJECT_ROOT, Settings
-from batch_pipeline.core.spec import JobSpec, load_spec
+from batch_pipeline.core.spec.settings import PROJECT_ROOT, Settings
+from batch_pipeline.core.spec.job import JobSpec, load_spec
 
 SANDBOX_URL_ENV = "BATCH_PIPELINE_SANDBOX_URL"
 # messages keep paths and fields on one line; tables get room when the output is not a terminal (CI logs, pipes)
@@ -94,7 +94,7 @@ class _Progress:
         self.stage = stage
 
     def _loop(self) -> None:
-        from batch_pipeline.core.paths import JobPaths
+        from batch_pipeline.core.spec.paths import JobPaths
 
         paths = JobPaths(self.spec.name)
         while not self._stop.wait(0.5):
@@ -190,7 +190,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     resources = {"store": StoreResource(root=settings.home), "prices": PricesResource(path=str(settings.prices))}
     console.print(f"[bold]job {spec.name}[/bold]: {spec.model} on {spec.backend.name}, input {spec.input.path}")
-    from batch_pipeline.core.control import JobControl, JobPaused
+    from batch_pipeline.core.run.control import JobControl, JobPaused
 
     control = JobControl(Store(settings.home), spec.name)
     held = control.unpause()
@@ -225,7 +225,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _print_summary(report: dict) -> None:
-    from batch_pipeline.core.report import SUMMARY_ROWS
+    from batch_pipeline.core.publish.report import SUMMARY_ROWS
 
     table = Table(title=f"job {report.get('job')}: summary", show_header=False)
     table.add_column("what")
@@ -255,12 +255,12 @@ def _print_summary(report: dict) -> None:
 
 def cmd_quote(args: argparse.Namespace) -> int:
     """Quote a job (building its manifest if needed; nothing is sent), optionally on every configured backend."""
-    from batch_pipeline.core.compare import compare_backends
-    from batch_pipeline.core.cost import load_prices
-    from batch_pipeline.core.manifest import Manifest, build_manifest
-    from batch_pipeline.core.publish import JobState
-    from batch_pipeline.core.quote import make_quote
-    from batch_pipeline.core.spec import CostCompareSpec
+    from batch_pipeline.core.money.compare import compare_backends
+    from batch_pipeline.core.money.cost import load_prices
+    from batch_pipeline.core.manifest.shards import Manifest, build_manifest
+    from batch_pipeline.core.publish.tables import JobState
+    from batch_pipeline.core.money.quote import make_quote
+    from batch_pipeline.core.spec.job import CostCompareSpec
     from batch_pipeline.core.store import Store
 
     spec = _resolve_spec(args.job)

@@ -10,7 +10,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from batch_pipeline.core.spec import JobSpec
+from batch_pipeline.core.spec.job import JobSpec
 
 COUNTS = ("expected", "valid", "invalid", "missing", "dead_lettered")
 
@@ -18,15 +18,15 @@ COUNTS = ("expected", "valid", "invalid", "missing", "dead_lettered")
 def _store(args: argparse.Namespace):
     from batch_pipeline.core.store import Store
 
-    from batch_pipeline.core.settings import Settings
+    from batch_pipeline.core.spec.settings import Settings
 
     return Store(args.home or Settings.from_env().home)
 
 
 def status(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
-    from batch_pipeline.core.control import JobControl
-    from batch_pipeline.core.manifest import Manifest
-    from batch_pipeline.core.publish import JobState
+    from batch_pipeline.core.run.control import JobControl
+    from batch_pipeline.core.manifest.shards import Manifest
+    from batch_pipeline.core.publish.tables import JobState
     from batch_pipeline.core.state.view import load_view
 
     store = _store(args)
@@ -70,7 +70,7 @@ def status(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
 
 
 def pause(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
-    from batch_pipeline.core.control import JobControl
+    from batch_pipeline.core.run.control import JobControl
 
     JobControl(_store(args), spec.name).pause(args.reason)
     console.print(f"job {spec.name} paused: running stream shards store what finished and return, open provider "
@@ -79,7 +79,7 @@ def pause(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
 
 
 def replay(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
-    from batch_pipeline.core.publish import JobState, dead_letters
+    from batch_pipeline.core.publish.tables import JobState, dead_letters
     from batch_pipeline.core.state.replay import Replays, select_dead_letters
     from batch_pipeline.core.state.summary import ShardSummaries
 

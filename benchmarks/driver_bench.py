@@ -112,8 +112,8 @@ def _prompts(rng, n: int) -> list[str]:
 def _items_table(rng, sid: str, n: int, first_line: int):
     import polars as pl
 
-    from batch_pipeline.core.cost import estimate_request_tokens
-    from batch_pipeline.core.manifest import ITEM_SCHEMA, length_bucket
+    from batch_pipeline.core.money.cost import estimate_request_tokens
+    from batch_pipeline.core.manifest.shards import ITEM_SCHEMA, length_bucket
 
     raw = rng.bytes(32 * n)
     ids = sorted(raw[i * 32:(i + 1) * 32].hex() for i in range(n))
@@ -133,7 +133,7 @@ def _result_part(ids, outcome, labels, sid: str, attempt: int, now: datetime):
     """RESULT_SCHEMA rows for one attempt: outcome 0 succeeded, 1 invalid, 2 errored (transient)."""
     import polars as pl
 
-    from batch_pipeline.core.results import RESULT_SCHEMA
+    from batch_pipeline.core.run.results import RESULT_SCHEMA
 
     ok, inv, err = pl.col("o") == 0, pl.col("o") == 1, pl.col("o") == 2
     frame = pl.DataFrame({"request_id": ids, "o": outcome, "label": labels}).select(
@@ -190,10 +190,10 @@ def _build_shard(store, spec, summaries, number: int, n: int, kind: str, first_l
     import numpy as np
     import polars as pl
 
-    from batch_pipeline.core.attempts import AttemptLog
-    from batch_pipeline.core.manifest import shard_name
-    from batch_pipeline.core.paths import JobPaths
-    from batch_pipeline.core.results import write_results
+    from batch_pipeline.core.run.attempts import AttemptLog
+    from batch_pipeline.core.manifest.shards import shard_name
+    from batch_pipeline.core.spec.paths import JobPaths
+    from batch_pipeline.core.run.results import write_results
 
     rng = np.random.default_rng([seed, number])
     sid = shard_name(number)
@@ -264,7 +264,7 @@ def _build_shard(store, spec, summaries, number: int, n: int, kind: str, first_l
 
 
 def build_chunk(home: str, spec_path: str, tasks: list[tuple[int, int, str, int]], seed: int) -> dict:
-    from batch_pipeline.core.spec import load_spec
+    from batch_pipeline.core.spec.job import load_spec
     from batch_pipeline.core.state.summary import ShardSummaries
     from batch_pipeline.core.store import Store
 
@@ -283,10 +283,10 @@ def build_chunk(home: str, spec_path: str, tasks: list[tuple[int, int, str, int]
 def build(home: str, spec_path: str, shards: int, items: int, seed: int, workers: int) -> dict:
     import numpy as np
 
-    from batch_pipeline.core.golden import CanaryVerdict
-    from batch_pipeline.core.manifest import ManifestSummary, shard_name
-    from batch_pipeline.core.paths import JobPaths
-    from batch_pipeline.core.spec import load_spec
+    from batch_pipeline.core.quality.golden import CanaryVerdict
+    from batch_pipeline.core.manifest.shards import ManifestSummary, shard_name
+    from batch_pipeline.core.spec.paths import JobPaths
+    from batch_pipeline.core.spec.job import load_spec
     from batch_pipeline.core.store import Store
 
     started = time.perf_counter()
@@ -338,7 +338,7 @@ def driver(spec, store):
 
 def tick(spec, store):
     """The shard sensor's work without Dagster and without the provider polls."""
-    from batch_pipeline.core.manifest import Manifest
+    from batch_pipeline.core.manifest.shards import Manifest
     from batch_pipeline.core.state.driver import Action
     from batch_pipeline.core.state.view import load_view
 
@@ -364,8 +364,8 @@ def tick(spec, store):
 def old(spec, store):
     import polars as pl
 
-    from batch_pipeline.core.publish import JobState
-    from batch_pipeline.core.reconcile import INVALID, MISSING
+    from batch_pipeline.core.publish.tables import JobState
+    from batch_pipeline.core.state.reconcile import INVALID, MISSING
 
     state = JobState.load(spec, store)
     todo = sorted(state.states.filter(pl.col("state").is_in([INVALID, MISSING]))["shard_id"].unique().to_list())
@@ -373,8 +373,8 @@ def old(spec, store):
 
 
 def old_status(spec, store):
-    from batch_pipeline.core.publish import JobState
-    from batch_pipeline.core.report import shard_table
+    from batch_pipeline.core.publish.tables import JobState
+    from batch_pipeline.core.publish.report import shard_table
 
     state = JobState.load(spec, store)
     rows = shard_table(state)
@@ -432,7 +432,7 @@ OLD = ("old", "old_status")
 
 
 def _fresh(home: str, spec_path: str):
-    from batch_pipeline.core.spec import load_spec
+    from batch_pipeline.core.spec.job import load_spec
     from batch_pipeline.core.store import Store
 
     return load_spec(spec_path), Store(home)
@@ -442,7 +442,7 @@ def _imports() -> None:
     import polars  # noqa: F401
     import pyarrow.parquet  # noqa: F401
 
-    from batch_pipeline.core import publish, report  # noqa: F401
+    from batch_pipeline.core.publish import report, tables  # noqa: F401
     from batch_pipeline.core.state import view  # noqa: F401
 
 
@@ -476,7 +476,7 @@ def child_variant(name: str, home: str, spec_path: str, times: int) -> dict:
 
 
 def _check_old(name: str, out, spec, store) -> dict[str, bool]:
-    from batch_pipeline.core.reconcile import counts_by_shard
+    from batch_pipeline.core.state.reconcile import counts_by_shard
     from batch_pipeline.core.state.summary import ShardSummaries
 
     state = out[0]
@@ -529,9 +529,9 @@ def breakdown(home: str, spec_path: str, times: int) -> dict[str, float]:
     the summaries are read on ``ordered_map``'s pool threads, so the steps are timed one by one, serially."""
     import json as _json
 
-    from batch_pipeline.core.control import JobControl
-    from batch_pipeline.core.manifest import Manifest
-    from batch_pipeline.core.paths import JobPaths
+    from batch_pipeline.core.run.control import JobControl
+    from batch_pipeline.core.manifest.shards import Manifest
+    from batch_pipeline.core.spec.paths import JobPaths
     from batch_pipeline.core.state.driver import next_steps
     from batch_pipeline.core.state.summary import ShardSummaries, ShardSummary
     from batch_pipeline.core.state.view import (
@@ -681,7 +681,7 @@ def main() -> int:
                "plan_steps": steps, "plan": plan.describe(), "tick_requests": n_requests}
 
         # ShardSummaries.refresh of one shard (the cost of each record write during a collection)
-        from batch_pipeline.core.attempts import AttemptLog
+        from batch_pipeline.core.run.attempts import AttemptLog
 
         spec, store = _fresh(home, spec_path)
         by_kind: dict[str, str] = {}

@@ -83,7 +83,7 @@ def reference(path: str, out_dir: str) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from batch_pipeline.core.executor import RAW_RESULT_SCHEMA
+    from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA
 
     cpu0, started = cpu_s(), time.perf_counter()
     cols: dict[str, list] = {name: [] for name in RAW_RESULT_SCHEMA.names}
@@ -114,10 +114,10 @@ def ours(path: str, work: str) -> dict:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from batch_pipeline.core.executor import ShardWork
-    from batch_pipeline.core.results import build_results, write_results
+    from batch_pipeline.core.run.executor import ShardWork
+    from batch_pipeline.core.run.results import build_results, write_results
     from batch_pipeline.core.store import BackgroundWrites
-    from batch_pipeline.core.threads import default_workers, ordered_map
+    from batch_pipeline.core.run.threads import default_workers, ordered_map
     from batch_pipeline.executors.anthropic_format import parse_results_block
     from batch_pipeline.executors.jsonl_blocks import iter_blocks
 

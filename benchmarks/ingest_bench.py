@@ -164,7 +164,7 @@ def reference(files: list[str], out_dir: str) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from batch_pipeline.core.executor import RAW_RESULT_SCHEMA
+    from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA
 
     import pandas  # noqa: F401 - pa.table() imports it on first use; not part of the throughput
     rss_before = maxrss_mb()
@@ -207,9 +207,9 @@ def reference(files: list[str], out_dir: str) -> dict:
 
 
 def _setup_ours(work: str):
-    from batch_pipeline.core.cost import Price
-    from batch_pipeline.core.executor import RequestPlan
-    from batch_pipeline.core.spec import parse_spec
+    from batch_pipeline.core.money.cost import Price
+    from batch_pipeline.core.run.executor import RequestPlan
+    from batch_pipeline.core.spec.job import parse_spec
     from batch_pipeline.core.store import Store
 
     import pandas  # noqa: F401 - pyarrow imports it on its first Python-value conversion; not throughput
@@ -223,12 +223,12 @@ def ours(files: list[str], work: str, sections: bool, profile: bool) -> dict:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from batch_pipeline.core import results as results_mod
-    from batch_pipeline.core import validate as validate_mod
-    from batch_pipeline.core.executor import ShardWork
-    from batch_pipeline.core.results import build_results, write_results
+    from batch_pipeline.core.run import results as results_mod
+    from batch_pipeline.core.quality import validate as validate_mod
+    from batch_pipeline.core.run.executor import ShardWork
+    from batch_pipeline.core.run.results import build_results, write_results
     from batch_pipeline.core.store import BackgroundWrites
-    from batch_pipeline.core.threads import default_workers, ordered_map
+    from batch_pipeline.core.run.threads import default_workers, ordered_map
     from batch_pipeline.executors.jsonl_blocks import iter_blocks
     from batch_pipeline.executors.openai_format import parse_output_block
 
@@ -334,7 +334,7 @@ class _StubExecutor:
         self.by_batch = by_batch
 
     def fetch(self, handle):
-        from batch_pipeline.core.threads import default_workers
+        from batch_pipeline.core.run.threads import default_workers
         from batch_pipeline.executors.openai_format import parse_output_stream
 
         data = self.by_batch[handle.batch_id]
@@ -355,9 +355,9 @@ class _StubExecutor:
 
 
 def ours_runner(files: list[str], work: str, shard_lines: int = SHARD) -> dict:
-    from batch_pipeline.core.attempts import Attempt
-    from batch_pipeline.core.executor import BatchHandle
-    from batch_pipeline.core.runner import ShardRunner
+    from batch_pipeline.core.run.attempts import Attempt
+    from batch_pipeline.core.run.executor import BatchHandle
+    from batch_pipeline.core.run.runner import ShardRunner
 
     spec, _plan, price, store = _setup_ours(work)
     # setup (untimed): group the lines into shards of shard_lines by their position, output file first
@@ -400,9 +400,9 @@ def breakdown(files: list[str], reps: int = 3) -> dict:
     import pyarrow.json as pajson
     import pyarrow.parquet as pq
 
-    from batch_pipeline.core.executor import ShardWork
-    from batch_pipeline.core.results import PART_OPTIONS, build_results
-    from batch_pipeline.core.validate import validate
+    from batch_pipeline.core.run.executor import ShardWork
+    from batch_pipeline.core.run.results import PART_OPTIONS, build_results
+    from batch_pipeline.core.quality.validate import validate
     from batch_pipeline.executors.jsonl_blocks import iter_blocks, lines_array
     from batch_pipeline.executors.openai_format import OUTPUT_LINE_SCHEMA, _parse_lines, parse_output_block
 

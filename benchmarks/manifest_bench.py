@@ -5,7 +5,7 @@ One script run times both variants on the same cached input (``make_rows.py``), 
 
 - reference: per row ``json.loads``, ``ids.normalize_text``, sha256 over prefix + text, a Python set
   for dedup, one JSON-lines file per shard of 5,000 unique requests (request_id, key, line, prompt);
-- ours: ``batch_pipeline.core.manifest.build_manifest`` on a job spec (text_field body, key_field id,
+- ours: ``batch_pipeline.core.manifest.shards.build_manifest`` on a job spec (text_field body, key_field id,
   template "{body}", shards of 5,000) with a local ``Store`` in a temp dir.
 
 Both must find the same number of unique requests and the same set of request IDs (compared by a
@@ -72,7 +72,7 @@ def reference(path: str, out_dir: str, prefix: bytes) -> dict:
     import hashlib
     import json as _json
 
-    from batch_pipeline.core.ids import normalize_text  # imports only hashlib and re
+    from batch_pipeline.core.manifest.ids import normalize_text  # imports only hashlib and re
 
     rss_before = maxrss_mb()
     cpu0 = cpu_s()
@@ -203,8 +203,8 @@ def _install_section_timers(totals: dict[str, float]) -> None:
 
 
 def ours(path: str, work: str, sections: bool, profile: bool) -> dict:
-    from batch_pipeline.core.manifest import Manifest, build_manifest
-    from batch_pipeline.core.spec import load_spec
+    from batch_pipeline.core.manifest.shards import Manifest, build_manifest
+    from batch_pipeline.core.spec.job import load_spec
     from batch_pipeline.core.store import Store
 
     spec_path = Path(work) / "job.yaml"
@@ -256,7 +256,7 @@ def bench(rows: int, seed: int, sections: bool, profile: bool, variants: list[st
     from benchmarks.make_rows import ensure_rows
 
     from batch_pipeline.core import ids
-    from batch_pipeline.core.spec import load_spec
+    from batch_pipeline.core.spec.job import load_spec
 
     path, meta = ensure_rows(rows, seed)
     with open(path, "rb") as f:  # warm the page cache so neither variant pays the first read

@@ -23,9 +23,9 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.json as pajson  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from batch_pipeline.core import ids  # noqa: E402
-from batch_pipeline.core.inputs import CHUNK_BYTES, _jsonl_block  # noqa: E402
-from batch_pipeline.core.manifest import ITEM_SCHEMA, normalise_fields  # noqa: E402
+from batch_pipeline.core.manifest import ids  # noqa: E402
+from batch_pipeline.core.manifest.inputs import CHUNK_BYTES, _jsonl_block  # noqa: E402
+from batch_pipeline.core.manifest.shards import ITEM_SCHEMA, normalise_fields  # noqa: E402
 from benchmarks.make_rows import ensure_rows  # noqa: E402
 
 PREFIX = ids.id_prefix("v1", "gpt-4o-mini", "0123456789abcdef")

@@ -83,8 +83,8 @@ def compare(settings: dict, system: str, users: list[str], output: dict, max_tok
     """Run both variants on one engine; return per-variant medians, the ratio and the cached share."""
     import pyarrow as pa
 
-    from batch_pipeline.core.executor import RequestPlan, ShardWork
-    from batch_pipeline.core.spec import OutputSpec, SamplingSpec
+    from batch_pipeline.core.run.executor import RequestPlan, ShardWork
+    from batch_pipeline.core.spec.job import OutputSpec, SamplingSpec
     from batch_pipeline.executors.vllm_engine import VllmSettings, load_engine
     from batch_pipeline.executors.vllm_offline import VllmOfflineExecutor
     from batch_pipeline.executors.vllm_prompts import PromptRenderer, sampling_params

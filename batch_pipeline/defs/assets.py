@@ -9,20 +9,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
-from batch_pipeline.core.budget import BudgetGuard
-from batch_pipeline.core.compare import compare_backends
+from batch_pipeline.core.money.budget import BudgetGuard
+from batch_pipeline.core.money.compare import compare_backends
 from batch_pipeline.core.errors import BatchPipelineError, SystemicError
-from batch_pipeline.core.golden import GoldenProbes
-from batch_pipeline.core.manifest import Manifest, ShardCaps, build_manifest
-from batch_pipeline.core.plots import cost_over_time
-from batch_pipeline.core.paths import JobPaths
-from batch_pipeline.core.publish import JobState, dead_letters, promote, stage
-from batch_pipeline.core.quote import make_quote, verify_quote
-from batch_pipeline.core.report import build_report, shard_table
-from batch_pipeline.core.results import read_results
-from batch_pipeline.core.runner import ShardRunner
+from batch_pipeline.core.quality.golden import GoldenProbes
+from batch_pipeline.core.manifest.shards import Manifest, ShardCaps, build_manifest
+from batch_pipeline.core.publish.plots import cost_over_time
+from batch_pipeline.core.spec.paths import JobPaths
+from batch_pipeline.core.publish.tables import JobState, dead_letters, promote, stage
+from batch_pipeline.core.money.quote import make_quote, verify_quote
+from batch_pipeline.core.publish.report import build_report, shard_table
+from batch_pipeline.core.run.results import read_results
+from batch_pipeline.core.run.runner import ShardRunner
 from batch_pipeline.core.state.execute import ShardDriver, ShardWaits
-from batch_pipeline.core.spec import BackendSpec, CostCompareSpec, JobSpec
+from batch_pipeline.core.spec.job import BackendSpec, CostCompareSpec, JobSpec
 from batch_pipeline.defs.checks import CHECKS, build_result_checks, build_shard_stats_check
 from batch_pipeline.defs.k8s import GPU_POOL, gpu_step_tags, is_gpu_backend
 from batch_pipeline.defs.metadata import md_table, plain

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import dagster as dg
 
-from batch_pipeline.core.settings import Settings
-from batch_pipeline.core.spec import JobSpec
+from batch_pipeline.core.spec.settings import Settings
+from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.defs.assets import build_job_assets
 from batch_pipeline.defs.evals import build_eval_defs
 from batch_pipeline.defs.jobs import build_jobs

@@ -7,7 +7,7 @@
 import dagster as dg
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
-from batch_pipeline.core.spec import JobSpec
+from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.defs.assets import asset_key, shards_partitions
 
 

@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import dagster as dg
 
-from batch_pipeline.core.control import JobPaused
-from batch_pipeline.core.spec import JobSpec
+from batch_pipeline.core.run.control import JobPaused
+from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.state.driver import Action
 from batch_pipeline.core.state.machine import ShardState
 from batch_pipeline.core.state.view import load_view

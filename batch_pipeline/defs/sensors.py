@@ -12,11 +12,11 @@ from datetime import UTC, datetime
 import dagster as dg
 
 from batch_pipeline.core.errors import TransientError
-from batch_pipeline.core.executor import BatchExecutor, BatchHandle
-from batch_pipeline.core.inputs import resolve_inputs
-from batch_pipeline.core.manifest import Manifest
-from batch_pipeline.core.settings import Settings
-from batch_pipeline.core.spec import JobSpec
+from batch_pipeline.core.run.executor import BatchExecutor, BatchHandle
+from batch_pipeline.core.manifest.inputs import resolve_inputs
+from batch_pipeline.core.manifest.shards import Manifest
+from batch_pipeline.core.spec.settings import Settings
+from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.state.driver import Action
 from batch_pipeline.core.state.view import load_view
 from batch_pipeline.defs.jobs import job_names

@@ -41,8 +41,8 @@ import pyarrow.json as pajson
 from pydantic import BaseModel, ConfigDict, Field
 
 from batch_pipeline.core.errors import BatchPipelineError, ConfigError, SystemicError, TransientError
-from batch_pipeline.core.executor import BatchHandle, BatchState, BatchStatus, ShardWork
-from batch_pipeline.core.threads import default_workers, ordered_map
+from batch_pipeline.core.run.executor import BatchHandle, BatchState, BatchStatus, ShardWork
+from batch_pipeline.core.run.threads import default_workers, ordered_map
 from batch_pipeline.executors.anthropic_format import batch_requests, parse_results_block
 from batch_pipeline.executors.endpoint import SANDBOX_URL_ENV, resolve_endpoint
 from batch_pipeline.executors.jsonl_blocks import iter_blocks

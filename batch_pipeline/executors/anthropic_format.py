@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batch_pipeline.core.errors import ConfigError
-from batch_pipeline.core.executor import RAW_OPTIONAL_SCHEMA, RAW_RESULT_SCHEMA, RequestPlan, ShardWork
-from batch_pipeline.core.validate import choice_schema
+from batch_pipeline.core.run.executor import RAW_OPTIONAL_SCHEMA, RAW_RESULT_SCHEMA, RequestPlan, ShardWork
+from batch_pipeline.core.quality.validate import choice_schema
 from batch_pipeline.executors.jsonl_blocks import (extract_block, json_paths_sql, read_lines, replace_rows,
                                                    utf8_or_marker)
 

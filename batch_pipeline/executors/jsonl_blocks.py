@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
 
-from batch_pipeline.core.threads import ordered_map
+from batch_pipeline.core.run.threads import ordered_map
 
 # Result files are parsed, validated and written one block of about this size at a time (one result part per
 # block). Each block pays fixed costs (a DuckDB query, a Parquet file): 16 MB blocks ingested 5-10% faster than

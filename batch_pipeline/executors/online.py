@@ -24,7 +24,7 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
 from batch_pipeline.core.errors import SYSTEMIC_CODES, ConfigError, SystemicError
-from batch_pipeline.core.executor import RAW_RESULT_SCHEMA, ShardWork, raw_table
+from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA, ShardWork, raw_table
 from batch_pipeline.executors.online_transport import BodyBuilder, HttpTransport, Reply, SdkTransport, Transport
 from batch_pipeline.executors.endpoint import SANDBOX_URL_ENV, resolve_endpoint
 from batch_pipeline.executors.provider_errors import redact, retry_after_s

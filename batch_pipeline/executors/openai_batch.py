@@ -17,8 +17,8 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
 from batch_pipeline.core.errors import SYSTEMIC_CODES, BatchPipelineError, ConfigError, SystemicError, TransientError
-from batch_pipeline.core.executor import BatchHandle, BatchState, BatchStatus, ShardWork
-from batch_pipeline.core.threads import default_workers
+from batch_pipeline.core.run.executor import BatchHandle, BatchState, BatchStatus, ShardWork
+from batch_pipeline.core.run.threads import default_workers
 from batch_pipeline.executors.endpoint import SANDBOX_URL_ENV, resolve_endpoint
 from batch_pipeline.executors.openai_format import CHAT_URL, parse_output_stream, request_lines
 from batch_pipeline.executors.provider_errors import redact, retry_after_s

@@ -10,8 +10,8 @@ from collections.abc import Iterable, Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batch_pipeline.core.executor import RAW_RESULT_SCHEMA, RequestPlan, ShardWork
-from batch_pipeline.core.validate import choice_schema
+from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA, RequestPlan, ShardWork
+from batch_pipeline.core.quality.validate import choice_schema
 from batch_pipeline.executors.jsonl_blocks import (RESULT_BLOCK_BYTES, extract, extract_block, json_paths_sql,
                                                    parse_stream, read_lines, replace_rows, utf8_or_marker)
 

@@ -6,8 +6,8 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from batch_pipeline.core.errors import ConfigError
-from batch_pipeline.core.executor import BatchExecutor, StreamExecutor
-from batch_pipeline.core.spec import BackendSpec
+from batch_pipeline.core.run.executor import BatchExecutor, StreamExecutor
+from batch_pipeline.core.spec.job import BackendSpec
 
 Executor = BatchExecutor | StreamExecutor
 Factory = Callable[[dict[str, Any]], Executor]

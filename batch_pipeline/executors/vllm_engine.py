@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from batch_pipeline.core.errors import ConfigError
-from batch_pipeline.core.threads import usable_cores
+from batch_pipeline.core.run.threads import usable_cores
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from typing import Any
 import pyarrow as pa
 
 from batch_pipeline.core.errors import SystemicError, TransientError
-from batch_pipeline.core.executor import ShardWork, raw_table
+from batch_pipeline.core.run.executor import ShardWork, raw_table
 from batch_pipeline.executors.registry import register
 from batch_pipeline.executors.vllm_engine import VllmSettings, load_engine, release_engines
 from batch_pipeline.executors.vllm_prompts import PromptRenderer, order_items, sampling_params

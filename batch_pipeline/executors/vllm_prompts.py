@@ -4,7 +4,7 @@ sampling parameters that carry the output contract, and the order of the items."
 import random
 from typing import Any
 
-from batch_pipeline.core.executor import RequestPlan
+from batch_pipeline.core.run.executor import RequestPlan
 from batch_pipeline.executors.vllm_engine import VllmSettings
 
 _SENTINEL = "\x00batch-pipeline-user\x00"

@@ -8,8 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batch_pipeline.core.paths import JobPaths
-from batch_pipeline.core.results import RESULT_SCHEMA, read_results
+from batch_pipeline.core.spec.paths import JobPaths
+from batch_pipeline.core.run.results import RESULT_SCHEMA, read_results
 from batch_pipeline.core.store import TMP_PREFIX, Store
 
 

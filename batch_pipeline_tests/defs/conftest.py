@@ -9,7 +9,7 @@ import dagster as dg
 import pytest
 import yaml
 
-from batch_pipeline.core.spec import JobSpec, load_spec
+from batch_pipeline.core.spec.job import JobSpec, load_spec
 from batch_pipeline.defs.resources import PricesResource, StoreResource
 from batch_pipeline.sandbox import SandboxAdmin
 

@@ -4,9 +4,9 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from batch_pipeline.core.control import JobControl
-from batch_pipeline.core.golden import canary_passed, probe_accuracy
-from batch_pipeline.core.publish import JobState
+from batch_pipeline.core.run.control import JobControl
+from batch_pipeline.core.quality.golden import canary_passed, probe_accuracy
+from batch_pipeline.core.publish.tables import JobState
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.assets import asset_key
 from batch_pipeline.defs.build import build_definitions

@@ -28,7 +28,7 @@ def test_status_prints_every_shard_balanced(sandbox, instance, resources, home, 
 
 
 def test_status_shows_what_waits_and_why(sandbox, instance, resources, home, make_job, capsys):
-    from batch_pipeline.core.control import JobControl
+    from batch_pipeline.core.run.control import JobControl
     from batch_pipeline.core.store import Store
     from batch_pipeline.defs.build import build_definitions
     import dagster as dg

@@ -8,11 +8,11 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from batch_pipeline.core.control import JobControl
-from batch_pipeline.core.cost import load_prices
-from batch_pipeline.core.manifest import Manifest, build_manifest
-from batch_pipeline.core.publish import JobState
-from batch_pipeline.core.quote import QuoteRefused, make_quote, verify_quote
+from batch_pipeline.core.run.control import JobControl
+from batch_pipeline.core.money.cost import load_prices
+from batch_pipeline.core.manifest.shards import Manifest, build_manifest
+from batch_pipeline.core.publish.tables import JobState
+from batch_pipeline.core.money.quote import QuoteRefused, make_quote, verify_quote
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.assets import asset_key
 from batch_pipeline.defs.build import build_definitions
@@ -120,9 +120,9 @@ def test_budget_crossed_mid_run_stops_at_the_cap_and_resumes_when_raised(sandbox
 
 def test_budget_guard_refuses_the_submission_that_would_cross_and_stops_the_job(sandbox, make_job, instance,
                                                                              resources, home):
-    from batch_pipeline.core.budget import BudgetGuard
+    from batch_pipeline.core.money.budget import BudgetGuard
     from batch_pipeline.core.errors import SystemicError
-    from batch_pipeline.core.runner import ShardRunner
+    from batch_pipeline.core.run.runner import ShardRunner
     from batch_pipeline.executors.registry import create_executor
 
     spec = make_job()
@@ -169,8 +169,8 @@ QUALITY = {"golden": str(REPO / "data" / "golden" / "demo.jsonl"), "canary_min_a
 def probes_by_hand(spec, shards: list[str]) -> list[str]:
     """The rendered prompts of the probes that ride along: every golden record with the canary shard (the
     first), then ceil(golden_share x 10 items) = 1 per other shard, the golden record whose salted ID sorts first."""
-    from batch_pipeline.core.evals import load_golden
-    from batch_pipeline.core.golden import probe_id
+    from batch_pipeline.core.quality.evals import load_golden
+    from batch_pipeline.core.quality.golden import probe_id
 
     golden = load_golden(spec).to_dicts()
     prompts = [g["user_prompt"] for g in golden]
@@ -182,7 +182,7 @@ def probes_by_hand(spec, shards: list[str]) -> list[str]:
 def test_the_quote_of_a_job_with_a_golden_set_is_higher_by_exactly_its_probes(make_job, home):
     import math
 
-    from batch_pipeline.core.quote import schema_tokens
+    from batch_pipeline.core.money.quote import schema_tokens
 
     plain, gold = make_job(name="plain"), make_job(name="gold", quality=QUALITY)
     store = Store(home)
@@ -211,9 +211,9 @@ def test_the_quote_of_a_job_with_a_golden_set_is_higher_by_exactly_its_probes(ma
 
 def test_the_budget_guard_refuses_a_submission_its_probes_push_over_the_budget(sandbox, make_job, instance,
                                                                              resources, home):
-    from batch_pipeline.core.budget import BudgetGuard
+    from batch_pipeline.core.money.budget import BudgetGuard
     from batch_pipeline.core.errors import SystemicError
-    from batch_pipeline.core.golden import canary_sample
+    from batch_pipeline.core.quality.golden import canary_sample
     from batch_pipeline.defs.assets import _runner
     from batch_pipeline.defs.resources import PricesResource, StoreResource
 

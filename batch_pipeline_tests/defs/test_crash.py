@@ -7,7 +7,7 @@ import sys
 import time
 from collections import Counter
 
-from batch_pipeline.core.paths import JobPaths
+from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 
 from .conftest import batch_creates, ledger_ids

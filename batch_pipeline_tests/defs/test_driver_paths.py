@@ -8,11 +8,11 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from batch_pipeline.core.attempts import AttemptLog
-from batch_pipeline.core.control import JobControl
-from batch_pipeline.core.manifest import Manifest
-from batch_pipeline.core.publish import JobState
-from batch_pipeline.core.results import read_results
+from batch_pipeline.core.run.attempts import AttemptLog
+from batch_pipeline.core.run.control import JobControl
+from batch_pipeline.core.manifest.shards import Manifest
+from batch_pipeline.core.publish.tables import JobState
+from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.state.machine import IllegalTransition, ShardState
 from batch_pipeline.core.state.summary import ShardSummaries
 from batch_pipeline.core.store import Store

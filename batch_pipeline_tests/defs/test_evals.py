@@ -6,8 +6,8 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from batch_pipeline.core.evals import paired, samples_needed, wilson
-from batch_pipeline.core.spec import load_spec
+from batch_pipeline.core.quality.evals import paired, samples_needed, wilson
+from batch_pipeline.core.spec.job import load_spec
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.build import build_definitions
 from batch_pipeline.defs.evals import build_eval_defs

@@ -10,11 +10,11 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from batch_pipeline.core.control import JobControl
-from batch_pipeline.core.lease import LeaseHeldError
-from batch_pipeline.core.publish import JobState
-from batch_pipeline.core.reconcile import DEAD
-from batch_pipeline.core.runner import ShardRunner
+from batch_pipeline.core.run.control import JobControl
+from batch_pipeline.core.run.lease import LeaseHeldError
+from batch_pipeline.core.publish.tables import JobState
+from batch_pipeline.core.state.reconcile import DEAD
+from batch_pipeline.core.run.runner import ShardRunner
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.pipeline import run_job
 from batch_pipeline.executors.registry import create_executor
@@ -56,7 +56,7 @@ def test_bad_key_on_a_5000_item_job_stops_once_then_resumes_after_the_fix(sandbo
 
 def test_two_concurrent_submissions_of_one_shard_make_one_batch(sandbox, home, make_job):
     spec = make_job()
-    from batch_pipeline.core.manifest import build_manifest
+    from batch_pipeline.core.manifest.shards import build_manifest
 
     store = Store(home)
     build_manifest(spec, store)
@@ -84,16 +84,16 @@ def test_two_concurrent_submissions_of_one_shard_make_one_batch(sandbox, home, m
 def test_two_concurrent_shard_runs_in_separate_processes_make_one_batch(sandbox, sandbox_proc, home, make_job,
                                                                       tmp_path):
     spec = make_job()
-    from batch_pipeline.core.manifest import build_manifest
+    from batch_pipeline.core.manifest.shards import build_manifest
 
     build_manifest(spec, Store(home))
     _, url = sandbox_proc
     script = (
         "import sys, json\n"
-        "from batch_pipeline.core.spec import load_spec\n"
+        "from batch_pipeline.core.spec.job import load_spec\n"
         "from batch_pipeline.core.store import Store\n"
-        "from batch_pipeline.core.runner import ShardRunner\n"
-        "from batch_pipeline.core.lease import LeaseHeldError\n"
+        "from batch_pipeline.core.run.runner import ShardRunner\n"
+        "from batch_pipeline.core.run.lease import LeaseHeldError\n"
         "from batch_pipeline.executors.registry import create_executor\n"
         "spec = load_spec(sys.argv[1]); store = Store(sys.argv[2])\n"
         "runner = ShardRunner(spec, store, create_executor(spec.backend), None)\n"

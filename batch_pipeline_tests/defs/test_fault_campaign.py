@@ -3,7 +3,7 @@ or by the sensors. From the sandbox's ledger: nothing is billed twice across bat
 accounted for, and the validated table equals a clean run's.
 
 The kill is real (``BATCH_PIPELINE_CRASH_AT`` makes the process SIGKILL itself at that point; see
-``core/faults.py``): nothing is flushed, no lease released, no finally block runs.
+``core/run/faults.py``): nothing is flushed, no lease released, no finally block runs.
 """
 
 import os
@@ -17,8 +17,8 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from batch_pipeline.core.paths import JobPaths
-from batch_pipeline.core.publish import JobState
+from batch_pipeline.core.spec.paths import JobPaths
+from batch_pipeline.core.publish.tables import JobState
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.assets import asset_key
 from batch_pipeline.defs.build import build_definitions

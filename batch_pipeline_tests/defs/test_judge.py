@@ -3,7 +3,7 @@
 import dagster as dg
 import polars as pl
 
-from batch_pipeline.core.judge import stratified_sample
+from batch_pipeline.core.quality.judge import stratified_sample
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.build import build_definitions
 from batch_pipeline.defs.pipeline import run_job

@@ -11,10 +11,10 @@ import dagster as dg
 import polars as pl
 
 from batch_pipeline.cli import main
-from batch_pipeline.core.attempts import AttemptLog
-from batch_pipeline.core.control import JobControl
-from batch_pipeline.core.publish import JobState
-from batch_pipeline.core.results import read_results
+from batch_pipeline.core.run.attempts import AttemptLog
+from batch_pipeline.core.run.control import JobControl
+from batch_pipeline.core.publish.tables import JobState
+from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.jobs import build_jobs
 from batch_pipeline.defs.pipeline import run_job

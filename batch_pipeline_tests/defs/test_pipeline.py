@@ -6,12 +6,12 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from batch_pipeline.core.attempts import AttemptLog
-from batch_pipeline.core.golden import GoldenProbes
-from batch_pipeline.core.manifest import Manifest
-from batch_pipeline.core.paths import JobPaths
-from batch_pipeline.core.publish import JobState
-from batch_pipeline.core.reconcile import DEAD, VALID
+from batch_pipeline.core.run.attempts import AttemptLog
+from batch_pipeline.core.quality.golden import GoldenProbes
+from batch_pipeline.core.manifest.shards import Manifest
+from batch_pipeline.core.spec.paths import JobPaths
+from batch_pipeline.core.publish.tables import JobState
+from batch_pipeline.core.state.reconcile import DEAD, VALID
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.assets import asset_key
 from batch_pipeline.defs.build import build_definitions
@@ -36,7 +36,7 @@ def prepare(spec, instance, resources) -> list[str]:
 
 
 def test_demo_job_accounts_for_every_item_and_a_rerun_sends_nothing(sandbox, instance, resources, home):
-    from batch_pipeline.core.spec import load_spec
+    from batch_pipeline.core.spec.job import load_spec
 
     spec = load_spec(REPO / "data" / "jobs" / "demo.yaml")
     report = run_job(spec, instance, resources)
@@ -130,7 +130,7 @@ def test_reconciliation_check_blocks_publishing_when_results_do_not_add_up(sandb
     run_job(spec, instance, resources)
     store = Store(home)
     # a result for an ID the manifest never had: the blocking check must fail the publish run
-    from batch_pipeline.core.results import read_results, write_results
+    from batch_pipeline.core.run.results import read_results, write_results
 
     stray = read_results(store, spec.name).head(1).with_columns(pl.lit("f" * 64).alias("request_id"))
     write_results(store, spec.name, "s00001", 99, 1, stray.to_arrow())

@@ -11,7 +11,7 @@ import boto3
 import polars as pl
 import pytest
 
-from batch_pipeline.core.paths import JobPaths
+from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.pipeline import run_job
 from batch_pipeline.defs.resources import PricesResource, StoreResource
@@ -97,7 +97,7 @@ def test_new_data_sensor_watches_an_s3_prefix(moto_url, s3_root, make_job, insta
     second = sensor(dg_context(instance, ctx.cursor))
     assert second.run_key.startswith("prepare:") and second.run_key != first.run_key
     # the manifest reads the objects through the same URI
-    from batch_pipeline.core.manifest import build_manifest
+    from batch_pipeline.core.manifest.shards import build_manifest
 
     summary = build_manifest(spec, Store(home))
     assert summary.input_files == 2 and summary.accepted_rows == 80 and summary.new_requests == 40
@@ -113,7 +113,7 @@ def test_two_concurrent_lease_attempts_on_s3_one_wins(s3_root):
     """The lease is a conditional PUT on S3: of two contenders racing for the same token, exactly one wins."""
     import threading
 
-    from batch_pipeline.core.lease import LeaseHeldError, acquire
+    from batch_pipeline.core.run.lease import LeaseHeldError, acquire
 
     store = Store(s3_root)
     start = threading.Barrier(8)

@@ -14,7 +14,7 @@ from typing import Any
 import polars as pl
 import pytest
 
-from batch_pipeline.core.paths import JobPaths
+from batch_pipeline.core.spec.paths import JobPaths
 
 from .conftest import JOB, LOCATION, REPOSITORY, DagsterDev
 

@@ -25,7 +25,7 @@ import polars as pl
 import pytest
 import yaml
 
-from batch_pipeline.core.paths import JobPaths
+from batch_pipeline.core.spec.paths import JobPaths
 
 from .conftest import JOB, LOCATION, REPOSITORY, SMALL, DagsterDev, Project, run_dagster_dev, write_project
 from .test_dagster_dev import ROWS, TERMINAL, failure_report

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from batch_pipeline.core.executor import BatchExecutor, BatchHandle, BatchStatus
+from batch_pipeline.core.run.executor import BatchExecutor, BatchHandle, BatchStatus
 from batch_pipeline.sandbox import SandboxAdmin
 
 

@@ -8,14 +8,14 @@ import pyarrow as pa
 import pytest
 from anthropic.types.messages import MessageBatch
 
-from batch_pipeline.core.attempts import AttemptLog
+from batch_pipeline.core.run.attempts import AttemptLog
 from batch_pipeline.core.errors import ConfigError, ErrorClass, SystemicError, TransientError, classify_line_error
-from batch_pipeline.core.executor import BatchState, RequestPlan, ShardWork
-from batch_pipeline.core.manifest import build_manifest
-from batch_pipeline.core.runner import ShardRunner
-from batch_pipeline.core.spec import BackendSpec, parse_spec
+from batch_pipeline.core.run.executor import BatchState, RequestPlan, ShardWork
+from batch_pipeline.core.manifest.shards import build_manifest
+from batch_pipeline.core.run.runner import ShardRunner
+from batch_pipeline.core.spec.job import BackendSpec, parse_spec
 from batch_pipeline.core.store import Store
-from batch_pipeline.core.validate import validate
+from batch_pipeline.core.quality.validate import validate
 from batch_pipeline.executors.anthropic_batch import STATUS_MAP, AnthropicBatchExecutor, AnthropicBatchSettings
 from batch_pipeline.executors.anthropic_format import ANTHROPIC_RAW_SCHEMA, batch_requests, parse_results_block, _parse_fast, _parse_lines
 from batch_pipeline.executors.registry import batch_limits, create_executor, names

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 
 from batch_pipeline.core.errors import ConfigError, SystemicError
-from batch_pipeline.core.executor import RAW_RESULT_SCHEMA, RequestPlan, ShardWork, StreamExecutor
-from batch_pipeline.core.spec import BackendSpec, parse_spec
+from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA, RequestPlan, ShardWork, StreamExecutor
+from batch_pipeline.core.spec.job import BackendSpec, parse_spec
 from batch_pipeline.executors.online import OnlineExecutor, classify
 from batch_pipeline.executors.provider_errors import retry_after_s
 from batch_pipeline.executors.online_transport import BodyBuilder, Reply

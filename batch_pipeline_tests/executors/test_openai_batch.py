@@ -7,12 +7,12 @@ import openai
 import pyarrow as pa
 import pytest
 
-from batch_pipeline.core.attempts import AttemptLog
+from batch_pipeline.core.run.attempts import AttemptLog
 from batch_pipeline.core.errors import ConfigError, SystemicError
-from batch_pipeline.core.executor import BatchState, RequestPlan, ShardWork
-from batch_pipeline.core.manifest import build_manifest
-from batch_pipeline.core.runner import ShardRunner
-from batch_pipeline.core.spec import parse_spec
+from batch_pipeline.core.run.executor import BatchState, RequestPlan, ShardWork
+from batch_pipeline.core.manifest.shards import build_manifest
+from batch_pipeline.core.run.runner import ShardRunner
+from batch_pipeline.core.spec.job import parse_spec
 from batch_pipeline.core.store import Store
 from batch_pipeline.executors.openai_batch import STATUS_MAP, OpenAIBatchExecutor, OpenAIBatchSettings
 from batch_pipeline.executors.openai_format import parse_output_block, request_lines
@@ -48,7 +48,7 @@ def executor() -> OpenAIBatchExecutor:
 def test_registry_knows_openai_batch_and_rejects_unknown_settings():
     assert "openai_batch" in names()
     with pytest.raises(ConfigError, match="poll_intervl_s"):
-        from batch_pipeline.core.spec import BackendSpec
+        from batch_pipeline.core.spec.job import BackendSpec
 
         create_executor(BackendSpec(name="openai_batch", settings={"sandbox": True, "poll_intervl_s": 1}))
 
@@ -198,7 +198,7 @@ def test_a_download_that_breaks_half_way_is_a_transient_error(monkeypatch):
     import threading
 
     from batch_pipeline.core.errors import TransientError
-    from batch_pipeline.core.executor import BatchHandle
+    from batch_pipeline.core.run.executor import BatchHandle
 
     line = json.dumps({"id": "r", "custom_id": "a", "error": None, "response": {"status_code": 200, "body": {}}})
 

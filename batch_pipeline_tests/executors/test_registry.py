@@ -4,8 +4,8 @@ import json
 
 import pyarrow.compute as pc
 
-from batch_pipeline.core.manifest import Manifest, ShardCaps, build_manifest
-from batch_pipeline.core.spec import parse_spec
+from batch_pipeline.core.manifest.shards import Manifest, ShardCaps, build_manifest
+from batch_pipeline.core.spec.job import parse_spec
 from batch_pipeline.core.store import Store
 from batch_pipeline.executors.registry import batch_limits
 

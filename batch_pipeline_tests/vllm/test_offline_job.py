@@ -8,12 +8,12 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from batch_pipeline.core.control import JobControl
-from batch_pipeline.core.executor import RequestPlan, ShardWork
-from batch_pipeline.core.manifest import build_manifest
-from batch_pipeline.core.paths import JobPaths
-from batch_pipeline.core.results import read_results
-from batch_pipeline.core.runner import ShardRunner
+from batch_pipeline.core.run.control import JobControl
+from batch_pipeline.core.run.executor import RequestPlan, ShardWork
+from batch_pipeline.core.manifest.shards import build_manifest
+from batch_pipeline.core.spec.paths import JobPaths
+from batch_pipeline.core.run.results import read_results
+from batch_pipeline.core.run.runner import ShardRunner
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.pipeline import run_job
 from batch_pipeline.executors.registry import create_executor

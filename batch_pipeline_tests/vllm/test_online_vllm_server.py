@@ -17,8 +17,8 @@ import polars as pl
 import psutil
 import pytest
 
-from batch_pipeline.core.paths import JobPaths
-from batch_pipeline.core.results import read_results
+from batch_pipeline.core.spec.paths import JobPaths
+from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.pipeline import run_job
 

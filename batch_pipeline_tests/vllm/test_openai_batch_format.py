@@ -6,11 +6,11 @@ import subprocess
 
 import polars as pl
 
-from batch_pipeline.core.executor import RequestPlan, ShardWork
-from batch_pipeline.core.manifest import Manifest, build_manifest
-from batch_pipeline.core.paths import JobPaths
+from batch_pipeline.core.run.executor import RequestPlan, ShardWork
+from batch_pipeline.core.manifest.shards import Manifest, build_manifest
+from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
-from batch_pipeline.core.validate import validate
+from batch_pipeline.core.quality.validate import validate
 from batch_pipeline.defs.pipeline import run_job
 from batch_pipeline.executors.batch_format_export import export_openai_batch_errors, export_openai_batch_output
 from batch_pipeline.executors.openai_format import parse_output_block, request_lines

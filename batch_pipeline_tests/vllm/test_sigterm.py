@@ -14,11 +14,11 @@ import time
 
 import polars as pl
 
-from batch_pipeline.core.attempts import AttemptLog
-from batch_pipeline.core.lease import current_token
-from batch_pipeline.core.paths import JobPaths
-from batch_pipeline.core.results import read_results
-from batch_pipeline.core.spec import CanarySpec
+from batch_pipeline.core.run.attempts import AttemptLog
+from batch_pipeline.core.run.lease import current_token
+from batch_pipeline.core.spec.paths import JobPaths
+from batch_pipeline.core.run.results import read_results
+from batch_pipeline.core.spec.job import CanarySpec
 from batch_pipeline.core.store import Store
 
 from .conftest import PY, engine_settings, python_env, stop_process, wait_for, write_job

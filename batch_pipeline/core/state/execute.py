@@ -11,16 +11,16 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from batch_pipeline.core.control import JobPaused
+from batch_pipeline.core.run.control import JobPaused
 from batch_pipeline.core.errors import BatchPipelineError, SystemicError
-from batch_pipeline.core.executor import BatchStatus, StreamExecutor
-from batch_pipeline.core.golden import canary_sample, judge_canary
-from batch_pipeline.core.manifest import Manifest
-from batch_pipeline.core.reconcile import item_states
-from batch_pipeline.core.rescue import deadline_near, rescue_reason
-from batch_pipeline.core.results import read_results
-from batch_pipeline.core.runner import ShardRunner
-from batch_pipeline.core.spec import JobSpec
+from batch_pipeline.core.run.executor import BatchStatus, StreamExecutor
+from batch_pipeline.core.quality.golden import canary_sample, judge_canary
+from batch_pipeline.core.manifest.shards import Manifest
+from batch_pipeline.core.state.reconcile import item_states
+from batch_pipeline.core.run.rescue import deadline_near, rescue_reason
+from batch_pipeline.core.run.results import read_results
+from batch_pipeline.core.run.runner import ShardRunner
+from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.state.driver import Action, Step, shard_step
 from batch_pipeline.core.state.replay import Replays
 from batch_pipeline.core.state.view import load_shard

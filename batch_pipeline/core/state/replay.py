@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 
 import polars as pl
 
-from batch_pipeline.core.paths import JobPaths
+from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 
 REPLAY_COLUMNS = ["request_id", "shard_id", "through_attempt"]

@@ -14,18 +14,18 @@ from typing import Any
 
 import polars as pl
 
-from batch_pipeline.core.attempts import Attempt, AttemptLog
-from batch_pipeline.core.golden import GoldenProbes
-from batch_pipeline.core.manifest import Manifest
-from batch_pipeline.core.paths import JobPaths
-from batch_pipeline.core.reconcile import DEAD, INVALID, MISSING, VALID, item_states
-from batch_pipeline.core.results import read_results
-from batch_pipeline.core.retry_cap import RetryCosts, retry_costs
-from batch_pipeline.core.spec import JobSpec
+from batch_pipeline.core.run.attempts import Attempt, AttemptLog
+from batch_pipeline.core.quality.golden import GoldenProbes
+from batch_pipeline.core.manifest.shards import Manifest
+from batch_pipeline.core.spec.paths import JobPaths
+from batch_pipeline.core.state.reconcile import DEAD, INVALID, MISSING, VALID, item_states
+from batch_pipeline.core.run.results import read_results
+from batch_pipeline.core.money.retry_cap import RetryCosts, retry_costs
+from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.state.machine import ShardState, check_summary_move
 from batch_pipeline.core.state.replay import Replays
 from batch_pipeline.core.store import Store
-from batch_pipeline.core.threads import ordered_map
+from batch_pipeline.core.run.threads import ordered_map
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class ShardSummary:
     spend_usd: float = 0.0
     canary_done: bool = False          # a canary attempt of this shard has been collected
     last_final_state: str | None = None  # the provider's final state of the last collected attempt
-    first_try_cost: float = 0.0        # the retry-spend cap's inputs (core/retry_cap.py), kept per shard
+    first_try_cost: float = 0.0        # the retry-spend cap's inputs (core/money/retry_cap.py), kept per shard
     first_tries: int = 0
     retry_cost: float = 0.0
     retry_tries: int = 0

@@ -4,13 +4,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from batch_pipeline.core.control import JobControl
+from batch_pipeline.core.run.control import JobControl
 from batch_pipeline.core.errors import ConfigError
-from batch_pipeline.core.golden import canary_passed
-from batch_pipeline.core.manifest import Manifest
-from batch_pipeline.core.paths import JobPaths
-from batch_pipeline.core.rescue import deadline_near
-from batch_pipeline.core.spec import JobSpec
+from batch_pipeline.core.quality.golden import canary_passed
+from batch_pipeline.core.manifest.shards import Manifest
+from batch_pipeline.core.spec.paths import JobPaths
+from batch_pipeline.core.run.rescue import deadline_near
+from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.state.driver import CanaryStatus, JobFacts, Plan, next_steps
 from batch_pipeline.core.state.machine import ShardState
 from batch_pipeline.core.state.summary import ShardSummaries, ShardSummary

@@ -1,0 +1,1 @@
+"""Inputs, normalisation and request IDs; building and reading generations of shards."""

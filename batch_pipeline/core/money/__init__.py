@@ -1,0 +1,1 @@
+"""Prices, quotes, budgets, the retry-spend cap, backend comparison."""

@@ -1,0 +1,1 @@
+"""The staged and validated tables, dead letters, the report and its plots."""

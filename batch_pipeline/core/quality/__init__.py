@@ -1,0 +1,1 @@
+"""Validation, canary and golden probes, per-shard statistics, the judge, evals."""

@@ -1,0 +1,170 @@
+"""Structural validation of outputs against the job's output contract.
+
+A result is ``succeeded`` only when the provider answered 200, the output was not truncated
+(``finish_reason == "length"`` is a failure), and it honours the contract: a label from the allowed
+set (bare, or as ``{"label": ...}`` when the backend enforced the choice with a JSON schema), an object
+that validates against the JSON schema, or non-empty text.
+"""
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+
+import jsonschema
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from batch_pipeline.core.errors import ErrorClass, classify_line_error
+from batch_pipeline.core.spec.job import OutputSpec
+
+class ResultStatus(StrEnum):
+    """The outcome of one request in one attempt (the ``status`` column of every result row)."""
+
+    SUCCEEDED = "succeeded"
+    INVALID = "invalid"    # answered, but outside the output contract (or truncated)
+    ERRORED = "errored"    # no answer: the provider or the transport failed (its error class says why)
+
+
+SUCCEEDED, INVALID, ERRORED = (s.value for s in ResultStatus)  # plain strings for Arrow and Polars expressions
+CHOICE_KEY = "label"
+
+
+@dataclass
+class Verdicts:
+    status: pa.Array
+    parsed_output: pa.Array
+    error_class: pa.Array
+    error_code: pa.Array
+    error_message: pa.Array
+
+
+def choice_schema(labels: list[str]) -> dict:
+    """The JSON schema a backend without native choice decoding uses to enforce a label set."""
+    return {"type": "object", "properties": {CHOICE_KEY: {"type": "string", "enum": labels}},
+            "required": [CHOICE_KEY], "additionalProperties": False}
+
+
+def _parse_choice(texts: list[str | None], labels: set[str]) -> list[tuple[str | None, str | None]]:
+    out: list[tuple[str | None, str | None]] = []
+    for text in texts:
+        if text is None:
+            out.append((None, "empty output"))
+            continue
+        s = text.strip()
+        if s in labels:
+            out.append((s, None))
+            continue
+        try:
+            obj = json.loads(s)
+        except ValueError:
+            out.append((None, f"output {s[:60]!r} is not one of the allowed labels"))
+            continue
+        value = obj.get(CHOICE_KEY) if isinstance(obj, dict) else obj if isinstance(obj, str) else None
+        if isinstance(value, str) and value in labels:
+            out.append((value, None))
+        else:
+            out.append((None, f"output {s[:60]!r} is not one of the allowed labels"))
+    return out
+
+
+def _parse_json(texts: list[str | None], schema: dict) -> list[tuple[str | None, str | None]]:
+    validator = jsonschema.Draft202012Validator(schema)
+    out: list[tuple[str | None, str | None]] = []
+    for text in texts:
+        try:
+            obj = json.loads(text or "")
+        except ValueError as exc:
+            out.append((None, f"output is not JSON: {exc}"))
+            continue
+        error = jsonschema.exceptions.best_match(validator.iter_errors(obj))
+        if error is not None:
+            path = "/".join(str(p) for p in error.absolute_path) or "<root>"
+            out.append((None, f"output fails the schema at {path}: {error.message[:200]}"))
+        else:
+            out.append((json.dumps(obj, sort_keys=True, ensure_ascii=False), None))
+    return out
+
+
+def _parse_text(texts: list[str | None]) -> list[tuple[str | None, str | None]]:
+    return [(t, None) if t and t.strip() else (None, "empty output") for t in texts]
+
+
+# The forms a choice output takes when it is settled column-wise: a bare label, or the object a backend with a
+# JSON schema returns, compact or with one space after the colon. Anything else goes through the per-row parser.
+_CHOICE_OBJECT = r'^\{"' + CHOICE_KEY + r'": ?"(?P<label>[^"\\\x00-\x1f]*)"\}$'
+TRUNCATED_MESSAGE = "output hit max_tokens (finish_reason=length)"
+
+
+def _plain_labels(labels: list[str]) -> bool:
+    """Labels that read the same as text, stripped, and inside a JSON string (so the column checks agree
+    with ``_parse_choice``)."""
+    return all(label and label == label.strip() and label.isprintable() and '"' not in label and "\\" not in label
+               for label in labels)
+
+
+def _choice_columns(texts: pa.Array, labels: list[str]) -> tuple[pa.Array, pa.Array]:
+    """(settled, value): rows whose output is a bare allowed label or ``{"label": "<allowed>"}``."""
+    allowed = pa.array(labels, pa.string())
+    bare = pc.fill_null(pc.is_in(texts, value_set=allowed), False)
+    label = pc.struct_field(pc.extract_regex(texts, _CHOICE_OBJECT), "label")
+    in_object = pc.fill_null(pc.is_in(label, value_set=allowed), False)
+    return pc.or_(bare, in_object), pc.if_else(bare, texts, label)
+
+
+def _scatter(base: pa.Array, mask: pa.Array, values: list) -> pa.Array:
+    return pc.replace_with_mask(base, mask, pa.array(values, pa.string()))
+
+
+def validate(raw: pa.Table, output: OutputSpec) -> Verdicts:
+    """Classify every raw result row: succeeded, invalid (answered but unusable) or errored.
+
+    Column-wise for the common rows (answered choice outputs in the usual forms, truncations); the per-row
+    parsers run only on the rows the columns cannot settle, and the error rows are classified one by one.
+    """
+    s = pa.string()
+    n = raw.num_rows
+    if n == 0:
+        return Verdicts(*(pa.array([], s) for _ in range(5)))
+    http = raw.column("http_status").combine_chunks()
+    texts = raw.column("output_text").combine_chunks()
+    answered = pc.fill_null(pc.equal(http, 200), False)
+    truncated = pc.and_(answered, pc.fill_null(pc.equal(raw.column("finish_reason").combine_chunks(), "length"),
+                                               False))
+    live = pc.and_not(answered, truncated)
+    nulls = pa.nulls(n, s)
+    if output.kind == "choice" and _plain_labels(output.choice or []):
+        settled, settled_value = _choice_columns(texts, output.choice or [])
+        ok = pc.and_(live, settled)
+    else:
+        ok, settled_value = pa.array([False] * n), nulls
+    status = pc.if_else(ok, SUCCEEDED, pc.if_else(answered, INVALID, ERRORED)).cast(s)
+    value = pc.if_else(ok, settled_value, nulls).cast(s)
+    eclass = pc.if_else(pc.and_not(answered, ok), ErrorClass.INVALID_OUTPUT.value, nulls).cast(s)
+    unsettled = pc.and_not(live, ok)
+    ecode = pc.if_else(truncated, "truncated", pc.if_else(unsettled, "contract_violation", nulls)).cast(s)
+    emsg = pc.if_else(truncated, TRUNCATED_MESSAGE, nulls).cast(s)
+
+    if pc.any(unsettled).as_py():
+        rows = texts.filter(unsettled).to_pylist()
+        if output.kind == "choice":
+            parsed = _parse_choice(rows, set(output.choice or []))
+        elif output.kind == "json_schema":
+            parsed = _parse_json(rows, output.json_schema or {})
+        else:
+            parsed = _parse_text(rows)
+        good = [err is None for _, err in parsed]
+        status = _scatter(status, unsettled, [SUCCEEDED if g else INVALID for g in good])
+        value = _scatter(value, unsettled, [v for v, _ in parsed])
+        eclass = _scatter(eclass, unsettled, [None if g else ErrorClass.INVALID_OUTPUT.value for g in good])
+        ecode = _scatter(ecode, unsettled, [None if g else "contract_violation" for g in good])
+        emsg = _scatter(emsg, unsettled, [err for _, err in parsed])
+
+    errored = pc.invert(answered)
+    if pc.any(errored).as_py():
+        hs = http.filter(errored).to_pylist()
+        cs = raw.column("error_code").combine_chunks().filter(errored).to_pylist()
+        ms = raw.column("error_message").combine_chunks().filter(errored).to_pylist()
+        eclass = _scatter(eclass, errored, [classify_line_error(c, h).value for c, h in zip(cs, hs)])
+        ecode = _scatter(ecode, errored, [c or (f"http_{h}" if h else "no_response") for c, h in zip(cs, hs)])
+        emsg = _scatter(emsg, errored, [m or "no response for this request" for m in ms])
+    return Verdicts(status, value, eclass, ecode, emsg)

@@ -1,0 +1,1 @@
+"""Executor protocols, the shard runner, attempts and intents, leases, job control, result parts."""

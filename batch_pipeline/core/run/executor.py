@@ -1,0 +1,151 @@
+"""The two executor shapes and the records they exchange with the runner.
+
+An executor only talks to a backend; the runner owns intents, attempts, validation and the store.
+Results travel as Arrow tables with ``RAW_RESULT_SCHEMA`` columns (and any of ``RAW_OPTIONAL_SCHEMA`` after
+them) so that a provider output file of a million lines is ingested column-wise, not object by object. Results
+are matched by ``request_id``, never by position.
+"""
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol, runtime_checkable
+
+import pyarrow as pa
+
+from batch_pipeline.core.spec.job import JobSpec, OutputSpec, SamplingSpec
+
+RAW_RESULT_SCHEMA = pa.schema([
+    ("request_id", pa.string()),
+    ("http_status", pa.int32()),        # null when the request never got a response (expired, cancelled)
+    ("output_text", pa.string()),
+    ("finish_reason", pa.string()),
+    ("input_tokens", pa.int64()),
+    ("cached_tokens", pa.int64()),
+    ("output_tokens", pa.int64()),
+    ("error_code", pa.string()),
+    ("error_message", pa.string()),
+    ("provider_request_id", pa.string()),
+    ("raw_payload", pa.string()),       # the provider's line, verbatim
+])
+# Columns an executor MAY add after the RAW_RESULT_SCHEMA ones; an absent one reads as 0 (``build_results``).
+RAW_OPTIONAL_SCHEMA = pa.schema([
+    ("cache_write_tokens", pa.int64()),  # input tokens that wrote the provider's prompt cache (Anthropic
+                                         # cache_creation_input_tokens); counted in input_tokens, billed apart
+])
+
+
+def raw_table(rows: Sequence[tuple[Any, ...]]) -> pa.Table:
+    """Result rows built one by one (tuples in ``RAW_RESULT_SCHEMA`` column order) as one table."""
+    columns = list(zip(*rows))
+    return pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, RAW_RESULT_SCHEMA, strict=True)],
+                                schema=RAW_RESULT_SCHEMA)
+
+
+@dataclass(frozen=True)
+class RequestPlan:
+    """What every request of a job shares: the stable prefix and the generation settings."""
+
+    model: str
+    system: str
+    sampling: SamplingSpec
+    output: OutputSpec
+
+    @classmethod
+    def from_spec(cls, spec: JobSpec) -> "RequestPlan":
+        return cls(model=spec.model, system=spec.prompt.system, sampling=spec.sampling, output=spec.output)
+
+
+@dataclass
+class ShardWork:
+    """One attempt at the not-yet-succeeded items of one shard."""
+
+    job: str
+    shard_id: str
+    attempt: int
+    key: str                  # job:shard:attempt; carried in provider metadata to re-attach after a crash
+    plan: RequestPlan
+    items: pa.Table           # request_id, user_prompt
+
+    @property
+    def request_ids(self) -> list[str]:
+        return self.items.column("request_id").to_pylist()
+
+
+class BatchState(StrEnum):
+    VALIDATING = "validating"
+    RUNNING = "running"
+    FINALIZING = "finalizing"
+    CANCELLING = "cancelling"
+    COMPLETED = "completed"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+    @property
+    def ended(self) -> bool:
+        return self in (BatchState.COMPLETED, BatchState.EXPIRED, BatchState.CANCELLED, BatchState.FAILED)
+
+
+@dataclass(frozen=True)
+class BatchHandle:
+    backend: str
+    batch_id: str
+    key: str
+    input_file_id: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"backend": self.backend, "batch_id": self.batch_id, "key": self.key, "input_file_id": self.input_file_id}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "BatchHandle":
+        return cls(d["backend"], d["batch_id"], d["key"], d.get("input_file_id"))
+
+
+@dataclass
+class BatchStatus:
+    state: BatchState
+    provider_status: str
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+@runtime_checkable
+class BatchExecutor(Protocol):
+    """A provider batch API: submit returns at once; the provider works for up to its window."""
+
+    name: str
+    pricing: str                 # "batch" or "online": which price applies
+    max_requests_per_batch: int
+    max_bytes_per_batch: int
+    poll_interval_s: float
+
+    def submit(self, work: ShardWork) -> BatchHandle: ...
+    def poll(self, handle: BatchHandle) -> BatchStatus: ...
+    def fetch(self, handle: BatchHandle) -> Iterator[pa.Table]: ...
+    def cancel(self, handle: BatchHandle) -> None: ...
+    def find(self, key: str, request_ids: Sequence[str] | None = None,
+             not_before: str | None = None) -> BatchHandle | None:
+        """The batch an attempt created, after a crash: by key (metadata) where the provider keeps one,
+        else by the attempt's request IDs and the time of its intent."""
+        ...
+
+
+@runtime_checkable
+class StreamExecutor(Protocol):
+    """A self-hosted engine or an online endpoint: results arrive while the shard runs."""
+
+    name: str
+    pricing: str
+
+    def run(self, work: ShardWork) -> Iterator[pa.Table]: ...
+
+
+@runtime_checkable
+class DrainableStream(Protocol):
+    """A stream executor that can hand over results it holds but has not yielded yet (its flush buffer), after
+    ``run`` was interrupted: those requests were paid for, so the runner stores them before it stops."""
+
+    def take_unflushed(self, key: str) -> pa.Table | None: ...

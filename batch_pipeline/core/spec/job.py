@@ -1,0 +1,335 @@
+"""The job spec: one YAML file per job, every key validated, unknown keys rejected.
+
+Errors name the file, the line, the field path and what was expected, because a data engineer
+editing YAML at 2 a.m. should not have to guess which of forty keys is wrong.
+"""
+
+import hashlib
+import json
+import string
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
+
+from batch_pipeline.core.spec.contract_floor import answer_floor
+from batch_pipeline.core.errors import ConfigError
+
+JOB_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,47}$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class InputSpec(_Strict):
+    """Where the rows are and which field holds the text to classify."""
+
+    path: str = Field(description="file, directory or glob; local or s3://bucket/prefix/*.jsonl")
+    format: Literal["auto", "jsonl", "csv", "parquet", "openai_batch"] = Field(
+        default="auto", description="openai_batch: an OpenAI/vLLM batch input file (custom_id, method, url, body)")
+    text_field: str
+    key_field: str | None = Field(default=None, description="source-key column kept for every row")
+    max_input_tokens: int = Field(default=8000, gt=0, description="longer rendered prompts go to rejects")
+
+
+class PromptSpec(_Strict):
+    """Stable prefix first (system), per-row fields last (template)."""
+
+    version: str = Field(min_length=1)
+    system: str = ""
+    template: str = Field(description="user message with {field} placeholders")
+
+    @property
+    def fields(self) -> list[str]:
+        names = []
+        for _, name, _, _ in string.Formatter().parse(self.template):
+            if name is not None and name not in names:
+                names.append(name)
+        return names
+
+    @field_validator("template")
+    @classmethod
+    def _placeholders_are_plain(cls, template: str) -> str:
+        try:
+            parsed = list(string.Formatter().parse(template))
+        except ValueError as exc:
+            raise ValueError(f"template is not a valid format string: {exc}") from None
+        for _, name, spec, conv in parsed:
+            if name is None:
+                continue
+            if not name.isidentifier() or spec or conv:
+                raise ValueError(f"placeholder {{{name}}} must be a plain field name like {{body}}")
+        return template
+
+
+class BackendSpec(_Strict):
+    name: str = Field(description="a registered executor: openai_batch, ...")
+    settings: dict[str, Any] = Field(default_factory=dict)
+
+
+class SamplingSpec(_Strict):
+    temperature: float = Field(default=0.0, ge=0, le=2)
+    max_tokens: int = Field(gt=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    seed: int | None = None
+
+
+class OutputSpec(_Strict):
+    """Exactly one output contract: a fixed label set, a JSON schema, or free text."""
+
+    choice: list[str] | None = None
+    json_schema: dict[str, Any] | None = None
+    text: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "OutputSpec":
+        given = [k for k in ("choice", "json_schema", "text") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of choice, json_schema, text (got {given or 'none'})")
+        if self.choice is not None:
+            if not self.choice or len(set(self.choice)) != len(self.choice):
+                raise ValueError("choice must be a non-empty list of distinct labels")
+        if self.json_schema is not None and self.json_schema.get("type") != "object":
+            raise ValueError("json_schema must describe an object (type: object)")
+        return self
+
+    @property
+    def kind(self) -> Literal["choice", "json_schema", "text"]:
+        if self.choice is not None:
+            return "choice"
+        return "json_schema" if self.json_schema is not None else "text"
+
+
+class ShardLimits(_Strict):
+    max_requests: int = Field(default=5000, gt=0)
+    max_bytes: int = Field(default=100 * 2**20, gt=0)
+
+
+class RetrySpec(_Strict):
+    """Retry budgets per error class (the seed rule: transient errors are retried with backoff; an invalid or
+    truncated answer is retried once, then dead-lettered; a poison item is not retried), within ``per_item``."""
+
+    per_item: int = Field(default=3, ge=1, description="failed attempts of any class before an item is dead-lettered")
+    transient: int | None = Field(default=None, ge=1, description="transient failures allowed (default per_item)")
+    invalid_output: int = Field(default=2, ge=1, description="answers that break the contract or are truncated")
+    poison: int = Field(default=1, ge=1, description="requests the provider rejects as malformed or too long")
+    spend_cap_share: float = Field(default=0.10, ge=0, le=1)
+
+
+class TailRescueSpec(_Strict):
+    """Near the deadline, or when a batch expires, unfinished items go to an online backend (interactive price)."""
+
+    backend: BackendSpec = Field(default_factory=lambda: BackendSpec(name="online"))
+    before_deadline_minutes: float = Field(default=60, ge=0)
+    on_expiry: bool = True
+
+
+class CompareSpec(_Strict):
+    """The B side of a paired comparison on the golden set: another prompt and/or another model."""
+
+    prompt: PromptSpec | None = None
+    model: str | None = None
+
+
+class JudgeSpec(_Strict):
+    """Judge sampling for free-text outputs: a stratified sample graded by a judge model."""
+
+    backend: BackendSpec = Field(default_factory=lambda: BackendSpec(name="online"))
+    model: str | None = Field(default=None, description="default: the job's model")
+    sample_size: int = Field(default=200, gt=0)
+    instructions: str = ("You grade an answer to a task. Reply pass (correct, complete, follows the task) "
+                         "or fail (wrong, incomplete, off-task).")
+
+
+class QualitySpec(_Strict):
+    """Golden records (trusted labels) and the gates and evals built on them."""
+
+    golden: str = Field(description="JSONL with the input fields and a trusted label per row")
+    label_field: str = "label"
+    canary_min_accuracy: float = Field(default=0.85, ge=0, le=1)
+    golden_share: float = Field(default=0.01, ge=0, le=0.5, description="golden probes mixed into every shard")
+    eval_backend: BackendSpec = Field(default_factory=lambda: BackendSpec(name="online"))
+    compare: CompareSpec | None = None
+    target_half_width: float = Field(default=0.03, gt=0, lt=0.5,
+                                     description="precision wanted for accuracy (95% interval half-width)")
+    judge: JudgeSpec | None = None
+
+
+class CanarySpec(_Strict):
+    """A small sample of the first shard, run alone before anything else is paid for (with every golden probe)."""
+
+    size: int = Field(default=300, gt=0, description="items in the canary, a stratified sample across lengths")
+    max_failure_rate: float = Field(default=0.05, ge=0, le=1,
+                                    description="structural failures (invalid or truncated answers) allowed")
+
+
+class SelfHostedCost(_Strict):
+    gpu_usd_per_hour: float = Field(gt=0)
+    gpus: int = Field(default=1, ge=1)
+    prefill_tokens_per_s: float = Field(gt=0, description="measured, aggregate over the batch")
+    decode_tokens_per_s: float = Field(gt=0, description="measured, aggregate over the batch")
+    prefix_hit_share: float = Field(default=0.0, ge=0, lt=1)
+    utilisation: float = Field(default=0.7, gt=0, le=1)
+    spot_loss: float = Field(default=0.0, ge=0, lt=1, description="share of GPU time lost to preemption")
+
+
+class BackendChoice(_Strict):
+    backend: BackendSpec
+    model: str | None = None
+
+
+class CostCompareSpec(_Strict):
+    backends: list[BackendChoice] = Field(default_factory=list)
+    self_hosted: SelfHostedCost | None = None
+
+
+class JobSpec(_Strict):
+    name: str = Field(pattern=JOB_NAME_PATTERN)
+    description: str = ""
+    input: InputSpec
+    prompt: PromptSpec
+    model: str = Field(min_length=1)
+    backend: BackendSpec
+    sampling: SamplingSpec
+    output: OutputSpec
+    shards: ShardLimits = Field(default_factory=ShardLimits)
+    retries: RetrySpec = Field(default_factory=RetrySpec)
+    budget_usd: float | None = Field(default=None, ge=0)
+    deadline: datetime | None = None
+    tail: TailRescueSpec | None = None
+    quality: QualitySpec | None = None
+    cost_compare: CostCompareSpec | None = Field(default=None, description="backends to quote side by side and "
+                                                 "self-hosted GPU figures (core/money/compare.py)")
+    canary_first: bool = Field(default=True, description="run a canary sample of the first shard alone, gate on it, "
+                                                         "then re-quote (calibrated) before anything else is sent")
+    canary: CanarySpec = Field(default_factory=CanarySpec)
+    source_path: str | None = Field(default=None, exclude=True, description="set by the loader")
+
+    @field_validator("prompt")
+    @classmethod
+    def _template_uses_text_field(cls, prompt: PromptSpec, info: ValidationInfo) -> PromptSpec:
+        source = info.data.get("input")
+        if source is not None and source.text_field not in prompt.fields:
+            raise ValueError(
+                f"prompt.template must use the input text field {{{source.text_field}}}; "
+                f"it uses {prompt.fields or 'no fields'}"
+            )
+        return prompt
+
+    @model_validator(mode="after")
+    def _max_tokens_fits_the_answer(self) -> "JobSpec":
+        """``sampling.max_tokens`` below the shortest valid answer truncates every request, and each is paid for.
+
+        Checked for every backend that sends this job's requests with its sampling (the job's, the tail's, the
+        golden evals'), each with the answer form it returns (``contract_floor.CHOICE_FORMS``). The error is
+        raised at ``sampling.max_tokens`` so that ``_format_errors`` names that line.
+        """
+        backends = [self.backend.name]
+        if self.tail is not None:
+            backends.append(self.tail.backend.name)
+        if self.quality is not None:
+            backends.append(self.quality.eval_backend.name)
+        floors = {name: answer_floor(self.output, name) for name in backends}
+        name = max(floors, key=lambda n: floors[n][1])
+        answer, tokens = floors[name]
+        have = self.sampling.max_tokens
+        if have >= tokens:
+            return self
+        message = (f"sampling.max_tokens {have} cannot fit the shortest valid answer of the output contract "
+                   f"on {name} (`{answer}`, about {tokens} tokens); raise it to at least {tokens}")
+        # a ValueError would land on the whole spec; a ValidationError raised here keeps its own loc
+        # (pydantic-core passes it through), so the error names sampling.max_tokens and its line
+        raise ValidationError.from_exception_data(type(self).__name__, [
+            {"type": "value_error", "loc": ("sampling", "max_tokens"), "input": have,
+             "ctx": {"error": ValueError(message)}}])
+
+    def settings_fingerprint(self) -> str:
+        """Everything besides the row that changes what the model is asked; part of every request ID."""
+        payload = {
+            "system": self.prompt.system,
+            "template": self.prompt.template,
+            "sampling": self.sampling.model_dump(mode="json"),
+            "output": self.output.model_dump(mode="json", exclude_none=True),
+        }
+        canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    def input_base_dir(self) -> Path:
+        """Relative input paths resolve against the spec's project root (the parent of data/jobs/)."""
+        if self.source_path is None:
+            return Path.cwd()
+        spec_dir = Path(self.source_path).resolve().parent
+        if spec_dir.name == "jobs" and spec_dir.parent.name == "data":
+            return spec_dir.parent.parent
+        return spec_dir
+
+
+def _yaml_line(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
+    """1-based line of the deepest node on the pydantic error path."""
+    line = None
+    for part in loc:
+        if node is None:
+            break
+        line = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            node = next((v for k, v in node.value if getattr(k, "value", None) == part), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+        else:
+            node = None
+    if node is not None:
+        line = node.start_mark.line + 1
+    return line
+
+
+def _format_errors(source: str, exc: ValidationError, root: yaml.Node | None) -> str:
+    lines = [f"{source}: invalid job spec ({exc.error_count()} problem(s))"]
+    for err in exc.errors():
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-after")))
+        field = ".".join(str(p) for p in loc) or "<top level>"
+        where = _yaml_line(root, loc)
+        at = f"line {where}, " if where else ""
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (not part of the job spec; check the spelling)"
+        elif err["type"] == "missing":
+            msg = "required key is missing"
+        got = "" if err["type"] in ("missing",) else f" (got {err.get('input')!r:.80})"
+        lines.append(f"  {at}field '{field}': {msg}{got}")
+    return "\n".join(lines)
+
+
+def parse_spec(text: str, source: str = "<string>") -> JobSpec:
+    try:
+        root = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: a job spec must be a YAML mapping, got {type(data).__name__}")
+    try:
+        return JobSpec.model_validate({**data, "source_path": source if source != "<string>" else None})
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(source, exc, root)) from None
+
+
+def load_spec(path: str | Path) -> JobSpec:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read job spec: {exc.strerror}") from None
+    return parse_spec(text, str(path))
+
+
+def load_specs(jobs_dir: str | Path) -> list[JobSpec]:
+    specs = [load_spec(p) for p in sorted(Path(jobs_dir).glob("*.yaml"))]
+    names = [s.name for s in specs]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"{jobs_dir}: job names must be unique, repeated: {dupes}")
+    return specs
