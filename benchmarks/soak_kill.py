@@ -1,9 +1,10 @@
 """Soak: SIGKILL a real `batch-pipeline run` at random moments across a large job, then finish it; count what was
 lost and what was paid twice.
 
-A 20,000-item job (``--items``) on the OpenAI batch path of the sandbox, in shards of 1,000, with the sandbox's
-``line_errors`` scenario (a share of lines fail with a 500 the first time, so retries happen) and a slow batch
-window (``in_progress_s``). Each of ``--kills`` runs is killed after a random 1-``--max-wait`` seconds (the moment
+A 20,000-item job (``--items``) on the OpenAI batch path of the sandbox, in shards of 500, with the sandbox's
+``line_errors`` scenario (5% of lines fail with a 500 the first time, so retries happen) and a slow batch
+window (``--in-progress-s``). Runs are killed after a random 1-``--max-wait`` seconds until ``--kills`` kills have
+landed on live work (a run that finishes the job ends the series; the moment
 lands wherever it lands: mid-create, mid-poll, mid-download, between parts, mid-publish); then one last run goes to
 the end. From the sandbox's ledger and the store it prints: items lost (not valid and not dead-lettered), requests
 billed twice, batches created, and the validated table's row count against the input's.
@@ -36,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 WORDS = ["invoice", "charged", "twice", "crash", "login", "password", "refund", "feature", "export", "slow"]
 
 
-def write_job(root: Path, items: int, seed: int) -> Path:
+def write_job(root: Path, items: int, seed: int, shard_size: int) -> Path:
     rng = random.Random(seed)
     inputs = root / "data" / "in"
     inputs.mkdir(parents=True)
@@ -46,7 +47,7 @@ def write_job(root: Path, items: int, seed: int) -> Path:
             out.write(json.dumps({"ticket_id": f"T{i}", "subject": "ticket", "body": f"{i}: {body}"}) + "\n")
     spec = yaml.safe_load((REPO / "data" / "jobs" / "demo.yaml").read_text())
     spec.pop("quality", None)
-    spec.update(name="soak", input={**spec["input"], "path": str(inputs / "*.jsonl")}, shards={"max_requests": 1000},
+    spec.update(name="soak", input={**spec["input"], "path": str(inputs / "*.jsonl")}, shards={"max_requests": shard_size},
                 retries={"per_item": 3, "spend_cap_share": 1.0}, budget_usd=100)
     (root / "data" / "jobs").mkdir(parents=True)
     path = root / "data" / "jobs" / "soak.yaml"
@@ -66,20 +67,23 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--max-wait", type=float, default=12.0, help="longest a run lives before its SIGKILL (s)")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--in-progress-s", type=float, default=8.0, help="the sandbox's batch window (slow)")
+    parser.add_argument("--shard-size", type=int, default=500)
     args = parser.parse_args()
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         root = Path(tmp)
-        spec_path = write_job(root, args.items, args.seed)
+        spec_path = write_job(root, args.items, args.seed, args.shard_size)
         home, dagster_home = root / "home", root / "dagster_home"
         dagster_home.mkdir()
         proc, url = start_sandbox_process(0)
         try:
             admin = SandboxAdmin(url)
-            admin.set_scenario("line_errors", rate=0.05, times=1, in_progress_s=3.0)
+            admin.set_scenario("line_errors", rate=0.05, times=1, in_progress_s=args.in_progress_s)
             started = time.monotonic()
-            killed_alive = 0
-            for n in range(1, args.kills + 1):
+            killed_alive = n = 0
+            while killed_alive < args.kills:  # kills land on live work only: stop when a run finishes the job
+                n += 1
                 run = run_cli(spec_path, home, dagster_home, url)
                 wait = rng.uniform(1.0, args.max_wait)
                 try:
@@ -90,6 +94,8 @@ def main() -> None:
                     killed_alive += 1
                 print(f"run {n:2d}: {'killed' if run.returncode == -signal.SIGKILL else f'exit {run.returncode}'} "
                       f"after {wait:4.1f} s; {len(admin.ledger()):6,d} requests billed so far", flush=True)
+                if run.returncode == 0:
+                    break
             final = run_cli(spec_path, home, dagster_home, url)
             final.wait(timeout=1800)
             wall = time.monotonic() - started

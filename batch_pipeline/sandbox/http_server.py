@@ -105,6 +105,12 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 128
     block_on_close = False  # do not wait for idle keep-alive connections on shutdown
 
+    def handle_error(self, request, client_address) -> None:
+        """A client that went away mid-request (killed, timed out) is normal here: no traceback for it."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
 
 class SandboxServer:
     """The sandbox on a background thread: ``SandboxServer(port=0).start()``, then ``.url`` and ``.stop()``."""

@@ -123,7 +123,7 @@ def kinds_in(states_: dict[str, str], state: str) -> list[str]:
 
 def test_submit_collect_resume_until_only_dead_letters_remain(job, caplog):
     spec, store = job
-    caplog.set_level(logging.INFO, logger="batch_pipeline.core.run.runner")
+    caplog.set_level(logging.INFO, logger="batch_pipeline.core.run")
     provider = MemoryProvider(behaviour)
     assert isinstance(provider, BatchExecutor)
     runner = ShardRunner(spec, store, provider, PRICE)

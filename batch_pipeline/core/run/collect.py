@@ -1,0 +1,216 @@
+"""The batch shape's second half: wait for a provider batch to end, ingest its results, and rescue a shard's
+tail (cancel first, keep what finished, send online only what has no result). A crash mid-collection just
+collects the same batch again: rows already written are deduplicated.
+"""
+
+import logging
+import time
+from collections.abc import Callable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from batch_pipeline.core.errors import ErrorClass, SystemicError, TransientError
+from batch_pipeline.core.run.attempts import Attempt, AttemptLog
+from batch_pipeline.core.run.control import JobPaused
+from batch_pipeline.core.run.executor import BatchExecutor, BatchHandle, BatchState, BatchStatus, ShardWork
+from batch_pipeline.core.run.faults import crash_point, faults_armed
+from batch_pipeline.core.run.lease import Lease, acquire
+from batch_pipeline.core.run.outcomes import CollectOutcome
+from batch_pipeline.core.run.results import build_results, write_results
+from batch_pipeline.core.run.stream import StreamShape
+
+log = logging.getLogger(__name__)
+
+MAX_TRANSIENT_POLLS = 20
+MAX_FETCH_TRIES = 4
+
+
+class CollectShape:
+    """Mixed into ShardRunner (which holds spec, store, executor, price, lease owner, control and summaries)."""
+
+    def open_attempts(self, shard_id: str) -> list[Attempt]:
+        return [a for a in AttemptLog(self.store, self.spec.name, shard_id).all() if a.open and a.submitted]
+
+    def poll(self, shard_id: str) -> list[tuple[Attempt, BatchStatus]]:
+        executor = self.executor
+        assert isinstance(executor, BatchExecutor)
+        return [(a, executor.poll(BatchHandle.from_dict(a.submitted or {}))) for a in self.open_attempts(shard_id)]
+
+    def collect(self, shard_id: str, *, poll_interval_s: float = 1.0, timeout_s: float | None = None,
+                on_status: Callable[[str, BatchStatus], None] | None = None,
+                cancel_when: Callable[[], bool] | None = None) -> CollectOutcome:
+        """Wait for every open batch of the shard to end, then ingest its results.
+
+        ``cancel_when`` is asked while waiting; once it says yes the batch is cancelled (its finished
+        requests are kept) so that the rest can be rescued elsewhere.
+        """
+        self._cancel_when = cancel_when
+        executor = self.executor
+        assert isinstance(executor, BatchExecutor)
+        with acquire(self.store, self.spec.name, shard_id, self.owner) as lease:
+            return self._collect(shard_id, executor, lease, poll_interval_s, timeout_s, on_status)
+
+    def _collect(self, shard_id: str, executor: BatchExecutor, lease: Lease, poll_interval_s: float,
+                 timeout_s: float | None, on_status: Callable[[str, BatchStatus], None] | None) -> CollectOutcome:
+        outcome = CollectOutcome(shard_id)
+        log_ = AttemptLog(self.store, self.spec.name, shard_id)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        renew_at = time.monotonic() + lease.ttl.total_seconds() / 3
+        for attempt in self.open_attempts(shard_id):
+            handle = BatchHandle.from_dict(attempt.submitted or {})
+            transient_in_a_row = 0
+            while True:
+                try:
+                    status = self._guard(lambda: executor.poll(handle))
+                    transient_in_a_row = 0
+                except TransientError as exc:  # a flaky poll is not a failed batch: wait and ask again
+                    transient_in_a_row += 1
+                    if transient_in_a_row > MAX_TRANSIENT_POLLS:
+                        raise
+                    wait = min(exc.retry_after_s or poll_interval_s * 2 ** transient_in_a_row, 60.0)
+                    log.warning("shard %s: polling %s failed (%s); again in %.1fs", shard_id, handle.batch_id, exc, wait)
+                    time.sleep(wait)
+                    continue
+                if time.monotonic() > renew_at:
+                    lease.renew()
+                    renew_at = time.monotonic() + lease.ttl.total_seconds() / 3
+                if on_status:
+                    on_status(shard_id, status)
+                if status.state.ended:
+                    break
+                if self.control.paused():  # the batch keeps running at the provider; a later run collects it
+                    raise JobPaused(f"job {self.spec.name} paused: batch {handle.batch_id} of shard {shard_id} is "
+                                    f"left running ({status.provider_status}); resume collects it")
+                if self._cancel_when is not None and status.state != BatchState.CANCELLING and self._cancel_when():
+                    log.warning("shard %s: cancelling batch %s to rescue its tail", shard_id, handle.batch_id)
+                    self._guard(lambda: executor.cancel(handle))
+                    self._cancel_when = None
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TransientError(f"shard {shard_id}: batch {handle.batch_id} still {status.provider_status}")
+                time.sleep(poll_interval_s)
+            if status.state == BatchState.FAILED:
+                lease.check("record a failed batch")
+                log_.record(attempt.number, "collected", {"state": status.state.value, "errors": status.errors})
+                self._changed(shard_id)
+                reason = (f"shard {shard_id}: batch {handle.batch_id} failed at the provider: "
+                          + "; ".join(status.errors[:5]))
+                self.control.stop(reason, code="batch_failed")
+                raise SystemicError(reason, code="batch_failed")
+            rows, ok, systemic = self._ingest_with_retries(attempt, handle, lease)
+            crash_point("before_collected")
+            lease.check("mark the attempt collected")
+            log_.record(attempt.number, "collected", {"state": status.state.value, "rows": rows, "succeeded": ok,
+                                                      "systemic": systemic,
+                                                      "provider_counts": {"total": status.total,
+                                                                          "completed": status.completed,
+                                                                          "failed": status.failed}})
+            self._changed(shard_id)
+            crash_point("after_collected")
+            if systemic:  # recorded (no item's budget spent on it), then the job stops once, with one message
+                reason = (f"shard {shard_id}: batch {handle.batch_id}: {systemic['count']} request(s) failed with "
+                          f"{systemic['code']}: {systemic['message']}")
+                self.control.stop(reason, code=systemic["code"])
+                raise SystemicError(reason, code=systemic["code"])
+            outcome.attempts.append(attempt.number)
+            outcome.rows += rows
+            outcome.succeeded += ok
+            outcome.final_states.append(status.state.value)
+        return outcome
+
+    def _ingest_with_retries(self, attempt: Attempt, handle: BatchHandle,
+                             lease: Lease | None = None) -> tuple[int, int, dict | None]:
+        """A download that breaks half-way is fetched again; rows already written are deduplicated."""
+        for n in range(1, MAX_FETCH_TRIES + 1):
+            try:
+                return self._ingest(attempt, handle, lease)
+            except TransientError as exc:
+                if n == MAX_FETCH_TRIES:
+                    raise
+                log.warning("fetching %s failed (%s); trying again", handle.batch_id, exc)
+                time.sleep(min(exc.retry_after_s or 2.0 ** n, 60.0))
+        raise AssertionError("unreachable")
+
+    def _ingest(self, attempt: Attempt, handle: BatchHandle,
+                lease: Lease | None = None) -> tuple[int, int, dict | None]:
+        """Validate and append every result of one ended batch; IDs outside the attempt are ignored. Returns the
+        rows stored, how many succeeded, and the first systemic error inside the files (bad key, no credit), if any.
+
+        Each part is written on a background thread (Parquet and zstd release the GIL) while the next block is
+        fetched and validated; every write has finished when this returns or raises. Under ``lease`` each part is
+        fenced (``StaleAttemptError`` once another run took the shard over) and a long download renews the lease.
+        """
+        from batch_pipeline.core.store import BackgroundWrites
+
+        executor = self.executor
+        assert isinstance(executor, BatchExecutor)
+        shard_id = attempt.key.split(":")[1]
+        work = ShardWork(self.spec.name, shard_id, attempt.number, attempt.key, self.plan,
+                         pa.table({"request_id": attempt.request_ids}))
+        expected = pa.array(attempt.request_ids, pa.string())
+        rows = ok = 0
+        systemic: dict | None = None
+        answered: list[pa.Array] = []
+        started = time.monotonic()
+        with BackgroundWrites(depth=2) as writes:
+            for flush, raw in enumerate(executor.fetch(handle), start=1):
+                mine = raw.filter(pc.is_in(raw.column("request_id"), value_set=expected))
+                if mine.num_rows != raw.num_rows:
+                    log.warning("shard %s: batch %s returned %d results for IDs not in attempt %d; ignored",
+                                shard_id, handle.batch_id, raw.num_rows - mine.num_rows, attempt.number)
+                table = build_results(mine, work, backend=executor.name, pricing=self.pricing,
+                                      prompt_version=self.spec.prompt.version, price=self.price,
+                                      provider_batch_id=handle.batch_id)
+                if lease is not None:  # fenced before each part (one lease-dir listing, ~0.1 ms locally)
+                    lease.check("write a result part")
+                    lease.heartbeat()  # every ttl/3: a huge or slow download outlasts no lease
+                writes.submit(write_results, self.store, self.spec.name, shard_id, attempt.number, flush, table)
+                if flush == 1 and faults_armed():
+                    writes.wait()
+                    crash_point("mid_collect")  # a part is written, the next is not
+                rows += table.num_rows
+                ok += pc.sum(pc.equal(table.column("status"), "succeeded")).as_py() or 0
+                answered.extend(table.column("request_id").chunks)
+                systemic = _systemic(table, systemic)
+        elapsed = time.monotonic() - started
+        log.info("shard %s: batch %s: %d results stored (%d succeeded) in %.1f s, %.0f results/s", shard_id,
+                 handle.batch_id, rows, ok, elapsed, rows / elapsed if elapsed > 0 else 0.0)
+        seen = pa.concat_arrays(answered) if answered else pa.array([], pa.string())
+        missing = pc.count_distinct(expected.filter(pc.invert(pc.is_in(expected, value_set=seen)))).as_py()
+        if missing:
+            log.warning("shard %s: batch %s has no result for %d of %d requests; they stay pending",
+                        shard_id, handle.batch_id, missing, len(attempt.request_ids))
+        return rows, ok, systemic
+
+    # -- rescue ---------------------------------------------------------------------------------------------
+    def rescue(self, shard_id: str, tail: "StreamShape", *, poll_interval_s: float = 1.0,
+               timeout_s: float | None = None) -> tuple[CollectOutcome, CollectOutcome]:
+        """Move a shard to the tail backend without paying twice: its live batch is cancelled first, the run
+        waits for the provider to end it and ingests what it finished, and only the items that still have no
+        result go to ``tail`` (a stream runner). An intent with no recorded submission is looked up first.
+        """
+        executor = self.executor
+        assert isinstance(executor, BatchExecutor)
+        self.control.ensure_running()
+        with acquire(self.store, self.spec.name, shard_id, self.owner):
+            self._resolve_open(shard_id, executor, AttemptLog(self.store, self.spec.name, shard_id))
+        collected = CollectOutcome(shard_id)
+        if self.open_attempts(shard_id):
+            collected = self.collect(shard_id, poll_interval_s=poll_interval_s, timeout_s=timeout_s,
+                                     cancel_when=lambda: True)
+        crash_point("mid_rescue")
+        return collected, tail.run_stream(shard_id)
+
+
+def _systemic(table: pa.Table, first: dict | None) -> dict | None:
+    """Count the systemic failures of a result table (keeping the first code and message seen)."""
+    mask = pc.equal(table.column("error_class"), ErrorClass.SYSTEMIC.value)
+    n = pc.sum(mask).as_py() or 0
+    if not n:
+        return first
+    if first is None:
+        hit = table.filter(mask).slice(0, 1)
+        first = {"code": hit.column("error_code")[0].as_py() or "systemic",
+                 "message": (hit.column("error_message")[0].as_py() or "")[:300], "count": 0}
+    first["count"] += n
+    return first
