@@ -27,7 +27,7 @@ def test_a_failing_canary_blocks_every_other_shard(sandbox, make_job, instance, 
     store = Store(home)
     assert JobControl(store, spec.name).current()["code"] == "canary_failed"
     verdict = canary_passed(spec, store)
-    assert verdict["passed"] is False and verdict["probes"] == 60 and verdict["accuracy"] < 0.5
+    assert verdict.passed is False and verdict.probes == 60 and verdict.accuracy < 0.5
     # a run started separately (a sensor, a user) for another shard is refused by the shard asset itself
     JobControl(store, spec.name).clear()
     defs = build_definitions([spec], resources)
@@ -44,7 +44,7 @@ def test_a_passing_canary_lets_the_job_run_and_every_shard_reports_its_accuracy(
     report = run_job(spec, instance, resources)
     assert report["complete"] and report["succeeded"] == 40
     store = Store(home)
-    assert canary_passed(spec, store)["passed"] is True
+    assert canary_passed(spec, store).passed is True
     state = JobState.load(spec, store)
     per_shard = probe_accuracy(state.probe_results, pl.concat([
         pl.read_parquet(store.read_bytes(p)) for p in store.list_files(f"jobs/{spec.name}/golden/probes")]))

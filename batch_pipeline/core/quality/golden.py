@@ -179,5 +179,7 @@ def judge_canary(spec: JobSpec, store: Store, shard_id: str, results: pl.DataFra
     return verdict
 
 
-def canary_passed(spec: JobSpec, store: Store) -> dict | None:
-    return store.read_json(JobPaths(spec.name).canary_verdict)
+def canary_passed(spec: JobSpec, store: Store) -> CanaryVerdict | None:
+    """The canary's recorded verdict, or None while it has not been judged."""
+    raw = store.read_json(JobPaths(spec.name).canary_verdict)
+    return CanaryVerdict(**raw) if raw else None

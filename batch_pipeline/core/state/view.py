@@ -25,7 +25,7 @@ def canary_status(spec: JobSpec, store: Store, shard_ids: list[str]) -> CanarySt
     verdict = canary_passed(spec, store)
     if verdict is None:
         return CanaryStatus(shard_ids[0])
-    return CanaryStatus(shard_ids[0], bool(verdict["passed"]), verdict.get("reason", ""))
+    return CanaryStatus(shard_ids[0], verdict.passed, verdict.reason)
 
 
 def quote_fresh(store: Store, job: str, now: datetime | None = None) -> bool:
