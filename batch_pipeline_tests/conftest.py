@@ -7,7 +7,7 @@ from subprocess import Popen
 
 import pytest
 
-from batch_pipeline.sandbox import start_sandbox_process, stop_sandbox_process
+from batch_pipeline.sandbox import SandboxAdmin, start_sandbox_process, stop_sandbox_process
 
 
 @pytest.fixture(scope="module")
@@ -21,3 +21,16 @@ def sandbox_proc() -> Iterator[tuple[Popen[str], str]]:
         yield proc, url
     finally:
         stop_sandbox_process(proc)
+
+
+@pytest.fixture
+def admin(sandbox_proc, monkeypatch) -> SandboxAdmin:
+    """The module's sandbox, reset for this test, wired in through $BATCH_PIPELINE_SANDBOX_URL, with no real
+    provider key in reach."""
+    _, url = sandbox_proc
+    sandbox = SandboxAdmin(url)
+    sandbox.reset()
+    monkeypatch.setenv("BATCH_PIPELINE_SANDBOX_URL", url)
+    for key in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
+        monkeypatch.delenv(key, raising=False)
+    return sandbox

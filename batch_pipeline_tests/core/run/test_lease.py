@@ -24,7 +24,6 @@ from batch_pipeline.core.run.runner import ShardRunner
 from batch_pipeline.core.spec.job import parse_spec
 from batch_pipeline.core.store import Store
 from batch_pipeline.executors.registry import create_executor
-from batch_pipeline.sandbox import SandboxAdmin
 
 JOB, SHARD = "fence", "s00001"
 SHORT_TTL_S = 0.3   # the runner's lease in the mid-run takeover tests
@@ -134,17 +133,6 @@ def test_the_lease_ttl_comes_from_the_environment_when_set(monkeypatch):
 
 
 # -- a real runner against the sandbox loses its lease mid-run ---------------------------------------------------
-@pytest.fixture
-def admin(sandbox_proc, monkeypatch) -> SandboxAdmin:
-    _, url = sandbox_proc
-    sandbox = SandboxAdmin(url)
-    sandbox.reset()
-    monkeypatch.setenv("BATCH_PIPELINE_SANDBOX_URL", url)
-    for key in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
-        monkeypatch.delenv(key, raising=False)
-    return sandbox
-
-
 def make_job(tmp_path, backend: str, n: int = 8):
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"body": f"ticket {i}: my invoice was wrong"}) + "\n"
                                                for i in range(n)))
