@@ -1,7 +1,8 @@
-"""Sensors: new input -> manifest run; provider batch ended -> collect run; retryable shard -> submit run.
+"""Sensors: new input -> manifest run; the shard driver turns the driver's plan (core/state) into runs.
 
-Order is explicit: no shard run starts while a manifest run of the job is queued or running, so new
-shards are only ever submitted against a finished manifest and a fresh quote.
+Order is explicit: no shard run starts while a manifest run of the job is queued or running, so new shards are only
+ever submitted against a finished manifest and a fresh quote. The shard sensor decides nothing itself: it polls the
+open batches it may (bounded per tick), asks ``next_steps`` for the plan, and requests one run per step.
 """
 
 import hashlib
@@ -101,6 +102,7 @@ def build_shard_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
             return dg.SkipReason("no manifest yet")
         in_flight = frozenset(_partitions_in_flight(instance, [names["submit"], names["collect"]], shard_ids))
         busy = bool(in_flight) or any(_in_flight(instance, names[j]) for j in ("quote", "publish"))
+
         def batch_ended(submitted) -> set[str]:
             executor = create_executor(spec.backend)
             return ended_batches(executor, submitted) if isinstance(executor, BatchExecutor) else set()

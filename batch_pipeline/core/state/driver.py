@@ -40,6 +40,21 @@ class Action(StrEnum):
     PUBLISH = "publish"    # every item settled: stage, check, promote
 
 
+class WaitKind(StrEnum):
+    STOPPED = "stopped"
+    PAUSED = "paused"
+    IN_FLIGHT = "in_flight"      # a run of this shard is queued or running
+    BATCH_OPEN = "batch_open"    # the provider is still working on the shard's batch
+    CANARY = "canary"            # nothing but the canary moves until it has passed
+    QUOTE = "quote"              # the quote expired: re-quote before spending
+
+
+@dataclass(frozen=True)
+class Wait:
+    kind: WaitKind
+    reason: str
+
+
 @dataclass(frozen=True)
 class Step:
     action: Action
@@ -110,14 +125,14 @@ class Plan:
         return "; ".join(parts + waits[:3]) or "nothing to do"
 
 
-def shard_step(s: ShardSummary, facts: JobFacts) -> Step | str | None:
-    """The step for one shard, the reason it waits (a str), or None when it is settled."""
+def shard_step(s: ShardSummary, facts: JobFacts) -> Step | Wait | None:
+    """The step for one shard, why it waits, or None when it is settled."""
     if facts.stopped:
-        return f"job stopped: {facts.stopped}"
+        return Wait(WaitKind.STOPPED, f"job stopped: {facts.stopped}")
     if facts.paused:
-        return "job paused"
+        return Wait(WaitKind.PAUSED, "job paused")
     if s.shard_id in facts.in_flight:
-        return "a run of this shard is in flight"
+        return Wait(WaitKind.IN_FLIGHT, "a run of this shard is in flight")
     if s.state == ShardState.SETTLED:
         return None
     rescue = facts.deadline_near and facts.has_tail
@@ -127,22 +142,22 @@ def shard_step(s: ShardSummary, facts: JobFacts) -> Step | str | None:
         if s.state == ShardState.ENDED or s.shard_id in facts.ended:
             return Step(Action.COLLECT, s.shard_id, "the provider ended the batch")
         batch = (s.open.submitted or {}).get("batch_id") if s.open else None
-        return f"batch open at the provider{f' ({batch})' if batch else ''}"
+        return Wait(WaitKind.BATCH_OPEN, f"batch open at the provider{f' ({batch})' if batch else ''}")
     if s.state == ShardState.INTENT:
         return Step(Action.RESOLVE, s.shard_id, "an intent with no recorded submission: ask the provider, "
                                                 "else close it and resubmit")
     canary = facts.canary
     if canary.pending:
         if s.shard_id != canary.shard_id:
-            return f"waits for the canary shard {canary.shard_id}"
+            return Wait(WaitKind.CANARY, f"waits for the canary shard {canary.shard_id}")
         if not facts.quote_fresh:
-            return "waits for a fresh quote"
+            return Wait(WaitKind.QUOTE, "waits for a fresh quote")
         return Step(Action.CANARY, s.shard_id, "the canary runs first, alone" if not s.canary_done else
                     "the canary has no verdict yet: it runs again (what is still pending in its sample)")
     if rescue:
         return Step(Action.RESCUE, s.shard_id, "deadline near: the shard goes to the tail backend")
     if not facts.quote_fresh:
-        return "waits for a fresh quote"
+        return Wait(WaitKind.QUOTE, "waits for a fresh quote")
     what = "new" if s.state == ShardState.NEW else f"{s.retryable} retryable item(s)"
     return Step(Action.SUBMIT, s.shard_id, what)
 
@@ -150,6 +165,7 @@ def shard_step(s: ShardSummary, facts: JobFacts) -> Step | str | None:
 def next_steps(summaries: Iterable[ShardSummary], facts: JobFacts) -> Plan:
     plan = Plan(stopped=facts.stopped, paused=facts.paused)
     unsettled = 0
+    quote_held = False
     for s in summaries:
         plan.states[s.shard_id] = (ShardState.STOPPED if facts.stopped else
                                    ShardState.PAUSED if facts.paused and s.state != ShardState.SETTLED else s.state)
@@ -158,11 +174,12 @@ def next_steps(summaries: Iterable[ShardSummary], facts: JobFacts) -> Plan:
         step = shard_step(s, facts)
         if isinstance(step, Step):
             plan.steps.append(step)
-        elif isinstance(step, str):
-            plan.waiting[s.shard_id] = step
+        elif isinstance(step, Wait):
+            plan.waiting[s.shard_id] = step.reason
+            quote_held = quote_held or step.kind == WaitKind.QUOTE
     if facts.stopped or facts.paused:
         return plan
-    if not facts.quote_fresh and any(why == "waits for a fresh quote" for why in plan.waiting.values()):
+    if quote_held:
         plan.steps.append(Step(Action.REQUOTE, None, "the quote expired or the work changed"))
     if plan.states and unsettled == 0 and not facts.busy and not facts.in_flight:
         plan.steps.append(Step(Action.PUBLISH, None, "every item is settled"))

@@ -21,7 +21,7 @@ from batch_pipeline.core.run.rescue import deadline_near, rescue_reason
 from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.run.runner import ShardRunner
 from batch_pipeline.core.spec.job import JobSpec
-from batch_pipeline.core.state.driver import Action, Step, shard_step
+from batch_pipeline.core.state.driver import Action, Step, Wait, WaitKind, shard_step
 from batch_pipeline.core.state.replay import Replays
 from batch_pipeline.core.state.view import load_shard
 from batch_pipeline.core.store import Store
@@ -52,7 +52,7 @@ class ShardDriver:
         self.say = say or log.info
         self.stream = isinstance(runner.executor, StreamExecutor)
 
-    def _step(self, shard_id: str) -> Step | str | None:
+    def _step(self, shard_id: str) -> Step | Wait | None:
         summary, facts = load_shard(self.spec, self.store, shard_id)
         return shard_step(summary, facts)
 
@@ -72,10 +72,11 @@ class ShardDriver:
         step = self._step(shard_id)
         if step is None:
             return ShardReport(shard_id, "settled")
-        if isinstance(step, str):
-            if step.startswith("batch open") or step.startswith("a run of"):
-                return ShardReport(shard_id, "wait", notes=[step])
-            raise ShardWaits(f"shard {shard_id} {step}" if step.startswith("waits") else f"shard {shard_id}: {step}")
+        if isinstance(step, Wait):
+            if step.kind in (WaitKind.BATCH_OPEN, WaitKind.IN_FLIGHT):  # nothing to do here: not a failure
+                return ShardReport(shard_id, "wait", notes=[step.reason])
+            raise ShardWaits(f"shard {shard_id} {step.reason}" if step.kind in (WaitKind.CANARY, WaitKind.QUOTE)
+                             else f"shard {shard_id}: {step.reason}")
         report = ShardReport(shard_id, step.action.value)
         if step.action == Action.COLLECT:
             return report  # the collect phase does it

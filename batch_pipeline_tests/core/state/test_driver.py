@@ -1,6 +1,6 @@
 """The driver's rule table, one row at a time, on synthetic summaries (no store, no provider)."""
 
-from batch_pipeline.core.state.driver import Action, CanaryStatus, JobFacts, next_steps, shard_step
+from batch_pipeline.core.state.driver import Action, CanaryStatus, JobFacts, Wait, WaitKind, next_steps, shard_step
 from batch_pipeline.core.state.machine import ShardState
 from batch_pipeline.core.state.summary import OpenAttempt, ShardSummary
 
@@ -43,7 +43,7 @@ def test_nothing_else_moves_until_the_canary_has_passed():
 
 def test_an_open_batch_waits_until_the_provider_ends_it_then_is_collected():
     s = summary("s00002", ShardState.SUBMITTED)
-    assert step_of(s) == "batch open at the provider (batch_1)"
+    assert step_of(s) == Wait(WaitKind.BATCH_OPEN, "batch open at the provider (batch_1)")
     assert step_of(s, ended=frozenset({"s00002"})).action == Action.COLLECT
 
 
@@ -85,4 +85,4 @@ def test_publish_only_when_every_shard_is_settled_and_nothing_is_in_flight():
 
 def test_a_shard_with_a_run_in_flight_is_left_to_it():
     assert step_of(summary("s00002", ShardState.NEW), in_flight=frozenset({"s00002"})) == \
-        "a run of this shard is in flight"
+        Wait(WaitKind.IN_FLIGHT, "a run of this shard is in flight")
