@@ -29,12 +29,12 @@ from batch_pipeline.core.run.collect import CollectShape
 from batch_pipeline.core.run.outcomes import CollectOutcome, SubmitOutcome  # noqa: F401  (CollectOutcome: callers)
 from batch_pipeline.core.run.stream import StreamShape
 from batch_pipeline.core.manifest.shards import Manifest
-from batch_pipeline.core.state.reconcile import DEAD, VALID, item_states, spends_budget
+from batch_pipeline.core.state.reconcile import DEAD, VALID, spends_budget
 from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.money.retry_cap import RetryCosts
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.state.replay import Replays
-from batch_pipeline.core.state.summary import ShardSummaries, ShardSummary
+from batch_pipeline.core.state.summary import ShardSummaries, ShardSummary, shard_item_states
 from batch_pipeline.core.store import Store
 
 log = logging.getLogger(__name__)
@@ -67,13 +67,15 @@ class ShardRunner(StreamShape, CollectShape):
     # -- what is left -----------------------------------------------------------------------------------
     def pending_items(self, shard_id: str) -> pa.Table:
         """Items of the shard that are neither valid nor dead-lettered, with their prompts."""
+        return self._pending(shard_id, read_results(self.store, self.spec.name, shard_id, STATE_COLUMNS))
+
+    def _pending(self, shard_id: str, results: pl.DataFrame) -> pa.Table:
         items = self.manifest.shard_items(shard_id, ["request_id", "shard_id", "user_prompt"])
-        results = read_results(self.store, self.spec.name, shard_id, STATE_COLUMNS)
         if results.height == 0:
             return items.select(["request_id", "user_prompt"])
         frame = pl.from_arrow(items)
         assert isinstance(frame, pl.DataFrame)
-        states = item_states(frame, results, self.spec.retries, Replays(self.store, self.spec.name).table(shard_id))
+        states = shard_item_states(self.spec, self.store, shard_id, results, frame)
         done = states.filter(pl.col("state").is_in([VALID, DEAD])).select("request_id")
         return frame.join(done, on="request_id", how="anti").select("request_id", "user_prompt").to_arrow()
 
@@ -155,14 +157,15 @@ class ShardRunner(StreamShape, CollectShape):
     def _start_attempt(self, shard_id: str, attempts: AttemptLog, lease: Lease, backend: str,
                        only: list[str] | None = None, canary: bool = False) -> ShardWork | None:
         """What is left, past the spend checks, claimed under the lease with an intent record; None if nothing is."""
-        pending = self.pending_items(shard_id)
+        results = read_results(self.store, self.spec.name, shard_id, STATE_COLUMNS)  # read once for both checks
+        pending = self._pending(shard_id, results)
         if only is not None:
             pending = pending.filter(pc.is_in(pending.column("request_id"), value_set=pa.array(only, pa.string())))
         number = attempts.next_number()
         extra = self._extra(shard_id, number)
         if pending.num_rows == 0 and (not canary or extra is None):
             return None
-        self._check_retry_cap(shard_id, pending)
+        self._check_retry_cap(shard_id, pending, results)
         if self.before_spend:
             self.before_spend(shard_id, pending)
         if extra is not None:
@@ -211,10 +214,9 @@ class ShardRunner(StreamShape, CollectShape):
             self.control.stop(str(exc), code=exc.code)
             raise
 
-    def _check_retry_cap(self, shard_id: str, pending: pa.Table) -> None:
+    def _check_retry_cap(self, shard_id: str, pending: pa.Table, results: pl.DataFrame) -> None:
         """Stop before a resubmission that would take retry spend past its cap. Decided from the per-shard
         summaries (the job's first-try and retry costs) and this shard's own results, not every result row."""
-        results = read_results(self.store, self.spec.name, shard_id, columns=STATE_COLUMNS)
         if results.height == 0:
             return
         # pending items that failed before at a cost to their budget: the ones this submission retries (a

@@ -16,13 +16,12 @@ from batch_pipeline.core.errors import BatchPipelineError, SystemicError
 from batch_pipeline.core.run.executor import BatchStatus, StreamExecutor
 from batch_pipeline.core.quality.golden import canary_sample, judge_canary
 from batch_pipeline.core.manifest.shards import Manifest
-from batch_pipeline.core.state.reconcile import item_states
 from batch_pipeline.core.run.rescue import deadline_near, rescue_reason
 from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.run.runner import ShardRunner
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.state.driver import Action, Step, Wait, WaitKind, shard_step
-from batch_pipeline.core.state.replay import Replays
+from batch_pipeline.core.state.summary import shard_item_states
 from batch_pipeline.core.state.view import load_shard
 from batch_pipeline.core.store import Store
 
@@ -138,11 +137,9 @@ class ShardDriver:
         summary, facts = load_shard(self.spec, self.store, shard_id)
         if not facts.canary.pending or facts.canary.shard_id != shard_id:
             return
-        final = nothing_left or (summary is not None and summary.attempts >= self.spec.retries.per_item)
+        final = nothing_left or summary.attempts >= self.spec.retries.per_item
         results = read_results(self.store, self.spec.name, shard_id)
-        items = pl.from_arrow(Manifest(self.spec.name, self.store).shard_items(shard_id, ["request_id", "shard_id"]))
-        assert isinstance(items, pl.DataFrame)
-        states = item_states(items, results, self.spec.retries, Replays(self.store, self.spec.name).table(shard_id))
+        states = shard_item_states(self.spec, self.store, shard_id, results)
         verdict = judge_canary(self.spec, self.store, shard_id, results, states, final=final)
         if verdict is None:
             self.say(f"canary {shard_id}: nothing answered yet; it runs again")

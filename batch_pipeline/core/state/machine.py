@@ -72,8 +72,9 @@ class IllegalTransition(BatchPipelineError):
 
 def check_shard_transition(shard_id: str, old: ShardState, new: ShardState) -> None:
     if old != new and new not in SHARD_TRANSITIONS[old]:
+        allowed = ", ".join(sorted(s.value for s in SHARD_TRANSITIONS[old]))
         raise IllegalTransition(f"shard {shard_id}: illegal transition {old.value} -> {new.value} "
-                                f"(allowed from {old.value}: {', '.join(sorted(s.value for s in SHARD_TRANSITIONS[old]))})")
+                                f"(allowed from {old.value}: {allowed})")
 
 
 def check_summary_move(shard_id: str, old: ShardState, new: ShardState) -> None:

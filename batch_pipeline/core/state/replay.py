@@ -3,9 +3,11 @@
 A replay may grant a larger ``max_tokens`` to the shards it reopens (``--max-tokens``): the answers that fit
 the old limit stay valid (a limit only cuts an answer short; it does not change it), so the request IDs and
 every finished result are kept, and only the truncated items are sent again with room to finish. Editing
-``sampling.max_tokens`` in the spec instead makes a new request fingerprint: a new version of the whole job. Each replay is an immutable record (``replays/replay-0001.parquet`` with the items and the attempt
-they had reached, plus a ``.json`` with who/what/when); the failures before it stop counting for those items, so
-the driver sees them as retryable again and the next pass sends them once more.
+``sampling.max_tokens`` in the spec instead makes a new request fingerprint: a new version of the whole job.
+
+Each replay is an immutable record (``replays/replay-0001.parquet`` with the items and the attempt they had
+reached, plus a ``.json`` with what and when); the failures before it stop counting for those items, so the driver
+sees them as retryable again and the next pass sends them once more.
 """
 
 from dataclasses import asdict, dataclass

@@ -102,6 +102,17 @@ def derive_state(open_attempt: OpenAttempt | None, attempts: int, retryable: int
     return ShardState.COLLECTED if retryable else ShardState.SETTLED
 
 
+def shard_item_states(spec: JobSpec, store: Store, shard_id: str, results: pl.DataFrame,
+                      items: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Every item of one shard with its state (``reconcile.item_states``), this shard's replays applied. ``items``
+    (request_id, shard_id, ...) is read from the manifest when not given; probe rows are the caller's to drop."""
+    if items is None:
+        frame = pl.from_arrow(Manifest(spec.name, store).shard_items(shard_id, ["request_id", "shard_id"]))
+        assert isinstance(frame, pl.DataFrame)
+        items = frame
+    return item_states(items, results, spec.retries, Replays(store, spec.name).table(shard_id))
+
+
 class ShardSummaries:
     """Read and write the summaries of one job."""
 
@@ -132,7 +143,7 @@ class ShardSummaries:
         if probes is not None and probes.height:
             self._probe_ids = None  # a shard's probes are registered at its first attempt: read them afresh next time
             results = results.join(probes, on="request_id", how="anti")
-        states = item_states(items, results.drop("cost_usd"), self.spec.retries, Replays(self.store, self.job).table(shard_id))
+        states = shard_item_states(self.spec, self.store, shard_id, results.drop("cost_usd"), items)
         counts = dict(states.group_by("state").len().iter_rows())
         opened = _open_attempt(attempts)
         closed = [a for a in attempts if not a.open]
