@@ -81,3 +81,18 @@ def repeat(fn: Callable[[], object], times: int) -> tuple[list[float], object]:
 
 def summary(secs: list[float]) -> str:
     return f"min {min(secs):.3f} s, median {statistics.median(secs):.3f} s over {len(secs)}"
+
+
+def raw_payload_expr():
+    """A provider output line (OpenAI batch, a ``{"label": ...}`` answer) for each synthetic result row, built from
+    its ``request_id`` and ``label`` columns: the ~850-byte ``raw_payload`` the store keeps."""
+    import polars as pl
+
+    return pl.format('{{"id": "batch_req_{}", "custom_id": "{}", "response": {{"status_code": 200, "request_id": '
+                     '"req_{}", "body": {{"id": "chatcmpl-x", "object": "chat.completion", "model": '
+                     '"gpt-4o-mini-2024-07-18", "choices": [{{"index": 0, "message": {{"role": "assistant", '
+                     '"content": "{{\\"label\\": \\"{}\\"}}", "refusal": null}}, "finish_reason": "stop"}}], '
+                     '"usage": {{"prompt_tokens": 231, "completion_tokens": 7, "total_tokens": 238}}}}}}, '
+                     '"error": null}}',
+                     pl.col("request_id").str.slice(0, 24), "request_id", pl.col("request_id").str.slice(32, 32),
+                     "label").alias("raw_payload")

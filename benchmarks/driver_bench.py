@@ -64,7 +64,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
-from benchmarks._harness import OUT, load, maxrss_mb, run_in_child
+from benchmarks._harness import OUT, load, maxrss_mb, raw_payload_expr, run_in_child
 
 JOB = "driver_bench"
 BUDGET = 3
@@ -158,14 +158,7 @@ def _result_part(ids, outcome, labels, sid: str, attempt: int, now: datetime):
         .otherwise(pl.lit("The server had an error while processing your request.")).alias("error_message"),
         pl.lit(f"batch_{sid}_{attempt}").alias("provider_batch_id"),
         pl.format("req_{}", pl.col("request_id").str.slice(0, 32)).alias("provider_request_id"),
-        pl.format('{{"id": "batch_req_{}", "custom_id": "{}", "response": {{"status_code": 200, "request_id": '
-                  '"req_{}", "body": {{"id": "chatcmpl-x", "object": "chat.completion", "model": '
-                  '"gpt-4o-mini-2024-07-18", "choices": [{{"index": 0, "message": {{"role": "assistant", '
-                  '"content": "{{\\"label\\": \\"{}\\"}}", "refusal": null}}, "finish_reason": "stop"}}], '
-                  '"usage": {{"prompt_tokens": 231, "completion_tokens": 7, "total_tokens": 238}}}}}}, '
-                  '"error": null}}',
-                  pl.col("request_id").str.slice(0, 24), "request_id", pl.col("request_id").str.slice(32, 32),
-                  "label").alias("raw_payload"),
+        raw_payload_expr(),
         pl.lit(now).dt.replace_time_zone("UTC").alias("recorded_at"),
     )
     import pyarrow as pa
@@ -425,21 +418,10 @@ def _imports() -> None:
     from batch_pipeline.core.state import view  # noqa: F401
 
 
-def peak_rss_mb() -> float:
-    """Peak RSS of this process's own address space (VmHWM), in MiB. Not ``_harness.maxrss_mb``: Linux carries
-    ``ru_maxrss`` across ``execve``, so a spawned child reports at least its parent's RSS at the spawn (here the
-    parent may hold GBs after the old variant)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return maxrss_mb()
-
-
 def child_variant(name: str, home: str, spec_path: str, times: int) -> dict:
     """One variant in a fresh interpreter: its wall times and its peak RSS (imports done before the timer)."""
     _imports()
-    rss_before = peak_rss_mb()
+    rss_before = maxrss_mb()
     secs = []
     out = None
     for _ in range(times):
@@ -448,7 +430,7 @@ def child_variant(name: str, home: str, spec_path: str, times: int) -> dict:
         t = time.perf_counter()
         out = VARIANTS[name](spec, store)
         secs.append(time.perf_counter() - t)
-    result = {"variant": name, "seconds": secs, "peak_rss_mb": peak_rss_mb(), "rss_after_imports_mb": rss_before}
+    result = {"variant": name, "seconds": secs, "peak_rss_mb": maxrss_mb(), "rss_after_imports_mb": rss_before}
     if name in OLD:  # after the timer: does the full read agree with the summaries?
         result["checks"] = _check_old(name, out, *_fresh(home, spec_path))
     return result

@@ -41,7 +41,7 @@ from batch_pipeline.core.state.reconcile import check_invariant, counts_by_shard
 from batch_pipeline.core.run.results import RESULT_SCHEMA, read_results, write_results  # noqa: E402
 from batch_pipeline.core.run.runner import STATE_COLUMNS  # noqa: E402
 from batch_pipeline.core.store import Store  # noqa: E402
-from benchmarks._harness import OUT, maxrss_mb, repeat, summary  # noqa: E402
+from benchmarks._harness import OUT, maxrss_mb, raw_payload_expr, repeat, summary  # noqa: E402
 
 JOB = "reconcile_bench"
 BUDGET = 3
@@ -123,18 +123,12 @@ def full_results(part: pl.DataFrame, shard_id: str, attempt: int, now: datetime)
         pl.when(pl.col("error_code") == "truncated").then(pl.lit("length")).otherwise(pl.lit("stop"))
         .alias("finish_reason"),
         pl.lit(231, pl.Int64).alias("input_tokens"), pl.lit(0, pl.Int64).alias("cached_tokens"),
+        pl.lit(0, pl.Int64).alias("cache_write_tokens"),
         pl.lit(7, pl.Int64).alias("output_tokens"), pl.lit(0.0000215).alias("cost_usd"),
         "error_class", "error_code", "error_message",
         pl.lit(f"batch_{shard_id}_{attempt}").alias("provider_batch_id"),
         pl.format("req_{}", pl.col("request_id").str.slice(0, 32)).alias("provider_request_id"),
-        pl.format('{{"id": "batch_req_{}", "custom_id": "{}", "response": {{"status_code": 200, "request_id": '
-                  '"req_{}", "body": {{"id": "chatcmpl-x", "object": "chat.completion", "model": '
-                  '"gpt-4o-mini-2024-07-18", "choices": [{{"index": 0, "message": {{"role": "assistant", '
-                  '"content": "{{\\"label\\": \\"{}\\"}}", "refusal": null}}, "finish_reason": "stop"}}], '
-                  '"usage": {{"prompt_tokens": 231, "completion_tokens": 7, "total_tokens": 238}}}}}}, '
-                  '"error": null}}',
-                  pl.col("request_id").str.slice(0, 24), "request_id", pl.col("request_id").str.slice(32, 32),
-                  "label").alias("raw_payload"),
+        raw_payload_expr(),
         pl.lit(now).dt.replace_time_zone("UTC").alias("recorded_at"),
     )
     return frame.to_arrow().cast(RESULT_SCHEMA)
