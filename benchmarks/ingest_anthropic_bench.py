@@ -118,7 +118,7 @@ def ours(path: str, work: str) -> dict:
     from batch_pipeline.core.run.results import build_results, write_results
     from batch_pipeline.core.store import BackgroundWrites
     from batch_pipeline.core.run.threads import default_workers, ordered_map
-    from batch_pipeline.executors.anthropic_format import parse_results_block
+    from batch_pipeline.executors.anthropic.format import parse_results_block
     from batch_pipeline.executors.jsonl_blocks import iter_blocks
 
     _spec, plan, price, store = _setup_ours(work)

@@ -230,7 +230,7 @@ def ours(files: list[str], work: str, sections: bool, profile: bool) -> dict:
     from batch_pipeline.core.store import BackgroundWrites
     from batch_pipeline.core.run.threads import default_workers, ordered_map
     from batch_pipeline.executors.jsonl_blocks import iter_blocks
-    from batch_pipeline.executors.openai_format import parse_output_block
+    from batch_pipeline.executors.openai.format import parse_output_block
 
     workers = default_workers()  # what the executor uses
     spec, plan, price, store = _setup_ours(work)
@@ -335,7 +335,7 @@ class _StubExecutor:
 
     def fetch(self, handle):
         from batch_pipeline.core.run.threads import default_workers
-        from batch_pipeline.executors.openai_format import parse_output_stream
+        from batch_pipeline.executors.openai.format import parse_output_stream
 
         data = self.by_batch[handle.batch_id]
         chunks = (data[i:i + (1 << 20)] for i in range(0, len(data), 1 << 20))
@@ -404,7 +404,7 @@ def breakdown(files: list[str], reps: int = 3) -> dict:
     from batch_pipeline.core.run.results import PART_OPTIONS, build_results
     from batch_pipeline.core.quality.validate import validate
     from batch_pipeline.executors.jsonl_blocks import iter_blocks, lines_array
-    from batch_pipeline.executors.openai_format import OUTPUT_LINE_SCHEMA, _parse_lines, parse_output_block
+    from batch_pipeline.executors.openai.format import OUTPUT_LINE_SCHEMA, _parse_lines, parse_output_block
 
     data = b"".join(Path(p).read_bytes() for p in files)
     n = data.count(b"\n")

@@ -40,7 +40,7 @@ import pyarrow as pa  # noqa: E402
 
 from batch_pipeline.core.run.executor import RequestPlan, ShardWork  # noqa: E402
 from batch_pipeline.core.spec.job import BackendSpec, parse_spec  # noqa: E402
-from batch_pipeline.executors.online_transport import BodyBuilder  # noqa: E402
+from batch_pipeline.executors.online.transport import BodyBuilder  # noqa: E402
 from batch_pipeline.executors.registry import create_executor  # noqa: E402
 from batch_pipeline.sandbox import SandboxAdmin, start_sandbox_process, stop_sandbox_process  # noqa: E402
 from benchmarks._harness import OUT, cpu_s, load  # noqa: E402

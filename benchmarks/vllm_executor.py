@@ -85,9 +85,9 @@ def compare(settings: dict, system: str, users: list[str], output: dict, max_tok
 
     from batch_pipeline.core.run.executor import RequestPlan, ShardWork
     from batch_pipeline.core.spec.job import OutputSpec, SamplingSpec
-    from batch_pipeline.executors.vllm_engine import VllmSettings, load_engine
-    from batch_pipeline.executors.vllm_offline import VllmOfflineExecutor
-    from batch_pipeline.executors.vllm_prompts import PromptRenderer, sampling_params
+    from batch_pipeline.executors.vllm.engine import VllmSettings, load_engine
+    from batch_pipeline.executors.vllm.offline import VllmOfflineExecutor
+    from batch_pipeline.executors.vllm.prompts import PromptRenderer, sampling_params
 
     s = VllmSettings.model_validate({**settings, "ignore_eos": ignore_eos})
     executor = VllmOfflineExecutor(s)
@@ -150,7 +150,7 @@ def main() -> None:
     parser.add_argument("--in-process", action="store_true", help="engine core and worker in this process")
     parser.add_argument("--model", help="a model directory (default: the tiny Llama, built here)")
     args = parser.parse_args()
-    from batch_pipeline.executors.vllm_engine import prepare_in_process_threads
+    from batch_pipeline.executors.vllm.engine import prepare_in_process_threads
     from batch_pipeline.models.tiny_llama import build_tiny_llama
 
     if args.in_process:

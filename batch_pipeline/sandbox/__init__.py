@@ -4,10 +4,10 @@
 ``python -m batch_pipeline.sandbox`` serves it from the command line. See README.md in this directory.
 """
 
-from .admin_client import SandboxAdmin
-from .http_server import SandboxServer
-from .process import start_sandbox_process, stop_sandbox_process
-from .scenarios import Scenario, make_scenario
+from batch_pipeline.sandbox.admin_client import SandboxAdmin
+from batch_pipeline.sandbox.http_server import SandboxServer
+from batch_pipeline.sandbox.process import start_sandbox_process, stop_sandbox_process
+from batch_pipeline.sandbox.scenarios import Scenario, make_scenario
 
 __all__ = [
     "SandboxAdmin",

@@ -12,9 +12,9 @@ import signal
 import sys
 from typing import Optional, Sequence
 
-from .http_server import SandboxServer, loopback_host
-from .process import READY_PREFIX
-from .scenarios import make_scenario
+from batch_pipeline.sandbox.http_server import SandboxServer, loopback_host
+from batch_pipeline.sandbox.process import READY_PREFIX
+from batch_pipeline.sandbox.scenarios import make_scenario
 
 ENV_SCENARIO = "BATCH_PIPELINE_SANDBOX_SCENARIO"
 ENV_SCENARIO_PARAMS = "BATCH_PIPELINE_SANDBOX_SCENARIO_PARAMS"

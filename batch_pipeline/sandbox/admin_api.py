@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from .errors import bad_request
-from .routing import Request, Response, Router
-from .scenarios import make_scenario
-from .state import SandboxState
+from batch_pipeline.sandbox.errors import bad_request
+from batch_pipeline.sandbox.routing import Request, Response, Router
+from batch_pipeline.sandbox.scenarios import make_scenario
+from batch_pipeline.sandbox.state import SandboxState
 
 
 class AdminApi:

@@ -8,17 +8,17 @@ import time
 import traceback
 from typing import Optional
 
-from .admin_api import AdminApi
-from .anthropic_api import AnthropicApi, check_anthropic_auth, is_anthropic_path
-from .anthropic_errors import as_anthropic
-from .chat_api import ChatApi, request_key
-from .clock import SandboxClock
-from .errors import ApiError
-from .ids import new_id
-from .openai_api import OpenAIApi, check_auth
-from .routing import Request, Response, Router
-from .scenarios import Scenario, endpoint_fault, make_scenario, scenario_from_metadata
-from .state import SandboxState
+from batch_pipeline.sandbox.admin_api import AdminApi
+from batch_pipeline.sandbox.anthropic.api import AnthropicApi, check_anthropic_auth, is_anthropic_path
+from batch_pipeline.sandbox.anthropic.errors import as_anthropic
+from batch_pipeline.sandbox.openai.chat import ChatApi, request_key
+from batch_pipeline.sandbox.clock import SandboxClock
+from batch_pipeline.sandbox.errors import ApiError
+from batch_pipeline.sandbox.ids import new_id
+from batch_pipeline.sandbox.openai.api import OpenAIApi, check_auth
+from batch_pipeline.sandbox.routing import Request, Response, Router
+from batch_pipeline.sandbox.scenarios import Scenario, endpoint_fault, make_scenario, scenario_from_metadata
+from batch_pipeline.sandbox.state import SandboxState
 
 SANDBOX_HEADER = "x-sandbox"
 BATCH_SCOPED_ENDPOINTS = ("retrieve_batch", "cancel_batch")

@@ -13,8 +13,8 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
 
-from .errors import bad_request
-from .scenarios import Scenario
+from batch_pipeline.sandbox.errors import bad_request
+from batch_pipeline.sandbox.scenarios import Scenario
 
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
 COMPLETION_WINDOW_S = 24 * 3600

@@ -8,13 +8,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Optional
 from urllib.parse import parse_qsl, urlsplit
 
-from .anthropic_api import MAX_BYTES as ANTHROPIC_MAX_BYTES, is_anthropic_path
-from .anthropic_errors import as_anthropic
-from .app import SandboxApp
-from .errors import ApiError
-from .routing import Request, Response
-from .scenarios import Scenario
-from .validation import MAX_BYTES
+from batch_pipeline.sandbox.anthropic.api import MAX_BYTES as ANTHROPIC_MAX_BYTES, is_anthropic_path
+from batch_pipeline.sandbox.anthropic.errors import as_anthropic
+from batch_pipeline.sandbox.app import SandboxApp
+from batch_pipeline.sandbox.errors import ApiError
+from batch_pipeline.sandbox.routing import Request, Response
+from batch_pipeline.sandbox.scenarios import Scenario
+from batch_pipeline.sandbox.openai.validation import MAX_BYTES
 
 ALLOWED_HOSTS = {"127.0.0.1": "127.0.0.1", "localhost": "127.0.0.1"}
 MAX_BODY = max(MAX_BYTES, ANTHROPIC_MAX_BYTES) + 1024 * 1024  # the largest batch body plus framing

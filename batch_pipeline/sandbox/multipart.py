@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from .errors import ApiError
+from batch_pipeline.sandbox.errors import ApiError
 
 _BOUNDARY_RE = re.compile(r'boundary=(?:"([^"]+)"|([^;\s]+))', re.IGNORECASE)
 _PARAM_RE = re.compile(r';\s*(\w+)\*?=(?:"((?:[^"\\]|\\.)*)"|([^;\s]*))')

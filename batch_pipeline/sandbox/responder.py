@@ -7,8 +7,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .schema_fill import fill_schema
-from .tokens import content_text, count_tokens, message_tokens, prompt_tokens, truncate_tokens
+from batch_pipeline.sandbox.schema_fill import fill_schema
+from batch_pipeline.sandbox.tokens import content_text, count_tokens, message_tokens, prompt_tokens, truncate_tokens
 
 MARKER_RE = re.compile(r"\[\[sandbox:(\w+)\]\]")
 SYSTEM_FINGERPRINT = "sandbox"

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
-from .errors import ApiError
+from batch_pipeline.sandbox.errors import ApiError
 
 
 @dataclass

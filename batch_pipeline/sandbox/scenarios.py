@@ -7,9 +7,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .anthropic_errors import AnthropicError
-from .errors import ApiError
-from .ids import stable_fraction
+from batch_pipeline.sandbox.anthropic.errors import AnthropicError
+from batch_pipeline.sandbox.errors import ApiError
+from batch_pipeline.sandbox.ids import stable_fraction
 
 ENDPOINTS = (
     "upload_file",

@@ -13,7 +13,7 @@ import math
 import re
 from typing import Any
 
-from .ids import stable_hex
+from batch_pipeline.sandbox.ids import stable_hex
 
 _WORD_SPLIT = re.compile(r"[_\s\-]+")
 FORCE_LABEL_RE = re.compile(r"\[\[sandbox:label=([^\]]+)\]\]")

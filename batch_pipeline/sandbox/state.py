@@ -8,16 +8,16 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
-from .anthropic_batches import AnthropicBatches
-from .anthropic_responder import AnthropicRunner
-from .batches import BatchRecord, Lifecycle, output_order
-from .clock import SandboxClock
-from .errors import not_found
-from .ids import new_id
-from .persistence import StateDir
-from .processing import LineRunner, ledger_entries, result_lines
-from .scenarios import Scenario, account_fault, scenario_from_metadata
-from .validation import parse_input
+from batch_pipeline.sandbox.anthropic.batches import AnthropicBatches
+from batch_pipeline.sandbox.anthropic.responder import AnthropicRunner
+from batch_pipeline.sandbox.batches import BatchRecord, Lifecycle, output_order
+from batch_pipeline.sandbox.clock import SandboxClock
+from batch_pipeline.sandbox.errors import not_found
+from batch_pipeline.sandbox.ids import new_id
+from batch_pipeline.sandbox.persistence import StateDir
+from batch_pipeline.sandbox.openai.processing import LineRunner, ledger_entries, result_lines
+from batch_pipeline.sandbox.scenarios import Scenario, account_fault, scenario_from_metadata
+from batch_pipeline.sandbox.openai.validation import parse_input
 
 FILE_TTL_S = 30 * 24 * 3600
 REQUEST_LOG_LIMIT = 100_000  # the request log keeps the most recent entries only

@@ -17,8 +17,8 @@ from batch_pipeline.core.run.runner import ShardRunner
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.pipeline import run_job
 from batch_pipeline.executors.registry import create_executor
-from batch_pipeline.executors.vllm_offline import VllmOfflineExecutor
-from batch_pipeline.executors.vllm_prompts import order_items
+from batch_pipeline.executors.vllm.offline import VllmOfflineExecutor
+from batch_pipeline.executors.vllm.prompts import order_items
 
 from .conftest import JSON_SCHEMA, LABELS, truncating
 

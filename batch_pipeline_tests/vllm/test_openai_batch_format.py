@@ -12,8 +12,8 @@ from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 from batch_pipeline.core.quality.validate import validate
 from batch_pipeline.defs.pipeline import run_job
-from batch_pipeline.executors.batch_format_export import export_openai_batch_errors, export_openai_batch_output
-from batch_pipeline.executors.openai_format import parse_output_block, request_lines
+from batch_pipeline.executors.openai.export import export_openai_batch_errors, export_openai_batch_output
+from batch_pipeline.executors.openai.format import parse_output_block, request_lines
 from batch_pipeline_tests.sandbox.support import validate_spec
 
 from .conftest import JSON_SCHEMA, LABELS, MODEL, PY, python_env, truncating

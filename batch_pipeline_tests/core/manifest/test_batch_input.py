@@ -8,7 +8,7 @@ from batch_pipeline.core.run.executor import RequestPlan, ShardWork
 from batch_pipeline.core.manifest.shards import Manifest, build_manifest
 from batch_pipeline.core.spec.job import parse_spec
 from batch_pipeline.core.store import Store
-from batch_pipeline.executors.openai_format import request_lines
+from batch_pipeline.executors.openai.format import request_lines
 
 SYSTEM = "Label the ticket."
 

@@ -48,7 +48,8 @@ def test_an_unknown_backend_counts_as_bare_the_lower_form():
 
 def test_the_choice_form_table_matches_what_each_backend_sends():
     """WRAPPED backends enforce the label set with ``choice_schema`` (so the answer is ``{"label": ...}``)."""
-    from batch_pipeline.executors import anthropic_format, openai_format
+    from batch_pipeline.executors.anthropic import format as anthropic_format
+    from batch_pipeline.executors.openai import format as openai_format
     from batch_pipeline.executors.registry import names
 
     assert set(CHOICE_FORMS) <= set(names())
@@ -329,7 +330,7 @@ DEMO_O200K = {"billing": (5, 6), "bug": (5, 6), "feature_request": (6, 7), "acco
 
 
 def test_the_floor_never_exceeds_the_demo_jobs_real_answers():
-    from batch_pipeline.executors.openai_format import body_settings, chat_messages
+    from batch_pipeline.executors.openai.format import body_settings, chat_messages
     from batch_pipeline.sandbox.responder import chat_completion
 
     spec = load_spec(DEMO_SPEC)

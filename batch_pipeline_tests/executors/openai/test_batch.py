@@ -14,13 +14,13 @@ from batch_pipeline.core.manifest.shards import build_manifest
 from batch_pipeline.core.run.runner import ShardRunner
 from batch_pipeline.core.spec.job import parse_spec
 from batch_pipeline.core.store import Store
-from batch_pipeline.executors.openai_batch import STATUS_MAP, OpenAIBatchExecutor, OpenAIBatchSettings
-from batch_pipeline.executors.openai_format import parse_output_block, request_lines
+from batch_pipeline.executors.openai.batch import STATUS_MAP, OpenAIBatchExecutor, OpenAIBatchSettings
+from batch_pipeline.executors.openai.format import parse_output_block, request_lines
 from batch_pipeline.executors.registry import create_executor, names
 
-from .conftest import wait_ended
+from ..conftest import wait_ended
 
-OPENAPI = Path(__file__).resolve().parents[1] / "fixtures" / "openai-files-batches.openapi.json"
+OPENAPI = Path(__file__).resolve().parents[2] / "fixtures" / "openai-files-batches.openapi.json"
 LABELS = ["billing", "bug", "other"]
 SPEC = f"""
 name: ex
@@ -185,7 +185,7 @@ def test_a_rate_limit_carries_the_providers_wait_from_either_header(headers, wai
     import httpx2
 
     from batch_pipeline.core.errors import TransientError
-    from batch_pipeline.executors.openai_batch import translate
+    from batch_pipeline.executors.openai.batch import translate
 
     response = httpx2.Response(429, headers=headers, request=httpx2.Request("POST", "http://127.0.0.1/v1/batches"))
     error = translate(openai.RateLimitError("slow down", response=response, body=None), "batch create")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import ApiError
+from batch_pipeline.sandbox.errors import ApiError
 
 # HTTP status -> Anthropic error type, for errors raised by shared code (routing, JSON parsing, faults).
 STATUS_TYPES = {

@@ -13,11 +13,11 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Optional
 
-from .anthropic_errors import anthropic_error, invalid_request
-from .anthropic_responder import AnthropicResult, AnthropicRunner
-from .batches import lines_due, output_order
-from .ids import new_id
-from .scenarios import Scenario
+from batch_pipeline.sandbox.anthropic.errors import anthropic_error, invalid_request
+from batch_pipeline.sandbox.anthropic.responder import AnthropicResult, AnthropicRunner
+from batch_pipeline.sandbox.batches import lines_due, output_order
+from batch_pipeline.sandbox.ids import new_id
+from batch_pipeline.sandbox.scenarios import Scenario
 
 EXPIRY_S = 24 * 3600
 RESULTS_KEPT_S = 29 * 24 * 3600

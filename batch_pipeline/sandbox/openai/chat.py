@@ -13,12 +13,12 @@ import json
 import math
 from typing import Any, Optional
 
-from .errors import ApiError, bad_request
-from .ids import new_id
-from .responder import cacheable_prefix, chat_completion, markers
-from .routing import Request, Response, Router
-from .state import SandboxState
-from .tokens import prompt_tokens
+from batch_pipeline.sandbox.errors import ApiError, bad_request
+from batch_pipeline.sandbox.ids import new_id
+from batch_pipeline.sandbox.responder import cacheable_prefix, chat_completion, markers
+from batch_pipeline.sandbox.routing import Request, Response, Router
+from batch_pipeline.sandbox.state import SandboxState
+from batch_pipeline.sandbox.tokens import prompt_tokens
 
 CHAT_PATH = "/v1/chat/completions"
 ENDPOINT = "chat_completions"

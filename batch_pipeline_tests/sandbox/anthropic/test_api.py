@@ -14,7 +14,7 @@ import anthropic
 import pytest
 
 from batch_pipeline.sandbox import SandboxAdmin, SandboxServer
-from batch_pipeline.sandbox import anthropic_api
+from batch_pipeline.sandbox.anthropic import api as anthropic_api
 
 MODEL = "claude-sonnet-4-5"
 COUNT_KEYS = {"processing", "succeeded", "errored", "canceled", "expired"}

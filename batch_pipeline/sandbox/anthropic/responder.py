@@ -18,11 +18,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .ids import stable_hex
-from .responder import CACHE_MIN_TOKENS, last_user_text, markers, render_content
-from .scenarios import Scenario
-from .schema_fill import fill_schema
-from .tokens import PER_MESSAGE_TOKENS, count_tokens, truncate_tokens
+from batch_pipeline.sandbox.ids import stable_hex
+from batch_pipeline.sandbox.responder import CACHE_MIN_TOKENS, last_user_text, markers, render_content
+from batch_pipeline.sandbox.scenarios import Scenario
+from batch_pipeline.sandbox.schema_fill import fill_schema
+from batch_pipeline.sandbox.tokens import PER_MESSAGE_TOKENS, count_tokens, truncate_tokens
 
 REFUSAL_MARKER, TRUNCATE_MARKER, POISON_MARKER = "refuse", "truncate", "poison"
 SEEN_PREFIX = "anthropic|"  # keys in the state's shared memories (custom_ids seen, cached prefixes)

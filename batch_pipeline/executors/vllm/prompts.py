@@ -5,7 +5,7 @@ import random
 from typing import Any
 
 from batch_pipeline.core.run.executor import RequestPlan
-from batch_pipeline.executors.vllm_engine import VllmSettings
+from batch_pipeline.executors.vllm.engine import VllmSettings
 
 _SENTINEL = "\x00batch-pipeline-user\x00"
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from .batches import batch_object
-from .errors import ApiError, bad_request
-from .multipart import parse_multipart
-from .routing import Request, Response, Router
-from .scenarios import scenario_from_metadata
-from .state import SandboxState
-from .validation import CHAT_URL, MAX_BYTES
+from batch_pipeline.sandbox.batches import batch_object
+from batch_pipeline.sandbox.errors import ApiError, bad_request
+from batch_pipeline.sandbox.multipart import parse_multipart
+from batch_pipeline.sandbox.routing import Request, Response, Router
+from batch_pipeline.sandbox.scenarios import scenario_from_metadata
+from batch_pipeline.sandbox.state import SandboxState
+from batch_pipeline.sandbox.openai.validation import CHAT_URL, MAX_BYTES
 
 UPLOAD_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
 BAD_KEY = "sk-sandbox-bad"

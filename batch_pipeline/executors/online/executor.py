@@ -21,15 +21,15 @@ from collections.abc import Iterator
 from typing import Any, Literal
 
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from batch_pipeline.core.errors import SYSTEMIC_CODES, ConfigError, SystemicError
 from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA, ShardWork, raw_table
-from batch_pipeline.executors.online_transport import BodyBuilder, HttpTransport, Reply, SdkTransport, Transport
-from batch_pipeline.executors.endpoint import SANDBOX_URL_ENV, resolve_endpoint
+from batch_pipeline.executors.online.transport import BodyBuilder, HttpTransport, Reply, SdkTransport, Transport
+from batch_pipeline.executors.endpoint import resolve_endpoint
 from batch_pipeline.executors.provider_errors import redact, retry_after_s
-from batch_pipeline.executors.rate_limit import RateLimiter
-from batch_pipeline.executors.registry import register
+from batch_pipeline.executors.online.rate_limit import RateLimiter
+from batch_pipeline.executors.settings import ProviderSettings
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +37,9 @@ DEFAULT_BASE_URL = "https://api.openai.com/v1"
 RETRY_STATUSES = frozenset({408, 409, 429})
 
 
-class OnlineSettings(BaseModel):
+class OnlineSettings(ProviderSettings):
     """``backend.settings`` of ``online``. The key is read from the environment, never from the spec."""
 
-    model_config = ConfigDict(extra="forbid")
-    sandbox: bool = Field(default=False, description=f"use the bundled sandbox at ${SANDBOX_URL_ENV}/v1")
     base_url: str | None = Field(default=None, description=f"default {DEFAULT_BASE_URL}")
     api_key_env: str | None = Field(default="OPENAI_API_KEY", description="None: send no key (a local vLLM)")
     transport: Literal["http", "sdk"] = Field(default="http", description="http: stdlib keep-alive; sdk: openai")
@@ -52,7 +50,6 @@ class OnlineSettings(BaseModel):
     retry_after_cap_s: float = Field(default=60, ge=0)
     backoff_base_s: float = Field(default=0.5, ge=0)
     backoff_max_s: float = Field(default=8, ge=0)
-    timeout_s: float = Field(default=120, gt=0)
     flush_every: int = Field(default=256, ge=1)
     flush_interval_s: float = Field(default=5, gt=0)
     progress_interval_s: float = Field(default=10, gt=0)
@@ -138,6 +135,7 @@ class OnlineExecutor:
     """StreamExecutor for OpenAI-compatible chat completions."""
 
     name = "online"
+    settings_model = OnlineSettings
 
     def __init__(self, settings: OnlineSettings) -> None:
         self.settings = settings
@@ -309,5 +307,3 @@ class OnlineExecutor:
             return row
         return None
 
-
-register("online", OnlineSettings)(OnlineExecutor)

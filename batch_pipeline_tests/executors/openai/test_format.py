@@ -11,7 +11,7 @@ from batch_pipeline.core.run.executor import RequestPlan, ShardWork
 from batch_pipeline.core.run.results import build_results, write_results
 from batch_pipeline.core.spec.job import parse_spec
 from batch_pipeline.core.store import Store
-from batch_pipeline.executors.openai_format import _parse_fast, _parse_lines, parse_output_block, parse_output_stream
+from batch_pipeline.executors.openai.format import _parse_fast, _parse_lines, parse_output_block, parse_output_stream
 
 SPEC = """
 name: fmt

@@ -1,6 +1,6 @@
 """The sandbox's Anthropic usage on a cacheable prefix: written on the first sighting, read after, labelled by TTL."""
 
-from batch_pipeline.sandbox.anthropic_responder import AnthropicRunner
+from batch_pipeline.sandbox.anthropic.responder import AnthropicRunner
 from batch_pipeline.sandbox.scenarios import Scenario
 
 LONG_SYSTEM = "Label the support ticket with exactly one of the allowed labels. " * 100  # > 1024 tokens

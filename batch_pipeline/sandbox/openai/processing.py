@@ -5,10 +5,10 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from .batches import BatchRecord, LineResult
-from .ids import stable_fraction, stable_hex
-from .responder import cacheable_prefix, chat_completion, error_body, last_user_text, markers
-from .schema_fill import pick_label
+from batch_pipeline.sandbox.batches import BatchRecord, LineResult
+from batch_pipeline.sandbox.ids import stable_fraction, stable_hex
+from batch_pipeline.sandbox.responder import cacheable_prefix, chat_completion, error_body, last_user_text, markers
+from batch_pipeline.sandbox.schema_fill import pick_label
 
 UNPROCESSED_ERRORS = {
     "expired": ("batch_expired", "This request could not be executed before the completion window expired."),

@@ -38,16 +38,16 @@ import anthropic
 import httpx2
 import pyarrow as pa
 import pyarrow.json as pajson
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from batch_pipeline.core.errors import BatchPipelineError, ConfigError, SystemicError, TransientError
 from batch_pipeline.core.run.executor import BatchHandle, BatchState, BatchStatus, ShardWork
 from batch_pipeline.core.run.threads import default_workers, ordered_map
-from batch_pipeline.executors.anthropic_format import batch_requests, parse_results_block
-from batch_pipeline.executors.endpoint import SANDBOX_URL_ENV, resolve_endpoint
+from batch_pipeline.executors.anthropic.format import batch_requests, parse_results_block
+from batch_pipeline.executors.endpoint import resolve_endpoint
 from batch_pipeline.executors.jsonl_blocks import iter_blocks
 from batch_pipeline.executors.provider_errors import redact, retry_after_s
-from batch_pipeline.executors.registry import register
+from batch_pipeline.executors.settings import BatchProviderSettings
 
 log = logging.getLogger(__name__)
 
@@ -57,20 +57,12 @@ STATUS_MAP = {"in_progress": BatchState.RUNNING, "canceling": BatchState.CANCELL
 _MAX_RETRY_WAIT_S = 60.0
 
 
-class AnthropicBatchSettings(BaseModel):
+class AnthropicBatchSettings(BatchProviderSettings):
     """``backend.settings`` of ``anthropic_batch``. The key is read from the environment, never from the spec."""
 
-    model_config = ConfigDict(extra="forbid")
-    sandbox: bool = Field(default=False, description=f"use the bundled sandbox at ${SANDBOX_URL_ENV}")
     base_url: str | None = Field(default=None, description="without /v1")
-    api_key_env: str = "ANTHROPIC_API_KEY"
-    max_retries: int = Field(default=4, ge=0)
-    timeout_s: float = Field(default=120, gt=0)
-    poll_interval_s: float | None = Field(default=None, gt=0, description="default 30 s; 0.2 s on the sandbox")
-    find_scan_limit: int = Field(default=1000, gt=0, description="batches scanned when re-attaching")
+    api_key_env: str | None = "ANTHROPIC_API_KEY"
     find_clock_skew_s: float = Field(default=120, ge=0, description="tolerated gap between our clock and theirs")
-    parse_workers: int | None = Field(default=None, ge=1, le=32,
-                                      description="threads parsing a downloaded result file; default: the cores, at most 4")
 
 
 def translate(exc: Exception, action: str, secret: str | None = None) -> BatchPipelineError:
@@ -105,10 +97,11 @@ class AnthropicBatchExecutor:
     pricing = "batch"
     max_requests_per_batch = MAX_REQUESTS
     max_bytes_per_batch = MAX_BYTES
+    settings_model = AnthropicBatchSettings
 
     def __init__(self, settings: AnthropicBatchSettings):
         self.settings = settings
-        self.poll_interval_s = settings.poll_interval_s or (0.2 if settings.sandbox else 30.0)
+        self.poll_interval_s = settings.poll_interval()
         self.parse_workers = settings.parse_workers or default_workers()
         base_url, api_key = resolve_endpoint(self.name, sandbox=settings.sandbox, base_url=settings.base_url,
                                              api_key_env=settings.api_key_env)
@@ -255,6 +248,3 @@ class AnthropicBatchExecutor:
                                  f"({', '.join(b.id for b in open_ones)}); retry once they have ended")
         return None
 
-
-register("anthropic_batch", AnthropicBatchSettings, max_requests=MAX_REQUESTS, max_bytes=MAX_BYTES)(
-    AnthropicBatchExecutor)

@@ -19,7 +19,7 @@ import httpx2
 import openai
 
 from batch_pipeline.core.run.executor import RequestPlan
-from batch_pipeline.executors.openai_format import body_settings, chat_messages
+from batch_pipeline.executors.openai.format import body_settings, chat_messages
 
 USER_AGENT = "batch-pipeline-online/1"
 

@@ -16,11 +16,11 @@ from batch_pipeline.core.run.runner import ShardRunner
 from batch_pipeline.core.spec.job import BackendSpec, parse_spec
 from batch_pipeline.core.store import Store
 from batch_pipeline.core.quality.validate import validate
-from batch_pipeline.executors.anthropic_batch import STATUS_MAP, AnthropicBatchExecutor, AnthropicBatchSettings
-from batch_pipeline.executors.anthropic_format import ANTHROPIC_RAW_SCHEMA, batch_requests, parse_results_block, _parse_fast, _parse_lines
+from batch_pipeline.executors.anthropic.batch import STATUS_MAP, AnthropicBatchExecutor, AnthropicBatchSettings
+from batch_pipeline.executors.anthropic.format import ANTHROPIC_RAW_SCHEMA, batch_requests, parse_results_block, _parse_fast, _parse_lines
 from batch_pipeline.executors.registry import batch_limits, create_executor, names
 
-from .conftest import wait_ended
+from ..conftest import wait_ended
 
 LABELS = ["billing", "bug", "other"]
 LONG_SYSTEM = "Label the support ticket with exactly one of the allowed labels. " * 100  # > 1024 tokens

@@ -10,9 +10,9 @@ import openai
 import pytest
 
 from batch_pipeline.sandbox import SandboxAdmin
-from batch_pipeline.sandbox.chat_api import format_duration
+from batch_pipeline.sandbox.openai.chat import format_duration
 
-from .support import MODEL, validate_spec
+from ..support import MODEL, validate_spec
 
 CHAT = "/v1/chat/completions"
 LABELS = ["billing", "bug", "feature_request", "other"]

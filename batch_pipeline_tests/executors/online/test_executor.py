@@ -13,11 +13,11 @@ import pytest
 from batch_pipeline.core.errors import ConfigError, SystemicError
 from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA, RequestPlan, ShardWork, StreamExecutor
 from batch_pipeline.core.spec.job import BackendSpec, parse_spec
-from batch_pipeline.executors.online import OnlineExecutor, classify
+from batch_pipeline.executors.online.executor import OnlineExecutor, classify
 from batch_pipeline.executors.provider_errors import retry_after_s
-from batch_pipeline.executors.online_transport import BodyBuilder, Reply
-from batch_pipeline.executors.openai_format import body_settings, chat_messages
-from batch_pipeline.executors.rate_limit import RateLimiter, parse_duration
+from batch_pipeline.executors.online.transport import BodyBuilder, Reply
+from batch_pipeline.executors.openai.format import body_settings, chat_messages
+from batch_pipeline.executors.online.rate_limit import RateLimiter, parse_duration
 from batch_pipeline.executors.registry import batch_limits, create_executor, names
 from batch_pipeline.sandbox import SandboxAdmin
 
@@ -283,7 +283,7 @@ def test_http_transport_resends_once_on_a_keep_alive_connection_the_server_close
     fresh connection instead of failing."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from batch_pipeline.executors.online_transport import HttpTransport
+    from batch_pipeline.executors.online.transport import HttpTransport
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"

@@ -12,8 +12,8 @@ import pytest
 
 from batch_pipeline.sandbox import SandboxAdmin
 
-from .support import chat_line, message_content, read_jsonl, submit, upload, wait_for
-from .test_anthropic_api import create, request, results, retrieve, wait_ended
+from ..support import chat_line, message_content, read_jsonl, submit, upload, wait_for
+from .test_api import create, request, results, retrieve, wait_ended
 
 LABELS = ["billing", "bug", "other"]
 SCHEMA = {"type": "object", "properties": {"label": {"type": "string", "enum": LABELS}}, "required": ["label"],

@@ -12,7 +12,7 @@ import pytest
 
 from batch_pipeline.sandbox import SandboxAdmin
 
-from .support import chat_line, message_content, read_jsonl, submit, wait_for
+from ..support import chat_line, message_content, read_jsonl, submit, wait_for
 
 LABELS = ["billing_issue", "technical_problem", "praise", "other"]
 TICKET_SCHEMA: dict[str, Any] = {

@@ -14,15 +14,14 @@ from typing import Any
 import httpx2
 import openai
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field
 
 from batch_pipeline.core.errors import SYSTEMIC_CODES, BatchPipelineError, ConfigError, SystemicError, TransientError
 from batch_pipeline.core.run.executor import BatchHandle, BatchState, BatchStatus, ShardWork
 from batch_pipeline.core.run.threads import default_workers
-from batch_pipeline.executors.endpoint import SANDBOX_URL_ENV, resolve_endpoint
-from batch_pipeline.executors.openai_format import CHAT_URL, parse_output_stream, request_lines
+from batch_pipeline.executors.endpoint import resolve_endpoint
+from batch_pipeline.executors.openai.format import CHAT_URL, parse_output_stream, request_lines
 from batch_pipeline.executors.provider_errors import redact, retry_after_s
-from batch_pipeline.executors.registry import register
+from batch_pipeline.executors.settings import BatchProviderSettings
 
 log = logging.getLogger(__name__)
 
@@ -38,20 +37,11 @@ STATUS_MAP = {
     "failed": BatchState.FAILED,
 }
 
-class OpenAIBatchSettings(BaseModel):
+class OpenAIBatchSettings(BatchProviderSettings):
     """``backend.settings`` of ``openai_batch``. The key is read from the environment, never from the spec."""
 
-    model_config = ConfigDict(extra="forbid")
-    sandbox: bool = Field(default=False, description=f"use the bundled sandbox at ${SANDBOX_URL_ENV}")
-    base_url: str | None = None
-    api_key_env: str = "OPENAI_API_KEY"
-    max_retries: int = Field(default=4, ge=0)
-    timeout_s: float = Field(default=120, gt=0)
+    api_key_env: str | None = "OPENAI_API_KEY"
     completion_window: str = "24h"
-    find_scan_limit: int = Field(default=1000, gt=0, description="batches scanned when re-attaching by key")
-    poll_interval_s: float | None = Field(default=None, gt=0, description="default 30 s; 0.2 s on the sandbox")
-    parse_workers: int | None = Field(default=None, ge=1, le=32,
-                                      description="threads parsing a downloaded result file; default: the cores, at most 4")
 
 
 def translate(exc: Exception, action: str, secret: str | None = None) -> BatchPipelineError:
@@ -77,10 +67,11 @@ class OpenAIBatchExecutor:
     pricing = "batch"
     max_requests_per_batch = 50_000
     max_bytes_per_batch = 200 * 2**20
+    settings_model = OpenAIBatchSettings
 
     def __init__(self, settings: OpenAIBatchSettings):
         self.settings = settings
-        self.poll_interval_s = settings.poll_interval_s or (0.2 if settings.sandbox else 30.0)
+        self.poll_interval_s = settings.poll_interval()
         self.parse_workers = settings.parse_workers or default_workers()
         base_url, api_key = resolve_endpoint(self.name, sandbox=settings.sandbox, base_url=settings.base_url,
                                              api_key_env=settings.api_key_env, sandbox_path="/v1")
@@ -186,6 +177,3 @@ class OpenAIBatchExecutor:
                 break
         return None
 
-
-register("openai_batch", OpenAIBatchSettings, max_requests=OpenAIBatchExecutor.max_requests_per_batch,
-         max_bytes=OpenAIBatchExecutor.max_bytes_per_batch)(OpenAIBatchExecutor)

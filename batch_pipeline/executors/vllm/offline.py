@@ -38,9 +38,8 @@ import pyarrow as pa
 
 from batch_pipeline.core.errors import SystemicError, TransientError
 from batch_pipeline.core.run.executor import ShardWork, raw_table
-from batch_pipeline.executors.registry import register
-from batch_pipeline.executors.vllm_engine import VllmSettings, load_engine, release_engines
-from batch_pipeline.executors.vllm_prompts import PromptRenderer, order_items, sampling_params
+from batch_pipeline.executors.vllm.engine import VllmSettings, load_engine, release_engines
+from batch_pipeline.executors.vllm.prompts import PromptRenderer, order_items, sampling_params
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +88,7 @@ class VllmOfflineExecutor:
 
     name = "vllm"
     pricing = "self_hosted"
+    settings_model = VllmSettings
 
     def __init__(self, settings: VllmSettings) -> None:
         self.settings = settings
@@ -240,5 +240,3 @@ class _Metrics:
                  "of %.2f s wall%s", self.work.key, self.items, self.prompt, self.cached, 100 * d["cached_share"],
                  self.generated, d["tokens_per_s"], self.engine_s, wall, " (interrupted)" if interrupted else "")
 
-
-register("vllm", VllmSettings)(VllmOfflineExecutor)

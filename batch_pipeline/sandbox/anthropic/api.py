@@ -6,11 +6,11 @@ import json
 import re
 from typing import Any
 
-from .anthropic_batches import AnthropicBatch
-from .anthropic_errors import AnthropicError, anthropic_error, invalid_request
-from .routing import Request, Response, Router
-from .scenarios import account_fault
-from .state import SandboxState
+from batch_pipeline.sandbox.anthropic.batches import AnthropicBatch
+from batch_pipeline.sandbox.anthropic.errors import AnthropicError, anthropic_error, invalid_request
+from batch_pipeline.sandbox.routing import Request, Response, Router
+from batch_pipeline.sandbox.scenarios import account_fault
+from batch_pipeline.sandbox.state import SandboxState
 
 PREFIX = "/v1/messages"
 BATCHES = "/v1/messages/batches"

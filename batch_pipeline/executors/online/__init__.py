@@ -1,0 +1,1 @@
+"""online provider."""
