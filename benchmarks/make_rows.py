@@ -1,20 +1,24 @@
 """Deterministic synthetic JSONL input rows for the benchmarks: ``{"id": ..., "body": ...}``.
 
-Bodies are 300-1,500 characters of word-like text (a few accented words, so the files are real
+Bodies are 300-1,500 characters (``--short``: 200-420) of word-like text (a few accented words, so the files are real
 UTF-8). Every body is made distinct by a ``ref <n>`` word, and 5% of rows are whitespace variants of an
 earlier row (tabs, ``\\xa0``, ``\\u2028``, double spaces, leading/trailing newlines): after
 normalisation they equal their original, so ``unique = rows - duplicates`` exactly.
 
-Files are cached by (rows, seed) under ``benchmarks/out/`` with a sidecar ``.json`` holding the
-counts; a rerun returns the cached path at once.
+Files are cached by (rows, seed, start) under ``benchmarks/out/`` (gitignored) with a sidecar ``.json``
+holding the counts; a rerun returns the cached path at once. ``start`` numbers the rows from there (ids and
+``ref`` words), so a file with ``start=N`` adds rows that no file of N rows holds (an incremental benchmark's
+new daily file). Benchmarks call ``rows_file``, which generates in a separate process: the generator's
+multi-GB peak then never shows in the measured process's memory figures.
 
-    python benchmarks/make_rows.py --rows 1000000 [--seed 7] [--out PATH]
+    python benchmarks/make_rows.py --rows 1000000 [--seed 7] [--start 0] [--out PATH]
 """
 
 import argparse
 import json
 import os
 import random
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,6 +28,8 @@ import numpy as np
 OUT_DIR = Path(__file__).resolve().parent / "out"
 DUP_SHARE = 0.05
 MIN_BODY, MAX_BODY = 300, 1500
+SHORT_BODY = (200, 420)  # ~300 characters: 100M rows in ~35 GB
+GEN_CHUNK = 1_000_000
 POOL_CHARS = 8 * 2**20
 
 _SYLLABLES = ("ka", "ro", "mi", "ten", "sa", "lu", "dor", "ve", "qui", "an", "pel", "is", "ok", "ba", "ne", "tri",
@@ -33,8 +39,9 @@ _EXTRA_WORDS = ("café", "naïve", "façade", "über", "déjà", "señor", "Zür
 _PUNCT = ("", "", "", "", "", "", ",", ".", "?", "!", ":")
 
 
-def cache_path(rows: int, seed: int) -> Path:
-    return OUT_DIR / f"rows-{rows}-seed{seed}.jsonl"
+def cache_path(rows: int, seed: int, start: int = 0, short: bool = False) -> Path:
+    tag = (f"-from{start}" if start else "") + ("-short" if short else "")
+    return OUT_DIR / f"rows-{rows}-seed{seed}{tag}.jsonl"
 
 
 def _pool(rng: random.Random) -> str:
@@ -68,55 +75,70 @@ def _variant(body: str, kind: int, rng: random.Random) -> str:
     return "\n \t" + body.replace(" ", " \r\n ", 2) + " \n"   # leading junk, CRLF runs, trailing
 
 
-def generate(rows: int, seed: int, path: Path) -> dict:
+def generate(rows: int, seed: int, path: Path, start: int = 0, short: bool = False) -> dict:
+    """Rows in chunks of 1M (the random draws per chunk, originals kept as pool offsets, not strings), so that
+    100M rows are made in bounded memory."""
     started = time.perf_counter()
-    rng = random.Random(seed)
+    rng = random.Random(seed + start)
     pool = _pool(rng)
-    npr = np.random.default_rng(seed)
-    lengths = npr.integers(MIN_BODY + 12, MAX_BODY - 24, size=rows).tolist()   # room for the cut and " ref <n>"
-    starts = npr.integers(0, len(pool) - MAX_BODY - 64, size=rows).tolist()
-    dup_mask = (npr.random(rows) < DUP_SHARE).tolist()
-    dup_mask[0] = False
-    dup_kind = npr.integers(0, 6, size=rows).tolist()
-    dup_of_frac = npr.random(rows).tolist()
-    bodies: list[str] = []      # originals only (for duplicates to refer to)
+    npr = np.random.default_rng(seed + start)
+    lo, hi = (SHORT_BODY if short else (MIN_BODY, MAX_BODY))
+    # originals as (pool start, pool end, row number): 16 bytes each, for duplicates to refer to
+    orig_s = np.empty(rows, dtype=np.int32)
+    orig_e = np.empty(rows, dtype=np.int32)
+    orig_i = np.empty(rows, dtype=np.int64)
+    originals = 0
     duplicates = 0
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     tmp.parent.mkdir(parents=True, exist_ok=True)
     find, rfind = pool.find, pool.rfind
     dumps = json.dumps
     with open(tmp, "w", encoding="utf-8", newline="\n") as out:
-        buf: list[str] = []
-        for i in range(rows):
-            if dup_mask[i]:
-                src = bodies[int(dup_of_frac[i] * len(bodies))]
-                body = _variant(src, dup_kind[i], rng)
-                duplicates += 1
-                buf.append(f'{{"id":"r{i:09d}","body":{dumps(body, ensure_ascii=False)}}}\n')
-            else:
-                s = find(" ", starts[i]) + 1
-                e = rfind(" ", s, s + lengths[i])
-                body = f"{pool[s:e]} ref {i}"
-                bodies.append(body)
-                # the pool holds no quotes, backslashes or control characters: no escaping needed
-                buf.append(f'{{"id":"r{i:09d}","body":"{body}"}}\n')
-            if len(buf) >= 20000:
-                out.write("".join(buf))
-                buf.clear()
-        out.write("".join(buf))
+        for chunk in range(0, rows, GEN_CHUNK):
+            n = min(GEN_CHUNK, rows - chunk)
+            lengths = npr.integers(lo + 12, hi - 24, size=n).tolist()   # room for the cut and " ref <n>"
+            starts = npr.integers(0, len(pool) - hi - 64, size=n).tolist()
+            dup_mask = (npr.random(n) < DUP_SHARE).tolist()
+            if chunk == 0:
+                dup_mask[0] = False
+            dup_kind = npr.integers(0, 6, size=n).tolist()
+            dup_of_frac = npr.random(n).tolist()
+            buf: list[str] = []
+            for j in range(n):
+                i = chunk + j
+                if dup_mask[j]:
+                    k = int(dup_of_frac[j] * originals)
+                    src = f"{pool[orig_s[k]:orig_e[k]]} ref {orig_i[k]}"
+                    body = _variant(src, dup_kind[j], rng)
+                    duplicates += 1
+                    buf.append(f'{{"id":"r{start + i:09d}","body":{dumps(body, ensure_ascii=False)}}}\n')
+                else:
+                    s = find(" ", starts[j]) + 1
+                    e = rfind(" ", s, s + lengths[j])
+                    orig_s[originals], orig_e[originals], orig_i[originals] = s, e, start + i
+                    originals += 1
+                    # the pool holds no quotes, backslashes or control characters: no escaping needed
+                    buf.append(f'{{"id":"r{start + i:09d}","body":"{pool[s:e]} ref {start + i}"}}\n')
+                if len(buf) >= 20000:
+                    out.write("".join(buf))
+                    buf.clear()
+            out.write("".join(buf))
     os.replace(tmp, path)
-    meta = {"rows": rows, "seed": seed, "duplicates": duplicates, "unique": rows - duplicates,
-            "bytes": path.stat().st_size, "seconds": round(time.perf_counter() - started, 2)}
+    meta = {"rows": rows, "seed": seed, "start": start, "short": short, "duplicates": duplicates,
+            "unique": rows - duplicates, "bytes": path.stat().st_size,
+            "seconds": round(time.perf_counter() - started, 2)}
     path.with_suffix(".json").write_text(json.dumps(meta, indent=1))
     return meta
 
 
-def ensure_rows(rows: int, seed: int = 7, path: Path | None = None) -> tuple[Path, dict]:
-    """The cached file for (rows, seed), generating it first if needed; plus its counts."""
-    cached = cache_path(rows, seed)
+def ensure_rows(rows: int, seed: int = 7, path: Path | None = None, start: int = 0,
+                short: bool = False) -> tuple[Path, dict]:
+    """The cached file for (rows, seed, start, short), generating it first (in this process) if needed; plus its
+    counts."""
+    cached = cache_path(rows, seed, start, short)
     meta_path = cached.with_suffix(".json")
     if not (cached.exists() and meta_path.exists()):
-        generate(rows, seed, cached)
+        generate(rows, seed, cached, start, short)
     meta = json.loads(meta_path.read_text())
     if path is not None and Path(path) != cached:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -132,14 +154,27 @@ def ensure_rows(rows: int, seed: int = 7, path: Path | None = None) -> tuple[Pat
     return cached, meta
 
 
+def rows_file(rows: int, seed: int = 7, start: int = 0, short: bool = False) -> tuple[Path, dict]:
+    """The cached file for (rows, seed, start, short), generated by a separate ``python make_rows.py`` process on a
+    miss, so that the caller's peak RSS stays its own."""
+    cached = cache_path(rows, seed, start, short)
+    meta_path = cached.with_suffix(".json")
+    if not (cached.exists() and meta_path.exists()):
+        subprocess.run([sys.executable, str(Path(__file__).resolve()), "--rows", str(rows), "--seed", str(seed),
+                        "--start", str(start), *(["--short"] if short else [])], check=True)
+    return cached, json.loads(meta_path.read_text())
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, required=True)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--start", type=int, default=0, help="number the rows from here (a later file of a job)")
+    ap.add_argument("--short", action="store_true", help="~300-character bodies (200-420) instead of 300-1,500")
     ap.add_argument("--out", type=Path, default=None, help="also place the file here (hard link or copy)")
     args = ap.parse_args(argv)
     t = time.perf_counter()
-    path, meta = ensure_rows(args.rows, args.seed, args.out)
+    path, meta = ensure_rows(args.rows, args.seed, args.out, args.start, args.short)
     print(f"{path}: {meta['rows']:,} rows, {meta['duplicates']:,} whitespace duplicates, "
           f"{meta['bytes'] / 2**20:,.0f} MiB ({time.perf_counter() - t:.1f}s, generated in {meta['seconds']}s)")
     return 0

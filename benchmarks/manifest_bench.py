@@ -1,7 +1,8 @@
 """Manifest build throughput: our streaming ``build_manifest`` against a plain-Python reference.
 
-One script run times both variants on the same cached input (``make_rows.py``), each in its own
-``spawn`` subprocess so that ``ru_maxrss`` (peak RSS) is per variant:
+One script run times both variants on the same cached input (``make_rows.py``, generated once by a separate
+process and cached under the gitignored ``benchmarks/out/``), each in its own ``spawn`` subprocess; peak RSS
+is the child's own ``VmHWM`` from ``/proc`` (``ru_maxrss`` would carry the parent's high-water mark):
 
 - reference: per row ``json.loads``, ``ids.normalize_text``, sha256 over prefix + text, a Python set
   for dedup, one JSON-lines file per shard of 5,000 unique requests (request_id, key, line, prompt);
@@ -133,7 +134,8 @@ def _install_section_timers(totals: dict[str, float]) -> None:
     Polars and Arrow worker threads not included), keyed ``"wall|<label>"`` and ``"cpu|<label>"``. Steps on the
     background writer thread are labelled ``[writer]``: their wall time overlaps the main thread's.
     """
-    from batch_pipeline.core import ids, manifest, store
+    from batch_pipeline.core import store
+    from batch_pipeline.core.manifest import ids, shards as manifest
 
     def add(label, wall, cpu):
         totals[f"wall|{label}"] = totals.get(f"wall|{label}", 0.0) + wall
@@ -252,13 +254,14 @@ def ours(path: str, work: str, sections: bool, profile: bool) -> dict:
 
 
 # -- driver ---------------------------------------------------------------------------------------
-def bench(rows: int, seed: int, sections: bool, profile: bool, variants: list[str], repeat: int = 1) -> dict:
-    from benchmarks.make_rows import ensure_rows
+def bench(rows: int, seed: int, sections: bool, profile: bool, variants: list[str], repeat: int = 1,
+          short: bool = False) -> dict:
+    from benchmarks.make_rows import rows_file
 
-    from batch_pipeline.core import ids
+    from batch_pipeline.core.manifest import ids
     from batch_pipeline.core.spec.job import load_spec
 
-    path, meta = ensure_rows(rows, seed)
+    path, meta = rows_file(rows, seed, short=short)  # generated (once) by a separate process
     with open(path, "rb") as f:  # warm the page cache so neither variant pays the first read
         while f.read(64 * 2**20):
             pass
@@ -351,16 +354,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=["reference", "ours"], help="run one variant")
     ap.add_argument("--sections", action="store_true", help="time the phases of build_manifest")
     ap.add_argument("--repeat", type=int, default=1, help="runs per variant (alternating); the fastest is reported")
+    ap.add_argument("--short", action="store_true", help="~300-character rows (make_rows --short), e.g. for 100M")
     ap.add_argument("--profile", action="store_true", help="cProfile build_manifest (slows Python code)")
     args = ap.parse_args(argv)
     variants = [args.only] if args.only else ["reference", "ours"]
     all_out = []
     for rows in args.rows or [1_000_000]:
         print(f"manifest build, {rows:,} rows (seed {args.seed}):", flush=True)
-        out = bench(rows, args.seed, args.sections, args.profile, variants, args.repeat)
+        out = bench(rows, args.seed, args.sections, args.profile, variants, args.repeat, args.short)
         all_out.append(out)
         OUT.mkdir(exist_ok=True)
-        tag = f"-{args.only}" if args.only else ""
+        tag = (f"-{args.only}" if args.only else "") + ("-short" if args.short else "")
         (OUT / f"manifest_bench-{rows}{tag}.json").write_text(
             json.dumps({k: v for k, v in out.items()}, indent=1, default=str))
     return 0 if all(all(o["checks"].values()) for o in all_out) else 1
