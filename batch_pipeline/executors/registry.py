@@ -49,5 +49,7 @@ def create_executor(backend: BackendSpec) -> Executor:
     try:
         settings = cls.settings_model.model_validate(backend.settings)
     except ValidationError as exc:
-        raise ConfigError(f"backend.settings for {backend.name}: {exc}") from None
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"backend.settings for {backend.name}: {problems} (see {cls.settings_model.__name__} in "
+                          f"{cls.__module__})") from None
     return cls(settings)

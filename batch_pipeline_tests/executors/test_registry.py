@@ -3,15 +3,34 @@
 import json
 
 import pyarrow.compute as pc
+import pytest
 
 from batch_pipeline.core.manifest.shards import Manifest, ShardCaps, build_manifest
-from batch_pipeline.core.spec.job import parse_spec
 from batch_pipeline.core.store import Store
-from batch_pipeline.executors.registry import batch_limits
+from batch_pipeline.core.errors import ConfigError
+from batch_pipeline.core.spec.job import BackendSpec, parse_spec
+from batch_pipeline.executors.registry import EXECUTOR_CLASSES, EXECUTORS, batch_limits, create_executor
 
 
-def test_openai_batch_limits_are_registered():
-    assert batch_limits("openai_batch") == (50_000, 200 * 2**20)
+def test_every_registered_class_states_its_own_name_settings_and_limits():
+    assert len(set(EXECUTORS)) == len(EXECUTOR_CLASSES)
+    for name, cls in EXECUTORS.items():
+        assert cls.name == name and cls.settings_model.model_config.get("extra") == "forbid", name
+        batch_api = hasattr(cls, "submit")
+        required = ("submit", "poll", "fetch", "cancel", "find") if batch_api else ("run",)
+        assert all(callable(getattr(cls, method, None)) for method in required), name
+        limits = batch_limits(name)
+        if batch_api:  # the sharder needs both caps of a provider batch API, read off the class itself
+            assert limits == (cls.max_requests_per_batch, cls.max_bytes_per_batch) and all(v > 0 for v in limits), name
+        else:
+            assert limits == (None, None), name
+
+
+def test_unknown_backends_and_settings_are_config_errors_naming_them():
+    with pytest.raises(ConfigError, match=r"'nope' is not a known executor; known: \[.*'openai_batch'"):
+        create_executor(BackendSpec(name="nope"))
+    with pytest.raises(ConfigError, match="^backend.settings for openai_batch: colour: Extra inputs are not permitted"):
+        create_executor(BackendSpec(name="openai_batch", settings={"colour": "red"}))
 
 
 def test_backend_limits_cap_the_job_shard_size(tmp_path):
