@@ -11,10 +11,6 @@ from batch_pipeline_tests.k8s.support import K8S_DIR, by_kind, load_docs, valida
 MANIFESTS = sorted(K8S_DIR.glob("*.yaml"))
 
 
-def test_the_expected_manifests_exist():
-    assert {p.name for p in MANIFESTS} >= {"vllm-server.yaml", "model-cache-pvc.yaml", "secrets.example.yaml"}
-
-
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
 def test_manifest_validates_against_kubernetes_schemas(path):
     docs = load_docs(path)
