@@ -1,0 +1,254 @@
+"""Gemini's ``GenerateContent`` format, both ways: request bodies out, response objects in (column-wise).
+
+Shared by every Google batch backend: the Developer API's batch files (``{"key", "response" | "error"}``) and
+Vertex AI's prediction files carry the same ``GenerateContentRequest`` / ``GenerateContentResponse`` objects,
+only wrapped differently. A ``LineLayout`` says where a line keeps its request ID, its response and its error, so
+this module knows nothing of either wrapper.
+
+Requests: the system prompt as ``systemInstruction``; a choice or JSON-schema contract as
+``responseMimeType: application/json`` + ``responseJsonSchema`` (a choice is ``{"label": ...}``, which the
+validator accepts, as on Anthropic); ``maxOutputTokens``, ``temperature``, ``topP``, ``seed``.
+
+Responses -> ``RAW_RESULT_SCHEMA`` rows:
+
+- text: the candidate's non-thought parts joined; null for a refusal (its partial text is not an answer);
+- finish_reason: ``STOP`` -> ``stop``, ``MAX_TOKENS`` -> ``length`` (the validator's truncation), the safety,
+  recitation, blocklist ... reasons and a blocked prompt (``promptFeedback.blockReason``, no candidate) ->
+  ``refusal``; anything else lower-cased;
+- usage: ``input_tokens`` = ``promptTokenCount`` (it includes the cached prefix), ``cached_tokens`` =
+  ``cachedContentTokenCount``, ``output_tokens`` = ``candidatesTokenCount`` + ``thoughtsTokenCount`` (thinking
+  is billed as output);
+- a per-request error (a ``google.rpc.Status``: ``code``, ``message``, ``status``, ``details``): its ``code``
+  as the HTTP status, ``error_code`` from an ``ErrorInfo`` reason that means "a human must act"
+  (``SYSTEMIC_REASONS``), else the lower-cased ``status``.
+
+The common rows are read in one DuckDB pass (see ``jsonl_blocks``); odd rows (several parts, a thought part,
+error details) and odd blocks go through ``json.loads`` line by line.
+"""
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from batch_pipeline.core.quality.validate import choice_schema
+from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA, RequestPlan
+from batch_pipeline.executors.jsonl_blocks import RESULT_BLOCK_BYTES, extract_block, json_paths_sql, parse_stream, replace_rows
+
+JSON_MIME = "application/json"
+FINISH_REASONS = {"STOP": "stop", "MAX_TOKENS": "length"}
+REFUSAL_REASONS = frozenset({"SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "LANGUAGE",
+                             "IMAGE_SAFETY", "IMAGE_PROHIBITED_CONTENT", "IMAGE_RECITATION"})
+# google.rpc.ErrorInfo reasons that no retry can fix -> our systemic codes (core/errors.SYSTEMIC_CODES)
+SYSTEMIC_REASONS = {"API_KEY_INVALID": "invalid_api_key", "API_KEY_EXPIRED": "invalid_api_key",
+                    "BILLING_DISABLED": "insufficient_quota", "CONSUMER_SUSPENDED": "account_deactivated"}
+ERROR_INFO = "type.googleapis.com/google.rpc.ErrorInfo"
+
+
+# -- requests -------------------------------------------------------------------------------------------------
+def output_schema(plan: RequestPlan) -> dict[str, Any] | None:
+    """The JSON schema the response must follow (None for free text)."""
+    if plan.output.kind == "choice":
+        return choice_schema(plan.output.choice or [])
+    if plan.output.kind == "json_schema":
+        return plan.output.json_schema
+    return None
+
+
+def request_template(plan: RequestPlan) -> dict[str, Any]:
+    """Everything of a ``GenerateContentRequest`` except ``contents``: the same for every request of a job."""
+    sampling = plan.sampling
+    config: dict[str, Any] = {"temperature": sampling.temperature, "maxOutputTokens": sampling.max_tokens}
+    if sampling.top_p is not None:
+        config["topP"] = sampling.top_p
+    if sampling.seed is not None:
+        config["seed"] = sampling.seed
+    schema = output_schema(plan)
+    if schema is not None:
+        config["responseMimeType"] = JSON_MIME
+        config["responseJsonSchema"] = schema
+    template: dict[str, Any] = {}
+    if plan.system:
+        template["systemInstruction"] = {"parts": [{"text": plan.system}]}
+    template["generationConfig"] = config
+    return template
+
+
+def user_contents(user_prompt: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "parts": [{"text": user_prompt}]}]
+
+
+def generate_content_request(plan: RequestPlan, user_prompt: str) -> dict[str, Any]:
+    """The ``GenerateContentRequest`` body (REST field names) for one prompt."""
+    return {"contents": user_contents(user_prompt), **request_template(plan)}
+
+
+# -- responses ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LineLayout:
+    """Where a result line keeps its request ID, its ``GenerateContentResponse`` and its ``google.rpc.Status``
+    error (JSON paths from the line's root, ``$.a.b`` form; ``$`` alone is not allowed)."""
+
+    key: str = "$.key"
+    response: str = "$.response"
+    error: str = "$.error"
+
+    def __post_init__(self) -> None:
+        for path in (self.key, self.response, self.error):
+            if not path.startswith("$.") or "'" in path:
+                raise ValueError(f"layout path {path!r} must look like $.field")
+
+    def get(self, obj: Any, path: str) -> Any:
+        for name in path[2:].split("."):
+            obj = obj.get(name) if isinstance(obj, dict) else None
+        return obj
+
+
+def _sql(layout: LineLayout) -> str:
+    r, e = layout.response, layout.error
+    paths = [layout.key, f"{r}.candidates[0].content.parts[0].text", f"{r}.candidates[0].content.parts[1]",
+             f"{r}.candidates[0].content.parts[0].thought", f"{r}.candidates[0].finishReason",
+             f"{r}.usageMetadata.promptTokenCount", f"{r}.usageMetadata.cachedContentTokenCount",
+             f"{r}.usageMetadata.candidatesTokenCount", f"{r}.usageMetadata.thoughtsTokenCount",
+             f"{r}.responseId", f"{r}.promptFeedback.blockReason", f"{r}.usageMetadata",
+             f"{e}.code", f"{e}.status", f"{e}.message", f"{e}.details", r, e]
+    refusals = ", ".join(f"'{x}'" for x in sorted(REFUSAL_REASONS))
+    return f"""
+SELECT request_id,
+       CASE WHEN has_error THEN coalesce(TRY_CAST(code AS INTEGER), 500)
+            WHEN has_response THEN 200 END::INTEGER AS http_status,
+       CASE WHEN has_response AND NOT has_error AND NOT refused THEN text END AS output_text,
+       CASE WHEN NOT has_response OR has_error THEN NULL WHEN refused THEN 'refusal'
+            WHEN finish = 'STOP' THEN 'stop' WHEN finish = 'MAX_TOKENS' THEN 'length' ELSE lower(finish) END
+         AS finish_reason,
+       CASE WHEN has_usage THEN coalesce(prompt, 0) END AS input_tokens,
+       CASE WHEN has_usage THEN coalesce(cached, 0) END AS cached_tokens,
+       CASE WHEN has_usage THEN coalesce(candidates, 0) + coalesce(thoughts, 0) END AS output_tokens,
+       CASE WHEN has_error THEN coalesce(lower(status), 'http_' || coalesce(code, '500'))
+            WHEN NOT has_response THEN 'missing_result' END AS error_code,
+       CASE WHEN has_error THEN message
+            WHEN NOT has_response THEN 'the result line has neither a response nor an error'
+            WHEN block IS NOT NULL THEN 'prompt blocked (blockReason=' || block || ')'
+            WHEN refused THEN 'refused (finishReason=' || finish || ')' END AS error_message,
+       response_id AS provider_request_id,
+       request_id IS NULL OR (has_error AND details IS NOT NULL)
+         OR (has_response AND NOT has_error AND (part1 IS NOT NULL OR thought IS NOT DISTINCT FROM 'true'))
+         AS _odd
+FROM (
+  SELECT v[1] AS request_id, v[2] AS text, v[3] AS part1, v[4] AS thought, v[5] AS finish,
+         TRY_CAST(v[6] AS BIGINT) AS prompt, TRY_CAST(v[7] AS BIGINT) AS cached,
+         TRY_CAST(v[8] AS BIGINT) AS candidates, TRY_CAST(v[9] AS BIGINT) AS thoughts, v[10] AS response_id,
+         v[11] AS block, v[12] IS NOT NULL AS has_usage, v[13] AS code, v[14] AS status, v[15] AS message,
+         v[16] AS details, v[17] IS NOT NULL AND v[17] <> 'null' AS has_response,
+         v[18] IS NOT NULL AND v[18] <> 'null' AS has_error,
+         v[11] IS NOT NULL OR v[5] IN ({refusals}) AS refused
+  FROM (SELECT {json_paths_sql(paths)} AS v FROM lines))
+"""
+
+
+_SQL_CACHE: dict[LineLayout, str] = {}
+
+
+def parse_block(block: bytes, layout: LineLayout = LineLayout()) -> pa.Table:
+    """Result lines -> RAW_RESULT_SCHEMA rows, column-wise; the per-line path for odd rows and odd blocks."""
+    sql = _SQL_CACHE.get(layout)
+    if sql is None:
+        sql = _SQL_CACHE[layout] = _sql(layout)
+    read = extract_block(block, sql)
+    if read is None:
+        return parse_lines(block, layout)
+    lines, t = read
+    odd = pc.fill_null(t.column("_odd"), True)
+    table = pa.Table.from_arrays([*t.drop_columns(["_odd"]).columns, lines], schema=RAW_RESULT_SCHEMA)
+    if not pc.any(odd).as_py():
+        return table
+    slow = parse_lines(b"\n".join(s.as_py().encode() for s in lines.filter(odd)), layout)
+    return replace_rows(table, odd, slow)
+
+
+def parse_result_stream(chunks: Iterable[bytes], workers: int = 1, layout: LineLayout = LineLayout(),
+                        block_bytes: int = RESULT_BLOCK_BYTES) -> Iterator[pa.Table]:
+    """A downloaded result file, as byte chunks -> RAW_RESULT_SCHEMA tables in file order (parsed on ``workers``
+    threads while the next blocks arrive)."""
+    return parse_stream(lambda block: parse_block(block, layout), chunks, workers, block_bytes)
+
+
+def parse_lines(block: bytes, layout: LineLayout = LineLayout()) -> pa.Table:
+    """Line by line with ``json.loads``: blank lines skipped, a line that is not JSON becomes an error row."""
+    rows = [_row(line, layout) for line in block.split(b"\n") if line.strip()]
+    columns = list(zip(*rows)) if rows else [[] for _ in RAW_RESULT_SCHEMA]
+    return pa.Table.from_arrays([pa.array(c, f.type) for c, f in zip(columns, RAW_RESULT_SCHEMA, strict=True)],
+                                schema=RAW_RESULT_SCHEMA)
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.isdigit():  # int64 fields may arrive as JSON strings
+        return int(value)
+    return None
+
+
+def _row(line: bytes, layout: LineLayout) -> tuple[Any, ...]:
+    raw = line.decode("utf-8", "replace")
+    try:
+        line.decode("utf-8")
+        obj = json.loads(line)
+        if not isinstance(obj, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as exc:
+        return (None, None, None, None, None, None, None, "unparseable_line", str(exc)[:500], None, raw)
+    key = layout.get(obj, layout.key)
+    key = key if isinstance(key, str) else None
+    response, error = layout.get(obj, layout.response), layout.get(obj, layout.error)
+    if isinstance(error, dict):
+        return (key, *error_columns(error), None, raw)
+    if not isinstance(response, dict):
+        return (key, None, None, None, None, None, None, "missing_result",
+                "the result line has neither a response nor an error", None, raw)
+    return (key, *response_columns(response), raw)
+
+
+def error_columns(error: dict[str, Any]) -> tuple[Any, ...]:
+    """(http_status, output_text, finish_reason, input, cached, output tokens, error_code, error_message) of a
+    ``google.rpc.Status``."""
+    code = _int(error.get("code"))
+    status = error.get("status") if isinstance(error.get("status"), str) else None
+    reason = next((d.get("reason") for d in error.get("details") or []
+                   if isinstance(d, dict) and d.get("@type") == ERROR_INFO), None)
+    error_code = SYSTEMIC_REASONS.get(reason) if isinstance(reason, str) else None
+    error_code = error_code or (status.lower() if status else f"http_{code or 500}")
+    message = error.get("message") if isinstance(error.get("message"), str) else None
+    return (code or 500, None, None, None, None, None, error_code, message)
+
+
+def response_columns(response: dict[str, Any]) -> tuple[Any, ...]:
+    """(http_status ... provider_request_id) of one ``GenerateContentResponse`` object (REST field names)."""
+    candidates = response.get("candidates") if isinstance(response.get("candidates"), list) else []
+    first = candidates[0] if candidates and isinstance(candidates[0], dict) else {}
+    parts = (first.get("content") or {}).get("parts") if isinstance(first.get("content"), dict) else None
+    texts = [p["text"] for p in parts or [] if isinstance(p, dict) and isinstance(p.get("text"), str)
+             and not p.get("thought")]
+    finish = first.get("finishReason") if isinstance(first.get("finishReason"), str) else None
+    feedback = response.get("promptFeedback") if isinstance(response.get("promptFeedback"), dict) else {}
+    block = feedback.get("blockReason") if isinstance(feedback.get("blockReason"), str) else None
+    refused = block is not None or finish in REFUSAL_REASONS
+    usage = response.get("usageMetadata") if isinstance(response.get("usageMetadata"), dict) else None
+    tokens: tuple[int | None, int | None, int | None] = (None, None, None)
+    if usage is not None:
+        tokens = (_int(usage.get("promptTokenCount")) or 0, _int(usage.get("cachedContentTokenCount")) or 0,
+                  (_int(usage.get("candidatesTokenCount")) or 0) + (_int(usage.get("thoughtsTokenCount")) or 0))
+    if refused:
+        reason = "refusal"
+        message = f"prompt blocked (blockReason={block})" if block else f"refused (finishReason={finish})"
+    else:
+        reason = FINISH_REASONS.get(finish, finish.lower()) if finish else None
+        message = None
+    text = "".join(texts) if texts and not refused else None
+    response_id = response.get("responseId") if isinstance(response.get("responseId"), str) else None
+    return (200, text, reason, *tokens, None, message, response_id)
