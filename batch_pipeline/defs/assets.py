@@ -23,13 +23,14 @@ from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.run.runner import ShardRunner
 from batch_pipeline.core.state.execute import ShardDriver, ShardWaits
 from batch_pipeline.core.spec.job import BackendSpec, CostCompareSpec, JobSpec
+from batch_pipeline.core.spec.settings import Settings
 from batch_pipeline.defs.checks import CHECKS, build_result_checks, build_shard_stats_check
 from batch_pipeline.defs.k8s import GPU_POOL, gpu_step_tags, is_gpu_backend
 from batch_pipeline.defs.metadata import md_table, plain
 from batch_pipeline.defs.resources import PricesResource, StoreResource
 from batch_pipeline.executors.registry import batch_limits, create_executor
 
-MAX_SHARDS_PER_RUN = 50
+SHARDS_TAG = "batch_pipeline/shards"  # the shards a range run moves (the others in its range are left alone)
 
 
 def shards_partitions(spec: JobSpec) -> dg.DynamicPartitionsDefinition:
@@ -38,6 +39,22 @@ def shards_partitions(spec: JobSpec) -> dg.DynamicPartitionsDefinition:
 
 def asset_key(spec: JobSpec, name: str) -> dg.AssetKey:
     return dg.AssetKey([spec.name, name])
+
+
+def moving_shards(context: dg.AssetExecutionContext) -> list[str]:
+    """The shards this run moves: its partition keys, or those of them its ``SHARDS_TAG`` names (a range run
+    packed by ``shard_ranges`` leaves the other shards of its range to their own steps)."""
+    keys = list(context.partition_keys)
+    named = context.run.tags.get(SHARDS_TAG)
+    if not named:
+        return keys
+    wanted = set(named.split(","))
+    return [k for k in keys if k in wanted]
+
+
+def _backfill_policy() -> dg.BackfillPolicy:
+    """A UI backfill of the shards runs ``shards_per_run`` of them per run (each shard takes the driver's step)."""
+    return dg.BackfillPolicy.multi_run(max_partitions_per_run=Settings.from_env().shards_per_run)
 
 
 def _runner(spec: JobSpec, store: StoreResource, prices: PricesResource, backend: BackendSpec | None = None
@@ -173,7 +190,7 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
                                                    "budget_usd": q.get("budget_usd")}))
 
     @dg.asset(key=asset_key(spec, "submissions"), deps=[quote], partitions_def=shards, group_name=job,
-              backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=MAX_SHARDS_PER_RUN), **gpu,
+              backfill_policy=_backfill_policy(), **gpu,
               kinds={"python"}, description="Submit each shard's pending items (re-attach to an open batch); "
                                             "self-hosted and online backends run the shard inline.")
     def submissions(context: dg.AssetExecutionContext, store: StoreResource,
@@ -183,7 +200,7 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
         driver = _shard_driver(context, spec, store, prices)
         sent, batches = 0, []
         engine_metrics: dict = {}
-        keys = context.partition_keys
+        keys = moving_shards(context)
         for key in keys:  # each shard does what the driver's plan says for it
             try:
                 out = driver.submit_phase(key)
@@ -209,7 +226,7 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
         return dg.MaterializeResult(metadata=meta)
 
     @dg.asset(key=asset_key(spec, "shard_results"), deps=[submissions], partitions_def=shards, group_name=job,
-              backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=MAX_SHARDS_PER_RUN), **gpu,
+              backfill_policy=_backfill_policy(), **gpu,
               kinds={"parquet"}, description="Collect each shard's ended batches; validate and append results; "
                                             "rescue the tail online near the deadline or after an expiry.")
     def shard_results(context: dg.AssetExecutionContext, store: StoreResource,
@@ -227,7 +244,7 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
 
         rows = ok = rescued = 0
         systemic: list[str] = []
-        for key in context.partition_keys:
+        for key in moving_shards(context):
             try:  # a failed batch stops the job, but the other shards' ended batches are still collected
                 out = driver.collect_phase(key, on_status=on_status)
             except SystemicError as exc:

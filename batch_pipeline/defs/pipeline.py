@@ -2,9 +2,9 @@
 
 The same assets the UI shows, materialized with ``materialize()`` against a real instance (so runs
 appear in ``dagster dev``). Each pass asks the driver (``core/state``) for the plan and runs it: the canary
-alone first, then the shards to submit, resolve, rescue or collect, in ranges (one run takes up to
-``shards_per_run`` partitions). A pass is a resume: only items that are neither valid nor dead-lettered are
-sent. Nothing here decides what a shard needs; the plan does.
+alone first, then the shards to submit, resolve, rescue or collect, in ranges (``shard_ranges``: one run
+moves up to ``shards_per_run`` shards, the setting of that name by default). A pass is a resume: only items
+that are neither valid nor dead-lettered are sent. Nothing here decides what a shard needs; the plan does.
 """
 
 import logging
@@ -14,10 +14,12 @@ import dagster as dg
 
 from batch_pipeline.core.run.control import JobPaused
 from batch_pipeline.core.spec.job import JobSpec
+from batch_pipeline.core.spec.settings import Settings
 from batch_pipeline.core.state.driver import Action
 from batch_pipeline.core.state.machine import ShardState
+from batch_pipeline.core.state.ranges import shard_ranges
 from batch_pipeline.core.state.view import load_view
-from batch_pipeline.defs.assets import asset_key, shards_partitions
+from batch_pipeline.defs.assets import SHARDS_TAG, asset_key, shards_partitions
 from batch_pipeline.defs.build import build_definitions
 from batch_pipeline.defs.jobs import PUBLISH_ASSETS
 
@@ -34,12 +36,13 @@ def _quiet(level: str) -> dict:
 
 
 def run_job(spec: JobSpec, instance: dg.DagsterInstance, resources: dict | None = None, *,
-            shards_per_run: int = 50, log_level: str = "WARNING",
+            shards_per_run: int | None = None, log_level: str = "WARNING",
             on_stage: Callable[[str], None] | None = None) -> dict:
     defs = build_definitions([spec], resources)
     graph_assets = list(defs.assets or []) + list(defs.asset_checks or [])
     resources = defs.resources
     stage = on_stage or (lambda s: None)
+    span = shards_per_run or Settings.from_env().shards_per_run
 
     def run(names: list[str], **kwargs) -> dg.ExecuteInProcessResult:
         result = dg.materialize(graph_assets, selection=[asset_key(spec, n) for n in names], instance=instance,
@@ -90,28 +93,13 @@ def run_job(spec: JobSpec, instance: dg.DagsterInstance, resources: dict | None 
         passes += 1
         stage(f"pass {passes}: {len(todo)} shard(s) ({plan.describe()})")
         run(["quote"])  # every pass spends against a fresh quote
-        for chunk in _ranges(all_shards, todo, shards_per_run):
-            run(SHARD_ASSETS, tags={RANGE_START: chunk[0], RANGE_END: chunk[-1]})
+        for r in shard_ranges(all_shards, todo, span):
+            run(SHARD_ASSETS, tags={RANGE_START: r.start, RANGE_END: r.end, SHARDS_TAG: ",".join(r.shards)})
     stage("publish")
     run(PUBLISH_ASSETS)
     report = store.read_json(f"jobs/{spec.name}/report.json") or {}
     report["passes"] = passes
     return report
-
-
-def _ranges(all_keys: list[str], wanted: list[str], limit: int) -> list[list[str]]:
-    """Contiguous runs of wanted keys in partition order, at most ``limit`` long (a range must not skip keys)."""
-    wanted_set, out, cur = set(wanted), [], []
-    for key in all_keys:
-        if key in wanted_set and len(cur) < limit:
-            cur.append(key)
-            continue
-        if cur:
-            out.append(cur)
-        cur = [key] if key in wanted_set else []
-    if cur:
-        out.append(cur)
-    return out
 
 
 def _failure_message(result: dg.ExecuteInProcessResult) -> str:

@@ -2,7 +2,9 @@
 
 Order is explicit: no shard run starts while a manifest run of the job is queued or running, so new shards are only
 ever submitted against a finished manifest and a fresh quote. The shard sensor decides nothing itself: it polls the
-open batches it may (bounded per tick), asks ``next_steps`` for the plan, and requests one run per step.
+open batches it may (bounded per tick), asks ``next_steps`` for the plan, and requests its steps as runs: the canary
+alone, the other shards packed by ``shard_ranges`` into partition-range runs of at most ``shards_per_run`` shards
+(a range that failed is asked again shard by shard, so one bad shard cannot hold its neighbours back).
 """
 
 import hashlib
@@ -18,8 +20,10 @@ from batch_pipeline.core.manifest.inputs import resolve_inputs
 from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.spec.settings import Settings
 from batch_pipeline.core.spec.job import JobSpec
-from batch_pipeline.core.state.driver import Action
+from batch_pipeline.core.state.driver import Action, Step
+from batch_pipeline.core.state.ranges import ShardRange, shard_ranges
 from batch_pipeline.core.state.view import load_view
+from batch_pipeline.defs.assets import SHARDS_TAG, shards_partitions
 from batch_pipeline.defs.jobs import job_names
 from batch_pipeline.defs.resources import StoreResource
 from batch_pipeline.executors.registry import create_executor
@@ -33,6 +37,7 @@ INTERVAL_S = Settings.from_env().sensor_interval_s
 MAX_FAILED_RUNS = 3  # a shard whose run failed this often for the same attempt waits for a human
 MAX_POLLS_PER_TICK = 200  # provider polls per tick (the longest-waiting batches first); the rest wait a tick
 POLL_WORKERS = 8
+MAX_RUNS_PER_TICK = 40  # shard runs requested per tick; the rest are asked for on the next ticks
 
 
 def _in_flight(instance: dg.DagsterInstance, job_name: str, partition: str | None = None) -> bool:
@@ -54,6 +59,45 @@ def _keyed_request(instance, job_name: str, shard: str, key: str) -> dg.RunReque
     if failures >= MAX_FAILED_RUNS:
         return None
     return dg.RunRequest(job_name=job_name, partition_key=shard, run_key=f"{key}:r{failures}" if failures else key)
+
+
+def _step_key(step: Step, attempts: dict[str, int]) -> str:
+    """Keyed by the attempt a step makes (or collects): a failed run of it gets a new key and retries."""
+    assert step.shard_id is not None
+    attempt = attempts[step.shard_id] + (0 if step.action == Action.COLLECT else 1)
+    return f"{step.action.value}:{step.shard_id}:{attempt}"
+
+
+def _shard_requests(instance, stage: str, job_name: str, steps: list[Step], attempts: dict[str, int],
+                    order: list[str], span: int, limit: int) -> tuple[list[dg.RunRequest], list[str]]:
+    """The steps of one run job as at most ``limit`` runs: a single shard (the canary always) keeps its per-shard
+    key; several shards go as one partition range keyed by what each does. Also returns the shards that failed
+    too often."""
+    keys = {s.shard_id: _step_key(s, attempts) for s in steps if s.shard_id is not None}
+    alone = [s.shard_id for s in steps if s.action == Action.CANARY and s.shard_id is not None]
+    ranges = [ShardRange(s, s, (s,)) for s in alone]
+    ranges += shard_ranges(order, [k for k in keys if k not in alone], span)
+    requests, stuck = [], []
+    for r in ranges:
+        if len(requests) >= limit:
+            break
+        run_key = f"{stage}:{r.start}..{r.end}:{r.digest(keys[s] for s in r.shards)}"
+        if r.single or _range_failed(instance, job_name, run_key):
+            for shard in r.shards:  # alone, or again shard by shard after the range failed
+                request = _keyed_request(instance, job_name, shard, keys[shard])
+                requests.extend([request] if request is not None else [])
+                stuck.extend([] if request is not None else [shard])
+            continue
+        requests.append(dg.RunRequest(job_name=job_name, run_key=run_key,
+                                      tags={RANGE_START: r.start, RANGE_END: r.end, SHARDS_TAG: ",".join(r.shards)}))
+    return requests, stuck
+
+
+def _range_failed(instance: dg.DagsterInstance, job_name: str, run_key: str) -> bool:
+    runs = instance.get_runs(dg.RunsFilter(job_name=job_name, tags={"dagster/run_key": run_key},
+                                           statuses=[dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]),
+                             limit=1)
+    return bool(runs)
 
 
 def input_fingerprint(spec: JobSpec) -> str:
@@ -116,24 +160,26 @@ def build_shard_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
             return dg.SkipReason("job paused: `batch-pipeline resume` continues it")
         requests: list[dg.RunRequest] = []
         stuck: list[str] = []
+        moves: dict[str, list[Step]] = {}
         for step in plan.steps:
             if step.action == Action.REQUOTE:
                 if not _in_flight(instance, names["quote"]):
                     requests.append(dg.RunRequest(job_name=names["quote"], run_key=f"quote:{_now_bucket()}"))
-                continue
-            if step.action == Action.PUBLISH:
+            elif step.action == Action.PUBLISH:
                 settled = sum(s.valid + s.dead_lettered for s in view.summaries)
                 requests.append(dg.RunRequest(job_name=names["publish"], run_key=f"publish:{settled}"))
-                continue
-            assert step.shard_id is not None
-            job = run_jobs[step.action]  # keyed by the attempt it makes (or collects): a failed run of it retries
-            attempt = attempts[step.shard_id] + (0 if step.action == Action.COLLECT else 1)
-            request = _keyed_request(instance, names[job], step.shard_id,
-                                     f"{step.action.value}:{step.shard_id}:{attempt}")
-            if request is None:
-                stuck.append(step.shard_id)
             else:
-                requests.append(request)
+                moves.setdefault(run_jobs[step.action], []).append(step)
+        if moves:
+            order = instance.get_dynamic_partitions(shards_partitions(spec).name)
+            span = Settings.from_env().shards_per_run
+            shard_runs: list[dg.RunRequest] = []
+            for stage, steps in moves.items():
+                made, held = _shard_requests(instance, stage, names[stage], steps, attempts, order, span,
+                                             limit=MAX_RUNS_PER_TICK - len(shard_runs))
+                shard_runs += made
+                stuck += held
+            requests += shard_runs[:MAX_RUNS_PER_TICK]
         if requests:
             return requests
         why = [plan.describe()]
@@ -161,13 +207,16 @@ def ended_batches(executor: BatchExecutor, submitted, limit: int = MAX_POLLS_PER
 
 
 def _partitions_in_flight(instance: dg.DagsterInstance, jobs: list[str], shard_ids: list[str]) -> set[str]:
-    """Shards that a queued or running run of these jobs holds, one partition or a range of them."""
+    """Shards that a queued or running run of these jobs holds: its partition, the shards it moves, or (a range
+    from elsewhere, e.g. a UI backfill) every shard of its range."""
     out: set[str] = set()
     for name in jobs:
         for run in instance.get_runs(dg.RunsFilter(job_name=name, statuses=IN_FLIGHT)):
             if run.tags.get("dagster/partition"):
                 out.add(run.tags["dagster/partition"])
             start, end = run.tags.get(RANGE_START), run.tags.get(RANGE_END)
-            if start and end:
+            if run.tags.get(SHARDS_TAG):
+                out.update(run.tags[SHARDS_TAG].split(","))
+            elif start and end:
                 out.update(s for s in shard_ids if start <= s <= end)
     return out

@@ -27,11 +27,11 @@ from .conftest import batch_creates, ledger_ids
 TAIL = {"backend": {"name": "online", "settings": {"sandbox": True, "concurrency": 4}}, "before_deadline_minutes": 60}
 
 
-def _materialize(spec, instance, resources, names, partition_key=None):
+def _materialize(spec, instance, resources, names, partition_key=None, tags=None):
     defs = build_definitions([spec], resources)
     return dg.materialize([*defs.assets, *defs.asset_checks], selection=[asset_key(spec, n) for n in names],
                           partition_key=partition_key, instance=instance, resources=defs.resources,
-                          raise_on_error=False)
+                          raise_on_error=False, tags=tags)
 
 
 def test_rescue_over_a_live_batch_cancels_it_keeps_its_results_and_sends_the_rest_online_once(
@@ -137,7 +137,8 @@ def test_an_orphaned_intent_does_not_stall_a_sensor_driven_job(sandbox, make_job
         requests = [] if isinstance(out, dg.SkipReason) else list(out)
         for request in requests:
             stage = request.job_name.removeprefix(f"{spec.name}_")
-            assert _materialize(spec, instance, resources, stages[stage], request.partition_key).success
+            assert _materialize(spec, instance, resources, stages[stage], request.partition_key,
+                                request.tags).success
             published = published or stage == "publish"
         if published:
             break

@@ -87,7 +87,7 @@ def _finish_by_sensors(spec, instance, resources) -> None:
             stage = request.job_name.removeprefix(f"{spec.name}_")
             result = dg.materialize([*defs.assets, *defs.asset_checks], instance=instance, resources=defs.resources,
                                     selection=[asset_key(spec, n) for n in stages[stage]],
-                                    partition_key=request.partition_key, raise_on_error=False)
+                                    partition_key=request.partition_key, tags=request.tags, raise_on_error=False)
             assert result.success, f"{stage} {request.partition_key} failed"
             if stage == "publish":
                 return

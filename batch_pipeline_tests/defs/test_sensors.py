@@ -7,10 +7,10 @@ import dagster as dg
 
 from batch_pipeline.core.run.control import JobControl
 from batch_pipeline.core.store import Store
-from batch_pipeline.defs.assets import asset_key
+from batch_pipeline.defs.assets import SHARDS_TAG, asset_key
 from batch_pipeline.defs.build import build_definitions
 from batch_pipeline.defs.jobs import PUBLISH_ASSETS, build_jobs
-from batch_pipeline.defs.sensors import build_new_data_sensor, build_shard_sensor
+from batch_pipeline.defs.sensors import RANGE_END, RANGE_START, build_new_data_sensor, build_shard_sensor
 
 from .conftest import SMALL, ledger_ids
 
@@ -46,57 +46,74 @@ def test_new_data_sensor_fires_once_per_change(make_job, instance, tmp_path):
     assert len(again) == 1 and again[0].run_key != first[0].run_key
 
 
+def moved(request: dg.RunRequest) -> list[str]:
+    """The shards a run request moves: its partition, or the shards its range names."""
+    return [request.partition_key] if request.partition_key else request.tags[SHARDS_TAG].split(",")
+
+
 def test_dropped_file_drives_manifest_then_shards_then_publish(sandbox, make_job, instance, resources, home, tmp_path):
     spec = make_job()
     jobs = build_jobs(spec)
     new_data, driver = build_new_data_sensor(spec, jobs), build_shard_sensor(spec, jobs)
     store = Store(home)
+    runs: list[dg.RunRequest] = []
 
     def tick_driver():
         return _requests(driver(dg.build_sensor_context(instance=instance, resources=resources)))
 
+    def run(request: dg.RunRequest, stage: str) -> None:
+        runs.append(request)
+        _execute(spec, instance, resources, request, stage)
+
     def tick_and_run_collects(expected: int) -> list[str]:
         collects: list[dg.RunRequest] = []
-        for _ in range(100):
+        for _ in range(100):  # until the provider has ended every batch (a daemon's tick comes every 30 s)
             collects = tick_driver()
-            if len(collects) == expected:
+            if sum(len(moved(r)) for r in collects) == expected:
                 break
             time.sleep(0.1)
         assert {r.job_name for r in collects} == {f"{spec.name}_collect"}
         for r in collects:
-            _execute(spec, instance, resources, r, "collect")
-        return sorted(r.partition_key for r in collects)
+            run(r, "collect")
+        return sorted(s for r in collects for s in moved(r))
 
     # before any manifest, the driver starts nothing
     assert tick_driver() == []
     # a prepare run in flight holds every shard back
     [prepare] = _requests(new_data(dg.build_sensor_context(instance=instance)))
-    run = instance.add_run(dg.DagsterRun(job_name=f"{spec.name}_prepare", run_id="f" * 36,
-                                         status=dg.DagsterRunStatus.STARTED))
-    _execute(spec, instance, resources, prepare, "prepare")
+    run_ = instance.add_run(dg.DagsterRun(job_name=f"{spec.name}_prepare", run_id="f" * 36,
+                                          status=dg.DagsterRunStatus.STARTED))
+    run(prepare, "prepare")
     assert tick_driver() == [], "shards must wait while a manifest run is in flight"
-    instance.report_run_canceled(run)
+    instance.report_run_canceled(run_)
     # the canary shard goes first, alone; the others wait until it has settled
     [canary] = tick_driver()
     assert canary.partition_key == "s00001" and canary.job_name == f"{spec.name}_submit"
-    _execute(spec, instance, resources, canary, "submit")
+    assert canary.run_key == "canary:s00001:1"
+    run(canary, "submit")
     assert tick_and_run_collects(expected=1) == ["s00001"]
-    submits = tick_driver()
-    assert sorted(r.partition_key for r in submits) == ["s00002", "s00003", "s00004"]
-    assert {r.job_name for r in submits} == {f"{spec.name}_submit"}
-    for r in submits:
-        _execute(spec, instance, resources, r, "submit")
+    # the other three shards: one run over their partition range
+    [submit] = tick_driver()
+    assert submit.job_name == f"{spec.name}_submit" and submit.partition_key is None
+    assert (submit.tags[RANGE_START], submit.tags[RANGE_END], moved(submit)) == (
+        "s00002", "s00004", ["s00002", "s00003", "s00004"])
+    assert submit.run_key.startswith("submit:s00002..s00004:")
+    run(submit, "submit")
     # batches end at the provider; the driver asks for collection runs, never a second submission
     assert tick_and_run_collects(expected=3) == ["s00002", "s00003", "s00004"]
     [publish] = tick_driver()
     assert publish.job_name == f"{spec.name}_publish"
-    _execute(spec, instance, resources, publish, "publish")
+    run(publish, "publish")
     report = store.read_json(f"jobs/{spec.name}/report.json")
     assert report["complete"] and report["succeeded"] == 40
     assert sorted(set(ledger_ids(sandbox))) == sorted(ledger_ids(sandbox)) and len(ledger_ids(sandbox)) == 40
+    # 4 shards: prepare, canary submit + collect, one ranged submit, one ranged collect, publish (was 10 runs)
+    assert len(runs) == 6, [(r.job_name, moved(r) if r.job_name.endswith(("_submit", "_collect")) else "")
+                            for r in runs]
 
 
-def test_driver_skips_a_stopped_job_and_resubmits_retryable_shards(sandbox, make_job, instance, resources, home):
+def test_driver_skips_a_stopped_job_and_resubmits_retryable_shards(sandbox, make_job, instance, resources, home,
+                                                                   monkeypatch):
     spec = make_job()
     jobs = build_jobs(spec)
     driver = build_shard_sensor(spec, jobs)
@@ -116,6 +133,10 @@ def test_driver_skips_a_stopped_job_and_resubmits_retryable_shards(sandbox, make
             break
         time.sleep(0.1)
     _execute(spec, instance, resources, collect[0], "collect")
+    # the retryable canary shard and the three new ones: one range, keyed by each shard's next attempt
+    [again] = _requests(driver(dg.build_sensor_context(instance=instance, resources=resources)))
+    assert again.job_name.endswith("_submit") and moved(again) == ["s00001", "s00002", "s00003", "s00004"]
+    monkeypatch.setenv("BATCH_PIPELINE_SHARDS_PER_RUN", "1")  # a shard per run: the per-shard key says the attempt
     again = [r for r in _requests(driver(dg.build_sensor_context(instance=instance, resources=resources)))
              if r.partition_key == "s00001"]
     assert len(again) == 1 and again[0].job_name.endswith("_submit") and again[0].run_key == "submit:s00001:2"
