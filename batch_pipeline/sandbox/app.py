@@ -11,6 +11,8 @@ from typing import Optional
 from batch_pipeline.sandbox.admin_api import AdminApi
 from batch_pipeline.sandbox.anthropic.api import AnthropicApi, check_anthropic_auth, is_anthropic_path
 from batch_pipeline.sandbox.anthropic.errors import as_anthropic
+from batch_pipeline.sandbox.bedrock.api import BedrockApi, check_bedrock_auth, is_bedrock_path
+from batch_pipeline.sandbox.bedrock.errors import as_bedrock
 from batch_pipeline.sandbox.openai.chat import ChatApi, request_key
 from batch_pipeline.sandbox.clock import SandboxClock
 from batch_pipeline.sandbox.errors import ApiError
@@ -33,6 +35,7 @@ class SandboxApp:
         OpenAIApi(self.state).register(self.router)
         ChatApi(self.state).register(self.router)
         AnthropicApi(self.state).register(self.router)
+        BedrockApi(self.state).register(self.router)
         AdminApi(self.state).register(self.router)
 
     def handle(self, request: Request) -> Response:
@@ -48,12 +51,16 @@ class SandboxApp:
             except ApiError as exc:
                 if is_anthropic_path(request.path):
                     exc = as_anthropic(exc)
+                elif is_bedrock_path(request.path):
+                    exc = as_bedrock(exc)
                 response = Response(exc.status, exc.body(), dict(exc.headers), batch_id=request.params.get("batch_id"))
             except Exception as exc:  # a sandbox bug: answer in the envelope, report on stderr
                 traceback.print_exc(file=sys.stderr)
                 error = ApiError(500, f"Sandbox internal error: {exc!r}", type="server_error", code="sandbox_bug")
                 if is_anthropic_path(request.path):
                     error = as_anthropic(error)
+                elif is_bedrock_path(request.path):
+                    error = as_bedrock(error)
                 response = Response(500, error.body(), {"x-should-retry": "false"})
             response.headers["x-request-id"] = request_id
             if is_anthropic_path(request.path):
@@ -67,8 +74,11 @@ class SandboxApp:
     def _dispatch(self, request: Request) -> Response:
         route, params = self.router.match(request.method, request.path)
         request.params = params
-        if request.path.startswith("/v1/"):
-            if is_anthropic_path(request.path):
+        bedrock = is_bedrock_path(request.path)
+        if request.path.startswith("/v1/") or bedrock:
+            if bedrock:
+                check_bedrock_auth(request, self.state.scenario)
+            elif is_anthropic_path(request.path):
                 check_anthropic_auth(request)
             else:
                 check_auth(request)

@@ -29,6 +29,11 @@ ENDPOINTS = (
     "anthropic_cancel",
     "anthropic_delete",
     "anthropic_results",
+    # Amazon Bedrock batch inference (control plane at the root; jobs read and write the sandbox's S3)
+    "bedrock_create",
+    "bedrock_get",
+    "bedrock_list",
+    "bedrock_stop",
 )
 
 # Lifecycle durations in clock seconds; every scenario accepts them.
@@ -41,6 +46,8 @@ LINE_ERROR_CODES: dict[str, tuple[int, str, str]] = {
 COMMON_PARAMS: dict[str, Any] = {"validating_s": 0.05, "in_progress_s": 0.2, "finalizing_s": 0.05, "cancelling_s": 0.05}
 # Online rate limits of /v1/chat/completions per sandbox-clock minute; every scenario accepts them.
 COMMON_PARAMS.update({"rpm": 1_000_000, "tpm": 1_000_000_000})
+# Bedrock's minimum records per batch inference job (the service quota's default); every scenario accepts it.
+COMMON_PARAMS["min_records"] = 100
 
 SCENARIO_PARAMS: dict[str, dict[str, Any]] = {
     "normal": {},
@@ -52,6 +59,7 @@ SCENARIO_PARAMS: dict[str, dict[str, Any]] = {
     "slow": {"in_progress_s": 3.0},
     "unknown_model": {},
     "no_credit": {},
+    "access_denied": {},  # Bedrock: every call answers 403 AccessDeniedException
     "skew_labels": {"label": "other"},
     "wrong_labels": {"share": 1.0},
 }

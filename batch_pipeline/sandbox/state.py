@@ -11,6 +11,8 @@ from typing import Any, Optional
 from batch_pipeline.sandbox.anthropic.batches import AnthropicBatches
 from batch_pipeline.sandbox.anthropic.responder import AnthropicRunner
 from batch_pipeline.sandbox.batches import BatchRecord, Lifecycle, output_order
+from batch_pipeline.sandbox.bedrock.jobs import BedrockJobs
+from batch_pipeline.sandbox.bedrock.s3 import SandboxS3
 from batch_pipeline.sandbox.clock import SandboxClock
 from batch_pipeline.sandbox.errors import not_found
 from batch_pipeline.sandbox.ids import new_id
@@ -61,6 +63,7 @@ class SandboxState:
         self.seen_prompts: set[str] = set()
         self.lifecycle = Lifecycle(LineRunner(self.seen_custom_ids, self.seen_prompts), self._finish)
         self.anthropic = AnthropicBatches(AnthropicRunner(self.seen_custom_ids, self.seen_prompts), self._bill)
+        self.bedrock = BedrockJobs(AnthropicRunner(self.seen_custom_ids, self.seen_prompts), self._bill, SandboxS3())
         self.reset(wipe_store=False)
         if self.store is not None:
             self._load()
@@ -75,6 +78,7 @@ class SandboxState:
         self.seen_custom_ids.clear()
         self.seen_prompts.clear()
         self.anthropic.clear()
+        self.bedrock.clear()
         self.scenario = self.startup_scenario
         self.clock.reset()
         if wipe_store and self.store is not None:
@@ -154,6 +158,7 @@ class SandboxState:
         for batch in self.batches.values():
             changed = self.lifecycle.advance(batch, now) or changed
         changed = self.anthropic.advance_all(now) or changed
+        changed = self.bedrock.advance_all(now) or changed
         return changed
 
     def _bill(self, entries: list[dict[str, Any]]) -> None:
@@ -187,6 +192,7 @@ class SandboxState:
             "seen_custom_ids": self.seen_custom_ids,
             "seen_prompts": sorted(self.seen_prompts),
             "anthropic_batches": self.anthropic.to_json(),
+            "bedrock_jobs": self.bedrock.to_json(),
         })
 
     def _load(self) -> None:
@@ -206,6 +212,7 @@ class SandboxState:
         self.seen_custom_ids.update(saved["seen_custom_ids"])
         self.seen_prompts.update(saved["seen_prompts"])
         self.anthropic.load(saved.get("anthropic_batches"))
+        self.bedrock.load(saved.get("bedrock_jobs"))
 
 
 def _dumps(value: Any) -> str:
