@@ -152,9 +152,13 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
         if missing:
             context.instance.add_dynamic_partitions(shards.name, missing)
         rejects = pl.from_arrow(Manifest(job, st).rejects())
-        context.log.info(f"manifest gen {summary.generation}: {summary.input_rows} rows, {summary.rejected_rows} "
-                         f"rejected, {summary.new_requests} new requests in {len(summary.new_shards)} new shards")
-        meta = plain({k: v for k, v in summary.as_dict().items() if k not in ("new_shards", "rejects_by_reason")})
+        context.log.info(f"manifest gen {summary.generation}: files {summary.files_line()}; {summary.input_rows} rows "
+                         f"read, {summary.rejected_rows} rejected, {summary.new_requests} new requests in "
+                         f"{len(summary.new_shards)} new shards")
+        meta = plain({k: v for k, v in summary.as_dict().items()
+                      if k not in ("new_shards", "rejects_by_reason", "files")})
+        meta["input_files_by_action"] = dg.MetadataValue.text(summary.files_line())
+        meta["input_files_detail"] = dg.MetadataValue.json(summary.files)
         meta["new_shards"] = dg.MetadataValue.text(", ".join(summary.new_shards) or "none")
         meta["rejects_by_reason"] = dg.MetadataValue.json(summary.rejects_by_reason)
         meta["rejects_preview"] = md_table(rejects.select("source", "line", "field", "reason"))

@@ -36,6 +36,16 @@ class InputFile:
     path: str
     format: str
     size: int
+    mtime_ns: int | None = None  # with uri and size, the identity an incremental build compares
+
+
+@dataclass
+class ReadExtent:
+    """How far a reader got in a file: bytes consumed and the last line number (for the next append)."""
+
+    bytes_read: int = 0
+    lines: int = 0
+    ends_clean: bool = False  # the part read ends with a newline
 
 
 @dataclass
@@ -83,7 +93,7 @@ def resolve_inputs(pattern: str, declared_format: str = "auto", base_dir: Path |
             if "*" in location:
                 suffix = location.rsplit("*", 1)[1]
                 infos = [i for i in infos if i.path.endswith(suffix)]
-        files = [InputFile(f"{scheme}://{i.path}", fs, i.path, _format_of(i.path, declared_format), i.size)
+        files = [InputFile(f"{scheme}://{i.path}", fs, i.path, _format_of(i.path, declared_format), i.size, i.mtime_ns)
                  for i in infos if i.type == pafs.FileType.File and not i.base_name.startswith(".")]
     else:
         p = Path(pattern)
@@ -94,32 +104,54 @@ def resolve_inputs(pattern: str, declared_format: str = "auto", base_dir: Path |
         else:
             paths = [Path(q) for q in glob.glob(str(p), recursive=True) if Path(q).is_file()]
         local = pafs.LocalFileSystem()
-        files = [InputFile(str(q), local, str(q.resolve()), _format_of(str(q), declared_format), q.stat().st_size)
-                 for q in paths]
+        stats = [(q, q.stat()) for q in paths]
+        files = [InputFile(str(q), local, str(q.resolve()), _format_of(str(q), declared_format), st.st_size,
+                           st.st_mtime_ns) for q, st in stats]
     if not files:
         raise InputError(f"input.path {pattern!r} matches no files")
     return sorted(files, key=lambda f: f.uri)
 
 
-def read_batches(f: InputFile, fields: list[str], key_field: str | None) -> Iterator[RowBatch]:
-    reader = {"jsonl": _jsonl, "csv": _csv, "parquet": _parquet}[f.format]
+def read_batches(f: InputFile, fields: list[str], key_field: str | None, offset: int = 0, first_line: int = 1,
+                 extent: ReadExtent | None = None) -> Iterator[RowBatch]:
+    """Batches of ``f`` up to its resolved size; JSONL from byte ``offset`` (numbered from ``first_line``).
+
+    ``extent`` is filled in as the file is read (what an incremental build records for the next append).
+    """
+    extent = extent if extent is not None else ReadExtent()
+    if f.format == "jsonl":
+        yield from _jsonl(f, fields, key_field, offset, first_line, extent)
+        return
+    if offset:
+        raise ValueError(f"{f.uri}: only JSONL is read from an offset")
+    reader = {"csv": _csv, "parquet": _parquet}[f.format]
     yield from reader(f, fields, key_field)
+    extent.bytes_read, extent.ends_clean = f.size, False
 
 
 # -- JSONL ---------------------------------------------------------------------------------------
-def _jsonl(f: InputFile, fields: list[str], key_field: str | None) -> Iterator[RowBatch]:
+def _jsonl(f: InputFile, fields: list[str], key_field: str | None, offset: int, first_line: int,
+           extent: ReadExtent) -> Iterator[RowBatch]:
+    """Reads the bytes ``[offset, f.size)``: a writer appending meanwhile is read by the next generation."""
     wanted = list(dict.fromkeys(fields + ([key_field] if key_field else [])))
     schema = pa.schema([(name, pa.string()) for name in wanted])
     options = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
-    next_line = 1
+    next_line = first_line
     carry = b""
-    with f.fs.open_input_stream(f.path) as stream:
+    remaining = f.size - offset
+    extent.bytes_read, extent.lines, extent.ends_clean = offset, first_line - 1, True
+    with f.fs.open_input_file(f.path) as stream:
+        if offset:
+            stream.seek(offset)
         while True:
-            chunk = stream.read(CHUNK_BYTES)
+            chunk = stream.read(min(CHUNK_BYTES, remaining)) if remaining > 0 else b""
+            remaining -= len(chunk)
             data = carry + chunk
             if not chunk:
                 if data:
                     yield _jsonl_block(f.uri, data, next_line, fields, key_field, options)
+                    extent.bytes_read += len(data)
+                    extent.lines, extent.ends_clean = next_line, False
                 return
             ends = line_ends(data)  # the newlines, found once per block
             if not len(ends):
@@ -129,6 +161,8 @@ def _jsonl(f: InputFile, fields: list[str], key_field: str | None) -> Iterator[R
             block, carry = data[: cut + 1], data[cut + 1 :]
             yield _jsonl_block(f.uri, block, next_line, fields, key_field, options, ends)
             next_line += len(ends)
+            extent.bytes_read += len(block)
+            extent.lines = next_line - 1
 
 
 _STRIP_BYTES = list(b" \t\n\r\x0b\x0c")  # what ``bytes.strip`` removes

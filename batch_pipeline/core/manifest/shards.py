@@ -1,11 +1,11 @@
 """The manifest: every item of a job with its request ID, rendered prompt, token estimate, bucket and shard.
 
-Built in one streaming pass: blocks of rows are normalised and rendered in Polars, hashed with
-hashlib, deduplicated against a set of keys (memory follows the keys, not the text), and dealt to a
-small window of open shards round-robin within each length bucket, so every shard is a
-representative mix of lengths. A shard is written once, as one Parquet file, when it fills; its
-membership never changes. A re-run on grown input keeps every existing item where it is and puts only
-new items into new shards. A generation record, written last, commits the build.
+Built in one streaming pass over the input files this generation has to read (new, grown or rewritten ones;
+unchanged files are skipped, ``incremental``): blocks of rows are normalised and rendered in Polars, hashed
+with hashlib, deduplicated in bounded memory (``dedup``: sets while they fit, hash-range spill past that) and
+dealt to a small window of open shards (``deal``). A shard's membership never changes: a re-run on grown
+input keeps every existing item where it is and puts only new items into new shards. A generation record,
+written last, commits the build and says what was done with each input file.
 """
 
 import logging
@@ -14,35 +14,30 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
 import polars as pl
-import pyarrow as pa
 
-from batch_pipeline.core.manifest import ids
-from batch_pipeline.core.money.cost import estimate_request_tokens
 from batch_pipeline.core.errors import ReconciliationError
+from batch_pipeline.core.manifest import ids
 from batch_pipeline.core.manifest.batch_input import read_openai_batch
-from batch_pipeline.core.manifest.inputs import KEY, LINE, Reject, RowBatch, read_batches, resolve_inputs
-from batch_pipeline.core.spec.paths import JobPaths
+from batch_pipeline.core.manifest.deal import OPEN_SHARD_WINDOW, Dealer, shard_name
+from batch_pipeline.core.manifest.dedup import BlockSpool, Dedup
+from batch_pipeline.core.manifest.incremental import FileAction, FilePlan, FileState, plan_files, state_after
+from batch_pipeline.core.manifest.index import IdIndex, index_path, write_index
+from batch_pipeline.core.manifest.inputs import KEY, LINE, ReadExtent, Reject, RowBatch, read_batches, resolve_inputs
+from batch_pipeline.core.manifest.read import ITEM_SCHEMA, REJECT_SCHEMA, ROW_SCHEMA, Manifest
+from batch_pipeline.core.money.cost import estimate_request_tokens
 from batch_pipeline.core.spec.job import JobSpec
+from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import BackgroundWrites, Store
+
+__all__ = ["BUCKET_EDGES", "ITEM_SCHEMA", "REJECT_SCHEMA", "ROW_SCHEMA", "Manifest", "ManifestBuilder",
+           "ManifestSummary", "ShardCaps", "build_manifest", "length_bucket", "normalise_fields", "render_expr",
+           "shard_name"]
 
 log = logging.getLogger(__name__)
 
 BUCKET_EDGES = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
-OPEN_SHARD_WINDOW = 8
-
-ITEM_SCHEMA = pa.schema([
-    ("request_id", pa.string()), ("shard_id", pa.string()), ("user_prompt", pa.string()),
-    ("est_input_tokens", pa.int32()), ("length_bucket", pa.int8()), ("request_bytes", pa.int32()),
-    ("source", pa.string()), ("line", pa.int64()), ("generation", pa.int32()),
-])
-ROW_SCHEMA = pa.schema([
-    ("source", pa.string()), ("line", pa.int64()), ("source_key", pa.string()), ("request_id", pa.string()),
-])
-REJECT_SCHEMA = pa.schema([
-    ("source", pa.string()), ("line", pa.int64()), ("field", pa.string()), ("kind", pa.string()),
-    ("reason", pa.string()), ("raw", pa.string()),
-])
 
 
 @dataclass
@@ -55,19 +50,23 @@ class ManifestSummary:
     accepted_rows: int = 0
     unique_requests: int = 0
     new_requests: int = 0
-    duplicates_collapsed: int = 0
+    duplicates_collapsed: int = 0  # accepted rows read that made no new item
+    known_requests: int = 0  # distinct IDs read that an earlier generation already holds
     shards_total: int = 0
     new_shards: list[str] = field(default_factory=list)
     est_input_tokens_new: int = 0
     seconds: float = 0.0
     rejects_by_reason: dict[str, int] = field(default_factory=dict)
+    # what this generation did with each input file (FileAction value -> URIs); counts are of the rows read
+    files: dict[str, list[str]] = field(default_factory=lambda: {a.value: [] for a in FileAction})
+    spilled: bool = False  # the dedup went past its memory bound and decided by hash range
 
     def as_dict(self) -> dict:
         return asdict(self)
 
-
-def shard_name(number: int) -> str:
-    return f"s{number:05d}"
+    def files_line(self) -> str:
+        """``2 read, 5 skipped, 1 appended, 0 reread``: the summary's view of the input files."""
+        return ", ".join(f"{len(self.files.get(a.value, []))} {a.value}" for a in FileAction)
 
 
 def length_bucket(tokens: pl.Expr) -> pl.Expr:
@@ -123,14 +122,8 @@ def normalise_fields(frame: pl.DataFrame, fields: list[str]) -> pl.DataFrame:
     return frame.with_columns(columns)
 
 
-class _OpenShard:
-    __slots__ = ("number", "count", "bytes", "frames")
-
-    def __init__(self, number: int):
-        self.number, self.count, self.bytes, self.frames = number, 0, 0, []
-
-
 REQUEST_FRAMING_BYTES = 512  # per batch line besides the user text: custom_id, settings, schema, JSON framing
+DEAL_COLUMNS = ["request_id", "user_prompt", "est_input_tokens", "length_bucket", "request_bytes", LINE, "source"]
 
 
 @dataclass(frozen=True)
@@ -149,114 +142,115 @@ class ShardCaps:
 
 class ManifestBuilder:
     def __init__(self, spec: JobSpec, store: Store, progress: Callable[[str, int], None] | None = None,
-                 caps: ShardCaps | None = None):
+                 caps: ShardCaps | None = None, dedup_budget_bytes: int | None = None):
+        """``dedup_budget_bytes``: the memory the dedup sets may take before they spill (default: half of
+        ``shards.manifest_memory_mb``; the rest is for the blocks in flight and the open shards)."""
         self.spec, self.store, self.paths = spec, store, JobPaths(spec.name)
         self.progress = progress
         self.caps = caps or ShardCaps.of(spec)
         self.manifest = Manifest(spec.name, store)
-        self._written: dict[str, int] = {}
+        self.dedup_budget = dedup_budget_bytes if dedup_budget_bytes is not None else \
+            spec.shards.manifest_memory_mb * 2**20 // 2
 
     def build(self) -> ManifestSummary:
         started = time.perf_counter()
         spec = self.spec
-        gen = self.manifest.last_generation() + 1
+        generations = self.manifest.generations()
+        latest = max(generations, key=lambda g: g["generation"]) if generations else None
+        gen = (latest["generation"] if latest else 0) + 1
         summary = ManifestSummary(job=spec.name, generation=gen)
-        # IDs of earlier generations, and the IDs this generation adds: disjoint, so memory follows the keys once
-        prior: set[str] = set(self.manifest.item_index(columns=["request_id"]).column("request_id").to_pylist())
-        fresh: set[str] = set()
-        reused: set[str] = set()  # earlier IDs that occur again in this generation's input
-        existing = len(prior)
-        next_shard = self.manifest.max_shard_number() + 1
+        existing = int(latest.get("unique_requests", 0)) if latest else 0
         files = resolve_inputs(spec.input.path, spec.input.format, spec.input_base_dir())
+        plans = plan_files(files, self.manifest.file_states(latest))
         summary.input_files = len(files)
+        index = IdIndex(self.store, self.paths, {g["generation"]: g["new_shards"] for g in generations})
+        index.ensure()
         fields = spec.prompt.fields
         prefix = ids.id_prefix(spec.prompt.version, spec.model, spec.settings_fingerprint())
         system_bytes = len(spec.prompt.system.encode())
-        rows_ahead = _count_rows(files, enough=existing + OPEN_SHARD_WINDOW * self.caps.max_requests) - existing
+        reading = [p for p in plans if p.reads]
+        rows_ahead = _count_rows(reading, enough=OPEN_SHARD_WINDOW * self.caps.max_requests)
         window = max(1, min(OPEN_SHARD_WINDOW, math.ceil(max(rows_ahead, 1) / self.caps.max_requests)))
-        line_overhead = REQUEST_FRAMING_BYTES + system_bytes
-        max_requests, max_bytes = self.caps.max_requests, self.caps.max_bytes
-        open_shards = [_OpenShard(next_shard + i) for i in range(window)]
-        next_shard += window
-        turn = 0
+        first_shard = max((int(s[1:]) for g in generations for s in g["new_shards"]), default=0) + 1
         rejects: list[Reject] = []
-        # row groups (in order, one thread) and shard files (two threads: when they fall behind, the main thread
-        # waits and both cores compress) are written in the background: Parquet and zstd release the GIL
-        with self.store.parquet_writer(self.paths.rows(gen), ROW_SCHEMA) as rows_out, \
-                BackgroundWrites(depth=2) as row_writes, BackgroundWrites(depth=4, workers=2) as writes:
-            for f in files:
-                batches = (read_openai_batch(f, fields, spec.input.key_field, spec.prompt.system, spec.model)
-                           if f.format == "openai_batch" else read_batches(f, fields, spec.input.key_field))
-                for batch in batches:
-                    summary.input_rows += batch.frame.height + len(batch.rejects)
-                    rejects.extend(batch.rejects)
-                    frame = self._prepare(batch, rejects, system_bytes)
-                    if frame.height == 0:
+        states: list[FileState] = []
+        dedup = Dedup(index, existing, self.dedup_budget)
+        spool: BlockSpool | None = None
+        try:
+            # row groups (in order, one thread) and shard files (two threads: when they fall behind, the main
+            # thread waits and both cores compress) are written in the background: Parquet and zstd release the GIL
+            with self.store.parquet_writer(self.paths.rows(gen), ROW_SCHEMA) as rows_out, \
+                    BackgroundWrites(depth=2) as row_writes, BackgroundWrites(depth=4, workers=2) as writes:
+                dealer = Dealer(self.store, self.paths.shard_items, gen, first_shard, window, self.caps.max_requests,
+                                self.caps.max_bytes, REQUEST_FRAMING_BYTES + system_bytes, writes)
+                for plan in plans:
+                    summary.files[plan.action.value].append(plan.file.uri)
+                    if not plan.reads:
+                        states.append(state_after(plan, gen, 0, 0, False))
                         continue
-                    # hash the UTF-8 bytes as Arrow holds them (no decode to str and encode back)
-                    rids = ids.request_ids(prefix, frame["user_prompt"].cast(pl.Binary).to_list())
-                    frame = frame.with_columns(pl.Series("request_id", rids, dtype=pl.String))
-                    row_writes.submit(_write_rows, rows_out, frame.select(LINE, KEY, "request_id"), batch.source)
-                    summary.accepted_rows += frame.height
-                    # dedup, then deal the block's new items to the open shards round-robin in a stratified
-                    # order (each bucket spread evenly over the sequence): whenever a shard fills, it holds
-                    # every bucket in proportion, and the open shards fill evenly
-                    keep: list[bool] = []
-                    for rid in rids:
-                        if rid in fresh:
-                            keep.append(False)
-                        elif rid in prior:
-                            reused.add(rid)
-                            keep.append(False)
+                    f, extent = plan.file, ReadExtent()
+                    batches = (read_openai_batch(f, fields, spec.input.key_field, spec.prompt.system, spec.model)
+                               if f.format == "openai_batch"
+                               else read_batches(f, fields, spec.input.key_field, plan.offset, plan.first_line, extent))
+                    for batch in batches:
+                        summary.input_rows += batch.frame.height + len(batch.rejects)
+                        rejects.extend(batch.rejects)
+                        frame = self._prepare(batch, rejects, system_bytes)
+                        if frame.height == 0:
+                            continue
+                        # hash the UTF-8 bytes as Arrow holds them (no decode to str and encode back)
+                        rids = ids.request_ids(prefix, frame["user_prompt"].cast(pl.Binary).to_list())
+                        frame = frame.with_columns(pl.Series("request_id", rids, dtype=pl.String),
+                                                   pl.lit(batch.source).alias("source"))
+                        row_writes.submit(_write_rows, rows_out, frame.select(LINE, KEY, "request_id"), batch.source)
+                        summary.accepted_rows += frame.height
+                        keep = dedup.offer(rids)
+                        if keep is None:  # past the memory bound: decided once every row is in
+                            spool = spool or BlockSpool()
+                            spool.append(frame.select(DEAL_COLUMNS))
                         else:
-                            fresh.add(rid)
-                            keep.append(True)
-                    sizes = frame["request_bytes"].to_list()
-                    assign = [0] * len(keep)
-                    full: list[_OpenShard] = []
-                    for i in _stratified_order(frame, keep):
-                        slot = turn % window
-                        turn += 1
-                        shard = open_shards[slot]
-                        nbytes = sizes[i] + line_overhead
-                        if shard.count >= max_requests or shard.bytes + nbytes > max_bytes:
-                            full.append(shard)  # closed once this block's rows are in it
-                            shard = open_shards[slot] = _OpenShard(next_shard)
-                            next_shard += 1
-                        shard.count += 1
-                        shard.bytes += nbytes
-                        assign[i] = shard.number
-                    assign = [a for a, k in zip(assign, keep) if k]
-                    new = frame.filter(pl.Series(keep)).with_columns(pl.Series("_shard", assign, dtype=pl.Int64))
-                    by_number = {s.number: s for s in [*open_shards, *full]}
-                    for (number,), part in new.partition_by("_shard", as_dict=True).items():
-                        by_number[number].frames.append(part.with_columns(pl.lit(batch.source).alias("source")))
-                    for shard in full:
-                        self._close(shard, gen, summary, writes)
-                    summary.new_requests += new.height
-                    summary.est_input_tokens_new += int(new["est_input_tokens"].sum() or 0)
-                    if self.progress:
-                        self.progress(f.uri, summary.input_rows)
-            for shard in open_shards:
-                self._close(shard, gen, summary, writes)
-        written = sum(self._written.values())
-        if written != summary.new_requests:
-            raise ReconciliationError(f"manifest {spec.name} gen {gen}: {summary.new_requests} new items but "
-                                      f"{written} written to shards (nothing committed)")
-        summary.new_shards.sort()
+                            dealer.deal(frame.select(DEAL_COLUMNS), np.asarray(keep, dtype=np.bool_))
+                        if self.progress:
+                            self.progress(f.uri, summary.input_rows)
+                    if f.format == "openai_batch":
+                        extent = ReadExtent(f.size, 0, False)
+                    states.append(state_after(plan, gen, extent.bytes_read, extent.lines, extent.ends_clean))
+                verdict = dedup.finish()
+                if spool is not None:
+                    at = 0
+                    for frame in spool.replay():
+                        dealer.deal(frame, verdict.is_new[at:at + frame.height])
+                        at += frame.height
+                dealer.close()
+            write_index(self.store, index_path(self.paths, gen), verdict.runs())
+        finally:
+            dedup.close()
+            if spool is not None:
+                spool.close()
+        summary.new_requests = dealer.dealt
+        summary.est_input_tokens_new = dealer.est_tokens
+        summary.new_shards = sorted(dealer.new_shards)
+        written = sum(dealer.written.values())
+        if written != summary.new_requests or verdict.added != summary.new_requests:
+            raise ReconciliationError(f"manifest {spec.name} gen {gen}: {summary.new_requests} new items dealt, "
+                                      f"{verdict.added} new IDs, {written} written to shards (nothing committed)")
         self._write_rejects(gen, rejects)
         summary.rejected_rows = len(rejects)
         for r in rejects:
             summary.rejects_by_reason[r.kind] = summary.rejects_by_reason.get(r.kind, 0) + 1
         summary.unique_requests = existing + summary.new_requests
-        # accepted rows minus the distinct IDs among them (the new ones and the earlier ones that recur)
-        summary.duplicates_collapsed = summary.accepted_rows - summary.new_requests - len(reused)
-        summary.shards_total = len(self.manifest.shard_ids()) + len(summary.new_shards)
+        # rows read that created no item: repeats within what was read, or of an item an earlier generation holds
+        summary.duplicates_collapsed = summary.accepted_rows - summary.new_requests
+        summary.known_requests = verdict.reused
+        summary.shards_total = sum(len(g["new_shards"]) for g in generations) + len(summary.new_shards)
+        summary.spilled = dedup.deferred_rows > 0 or dedup.spilling
         summary.seconds = round(time.perf_counter() - started, 3)
-        self.store.write_json(self.paths.generation(gen), summary.as_dict())  # the commit point
-        log.info("manifest %s gen %d: %d rows, %d rejected, %d new requests in %d new shards (%.1fs)",
-                 spec.name, gen, summary.input_rows, summary.rejected_rows, summary.new_requests,
-                 len(summary.new_shards), summary.seconds)
+        record = summary.as_dict()
+        record["files"] = [s.as_dict() for s in states]
+        self.store.write_json(self.paths.generation(gen), record)  # the commit point
+        log.info("manifest %s gen %d: %d files (%s), %d rows, %d rejected, %d new requests in %d new shards (%.1fs)",
+                 spec.name, gen, len(files), summary.files_line(), summary.input_rows, summary.rejected_rows,
+                 summary.new_requests, len(summary.new_shards), summary.seconds)
         return summary
 
     def _prepare(self, batch: RowBatch, rejects: list[Reject], system_bytes: int) -> pl.DataFrame:
@@ -290,27 +284,6 @@ class ManifestBuilder:
             frame = frame.filter(~(empty | too_long | too_big))
         return frame.with_columns(length_bucket(pl.col("est_input_tokens")).alias("length_bucket"))
 
-    def _close(self, shard: _OpenShard, gen: int, summary: ManifestSummary,
-               writes: BackgroundWrites | None = None) -> None:
-        if shard.count == 0:
-            return
-        sid = shard_name(shard.number)
-        frames, shard.frames = shard.frames, []
-        summary.new_shards.append(sid)
-        if writes is None:
-            self._write_shard(sid, frames, gen)
-        else:
-            writes.submit(self._write_shard, sid, frames, gen)
-
-    def _write_shard(self, sid: str, frames: list[pl.DataFrame], gen: int) -> None:
-        frame = pl.concat(frames).sort("request_id")
-        table = frame.select(
-            "request_id", pl.lit(sid).alias("shard_id"), "user_prompt", "est_input_tokens", "length_bucket",
-            "request_bytes", "source", pl.col(LINE).alias("line"), pl.lit(gen).alias("generation"),
-        ).to_arrow().cast(ITEM_SCHEMA)
-        self.store.write_table(self.paths.shard_items(sid), table)
-        self._written[sid] = table.num_rows
-
     def _write_rejects(self, gen: int, rejects: list[Reject]) -> None:
         cols = {name: [getattr(r, name) for r in rejects] for name in REJECT_SCHEMA.names}
         # built by Polars: pyarrow's list conversion imports pandas (~0.4 s)
@@ -318,33 +291,20 @@ class ManifestBuilder:
         self.store.write_table(self.paths.rejects(gen), table.to_arrow().cast(REJECT_SCHEMA))
 
 
-def _stratified_order(frame: pl.DataFrame, keep: list[bool]) -> list[int]:
-    """The rows to keep, reordered so that every length bucket is spread evenly over the sequence: key = (rank of
-    the request ID within its bucket + 0.5) / bucket size, ties by bucket then position."""
-    order = (
-        frame.select("request_id", "length_bucket")
-        .with_row_index("_i")
-        .filter(pl.Series(keep, dtype=pl.Boolean))
-        .with_columns(((pl.col("request_id").rank("ordinal").over("length_bucket").cast(pl.Float64) - 0.5)
-                       / pl.len().over("length_bucket").cast(pl.Float64)).alias("_key"))
-        .sort("_key", "length_bucket", "_i")
-    )
-    return order.get_column("_i").to_list()
-
-
 def _write_rows(writer, frame: pl.DataFrame, source: str) -> None:
     writer.write_table(frame.select(pl.lit(source).alias("source"), pl.col(LINE).alias("line"),
                                     pl.col(KEY).alias("source_key"), "request_id").to_arrow().cast(ROW_SCHEMA))
 
 
-def _count_rows(files, enough: int | None = None) -> int:
-    """A cheap upper bound of the rows to come, to size the window of open shards.
+def _count_rows(plans: list[FilePlan], enough: int | None = None) -> int:
+    """A cheap upper bound of the rows to come (from each plan's offset), to size the window of open shards.
 
     Counting stops once ``enough`` rows are seen: past that the window is full whatever the total, so only the
     head of a large input is read.
     """
     total = 0
-    for f in files:
+    for plan in plans:
+        f = plan.file
         if enough is not None and total >= enough:
             break
         if f.format == "parquet":
@@ -353,7 +313,8 @@ def _count_rows(files, enough: int | None = None) -> int:
             with f.fs.open_input_file(f.path) as h:
                 total += pq.ParquetFile(h).metadata.num_rows
         else:
-            with f.fs.open_input_stream(f.path) as stream:
+            with f.fs.open_input_file(f.path) as stream:
+                stream.seek(plan.offset)
                 while chunk := stream.read(8 * 2**20):
                     total += chunk.count(b"\n")
                     if enough is not None and total >= enough:
@@ -361,57 +322,6 @@ def _count_rows(files, enough: int | None = None) -> int:
     return total
 
 
-class Manifest:
-    """Read side of a job's committed manifest generations."""
-
-    def __init__(self, job: str, store: Store):
-        self.job, self.store, self.paths = job, store, JobPaths(job)
-
-    def generations(self) -> list[dict]:
-        out = [self.store.read_json(p) for p in self.store.list_files(self.paths.generations, suffix=".json")]
-        return [g for g in out if g]
-
-    def last_generation(self) -> int:
-        gens = self.generations()
-        return max((g["generation"] for g in gens), default=0)
-
-    def latest(self) -> dict | None:
-        gens = self.generations()
-        return max(gens, key=lambda g: g["generation"]) if gens else None
-
-    def shard_ids(self) -> list[str]:
-        return sorted(s for g in self.generations() for s in g["new_shards"])
-
-    def max_shard_number(self) -> int:
-        return max((int(s[1:]) for s in self.shard_ids()), default=0)
-
-    def shard_items(self, shard_id: str, columns: list[str] | None = None) -> pa.Table:
-        table = self.store.read_part(self.paths.shard_items(shard_id), columns)
-        if table is None:
-            raise FileNotFoundError(f"manifest of job {self.job} has no readable items for shard {shard_id}")
-        return table
-
-    def item_index(self, columns: list[str] | None = None) -> pa.Table:
-        cols = columns or ["request_id", "shard_id", "est_input_tokens", "length_bucket"]
-        tables = [self.shard_items(s, cols) for s in self.shard_ids()]
-        return pa.concat_tables(tables) if tables else _empty(pa.schema([ITEM_SCHEMA.field(c) for c in cols]))
-
-    def rows(self) -> pa.Table:
-        gen = self.last_generation()
-        t = self.store.read_part(self.paths.rows(gen)) if gen else None
-        return t if t is not None else _empty(ROW_SCHEMA)
-
-    def rejects(self) -> pa.Table:
-        gen = self.last_generation()
-        t = self.store.read_part(self.paths.rejects(gen)) if gen else None
-        return t if t is not None else _empty(REJECT_SCHEMA)
-
-
-def _empty(schema: pa.Schema) -> pa.Table:
-    """An empty table (``Schema.empty_table`` imports pandas, ~0.4 s)."""
-    return pa.Table.from_batches([], schema=schema)
-
-
 def build_manifest(spec: JobSpec, store: Store, progress: Callable[[str, int], None] | None = None,
-                   caps: ShardCaps | None = None) -> ManifestSummary:
-    return ManifestBuilder(spec, store, progress, caps).build()
+                   caps: ShardCaps | None = None, dedup_budget_bytes: int | None = None) -> ManifestSummary:
+    return ManifestBuilder(spec, store, progress, caps, dedup_budget_bytes).build()

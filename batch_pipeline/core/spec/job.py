@@ -107,6 +107,8 @@ class OutputSpec(_Strict):
 class ShardLimits(_Strict):
     max_requests: int = Field(default=5000, gt=0)
     max_bytes: int = Field(default=100 * 2**20, gt=0)
+    manifest_memory_mb: int = Field(default=3072, gt=0, description=(
+        "memory a manifest build may use (fits a 4 GB pod): past half of it the dedup spills to hash ranges"))
 
 
 class RetrySpec(_Strict):

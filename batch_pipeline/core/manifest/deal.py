@@ -1,0 +1,116 @@
+"""Dealing new items to shards: a small window of open shards, filled round-robin in a stratified order.
+
+Within each block the new items are ordered so that every length bucket is spread evenly over the sequence,
+then dealt to the open shards in turn: whenever a shard fills it holds every bucket in proportion, and the
+open shards fill evenly. A shard is written once, as one Parquet file, when it fills; its membership never
+changes. The assignment depends only on the blocks and their keep masks, in order, so a block dealt late
+(replayed from a spill) lands exactly where it would have landed at once.
+"""
+
+from collections.abc import Callable
+
+import numpy as np
+import polars as pl
+
+from batch_pipeline.core.manifest.inputs import LINE
+from batch_pipeline.core.manifest.read import ITEM_SCHEMA
+from batch_pipeline.core.store import BackgroundWrites, Store
+
+OPEN_SHARD_WINDOW = 8
+
+
+def shard_name(number: int) -> str:
+    return f"s{number:05d}"
+
+
+class _OpenShard:
+    __slots__ = ("number", "count", "bytes", "frames")
+
+    def __init__(self, number: int):
+        self.number, self.count, self.bytes, self.frames = number, 0, 0, []
+
+
+class Dealer:
+    """The open-shard window of one generation; ``deal`` one block at a time, ``close`` at the end."""
+
+    def __init__(self, store: Store, shard_path: Callable[[str], str], gen: int, first_shard: int, window: int,
+                 max_requests: int, max_bytes: int, line_overhead: int, writes: BackgroundWrites):
+        self.store, self.shard_path, self.gen = store, shard_path, gen
+        self.window, self.max_requests, self.max_bytes = window, max_requests, max_bytes
+        self.line_overhead, self.writes = line_overhead, writes
+        self.open = [_OpenShard(first_shard + i) for i in range(window)]
+        self.next_shard = first_shard + window
+        self.turn = 0
+        self.new_shards: list[str] = []
+        self.written: dict[str, int] = {}
+        self.dealt = 0
+        self.est_tokens = 0
+
+    def deal(self, frame: pl.DataFrame, keep: np.ndarray) -> None:
+        """Deal the rows of ``frame`` (a prepared block with ``source``) that ``keep`` marks."""
+        if not keep.any():
+            return
+        window, max_requests, max_bytes, overhead = self.window, self.max_requests, self.max_bytes, self.line_overhead
+        order = _stratified_order(frame, keep)
+        sizes = frame.get_column("request_bytes").to_numpy()
+        assign = np.zeros(frame.height, dtype=np.int64)
+        full: list[_OpenShard] = []
+        open_shards = self.open
+        turn = self.turn
+        for i in order.tolist():
+            slot = turn % window
+            turn += 1
+            shard = open_shards[slot]
+            nbytes = int(sizes[i]) + overhead
+            if shard.count >= max_requests or shard.bytes + nbytes > max_bytes:
+                full.append(shard)  # closed once this block's rows are in it
+                shard = open_shards[slot] = _OpenShard(self.next_shard)
+                self.next_shard += 1
+            shard.count += 1
+            shard.bytes += nbytes
+            assign[i] = shard.number
+        self.turn = turn
+        new = frame.filter(pl.Series(keep)).with_columns(pl.Series("_shard", assign[keep]))
+        by_number = {s.number: s for s in [*open_shards, *full]}
+        for (number,), part in new.partition_by("_shard", as_dict=True).items():
+            by_number[number].frames.append(part)
+        for shard in full:
+            self._close(shard)
+        self.dealt += new.height
+        self.est_tokens += int(new.get_column("est_input_tokens").sum() or 0)
+
+    def close(self) -> None:
+        for shard in self.open:
+            self._close(shard)
+        self.open = []
+
+    def _close(self, shard: _OpenShard) -> None:
+        if shard.count == 0:
+            return
+        sid = shard_name(shard.number)
+        frames, shard.frames = shard.frames, []
+        self.new_shards.append(sid)
+        self.writes.submit(self._write_shard, sid, frames)
+
+    def _write_shard(self, sid: str, frames: list[pl.DataFrame]) -> None:
+        frame = pl.concat(frames).sort("request_id")
+        table = frame.select(
+            "request_id", pl.lit(sid).alias("shard_id"), "user_prompt", "est_input_tokens", "length_bucket",
+            "request_bytes", "source", pl.col(LINE).alias("line"), pl.lit(self.gen).alias("generation"),
+        ).to_arrow().cast(ITEM_SCHEMA)
+        self.store.write_table(self.shard_path(sid), table)
+        self.written[sid] = table.num_rows
+
+
+def _stratified_order(frame: pl.DataFrame, keep: np.ndarray) -> np.ndarray:
+    """The rows to keep, reordered so that every length bucket is spread evenly over the sequence: key = (rank of
+    the request ID within its bucket + 0.5) / bucket size, ties by bucket then position."""
+    order = (
+        frame.select("request_id", "length_bucket")
+        .with_row_index("_i")
+        .filter(pl.Series(keep, dtype=pl.Boolean))
+        .with_columns(((pl.col("request_id").rank("ordinal").over("length_bucket").cast(pl.Float64) - 0.5)
+                       / pl.len().over("length_bucket").cast(pl.Float64)).alias("_key"))
+        .sort("_key", "length_bucket", "_i")
+    )
+    return order.get_column("_i").to_numpy()
