@@ -10,6 +10,7 @@ from batch_pipeline.core.run.executor import BatchExecutor, StreamExecutor
 from batch_pipeline.core.spec.job import BackendSpec
 from batch_pipeline.executors.anthropic.batch import AnthropicBatchExecutor
 from batch_pipeline.executors.online.executor import OnlineExecutor
+from batch_pipeline.executors.openai.azure import AzureOpenAIBatchExecutor
 from batch_pipeline.executors.openai.batch import OpenAIBatchExecutor
 from batch_pipeline.executors.vllm.offline import VllmOfflineExecutor
 
@@ -17,6 +18,7 @@ Executor = BatchExecutor | StreamExecutor
 
 EXECUTOR_CLASSES: tuple[type[Any], ...] = (
     OpenAIBatchExecutor,
+    AzureOpenAIBatchExecutor,
     AnthropicBatchExecutor,
     OnlineExecutor,
     VllmOfflineExecutor,

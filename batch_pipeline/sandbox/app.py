@@ -16,8 +16,11 @@ from batch_pipeline.sandbox.bedrock.errors import as_bedrock
 from batch_pipeline.sandbox.openai.chat import ChatApi, request_key
 from batch_pipeline.sandbox.clock import SandboxClock
 from batch_pipeline.sandbox.errors import ApiError
+from batch_pipeline.sandbox.google.errors import as_google
+from batch_pipeline.sandbox.google.gemini_api import GeminiApi, check_gemini_auth, is_gemini_request
 from batch_pipeline.sandbox.ids import new_id
 from batch_pipeline.sandbox.openai.api import OpenAIApi, check_auth
+from batch_pipeline.sandbox.openai.azure import AZURE_PREFIX, azure_api, check_azure_auth, is_azure_path
 from batch_pipeline.sandbox.routing import Request, Response, Router
 from batch_pipeline.sandbox.scenarios import Scenario, endpoint_fault, make_scenario, scenario_from_metadata
 from batch_pipeline.sandbox.state import SandboxState
@@ -33,10 +36,13 @@ class SandboxApp:
         self.state = SandboxState(SandboxClock(), scenario or make_scenario("normal"), state_dir)
         self.router = Router()
         OpenAIApi(self.state).register(self.router)
+        azure_api(self.state).register(self.router)
         ChatApi(self.state).register(self.router)
         AnthropicApi(self.state).register(self.router)
         BedrockApi(self.state).register(self.router)
         AdminApi(self.state).register(self.router)
+        self.gemini_router = Router()  # Gemini shares /v1/files and /v1/batches with OpenAI
+        GeminiApi(self.state).register(self.gemini_router)
 
     def handle(self, request: Request) -> Response:
         """Answer one request; every response carries ``x-request-id`` and ``x-sandbox``."""
@@ -49,7 +55,9 @@ class SandboxApp:
                 changed = self.state.advance_all()
                 response = self._dispatch(request)
             except ApiError as exc:
-                if is_anthropic_path(request.path):
+                if is_gemini_request(request):
+                    exc = as_google(exc)
+                elif is_anthropic_path(request.path):
                     exc = as_anthropic(exc)
                 elif is_bedrock_path(request.path):
                     exc = as_bedrock(exc)
@@ -57,7 +65,9 @@ class SandboxApp:
             except Exception as exc:  # a sandbox bug: answer in the envelope, report on stderr
                 traceback.print_exc(file=sys.stderr)
                 error = ApiError(500, f"Sandbox internal error: {exc!r}", type="server_error", code="sandbox_bug")
-                if is_anthropic_path(request.path):
+                if is_gemini_request(request):
+                    error = as_google(error)
+                elif is_anthropic_path(request.path):
                     error = as_anthropic(error)
                 elif is_bedrock_path(request.path):
                     error = as_bedrock(error)
@@ -72,14 +82,18 @@ class SandboxApp:
         return response
 
     def _dispatch(self, request: Request) -> Response:
+        if is_gemini_request(request):
+            return self._dispatch_gemini(request)
         route, params = self.router.match(request.method, request.path)
         request.params = params
         bedrock = is_bedrock_path(request.path)
-        if request.path.startswith("/v1/") or bedrock:
+        if request.path.startswith(("/v1/", AZURE_PREFIX + "/")) or bedrock:
             if bedrock:
                 check_bedrock_auth(request, self.state.scenario)
             elif is_anthropic_path(request.path):
                 check_anthropic_auth(request)
+            elif is_azure_path(request.path):
+                check_azure_auth(request)
             else:
                 check_auth(request)
             owed = self._fault(route.name, request)
@@ -88,6 +102,18 @@ class SandboxApp:
                 if scenario.name == "server_error" and scenario.param("commit"):
                     route.handler(request)  # the work is done, but the client is told it failed
                 raise fault
+        return route.handler(request)
+
+    def _dispatch_gemini(self, request: Request) -> Response:
+        route, params = self.gemini_router.match(request.method, request.path)
+        request.params = params
+        check_gemini_auth(request)
+        owed = self._fault(route.name, request)
+        if owed is not None:
+            fault, scenario = owed
+            if scenario.name == "server_error" and scenario.param("commit"):
+                route.handler(request)
+            raise fault
         return route.handler(request)
 
     def _fault(self, endpoint: str, request: Request) -> Optional[tuple[ApiError, Scenario]]:

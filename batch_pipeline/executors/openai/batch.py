@@ -44,13 +44,13 @@ class OpenAIBatchSettings(BatchProviderSettings):
     completion_window: str = "24h"
 
 
-def translate(exc: Exception, action: str, secret: str | None = None) -> BatchPipelineError:
+def translate(exc: Exception, action: str, secret: str | None = None, provider: str = "OpenAI") -> BatchPipelineError:
     """SDK exception -> our error class (after the SDK's own retries were spent); secrets redacted."""
     if isinstance(exc, openai.APIStatusError):
         code = None
         if isinstance(exc.body, dict):
             code = exc.body.get("code") or (exc.body.get("error") or {}).get("code")
-        msg = redact(f"OpenAI {action} failed: HTTP {exc.status_code} {code or ''}: {exc.message}", secret)
+        msg = redact(f"{provider} {action} failed: HTTP {exc.status_code} {code or ''}: {exc.message}", secret)
         msg = msg.replace("  ", " ")
         if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError) or code in SYSTEMIC_CODES:
             return SystemicError(msg + " (check the API key, model and account; then re-run to resume)", code=code)
@@ -58,12 +58,16 @@ def translate(exc: Exception, action: str, secret: str | None = None) -> BatchPi
             return TransientError(msg, code=code, retry_after_s=retry_after_s(exc.response.headers if exc.response is not None else None))
         return SystemicError(msg, code=code)
     if isinstance(exc, openai.APIConnectionError | openai.APITimeoutError):
-        return TransientError(redact(f"OpenAI {action} failed: {type(exc).__name__}: {exc}", secret))
-    return BatchPipelineError(redact(f"OpenAI {action} failed: {exc}", secret))
+        return TransientError(redact(f"{provider} {action} failed: {type(exc).__name__}: {exc}", secret))
+    return BatchPipelineError(redact(f"{provider} {action} failed: {exc}", secret))
 
 
 class OpenAIBatchExecutor:
+    """Subclasses (Azure) override ``_make_client`` and ``_request_lines`` and state their own ``chat_url``."""
+
     name = "openai_batch"
+    provider = "OpenAI"
+    chat_url = CHAT_URL
     pricing = "batch"
     max_requests_per_batch = 50_000
     max_bytes_per_batch = 200 * 2**20
@@ -73,24 +77,35 @@ class OpenAIBatchExecutor:
         self.settings = settings
         self.poll_interval_s = settings.poll_interval()
         self.parse_workers = settings.parse_workers or default_workers()
+        self.client, self.secret = self._make_client(settings)
+
+    def _make_client(self, settings: OpenAIBatchSettings) -> tuple[openai.OpenAI, str | None]:
+        """The SDK client and the secret it sends (redacted from every message)."""
         base_url, api_key = resolve_endpoint(self.name, sandbox=settings.sandbox, base_url=settings.base_url,
                                              api_key_env=settings.api_key_env, sandbox_path="/v1")
-        self.client = openai.OpenAI(api_key=api_key, base_url=base_url, max_retries=settings.max_retries,
-                                    timeout=settings.timeout_s)
+        client = openai.OpenAI(api_key=api_key, base_url=base_url, max_retries=settings.max_retries,
+                               timeout=settings.timeout_s)
+        return client, api_key
+
+    def _request_lines(self, work: ShardWork) -> bytes:
+        return request_lines(work)
+
+    def _translate(self, exc: Exception, action: str) -> BatchPipelineError:
+        return translate(exc, action, self.secret, self.provider)
 
     def _call(self, action: str, fn, *args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except openai.OpenAIError as exc:
-            raise translate(exc, action, self.client.api_key) from None
+            raise self._translate(exc, action) from None
 
     def submit(self, work: ShardWork) -> BatchHandle:
         if work.items.num_rows > self.max_requests_per_batch:
-            raise ConfigError(f"shard {work.shard_id} has {work.items.num_rows} requests; OpenAI allows "
+            raise ConfigError(f"shard {work.shard_id} has {work.items.num_rows} requests; {self.provider} allows "
                               f"{self.max_requests_per_batch} per batch (lower shards.max_requests)")
-        data = request_lines(work)
+        data = self._request_lines(work)
         if len(data) > self.max_bytes_per_batch:
-            raise ConfigError(f"shard {work.shard_id} input is {len(data)} bytes; OpenAI allows "
+            raise ConfigError(f"shard {work.shard_id} input is {len(data)} bytes; {self.provider} allows "
                               f"{self.max_bytes_per_batch} (lower shards.max_bytes)")
         name = work.key.replace(":", "_") + ".jsonl"
         uploaded = self._call("file upload", self.client.files.create, file=(name, data), purpose="batch")
@@ -104,11 +119,11 @@ class OpenAIBatchExecutor:
         delay = 0.5
         for attempt in range(self.settings.max_retries + 1):
             try:
-                batch = create(input_file_id=file_id, endpoint=CHAT_URL,
+                batch = create(input_file_id=file_id, endpoint=self.chat_url,
                                completion_window=self.settings.completion_window, metadata=metadata)
                 return BatchHandle(self.name, batch.id, work.key, file_id)
             except openai.OpenAIError as error:
-                exc = translate(error, "batch create", self.client.api_key)
+                exc = self._translate(error, "batch create")
                 if not isinstance(exc, TransientError):
                     raise exc from None
                 if not isinstance(error, openai.RateLimitError):  # a 429 created nothing; anything else may have
@@ -133,7 +148,7 @@ class OpenAIBatchExecutor:
         try:
             state = STATUS_MAP[batch.status]
         except KeyError:
-            raise BatchPipelineError(f"OpenAI batch {batch.id} has unknown status {batch.status!r}") from None
+            raise BatchPipelineError(f"{self.provider} batch {batch.id} has unknown status {batch.status!r}") from None
         counts = batch.request_counts
         errors = []
         if batch.errors is not None and batch.errors.data:
@@ -155,10 +170,10 @@ class OpenAIBatchExecutor:
         try:
             yield from resp.iter_bytes(1 << 20)
         except openai.OpenAIError as exc:
-            raise translate(exc, "file download", self.client.api_key) from None
+            raise self._translate(exc, "file download") from None
         except httpx2.TransportError as exc:
-            raise TransientError(redact(f"OpenAI file download of {file_id} failed: {type(exc).__name__}: {exc}",
-                                        self.client.api_key)) from None
+            raise TransientError(redact(f"{self.provider} file download of {file_id} failed: "
+                                        f"{type(exc).__name__}: {exc}", self.secret)) from None
 
     def cancel(self, handle: BatchHandle) -> None:
         self._call("batch cancel", self.client.batches.cancel, handle.batch_id)

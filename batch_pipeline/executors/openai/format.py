@@ -63,15 +63,19 @@ def chat_messages(plan: RequestPlan, user_prompt: str) -> list[dict]:
     return [*system, {"role": "user", "content": user_prompt}]
 
 
-def request_lines(work: ShardWork) -> bytes:
-    """The batch input file. The shared part of each line is serialised once and spliced in."""
-    settings = json.dumps(body_settings(work.plan), ensure_ascii=False, separators=(",", ":"))[1:-1]
+def request_lines(work: ShardWork, url: str = CHAT_URL, model: str | None = None) -> bytes:
+    """The batch input file. The shared part of each line is serialised once and spliced in. ``url`` and
+    ``model``: Azure's relative URL and deployment name in place of OpenAI's path and model."""
+    body = body_settings(work.plan)
+    if model is not None:
+        body["model"] = model
+    settings = json.dumps(body, ensure_ascii=False, separators=(",", ":"))[1:-1]
     system = ""
     if work.plan.system:
         system = json.dumps({"role": "system", "content": work.plan.system}, ensure_ascii=False,
                             separators=(",", ":")) + ","
     head = '{"custom_id":"'
-    mid = f'","method":"POST","url":"{CHAT_URL}","body":{{{settings},"messages":[{system}{{"role":"user","content":'
+    mid = f'","method":"POST","url":"{url}","body":{{{settings},"messages":[{system}{{"role":"user","content":'
     tail = "}]}}"
     dumps = json.dumps
     lines = [f"{head}{rid}{mid}{dumps(prompt, ensure_ascii=False)}{tail}"

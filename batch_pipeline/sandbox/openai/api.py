@@ -1,4 +1,4 @@
-"""Handlers of the OpenAI Files and Batches endpoints (under ``/v1``)."""
+"""Handlers of the OpenAI Files and Batches endpoints (under ``/v1``; Azure's shape under ``/openai``)."""
 
 from __future__ import annotations
 
@@ -70,22 +70,27 @@ def _check_metadata(metadata: Any) -> dict[str, str] | None:
 
 
 class OpenAIApi:
-    """The Files and Batches endpoints over a ``SandboxState`` (callers hold its lock)."""
+    """The Files and Batches endpoints over a ``SandboxState`` (callers hold its lock). ``prefix`` and
+    ``chat_url``: where they are served and the one batch endpoint they accept (Azure: ``/openai`` and
+    ``/chat/completions``)."""
 
-    def __init__(self, state: SandboxState) -> None:
+    def __init__(self, state: SandboxState, prefix: str = "/v1", chat_url: str = CHAT_URL) -> None:
         self.state = state
+        self.prefix = prefix
+        self.chat_url = chat_url
 
     def register(self, router: Router) -> None:
         """Add the endpoints to ``router``; route names are the scenario endpoint names."""
-        router.add("POST", "/v1/files", "upload_file", self.upload_file)
-        router.add("GET", "/v1/files", "list_files", self.list_files)
-        router.add("GET", "/v1/files/{file_id}", "retrieve_file", self.retrieve_file)
-        router.add("GET", "/v1/files/{file_id}/content", "file_content", self.file_content)
-        router.add("DELETE", "/v1/files/{file_id}", "delete_file", self.delete_file)
-        router.add("POST", "/v1/batches", "create_batch", self.create_batch)
-        router.add("GET", "/v1/batches", "list_batches", self.list_batches)
-        router.add("GET", "/v1/batches/{batch_id}", "retrieve_batch", self.retrieve_batch)
-        router.add("POST", "/v1/batches/{batch_id}/cancel", "cancel_batch", self.cancel_batch)
+        p = self.prefix
+        router.add("POST", f"{p}/files", "upload_file", self.upload_file)
+        router.add("GET", f"{p}/files", "list_files", self.list_files)
+        router.add("GET", f"{p}/files/{{file_id}}", "retrieve_file", self.retrieve_file)
+        router.add("GET", f"{p}/files/{{file_id}}/content", "file_content", self.file_content)
+        router.add("DELETE", f"{p}/files/{{file_id}}", "delete_file", self.delete_file)
+        router.add("POST", f"{p}/batches", "create_batch", self.create_batch)
+        router.add("GET", f"{p}/batches", "list_batches", self.list_batches)
+        router.add("GET", f"{p}/batches/{{batch_id}}", "retrieve_batch", self.retrieve_batch)
+        router.add("POST", f"{p}/batches/{{batch_id}}/cancel", "cancel_batch", self.cancel_batch)
 
     # files -----------------------------------------------------------------------------------------------------
     def upload_file(self, request: Request) -> Response:
@@ -133,8 +138,9 @@ class OpenAIApi:
         if not isinstance(input_file_id, str) or not input_file_id:
             raise bad_request("Missing required parameter: 'input_file_id'.", param="input_file_id", code=MISSING)
         endpoint = body.get("endpoint")
-        if endpoint != CHAT_URL:
-            raise bad_request(f"The sandbox supports only endpoint {CHAT_URL}.", param="endpoint", code="invalid_value")
+        if endpoint != self.chat_url:
+            raise bad_request(f"The sandbox supports only endpoint {self.chat_url}.", param="endpoint",
+                              code="invalid_value")
         if body.get("completion_window") != "24h":
             raise bad_request("completion_window must be '24h'.", param="completion_window", code="invalid_value")
         metadata = _check_metadata(body.get("metadata"))

@@ -9,7 +9,9 @@ from batch_pipeline.sandbox.batches import BatchRecord, LineResult
 from batch_pipeline.sandbox.ids import stable_fraction, stable_hex
 from batch_pipeline.sandbox.responder import cacheable_prefix, chat_completion, error_body, last_user_text, markers
 from batch_pipeline.sandbox.schema_fill import pick_label
+from batch_pipeline.sandbox.openai.validation import AZURE_CHAT_URL, CHAT_URL
 
+PROVIDER_BY_ENDPOINT = {CHAT_URL: "openai", AZURE_CHAT_URL: "azure_openai"}  # the ledger's provider
 UNPROCESSED_ERRORS = {
     "expired": ("batch_expired", "This request could not be executed before the completion window expired."),
     "cancelled": ("batch_cancelled", "This request was not executed because the batch was cancelled."),
@@ -128,7 +130,7 @@ def ledger_entries(batch: BatchRecord, billed_at: float) -> list[dict[str, Any]]
     """One billing entry per successful request of a finished batch."""
     return [
         {
-            "provider": "openai",
+            "provider": PROVIDER_BY_ENDPOINT[batch.endpoint],
             "batch_id": batch.id,
             "custom_id": r.custom_id,
             "model": batch.model,

@@ -10,6 +10,7 @@ MAX_LINES = 50_000
 MAX_BYTES = 200 * 1024 * 1024
 MAX_REPORTED_ERRORS = 1000
 CHAT_URL = "/v1/chat/completions"
+AZURE_CHAT_URL = "/chat/completions"  # Azure OpenAI: the batch endpoint and the lines' url, relative
 
 
 @dataclass
