@@ -34,6 +34,17 @@ ENDPOINTS = (
     "bedrock_get",
     "bedrock_list",
     "bedrock_stop",
+    # Gemini Developer API (told apart by x-goog-api-key; see sandbox/google/gemini_api.py)
+    "gemini_upload",
+    "gemini_list_files",
+    "gemini_get_file",
+    "gemini_delete_file",
+    "gemini_download",
+    "gemini_create",
+    "gemini_list",
+    "gemini_get",
+    "gemini_cancel",
+    "gemini_delete",
 )
 
 # Lifecycle durations in clock seconds; every scenario accepts them.

@@ -15,6 +15,8 @@ from batch_pipeline.sandbox.bedrock.jobs import BedrockJobs
 from batch_pipeline.sandbox.bedrock.s3 import SandboxS3
 from batch_pipeline.sandbox.clock import SandboxClock
 from batch_pipeline.sandbox.errors import not_found
+from batch_pipeline.sandbox.google.gemini_batches import GeminiService
+from batch_pipeline.sandbox.google.responder import GeminiResponder
 from batch_pipeline.sandbox.ids import new_id
 from batch_pipeline.sandbox.persistence import StateDir
 from batch_pipeline.sandbox.openai.processing import LineRunner, ledger_entries, result_lines
@@ -64,6 +66,7 @@ class SandboxState:
         self.lifecycle = Lifecycle(LineRunner(self.seen_custom_ids, self.seen_prompts), self._finish)
         self.anthropic = AnthropicBatches(AnthropicRunner(self.seen_custom_ids, self.seen_prompts), self._bill)
         self.bedrock = BedrockJobs(AnthropicRunner(self.seen_custom_ids, self.seen_prompts), self._bill, SandboxS3())
+        self.gemini = GeminiService(GeminiResponder(self.seen_custom_ids, self.seen_prompts), self._bill, self.store)
         self.reset(wipe_store=False)
         if self.store is not None:
             self._load()
@@ -79,6 +82,7 @@ class SandboxState:
         self.seen_prompts.clear()
         self.anthropic.clear()
         self.bedrock.clear()
+        self.gemini.clear()
         self.scenario = self.startup_scenario
         self.clock.reset()
         if wipe_store and self.store is not None:
@@ -159,6 +163,7 @@ class SandboxState:
             changed = self.lifecycle.advance(batch, now) or changed
         changed = self.anthropic.advance_all(now) or changed
         changed = self.bedrock.advance_all(now) or changed
+        changed = self.gemini.advance_all(now) or changed
         return changed
 
     def _bill(self, entries: list[dict[str, Any]]) -> None:
@@ -193,6 +198,7 @@ class SandboxState:
             "seen_prompts": sorted(self.seen_prompts),
             "anthropic_batches": self.anthropic.to_json(),
             "bedrock_jobs": self.bedrock.to_json(),
+            "gemini": self.gemini.to_json(),
         })
 
     def _load(self) -> None:
@@ -213,6 +219,7 @@ class SandboxState:
         self.seen_prompts.update(saved["seen_prompts"])
         self.anthropic.load(saved.get("anthropic_batches"))
         self.bedrock.load(saved.get("bedrock_jobs"))
+        self.gemini.load(saved.get("gemini"))
 
 
 def _dumps(value: Any) -> str:

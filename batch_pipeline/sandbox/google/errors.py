@@ -1,0 +1,64 @@
+"""Google's error envelope: ``{"error": {"code", "message", "status", "details"}}`` (a ``google.rpc.Status``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from batch_pipeline.sandbox.errors import ApiError
+
+# HTTP status -> canonical google.rpc.Code name
+STATUS_NAMES = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    405: "INVALID_ARGUMENT",
+    409: "ABORTED",
+    413: "INVALID_ARGUMENT",
+    429: "RESOURCE_EXHAUSTED",
+    500: "INTERNAL",
+    501: "UNIMPLEMENTED",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+ERROR_INFO = "type.googleapis.com/google.rpc.ErrorInfo"
+RETRY_INFO = "type.googleapis.com/google.rpc.RetryInfo"
+DOMAIN = "googleapis.com"
+
+
+class GoogleError(ApiError):
+    """An HTTP error answered in Google's envelope; ``details`` are google.rpc detail objects."""
+
+    def __init__(self, status: int, message: str, *, details: list[dict[str, Any]] | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(status, message, type=STATUS_NAMES.get(status, "UNKNOWN"), headers=headers)
+        self.details = list(details or [])
+
+    def body(self) -> dict[str, Any]:
+        error: dict[str, Any] = {"code": self.status, "message": self.message, "status": self.type}
+        if self.details:
+            error["details"] = self.details
+        return {"error": error}
+
+
+def error_info(reason: str, **metadata: str) -> dict[str, Any]:
+    """A ``google.rpc.ErrorInfo`` detail (``reason`` is what a client matches on)."""
+    return {"@type": ERROR_INFO, "reason": reason, "domain": DOMAIN, "metadata": dict(metadata)}
+
+
+def status_object(status: int, message: str, details: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A ``google.rpc.Status`` as a result line or an operation carries it."""
+    return GoogleError(status, message, details=details).body()["error"]
+
+
+def as_google(exc: ApiError) -> GoogleError:
+    """The same error in Google's envelope. A 429 gets a ``RetryInfo`` detail with the delay its
+    ``retry-after-ms`` header asks for (Google states the wait there, not in a header)."""
+    if isinstance(exc, GoogleError):
+        return exc
+    details: list[dict[str, Any]] = []
+    millis = exc.headers.get("retry-after-ms")
+    if exc.status == 429 and millis:
+        details.append({"@type": RETRY_INFO, "retryDelay": f"{int(millis) / 1000:g}s"})
+    headers = {k: v for k, v in exc.headers.items() if k not in ("retry-after-ms", "retry-after")}
+    return GoogleError(exc.status, exc.message, details=details, headers=headers)

@@ -1,0 +1,332 @@
+"""Gemini Developer API files and batches, and the batches' clock-driven lifecycle (advanced lazily).
+
+``BATCH_STATE_PENDING`` (``validating_s``) -> ``RUNNING`` (requests answered linearly over ``in_progress_s``,
+then ``finalizing_s``) -> ``SUCCEEDED`` with a responses file, one line per request, ``{"key", "response"}`` or
+``{"key", "error"}``. An input that does not parse ends ``FAILED`` (the operation's ``error`` says which line).
+A cancel stops processing; ``cancelling_s`` later the batch is ``CANCELLED`` with a responses file of what was
+answered. A batch still unfinished 48 h after creation, or at the end of ``in_progress`` under the ``expire``
+scenario, is ``EXPIRED`` **with no responses file at all** (the Gemini semantics the pipeline must absorb).
+Answered requests are billed when the batch ends with a responses file (never for an expired batch).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable, Optional
+
+from batch_pipeline.sandbox.batches import lines_due, output_order
+from batch_pipeline.sandbox.google.errors import GoogleError, status_object
+from batch_pipeline.sandbox.google.responder import GeminiAnswer, GeminiResponder
+from batch_pipeline.sandbox.ids import new_id
+from batch_pipeline.sandbox.persistence import StateDir
+from batch_pipeline.sandbox.scenarios import Scenario
+
+EXPIRY_S = 48 * 3600
+FILE_TTL_S = 48 * 3600
+TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED"})
+METADATA_TYPE = "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatch"
+OUTPUT_TYPE = "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatchOutput"
+BLOB_PREFIX = "gemini-"
+Bill = Callable[[list[dict[str, Any]]], None]
+
+
+def rfc3339(value: Optional[float]) -> Optional[str]:
+    """Clock seconds as an RFC 3339 UTC timestamp with microseconds (None stays None)."""
+    if value is None:
+        return None
+    return datetime.fromtimestamp(value, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def gemini_id() -> str:
+    """Lower-case alphanumerics: the SDK extracts file names from URIs with ``[a-z0-9]+``."""
+    return new_id("")[:16]
+
+
+@dataclass
+class GeminiFile:
+    """An uploaded (``UPLOADED``) or generated (``GENERATED``, a responses file) file; bytes in memory."""
+
+    id: str
+    display_name: Optional[str]
+    mime_type: str
+    created_at: float
+    size: int
+    source: str = "UPLOADED"
+    data: bytes = b""
+
+    def to_api(self, host: str, version: str) -> dict[str, Any]:
+        """The ``File`` resource (int64 ``sizeBytes`` as a JSON string, as Google sends it)."""
+        body: dict[str, Any] = {
+            "name": f"files/{self.id}",
+            "mimeType": self.mime_type,
+            "sizeBytes": str(self.size),
+            "createTime": rfc3339(self.created_at),
+            "updateTime": rfc3339(self.created_at),
+            "expirationTime": rfc3339(self.created_at + FILE_TTL_S),
+            "sha256Hash": "",
+            "uri": f"http://{host}/{version}/files/{self.id}",
+            "state": "ACTIVE",
+            "source": self.source,
+        }
+        if self.display_name:
+            body["displayName"] = self.display_name
+        if self.source == "GENERATED":
+            body["downloadUri"] = f"http://{host}/download/{version}/files/{self.id}:download?alt=media"
+        return body
+
+
+@dataclass
+class GeminiBatch:
+    """All the sandbox knows about one batch. Times are clock seconds."""
+
+    id: str
+    display_name: Optional[str]
+    model: str
+    input_file: str
+    created_at: float
+    scenario: Scenario
+    requests: list[dict[str, Any]]  # {"key", "request"}
+    order: list[int]
+    invalid: Optional[str] = None  # why the input does not parse: the batch will fail
+    state: str = "BATCH_STATE_PENDING"
+    results: list[GeminiAnswer] = field(default_factory=list)
+    cancel_at: Optional[float] = None
+    updated_at: Optional[float] = None
+    end_at: Optional[float] = None
+    output_file: Optional[str] = None
+
+    def duration(self, key: str) -> float:
+        return float(self.scenario.param(key))
+
+    @property
+    def start(self) -> float:
+        return self.created_at + self.duration("validating_s")
+
+    @property
+    def processing_end(self) -> float:
+        return self.start + self.duration("in_progress_s")
+
+    @property
+    def ended(self) -> bool:
+        return self.state.removeprefix("BATCH_STATE_") in TERMINAL
+
+    def stats(self) -> dict[str, str]:
+        ok = sum(1 for r in self.results if r.succeeded)
+        failed = len(self.results) - ok
+        pending = 0 if self.ended else len(self.requests) - len(self.results)
+        return {"requestCount": str(len(self.requests)), "successfulRequestCount": str(ok),
+                "failedRequestCount": str(failed), "pendingRequestCount": str(pending)}
+
+    def to_api(self) -> dict[str, Any]:
+        """The batch as the long-running ``Operation`` the API answers with."""
+        metadata: dict[str, Any] = {
+            "@type": METADATA_TYPE,
+            "model": self.model,
+            "displayName": self.display_name or "",
+            "inputConfig": {"fileName": self.input_file},
+            "createTime": rfc3339(self.created_at),
+            "updateTime": rfc3339(self.updated_at or self.created_at),
+            "batchStats": self.stats(),
+            "state": self.state,
+            "name": f"batches/{self.id}",
+        }
+        if self.end_at is not None:
+            metadata["endTime"] = rfc3339(self.end_at)
+        if self.output_file:
+            metadata["output"] = {"responsesFile": self.output_file}
+        operation: dict[str, Any] = {"name": f"batches/{self.id}", "metadata": metadata, "done": self.ended}
+        if self.state == "BATCH_STATE_FAILED":
+            operation["error"] = status_object(400, self.invalid or "The batch failed.")
+        elif self.ended:
+            operation["response"] = {"@type": OUTPUT_TYPE, **({"responsesFile": self.output_file}
+                                                               if self.output_file else {})}
+        return operation
+
+    def output_lines(self) -> bytes:
+        lines = [{"key": r.key, "response": r.response} if r.succeeded else {"key": r.key, "error": r.error}
+                 for r in self.results]
+        return "".join(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n"
+                       for line in lines).encode("utf-8")
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["scenario"] = self.scenario.to_json()
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "GeminiBatch":
+        data = dict(data)
+        data["scenario"] = Scenario(**data["scenario"])
+        data["results"] = [GeminiAnswer(**r) for r in data["results"]]
+        return cls(**data)
+
+
+def parse_input(data: bytes) -> tuple[list[dict[str, Any]], Optional[str]]:
+    """The requests of an input file, and why it is invalid (None when every line is a request)."""
+    requests: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for number, line in enumerate(data.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            return requests, f"Invalid JSON in the input file at line {number}: {exc}"
+        if not isinstance(obj, dict) or not isinstance(obj.get("request"), dict):
+            return requests, f"Line {number} of the input file has no `request` object."
+        key = obj.get("key")
+        if not isinstance(key, str) or not key:
+            return requests, f"Line {number} of the input file has no `key`."
+        if key in seen:
+            return requests, f"Line {number}: duplicate key {key!r}."
+        contents = obj["request"].get("contents")
+        if not isinstance(contents, list) or not contents:
+            return requests, f"Line {number}: `request.contents` must not be empty."
+        seen.add(key)
+        requests.append({"key": key, "request": obj["request"]})
+    if not requests:
+        return requests, "The input file holds no requests."
+    return requests, None
+
+
+class GeminiService:
+    """Files and batches of the Gemini API on one sandbox (callers hold the state lock)."""
+
+    def __init__(self, responder: GeminiResponder, bill: Bill, store: Optional[StateDir]) -> None:
+        self.responder = responder
+        self.bill = bill
+        self.store = store
+        self.clear()
+
+    def clear(self) -> None:
+        self.files: dict[str, GeminiFile] = {}
+        self.batches: dict[str, GeminiBatch] = {}
+        self.uploads: dict[str, dict[str, Any]] = {}  # resumable sessions: {"file": GeminiFile, "data": bytearray}
+
+    # files -------------------------------------------------------------------------------------------------
+    def add_file(self, stored: GeminiFile) -> GeminiFile:
+        self.files[stored.id] = stored
+        if self.store is not None:
+            self.store.write_blob(BLOB_PREFIX + stored.id, stored.data)
+        return stored
+
+    def get_file(self, file_id: str) -> GeminiFile:
+        if file_id not in self.files:
+            raise GoogleError(403, f"You do not have permission to access the File {file_id} or it may not exist.")
+        return self.files[file_id]
+
+    def delete_file(self, file_id: str) -> None:
+        self.get_file(file_id)
+        del self.files[file_id]
+        if self.store is not None:
+            self.store.delete_blob(BLOB_PREFIX + file_id)
+
+    # batches -----------------------------------------------------------------------------------------------
+    def create(self, model: str, display_name: Optional[str], file_name: str, scenario: Scenario,
+               now: float) -> GeminiBatch:
+        stored = self.get_file(file_name.removeprefix("files/"))
+        requests, invalid = parse_input(stored.data)
+        if scenario.name == "fail_validation":
+            invalid = f"Line {scenario.param('lines')[0]} was rejected (sandbox scenario fail_validation)."
+        batch = GeminiBatch(gemini_id(), display_name, model, f"files/{stored.id}", now, scenario, requests,
+                            output_order(stored.data, len(requests)), invalid)
+        self.batches[batch.id] = batch
+        return batch
+
+    def get(self, batch_id: str) -> GeminiBatch:
+        if batch_id not in self.batches:
+            raise GoogleError(404, f"Batch batches/{batch_id} not found.")
+        return self.batches[batch_id]
+
+    def newest_first(self) -> list[GeminiBatch]:
+        return list(reversed(self.batches.values()))
+
+    def cancel(self, batch: GeminiBatch, now: float) -> None:
+        """Stop processing; the batch is CANCELLED ``cancelling_s`` later (400 once it has ended)."""
+        self.advance(batch, now)
+        if batch.ended:
+            raise GoogleError(400, f"Batch batches/{batch.id} is already in state {batch.state} and cannot be "
+                                   "cancelled.")
+        if batch.cancel_at is None:
+            if batch.state == "BATCH_STATE_RUNNING":
+                self._process_until(batch, now)
+            batch.cancel_at = now
+            batch.updated_at = now
+
+    def delete(self, batch_id: str) -> None:
+        self.get(batch_id)
+        del self.batches[batch_id]
+
+    def advance_all(self, now: float) -> bool:
+        changed = False
+        for batch in self.batches.values():
+            changed = self.advance(batch, now) or changed
+        return changed
+
+    def advance(self, batch: GeminiBatch, now: float) -> bool:
+        """Apply every transition due by ``now``; True if anything changed."""
+        if batch.ended:
+            return False
+        before = (batch.state, len(batch.results))
+        expires = batch.created_at + EXPIRY_S
+        if batch.cancel_at is not None:
+            due = batch.cancel_at + batch.duration("cancelling_s")
+            if now >= due:
+                self._close(batch, "BATCH_STATE_CANCELLED", due)
+        elif now >= batch.start and batch.invalid is not None:
+            self._close(batch, "BATCH_STATE_FAILED", batch.start)
+        elif now >= batch.start:
+            end = batch.processing_end
+            done_at = end + batch.duration("finalizing_s")
+            if expires < done_at and now >= expires:
+                self._close(batch, "BATCH_STATE_EXPIRED", expires)
+            elif batch.scenario.name == "expire" and now >= end:
+                self._process_until(batch, end)
+                self._close(batch, "BATCH_STATE_EXPIRED", end)
+            else:
+                batch.state = "BATCH_STATE_RUNNING"
+                self._process_until(batch, min(now, end))
+                if now >= done_at:
+                    self._close(batch, "BATCH_STATE_SUCCEEDED", done_at)
+        elif now >= expires:
+            self._close(batch, "BATCH_STATE_EXPIRED", expires)
+        changed = before != (batch.state, len(batch.results))
+        if changed:
+            batch.updated_at = batch.end_at if batch.ended else now
+        return changed
+
+    def _process_until(self, batch: GeminiBatch, at: float) -> None:
+        due = lines_due(batch, batch.start, at)
+        while len(batch.results) < due:
+            item = batch.requests[batch.order[len(batch.results)]]
+            batch.results.append(self.responder.answer(item["key"], batch.model, item["request"], batch.scenario,
+                                                       batch.id))
+
+    def _close(self, batch: GeminiBatch, state: str, at: float) -> None:
+        batch.state, batch.end_at = state, at
+        if state in ("BATCH_STATE_FAILED", "BATCH_STATE_EXPIRED"):
+            return  # no responses file, nothing billed
+        output = batch.output_lines()
+        stored = self.add_file(GeminiFile(gemini_id(), f"batch-{batch.id}", "application/jsonl", at, len(output),
+                                          "GENERATED", output))
+        batch.output_file = f"files/{stored.id}"
+        self.bill([{"provider": "gemini", "batch_id": f"batches/{batch.id}", "custom_id": r.key,
+                    "model": batch.model.removeprefix("models/"), "input_tokens": r.prompt_tokens,
+                    "cached_tokens": r.cached_tokens, "output_tokens": r.output_tokens, "billed_at": at}
+                   for r in batch.results if r.succeeded])
+
+    # persistence -------------------------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        files = [{k: v for k, v in asdict(f).items() if k != "data"} for f in self.files.values()]
+        return {"files": files, "batches": [b.to_json() for b in self.batches.values()]}
+
+    def load(self, saved: Optional[dict[str, Any]]) -> None:
+        saved = saved or {}
+        for item in saved.get("files", []):
+            stored = GeminiFile(**item)
+            if self.store is not None:
+                stored.data = self.store.read_blob(BLOB_PREFIX + stored.id)
+            self.files[stored.id] = stored
+        self.batches = {b["id"]: GeminiBatch.from_json(b) for b in saved.get("batches", [])}
