@@ -168,9 +168,7 @@ class Store:
 
     # -- Parquet ---------------------------------------------------------------
     def write_table(self, rel: str, table: pa.Table, **kwargs: Any) -> None:
-        buf = pa.BufferOutputStream()  # no copy out of it, unlike io.BytesIO.getvalue()
-        pq.write_table(table, buf, compression=kwargs.pop("compression", "zstd"), **kwargs)
-        self.write_bytes(rel, buf.getvalue())
+        self.write_bytes(rel, parquet_bytes(table, **kwargs))
 
     @contextmanager
     def parquet_writer(self, rel: str, schema: pa.Schema, **kwargs: Any) -> Iterator[pq.ParquetWriter]:
@@ -214,12 +212,20 @@ class Store:
         return pa.concat_tables(tables, promote_options="permissive")
 
 
+def parquet_bytes(table: pa.Table, **kwargs: Any) -> pa.Buffer:
+    """``table`` as a Parquet file in memory (zstd unless told otherwise)."""
+    buf = pa.BufferOutputStream()  # no copy out of it, unlike io.BytesIO.getvalue()
+    pq.write_table(table, buf, compression=kwargs.pop("compression", "zstd"), **kwargs)
+    return buf.getvalue()
+
+
 class BackgroundWrites:
     """Writes run on worker threads, with at most ``depth`` submitted and not yet finished.
 
     Parquet encoding and zstd release the GIL, so a write runs on another core while the caller goes on with
     the next block. With one worker (the default) writes run in the order submitted, e.g. the row groups of
-    one ``ParquetWriter``; with more, only independent writes (separate files) may be submitted. A failed write
+    one ``ParquetWriter``; with more, writes of separate files run side by side, and one that must land after
+    another waits on the earlier one's future (``submit`` returns it). A failed write
     is raised by the next ``submit`` or by ``wait``. Leaving the ``with`` block waits for every pending write;
     it raises the first failure unless an exception is already on its way out.
     """
@@ -229,10 +235,14 @@ class BackgroundWrites:
         self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="store-write")
         self._pending: deque[Future] = deque()
 
-    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future:
+        """Queue ``fn(*args, **kwargs)``; its future, which a later write may wait on (writes start in the order
+        submitted, so waiting on an earlier one never deadlocks)."""
         while self._pending and (len(self._pending) >= self.depth or self._pending[0].done()):
             self._pending.popleft().result()
-        self._pending.append(self._pool.submit(fn, *args, **kwargs))
+        future = self._pool.submit(fn, *args, **kwargs)
+        self._pending.append(future)
+        return future
 
     def wait(self) -> None:
         """Block until every submitted write is done; raise the first failure."""

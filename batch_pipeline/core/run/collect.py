@@ -17,7 +17,7 @@ from batch_pipeline.core.run.executor import BatchExecutor, BatchHandle, BatchSt
 from batch_pipeline.core.run.faults import crash_point, faults_armed
 from batch_pipeline.core.run.lease import Lease, acquire
 from batch_pipeline.core.run.outcomes import CollectOutcome
-from batch_pipeline.core.run.results import build_results, write_results
+from batch_pipeline.core.run.results import build_results, new_part, write_part, write_payload
 from batch_pipeline.core.run.stream import StreamShape
 
 log = logging.getLogger(__name__)
@@ -136,35 +136,40 @@ class CollectShape:
         """Validate and append every result of one ended batch; IDs outside the attempt are ignored. Returns the
         rows stored, how many succeeded, and the first systemic error inside the files (bad key, no credit), if any.
 
-        Each part is written on a background thread (Parquet and zstd release the GIL) while the next block is
-        fetched and validated; every write has finished when this returns or raises. Under ``lease`` each part is
-        fenced (``StaleAttemptError`` once another run took the shard over) and a long download renews the lease.
+        Per block, the payload part is queued the moment the block is parsed, so it is written on one background
+        thread while this one validates the block and the result part is encoded on another (Parquet, zstd and
+        LZ4 release the GIL); the result part becomes visible after its payload. Every write has finished when
+        this returns or raises. Under ``lease`` each block is fenced (``StaleAttemptError`` once another run took
+        the shard over) and a long download renews the lease.
         """
         from batch_pipeline.core.store import BackgroundWrites
 
         executor = self.executor
         assert isinstance(executor, BatchExecutor)
         shard_id = attempt.key.split(":")[1]
-        work = ShardWork(self.spec.name, shard_id, attempt.number, attempt.key, self.plan,
-                         pa.table({"request_id": attempt.request_ids}))
         expected = pa.array(attempt.request_ids, pa.string())
+        work = ShardWork(self.spec.name, shard_id, attempt.number, attempt.key, self.plan,
+                         pa.table({"request_id": expected}))
         rows = ok = 0
         systemic: dict | None = None
         answered: list[pa.Array] = []
         started = time.monotonic()
-        with BackgroundWrites(depth=2) as writes:
+        with BackgroundWrites(depth=4, workers=2) as writes:
             for flush, raw in enumerate(executor.fetch(handle), start=1):
-                mine = raw.filter(pc.is_in(raw.column("request_id"), value_set=expected))
+                known = pc.is_in(raw.column("request_id"), value_set=expected)
+                mine = raw if (pc.sum(known).as_py() or 0) == raw.num_rows else raw.filter(known)
                 if mine.num_rows != raw.num_rows:
                     log.warning("shard %s: batch %s returned %d results for IDs not in attempt %d; ignored",
                                 shard_id, handle.batch_id, raw.num_rows - mine.num_rows, attempt.number)
+                if lease is not None:  # fenced before each block (one lease-dir listing, ~0.1 ms locally)
+                    lease.check("write a result part")
+                    lease.heartbeat()  # every ttl/3: a huge or slow download outlasts no lease
+                rel = new_part(self.spec.name, shard_id, attempt.number, flush)
+                payload = writes.submit(write_payload, self.store, self.spec.name, rel, attempt.number, mine)
                 table = build_results(mine, work, backend=executor.name, pricing=self.pricing,
                                       prompt_version=self.spec.prompt.version, price=self.price,
                                       provider_batch_id=handle.batch_id)
-                if lease is not None:  # fenced before each part (one lease-dir listing, ~0.1 ms locally)
-                    lease.check("write a result part")
-                    lease.heartbeat()  # every ttl/3: a huge or slow download outlasts no lease
-                writes.submit(write_results, self.store, self.spec.name, shard_id, attempt.number, flush, table)
+                writes.submit(write_part, self.store, rel, table, payload)
                 if flush == 1 and faults_armed():
                     writes.wait()
                     crash_point("mid_collect")  # a part is written, the next is not

@@ -36,6 +36,14 @@ class JobPaths:
     def result_part(self, shard_id: str, attempt: int, flush: int, token: str) -> str:
         return f"{self.results}/{shard_id}/attempt-{attempt:04d}-flush-{flush:05d}-{token}.parquet"
 
+    # raw provider payloads: one part beside each result part (same shard and name), read only when asked for
+    @property
+    def payloads(self) -> str:
+        return f"{self.root}/payloads"
+
+    def payload_part(self, result_part: str) -> str:
+        return self.payloads + result_part.removeprefix(self.results)
+
     # attempts: one immutable JSON record per event (intent, submitted, collected)
     def attempts(self, shard_id: str) -> str:
         return f"{self.root}/attempts/{shard_id}"

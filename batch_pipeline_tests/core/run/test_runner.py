@@ -310,3 +310,19 @@ def test_the_retry_spend_cap_stops_a_resubmission_that_would_pass_it(tmp_path, s
     else:
         assert runner.submit("s00001").requests == 3  # the poison item is not retried
         assert len(provider.batches) == 2
+
+
+def test_a_collected_batch_stores_each_flush_as_a_result_part_and_its_payload_part(job):
+    spec, store = job
+    runner = ShardRunner(spec, store, MemoryProvider(behaviour), PRICE)
+    runner.submit("s00001")
+    runner.collect("s00001", poll_interval_s=0)
+    paths = JobPaths(spec.name)
+    parts = store.list_files(paths.results, recursive=True, suffix=".parquet")
+    assert len(parts) == 2  # the provider's two flushes
+    assert store.list_files(paths.payloads, recursive=True) == [paths.payload_part(rel) for rel in parts]
+    for rel in parts:  # row for row: the payload part holds the result part's requests, in its order
+        payload = store.read_part(paths.payload_part(rel), ["request_id", "attempt"])
+        assert payload.equals(store.read_part(rel, ["request_id", "attempt"]))
+        assert "raw_payload" not in store.read_part(rel).column_names
+    assert read_results(store, spec.name, "s00001", ["status", "raw_payload"]).height == 9

@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 from batch_pipeline.core.run.executor import RequestPlan, ShardWork
 from batch_pipeline.core.run.results import build_results, write_results
 from batch_pipeline.core.spec.job import parse_spec
+from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 from batch_pipeline.executors.openai.format import _parse_fast, _parse_lines, parse_output_block, parse_output_stream
 
@@ -91,7 +92,7 @@ def test_a_stream_parsed_on_several_threads_keeps_file_order():
     assert serial.column("request_id").to_pylist() == [f"c{i}" for i in range(3000)]
 
 
-def test_result_parts_store_the_raw_lines_with_lz4_and_the_rest_with_zstd(tmp_path):
+def test_result_parts_store_the_ids_with_zstd_the_rest_with_lz4_and_the_raw_lines_beside_them(tmp_path):
     spec = parse_spec(SPEC)
     raw = parse_output_block(_file(50))
     work = ShardWork("fmt", "s00001", 1, "fmt:s00001:1", RequestPlan.from_spec(spec), raw.select(["request_id"]))
@@ -101,8 +102,10 @@ def test_result_parts_store_the_raw_lines_with_lz4_and_the_rest_with_zstd(tmp_pa
     rel = write_results(store, "fmt", "s00001", 1, 1, table)
     meta = pq.ParquetFile(store.local_path(rel)).metadata.row_group(0)
     codecs = {meta.column(i).path_in_schema: meta.column(i).compression for i in range(meta.num_columns)}
-    assert codecs["raw_payload"] == "LZ4" and codecs["output_text"] == "ZSTD"
-    assert store.read_part(rel).equals(table)
+    assert codecs["request_id"] == "ZSTD" and codecs["output_text"] == "LZ4" and "raw_payload" not in codecs
+    assert store.read_part(rel).equals(table.drop_columns(["raw_payload"]))
+    assert store.read_part(JobPaths("fmt").payload_part(rel), ["raw_payload"]).column(0).equals(
+        table.column("raw_payload"))  # the provider's lines, in their own part
 
 
 def test_an_answer_that_also_carries_a_refusal_keeps_the_refusal():
