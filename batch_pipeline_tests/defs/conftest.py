@@ -13,6 +13,8 @@ from batch_pipeline.core.spec.job import JobSpec, load_spec
 from batch_pipeline.defs.resources import PricesResource, StoreResource
 from batch_pipeline.sandbox import SandboxAdmin
 
+from .postgres import PASSWORD_ENV, PostgresServer, postgres_dagster_home, postgres_server
+
 REPO = Path(__file__).resolve().parents[2]
 SMALL = REPO / "data" / "samples" / "tickets_small" / "tickets.jsonl"
 
@@ -40,6 +42,24 @@ def resources(home) -> dict:
 @pytest.fixture
 def instance() -> Iterator[dg.DagsterInstance]:
     with dg.DagsterInstance.ephemeral() as inst:
+        yield inst
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """Debian's PostgreSQL on a free loopback port (one per test process), stopped by PID at the end."""
+    with postgres_server() as server:
+        yield server
+
+
+@pytest.fixture
+def postgres_instance(postgres, tmp_path, monkeypatch, request) -> Iterator[dg.DagsterInstance]:
+    """A Dagster instance loaded from a DAGSTER_HOME whose dagster.yaml keeps it in Postgres (a fresh database)."""
+    monkeypatch.setenv(PASSWORD_ENV, postgres.password)
+    db = postgres.create_database(f"t_{abs(hash(request.node.nodeid)):x}")
+    home = postgres_dagster_home(tmp_path / "dagster_home", postgres, db)
+    with dg.DagsterInstance.from_config(str(home)) as inst:
+        assert type(inst.run_storage).__name__ == "PostgresRunStorage", type(inst.run_storage)
         yield inst
 
 

@@ -28,6 +28,8 @@ import yaml
 
 from batch_pipeline.sandbox import SandboxAdmin
 
+from ..defs.postgres import PostgresServer, postgres_server
+
 REPO = Path(__file__).resolve().parents[2]
 SMALL = REPO / "data" / "samples" / "tickets_small" / "tickets.jsonl"
 JOB = "e2e"
@@ -241,3 +243,10 @@ def dagster_dev(sandbox_proc, e2e_project: Project) -> Iterator[DagsterDev]:
     _, sandbox_url = sandbox_proc
     with run_dagster_dev(sandbox_url, e2e_project) as dev:
         yield dev
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """Debian's PostgreSQL on a free loopback port (one per test process), stopped by PID at the end."""
+    with postgres_server() as server:
+        yield server

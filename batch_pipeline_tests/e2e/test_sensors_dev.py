@@ -19,6 +19,7 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -104,11 +105,9 @@ query {
 """
 
 
-@pytest.fixture(scope="module")
-def sensor_project(tmp_path_factory) -> Project:
+def make_sensor_project(root: Path) -> Project:
     """The e2e job spec reading `<root>/inputs/*.jsonl`, an empty folder; no golden probes (`quality`), so the
     ledger holds exactly the 40 manifest requests."""
-    root = tmp_path_factory.mktemp("e2e_sensors")
     inputs = root / "inputs"
     inputs.mkdir()
     project = write_project(root, str(inputs / "*.jsonl"), shards={"max_requests": 20}, quality=None)
@@ -121,6 +120,11 @@ def sensor_project(tmp_path_factory) -> Project:
     (root / "workspace.yaml").write_text(yaml.safe_dump({"load_from": [{"python_file": {
         "relative_path": "in_process_location.py", "attribute": "defs", "location_name": LOCATION}}]}))
     return project
+
+
+@pytest.fixture(scope="module")
+def sensor_project(tmp_path_factory) -> Project:
+    return make_sensor_project(tmp_path_factory.mktemp("e2e_sensors"))
 
 
 @pytest.fixture(scope="module")
