@@ -1,0 +1,1 @@
+"""Amazon Bedrock batch inference (boto3 ``bedrock`` + ``s3``)."""
