@@ -1,0 +1,308 @@
+"""Gemini Developer API batch mode (real ``google-genai`` SDK): upload, create, poll, download, cancel, find.
+
+A shard attempt is one JSONL file (``{"key": request_id, "request": GenerateContentRequest}`` per line) uploaded
+through the Files API's resumable protocol, then ``batches.create`` with the attempt key as ``display_name``; a
+crash between "Google accepted the batch" and "we recorded its name" is repaired by listing batches and matching
+the display name, never by creating again. Every ``JobState`` the SDK can return is mapped explicitly (an unknown
+one is an error). Results are the ``responsesFile`` (one line per request, matched on ``key``).
+
+Expiry: a batch not finished within 48 h ends ``EXPIRED`` with **no results at all** (OpenAI and Anthropic keep
+the finished part). ``fetch`` then yields nothing and the runner sends every item of the attempt again in the
+next one; no item's budget is spent on it.
+
+Retries are ours, not the SDK's: its retry policy ignores the server's requested wait (``google.rpc.RetryInfo``),
+so the client is built with one attempt per call and ``_call`` retries transient errors, honouring that wait.
+"""
+
+import io
+import json
+import logging
+import os
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import httpx2
+import pyarrow as pa
+from google import genai
+from google.genai import errors as genai_errors
+from google.genai import types
+from pydantic import Field
+
+from batch_pipeline.core.errors import BatchPipelineError, ConfigError, SystemicError, TransientError
+from batch_pipeline.core.run.executor import BatchHandle, BatchState, BatchStatus, ShardWork
+from batch_pipeline.core.run.threads import default_workers
+from batch_pipeline.executors.endpoint import resolve_endpoint
+from batch_pipeline.executors.google.format import (ERROR_INFO, SYSTEMIC_REASONS, parse_result_stream,
+                                                    request_template)
+from batch_pipeline.executors.provider_errors import redact, retry_after_s
+from batch_pipeline.executors.settings import BatchProviderSettings
+
+log = logging.getLogger(__name__)
+
+KEY_ENV, FALLBACK_KEY_ENV = "GEMINI_API_KEY", "GOOGLE_API_KEY"
+INPUT_MIME = "jsonl"  # what the batch-mode docs upload with
+RETRY_INFO = "type.googleapis.com/google.rpc.RetryInfo"
+_MAX_WAIT_S = 60.0
+_DOWNLOAD_QUEUE_CHUNKS = 16  # 1 MiB chunks held between the download thread and the parser
+S = types.JobState
+STATE_MAP = {
+    S.JOB_STATE_QUEUED: BatchState.VALIDATING,
+    S.JOB_STATE_PENDING: BatchState.VALIDATING,
+    S.JOB_STATE_RUNNING: BatchState.RUNNING,
+    S.JOB_STATE_UPDATING: BatchState.RUNNING,
+    S.JOB_STATE_PAUSED: BatchState.RUNNING,  # Vertex-only; it resumes at the provider
+    S.JOB_STATE_CANCELLING: BatchState.CANCELLING,
+    S.JOB_STATE_SUCCEEDED: BatchState.COMPLETED,
+    S.JOB_STATE_PARTIALLY_SUCCEEDED: BatchState.COMPLETED,
+    S.JOB_STATE_FAILED: BatchState.FAILED,
+    S.JOB_STATE_CANCELLED: BatchState.CANCELLED,
+    S.JOB_STATE_EXPIRED: BatchState.EXPIRED,
+}
+REFUSED_STATES = frozenset({S.JOB_STATE_UNSPECIFIED})  # a batch in no state is an error, as an unknown one
+
+
+class GeminiBatchSettings(BatchProviderSettings):
+    """``backend.settings`` of ``gemini_batch``. The key is read from ``$GEMINI_API_KEY`` (``$GOOGLE_API_KEY``
+    when that is unset), never from the spec. On the sandbox the base URL is ``$BATCH_PIPELINE_SANDBOX_URL``."""
+
+    api_key_env: str | None = KEY_ENV
+    api_version: str | None = Field(default=None, description="e.g. v1beta; default: the SDK's (v1)")
+
+
+def _details(exc: genai_errors.APIError) -> list[dict[str, Any]]:
+    details = exc.details.get("error", exc.details) if isinstance(exc.details, dict) else {}
+    found = details.get("details") if isinstance(details, dict) else None
+    return [d for d in found or [] if isinstance(d, dict)]
+
+
+def _retry_delay(exc: genai_errors.APIError) -> float | None:
+    """``RetryInfo.retryDelay`` ("30s", "0.05s"), else a ``retry-after`` header."""
+    for detail in _details(exc):
+        delay = detail.get("retryDelay") if detail.get("@type") == RETRY_INFO else None
+        if isinstance(delay, str) and delay.endswith("s"):
+            try:
+                return max(0.0, float(delay[:-1]))
+            except ValueError:
+                pass
+    headers = getattr(exc.response, "headers", None)
+    return retry_after_s({k.lower(): v for k, v in headers.items()}) if headers is not None else None
+
+
+def translate(exc: Exception, action: str, secret: str | None = None) -> BatchPipelineError:
+    """SDK exception -> our error class; secrets redacted."""
+    if isinstance(exc, genai_errors.APIError):
+        code = exc.code or 0
+        reason = next((d.get("reason") for d in _details(exc) if d.get("@type") == ERROR_INFO), None)
+        status = exc.status or ""
+        msg = redact(f"Gemini {action} failed: HTTP {code} {status}: {exc.message}", secret)
+        if isinstance(reason, str) and reason in SYSTEMIC_REASONS:
+            return SystemicError(msg + " (check the API key and the project's billing; then re-run to resume)",
+                                 code=SYSTEMIC_REASONS[reason])
+        if code in (401, 403):
+            return SystemicError(msg + " (check the API key and its project; then re-run to resume)",
+                                 code="permission_denied")
+        if code == 404 and "model" in (exc.message or "").lower():
+            return SystemicError(msg + " (unknown model: check `model` in the job spec)", code="model_not_found")
+        if code in (408, 409, 429) or code >= 500:
+            return TransientError(msg, code=status.lower() or None, retry_after_s=_retry_delay(exc))
+        return SystemicError(msg, code=status.lower() or None)
+    if isinstance(exc, httpx2.TransportError):
+        return TransientError(redact(f"Gemini {action} failed: {type(exc).__name__}: {exc}", secret))
+    if isinstance(exc, ValueError | KeyError) and action == "file upload":  # the upload session broke
+        return TransientError(redact(f"Gemini {action} failed: {exc}", secret))
+    return BatchPipelineError(redact(f"Gemini {action} failed: {type(exc).__name__}: {exc}", secret))
+
+
+def resolve_key_env(settings: GeminiBatchSettings) -> str | None:
+    """``$GEMINI_API_KEY``, or ``$GOOGLE_API_KEY`` when the default variable is unset (the SDK's own order)."""
+    env = settings.api_key_env
+    if env == KEY_ENV and not os.environ.get(KEY_ENV) and os.environ.get(FALLBACK_KEY_ENV):
+        return FALLBACK_KEY_ENV
+    return env
+
+
+class GeminiBatchExecutor:
+    """Shard sizing: at most 10,000 requests (and 256 MiB) per batch. Gemini caps a batch only by its 2 GB
+    input file and the tier's enqueued-token quota, but an expired batch returns nothing, so everything in it is
+    sent again (and waits up to another 48 h). Small batches bound what one expiry costs, let the quota be shared
+    by several batches in flight (throughput comes from concurrency, not size), and keep the in-memory upload
+    small."""
+
+    name = "gemini_batch"
+    pricing = "batch"
+    max_requests_per_batch = 10_000
+    max_bytes_per_batch = 256 * 2**20
+    settings_model = GeminiBatchSettings
+
+    def __init__(self, settings: GeminiBatchSettings):
+        self.settings = settings
+        self.poll_interval_s = settings.poll_interval()
+        self.parse_workers = settings.parse_workers or default_workers()
+        base_url, api_key = resolve_endpoint(self.name, sandbox=settings.sandbox, base_url=settings.base_url,
+                                             api_key_env=resolve_key_env(settings))
+        self._key = api_key
+        options = types.HttpOptions(base_url=base_url, api_version=settings.api_version,
+                                    timeout=int(settings.timeout_s * 1000))  # the SDK's timeout is in ms
+        self.client = genai.Client(api_key=api_key, http_options=options)
+
+    # -- calls and retries ----------------------------------------------------------------------------------
+    def _call(self, action: str, fn: Callable[..., Any], *args: Any, retry: bool = True, **kwargs: Any) -> Any:
+        """``fn`` with our retries of transient errors (the server's requested wait honoured, capped at 60 s)."""
+        attempts = self.settings.max_retries + 1 if retry else 1
+        for attempt in range(attempts):
+            try:
+                return fn(*args, **kwargs)
+            except (genai_errors.APIError, httpx2.TransportError, ValueError, KeyError) as exc:
+                error = translate(exc, action, self._key)
+                if not isinstance(error, TransientError) or attempt == attempts - 1:
+                    raise error from None
+                self._sleep(error, attempt, action)
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _sleep(error: TransientError, attempt: int, action: str) -> None:
+        wait = error.retry_after_s if error.retry_after_s is not None else (
+            min(0.5 * 2**attempt, 8.0) * (1 - 0.25 * random.random()))
+        log.info("%s: %s; retrying in %.2f s", action, error, min(wait, _MAX_WAIT_S))
+        time.sleep(min(wait, _MAX_WAIT_S))
+
+    # -- submit -------------------------------------------------------------------------------------------
+    def input_file(self, work: ShardWork) -> bytes:
+        """The attempt's JSONL: the shared request parts serialised once, each line adds its key and prompt."""
+        shared = json.dumps(request_template(work.plan), ensure_ascii=False, separators=(",", ":"))[1:]
+        dumps = json.dumps
+        ids = work.items.column("request_id").to_pylist()
+        prompts = work.items.column("user_prompt").to_pylist()
+        return "".join(
+            f'{{"key":{dumps(rid)},"request":{{"contents":[{{"role":"user","parts":[{{"text":'
+            f'{dumps(prompt, ensure_ascii=False)}}}]}}],{shared}}}\n'
+            for rid, prompt in zip(ids, prompts)).encode("utf-8")
+
+    def submit(self, work: ShardWork) -> BatchHandle:
+        if work.items.num_rows > self.max_requests_per_batch:
+            raise ConfigError(f"shard {work.shard_id} has {work.items.num_rows} requests; gemini_batch sends at "
+                              f"most {self.max_requests_per_batch} per batch (lower shards.max_requests)")
+        data = self.input_file(work)
+        if len(data) > self.max_bytes_per_batch:
+            raise ConfigError(f"shard {work.shard_id} input is {len(data)} bytes; gemini_batch sends at most "
+                              f"{self.max_bytes_per_batch} per batch (lower shards.max_bytes)")
+        uploaded = self._call("file upload", lambda: self.client.files.upload(
+            file=io.BytesIO(data), config={"mime_type": INPUT_MIME, "display_name": work.key}))
+        return self._create_once(work, uploaded.name)
+
+    def _create_once(self, work: ShardWork, file_name: str) -> BatchHandle:
+        """Create without blind retries: a create that failed in transit may have succeeded, so before each
+        retry the batch is looked up by its display name (a 429 created nothing)."""
+        for attempt in range(self.settings.max_retries + 1):
+            try:
+                job = self.client.batches.create(model=work.plan.model, src=file_name,
+                                                 config={"display_name": work.key})
+                return BatchHandle(self.name, str(job.name), work.key, file_name)
+            except (genai_errors.APIError, httpx2.TransportError) as exc:
+                error = translate(exc, "batch create", self._key)
+                if not isinstance(error, TransientError):
+                    raise error from None
+                if not (isinstance(exc, genai_errors.APIError) and exc.code == 429):
+                    found = self.find(work.key)
+                    if found is not None:
+                        log.warning("batch create for %s failed (%s) but Google has it: %s", work.key, error,
+                                    found.batch_id)
+                        return BatchHandle(self.name, found.batch_id, work.key, file_name)
+                if attempt == self.settings.max_retries:
+                    raise error from None
+                self._sleep(error, attempt, f"batch create for {work.key}")
+        raise AssertionError("unreachable")
+
+    # -- poll / fetch / cancel ------------------------------------------------------------------------------
+    def _get(self, handle: BatchHandle) -> types.BatchJob:
+        return self._call("batch get", self.client.batches.get, name=handle.batch_id)
+
+    def poll(self, handle: BatchHandle) -> BatchStatus:
+        return self._status(self._get(handle))
+
+    def _status(self, job: types.BatchJob) -> BatchStatus:
+        state = job.state
+        if state is None or state in REFUSED_STATES or state not in STATE_MAP:
+            raise BatchPipelineError(f"Gemini batch {job.name} has unknown state {state!r}")
+        mapped = STATE_MAP[state]
+        errors = self._failure(str(job.name)) if mapped == BatchState.FAILED else []
+        return BatchStatus(mapped, state.value, errors=errors)  # the SDK drops batchStats: counts come from lines
+
+    def _failure(self, name: str) -> list[str]:
+        """Why a batch failed: the operation's ``error``, which the SDK's BatchJob does not map (one raw GET
+        through the SDK's own authenticated transport)."""
+        response = self._call("batch get", self.client._api_client.request, "get", name, {})
+        error = (json.loads(response.body or "{}") or {}).get("error") or {}
+        return [f"{error.get('status') or error.get('code')}: {error.get('message')}"] if error else []
+
+    def fetch(self, handle: BatchHandle) -> Iterator[pa.Table]:
+        job = self._get(handle)
+        dest = job.dest
+        if dest is None or not dest.file_name:
+            if job.state == S.JOB_STATE_EXPIRED:
+                log.warning("Gemini batch %s expired: it returns no results; every item goes again", handle.batch_id)
+            return
+        yield from parse_result_stream(self._download(dest.file_name), self.parse_workers)
+
+    def _download(self, file_name: str) -> Iterator[bytes]:
+        """The file's bytes as they arrive: ``files.download`` writes into a bounded queue on its own thread."""
+        chunks: queue.Queue[Any] = queue.Queue(maxsize=_DOWNLOAD_QUEUE_CHUNKS)
+        stop, done = threading.Event(), object()
+
+        class Sink:
+            def write(self, chunk: bytes) -> int:
+                while not stop.is_set():
+                    try:
+                        chunks.put(bytes(chunk), timeout=0.2)
+                        return len(chunk)
+                    except queue.Full:
+                        continue
+                raise InterruptedError("the reader went away")
+
+        def run() -> None:
+            try:
+                self.client.files.download(file=file_name, destination=Sink())
+                chunks.put(done)
+            except BaseException as exc:  # handed to the reader
+                if not stop.is_set():
+                    chunks.put(exc)
+
+        thread = threading.Thread(target=run, name="gemini-download", daemon=True)
+        thread.start()
+        try:
+            while (item := chunks.get()) is not done:
+                if isinstance(item, BaseException):
+                    raise translate(item, "file download", self._key) from None
+                yield item
+        finally:
+            stop.set()
+            thread.join(timeout=5)
+
+    def cancel(self, handle: BatchHandle) -> None:
+        try:
+            self._call("batch cancel", self.client.batches.cancel, name=handle.batch_id)
+        except SystemicError:
+            if self.poll(handle).state.ended:  # it ended on its own meanwhile: nothing to cancel
+                return
+            raise
+
+    def find(self, key: str, request_ids: Sequence[str] | None = None,
+             not_before: str | None = None) -> BatchHandle | None:
+        """By the attempt key in the batch's display name (request IDs and time are not needed here)."""
+        scanned = 0
+        pager = self._call("batch list", self.client.batches.list, config={"page_size": 100})
+        try:
+            for job in pager:  # the pager fetches the next pages as it goes
+                if job.display_name == key:
+                    return BatchHandle(self.name, str(job.name), key)
+                scanned += 1
+                if scanned >= self.settings.find_scan_limit:
+                    log.warning("find(%s): no match in the newest %d batches", key, scanned)
+                    break
+        except (genai_errors.APIError, httpx2.TransportError) as exc:
+            raise translate(exc, "batch list", self._key) from None
+        return None
