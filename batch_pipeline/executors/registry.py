@@ -10,7 +10,6 @@ from batch_pipeline.core.run.executor import BatchExecutor, StreamExecutor
 from batch_pipeline.core.spec.job import BackendSpec
 from batch_pipeline.executors.anthropic.batch import AnthropicBatchExecutor
 from batch_pipeline.executors.google.gemini_batch import GeminiBatchExecutor
-from batch_pipeline.executors.google.gemini_batch import GeminiBatchExecutor
 from batch_pipeline.executors.bedrock.batch import BedrockBatchExecutor
 from batch_pipeline.executors.online.executor import OnlineExecutor
 from batch_pipeline.executors.openai.azure import AzureOpenAIBatchExecutor
@@ -23,7 +22,6 @@ EXECUTOR_CLASSES: tuple[type[Any], ...] = (
     OpenAIBatchExecutor,
     AzureOpenAIBatchExecutor,
     AnthropicBatchExecutor,
-    GeminiBatchExecutor,
     GeminiBatchExecutor,
     BedrockBatchExecutor,
     OnlineExecutor,
