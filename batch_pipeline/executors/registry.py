@@ -10,6 +10,7 @@ from batch_pipeline.core.run.executor import BatchExecutor, StreamExecutor
 from batch_pipeline.core.spec.job import BackendSpec
 from batch_pipeline.executors.anthropic.batch import AnthropicBatchExecutor
 from batch_pipeline.executors.google.gemini_batch import GeminiBatchExecutor
+from batch_pipeline.executors.google.vertex_batch import VertexBatchExecutor
 from batch_pipeline.executors.bedrock.batch import BedrockBatchExecutor
 from batch_pipeline.executors.online.executor import OnlineExecutor
 from batch_pipeline.executors.openai.azure import AzureOpenAIBatchExecutor
@@ -23,6 +24,7 @@ EXECUTOR_CLASSES: tuple[type[Any], ...] = (
     AzureOpenAIBatchExecutor,
     AnthropicBatchExecutor,
     GeminiBatchExecutor,
+    VertexBatchExecutor,
     BedrockBatchExecutor,
     OnlineExecutor,
     VllmOfflineExecutor,

@@ -18,6 +18,7 @@ from batch_pipeline.sandbox.clock import SandboxClock
 from batch_pipeline.sandbox.errors import ApiError
 from batch_pipeline.sandbox.google.errors import as_google
 from batch_pipeline.sandbox.google.gemini_api import GeminiApi, check_gemini_auth, is_gemini_request
+from batch_pipeline.sandbox.google.vertex import VertexApi, check_vertex_auth, is_vertex_path
 from batch_pipeline.sandbox.ids import new_id
 from batch_pipeline.sandbox.openai.api import OpenAIApi, check_auth
 from batch_pipeline.sandbox.openai.azure import AZURE_PREFIX, azure_api, check_azure_auth, is_azure_path
@@ -40,6 +41,7 @@ class SandboxApp:
         ChatApi(self.state).register(self.router)
         AnthropicApi(self.state).register(self.router)
         BedrockApi(self.state).register(self.router)
+        VertexApi(self.state).register(self.router)
         AdminApi(self.state).register(self.router)
         self.gemini_router = Router()  # Gemini shares /v1/files and /v1/batches with OpenAI
         GeminiApi(self.state).register(self.gemini_router)
@@ -55,7 +57,7 @@ class SandboxApp:
                 changed = self.state.advance_all()
                 response = self._dispatch(request)
             except ApiError as exc:
-                if is_gemini_request(request):
+                if is_gemini_request(request) or is_vertex_path(request.path):
                     exc = as_google(exc)
                 elif is_anthropic_path(request.path):
                     exc = as_anthropic(exc)
@@ -65,7 +67,7 @@ class SandboxApp:
             except Exception as exc:  # a sandbox bug: answer in the envelope, report on stderr
                 traceback.print_exc(file=sys.stderr)
                 error = ApiError(500, f"Sandbox internal error: {exc!r}", type="server_error", code="sandbox_bug")
-                if is_gemini_request(request):
+                if is_gemini_request(request) or is_vertex_path(request.path):
                     error = as_google(error)
                 elif is_anthropic_path(request.path):
                     error = as_anthropic(error)
@@ -86,10 +88,12 @@ class SandboxApp:
             return self._dispatch_gemini(request)
         route, params = self.router.match(request.method, request.path)
         request.params = params
-        bedrock = is_bedrock_path(request.path)
-        if request.path.startswith(("/v1/", AZURE_PREFIX + "/")) or bedrock:
+        bedrock, vertex = is_bedrock_path(request.path), is_vertex_path(request.path)
+        if request.path.startswith(("/v1/", AZURE_PREFIX + "/")) or bedrock or vertex:
             if bedrock:
                 check_bedrock_auth(request, self.state.scenario)
+            elif vertex:
+                check_vertex_auth(request)
             elif is_anthropic_path(request.path):
                 check_anthropic_auth(request)
             elif is_azure_path(request.path):

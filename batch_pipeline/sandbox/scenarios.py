@@ -45,6 +45,12 @@ ENDPOINTS = (
     "gemini_get",
     "gemini_cancel",
     "gemini_delete",
+    # Vertex AI batch prediction (sandbox/google/vertex.py)
+    "vertex_create",
+    "vertex_list",
+    "vertex_get",
+    "vertex_cancel",
+    "vertex_delete",
 )
 
 # Lifecycle durations in clock seconds; every scenario accepts them.
@@ -64,6 +70,7 @@ SCENARIO_PARAMS: dict[str, dict[str, Any]] = {
     "normal": {},
     "line_errors": {"rate": 0.1, "times": 1, "code": "server_error"},
     "expire": {"complete_share": 0.5},
+    "partial": {"complete_share": 0.5},  # Vertex: JOB_STATE_PARTIALLY_SUCCEEDED, the rest never run
     "rate_limit": {"times": 3, "retry_after_ms": 50, "on": list(ENDPOINTS)},
     "server_error": {"times": 1, "on": list(ENDPOINTS), "commit": False},
     "fail_validation": {"lines": [1]},

@@ -17,6 +17,7 @@ from batch_pipeline.sandbox.clock import SandboxClock
 from batch_pipeline.sandbox.errors import not_found
 from batch_pipeline.sandbox.google.gemini_batches import GeminiService
 from batch_pipeline.sandbox.google.responder import GeminiResponder
+from batch_pipeline.sandbox.google.vertex_jobs import VertexJobs
 from batch_pipeline.sandbox.ids import new_id
 from batch_pipeline.sandbox.persistence import StateDir
 from batch_pipeline.sandbox.openai.processing import LineRunner, ledger_entries, result_lines
@@ -67,6 +68,7 @@ class SandboxState:
         self.anthropic = AnthropicBatches(AnthropicRunner(self.seen_custom_ids, self.seen_prompts), self._bill)
         self.bedrock = BedrockJobs(AnthropicRunner(self.seen_custom_ids, self.seen_prompts), self._bill, SandboxS3())
         self.gemini = GeminiService(GeminiResponder(self.seen_custom_ids, self.seen_prompts), self._bill, self.store)
+        self.vertex = VertexJobs(GeminiResponder(self.seen_custom_ids, self.seen_prompts), self._bill)
         self.reset(wipe_store=False)
         if self.store is not None:
             self._load()
@@ -83,6 +85,7 @@ class SandboxState:
         self.anthropic.clear()
         self.bedrock.clear()
         self.gemini.clear()
+        self.vertex.clear()
         self.scenario = self.startup_scenario
         self.clock.reset()
         if wipe_store and self.store is not None:
@@ -164,6 +167,7 @@ class SandboxState:
         changed = self.anthropic.advance_all(now) or changed
         changed = self.bedrock.advance_all(now) or changed
         changed = self.gemini.advance_all(now) or changed
+        changed = self.vertex.advance_all(now) or changed
         return changed
 
     def _bill(self, entries: list[dict[str, Any]]) -> None:
@@ -199,6 +203,7 @@ class SandboxState:
             "anthropic_batches": self.anthropic.to_json(),
             "bedrock_jobs": self.bedrock.to_json(),
             "gemini": self.gemini.to_json(),
+            "vertex_jobs": self.vertex.to_json(),
         })
 
     def _load(self) -> None:
@@ -220,6 +225,7 @@ class SandboxState:
         self.anthropic.load(saved.get("anthropic_batches"))
         self.bedrock.load(saved.get("bedrock_jobs"))
         self.gemini.load(saved.get("gemini"))
+        self.vertex.load(saved.get("vertex_jobs"))
 
 
 def _dumps(value: Any) -> str:

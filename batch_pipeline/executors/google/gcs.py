@@ -1,0 +1,135 @@
+"""Cloud Storage for the Vertex AI batch backend, through the real ``google-cloud-storage`` client.
+
+Vertex batch prediction reads its input from GCS and writes its predictions there, so the executor writes one
+JSONL object per attempt and reads the job's output directory back. Where the objects live is decided here
+once (``AttemptObjects``). Credentials are the environment's: Google application-default credentials, or, when
+``STORAGE_EMULATOR_HOST`` is set (the loopback emulator in tests and sandbox runs), anonymous ones, which the
+client picks by itself. Errors become our classes (``translate_gcs``) with the bucket named and no token shown.
+"""
+
+import fnmatch
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import requests
+from google.api_core import exceptions as gexc
+from google.auth import exceptions as auth_exc
+from google.cloud import storage
+
+from batch_pipeline.core.errors import BatchPipelineError, ConfigError, SystemicError, TransientError
+
+EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
+PREDICTIONS_GLOB = "predictions*.jsonl"
+CHUNK_BYTES = 8 * 2**20
+
+
+def parse_gs_uri(uri: str) -> tuple[str, str]:
+    """``gs://bucket/some/name`` -> (bucket, name); a ConfigError for anything else."""
+    if not uri.startswith("gs://"):
+        raise ConfigError(f"{uri!r} is not a gs:// URI")
+    bucket, _, name = uri[5:].partition("/")
+    if not bucket:
+        raise ConfigError(f"{uri!r} names no bucket")
+    return bucket, name
+
+
+@dataclass(frozen=True)
+class AttemptObjects:
+    """Where one attempt's input object and output prefix live: ``gs://BUCKET/PREFIX/JOB/SHARD/ATTEMPT-NONCE/``.
+
+    The nonce keeps two stores that run a job of the same name under one prefix from overwriting each other's
+    input before Vertex has read it."""
+
+    bucket: str
+    input_name: str
+    output_prefix: str
+
+    @classmethod
+    def for_key(cls, bucket: str, prefix: str, key: str) -> "AttemptObjects":
+        job, shard, attempt = key.rsplit(":", 2)
+        base = "/".join(p for p in (prefix.strip("/"), job, shard, f"{attempt}-{uuid.uuid4().hex[:8]}") if p)
+        return cls(bucket, f"{base}/input.jsonl", f"{base}/output/")
+
+    @property
+    def input_uri(self) -> str:
+        return f"gs://{self.bucket}/{self.input_name}"
+
+    @property
+    def output_uri(self) -> str:
+        return f"gs://{self.bucket}/{self.output_prefix}"
+
+
+def translate_gcs(exc: Exception, action: str) -> BatchPipelineError:
+    """A google-cloud-storage failure -> our error class (the client's own retries were spent)."""
+    detail = getattr(exc, "message", None) or str(exc)
+    msg = f"GCS {action} failed: {type(exc).__name__}: {detail}"
+    if isinstance(exc, gexc.Unauthorized | gexc.Forbidden | auth_exc.DefaultCredentialsError | auth_exc.RefreshError):
+        return SystemicError(msg + " (check the Google credentials and their access to the bucket)",
+                             code="permission_denied")
+    if isinstance(exc, gexc.NotFound):
+        return SystemicError(msg + " (does the bucket exist?)", code="not_found")
+    if isinstance(exc, gexc.TooManyRequests | gexc.ServerError | requests.exceptions.ConnectionError
+                  | requests.exceptions.Timeout | auth_exc.TransportError):
+        return TransientError(msg)
+    if isinstance(exc, gexc.GoogleAPICallError):
+        return SystemicError(msg)
+    return BatchPipelineError(msg)
+
+
+_ERRORS = (gexc.GoogleAPICallError, auth_exc.GoogleAuthError, requests.exceptions.RequestException)
+
+
+class Gcs:
+    """The few object operations the backend needs."""
+
+    def __init__(self, project: str | None, *, sandbox: bool, timeout_s: float):
+        if sandbox and not os.environ.get(EMULATOR_ENV):
+            raise ConfigError(f"backend vertex_batch has sandbox: true but ${EMULATOR_ENV} is not set; the sandbox "
+                              "reads and writes GCS through a loopback emulator (start one and export its URL)")
+        self.timeout_s = timeout_s
+        try:
+            self.client = storage.Client(project=project)
+        except _ERRORS as exc:
+            raise translate_gcs(exc, "client setup") from None
+
+    def ensure_bucket(self, bucket: str) -> None:
+        """Create ``bucket`` if it is missing: for the loopback emulator only (a real bucket is the user's)."""
+        try:
+            if self.client.lookup_bucket(bucket, timeout=self.timeout_s) is None:
+                self.client.create_bucket(bucket, timeout=self.timeout_s)
+        except gexc.Conflict:  # created meanwhile by another run
+            pass
+        except _ERRORS as exc:
+            raise translate_gcs(exc, f"creating bucket {bucket}") from None
+
+    def upload(self, bucket: str, name: str, data: bytes) -> None:
+        try:
+            blob = self.client.bucket(bucket).blob(name)
+            blob.upload_from_string(data, content_type="application/jsonl", timeout=self.timeout_s)
+        except _ERRORS as exc:
+            raise translate_gcs(exc, f"upload of gs://{bucket}/{name}") from None
+
+    def list_names(self, bucket: str, prefix: str, pattern: str = PREDICTIONS_GLOB) -> list[str]:
+        """Object names under ``prefix`` whose last segment matches ``pattern``, sorted."""
+        try:
+            names = [b.name for b in self.client.list_blobs(bucket, prefix=prefix, timeout=self.timeout_s)]
+        except _ERRORS as exc:
+            raise translate_gcs(exc, f"listing gs://{bucket}/{prefix}") from None
+        return sorted(n for n in names if fnmatch.fnmatch(n.rsplit("/", 1)[-1], pattern))
+
+    def read(self, bucket: str, name: str) -> bytes:
+        try:
+            return bytes(self.client.bucket(bucket).blob(name).download_as_bytes(timeout=self.timeout_s))
+        except _ERRORS as exc:
+            raise translate_gcs(exc, f"download of gs://{bucket}/{name}") from None
+
+    def stream(self, bucket: str, name: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
+        """An object's bytes in chunks (a broken download is a TransientError: the runner fetches again)."""
+        try:
+            with self.client.bucket(bucket).blob(name).open("rb", chunk_size=chunk_bytes) as handle:
+                while chunk := handle.read(chunk_bytes):
+                    yield chunk
+        except _ERRORS as exc:
+            raise translate_gcs(exc, f"download of gs://{bucket}/{name}") from None

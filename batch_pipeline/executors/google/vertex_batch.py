@@ -1,0 +1,321 @@
+"""Vertex AI batch prediction for Gemini (real ``google-genai`` SDK, ``vertexai=True``; GCS through
+``google-cloud-storage``): write the input JSONL to GCS, create a batch prediction job, poll it, read the
+predictions back from GCS, cancel, find.
+
+- Input: ``gs://BUCKET/PREFIX/JOB/SHARD/ATTEMPT-NONCE/input.jsonl`` (``gcs.AttemptObjects``), one
+  ``{"request": GenerateContentRequest}`` per item. Vertex lines carry no key: the request ID rides in the
+  request's ``labels`` (see ``vertex_lines``), with a fallback on the echoed ``contents``.
+- Output: every ``predictions*.jsonl`` under the job's ``outputInfo.gcsOutputDirectory``. The lines read are
+  checked against ``completionStats`` (fewer lines than the job reports is a TransientError: fetched again).
+- States: every ``JOB_STATE_*`` is mapped (``STATE_MAP``); an unknown one is an error.
+  ``JOB_STATE_PARTIALLY_SUCCEEDED`` is an ended batch whose results are ingested: the requests without a line
+  stay pending and go in the shard's next attempt. ``PAUSED`` counts as running (it resumes by itself or is
+  rescued); ``FAILED`` ingests nothing and stops the job with the job's error.
+- Re-attach: the job's ``displayName`` is the attempt key; ``find`` lists jobs with a ``display_name`` filter.
+  ``submit`` sends the create without retries: after a 5xx or a lost connection it asks ``find`` first.
+- Credentials only from the environment: application-default credentials, project and location from the
+  settings or ``GOOGLE_CLOUD_PROJECT`` / ``GOOGLE_CLOUD_LOCATION``. With ``sandbox: true`` the SDK's base URL is
+  ``$BATCH_PIPELINE_SANDBOX_URL`` and the credentials a fixed fake token (``AnonymousCredentials`` cannot be
+  used: the SDK refreshes any credentials without a token, and anonymous ones refuse to refresh), and GCS is the
+  loopback emulator at ``$STORAGE_EMULATOR_HOST``.
+"""
+
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import httpx2
+import pyarrow as pa
+from google import genai
+from google.genai import errors as genai_errors
+from google.genai import types as gtypes
+from google.oauth2.credentials import Credentials
+from pydantic import Field, model_validator
+
+from batch_pipeline.core.errors import BatchPipelineError, ConfigError, SystemicError, TransientError
+from batch_pipeline.core.run.executor import BatchHandle, BatchState, BatchStatus, ShardWork
+from batch_pipeline.core.run.threads import default_workers
+from batch_pipeline.executors.endpoint import resolve_endpoint
+from batch_pipeline.executors.google.gcs import AttemptObjects, Gcs, parse_gs_uri
+from batch_pipeline.executors.google.vertex_lines import content_index, parse_predictions_block, request_lines
+from batch_pipeline.executors.jsonl_blocks import parse_stream
+from batch_pipeline.executors.provider_errors import redact, retry_after_s
+from batch_pipeline.executors.settings import BatchProviderSettings
+
+log = logging.getLogger(__name__)
+
+S = gtypes.JobState
+STATE_MAP = {
+    S.JOB_STATE_QUEUED: BatchState.VALIDATING,
+    S.JOB_STATE_PENDING: BatchState.VALIDATING,
+    S.JOB_STATE_RUNNING: BatchState.RUNNING,
+    S.JOB_STATE_UPDATING: BatchState.RUNNING,
+    S.JOB_STATE_PAUSED: BatchState.RUNNING,
+    S.JOB_STATE_CANCELLING: BatchState.CANCELLING,
+    S.JOB_STATE_SUCCEEDED: BatchState.COMPLETED,
+    S.JOB_STATE_PARTIALLY_SUCCEEDED: BatchState.COMPLETED,
+    S.JOB_STATE_FAILED: BatchState.FAILED,
+    S.JOB_STATE_CANCELLED: BatchState.CANCELLED,
+    S.JOB_STATE_EXPIRED: BatchState.EXPIRED,
+}
+SANDBOX_TOKEN = "sandbox-vertex-token"
+SANDBOX_PROJECT = "sandbox-project"
+SANDBOX_BUCKET = "batch-pipeline-sandbox"
+DEFAULT_LOCATION = "us-central1"
+_MAX_RETRY_WAIT_S = 60.0
+RETRY_INFO = "type.googleapis.com/google.rpc.RetryInfo"
+_TRANSPORT_ERRORS: tuple[type[Exception], ...] = (httpx2.TransportError,)
+try:  # google-genai uses httpx2 when it is installed, else httpx
+    import httpx
+
+    _TRANSPORT_ERRORS += (httpx.TransportError,)
+except ImportError:  # pragma: no cover
+    pass
+
+
+class VertexBatchSettings(BatchProviderSettings):
+    """``backend.settings`` of ``vertex_batch``. Credentials come from the environment, never from the spec."""
+
+    api_key_env: str | None = Field(default=None, description="unused: Vertex takes application-default "
+                                                              "credentials")
+    project: str | None = Field(default=None, description="default $GOOGLE_CLOUD_PROJECT")
+    location: str | None = Field(default=None, description=f"default $GOOGLE_CLOUD_LOCATION, else {DEFAULT_LOCATION}")
+    bucket: str | None = Field(default=None, description=f"the GCS bucket for inputs and predictions (required; "
+                                                         f"{SANDBOX_BUCKET} on the sandbox)")
+    prefix: str = Field(default="batch-pipeline", description="object prefix inside the bucket")
+
+    @model_validator(mode="after")
+    def _bucket_given(self) -> "VertexBatchSettings":
+        if self.bucket is None and not self.sandbox:
+            raise ValueError("bucket is required (the GCS bucket Vertex reads inputs from and writes predictions to)")
+        if self.bucket is not None and (self.bucket.startswith("gs://") or "/" in self.bucket):
+            raise ValueError(f"bucket {self.bucket!r} must be a bare bucket name (no gs://, no path)")
+        return self
+
+
+def translate(exc: Exception, action: str, secret: str | None = None) -> BatchPipelineError:
+    """SDK exception -> our error class; secrets redacted."""
+    if isinstance(exc, genai_errors.APIError):
+        status = exc.status or ""
+        detail = exc.message or str(exc.details)
+        msg = redact(f"Vertex AI {action} failed: HTTP {exc.code} {status}: {detail}", secret)
+        lowered = detail.lower()
+        headers = getattr(exc.response, "headers", None) if exc.response is not None else None
+        wait = retry_after_s(headers) if headers is not None else None
+        if "billing" in lowered and exc.code in (403, 429):
+            return SystemicError(msg + " (billing is not enabled on the project)", code="insufficient_quota")
+        if exc.code in (401, 403) or status in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+            return SystemicError(msg + " (check the Google credentials, the project and its IAM roles; then re-run "
+                                       "to resume)", code=(status or "permission_denied").lower())
+        if exc.code == 404 and "model" in lowered:
+            return SystemicError(msg + " (unknown model: check `model` in the job spec)", code="model_not_found")
+        if exc.code in (408, 409, 429) or exc.code >= 500:
+            return TransientError(msg, code=status.lower() or None, retry_after_s=wait or retry_delay_s(exc.details))
+        return SystemicError(msg, code=status.lower() or None)
+    if isinstance(exc, _TRANSPORT_ERRORS):
+        return TransientError(redact(f"Vertex AI {action} failed: {type(exc).__name__}: {exc}", secret))
+    return BatchPipelineError(redact(f"Vertex AI {action} failed: {type(exc).__name__}: {exc}", secret))
+
+
+def retry_delay_s(details: Any) -> float | None:
+    """The wait a Google error states in its ``google.rpc.RetryInfo`` detail (``"retryDelay": "1.5s"``)."""
+    error = details.get("error") if isinstance(details, dict) else None
+    for detail in (error or {}).get("details") or []:
+        delay = detail.get("retryDelay") if isinstance(detail, dict) and detail.get("@type") == RETRY_INFO else None
+        if isinstance(delay, str) and delay.endswith("s"):
+            try:
+                return max(0.0, float(delay[:-1]))
+            except ValueError:
+                return None
+    return None
+
+
+def _backoff(attempt: int, error: TransientError) -> float:
+    return min(error.retry_after_s or min(0.5 * 2**attempt, 8.0) * (1 - 0.25 * random.random()), _MAX_RETRY_WAIT_S)
+
+
+class VertexBatchExecutor:
+    name = "vertex_batch"
+    pricing = "batch"
+    max_requests_per_batch = 200_000
+    max_bytes_per_batch = 2**30
+    settings_model = VertexBatchSettings
+
+    def __init__(self, settings: VertexBatchSettings):
+        self.settings = settings
+        self.poll_interval_s = settings.poll_interval()
+        self.parse_workers = settings.parse_workers or default_workers()
+        self.project = settings.project or os.environ.get("GOOGLE_CLOUD_PROJECT") or (
+            SANDBOX_PROJECT if settings.sandbox else None)
+        if not self.project:
+            raise ConfigError("backend vertex_batch needs a project: settings.project or $GOOGLE_CLOUD_PROJECT")
+        self.location = settings.location or os.environ.get("GOOGLE_CLOUD_LOCATION") or DEFAULT_LOCATION
+        self.bucket = settings.bucket or SANDBOX_BUCKET
+        base_url, _ = resolve_endpoint(self.name, sandbox=settings.sandbox, base_url=settings.base_url,
+                                       api_key_env=None, key_required=False)
+        options = gtypes.HttpOptions(base_url=base_url, timeout=int(settings.timeout_s * 1000))
+        credentials = Credentials(token=SANDBOX_TOKEN) if settings.sandbox else None  # else ADC, loaded by the SDK
+        self._token = SANDBOX_TOKEN if settings.sandbox else None
+        try:
+            self.client = genai.Client(vertexai=True, project=self.project, location=self.location,
+                                       credentials=credentials, http_options=options)
+        except ValueError as exc:
+            raise ConfigError(f"backend vertex_batch: {exc}") from None
+        self.gcs = Gcs(self.project, sandbox=settings.sandbox, timeout_s=settings.timeout_s)
+        if settings.sandbox:
+            self.gcs.ensure_bucket(self.bucket)
+
+    def _call(self, action: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """One SDK call, retried on transient errors (honouring Retry-After); the SDK itself does not retry."""
+        for attempt in range(self.settings.max_retries + 1):
+            try:
+                return fn(*args, **kwargs)
+            except (genai_errors.APIError, *_TRANSPORT_ERRORS) as exc:
+                error = translate(exc, action, self._token)
+                if not isinstance(error, TransientError) or attempt == self.settings.max_retries:
+                    raise error from None
+                wait = _backoff(attempt, error)
+                log.info("%s: %s; retrying in %.2f s", action, error, wait)
+                time.sleep(wait)
+        raise AssertionError("unreachable")
+
+    # -- submit ---------------------------------------------------------------------------------------------
+    def submit(self, work: ShardWork) -> BatchHandle:
+        if work.items.num_rows > self.max_requests_per_batch:
+            raise ConfigError(f"shard {work.shard_id} has {work.items.num_rows} requests; Vertex allows "
+                              f"{self.max_requests_per_batch} per batch job (lower shards.max_requests)")
+        data = request_lines(work)
+        if len(data) > self.max_bytes_per_batch:
+            raise ConfigError(f"shard {work.shard_id} input is {len(data)} bytes; Vertex reads at most "
+                              f"{self.max_bytes_per_batch} per input file (lower shards.max_bytes)")
+        objects = AttemptObjects.for_key(self.bucket, self.settings.prefix, work.key)
+        self.gcs.upload(objects.bucket, objects.input_name, data)
+        return self._create_once(work, objects)
+
+    def _create_once(self, work: ShardWork, objects: AttemptObjects) -> BatchHandle:
+        """Create the job without blind retries: a create that failed in transit may have created it, so before
+        each retry the job is looked up by its display name (the attempt key)."""
+        config = gtypes.CreateBatchJobConfig(display_name=work.key, dest=objects.output_uri)
+        for attempt in range(self.settings.max_retries + 1):
+            try:
+                job = self.client.batches.create(model=work.plan.model, src=objects.input_uri, config=config)
+                return BatchHandle(self.name, str(job.name), work.key, objects.input_uri)
+            except (genai_errors.APIError, *_TRANSPORT_ERRORS) as exc:
+                error = translate(exc, "batch job create", self._token)
+                if not isinstance(error, TransientError):
+                    raise error from None
+                if not (isinstance(exc, genai_errors.APIError) and exc.code == 429):  # a 429 created nothing
+                    found = self.find(work.key)
+                    if found is not None:
+                        log.warning("batch job create for %s failed (%s) but the job exists as %s; using it",
+                                    work.key, error, found.batch_id)
+                        return found
+                if attempt == self.settings.max_retries:
+                    raise error from None
+                wait = _backoff(attempt, error)
+                log.info("batch job create for %s: %s; retrying in %.2f s", work.key, error, wait)
+                time.sleep(wait)
+        raise AssertionError("unreachable")
+
+    # -- poll / fetch / cancel --------------------------------------------------------------------------------
+    def _get(self, handle: BatchHandle) -> gtypes.BatchJob:
+        return self._call("batch job get", self.client.batches.get, name=handle.batch_id)
+
+    def poll(self, handle: BatchHandle) -> BatchStatus:
+        return self._status(self._get(handle))
+
+    def _status(self, job: gtypes.BatchJob) -> BatchStatus:
+        try:
+            state = STATE_MAP[job.state]  # type: ignore[index]
+        except KeyError:
+            raise BatchPipelineError(f"Vertex batch job {job.name} has unknown state {job.state!r}") from None
+        stats = job.completion_stats
+        ok, failed, incomplete = ((stats.successful_count or 0, stats.failed_count or 0, stats.incomplete_count or 0)
+                                  if stats is not None else (0, 0, 0))
+        errors = [f"{job.error.code}: {job.error.message}"] if job.error is not None and job.error.message else []
+        provider_status = job.state.value if isinstance(job.state, S) else str(job.state)
+        return BatchStatus(state, provider_status, ok + failed + incomplete, ok, failed + incomplete, errors)
+
+    def _output_dir(self, job: gtypes.BatchJob) -> tuple[str, str] | None:
+        """(bucket, prefix) of the job's predictions; None when the job wrote none."""
+        directory = job.output_info.gcs_output_directory if job.output_info is not None else None
+        if not directory:
+            return None
+        bucket, prefix = parse_gs_uri(directory)
+        return bucket, prefix.rstrip("/") + "/"
+
+    def fetch(self, handle: BatchHandle) -> Iterator[pa.Table]:
+        job = self._get(handle)
+        where = self._output_dir(job)
+        if where is None:
+            log.warning("Vertex batch job %s (%s) has no output directory: no results", handle.batch_id,
+                        job.state)
+            return
+        bucket, prefix = where
+        lookup = self._lookup(handle)
+        lines = 0
+        for name in self.gcs.list_names(bucket, prefix):
+            for table in parse_stream(lambda block: parse_predictions_block(block, lookup),
+                                      self.gcs.stream(bucket, name), self.parse_workers):
+                lines += table.num_rows
+                yield table
+        stats = job.completion_stats
+        reported = (stats.successful_count or 0) + (stats.failed_count or 0) if stats is not None else 0
+        if lines < reported:
+            raise TransientError(f"Vertex batch job {handle.batch_id}: {lines} prediction lines under "
+                                 f"gs://{bucket}/{prefix}, but completionStats reports {reported} processed")
+        if lines > reported and stats is not None:
+            log.warning("Vertex batch job %s: %d prediction lines, completionStats reports %d", handle.batch_id,
+                        lines, reported)
+
+    def _lookup(self, handle: BatchHandle) -> Callable[[str], str | None]:
+        """contents digest -> request ID from the attempt's input object, read once and only if a line needs it."""
+        index: dict[str, str] | None = None
+        lock = threading.Lock()
+
+        def lookup(digest: str) -> str | None:
+            nonlocal index
+            with lock:
+                if index is None:
+                    index = {}
+                    if handle.input_file_id:
+                        bucket, name = parse_gs_uri(handle.input_file_id)
+                        index = content_index(self.gcs.read(bucket, name))
+            return index.get(digest)
+
+        return lookup
+
+    def cancel(self, handle: BatchHandle) -> None:
+        try:
+            self._call("batch job cancel", self.client.batches.cancel, name=handle.batch_id)
+        except SystemicError:
+            if self.poll(handle).state.ended:  # it ended on its own meanwhile: nothing to cancel
+                return
+            raise
+
+    def find(self, key: str, request_ids: Sequence[str] | None = None,
+             not_before: str | None = None) -> BatchHandle | None:
+        """The job whose display name is the attempt key (the newest, should there be several)."""
+        config = gtypes.ListBatchJobsConfig(page_size=100, filter=f'display_name="{key}"')
+        pager = self._call("batch job list", self.client.batches.list, config=config)
+        matches: list[gtypes.BatchJob] = []
+        scanned = 0
+        try:
+            for job in pager:  # the pager fetches further pages as it goes
+                scanned += 1
+                if job.display_name == key:
+                    matches.append(job)
+                if scanned >= self.settings.find_scan_limit:
+                    log.warning("find(%s): stopped after %d jobs", key, scanned)
+                    break
+        except (genai_errors.APIError, *_TRANSPORT_ERRORS) as exc:
+            raise translate(exc, "batch job list", self._token) from None
+        if not matches:
+            return None
+        job = max(matches, key=lambda j: (j.create_time is not None, j.create_time))
+        src = job.src.gcs_uri if job.src is not None and job.src.gcs_uri else []
+        return BatchHandle(self.name, str(job.name), key, src[0] if src else None)
