@@ -28,12 +28,13 @@ def status(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
     from batch_pipeline.core.manifest.shards import Manifest
     from batch_pipeline.core.publish.tables import JobState
     from batch_pipeline.core.state.view import load_view
+    from batch_pipeline.executors.registry import batch_minimum
 
     store = _store(args)
     if not Manifest(spec.name, store).shard_ids():
         console.print(f"job {spec.name}: no manifest in {store.root} yet; run it first")
         return 1
-    view = load_view(spec, store)
+    view = load_view(spec, store, min_batch=batch_minimum(spec.backend))
     plan = view.plan()
     by_state: dict[str, int] = {}
     for state in plan.states.values():

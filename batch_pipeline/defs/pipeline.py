@@ -22,6 +22,7 @@ from batch_pipeline.core.state.view import load_view
 from batch_pipeline.defs.assets import SHARDS_TAG, asset_key, shards_partitions
 from batch_pipeline.defs.build import build_definitions
 from batch_pipeline.defs.jobs import PUBLISH_ASSETS
+from batch_pipeline.executors.registry import batch_minimum
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ def run_job(spec: JobSpec, instance: dg.DagsterInstance, resources: dict | None 
     passes = canaries = requotes = 0
     max_passes = spec.retries.per_item + 2  # expired/cancelled items do not spend their budget
     while True:
-        plan = load_view(spec, store).plan()
+        plan = load_view(spec, store, min_batch=batch_minimum(spec.backend)).plan()
         log.info("job %s: plan: %s", spec.name, plan.describe())
         if plan.stopped:
             raise dg.Failure(f"job stopped: {plan.stopped}")

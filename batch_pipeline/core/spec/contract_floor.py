@@ -32,7 +32,8 @@ BARE = "bare"        # the label itself, decoded natively from the label set
 # a tool whose ``input_schema`` is ``choice_schema`` (anthropic_format.output_schema); vllm decodes
 # ``structured_outputs.choice`` to the bare label (vllm_prompts.sampling_params). A backend not listed here
 # counts as BARE, the lower of the two, so an unknown backend is never refused for the wrapper.
-CHOICE_FORMS: dict[str, str] = {"openai_batch": WRAPPED, "online": WRAPPED, "anthropic_batch": WRAPPED, "vllm": BARE}
+CHOICE_FORMS: dict[str, str] = {"openai_batch": WRAPPED, "online": WRAPPED, "anthropic_batch": WRAPPED,
+                               "bedrock_batch": WRAPPED, "vllm": BARE}
 TEXT_FLOOR_TOKENS = 1  # a text answer must not be empty (core/validate)
 
 

@@ -17,7 +17,12 @@ its plan (or ``shard_step`` for one shard) and never re-derive it. The rules, in
 | canary pending, any other shard                   | -           | waits for the canary           |
 | new or retryable, deadline near, tail configured  | RESCUE      |                                |
 | new or retryable, quote stale                     | REQUOTE     | waits for a fresh quote        |
+| new or retryable, fewer than the backend's minimum| RESCUE      | below the minimum (no tail)    |
 | new or retryable                                  | SUBMIT      |                                |
+
+The minimum (``JobFacts.min_batch``, e.g. Bedrock's records per job) applies to what the step would send: the
+shard's pending items, or the canary sample. Below it nothing is submitted as a batch: with a tail backend the
+items go there (the canary too, ``Step.tail``), without one the shard waits and says why.
 
 When every shard is settled and nothing is in flight, the plan is PUBLISH.
 """
@@ -47,6 +52,7 @@ class WaitKind(StrEnum):
     BATCH_OPEN = "batch_open"    # the provider is still working on the shard's batch
     CANARY = "canary"            # nothing but the canary moves until it has passed
     QUOTE = "quote"              # the quote expired: re-quote before spending
+    BELOW_MINIMUM = "below_minimum"  # fewer items than a batch of the backend needs, and no tail backend
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,7 @@ class Step:
     action: Action
     shard_id: str | None
     reason: str
+    tail: bool = False  # a CANARY that runs on the tail backend (below the batch minimum)
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,7 @@ class CanaryStatus:
     shard_id: str | None       # None: the job has no canary (canary_first off, or no shards)
     verdict: bool | None = None  # None: not judged yet
     reason: str = ""
+    size: int = 0              # canary.size: the sample sends at most this many items
 
     @property
     def pending(self) -> bool:
@@ -87,6 +95,7 @@ class JobFacts:
     in_flight: frozenset[str] = frozenset()   # shards with a queued or running run
     ended: frozenset[str] = frozenset()       # submitted shards whose batch the provider has ended
     busy: bool = False                        # any run of the job in flight (holds publishing back)
+    min_batch: int = 0                        # items a batch of the backend needs at least (0: no minimum)
 
 
 @dataclass
@@ -152,14 +161,39 @@ def shard_step(s: ShardSummary, facts: JobFacts) -> Step | Wait | None:
             return Wait(WaitKind.CANARY, f"waits for the canary shard {canary.shard_id}")
         if not facts.quote_fresh:
             return Wait(WaitKind.QUOTE, "waits for a fresh quote")
-        return Step(Action.CANARY, s.shard_id, "the canary runs first, alone" if not s.canary_done else
-                    "the canary has no verdict yet: it runs again (what is still pending in its sample)")
+        why = "the canary runs first, alone" if not s.canary_done else \
+            "the canary has no verdict yet: it runs again (what is still pending in its sample)"
+        small = _below_minimum(min(canary.size or s.expected, _pending(s)), facts)
+        if small is None:
+            return Step(Action.CANARY, s.shard_id, why)
+        return Step(Action.CANARY, s.shard_id, f"{why}; {small}: on the tail backend", tail=True) \
+            if facts.has_tail else Wait(WaitKind.BELOW_MINIMUM, f"the canary sample has {small}{_NO_TAIL}")
     if rescue:
         return Step(Action.RESCUE, s.shard_id, "deadline near: the shard goes to the tail backend")
     if not facts.quote_fresh:
         return Wait(WaitKind.QUOTE, "waits for a fresh quote")
+    small = _below_minimum(_pending(s), facts)
+    if small is not None:
+        return Step(Action.RESCUE, s.shard_id, f"{small}: the shard goes to the tail backend") if facts.has_tail \
+            else Wait(WaitKind.BELOW_MINIMUM, f"{small}{_NO_TAIL}")
     what = "new" if s.state == ShardState.NEW else f"{s.retryable} retryable item(s)"
     return Step(Action.SUBMIT, s.shard_id, what)
+
+
+_NO_TAIL = ("; it waits (a `tail:` backend in the spec sends such shards online; or lower the backend's minimum "
+            "if the account's quota allows)")
+
+
+def _pending(s: ShardSummary) -> int:
+    """The items a new attempt of the shard sends (golden probes, riding along, are not counted)."""
+    return s.expected if s.state == ShardState.NEW else s.retryable
+
+
+def _below_minimum(sending: int, facts: JobFacts) -> str | None:
+    """Why ``sending`` items cannot be one batch of the backend, or None when they can."""
+    if not facts.min_batch or sending >= facts.min_batch:
+        return None
+    return f"{sending} item(s), below the backend's minimum of {facts.min_batch} per batch"
 
 
 def next_steps(summaries: Iterable[ShardSummary], facts: JobFacts) -> Plan:

@@ -50,9 +50,11 @@ class ShardDriver:
         self.spec, self.store, self.runner, self.tail = spec, store, runner, tail
         self.say = say or log.info
         self.stream = isinstance(runner.executor, StreamExecutor)
+        # the backend's minimum requests per batch (Bedrock's records per job): the driver keeps smaller sends off it
+        self.min_batch = int(getattr(runner.executor, "min_requests_per_batch", 0) or 0)
 
     def _step(self, shard_id: str) -> Step | Wait | None:
-        summary, facts = load_shard(self.spec, self.store, shard_id)
+        summary, facts = load_shard(self.spec, self.store, shard_id, self.min_batch)
         return shard_step(summary, facts)
 
     def _tail(self) -> ShardRunner:
@@ -95,7 +97,8 @@ class ShardDriver:
             return report
         only = self._canary_ids(shard_id) if step.action == Action.CANARY else None
         canary = step.action == Action.CANARY
-        late = canary and self.tail is not None and deadline_near(self.spec)  # even then, the canary goes first
+        # near the deadline (or below the batch minimum) the canary still goes first, on the tail backend
+        late = canary and self.tail is not None and (step.tail or deadline_near(self.spec))
         if self.stream or late:
             out = (self._tail() if late else self.runner).run_stream(shard_id, only=only, canary=canary)
             report.sent = report.results = out.rows

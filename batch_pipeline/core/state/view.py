@@ -24,8 +24,8 @@ def canary_status(spec: JobSpec, store: Store, shard_ids: list[str]) -> CanarySt
         return CanaryStatus(None)
     verdict = canary_passed(spec, store)
     if verdict is None:
-        return CanaryStatus(shard_ids[0])
-    return CanaryStatus(shard_ids[0], verdict.passed, verdict.reason)
+        return CanaryStatus(shard_ids[0], size=spec.canary.size)
+    return CanaryStatus(shard_ids[0], verdict.passed, verdict.reason, size=spec.canary.size)
 
 
 def quote_fresh(store: Store, job: str, now: datetime | None = None) -> bool:
@@ -48,28 +48,30 @@ class JobView:
 
 
 def load_facts(spec: JobSpec, store: Store, shard_ids: list[str], *, in_flight: frozenset[str] = frozenset(),
-               ended: frozenset[str] = frozenset(), busy: bool = False) -> JobFacts:
+               ended: frozenset[str] = frozenset(), busy: bool = False, min_batch: int = 0) -> JobFacts:
+    """``min_batch``: the backend's minimum requests per batch (``executors.registry.batch_minimum``)."""
     stop = JobControl(store, spec.name).current()
     return JobFacts(
         canary=canary_status(spec, store, shard_ids), stopped=stop["reason"] if stop else None,
         paused=paused(store, spec.name) is not None, quote_fresh=quote_fresh(store, spec.name),
         deadline_near=deadline_near(spec), has_tail=spec.tail is not None, in_flight=in_flight, ended=ended,
-        busy=busy)
+        busy=busy, min_batch=min_batch)
 
 
 def load_view(spec: JobSpec, store: Store, *, in_flight: frozenset[str] = frozenset(), busy: bool = False,
-              batch_ended: Callable[[list[ShardSummary]], set[str]] | None = None) -> JobView:
+              batch_ended: Callable[[list[ShardSummary]], set[str]] | None = None, min_batch: int = 0) -> JobView:
     """``batch_ended`` asks the provider which of the submitted shards have ended (the sensor polls them, at most
     a bounded number per tick; the CLI collects inline)."""
     summaries = ShardSummaries(spec, store).all()
     submitted = [s for s in summaries if s.state == ShardState.SUBMITTED and s.shard_id not in in_flight]
     stopped = JobControl(store, spec.name).current() is not None
     ended = frozenset(batch_ended(submitted)) if batch_ended is not None and submitted and not stopped else frozenset()
-    facts = load_facts(spec, store, [s.shard_id for s in summaries], in_flight=in_flight, ended=ended, busy=busy)
+    facts = load_facts(spec, store, [s.shard_id for s in summaries], in_flight=in_flight, ended=ended, busy=busy,
+                       min_batch=min_batch)
     return JobView(summaries, facts)
 
 
-def load_shard(spec: JobSpec, store: Store, shard_id: str) -> tuple[ShardSummary, JobFacts]:
+def load_shard(spec: JobSpec, store: Store, shard_id: str, min_batch: int = 0) -> tuple[ShardSummary, JobFacts]:
     """One shard's summary and the job's facts: what a shard run needs to take its step, without reading every
     other shard's summary."""
     summaries = ShardSummaries(spec, store)
@@ -77,4 +79,4 @@ def load_shard(spec: JobSpec, store: Store, shard_id: str) -> tuple[ShardSummary
     if shard_id not in shard_ids:
         raise ConfigError(f"shard {shard_id} is not in the manifest of job {spec.name}")
     summary = summaries.read(shard_id) or summaries.refresh(shard_id)
-    return summary, load_facts(spec, store, shard_ids)
+    return summary, load_facts(spec, store, shard_ids, min_batch=min_batch)
