@@ -17,6 +17,8 @@ from batch_pipeline.core.manifest.read import ITEM_SCHEMA
 from batch_pipeline.core.store import BackgroundWrites, Store
 
 OPEN_SHARD_WINDOW = 8
+# dictionaries only where values repeat: on the unique prompts and IDs they cost 30% of the write and save nothing
+SHARD_PARQUET = {"use_dictionary": ["shard_id", "source"], "compression_level": 1}
 
 
 def shard_name(number: int) -> str:
@@ -52,24 +54,33 @@ class Dealer:
             return
         window, max_requests, max_bytes, overhead = self.window, self.max_requests, self.max_bytes, self.line_overhead
         order = _stratified_order(frame, keep)
-        sizes = frame.get_column("request_bytes").to_numpy()
+        sizes = frame.get_column("request_bytes").to_numpy().astype(np.int64)[order] + overhead
         assign = np.zeros(frame.height, dtype=np.int64)
         full: list[_OpenShard] = []
         open_shards = self.open
-        turn = self.turn
-        for i in order.tolist():
-            slot = turn % window
-            turn += 1
-            shard = open_shards[slot]
-            nbytes = int(sizes[i]) + overhead
-            if shard.count >= max_requests or shard.bytes + nbytes > max_bytes:
-                full.append(shard)  # closed once this block's rows are in it
-                shard = open_shards[slot] = _OpenShard(self.next_shard)
-                self.next_shard += 1
-            shard.count += 1
-            shard.bytes += nbytes
-            assign[i] = shard.number
-        self.turn = turn
+        # row k of the order goes to slot (turn + k) % window; each slot fills its shard until the next row
+        # would pass a cap, then a new shard takes the slot (the same as dealing the rows one by one)
+        slots = (self.turn + np.arange(len(order))) % window
+        for slot in range(window):
+            mine = np.flatnonzero(slots == slot)
+            at = 0
+            while at < len(mine):
+                shard = open_shards[slot]
+                room = max_requests - shard.count
+                fits = np.flatnonzero(shard.bytes + np.cumsum(sizes[mine[at:at + max(room, 0)]]) > max_bytes)
+                take = min(room, len(mine) - at, int(fits[0]) if len(fits) else room)
+                if take <= 0:
+                    full.append(shard)  # closed once this block's rows are in it
+                    open_shards[slot] = _OpenShard(self.next_shard)
+                    self.next_shard += 1
+                    shard = open_shards[slot]
+                    take = 1  # a fresh shard always takes the next row
+                rows = mine[at:at + take]
+                shard.count += take
+                shard.bytes += int(sizes[rows].sum())
+                assign[order[rows]] = shard.number
+                at += take
+        self.turn += len(order)
         new = frame.filter(pl.Series(keep)).with_columns(pl.Series("_shard", assign[keep]))
         by_number = {s.number: s for s in [*open_shards, *full]}
         for (number,), part in new.partition_by("_shard", as_dict=True).items():
@@ -98,7 +109,7 @@ class Dealer:
             "request_id", pl.lit(sid).alias("shard_id"), "user_prompt", "est_input_tokens", "length_bucket",
             "request_bytes", "source", pl.col(LINE).alias("line"), pl.lit(self.gen).alias("generation"),
         ).to_arrow().cast(ITEM_SCHEMA)
-        self.store.write_table(self.shard_path(sid), table)
+        self.store.write_table(self.shard_path(sid), table, **SHARD_PARQUET)
         self.written[sid] = table.num_rows
 
 

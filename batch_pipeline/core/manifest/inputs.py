@@ -8,9 +8,12 @@ bad row is named by file, line and field while the good rows around it go on.
 import glob
 import json
 import logging
-from collections.abc import Callable, Iterator
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import polars as pl
 import pyarrow as pa
@@ -23,6 +26,7 @@ from batch_pipeline.core.errors import InputError
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 LINE = "_line"
 KEY = "_key"
 CHUNK_BYTES = 8 * 2**20
@@ -65,6 +69,50 @@ class RowBatch:
     source: str
     frame: pl.DataFrame
     rejects: list[Reject] = field(default_factory=list)
+
+
+_DONE = object()
+
+
+def prefetch(items: Iterable[T], depth: int = 2) -> Iterator[T]:
+    """``items`` produced on a worker thread, up to ``depth`` ahead: parsing and Polars work release the GIL, so
+    the next blocks are read while the caller hashes and deals this one. A worker's error is raised here."""
+    q: queue.Queue = queue.Queue(maxsize=max(1, depth))
+    stop = threading.Event()
+
+    def work() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(_DONE)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            q.put(_Failed(exc))
+
+    worker = threading.Thread(target=work, name="manifest-read", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _DONE:
+                return
+            if isinstance(item, _Failed):
+                raise item.exc
+            yield item
+    finally:
+        stop.set()
+        worker.join()
+
+
+class _Failed:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
 
 
 def _format_of(path: str, declared: str) -> str:

@@ -11,7 +11,7 @@ written last, commits the build and says what was done with each input file.
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -24,7 +24,8 @@ from batch_pipeline.core.manifest.deal import OPEN_SHARD_WINDOW, Dealer, shard_n
 from batch_pipeline.core.manifest.dedup import BlockSpool, Dedup
 from batch_pipeline.core.manifest.incremental import FileAction, FilePlan, FileState, plan_files, state_after
 from batch_pipeline.core.manifest.index import IdIndex, index_path, write_index
-from batch_pipeline.core.manifest.inputs import KEY, LINE, ReadExtent, Reject, RowBatch, read_batches, resolve_inputs
+from batch_pipeline.core.manifest.inputs import (KEY, LINE, ReadExtent, Reject, RowBatch, prefetch, read_batches,
+                                                 resolve_inputs)
 from batch_pipeline.core.manifest.read import ITEM_SCHEMA, REJECT_SCHEMA, ROW_SCHEMA, Manifest
 from batch_pipeline.core.money.cost import estimate_request_tokens
 from batch_pipeline.core.spec.job import JobSpec
@@ -179,7 +180,8 @@ class ManifestBuilder:
         try:
             # row groups (in order, one thread) and shard files (two threads: when they fall behind, the main
             # thread waits and both cores compress) are written in the background: Parquet and zstd release the GIL
-            with self.store.parquet_writer(self.paths.rows(gen), ROW_SCHEMA) as rows_out, \
+            with self.store.parquet_writer(self.paths.rows(gen), ROW_SCHEMA, use_dictionary=["source"],
+                                           compression_level=1) as rows_out, \
                     BackgroundWrites(depth=2) as row_writes, BackgroundWrites(depth=4, workers=2) as writes:
                 dealer = Dealer(self.store, self.paths.shard_items, gen, first_shard, window, self.caps.max_requests,
                                 self.caps.max_bytes, REQUEST_FRAMING_BYTES + system_bytes, writes)
@@ -192,17 +194,16 @@ class ManifestBuilder:
                     batches = (read_openai_batch(f, fields, spec.input.key_field, spec.prompt.system, spec.model)
                                if f.format == "openai_batch"
                                else read_batches(f, fields, spec.input.key_field, plan.offset, plan.first_line, extent))
-                    for batch in batches:
-                        summary.input_rows += batch.frame.height + len(batch.rejects)
-                        rejects.extend(batch.rejects)
-                        frame = self._prepare(batch, rejects, system_bytes)
+                    for source, rows_in, frame, batch_rejects in prefetch(self._prepared(batches, system_bytes)):
+                        summary.input_rows += rows_in
+                        rejects.extend(batch_rejects)
                         if frame.height == 0:
                             continue
                         # hash the UTF-8 bytes as Arrow holds them (no decode to str and encode back)
                         rids = ids.request_ids(prefix, frame["user_prompt"].cast(pl.Binary).to_list())
                         frame = frame.with_columns(pl.Series("request_id", rids, dtype=pl.String),
-                                                   pl.lit(batch.source).alias("source"))
-                        row_writes.submit(_write_rows, rows_out, frame.select(LINE, KEY, "request_id"), batch.source)
+                                                   pl.lit(source).alias("source"))
+                        row_writes.submit(_write_rows, rows_out, frame.select(LINE, KEY, "request_id"), source)
                         summary.accepted_rows += frame.height
                         keep = dedup.offer(rids)
                         if keep is None:  # past the memory bound: decided once every row is in
@@ -252,6 +253,14 @@ class ManifestBuilder:
                  spec.name, gen, len(files), summary.files_line(), summary.input_rows, summary.rejected_rows,
                  summary.new_requests, len(summary.new_shards), summary.seconds)
         return summary
+
+    def _prepared(self, batches: Iterator[RowBatch], system_bytes: int
+                  ) -> Iterator[tuple[str, int, pl.DataFrame, list[Reject]]]:
+        """(source, rows read, prepared frame, rejects) per block: the part of the work that releases the GIL."""
+        for batch in batches:
+            rows_in = batch.frame.height + len(batch.rejects)
+            rejects = list(batch.rejects)
+            yield batch.source, rows_in, self._prepare(batch, rejects, system_bytes), rejects
 
     def _prepare(self, batch: RowBatch, rejects: list[Reject], system_bytes: int) -> pl.DataFrame:
         """Normalise fields, render the prompt, estimate tokens; empty or over-long rows become rejects."""
