@@ -1,0 +1,104 @@
+"""A loopback GCS emulator (``gcp-storage-emulator``) and a sandbox process that uses it, for the Vertex tests.
+
+Imported by the conftests that need them. The emulator is a real HTTP server on a free 127.0.0.1 port, in
+memory, stopped by PID; the sandbox reads Vertex inputs from it and writes predictions to it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from batch_pipeline.sandbox import SandboxAdmin, start_sandbox_process, stop_sandbox_process
+
+EMULATOR = Path(sys.executable).with_name("gcp-storage-emulator")
+GOOGLE_ENV = ("GOOGLE_CLOUD_PROJECT", "GOOGLE_CLOUD_LOCATION", "GOOGLE_APPLICATION_CREDENTIALS",
+              "GOOGLE_GENAI_API_VERSION", "GOOGLE_API_KEY", "GEMINI_API_KEY")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_gcs_emulator(timeout: float = 20.0) -> tuple[subprocess.Popen[bytes], str]:
+    """``gcp-storage-emulator start --in-memory`` on a free loopback port; returns (process, URL) once it answers."""
+    port = _free_port()
+    proc = subprocess.Popen([str(EMULATOR), "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory",
+                             "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(url + "/storage/v1/b", timeout=1).read()
+            return proc, url
+        except OSError:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.05)
+    stop_process(proc)
+    raise RuntimeError(f"the GCS emulator did not answer on {url}")
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def gcs_emulator() -> Iterator[str]:
+    """The emulator's URL (``http://127.0.0.1:PORT``), one per test module."""
+    proc, url = start_gcs_emulator()
+    try:
+        yield url
+    finally:
+        stop_process(proc)
+
+
+@pytest.fixture(scope="module")
+def vertex_sandbox_proc(gcs_emulator: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """A sandbox process that knows the emulator (``STORAGE_EMULATOR_HOST``): yields ``(proc, url)``."""
+    proc, url = start_sandbox_process(port=0, env={"STORAGE_EMULATOR_HOST": gcs_emulator})
+    try:
+        yield proc, url
+    finally:
+        stop_sandbox_process(proc)
+
+
+@pytest.fixture
+def vertex_sandbox(vertex_sandbox_proc, gcs_emulator: str, monkeypatch) -> SandboxAdmin:
+    """That sandbox, reset for this test, wired in through $BATCH_PIPELINE_SANDBOX_URL and $STORAGE_EMULATOR_HOST,
+    with no Google project, credentials or key of the environment in reach."""
+    _, url = vertex_sandbox_proc
+    admin = SandboxAdmin(url)
+    admin.reset()
+    monkeypatch.setenv("BATCH_PIPELINE_SANDBOX_URL", url)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)
+    for name in GOOGLE_ENV:
+        monkeypatch.delenv(name, raising=False)
+    return admin
+
+
+def vertex_creates(admin: SandboxAdmin) -> int:
+    """Batch prediction jobs the sandbox created (accepted POSTs to the collection)."""
+    return sum(1 for r in admin.requests() if r["method"] == "POST" and r["path"].endswith("/batchPredictionJobs")
+               and r["status"] == 200)
+
+
+def emulator_env(url: str) -> dict[str, str]:
+    """The environment a child process needs to reach the emulator."""
+    return {**os.environ, "STORAGE_EMULATOR_HOST": url}
