@@ -18,9 +18,10 @@ Responses -> ``RAW_RESULT_SCHEMA`` rows:
 - usage: ``input_tokens`` = ``promptTokenCount`` (it includes the cached prefix), ``cached_tokens`` =
   ``cachedContentTokenCount``, ``output_tokens`` = ``candidatesTokenCount`` + ``thoughtsTokenCount`` (thinking
   is billed as output);
-- a per-request error (a ``google.rpc.Status``: ``code``, ``message``, ``status``, ``details``): its ``code``
-  as the HTTP status, ``error_code`` from an ``ErrorInfo`` reason that means "a human must act"
-  (``SYSTEMIC_REASONS``), else the lower-cased ``status``.
+- a per-request error (a ``google.rpc.Status``: ``code``, ``message``, ``details``): its RPC ``code`` (3, 13,
+  ...) as the HTTP status the same error has online (``RPC_CODES``; a code of 100 or more is taken as HTTP
+  already), ``error_code`` from an ``ErrorInfo`` reason that means "a human must act" (``SYSTEMIC_REASONS``),
+  else the code's name lower-cased (``invalid_argument``, ``internal``, ...).
 
 The common rows are read in one DuckDB pass (see ``jsonl_blocks``); odd rows (several parts, a thought part,
 error details) and odd blocks go through ``json.loads`` line by line.
@@ -36,7 +37,8 @@ import pyarrow.compute as pc
 
 from batch_pipeline.core.quality.validate import choice_schema
 from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA, RequestPlan
-from batch_pipeline.executors.jsonl_blocks import RESULT_BLOCK_BYTES, extract_block, json_paths_sql, parse_stream, replace_rows
+from batch_pipeline.executors.jsonl_blocks import (RESULT_BLOCK_BYTES, extract_block, json_paths_sql, parse_stream,
+                                                   replace_rows)
 
 JSON_MIME = "application/json"
 FINISH_REASONS = {"STOP": "stop", "MAX_TOKENS": "length"}
@@ -46,6 +48,12 @@ REFUSAL_REASONS = frozenset({"SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CO
 SYSTEMIC_REASONS = {"API_KEY_INVALID": "invalid_api_key", "API_KEY_EXPIRED": "invalid_api_key",
                     "BILLING_DISABLED": "insufficient_quota", "CONSUMER_SUSPENDED": "account_deactivated"}
 ERROR_INFO = "type.googleapis.com/google.rpc.ErrorInfo"
+# google.rpc.Code -> (name, the HTTP status the same error has online); a Status in a line carries the number
+RPC_CODES = {1: ("CANCELLED", 499), 2: ("UNKNOWN", 500), 3: ("INVALID_ARGUMENT", 400), 4: ("DEADLINE_EXCEEDED", 504),
+             5: ("NOT_FOUND", 404), 6: ("ALREADY_EXISTS", 409), 7: ("PERMISSION_DENIED", 403),
+             8: ("RESOURCE_EXHAUSTED", 429), 9: ("FAILED_PRECONDITION", 400), 10: ("ABORTED", 409),
+             11: ("OUT_OF_RANGE", 400), 12: ("UNIMPLEMENTED", 501), 13: ("INTERNAL", 500), 14: ("UNAVAILABLE", 503),
+             15: ("DATA_LOSS", 500), 16: ("UNAUTHENTICATED", 401)}
 
 
 # -- requests -------------------------------------------------------------------------------------------------
@@ -116,9 +124,11 @@ def _sql(layout: LineLayout) -> str:
              f"{r}.responseId", f"{r}.promptFeedback.blockReason", f"{r}.usageMetadata",
              f"{e}.code", f"{e}.status", f"{e}.message", f"{e}.details", r, e]
     refusals = ", ".join(f"'{x}'" for x in sorted(REFUSAL_REASONS))
+    rpc_http = " ".join(f"WHEN {n} THEN {h}" for n, (_, h) in RPC_CODES.items())
+    rpc_name = " ".join(f"WHEN {n} THEN '{name.lower()}'" for n, (name, _) in RPC_CODES.items())
     return f"""
 SELECT request_id,
-       CASE WHEN has_error THEN coalesce(TRY_CAST(code AS INTEGER), 500)
+       CASE WHEN has_error THEN CASE WHEN code >= 100 THEN code ELSE CASE code {rpc_http} ELSE 500 END END
             WHEN has_response THEN 200 END::INTEGER AS http_status,
        CASE WHEN has_response AND NOT has_error AND NOT refused THEN text END AS output_text,
        CASE WHEN NOT has_response OR has_error THEN NULL WHEN refused THEN 'refusal'
@@ -127,7 +137,8 @@ SELECT request_id,
        CASE WHEN has_usage THEN coalesce(prompt, 0) END AS input_tokens,
        CASE WHEN has_usage THEN coalesce(cached, 0) END AS cached_tokens,
        CASE WHEN has_usage THEN coalesce(candidates, 0) + coalesce(thoughts, 0) END AS output_tokens,
-       CASE WHEN has_error THEN coalesce(lower(status), 'http_' || coalesce(code, '500'))
+       CASE WHEN has_error THEN coalesce(lower(status), CASE code {rpc_name} END,
+                                         'http_' || coalesce(code::VARCHAR, '500'))
             WHEN NOT has_response THEN 'missing_result' END AS error_code,
        CASE WHEN has_error THEN message
             WHEN NOT has_response THEN 'the result line has neither a response nor an error'
@@ -141,7 +152,7 @@ FROM (
   SELECT v[1] AS request_id, v[2] AS text, v[3] AS part1, v[4] AS thought, v[5] AS finish,
          TRY_CAST(v[6] AS BIGINT) AS prompt, TRY_CAST(v[7] AS BIGINT) AS cached,
          TRY_CAST(v[8] AS BIGINT) AS candidates, TRY_CAST(v[9] AS BIGINT) AS thoughts, v[10] AS response_id,
-         v[11] AS block, v[12] IS NOT NULL AS has_usage, v[13] AS code, v[14] AS status, v[15] AS message,
+         v[11] AS block, v[12] IS NOT NULL AS has_usage, TRY_CAST(v[13] AS INTEGER) AS code, v[14] AS status, v[15] AS message,
          v[16] AS details, v[17] IS NOT NULL AND v[17] <> 'null' AS has_response,
          v[18] IS NOT NULL AND v[18] <> 'null' AS has_error,
          v[11] IS NOT NULL OR v[5] IN ({refusals}) AS refused
@@ -218,13 +229,15 @@ def error_columns(error: dict[str, Any]) -> tuple[Any, ...]:
     """(http_status, output_text, finish_reason, input, cached, output tokens, error_code, error_message) of a
     ``google.rpc.Status``."""
     code = _int(error.get("code"))
-    status = error.get("status") if isinstance(error.get("status"), str) else None
-    reason = next((d.get("reason") for d in error.get("details") or []
-                   if isinstance(d, dict) and d.get("@type") == ERROR_INFO), None)
+    name, http = RPC_CODES.get(code or 0, (None, 500))
+    http = code if code is not None and code >= 100 else http
+    status = error.get("status") if isinstance(error.get("status"), str) else name
+    details = error.get("details") if isinstance(error.get("details"), list) else []
+    reason = next((d.get("reason") for d in details if isinstance(d, dict) and d.get("@type") == ERROR_INFO), None)
     error_code = SYSTEMIC_REASONS.get(reason) if isinstance(reason, str) else None
-    error_code = error_code or (status.lower() if status else f"http_{code or 500}")
+    error_code = error_code or (status.lower() if status else f"http_{code if code is not None else 500}")
     message = error.get("message") if isinstance(error.get("message"), str) else None
-    return (code or 500, None, None, None, None, None, error_code, message)
+    return (http, None, None, None, None, None, error_code, message)
 
 
 def response_columns(response: dict[str, Any]) -> tuple[Any, ...]:

@@ -46,9 +46,17 @@ def error_info(reason: str, **metadata: str) -> dict[str, Any]:
     return {"@type": ERROR_INFO, "reason": reason, "domain": DOMAIN, "metadata": dict(metadata)}
 
 
+# HTTP status -> google.rpc.Code number (what a google.rpc.Status carries in ``code``)
+RPC_CODES = {400: 3, 401: 16, 403: 7, 404: 5, 409: 10, 429: 8, 499: 1, 500: 13, 501: 12, 503: 14, 504: 4}
+
+
 def status_object(status: int, message: str, details: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """A ``google.rpc.Status`` as a result line or an operation carries it."""
-    return GoogleError(status, message, details=details).body()["error"]
+    """A ``google.rpc.Status`` as a result line or an operation carries it: ``code`` is the RPC code (3, 13 ...),
+    not the HTTP status, and there is no ``status`` name (that is only in the HTTP error envelope)."""
+    body: dict[str, Any] = {"code": RPC_CODES.get(status, 2), "message": message}
+    if details:
+        body["details"] = details
+    return body
 
 
 def as_google(exc: ApiError) -> GoogleError:
