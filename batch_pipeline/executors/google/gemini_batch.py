@@ -125,6 +125,18 @@ def resolve_key_env(settings: GeminiBatchSettings) -> str | None:
     return env
 
 
+def input_file(work: ShardWork) -> bytes:
+    """The attempt's JSONL: the shared request parts serialised once, each line adds its key and prompt."""
+    shared = json.dumps(request_template(work.plan), ensure_ascii=False, separators=(",", ":"))[1:]
+    dumps = json.dumps
+    ids = work.items.column("request_id").to_pylist()
+    prompts = work.items.column("user_prompt").to_pylist()
+    return "".join(
+        f'{{"key":{dumps(rid)},"request":{{"contents":[{{"role":"user","parts":[{{"text":'
+        f'{dumps(prompt, ensure_ascii=False)}}}]}}],{shared}}}\n'
+        for rid, prompt in zip(ids, prompts)).encode("utf-8")
+
+
 class GeminiBatchExecutor:
     """Shard sizing: at most 10,000 requests (and 256 MiB) per batch. Gemini caps a batch only by its 2 GB
     input file and the tier's enqueued-token quota, but an expired batch returns nothing, so everything in it is
@@ -171,22 +183,11 @@ class GeminiBatchExecutor:
         time.sleep(min(wait, _MAX_WAIT_S))
 
     # -- submit -------------------------------------------------------------------------------------------
-    def input_file(self, work: ShardWork) -> bytes:
-        """The attempt's JSONL: the shared request parts serialised once, each line adds its key and prompt."""
-        shared = json.dumps(request_template(work.plan), ensure_ascii=False, separators=(",", ":"))[1:]
-        dumps = json.dumps
-        ids = work.items.column("request_id").to_pylist()
-        prompts = work.items.column("user_prompt").to_pylist()
-        return "".join(
-            f'{{"key":{dumps(rid)},"request":{{"contents":[{{"role":"user","parts":[{{"text":'
-            f'{dumps(prompt, ensure_ascii=False)}}}]}}],{shared}}}\n'
-            for rid, prompt in zip(ids, prompts)).encode("utf-8")
-
     def submit(self, work: ShardWork) -> BatchHandle:
         if work.items.num_rows > self.max_requests_per_batch:
             raise ConfigError(f"shard {work.shard_id} has {work.items.num_rows} requests; gemini_batch sends at "
                               f"most {self.max_requests_per_batch} per batch (lower shards.max_requests)")
-        data = self.input_file(work)
+        data = input_file(work)
         if len(data) > self.max_bytes_per_batch:
             raise ConfigError(f"shard {work.shard_id} input is {len(data)} bytes; gemini_batch sends at most "
                               f"{self.max_bytes_per_batch} per batch (lower shards.max_bytes)")
