@@ -5,6 +5,7 @@ Runs on the first ``--rows`` rows of the cached ``make_rows`` file, block by blo
 compared with the ``manifest_bench.py --sections`` breakdown.
 
     python benchmarks/manifest_hotspots.py [--rows 200000]
+    python benchmarks/manifest_hotspots.py --dedup 5000000 [--probes 1000000]   # the dedup structures
 """
 
 import argparse
@@ -59,12 +60,105 @@ def timeit(label: str, fn, rows: int, results: dict, reps: int = 3):
     return value
 
 
+def _rss_mb() -> float:
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def dedup_alternatives(n: int, probes: int) -> None:
+    """The dedup structures considered for ``core/manifest/dedup.py``, on ``n`` random 64-hex IDs: memory per
+    ID (RSS growth while building) and the time to build them and to answer ``probes`` lookups (half hits)."""
+    import gc
+    import os
+    import tempfile
+
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    raw = rng.integers(0, 2**63, size=(n, 4), dtype=np.int64)
+    hex_ids = [bytes(r).hex() for r in raw.view(np.uint8).reshape(n, 32)]
+    probe = hex_ids[: probes // 2] + [bytes(r).hex() for r in
+                                      rng.integers(0, 2**63, size=(probes - probes // 2, 4), dtype=np.int64)
+                                      .view(np.uint8).reshape(-1, 32)]
+    print(f"dedup structures, {n:,} IDs, {len(probe):,} probes (half hits):")
+
+    def measure(label, build, lookup):
+        gc.collect()
+        before = _rss_mb()
+        t = time.perf_counter()
+        obj = build()
+        built = time.perf_counter() - t
+        grown = _rss_mb() - before
+        t = time.perf_counter()
+        hits = lookup(obj)
+        looked = time.perf_counter() - t
+        print(f"  {grown / n * 2**20:6.0f} B/ID  build {built:6.2f} s  probes {looked:6.2f} s  hits {hits:,}  {label}")
+        del obj
+        gc.collect()
+
+    # the in-memory path makes each ID string as it hashes: build from new strings, so their memory counts
+    measure("Python set of 64-char str (the in-memory path)", lambda: {(h + " ")[:-1] for h in hex_ids},
+            lambda s: sum(1 for p in probe if p in s))
+    measure("Python set of 32-byte digests", lambda: {bytes.fromhex(h) for h in hex_ids},
+            lambda s: sum(1 for p in probe if bytes.fromhex(p) in s))
+    measure("Polars String column + anti/semi join per block of 10k probes",
+            lambda: pl.DataFrame({"request_id": hex_ids}),
+            lambda f: sum(f.join(pl.DataFrame({"request_id": probe[i:i + 10_000]}), on="request_id", how="semi")
+                          .height for i in range(0, len(probe), 10_000)))
+    measure("Polars join, all probes at once (the per-range spill decision)",
+            lambda: pl.DataFrame({"request_id": hex_ids}),
+            lambda f: f.join(pl.DataFrame({"request_id": probe}), on="request_id", how="semi").height)
+    import duckdb
+
+    def duck_build():
+        con = duckdb.connect()
+        frame = pl.DataFrame({"request_id": hex_ids})  # noqa: F841 - read by DuckDB's replacement scan
+        con.execute("CREATE TABLE idx AS SELECT request_id FROM frame")
+        return con
+
+    def duck_probe(con):
+        frame = pl.DataFrame({"request_id": probe})  # noqa: F841
+        return con.execute("SELECT count(*) FROM frame SEMI JOIN idx USING (request_id)").fetchone()[0]
+
+    measure("DuckDB table in memory + semi join, all probes at once", duck_build, duck_probe)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "idx.parquet")
+        pl.DataFrame({"request_id": sorted(hex_ids)}).write_parquet(path, row_group_size=65_536)
+        size = os.path.getsize(path)
+
+        by_range = pl.DataFrame({"request_id": probe}).with_columns(pl.col("request_id").str.slice(0, 2).alias("p"))
+        by_range = {k[0]: v for k, v in by_range.partition_by("p", as_dict=True).items()}
+
+        def from_disk(_):
+            from batch_pipeline.core.manifest.index import _Cursor, hex_range
+            from batch_pipeline.core.store import Store
+
+            cursor = _Cursor(Store(tmp), "idx.parquet")
+            hits = 0
+            for i in range(256):
+                p = format(i, "02x")
+                part = pl.DataFrame({"request_id": cursor.take(*hex_range(p))}, schema={"request_id": pl.String})
+                hits += part.join(by_range[p], on="request_id", how="semi").height
+            return hits
+
+        measure(f"sorted Parquet index on disk ({size / n:.0f} B/ID on disk), 256 ranges read in order (IdIndex)",
+                lambda: None, from_disk)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--dedup", type=int, default=0, help="only measure the dedup structures on this many IDs")
+    ap.add_argument("--probes", type=int, default=1_000_000)
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--source-rows", type=int, default=1_000_000, help="which cached make_rows file to read")
     args = ap.parse_args(argv)
+    if args.dedup:
+        dedup_alternatives(args.dedup, args.probes)
+        return 0
     path, _ = ensure_rows(args.source_rows, args.seed)
     blocks = blocks_of(path, args.rows)
     n = sum(b.count(b"\n") for b in blocks)
