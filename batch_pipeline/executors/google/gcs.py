@@ -13,7 +13,6 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import requests
 from google.api_core import exceptions as gexc
 from google.auth import exceptions as auth_exc
 from google.cloud import storage
@@ -70,15 +69,15 @@ def translate_gcs(exc: Exception, action: str) -> BatchPipelineError:
                              code="permission_denied")
     if isinstance(exc, gexc.NotFound):
         return SystemicError(msg + " (does the bucket exist?)", code="not_found")
-    if isinstance(exc, gexc.TooManyRequests | gexc.ServerError | requests.exceptions.ConnectionError
-                  | requests.exceptions.Timeout | auth_exc.TransportError):
+    if isinstance(exc, gexc.TooManyRequests | gexc.ServerError | auth_exc.TransportError | OSError):
+        # OSError: requests' connection errors and timeouts, which the storage client lets through
         return TransientError(msg)
     if isinstance(exc, gexc.GoogleAPICallError):
         return SystemicError(msg)
     return BatchPipelineError(msg)
 
 
-_ERRORS = (gexc.GoogleAPICallError, auth_exc.GoogleAuthError, requests.exceptions.RequestException)
+_ERRORS = (gexc.GoogleAPICallError, auth_exc.GoogleAuthError, OSError)
 
 
 class Gcs:
