@@ -72,7 +72,8 @@ def _free_port() -> int:
 
 
 @contextmanager
-def postgres_server() -> Iterator[PostgresServer]:
+def postgres_server(durable: bool = False) -> Iterator[PostgresServer]:
+    """``durable``: commits wait for the disk, as a production server's do (tests run without it)."""
     as_root = os.geteuid() == 0
     owner = pwd.getpwnam("postgres") if as_root else None
     root = Path(tempfile.mkdtemp(prefix="bp_postgres_"))  # not under pytest's 0700 root-owned tmp: postgres reads it
@@ -87,9 +88,9 @@ def postgres_server() -> Iterator[PostgresServer]:
                     "-E", "UTF8", "--no-sync"], check=True, capture_output=True, **user)
     port = _free_port()
     log = (root / "server.log").open("wb")
+    fast = [] if durable else ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
     proc = subprocess.Popen([_bin("postgres"), "-D", str(data), "-p", str(port), "-h", "127.0.0.1",
-                             "-k", str(root), "-c", "fsync=off", "-c", "synchronous_commit=off",
-                             "-c", "full_page_writes=off", "-c", "max_connections=200"],
+                             "-k", str(root), *fast, "-c", "max_connections=200"],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **user)
     server = PostgresServer(proc.pid, port, password)
     try:
