@@ -104,6 +104,17 @@ class Store:
             out.write(data)
         self.fs.move(self.full(tmp), self.full(rel))
 
+    def copy(self, src: str, dst: str) -> None:
+        """``src`` to ``dst`` byte for byte without holding it in memory; ``dst`` appears whole or not at all (a
+        temporary name renamed on local disk, one server-side copy on an object store)."""
+        self._mkdir_for(dst)
+        if not self.is_local:
+            self.fs.copy_file(self.full(src), self.full(dst))
+            return
+        tmp = self._tmp_name(dst)
+        self.fs.copy_file(self.full(src), self.full(tmp))
+        self.fs.move(self.full(tmp), self.full(dst))
+
     def read_bytes(self, rel: str) -> bytes:
         with self.fs.open_input_stream(self.full(rel)) as f:
             return f.read()

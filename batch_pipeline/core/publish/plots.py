@@ -24,13 +24,17 @@ def _png(fig) -> bytes:
 
 
 def cost_over_time(results: pl.DataFrame) -> bytes:
-    """Cumulative cost (left axis) and accepted items (right axis) against the time results were recorded."""
+    """Cumulative cost (left axis) and accepted items (right axis) against the time results were recorded.
+
+    ``results``: result rows (recorded_at, cost_usd, status), or a timeline already summed per recording time
+    (recorded_at, cost_usd, accepted: ``JobScan.timeline``, thousands of points for a job of millions of rows)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.2), dpi=100)
     if results.height:
+        accepted = pl.col("accepted") if "accepted" in results.columns else \
+            (pl.col("status") == "succeeded").cast(pl.Int64)
         ordered = results.sort("recorded_at").with_columns(
-            pl.col("cost_usd").cum_sum().alias("cum_cost"),
-            (pl.col("status") == "succeeded").cast(pl.Int64).cum_sum().alias("cum_accepted"))
+            pl.col("cost_usd").cum_sum().alias("cum_cost"), accepted.cum_sum().alias("cum_accepted"))
         times: list[datetime] = ordered["recorded_at"].to_list()
         ax.step(times, ordered["cum_cost"].to_list(), where="post", color="tab:red", label="cumulative cost (USD)")
         ax2 = ax.twinx()

@@ -5,85 +5,98 @@ letters under ``staged/`` (where the blocking checks read them), ``promote`` cop
 ``validated/`` (where users read them) and refreshes the DuckDB views. A failed check means no promotion:
 the previous validated table stays as it was.
 
-Duplicates are paid once and answered for every row: each source row joins its request's latest
-valid result; the cost sits on the first row of a request only, so summing the table's cost gives
-what was paid for accepted items.
+Both are built streaming, whatever the job's size: the table by DuckDB over the Parquet files
+(``validated.py``), the dead letters and the report's figures by one pass a group of shards at a time
+(``scan.py``). ``JobState`` still offers the job's items, results and states as whole frames, read on first use,
+for the callers that need every row (quotes, evals, replays).
 """
 
 import logging
-from dataclasses import dataclass
+from functools import cached_property
 
 import duckdb
 import polars as pl
 
-from batch_pipeline.core.quality.golden import GoldenProbes
 from batch_pipeline.core.manifest.shards import Manifest
-from batch_pipeline.core.spec.paths import JobPaths
-from batch_pipeline.core.state.reconcile import DEAD, check_invariant, item_states
-from batch_pipeline.core.run.results import read_results
+from batch_pipeline.core.publish.scan import JobScan, scan_job
+from batch_pipeline.core.publish.validated import VALIDATED_COLUMNS, write_validated
+from batch_pipeline.core.quality.golden import GoldenProbes
+from batch_pipeline.core.run.results import PART_SCHEMA, read_results
 from batch_pipeline.core.spec.job import JobSpec
+from batch_pipeline.core.spec.paths import JobPaths
+from batch_pipeline.core.state.reconcile import Counts, item_states
 from batch_pipeline.core.state.replay import Replays
 from batch_pipeline.core.store import Store
 
 log = logging.getLogger(__name__)
 
-VALIDATED_COLUMNS = [
-    "source", "line", "source_key", "request_id", "shard_id", "output", "output_text", "finish_reason",
-    "model", "prompt_version", "backend", "pricing", "attempt", "input_tokens", "cached_tokens", "output_tokens",
-    "cost_usd", "is_duplicate", "provider_batch_id",
-]
+__all__ = ["VALIDATED_COLUMNS", "JobState", "dead_letters", "promote", "stage", "write_duckdb_views"]
 
 
-@dataclass
 class JobState:
-    """Everything derived from the store in one read: items, results, per-item states."""
+    """The job as the store has it. ``scan`` (one pass, a group of shards at a time) serves publishing, the report
+    and ``check``; ``items``, ``results`` and ``states`` (every row; results without their raw payload) are read
+    on first use only."""
 
-    items: pl.DataFrame
-    results: pl.DataFrame
-    states: pl.DataFrame
-
-    probe_results: pl.DataFrame | None = None
+    def __init__(self, spec: JobSpec, store: Store):
+        self.spec, self.store = spec, store
 
     @classmethod
     def load(cls, spec: JobSpec, store: Store) -> "JobState":
-        """Items and their results; golden probe results are kept apart (they are not items of the job)."""
+        return cls(spec, store)
+
+    @cached_property
+    def scan(self) -> JobScan:
+        return scan_job(self.spec, self.store)
+
+    def check(self) -> Counts:
+        """``expected = valid + invalid + missing + dead_lettered`` per shard and per job, from independent sets."""
+        return self.scan.check()
+
+    @cached_property
+    def _frames(self) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame | None]:
+        """Items and their results; golden probe results kept apart (they are not items of the job)."""
+        spec, store = self.spec, self.store
         items = pl.from_arrow(Manifest(spec.name, store).item_index())
         assert isinstance(items, pl.DataFrame)
-        results = read_results(store, spec.name)
+        results = read_results(store, spec.name, columns=PART_SCHEMA.names)
         probes = None
         if spec.quality is not None:
             ids = GoldenProbes(spec, store).all_probe_ids().select("request_id")
             if ids.height:
                 probes = results.join(ids, on="request_id", how="semi")
                 results = results.join(ids, on="request_id", how="anti")
-        return cls(items, results, item_states(items, results, spec.retries, Replays(store, spec.name).table()), probes)
+        states = item_states(items, results, spec.retries, Replays(store, spec.name).table())
+        return items, results, states, probes
 
-    def check(self):
-        return check_invariant(self.items, self.results, self.states)
+    @property
+    def items(self) -> pl.DataFrame:
+        return self._frames[0]
 
+    @property
+    def results(self) -> pl.DataFrame:
+        return self._frames[1]
 
-def validated_table(spec: JobSpec, store: Store, state: JobState) -> pl.DataFrame:
-    rows = pl.from_arrow(Manifest(spec.name, store).rows())
-    assert isinstance(rows, pl.DataFrame)
-    valid = (state.results.filter(pl.col("status") == "succeeded")
-             .sort("attempt").unique("request_id", keep="last"))
-    table = rows.join(valid.rename({"parsed_output": "output"}), on="request_id", how="inner")
-    table = table.sort("source", "line").with_columns(
-        pl.col("request_id").is_first_distinct().not_().alias("is_duplicate"))
-    table = table.with_columns(pl.when(pl.col("is_duplicate")).then(0.0).otherwise(pl.col("cost_usd")).alias("cost_usd"))
-    return table.select(VALIDATED_COLUMNS)
+    @property
+    def states(self) -> pl.DataFrame:
+        return self._frames[2]
+
+    @property
+    def probe_results(self) -> pl.DataFrame | None:
+        return self._frames[3]
 
 
 def dead_letters(state: JobState) -> pl.DataFrame:
-    return state.states.filter(pl.col("state") == DEAD).select(
-        "request_id", "shard_id", "failures", "attempts", "last_status", "last_error_code", "last_error")
+    return state.scan.dead_letters
 
 
-def stage(spec: JobSpec, store: Store, state: JobState) -> dict[str, str]:
+def stage(spec: JobSpec, store: Store, state: JobState | None = None) -> dict[str, str]:
     """Write the staged table and dead letters (each replaced atomically); nothing users read changes."""
     paths = JobPaths(spec.name)
-    store.write_table(paths.staged, validated_table(spec, store, state).to_arrow())
+    state = state or JobState.load(spec, store)
+    rows = write_validated(spec, store, paths.staged)
     store.write_table(paths.staged_dead_letters, dead_letters(state).to_arrow())
+    log.info("staged %d rows of job %s", rows, spec.name)
     return {"staged": store.uri(paths.staged), "staged_dead_letters": store.uri(paths.staged_dead_letters)}
 
 
@@ -93,8 +106,8 @@ def promote(spec: JobSpec, store: Store) -> dict[str, str]:
     missing = [rel for rel in (paths.staged, paths.staged_dead_letters) if not store.exists(rel)]
     if missing:
         raise FileNotFoundError(f"nothing staged to promote for job {spec.name}: {', '.join(missing)} missing")
-    store.write_bytes(paths.dead_letters, store.read_bytes(paths.staged_dead_letters))
-    store.write_bytes(paths.validated, store.read_bytes(paths.staged))
+    store.copy(paths.staged_dead_letters, paths.dead_letters)
+    store.copy(paths.staged, paths.validated)
     out = {"validated": store.uri(paths.validated), "dead_letters": store.uri(paths.dead_letters)}
     db = store.local_path(paths.duckdb)
     if db is not None:
@@ -114,6 +127,7 @@ def write_duckdb_views(store: Store, job: str) -> None:
         "validated": store.local_path(paths.validated),
         "dead_letters": store.local_path(paths.dead_letters),
         "results": f"{root}/results/*/*.parquet",
+        "payloads": f"{root}/payloads/*/*.parquet",  # the raw provider lines, by (request_id, attempt)
         "items": f"{root}/manifest/items/*.parquet",
         "source_rows": store.local_path(paths.rows(gen)),
         "rejects": store.local_path(paths.rejects(gen)),

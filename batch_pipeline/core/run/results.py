@@ -138,15 +138,29 @@ def read_results(store: Store, job: str, shard_id: str | None = None, columns: l
     cols = RESULT_SCHEMA.names if columns is None else (
         columns if {"request_id", "attempt"} <= set(columns) else list(dict.fromkeys(["request_id", "attempt",
                                                                                       *columns])))
-    hot = [c for c in cols if c != PAYLOAD]
     parts = store.list_files(where, recursive=True, suffix=".parquet")
-    frame = _fill_later_columns(_read_frame(store, parts, hot), hot)
-    # a re-collected attempt may have written the same rows twice; distinct hashes rule that out cheaply
-    frame = _unique_rows(frame)
+    frame = read_parts(store, parts, [c for c in cols if c != PAYLOAD])
     if PAYLOAD not in cols:
         return frame
     payloads = _read_payloads(store, job, shard_id, parts)
     return frame.join(payloads, on=["request_id", "attempt"], how="left", maintain_order="left").select(cols)
+
+
+def result_parts(store: Store, job: str) -> dict[str, list[str]]:
+    """Every result part of the job, by shard, from one listing (for reads a group of shards at a time)."""
+    results = JobPaths(job).results
+    out: dict[str, list[str]] = {}
+    for rel in store.list_files(results, recursive=True, suffix=".parquet"):
+        out.setdefault(rel[len(results) + 1:].split("/", 1)[0], []).append(rel)
+    return out
+
+
+def read_parts(store: Store, parts: list[str], columns: list[str]) -> pl.DataFrame:
+    """``read_results`` over the given result parts (``raw_payload`` aside): one row per (request_id, attempt)."""
+    assert PAYLOAD not in columns and {"request_id", "attempt"} <= set(columns)
+    frame = _fill_later_columns(_read_frame(store, parts, columns), columns)
+    # a re-collected attempt may have written the same rows twice; distinct hashes rule that out cheaply
+    return _unique_rows(frame)
 
 
 def _unique_rows(frame: pl.DataFrame) -> pl.DataFrame:

@@ -1,0 +1,121 @@
+"""The validated table, built by DuckDB over the Parquet files themselves: one row per source row, the latest valid
+result of its request.
+
+DuckDB scans the result parts and the manifest's rows parts (as Arrow datasets, so a local disk and S3 read the
+same way), keeps each request's latest succeeded result, joins the source rows to it and sorts them by source and
+line, under a memory limit: past it, the join and the sort spill to a temporary directory. The table streams out
+in record batches into the staged file, so neither the results nor the table are ever whole in memory.
+
+Duplicates are paid once and answered for every row: the first row of a request (in source, line order) carries
+its cost, the others ``cost_usd`` 0 and ``is_duplicate``; summing the table's cost gives what accepted items cost.
+"""
+
+import logging
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+
+import duckdb
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from batch_pipeline.core.manifest.read import ROW_SCHEMA
+from batch_pipeline.core.manifest.shards import Manifest
+from batch_pipeline.core.run.results import PART_SCHEMA, result_parts
+from batch_pipeline.core.spec.job import JobSpec
+from batch_pipeline.core.store import Store
+
+log = logging.getLogger(__name__)
+
+MEMORY_LIMIT = "1GB"  # DuckDB's own buffers; the join and the sort spill past it
+BATCH_ROWS = 100_000
+_RESULT_COLUMNS = ["request_id", "shard_id", "attempt", "status", "parsed_output", "output_text", "finish_reason",
+                   "model", "prompt_version", "backend", "pricing", "input_tokens", "cached_tokens", "output_tokens",
+                   "cost_usd", "provider_batch_id"]
+VALIDATED_SCHEMA = pa.schema([
+    *ROW_SCHEMA,  # source, line, source_key, request_id
+    PART_SCHEMA.field("shard_id"), pa.field("output", pa.string()),
+    *[PART_SCHEMA.field(c) for c in ("output_text", "finish_reason", "model", "prompt_version", "backend", "pricing",
+                                     "attempt", "input_tokens", "cached_tokens", "output_tokens", "cost_usd")],
+    pa.field("is_duplicate", pa.bool_()), PART_SCHEMA.field("provider_batch_id"),
+])
+VALIDATED_COLUMNS = VALIDATED_SCHEMA.names
+
+_QUERY = """
+WITH valid AS (
+    SELECT * FROM results WHERE status = 'succeeded'
+    QUALIFY row_number() OVER (PARTITION BY request_id ORDER BY attempt DESC) = 1
+), source_rows AS (
+    SELECT *, row_number() OVER (PARTITION BY request_id ORDER BY source, line) > 1 AS is_duplicate
+    FROM ({rows}) AS r
+)
+SELECT r.source, r.line, r.source_key, r.request_id, v.shard_id, v.parsed_output AS output, v.output_text,
+       v.finish_reason, v.model, v.prompt_version, v.backend, v.pricing, v.attempt, v.input_tokens, v.cached_tokens,
+       v.output_tokens, CASE WHEN r.is_duplicate THEN 0.0 ELSE v.cost_usd END AS cost_usd, r.is_duplicate,
+       v.provider_batch_id
+FROM source_rows AS r JOIN valid AS v ON r.request_id = v.request_id
+ORDER BY r.source, r.line
+"""
+
+
+def write_validated(spec: JobSpec, store: Store, rel: str, memory_limit: str = MEMORY_LIMIT) -> int:
+    """Build the validated table into ``rel`` (replaced atomically); the number of rows written."""
+    manifest = Manifest(spec.name, store)
+    parts = [p for ps in result_parts(store, spec.name).values() for p in ps]
+    rows = [(manifest.paths.rows(gen), sources) for gen, sources in sorted(manifest.live_parts().items())]
+    rows = [(p, s) for p, s in rows if store.exists(p)]
+    try:
+        return _write(store, rel, parts, rows, memory_limit)
+    except (duckdb.Error, pa.ArrowInvalid, OSError) as exc:  # a torn part: leave out what does not open, again
+        readable = _readable(store, parts)
+        if len(readable) == len(parts):
+            raise
+        log.warning("validated table: %d torn result part(s) left out (%s)", len(parts) - len(readable), exc)
+        return _write(store, rel, readable, rows, memory_limit)
+
+
+def _write(store: Store, rel: str, parts: list[str], rows: list[tuple[str, list[str]]], memory_limit: str) -> int:
+    with tempfile.TemporaryDirectory(prefix="batch-pipeline-publish-") as spill:
+        con = duckdb.connect(config={"memory_limit": memory_limit, "temp_directory": spill,
+                                     "preserve_insertion_order": True})
+        try:
+            results_schema = pa.schema([PART_SCHEMA.field(c) for c in _RESULT_COLUMNS])
+            con.register("results", _dataset(store, parts, results_schema))
+            selects = []
+            for i, (path, sources) in enumerate(rows):
+                con.register(f"rows_{i}", _dataset(store, [path], ROW_SCHEMA))
+                where = ""
+                if sources:
+                    con.register(f"sources_{i}", pa.table({"source": pa.array(sources, pa.string())}))
+                    where = f" WHERE source IN (SELECT source FROM sources_{i})"
+                selects.append(f"SELECT source, line, source_key, request_id FROM rows_{i}{where}")
+            if not selects:
+                selects = ["SELECT NULL::VARCHAR AS source, NULL::BIGINT AS line, NULL::VARCHAR AS source_key, "
+                           "NULL::VARCHAR AS request_id WHERE false"]
+            reader = con.sql(_QUERY.format(rows=" UNION ALL ".join(selects))).to_arrow_reader(BATCH_ROWS)
+            n = 0
+            with store.parquet_writer(rel, VALIDATED_SCHEMA) as writer:
+                for batch in reader:
+                    writer.write_batch(batch.cast(VALIDATED_SCHEMA) if batch.schema != VALIDATED_SCHEMA else batch)
+                    n += batch.num_rows
+            return n
+        finally:
+            con.close()
+
+
+def _dataset(store: Store, rels: list[str], schema: pa.Schema) -> ds.Dataset:
+    """The files as one Arrow dataset of ``schema`` (columns a file lacks read as null, others are ignored)."""
+    return ds.dataset([store.full(r) for r in rels], schema=schema, format="parquet", filesystem=store.fs)
+
+
+def _readable(store: Store, parts: list[str]) -> list[str]:
+    def ok(rel: str) -> bool:
+        try:
+            with store.fs.open_input_file(store.full(rel)) as f:
+                pq.read_metadata(f)
+            return True
+        except (pa.ArrowInvalid, OSError):
+            return False
+
+    with ThreadPoolExecutor(max_workers=1 if store.is_local else 16) as pool:
+        return [rel for rel, good in zip(parts, pool.map(ok, parts)) if good]
