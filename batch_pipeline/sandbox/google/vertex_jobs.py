@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Optional
 
 from batch_pipeline.sandbox.batches import lines_due, output_order
-from batch_pipeline.sandbox.google.errors import GoogleError
+from batch_pipeline.sandbox.google.errors import RPC_CODES, STATUS_NAMES, GoogleError
 from batch_pipeline.sandbox.google.responder import GeminiResponder
 from batch_pipeline.sandbox.google.vertex_gcs import GcsUnavailable, SandboxGcs
 from batch_pipeline.sandbox.ids import stable_hex
@@ -37,6 +37,7 @@ REASON_PHRASES = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404
                   429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable",
                   504: "Gateway Timeout"}
 INVALID_ARGUMENT, NOT_FOUND = 3, 5  # google.rpc.Code numbers, as a job's ``error`` carries them
+HTTP_OF_RPC = {rpc: http for http, rpc in sorted(RPC_CODES.items(), reverse=True)}
 Bill = Callable[[list[dict[str, Any]]], None]
 
 
@@ -280,11 +281,15 @@ class VertexJobs:
     @staticmethod
     def _line(request: dict[str, Any], processed: Optional[str], *, response: Optional[dict[str, Any]] = None,
               status: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-        """A prediction line; a failed request's ``status`` is a text: reason phrase, then the error JSON."""
+        """A prediction line; a failed request's ``status`` is a text: the HTTP reason phrase, then the error as
+        the HTTP envelope has it (HTTP code and status name; ``status`` given here is a google.rpc.Status)."""
         line: dict[str, Any] = {"status": "", "processed_time": processed, "request": request}
         if status is not None:
-            phrase = REASON_PHRASES.get(int(status.get("code") or 500), "Error")
-            line["status"] = f"{phrase}: {json.dumps({'error': status}, ensure_ascii=False)}"
+            code = int(status.get("code") or 13)
+            http = code if code >= 100 else HTTP_OF_RPC.get(code, 500)
+            error = {"code": http, "message": status.get("message"), "status": STATUS_NAMES.get(http, "UNKNOWN"),
+                     **({"details": status["details"]} if status.get("details") else {})}
+            line["status"] = f"{REASON_PHRASES.get(http, 'Error')}: {json.dumps({'error': error}, ensure_ascii=False)}"
         else:
             line["response"] = response
         return line
