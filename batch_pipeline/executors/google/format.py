@@ -121,8 +121,8 @@ def _sql(layout: LineLayout) -> str:
              f"{r}.candidates[0].content.parts[0].thought", f"{r}.candidates[0].finishReason",
              f"{r}.usageMetadata.promptTokenCount", f"{r}.usageMetadata.cachedContentTokenCount",
              f"{r}.usageMetadata.candidatesTokenCount", f"{r}.usageMetadata.thoughtsTokenCount",
-             f"{r}.responseId", f"{r}.promptFeedback.blockReason", f"{r}.usageMetadata",
-             f"{e}.code", f"{e}.status", f"{e}.message", f"{e}.details", r, e]
+             f"{r}.responseId", f"{r}.promptFeedback.blockReason",
+             f"{e}.code", f"{e}.status", f"{e}.message", f"{e}.details"]  # no whole objects: each is re-serialised
     refusals = ", ".join(f"'{x}'" for x in sorted(REFUSAL_REASONS))
     rpc_http = " ".join(f"WHEN {n} THEN {h}" for n, (_, h) in RPC_CODES.items())
     rpc_name = " ".join(f"WHEN {n} THEN '{name.lower()}'" for n, (name, _) in RPC_CODES.items())
@@ -145,16 +145,18 @@ SELECT request_id,
             WHEN block IS NOT NULL THEN 'prompt blocked (blockReason=' || block || ')'
             WHEN refused THEN 'refused (finishReason=' || finish || ')' END AS error_message,
        response_id AS provider_request_id,
-       request_id IS NULL OR (has_error AND details IS NOT NULL)
+       request_id IS NULL OR (has_error AND details IS NOT NULL) OR NOT (has_error OR has_response)
          OR (has_response AND NOT has_error AND (part1 IS NOT NULL OR thought IS NOT DISTINCT FROM 'true'))
          AS _odd
 FROM (
   SELECT v[1] AS request_id, v[2] AS text, v[3] AS part1, v[4] AS thought, v[5] AS finish,
          TRY_CAST(v[6] AS BIGINT) AS prompt, TRY_CAST(v[7] AS BIGINT) AS cached,
          TRY_CAST(v[8] AS BIGINT) AS candidates, TRY_CAST(v[9] AS BIGINT) AS thoughts, v[10] AS response_id,
-         v[11] AS block, v[12] IS NOT NULL AS has_usage, TRY_CAST(v[13] AS INTEGER) AS code, v[14] AS status, v[15] AS message,
-         v[16] AS details, v[17] IS NOT NULL AND v[17] <> 'null' AS has_response,
-         v[18] IS NOT NULL AND v[18] <> 'null' AS has_error,
+         v[11] AS block, TRY_CAST(v[12] AS INTEGER) AS code, v[13] AS status, v[14] AS message, v[15] AS details,
+         v[6] IS NOT NULL OR v[7] IS NOT NULL OR v[8] IS NOT NULL OR v[9] IS NOT NULL AS has_usage,
+         v[12] IS NOT NULL OR v[14] IS NOT NULL AS has_error,
+         v[12] IS NULL AND v[14] IS NULL AND (v[2] IS NOT NULL OR v[5] IS NOT NULL OR v[6] IS NOT NULL
+                                             OR v[10] IS NOT NULL OR v[11] IS NOT NULL) AS has_response,
          v[11] IS NOT NULL OR v[5] IN ({refusals}) AS refused
   FROM (SELECT {json_paths_sql(paths)} AS v FROM lines))
 """
@@ -240,6 +242,9 @@ def error_columns(error: dict[str, Any]) -> tuple[Any, ...]:
     return (http, None, None, None, None, None, error_code, message)
 
 
+_TOKEN_FIELDS = ("promptTokenCount", "cachedContentTokenCount", "candidatesTokenCount", "thoughtsTokenCount")
+
+
 def response_columns(response: dict[str, Any]) -> tuple[Any, ...]:
     """(http_status ... provider_request_id) of one ``GenerateContentResponse`` object (REST field names)."""
     candidates = response.get("candidates") if isinstance(response.get("candidates"), list) else []
@@ -251,9 +256,9 @@ def response_columns(response: dict[str, Any]) -> tuple[Any, ...]:
     feedback = response.get("promptFeedback") if isinstance(response.get("promptFeedback"), dict) else {}
     block = feedback.get("blockReason") if isinstance(feedback.get("blockReason"), str) else None
     refused = block is not None or finish in REFUSAL_REASONS
-    usage = response.get("usageMetadata") if isinstance(response.get("usageMetadata"), dict) else None
+    usage = response.get("usageMetadata") if isinstance(response.get("usageMetadata"), dict) else {}
     tokens: tuple[int | None, int | None, int | None] = (None, None, None)
-    if usage is not None:
+    if any(_int(usage.get(k)) is not None for k in _TOKEN_FIELDS):
         tokens = (_int(usage.get("promptTokenCount")) or 0, _int(usage.get("cachedContentTokenCount")) or 0,
                   (_int(usage.get("candidatesTokenCount")) or 0) + (_int(usage.get("thoughtsTokenCount")) or 0))
     if refused:
