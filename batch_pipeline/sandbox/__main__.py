@@ -1,4 +1,4 @@
-"""``python -m batch_pipeline.sandbox --port N [--host 127.0.0.1] [--state-dir DIR] [--scenario NAME]``.
+"""``python -m batch_pipeline.sandbox --port N [--host 127.0.0.1] [--state-dir DIR] [--scenario NAME] [--s3-url URL]``.
 
 Prints exactly one line ``SANDBOX READY http://127.0.0.1:PORT`` on stdout once it listens.
 """
@@ -12,6 +12,7 @@ import signal
 import sys
 from typing import Optional, Sequence
 
+from batch_pipeline.sandbox.bedrock.s3 import S3_URL_ENV
 from batch_pipeline.sandbox.http_server import SandboxServer, loopback_host
 from batch_pipeline.sandbox.process import READY_PREFIX
 from batch_pipeline.sandbox.scenarios import make_scenario
@@ -34,6 +35,8 @@ def _parser() -> argparse.ArgumentParser:
         help=f"JSON object of scenario params (${ENV_SCENARIO_PARAMS})",
     )
     parser.add_argument("--verbose", action="store_true", help="log every request on stderr")
+    parser.add_argument("--s3-url", default=None,
+                        help=f"the S3 endpoint Bedrock jobs use (${S3_URL_ENV}; default: a moto server it starts)")
     return parser
 
 
@@ -49,6 +52,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         scenario = make_scenario(args.scenario, params)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.s3_url:
+        os.environ[S3_URL_ENV] = args.s3_url  # read when the Bedrock jobs' S3 is set up
     server = SandboxServer(args.port, args.host, scenario=scenario, state_dir=args.state_dir, verbose=args.verbose)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     print(f"{READY_PREFIX}{server.url}", flush=True)

@@ -208,16 +208,18 @@ def test_throttling_is_a_429_throttling_exception_that_botocore_retries(aws, adm
     assert retrying.list_model_invocation_jobs()["invocationJobSummaries"] == []
 
 
-@pytest.fixture
-def given_s3(tmp_path) -> Iterator[tuple[str, str]]:
-    """A moto S3 server of the test's own, and a sandbox process told to use it ($BATCH_PIPELINE_SANDBOX_S3_URL)."""
+@pytest.fixture(params=["env", "flag"])
+def given_s3(request) -> Iterator[tuple[str, str]]:
+    """A moto S3 server of the test's own, and a sandbox process told to use it ($BATCH_PIPELINE_SANDBOX_S3_URL,
+    or ``--s3-url``)."""
     from moto.server import ThreadedMotoServer
 
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     moto.start()
     host, port = moto.get_host_and_port()
     s3_url = f"http://{host}:{port}"
-    proc, url = start_sandbox_process(env={"BATCH_PIPELINE_SANDBOX_S3_URL": s3_url})
+    proc, url = (start_sandbox_process(env={"BATCH_PIPELINE_SANDBOX_S3_URL": s3_url}) if request.param == "env"
+                 else start_sandbox_process(args=["--s3-url", s3_url]))
     try:
         yield url, s3_url
     finally:
