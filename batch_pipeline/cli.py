@@ -20,9 +20,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TaskID, TextColumn
+from rich.progress import Progress as RichProgress
 from rich.table import Table
 
 from batch_pipeline.cli_state import add_commands
+from batch_pipeline.core import progress
 from batch_pipeline.core.errors import BatchPipelineError
 from batch_pipeline.core.spec.settings import PROJECT_ROOT, Settings
 from batch_pipeline.core.spec.job import JobSpec, load_spec
@@ -71,27 +74,57 @@ def _sandbox_if_needed(spec: JobSpec | None, force: bool = False):
 
 
 class _Progress:
-    """Watches the store while runs go: shards submitted and collected, results so far."""
+    """The run's live display: a status line that watches the store (batches submitted and collected, result
+    parts), and a bar per step (``core.progress`` meters: manifest rows, shards submitted, shards collected) with
+    counts, rate and ETA."""
 
     def __init__(self, spec: JobSpec, store) -> None:
         self.spec, self.store, self.stage = spec, store, "starting"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._status = console.status("starting")
+        self._bars = RichProgress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                  MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
+                                  TextColumn("{task.fields[eta]}"), console=console)
+        self._status = self._bars.add_task("starting", total=None, rate="", eta="")
+        self._tasks: dict[int, TaskID] = {}
 
     def __enter__(self):
-        self._status.__enter__()
+        self._bars.__enter__()
+        self._reporting = progress.reporting(self)
+        self._reporting.__enter__()
         self._thread.start()
         return self
 
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join(timeout=2)
-        self._status.__exit__(*exc)
+        self._reporting.__exit__(*exc)
+        self._bars.__exit__(*exc)
+
+    def update(self, meter: progress.Meter) -> None:
+        f = meter.figures()
+        fields = {"rate": f"{f.rate_per_s:,.1f} {f.unit}/s" if f.done else "",
+                  "eta": f"ETA {f.eta_s:,.0f} s" if f.eta_s is not None and f.done else ""}
+        task = self._tasks.get(id(meter))
+        if task is None:
+            task = self._tasks[id(meter)] = self._bars.add_task(meter.task, total=f.total, **fields)
+        self._bars.update(task, completed=f.done, total=f.total, **fields)
+
+    def close(self, meter: progress.Meter) -> None:
+        task = self._tasks.pop(id(meter), None)
+        if task is not None:
+            self._finish(task, meter)
+
+    def _finish(self, task: TaskID, meter: progress.Meter) -> None:
+        f = meter.figures()
+        self._bars.update(task, completed=f.done, total=f.total if f.total is not None else f.done,
+                          rate=f"{f.rate_per_s:,.1f} {f.unit}/s", eta=f"{f.elapsed_s:,.1f} s")
+        self._bars.stop_task(task)
 
     def set_stage(self, stage: str) -> None:
         console.print(f"[bold]>[/bold] {stage}")
         self.stage = stage
+        self._bars.update(self._status, description=stage)
 
     def _loop(self) -> None:
         from batch_pipeline.core.spec.paths import JobPaths
@@ -105,8 +138,8 @@ class _Progress:
                 continue
             submitted = sum(1 for e in events if e.endswith(".submitted.json"))
             collected = sum(1 for e in events if e.endswith(".collected.json"))
-            self._status.update(f"{self.stage}: {submitted} batch(es) submitted, {collected} collected, "
-                                f"{len(parts)} result part(s) written")
+            self._bars.update(self._status, description=f"{self.stage}: {submitted} batch(es) submitted, "
+                                                        f"{collected} collected, {len(parts)} result part(s)")
 
 
 SIGTERM_EXIT = 128 + signal.SIGTERM

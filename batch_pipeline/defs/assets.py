@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
+from batch_pipeline.core import progress
 from batch_pipeline.core.money.budget import BudgetGuard
 from batch_pipeline.core.money.compare import compare_backends
 from batch_pipeline.core.errors import BatchPipelineError, SystemicError
@@ -50,6 +51,14 @@ def moving_shards(context: dg.AssetExecutionContext) -> list[str]:
         return keys
     wanted = set(named.split(","))
     return [k for k in keys if k in wanted]
+
+
+def _progress_meta(meter: progress.Meter) -> dict[str, dg.MetadataValue]:
+    """The run's share of a step as the CLI's bar shows it: count, rate, elapsed."""
+    f = meter.figures()
+    return {f"progress_{f.unit}": dg.MetadataValue.int(f.done),
+            f"progress_{f.unit}_per_s": dg.MetadataValue.float(round(f.rate_per_s, 3)),
+            "progress_elapsed_s": dg.MetadataValue.float(round(f.elapsed_s, 3))}
 
 
 def _backfill_policy() -> dg.BackfillPolicy:
@@ -205,6 +214,7 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
         sent, batches = 0, []
         engine_metrics: dict = {}
         keys = moving_shards(context)
+        shards_meter = progress.meter("submit", total=len(keys), unit="shards")
         for key in keys:  # each shard does what the driver's plan says for it
             try:
                 out = driver.submit_phase(key)
@@ -212,9 +222,11 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
                 if len(keys) == 1:  # asked for this shard alone: say why it cannot move
                     raise dg.Failure(description=f"ShardWaits: {exc}") from exc
                 context.log.warning(f"{exc}: skipped in this run")
+                shards_meter.advance()
                 continue
             except BatchPipelineError as exc:
                 raise dg.Failure(description=f"{type(exc).__name__}: {exc}") from exc
+            shards_meter.advance()
             sent += out.sent
             batches.extend(out.batches)
             context.log.info(f"shard {key}: {out.action}: {out.sent} requests sent"
@@ -224,7 +236,7 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
             if engine:
                 engine_metrics[key] = engine
         meta = {"requests_sent": dg.MetadataValue.int(sent),
-                "batches": dg.MetadataValue.text("\n".join(batches) or "none")}
+                "batches": dg.MetadataValue.text("\n".join(batches) or "none"), **_progress_meta(shards_meter)}
         if engine_metrics:  # self-hosted: prompt/cached/generated tokens, tokens/s, engine vs wall time
             meta["engine_metrics"] = dg.MetadataValue.json(engine_metrics)
         return dg.MaterializeResult(metadata=meta)
@@ -248,12 +260,16 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
 
         rows = ok = rescued = 0
         systemic: list[str] = []
-        for key in moving_shards(context):
+        keys = moving_shards(context)
+        shards_meter = progress.meter("collect", total=len(keys), unit="shards")
+        for key in keys:
             try:  # a failed batch stops the job, but the other shards' ended batches are still collected
                 out = driver.collect_phase(key, on_status=on_status)
             except SystemicError as exc:
                 systemic.append(str(exc))
                 continue
+            finally:
+                shards_meter.advance()
             rows, ok, rescued = rows + out.results, ok + out.succeeded, rescued + out.rescued
             context.log.info(f"shard {key}: collected {out.results} results, {out.succeeded} succeeded")
         if systemic:  # one message for the job: the first cause, and how many other shards it stopped
@@ -261,7 +277,8 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
             raise dg.Failure(description=f"SystemicError: {systemic[0]}{more}")
         return dg.MaterializeResult(metadata={"results": dg.MetadataValue.int(rows),
                                               "succeeded": dg.MetadataValue.int(ok),
-                                              "rescued_online": dg.MetadataValue.int(rescued)})
+                                              "rescued_online": dg.MetadataValue.int(rescued),
+                                              **_progress_meta(shards_meter)})
 
     @dg.asset(key=asset_key(spec, "results"), deps=[shard_results], group_name=job, kinds={"parquet"},
               description="The staged table: one row per source row, latest valid result of its request. "

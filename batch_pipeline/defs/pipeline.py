@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import dagster as dg
 
+from batch_pipeline.core import progress
 from batch_pipeline.core.run.control import JobPaused
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.settings import Settings
@@ -53,7 +54,8 @@ def run_job(spec: JobSpec, instance: dg.DagsterInstance, resources: dict | None 
         return result
 
     stage("manifest")
-    run(["manifest"])
+    with progress.opened("manifest", None, "rows"):
+        run(["manifest"])
     store = resources["store"].get()
     all_shards = instance.get_dynamic_partitions(shards_partitions(spec).name)
     passes = canaries = requotes = 0
@@ -94,8 +96,9 @@ def run_job(spec: JobSpec, instance: dg.DagsterInstance, resources: dict | None 
         passes += 1
         stage(f"pass {passes}: {len(todo)} shard(s) ({plan.describe()})")
         run(["quote"])  # every pass spends against a fresh quote
-        for r in shard_ranges(all_shards, todo, span):
-            run(SHARD_ASSETS, tags={RANGE_START: r.start, RANGE_END: r.end, SHARDS_TAG: ",".join(r.shards)})
+        with progress.opened("submit", len(todo), "shards"), progress.opened("collect", len(todo), "shards"):
+            for r in shard_ranges(all_shards, todo, span):  # the ranges' assets count towards the pass's bars
+                run(SHARD_ASSETS, tags={RANGE_START: r.start, RANGE_END: r.end, SHARDS_TAG: ",".join(r.shards)})
     stage("publish")
     run(PUBLISH_ASSETS)
     report = store.read_json(f"jobs/{spec.name}/report.json") or {}

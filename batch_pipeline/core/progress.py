@@ -1,0 +1,100 @@
+"""Progress of the long steps (manifest build, submission, collection) as counts, rate and ETA.
+
+A step counts on a ``Meter``; whoever watches (the CLI's rich bar) registers a ``Progress`` sink. A caller that
+knows the whole of a step (the CLI's pass over 10,000 shards) opens a meter for it with ``opened``; a step that
+does a part of it (one range run) takes ``meter`` under the same task name, and its counts go to both: the part's
+figures become the run's asset metadata, the whole's drive the bar. Nothing here knows Dagster or rich.
+"""
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Figures:
+    task: str
+    unit: str
+    done: int
+    total: int | None
+    elapsed_s: float
+    rate_per_s: float
+    eta_s: float | None  # None: no total, or no rate yet
+
+    def as_dict(self) -> dict:
+        return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
+
+
+class Meter:
+    def __init__(self, task: str, total: int | None = None, unit: str = "items", *,
+                 parent: "Meter | None" = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.task, self.total, self.unit, self.parent, self.clock = task, total, unit, parent, clock
+        self.done = 0
+        self.started = clock()
+
+    def advance(self, n: int = 1) -> None:
+        self.done += n
+        if self.parent is not None:
+            self.parent.advance(n)
+        else:
+            _show(self)
+
+    def set(self, done: int) -> None:
+        """For sources that report a running count (rows read so far) rather than steps."""
+        self.advance(done - self.done)
+
+    def figures(self) -> Figures:
+        elapsed = max(self.clock() - self.started, 1e-9)
+        rate = self.done / elapsed
+        eta = (max(self.total - self.done, 0) / rate) if self.total is not None and rate > 0 else None
+        return Figures(self.task, self.unit, self.done, self.total, elapsed, rate, eta)
+
+
+class Progress(Protocol):
+    def update(self, meter: Meter) -> None: ...
+
+    def close(self, meter: Meter) -> None: ...
+
+
+_sinks: list[Progress] = []
+_open: dict[str, Meter] = {}
+
+
+def _show(meter: Meter) -> None:
+    for sink in _sinks:
+        sink.update(meter)
+
+
+@contextmanager
+def reporting(sink: Progress) -> Iterator[Progress]:
+    """Send every meter's counts to ``sink`` while the block runs."""
+    _sinks.append(sink)
+    try:
+        yield sink
+    finally:
+        _sinks.remove(sink)
+
+
+@contextmanager
+def opened(task: str, total: int | None, unit: str = "items") -> Iterator[Meter]:
+    """The whole of a step: meters taken under ``task`` inside the block count towards it."""
+    whole = Meter(task, total, unit)
+    previous = _open.get(task)
+    _open[task] = whole
+    _show(whole)
+    try:
+        yield whole
+    finally:
+        if previous is None:
+            _open.pop(task, None)
+        else:
+            _open[task] = previous
+        for sink in _sinks:
+            sink.close(whole)
+
+
+def meter(task: str, total: int | None = None, unit: str = "items") -> Meter:
+    """A part of ``task``: its own figures, and its counts added to the whole when one is open."""
+    return Meter(task, total, unit, parent=_open.get(task))
