@@ -36,6 +36,7 @@ ENDPOINTS = (
     "bedrock_stop",
     # Gemini Developer API (told apart by x-goog-api-key; see sandbox/google/gemini_api.py)
     "gemini_upload",
+    "gemini_upload_chunk",
     "gemini_list_files",
     "gemini_get_file",
     "gemini_delete_file",

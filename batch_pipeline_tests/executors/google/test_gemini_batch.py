@@ -224,3 +224,13 @@ def test_a_reader_that_stops_early_does_not_hang_the_download(admin):
     assert next(chunks)
     chunks.close()
     assert time.monotonic() - started < 5
+
+
+def test_a_429_on_an_upload_session_restarts_the_upload_not_the_chunk(admin):
+    admin.set_scenario("rate_limit", times=3, retry_after_ms=10, on=["gemini_upload_chunk"])
+    ex = executor()
+    handle = ex.submit(work(3))
+    uploads = [r["status"] for r in admin.requests() if r["path"] == "/upload/v1/files"]
+    # start, refused chunk (its x-goog-upload-status stops the SDK re-sending it), three times; then a clean upload
+    assert uploads == [200, 429] * 3 + [200, 200]
+    assert wait_ended(ex, handle).state == BatchState.COMPLETED
