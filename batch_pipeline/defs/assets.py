@@ -155,7 +155,11 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
                 context.log.info(f"manifest: {rows:,} rows read (now {source})")
 
         caps = ShardCaps.of(spec, *batch_limits(spec.backend.name))
-        summary = build_manifest(spec, st, progress=progress, caps=caps)
+        from batch_pipeline.core.manifest.parts import FileParts
+
+        parts = FileParts(spec, st)  # files prepared in their own steps (defs/manifest_parts.py), if any
+        summary = build_manifest(spec, st, progress=progress, caps=caps, parts=parts)
+        parts.discard_used()
         known = set(context.instance.get_dynamic_partitions(shards.name))
         missing = [s for s in Manifest(job, st).shard_ids() if s not in known]  # new ones, or a fresh instance
         if missing:

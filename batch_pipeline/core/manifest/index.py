@@ -19,7 +19,7 @@ ROW_GROUP = 65_536  # small enough that a 1/256 hash range reads ~1/256 of a lar
 
 
 def index_path(paths: JobPaths, gen: int) -> str:
-    return f"{paths.root}/manifest/index/gen-{gen:06d}.parquet"
+    return paths.id_index(gen)
 
 
 def hex_range(prefix: str) -> tuple[str, str]:

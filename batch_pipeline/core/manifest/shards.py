@@ -13,33 +13,32 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
 
 from batch_pipeline.core.errors import ReconciliationError
-from batch_pipeline.core.manifest import ids
-from batch_pipeline.core.manifest.batch_input import read_openai_batch
 from batch_pipeline.core.manifest.deal import OPEN_SHARD_WINDOW, Dealer, shard_name
 from batch_pipeline.core.manifest.dedup import BlockSpool, Dedup
 from batch_pipeline.core.manifest.incremental import FileAction, FilePlan, FileState, plan_files, state_after
 from batch_pipeline.core.manifest.index import IdIndex, index_path, write_index
-from batch_pipeline.core.manifest.inputs import (KEY, LINE, ReadExtent, Reject, RowBatch, prefetch, read_batches,
-                                                 resolve_inputs)
+from batch_pipeline.core.manifest.inputs import KEY, LINE, ReadExtent, Reject, resolve_inputs
+from batch_pipeline.core.manifest.prepare import (BUCKET_EDGES, REQUEST_FRAMING_BYTES, Block, FilePreparer,
+                                                  length_bucket, normalise_fields, render_expr)
 from batch_pipeline.core.manifest.read import ITEM_SCHEMA, REJECT_SCHEMA, ROW_SCHEMA, Manifest
-from batch_pipeline.core.money.cost import estimate_request_tokens
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import BackgroundWrites, Store
+
+if TYPE_CHECKING:
+    from batch_pipeline.core.manifest.parts import FileParts
 
 __all__ = ["BUCKET_EDGES", "ITEM_SCHEMA", "REJECT_SCHEMA", "ROW_SCHEMA", "Manifest", "ManifestBuilder",
            "ManifestSummary", "ShardCaps", "build_manifest", "length_bucket", "normalise_fields", "render_expr",
            "shard_name"]
 
 log = logging.getLogger(__name__)
-
-BUCKET_EDGES = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
-
 
 @dataclass
 class ManifestSummary:
@@ -70,60 +69,6 @@ class ManifestSummary:
         return ", ".join(f"{len(self.files.get(a.value, []))} {a.value}" for a in FileAction)
 
 
-def length_bucket(tokens: pl.Expr) -> pl.Expr:
-    expr = pl.lit(len(BUCKET_EDGES), dtype=pl.Int8)
-    for i, edge in reversed(list(enumerate(BUCKET_EDGES))):
-        expr = pl.when(tokens <= edge).then(pl.lit(i, dtype=pl.Int8)).otherwise(expr)
-    return expr
-
-
-def render_expr(spec: JobSpec) -> pl.Expr:
-    """The user message as a Polars expression over the normalised fields (literal pieces + columns)."""
-    import string
-
-    parts: list[pl.Expr] = []
-    for literal, name, _, _ in string.Formatter().parse(spec.prompt.template):
-        if literal:
-            parts.append(pl.lit(literal))
-        if name is not None:
-            parts.append(pl.col(name))
-    return pl.concat_str(parts) if len(parts) > 1 else parts[0]
-
-
-# A row can need the whitespace rewrite only if it holds two ASCII spaces in a row, an ASCII whitespace control
-# character, or the UTF-8 lead byte of one of the other Unicode White_Space characters (U+0085 and U+00A0: C2;
-# U+1680: E1; U+2000-U+205F: E2; U+3000: E3). These are literal searches (memchr/memmem), several times
-# cheaper than the regex scan, which then runs only on the rows they flag.
-_ASCII_HINTS = ["  ", "\t", "\n", "\x0b", "\x0c", "\r"]
-_LEAD_BYTE_HINTS = [b"\xc2", b"\xe1", b"\xe2", b"\xe3"]
-assert {c for c in ids.WHITESPACE_CHARS if c != " " and ord(c) < 0x80} == set("".join(_ASCII_HINTS[1:]))
-assert {c.encode()[:1] for c in ids.WHITESPACE_CHARS if ord(c) >= 0x80} == set(_LEAD_BYTE_HINTS)
-
-
-def normalise_fields(frame: pl.DataFrame, fields: list[str]) -> pl.DataFrame:
-    """``ids.normalize_text`` on each field, column-wise: the ``ABNORMAL_WHITESPACE`` rewrite on the rows that
-    may contain a match (a superset found by literal searches), then the strip on every row."""
-    if frame.height == 0:
-        return frame
-    names = list(dict.fromkeys(fields))
-    flags = frame.select([
-        pl.any_horizontal(
-            *[pl.col(n).str.contains(hint, literal=True) for hint in _ASCII_HINTS],
-            *[pl.col(n).cast(pl.Binary).bin.contains(hint) for hint in _LEAD_BYTE_HINTS],
-        ).fill_null(False).alias(n)
-        for n in names
-    ])
-    columns = []
-    for n in names:
-        col = frame.get_column(n)
-        rows = flags.get_column(n).arg_true()
-        if len(rows):
-            col = col.scatter(rows, col.gather(rows).str.replace_all(ids.ABNORMAL_WHITESPACE, " "))
-        columns.append(col.str.strip_chars(ids.WHITESPACE_CHARS).alias(n))
-    return frame.with_columns(columns)
-
-
-REQUEST_FRAMING_BYTES = 512  # per batch line besides the user text: custom_id, settings, schema, JSON framing
 DEAL_COLUMNS = ["request_id", "user_prompt", "est_input_tokens", "length_bucket", "request_bytes", LINE, "source"]
 
 
@@ -143,13 +88,16 @@ class ShardCaps:
 
 class ManifestBuilder:
     def __init__(self, spec: JobSpec, store: Store, progress: Callable[[str, int], None] | None = None,
-                 caps: ShardCaps | None = None, dedup_budget_bytes: int | None = None):
-        """``dedup_budget_bytes``: the memory the dedup sets may take before they spill (default: half of
+                 caps: ShardCaps | None = None, dedup_budget_bytes: int | None = None,
+                 parts: "FileParts | None" = None):
+        """``parts``: files prepared on their own (``parts.prepare_file_part``), used instead of reading them.
+        ``dedup_budget_bytes``: the memory the dedup sets may take before they spill (default: half of
         ``shards.manifest_memory_mb``; the rest is for the blocks in flight and the open shards)."""
         self.spec, self.store, self.paths = spec, store, JobPaths(spec.name)
         self.progress = progress
         self.caps = caps or ShardCaps.of(spec)
         self.manifest = Manifest(spec.name, store)
+        self.parts = parts
         self.dedup_budget = dedup_budget_bytes if dedup_budget_bytes is not None else \
             spec.shards.manifest_memory_mb * 2**20 // 2
 
@@ -166,9 +114,8 @@ class ManifestBuilder:
         summary.input_files = len(files)
         index = IdIndex(self.store, self.paths, {g["generation"]: g["new_shards"] for g in generations})
         index.ensure()
-        fields = spec.prompt.fields
-        prefix = ids.id_prefix(spec.prompt.version, spec.model, spec.settings_fingerprint())
-        system_bytes = len(spec.prompt.system.encode())
+        preparer = FilePreparer(spec, self.caps.max_bytes)
+        system_bytes = preparer.system_bytes
         reading = [p for p in plans if p.reads]
         rows_ahead = _count_rows(reading, enough=OPEN_SHARD_WINDOW * self.caps.max_requests)
         window = max(1, min(OPEN_SHARD_WINDOW, math.ceil(max(rows_ahead, 1) / self.caps.max_requests)))
@@ -191,21 +138,15 @@ class ManifestBuilder:
                         states.append(state_after(plan, gen, 0, 0, False))
                         continue
                     f, extent = plan.file, ReadExtent()
-                    batches = (read_openai_batch(f, fields, spec.input.key_field, spec.prompt.system, spec.model)
-                               if f.format == "openai_batch"
-                               else read_batches(f, fields, spec.input.key_field, plan.offset, plan.first_line, extent))
-                    for source, rows_in, frame, batch_rejects in prefetch(self._prepared(batches, system_bytes)):
-                        summary.input_rows += rows_in
-                        rejects.extend(batch_rejects)
+                    for block in self._blocks(preparer, plan, extent):
+                        summary.input_rows += block.rows_in
+                        rejects.extend(block.rejects)
+                        frame = block.frame
                         if frame.height == 0:
                             continue
-                        # hash the UTF-8 bytes as Arrow holds them (no decode to str and encode back)
-                        rids = ids.request_ids(prefix, frame["user_prompt"].cast(pl.Binary).to_list())
-                        frame = frame.with_columns(pl.Series("request_id", rids, dtype=pl.String),
-                                                   pl.lit(source).alias("source"))
-                        row_writes.submit(_write_rows, rows_out, frame.select(LINE, KEY, "request_id"), source)
+                        row_writes.submit(_write_rows, rows_out, frame.select(LINE, KEY, "request_id"), block.source)
                         summary.accepted_rows += frame.height
-                        keep = dedup.offer(rids)
+                        keep = dedup.offer(block.ids())
                         if keep is None:  # past the memory bound: decided once every row is in
                             spool = spool or BlockSpool()
                             spool.append(frame.select(DEAL_COLUMNS))
@@ -213,8 +154,6 @@ class ManifestBuilder:
                             dealer.deal(frame.select(DEAL_COLUMNS), np.asarray(keep, dtype=np.bool_))
                         if self.progress:
                             self.progress(f.uri, summary.input_rows)
-                    if f.format == "openai_batch":
-                        extent = ReadExtent(f.size, 0, False)
                     states.append(state_after(plan, gen, extent.bytes_read, extent.lines, extent.ends_clean))
                 verdict = dedup.finish()
                 if spool is not None:
@@ -254,44 +193,10 @@ class ManifestBuilder:
                  summary.new_requests, len(summary.new_shards), summary.seconds)
         return summary
 
-    def _prepared(self, batches: Iterator[RowBatch], system_bytes: int
-                  ) -> Iterator[tuple[str, int, pl.DataFrame, list[Reject]]]:
-        """(source, rows read, prepared frame, rejects) per block: the part of the work that releases the GIL."""
-        for batch in batches:
-            rows_in = batch.frame.height + len(batch.rejects)
-            rejects = list(batch.rejects)
-            yield batch.source, rows_in, self._prepare(batch, rejects, system_bytes), rejects
-
-    def _prepare(self, batch: RowBatch, rejects: list[Reject], system_bytes: int) -> pl.DataFrame:
-        """Normalise fields, render the prompt, estimate tokens; empty or over-long rows become rejects."""
-        spec = self.spec
-        fields = spec.prompt.fields
-        text = spec.input.text_field
-        frame = normalise_fields(batch.frame, fields)
-        frame = frame.with_columns(render_expr(spec).alias("user_prompt"))
-        frame = frame.with_columns(pl.col("user_prompt").str.len_bytes().cast(pl.Int32).alias("request_bytes"))
-        frame = frame.with_columns(
-            estimate_request_tokens(pl.col("request_bytes"), system_bytes).cast(pl.Int32).alias("est_input_tokens"))
-        limit = spec.input.max_input_tokens
-        max_bytes = self.caps.max_bytes - REQUEST_FRAMING_BYTES - system_bytes
-        empty = pl.col(text).str.len_bytes() == 0
-        too_long = pl.col("est_input_tokens") > limit
-        too_big = pl.col("request_bytes") > max_bytes
-        bad = frame.filter(empty | too_long | too_big)
-        for line, value, tokens, nbytes in bad.select(LINE, text, "est_input_tokens", "request_bytes").iter_rows():
-            if not value:
-                rejects.append(Reject(batch.source, line, text, "empty_text",
-                                      f"empty text in field '{text}' after whitespace normalisation"))
-            elif tokens > limit:
-                rejects.append(Reject(batch.source, line, text, "too_long",
-                                      f"request of ~{tokens} tokens exceeds input.max_input_tokens={limit}", value[:200]))
-            else:
-                rejects.append(Reject(batch.source, line, text, "too_large",
-                                      f"request of {nbytes} bytes does not fit a batch of {self.caps.max_bytes} bytes",
-                                      value[:200]))
-        if bad.height:
-            frame = frame.filter(~(empty | too_long | too_big))
-        return frame.with_columns(length_bucket(pl.col("est_input_tokens")).alias("length_bucket"))
+    def _blocks(self, preparer: FilePreparer, plan: FilePlan, extent: ReadExtent) -> Iterator[Block]:
+        """The file's prepared blocks: from a part prepared on its own for this plan, or read here."""
+        part = self.parts.ready(plan) if self.parts is not None else None
+        return part.blocks(extent) if part is not None else preparer.blocks(plan, extent)
 
     def _write_rejects(self, gen: int, rejects: list[Reject]) -> None:
         cols = {name: [getattr(r, name) for r in rejects] for name in REJECT_SCHEMA.names}
@@ -332,5 +237,6 @@ def _count_rows(plans: list[FilePlan], enough: int | None = None) -> int:
 
 
 def build_manifest(spec: JobSpec, store: Store, progress: Callable[[str, int], None] | None = None,
-                   caps: ShardCaps | None = None, dedup_budget_bytes: int | None = None) -> ManifestSummary:
-    return ManifestBuilder(spec, store, progress, caps, dedup_budget_bytes).build()
+                   caps: ShardCaps | None = None, dedup_budget_bytes: int | None = None,
+                   parts: "FileParts | None" = None) -> ManifestSummary:
+    return ManifestBuilder(spec, store, progress, caps, dedup_budget_bytes, parts).build()

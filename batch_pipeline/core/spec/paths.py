@@ -28,6 +28,14 @@ class JobPaths:
     def rejects(self, gen: int) -> str:
         return f"{self.root}/manifest/rejects/gen-{gen:06d}.parquet"
 
+    def id_index(self, gen: int) -> str:
+        """The sorted request IDs generation ``gen`` added (the manifest's on-disk dedup index)."""
+        return f"{self.root}/manifest/index/gen-{gen:06d}.parquet"
+
+    def file_part(self, key: str, suffix: str) -> str:
+        """One input file read, normalised and hashed on its own (``.parquet`` blocks, ``.json`` record)."""
+        return f"{self.root}/manifest/file_parts/{key}{suffix}"
+
     # results: append-only parts per (shard, attempt, flush)
     @property
     def results(self) -> str:

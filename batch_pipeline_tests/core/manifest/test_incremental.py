@@ -129,8 +129,8 @@ def test_a_removed_file_leaves_the_rows_table_and_its_items_stay(job):
 def test_a_job_built_before_the_index_gets_it_from_its_shards(job):
     """Generations committed before the on-disk ID index: the next build writes their index from the shards."""
     paths = JobPaths("t")
-    job["store"].delete(f"{paths.root}/manifest/index/gen-000001.parquet")
+    job["store"].delete(paths.id_index(1))
     write_jsonl(job["dir"] / "c.jsonl", rows(0, 10) + rows(3000, 10))
     second = build_manifest(job["spec"], job["store"])
-    assert job["store"].exists(f"{paths.root}/manifest/index/gen-000001.parquet")
+    assert job["store"].exists(paths.id_index(1))
     assert second.new_requests == 10 and second.known_requests == 10

@@ -1,0 +1,112 @@
+"""Input files as a dynamic partition set: each file prepared in its own step (the multiprocess executor, one
+process per step), then one merge: the same shards as a one-process build, and an appended file prepared
+from its old end in the next round."""
+
+import os
+from pathlib import Path
+
+import dagster as dg
+import pyarrow.parquet as pq
+
+from batch_pipeline.core.manifest.parts import part_key
+from batch_pipeline.core.manifest.shards import Manifest, build_manifest
+from batch_pipeline.core.spec.job import load_spec
+from batch_pipeline.core.spec.paths import JobPaths
+from batch_pipeline.core.store import Store
+from batch_pipeline.defs.manifest_parts import build_manifest_parts, input_files_partitions, register_input_files
+from batch_pipeline.defs.resources import StoreResource
+from batch_pipeline_tests.core.helpers import base_spec_dict, write_jsonl, write_spec
+from batch_pipeline_tests.core.manifest.test_dedup_spill import input_rows
+
+SPEC_ENV, HOME_ENV = "BATCH_PIPELINE_TEST_PARTS_SPEC", "BATCH_PIPELINE_TEST_PARTS_HOME"
+
+
+def _definitions() -> dg.Definitions:
+    spec = load_spec(Path(os.environ[SPEC_ENV]))
+    assets, jobs = build_manifest_parts(spec)
+    return dg.Definitions(assets=assets, jobs=jobs, resources={"store": StoreResource(root=os.environ[HOME_ENV])},
+                          executor=dg.multiprocess_executor.configured({"max_concurrent": 2}))
+
+
+def parts_job() -> dg.JobDefinition:
+    """Module level, so the multiprocess executor's step processes can rebuild it (``reconstructable``)."""
+    return _definitions().resolve_job_def("t_manifest_file_parts")
+
+
+def merge_job() -> dg.JobDefinition:
+    return _definitions().resolve_job_def("t_manifest_merge")
+
+
+def shards_of(store: Store) -> dict:
+    m = Manifest("t", store)
+    return {s: [{**r, "source": r["source"].rsplit("/", 1)[1]}
+                for r in pq.read_table(store.local_path(JobPaths("t").shard_items(s))).to_pylist()]
+            for s in m.shard_ids()}
+
+
+def make_inputs(data: Path) -> None:
+    write_jsonl(data / "a.jsonl", input_rows(1, 0, 600))
+    write_jsonl(data / "b.jsonl", input_rows(2, 600, 500) + input_rows(1, 0, 40))
+    write_jsonl(data / "c.jsonl", input_rows(3, 1100, 400))
+
+
+def run_round(instance, spec, store) -> list:
+    """Register the pending files, run one step per file (each its own process), then the merge."""
+    keys = register_input_files(instance, spec, store)
+    runs = []
+    for key in keys:
+        result = dg.execute_job(dg.reconstructable(parts_job), instance=instance, tags={"dagster/partition": key})
+        assert result.success
+        runs.append(result)
+    merge = dg.execute_job(dg.reconstructable(merge_job), instance=instance)
+    assert merge.success
+    return [*runs, merge]
+
+
+def step_pids(instance, run_id: str) -> set[int]:
+    records = instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_START)
+    return {r.dagster_event.pid for r in records if r.dagster_event is not None}
+
+
+def test_file_parts_as_partitions_merge_to_the_one_process_shards(tmp_path, monkeypatch):
+    data = tmp_path / "in"
+    make_inputs(data)
+    spec_dict = base_spec_dict(str(data / "*.jsonl"), shards={"max_requests": 120})
+    spec = write_spec(tmp_path / "jobs", spec_dict)
+    home = tmp_path / "home"
+    monkeypatch.setenv(SPEC_ENV, str(tmp_path / "jobs" / "job.yaml"))
+    monkeypatch.setenv(HOME_ENV, str(home))
+    store = Store(home)
+
+    # the reference: one process, same inputs in another folder of the same names
+    ref_data = tmp_path / "ref" / "in"
+    make_inputs(ref_data)
+    ref_spec = write_spec(tmp_path / "ref" / "jobs", base_spec_dict(str(ref_data / "*.jsonl"),
+                                                                      shards={"max_requests": 120}))
+    ref_store = Store(tmp_path / "ref" / "home")
+    build_manifest(ref_spec, ref_store)
+
+    (tmp_path / "dagster").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+        runs = run_round(instance, spec, store)
+        assert len(runs) == 4  # three file steps and the merge
+        assert sorted(instance.get_dynamic_partitions(input_files_partitions(spec).name)) == \
+            sorted(part_key(str(data / n)) for n in ("a.jsonl", "b.jsonl", "c.jsonl"))
+        pids = [step_pids(instance, r.run_id) for r in runs]
+        assert all(p and os.getpid() not in p for p in pids)  # every step ran in a process of its own
+        assert len(set().union(*pids)) == 4
+        merge_meta = runs[-1].asset_materializations_for_node("t__manifest_merge")[0].metadata
+        assert len(merge_meta["files_from_parts"].value) == 3  # the merge read no file itself
+        assert shards_of(store) == shards_of(ref_store)
+        assert not list((home / "jobs" / "t" / "manifest" / "file_parts").glob("*.json"))  # consumed parts removed
+
+        # next round: a grows; only its new lines are prepared, in one step
+        write_jsonl(data / "a.jsonl", input_rows(4, 3000, 150), mode="ab")
+        write_jsonl(ref_data / "a.jsonl", input_rows(4, 3000, 150), mode="ab")
+        build_manifest(ref_spec, ref_store)
+        runs = run_round(instance, spec, store)
+        assert len(runs) == 2
+        part_meta = runs[0].asset_materializations_for_node("t__manifest_file_part")[0].metadata
+        assert part_meta["from_byte"].value > 0 and part_meta["rows_read"].value == 150
+        assert shards_of(store) == shards_of(ref_store)
+        assert Manifest("t", store).latest()["files"][0]["action"] == "appended"
