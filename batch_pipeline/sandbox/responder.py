@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batch_pipeline.sandbox.schema_fill import fill_schema
-from batch_pipeline.sandbox.tokens import content_text, count_tokens, message_tokens, prompt_tokens, truncate_tokens
+from batch_pipeline.sandbox.tokens import content_text, count_tokens, message_tokens, request_input_tokens, truncate_tokens
 
 MARKER_RE = re.compile(r"\[\[sandbox:(\w+)\]\]")
 SYSTEM_FINGERPRINT = "sandbox"
@@ -53,7 +53,7 @@ def cacheable_prefix(body: dict[str, Any]) -> tuple[str, int] | None:
     messages = _messages(body)
     if not messages or messages[0].get("role") not in ("system", "developer"):
         return None
-    tokens = message_tokens(messages[0])
+    tokens = message_tokens(messages[0], str(body.get("model") or ""))
     if tokens < CACHE_MIN_TOKENS:
         return None
     return content_text(messages[0].get("content")), tokens
@@ -106,7 +106,7 @@ def chat_completion(
         finish_reason = "length"
     if refusal is not None:
         finish_reason = "stop"
-    prompt = prompt_tokens(_messages(body))
+    prompt = request_input_tokens(body)
     completion = count_tokens(content if refusal is None else refusal)
     shown: str | None = content if refusal is None else None
     response = {

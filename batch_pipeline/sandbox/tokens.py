@@ -1,16 +1,92 @@
-"""Deterministic token counting: one token per word run or punctuation mark."""
+"""Deterministic token counting: what the sandbox bills as input, by model family, and a word-run count for the
+answers it writes.
+
+Input is billed as the providers' tokenizers would count it, offline: OpenAI-family models (and any model name
+the table does not know, e.g. an Azure deployment) with ``o200k_base``; open models (Llama, Qwen, Mistral) with
+``cl100k_base``, whose first 100k tokens Llama 3's vocabulary shares. Claude's and Gemini's tokenizers cannot
+be had offline, so the sandbox stands in for them with ``o200k_base`` pieces scaled to each provider's published
+density (Anthropic: about 3.5 English characters per token, Gemini: about 4, against o200k's ~4.4 on English
+prose): x1.25 and x1.1. The pipeline's quote does not read these factors; it estimates from characters and
+calibrates on the canary. The BPE ranks come from the ``bpe-openai`` wheel, checked against tiktoken's published
+SHA-256; nothing is downloaded.
+
+Answers (output tokens, ``max_tokens`` truncation) keep one token per word run or punctuation mark.
+"""
 
 from __future__ import annotations
 
+import base64
+import gzip
+import hashlib
+import json
+import math
 import re
+from functools import cache
+from importlib import resources
+from collections.abc import Callable
 from typing import Any
 
+import tiktoken
+
 TOKEN_RE = re.compile(r"\w+|[^\w\s]")
-PER_MESSAGE_TOKENS = 4
+PER_MESSAGE_TOKENS = 4  # role and separators, per message
+REPLY_PRIMING_TOKENS = 3  # the assistant turn every chat request opens (OpenAI's counting)
+
+_BPE = {  # encoding -> (tiktoken's published SHA-256 of the rank file, its split pattern)
+    "o200k_base": ("446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d", "|".join([
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""", r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""", r"""\s*[\r\n]+""", r"""\s+(?!\S)""", r"""\s+"""])),
+    "cl100k_base": ("223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+                    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""),
+}
+
+
+@cache
+def bpe(name: str) -> tiktoken.Encoding:
+    """A tiktoken encoding from the rank file bundled in ``bpe-openai`` (hash-checked, never downloaded)."""
+    digest, pattern = _BPE[name]
+    raw = gzip.decompress(resources.files("bpe_openai.data").joinpath(f"{name}.tiktoken.gz").read_bytes())
+    if hashlib.sha256(raw).hexdigest() != digest:
+        raise RuntimeError(f"the bundled {name} ranks do not match tiktoken's published hash")
+    ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in raw.splitlines() if line)}
+    return tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
+
+
+def _bpe_count(name: str, scale: float = 1.0) -> Callable[[str], int]:
+    def count(text: str) -> int:
+        n = len(bpe(name).encode_ordinary(text))
+        return n if scale == 1.0 else math.ceil(n * scale)
+    return count
+
+
+FAMILIES: tuple[tuple[re.Pattern[str], str], ...] = (  # model name -> family; first match wins
+    (re.compile(r"(^|[./])claude"), "claude"),
+    (re.compile(r"(^|/)gemini"), "gemini"),
+    (re.compile(r"llama|qwen|mistral", re.IGNORECASE), "open"),
+)
+DEFAULT_FAMILY = "openai"
+INPUT_COUNTERS: dict[str, Callable[[str], int]] = {
+    "openai": _bpe_count("o200k_base"),
+    "open": _bpe_count("cl100k_base"),
+    "claude": _bpe_count("o200k_base", 1.25),
+    "gemini": _bpe_count("o200k_base", 1.1),
+}
+
+
+def family(model: str | None) -> str:
+    """The tokenizer family the sandbox bills ``model`` with."""
+    name = model or ""
+    return next((fam for pattern, fam in FAMILIES if pattern.search(name)), DEFAULT_FAMILY)
+
+
+def input_tokens(text: str, model: str | None = None) -> int:
+    """Billed input tokens of ``text`` for ``model``'s family."""
+    return INPUT_COUNTERS[family(model)](text) if text else 0
 
 
 def count_tokens(text: str) -> int:
-    """Tokens in ``text`` by the regex ``\\w+|[^\\w\\s]``."""
+    """Tokens of an answer by the regex ``\\w+|[^\\w\\s]``."""
     return sum(1 for _ in TOKEN_RE.finditer(text))
 
 
@@ -41,12 +117,27 @@ def content_text(content: Any) -> str:
     return ""
 
 
-def message_tokens(message: Any) -> int:
+def message_tokens(message: Any, model: str | None = None) -> int:
     """Tokens of one chat message: its text plus a fixed per-message overhead."""
     content = message.get("content") if isinstance(message, dict) else None
-    return count_tokens(content_text(content)) + PER_MESSAGE_TOKENS
+    return input_tokens(content_text(content), model) + PER_MESSAGE_TOKENS
 
 
-def prompt_tokens(messages: list[Any]) -> int:
-    """Tokens of a whole prompt."""
-    return sum(message_tokens(m) for m in messages)
+def prompt_tokens(messages: list[Any], model: str | None = None) -> int:
+    """Tokens of the messages of a prompt."""
+    return sum(message_tokens(m, model) for m in messages)
+
+
+def schema_tokens(body: dict[str, Any]) -> int:
+    """A structured-output schema is part of the prompt and billed as input: its JSON, counted as text."""
+    fmt = body.get("response_format")
+    schema = (fmt.get("json_schema") or {}).get("schema") if isinstance(fmt, dict) else None
+    return input_tokens(json.dumps(schema), body.get("model")) if isinstance(schema, dict) else 0
+
+
+def request_input_tokens(body: dict[str, Any]) -> int:
+    """Billed input of a chat-completions request: its messages, the reply priming and the output schema."""
+    raw = body.get("messages")
+    messages = [m for m in raw if isinstance(m, dict)] if isinstance(raw, list) else []
+    model = str(body.get("model") or "")
+    return prompt_tokens(messages, model) + REPLY_PRIMING_TOKENS + schema_tokens(body)

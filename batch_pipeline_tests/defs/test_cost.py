@@ -10,6 +10,7 @@ import pytest
 
 from batch_pipeline.core.run.control import JobControl
 from batch_pipeline.core.money.cost import load_prices
+from batch_pipeline.core.money.tokenizers import counter_for
 from batch_pipeline.core.manifest.shards import Manifest, build_manifest
 from batch_pipeline.core.publish.tables import JobState
 from batch_pipeline.core.money.quote import QuoteRefused, make_quote, verify_quote
@@ -39,7 +40,8 @@ def test_a_long_shared_system_prompt_is_counted_once_per_request(make_job, home)
     n = q_long["pending_requests"]
     assert n == 40
     extra_per_request = (q_long["passes"]["first"]["input_tokens"] - q_short["passes"]["first"]["input_tokens"]) / n
-    extra_system_tokens = (len(long_system.encode()) - len(short.prompt.system.encode())) / 4
+    o200k = counter_for(longer.model)  # the model's own tokenizer counts the system prompt
+    extra_system_tokens = o200k.count([long_system])[0] - o200k.count([short.prompt.system])[0]
     assert extra_per_request == pytest.approx(extra_system_tokens, rel=0.03)
     assert q_long["cache_hit_share"]["high"] > 0.8 > q_short["cache_hit_share"]["high"]
 
@@ -94,14 +96,17 @@ def test_a_budget_below_the_quote_blocks_submission_before_any_request(sandbox, 
 
 def test_budget_crossed_mid_run_stops_at_the_cap_and_resumes_when_raised(sandbox, make_job, instance, resources,
                                                                          home):
-    """Text the byte-based estimate undercounts 4x: the canary shard measures it, the re-quote refuses."""
-    rows = [{"ticket_id": f"T{i}", "subject": "s", "body": "!?" * 150 + f" ticket {i}"} for i in range(40)]
-    probe = make_job(rows=rows)
+    """Text the documented density undercounts (Claude's ~3.5 characters per token is for English; Japanese has
+    far more tokens per character): the canary shard measures it, the re-quote refuses."""
+    rows = [{"ticket_id": f"T{i}", "subject": "s", "body": "請求書の金額が二重に引き落とされました。" * 8 + f" ticket {i}"}
+            for i in range(40)]
+    claude = {"backend": {"name": "anthropic_batch", "settings": {"sandbox": True}}, "model": "claude-haiku-4-5"}
+    probe = make_job(rows=rows, **claude)
     store = Store(home)
     build_manifest(probe, store)
     quote = quote_for(probe, store)
     budget = quote["est_cost_usd"]["high"] * 1.01  # the uncalibrated quote fits; the real token count does not
-    spec = make_job(rows=rows, budget_usd=budget)
+    spec = make_job(rows=rows, budget_usd=budget, **claude)
     with pytest.raises(dg.Failure, match="budget"):
         run_job(spec, instance, resources)
     state = JobState.load(spec, store)
@@ -110,7 +115,7 @@ def test_budget_crossed_mid_run_stops_at_the_cap_and_resumes_when_raised(sandbox
     valid_before = set(state.states.filter(pl.col("state") == "valid")["request_id"])
     assert len(valid_before) == 10  # the canary shard only
     # raise the budget and resume: nothing valid is sent again
-    raised = make_job(rows=rows, budget_usd=budget * 10)
+    raised = make_job(rows=rows, budget_usd=budget * 10, **claude)
     JobControl(store, raised.name).clear()
     report = run_job(raised, instance, resources)
     assert report["complete"] and report["succeeded"] == 40
@@ -180,9 +185,7 @@ def probes_by_hand(spec, shards: list[str]) -> list[str]:
 
 
 def test_the_quote_of_a_job_with_a_golden_set_is_higher_by_exactly_its_probes(make_job, home):
-    import math
-
-    from batch_pipeline.core.money.quote import schema_tokens
+    from batch_pipeline.core.money.estimate import schema_text
 
     plain, gold = make_job(name="plain"), make_job(name="gold", quality=QUALITY)
     store = Store(home)
@@ -194,12 +197,13 @@ def test_the_quote_of_a_job_with_a_golden_set_is_higher_by_exactly_its_probes(ma
     # the items' passes are the same; the probes are a pass of their own
     assert q_gold["passes"]["first"] == q_plain["passes"]["first"]
     assert q_gold["passes"]["retries"] == q_plain["passes"]["retries"]
-    # the probes' estimate by hand, from the golden set's rendered prompts, priced at the high end: bytes / 4 per
+    # the probes' estimate by hand, from the golden set's rendered prompts, priced at the high end: o200k tokens per
     # prompt + the system prompt + 4 per message x 2 + 3 priming + the output schema, x 1.25 before anything is
     # measured; 16 output tokens each (max_tokens); no cache read; gpt-4o-mini on the batch API
     prompts = probes_by_hand(gold, ["s00001", "s00002", "s00003", "s00004"])
-    per_request = math.ceil(len(gold.prompt.system.encode()) / 4) + 4 + 4 + 3 + schema_tokens(gold)
-    tokens = sum(math.ceil(len(p.encode()) / 4) + per_request for p in prompts)
+    o200k = counter_for(gold.model)
+    per_request = o200k.count([gold.prompt.system])[0] + 4 + 4 + 3 + o200k.count([schema_text(gold)])[0]
+    tokens = sum(o200k.count(prompts)) + len(prompts) * per_request
     assert q_gold["passes"]["probes"]["input_tokens"] == tokens
     high_by_hand = (tokens * 1.25 * 0.15 + 63 * 16 * 0.60) / 1e6 * 0.5
     assert q_gold["passes"]["probes"]["cost_high"] == pytest.approx(high_by_hand, rel=1e-9)

@@ -6,6 +6,7 @@ import json
 from collections import Counter
 from typing import Any
 
+import bpe_openai
 import openai
 import pytest
 
@@ -129,13 +130,14 @@ def test_ledger_bills_each_succeeded_line_once(client: openai.OpenAI, admin: San
 
 
 def test_long_system_prompt_is_cached_after_first_sight(client: openai.OpenAI, admin: SandboxAdmin) -> None:
-    system = " ".join(f"rule{i}" for i in range(1100))  # 1100 tokens + 4 per message
+    system = " ".join(f"rule{i}" for i in range(1100))
+    prefix = len(bpe_openai.get_encoding("o200k_base").encode_ordinary(system)) + 4  # o200k tokens + 4 per message
     lines = [chat_line(f"c{i}", f"question {i}", system=system) for i in range(4)]
     lines.append(chat_line("short", "no long prefix", system="Be brief."))
     batch = wait_for(client, submit(client, lines)["id"])
     output = {l["custom_id"]: l["response"]["body"]["usage"] for l in read_jsonl(client, batch["output_file_id"])}
     cached = sorted(output[f"c{i}"]["prompt_tokens_details"]["cached_tokens"] for i in range(4))
-    assert cached == [0, 1104, 1104, 1104]
+    assert cached == [0, prefix, prefix, prefix]
     assert output["short"]["prompt_tokens_details"]["cached_tokens"] == 0
-    assert batch["usage"]["input_tokens_details"]["cached_tokens"] == 3 * 1104
-    assert sum(e["cached_tokens"] for e in admin.ledger()) == 3 * 1104
+    assert batch["usage"]["input_tokens_details"]["cached_tokens"] == 3 * prefix
+    assert sum(e["cached_tokens"] for e in admin.ledger()) == 3 * prefix

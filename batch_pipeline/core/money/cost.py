@@ -1,7 +1,8 @@
 """Token estimates and prices: the quote is a plan priced before any spend.
 
-Token counts are a calibrated estimate (UTF-8 bytes / 4 plus per-message framing) until a later
-issue adds the model's own tokenizer where one is available locally.
+The manifest stores a cheap per-item estimate (UTF-8 bytes / 4 plus per-message framing: ``est_input_tokens``),
+which sizes shards and bounds the budget. The quote rescales it with the model family's tokenizer
+(``core/money/tokenizers.py``, ``core/money/estimate.py``) and calibrates that on measured usage.
 """
 
 import math
@@ -24,10 +25,15 @@ def estimate_tokens(text: str) -> int:
     return math.ceil(len(text.encode()) / BYTES_PER_TOKEN)
 
 
+def fixed_request_tokens(system_bytes: int) -> int:
+    """The part of ``estimate_request_tokens`` that is the same for every request: system message and framing."""
+    system = math.ceil(system_bytes / BYTES_PER_TOKEN) + MESSAGE_OVERHEAD_TOKENS if system_bytes else 0
+    return system + MESSAGE_OVERHEAD_TOKENS + REQUEST_OVERHEAD_TOKENS
+
+
 def estimate_request_tokens(user_bytes: pl.Expr, system_bytes: int) -> pl.Expr:
     """Input tokens of one chat request (system + user message), vectorised."""
-    system = math.ceil(system_bytes / BYTES_PER_TOKEN) + MESSAGE_OVERHEAD_TOKENS if system_bytes else 0
-    return (user_bytes / BYTES_PER_TOKEN).ceil() + (system + MESSAGE_OVERHEAD_TOKENS + REQUEST_OVERHEAD_TOKENS)
+    return (user_bytes / BYTES_PER_TOKEN).ceil() + fixed_request_tokens(system_bytes)
 
 
 # Anthropic's published cache-write multipliers of the input rate, per TTL of the cache_control block

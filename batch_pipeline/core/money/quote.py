@@ -1,10 +1,12 @@
 """The quote: the job's remaining work priced before any spend, as a range, bound to its inputs.
 
 Priced from the real request plan: every pending item's rendered prompt with the system prompt and
-the output schema counted per request (as the provider bills them), output tokens from ``max_tokens``
-(or, once results exist, their measured mean), a cache range (low / expected / high) and each
-pass apart (first pass, golden probes, expected retries). Token estimates are calibrated against measured usage
-as soon as any results exist. A quote is bound to a SHA-256 fingerprint of its inputs and expires; a
+the output schema counted per request (as the provider bills them) by the model family's tokenizer
+(``core/money/estimate.py``: o200k for OpenAI, the model's tokenizer.json for open models, the documented density
+for Claude and Gemini), output tokens from ``max_tokens`` (or, once results exist, their measured mean), a cache
+range (low / expected / high) and each pass apart (first pass, golden probes, expected retries). Token estimates
+are calibrated against measured usage as soon as any results exist (``calibration.tokenizer_factor``; ``factor``
+is the same against the manifest's bytes / 4 estimate, which the budget guard scales). A quote is bound to a SHA-256 fingerprint of its inputs and expires; a
 changed or expired quote is refused at submission with a message that says what changed.
 
 Cache: the shared prefix (the system prompt) is read from the provider's cache at the cache rate. Where the
@@ -27,6 +29,8 @@ from datetime import UTC, datetime, timedelta
 import polars as pl
 
 from batch_pipeline.core.money.cost import BYTES_PER_TOKEN, Price, PriceTable, estimate_request_tokens
+from batch_pipeline.core.money.estimate import RequestTokens, prompt_sample, request_tokens, token_calibration
+from batch_pipeline.core.money.tokenizers import counter_for
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.quality.golden import GoldenProbes, canary_passed
 from batch_pipeline.core.manifest.inputs import resolve_inputs
@@ -83,12 +87,15 @@ def calibration(items: pl.DataFrame, results: pl.DataFrame, per_request_extra: i
     return float(joined["input_tokens"].sum()) / estimated, joined.height
 
 
-def cache_prefix_tokens(spec: JobSpec, price: Price) -> int:
+def cache_prefix_tokens(spec: JobSpec, price: Price, tokens: RequestTokens | None = None) -> int:
     """Tokens of the prefix every request shares and the provider caches: the system prompt; where cache writes
     are billed (Anthropic) the tools before it too (the output schema), as the breakpoint on the system block
-    caches both. 0 without a system prompt (nothing is marked cacheable)."""
+    caches both. 0 without a system prompt (nothing is marked cacheable). ``tokens``: counted by the model's
+    tokenizer (else bytes / 4)."""
     if not spec.prompt.system:
         return 0
+    if tokens is not None:
+        return tokens.system_tokens + (tokens.schema_tokens if price.writes_cache else 0)
     system = math.ceil(len(spec.prompt.system.encode()) / BYTES_PER_TOKEN)
     return system + (schema_tokens(spec) if price.writes_cache else 0)
 
@@ -102,18 +109,20 @@ def probe_estimates(spec: JobSpec, probes: pl.DataFrame) -> pl.DataFrame:
 
 
 def riding_probes(spec: JobSpec, store, manifest: Manifest, shard_sizes: dict[str, int],
-                  answered: pl.DataFrame | None = None) -> pl.DataFrame:
+                  answered: pl.DataFrame | None = None, with_prompt: bool = False) -> pl.DataFrame:
     """The golden probes that go out with the next submission of each listed shard (shard -> its item count),
-    with their estimated tokens: shard_id, request_id, est_input_tokens. ``answered``: result rows with
-    request_id (read from the store when not given)."""
+    with their estimated tokens: shard_id, request_id, est_input_tokens (and user_prompt, ``with_prompt``).
+    ``answered``: result rows with request_id (read from the store when not given)."""
     probes = GoldenProbes(spec, store)
+    columns = ["shard_id", "request_id", "est_input_tokens", *(["user_prompt"] if with_prompt else [])]
     if not probes.enabled or not shard_sizes:
-        return pl.DataFrame(schema={"shard_id": pl.String, "request_id": pl.String, "est_input_tokens": pl.Int64})
+        return pl.DataFrame(schema={"shard_id": pl.String, "request_id": pl.String, "est_input_tokens": pl.Int64,
+                                    "user_prompt": pl.String}).select(columns)
     if answered is None:
         answered = read_results(store, spec.name, columns=["request_id"])
     shards = manifest.shard_ids()
     riding = probes.riding(shard_sizes, shards[0] if shards else None, answered)
-    return probe_estimates(spec, riding).select("shard_id", "request_id", "est_input_tokens")
+    return probe_estimates(spec, riding).select(columns)
 
 
 def cache_scenarios(prefix_share: float, first_write_share: float, writes_billed: bool,
@@ -153,16 +162,19 @@ def make_quote(spec: JobSpec, store, prices: PriceTable, items: pl.DataFrame | N
         done = states.filter(pl.col("state").is_in([VALID, DEAD])).select("request_id")
         pending = items.join(done, on="request_id", how="anti")
     per_request_extra = schema_tokens(spec)
-    factor, calibrated_on = calibration(items, results, per_request_extra)
+    bytes_factor, calibrated_on = calibration(items, results, per_request_extra)  # what the budget guard scales
     n = pending.height
-    input_tokens = (float(pending["est_input_tokens"].sum() or 0) + n * per_request_extra) * factor
+    counter = counter_for(spec.model, spec.backend.settings)
+    model = request_tokens(spec, prompt_sample(manifest, pending if n else items), counter)
+    factor, _ = token_calibration(items, results, model)
+    input_tokens = model.tokens(float(pending["est_input_tokens"].sum() or 0), n) * factor
     ok = results.filter(pl.col("status") == "succeeded") if results.height else results
     mean_out = float(ok["output_tokens"].mean()) if ok.height else float(spec.sampling.max_tokens)
     batch = spec.backend.name.endswith("_batch")
     margin = 1.0 if calibrated_on else UNCALIBRATED_MARGIN  # the high end must hold before anything is measured
 
     # the cache: the prefix's share of the input, the first write of each batch, what was measured
-    prefix = cache_prefix_tokens(spec, price)
+    prefix = cache_prefix_tokens(spec, price, model)
     pending_by_shard = dict(pending.group_by("shard_id").len().iter_rows()) if n else {}
     canary_shard = manifest.shard_ids()[0] if pending_by_shard else None
     write_batches = len(pending_by_shard) if price.writes_cache and prefix else 0
@@ -199,9 +211,9 @@ def make_quote(spec: JobSpec, store, prices: PriceTable, items: pl.DataFrame | N
     # with a golden set, ``results`` are the items' (JobState keeps probe rows apart): every row, for the probes
     # already answered and for what was spent on them
     stored = read_results(store, spec.name, columns=["request_id", "cost_usd"]) if spec.quality else None
-    probes = riding_probes(spec, store, manifest, shard_sizes, stored)
-    n_probes = probes.height
-    probe_tokens = (float(probes["est_input_tokens"].sum() or 0) + n_probes * per_request_extra) * factor
+    probes = riding_probes(spec, store, manifest, shard_sizes, stored, with_prompt=True)
+    n_probes = probes.height  # few, and their prompts are at hand: counted one by one
+    probe_tokens = (sum(counter.count(probes["user_prompt"].to_list())) + n_probes * model.fixed_tokens) * factor
     probe_pass = {**one_pass(n_probes, probe_tokens, scenarios(n_probes, probe_tokens, 0)),
                   "shards": probes["shard_id"].n_unique()}  # they ride in the items' batches: no write of their own
     retry_share = _measured_retry_share(results) if results.height else DEFAULT_RETRY_SHARE
@@ -218,7 +230,8 @@ def make_quote(spec: JobSpec, store, prices: PriceTable, items: pl.DataFrame | N
     return {
         "job": spec.name, "model": spec.model, "backend": spec.backend.name,
         "pending_requests": n, "probe_requests": n_probes, "price": price.model_dump(mode="json"),
-        "calibration": {"factor": factor, "items_measured": calibrated_on},
+        "calibration": {"factor": bytes_factor, "items_measured": calibrated_on, "tokenizer_factor": factor},
+        "tokenizer": model.as_dict(),
         "cache_hit_share": {level: read for level, (read, _) in cache.items()},
         "cache_write_share": {level: write for level, (_, write) in cache.items()},
         "cache": {"prefix_tokens": prefix, "writes_billed": price.writes_cache, "ttl": price.cache_ttl,

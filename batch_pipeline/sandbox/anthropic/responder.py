@@ -22,7 +22,7 @@ from batch_pipeline.sandbox.ids import stable_hex
 from batch_pipeline.sandbox.responder import CACHE_MIN_TOKENS, last_user_text, markers, render_content
 from batch_pipeline.sandbox.scenarios import Scenario
 from batch_pipeline.sandbox.schema_fill import fill_schema
-from batch_pipeline.sandbox.tokens import PER_MESSAGE_TOKENS, count_tokens, truncate_tokens
+from batch_pipeline.sandbox.tokens import PER_MESSAGE_TOKENS, count_tokens, input_tokens, truncate_tokens
 
 REFUSAL_MARKER, TRUNCATE_MARKER, POISON_MARKER = "refuse", "truncate", "poison"
 SEEN_PREFIX = "anthropic|"  # keys in the state's shared memories (custom_ids seen, cached prefixes)
@@ -61,10 +61,11 @@ class Prompt:
     """The prompt as cacheable segments."""
 
     segments: list[Segment] = field(default_factory=list)
+    model: str = ""  # billed with its family's tokenizer (sandbox/tokens.py)
 
     def add(self, text: str, extra: int = 0, cache: str | None = None) -> None:
         """A segment; ``cache``: the TTL of its ``cache_control`` (None: not a breakpoint)."""
-        self.segments.append(Segment(text, count_tokens(text) + extra, cache is not None, cache or "5m"))
+        self.segments.append(Segment(text, input_tokens(text, self.model) + extra, cache is not None, cache or "5m"))
 
     @property
     def tokens(self) -> int:
@@ -92,7 +93,7 @@ def _cache_ttl(block: Any) -> str | None:
 
 def build_prompt(params: dict[str, Any]) -> Prompt:
     """Tools, system blocks and message blocks, in the order the cache sees them."""
-    prompt = Prompt()
+    prompt = Prompt(model=str(params.get("model") or ""))
     for tool in params.get("tools") or []:
         bare = {k: v for k, v in tool.items() if k != "cache_control"} if isinstance(tool, dict) else tool
         prompt.add(json.dumps(bare, sort_keys=True, ensure_ascii=False), cache=_cache_ttl(tool))

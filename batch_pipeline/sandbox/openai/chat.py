@@ -18,7 +18,7 @@ from batch_pipeline.sandbox.ids import new_id
 from batch_pipeline.sandbox.responder import cacheable_prefix, chat_completion, markers
 from batch_pipeline.sandbox.routing import Request, Response, Router
 from batch_pipeline.sandbox.state import SandboxState
-from batch_pipeline.sandbox.tokens import prompt_tokens
+from batch_pipeline.sandbox.tokens import request_input_tokens
 
 CHAT_PATH = "/v1/chat/completions"
 ENDPOINT = "chat_completions"
@@ -141,7 +141,7 @@ class ChatApi:
                               code="unsupported_value")
         key = _messages_key(messages)
         request.params[KEY_PARAM] = key
-        headers = self._admit(prompt_tokens([m for m in messages if isinstance(m, dict)]) + _max_tokens(body))
+        headers = self._admit(request_input_tokens(body) + _max_tokens(body))
         marks = markers(body)
         if "poison" in marks:
             raise ApiError(400, "This request is malformed or its context is too long (sandbox marker poison).",

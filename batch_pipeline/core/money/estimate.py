@@ -1,0 +1,104 @@
+"""The quote's input tokens per request, by the model family's tokenizer, from the manifest's cheap estimate.
+
+The manifest stores ``est_input_tokens`` (user bytes / 4 plus a fixed system-and-framing part) for every item;
+tokenizing every prompt of a 10M-item job at each quote would take minutes. So the user part is rescaled by
+tokenizer tokens per estimated token, measured on a sample of pending prompts (up to ``SAMPLE_ITEMS`` from up to
+``SAMPLE_SHARDS`` shards spread over the pending ones, the lowest request IDs of each: a hash order, so an
+unbiased draw), and the fixed part is counted exactly: the system message, the output schema (billed as input)
+and the framing (4 tokens per message, 3 to prime the reply).
+"""
+
+import json
+import math
+from dataclasses import asdict, dataclass
+
+import polars as pl
+
+from batch_pipeline.core.manifest.shards import Manifest
+from batch_pipeline.core.money.cost import MESSAGE_OVERHEAD_TOKENS, REQUEST_OVERHEAD_TOKENS, fixed_request_tokens
+from batch_pipeline.core.money.tokenizers import TokenCounter, counter_for
+from batch_pipeline.core.quality.validate import choice_schema
+from batch_pipeline.core.spec.job import JobSpec
+
+SAMPLE_ITEMS = 2048
+SAMPLE_SHARDS = 8
+
+
+@dataclass(frozen=True)
+class RequestTokens:
+    """Tokens of a request from its ``est_input_tokens``: (estimate - fixed_estimated) x per_estimated +
+    fixed_tokens."""
+
+    tokenizer: str
+    exact: bool
+    per_estimated: float  # tokenizer tokens of the user prompt per estimated token, on the sample
+    fixed_estimated: int  # the fixed part inside est_input_tokens
+    fixed_tokens: int  # system + schema + framing, by the tokenizer
+    system_tokens: int
+    schema_tokens: int
+    sampled: int
+
+    def tokens(self, est_sum: float, requests: int) -> float:
+        """Input tokens of ``requests`` requests whose estimates sum to ``est_sum``."""
+        return max(est_sum - requests * self.fixed_estimated, 0.0) * self.per_estimated + requests * self.fixed_tokens
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def schema_text(spec: JobSpec) -> str | None:
+    """The output schema as it travels with every request (None for free text)."""
+    if spec.output.kind == "text":
+        return None
+    return json.dumps(choice_schema(spec.output.choice or []) if spec.output.kind == "choice" else spec.output.json_schema)
+
+
+def prompt_sample(manifest: Manifest, pending: pl.DataFrame, limit: int = SAMPLE_ITEMS,
+                  shards: int = SAMPLE_SHARDS) -> pl.DataFrame:
+    """request_id, user_prompt and est_input_tokens of up to ``limit`` pending items (``pending``: request_id,
+    shard_id)."""
+    if pending.height == 0:
+        return pl.DataFrame(schema={"request_id": pl.String, "user_prompt": pl.String, "est_input_tokens": pl.Int64})
+    ids = sorted(pending["shard_id"].unique().to_list())
+    step = max(1, len(ids) / shards)
+    chosen = [ids[int(i * step)] for i in range(min(shards, len(ids)))]
+    per_shard = math.ceil(limit / len(chosen))
+    parts = []
+    for shard in chosen:
+        frame = pl.from_arrow(manifest.shard_items(shard, ["request_id", "user_prompt", "est_input_tokens"]))
+        assert isinstance(frame, pl.DataFrame)
+        parts.append(frame.join(pending.select("request_id"), on="request_id", how="semi")
+                     .sort("request_id").head(per_shard))
+    return pl.concat(parts).select("request_id", "user_prompt", pl.col("est_input_tokens").cast(pl.Int64))
+
+
+def request_tokens(spec: JobSpec, sample: pl.DataFrame, counter: TokenCounter | None = None) -> RequestTokens:
+    """The token model of ``spec``'s requests, its user part measured on ``sample`` (user_prompt,
+    est_input_tokens)."""
+    counter = counter or counter_for(spec.model, spec.backend.settings)
+    system = spec.prompt.system
+    schema = schema_text(spec)
+    system_tokens = counter.count([system])[0] if system else 0
+    schema_tokens = counter.count([schema])[0] if schema else 0
+    fixed_tokens = ((system_tokens + MESSAGE_OVERHEAD_TOKENS if system else 0) + MESSAGE_OVERHEAD_TOKENS
+                    + REQUEST_OVERHEAD_TOKENS + schema_tokens)
+    fixed_estimated = fixed_request_tokens(len(system.encode()))
+    per_estimated = 1.0
+    if sample.height:
+        estimated = float(sample["est_input_tokens"].sum()) - sample.height * fixed_estimated
+        if estimated > 0:
+            per_estimated = sum(counter.count(sample["user_prompt"].to_list())) / estimated
+    return RequestTokens(counter.name, counter.exact, per_estimated, fixed_estimated, fixed_tokens, system_tokens,
+                         schema_tokens, sample.height)
+
+
+def token_calibration(items: pl.DataFrame, results: pl.DataFrame, model: RequestTokens) -> tuple[float, int]:
+    """Measured / tokenizer-estimated input tokens over items with a billed answer; (1.0, 0) until then."""
+    if results.height == 0 or "input_tokens" not in results.columns:
+        return 1.0, 0
+    measured = results.filter(pl.col("input_tokens") > 0).group_by("request_id").agg(pl.col("input_tokens").first())
+    joined = measured.join(items.select("request_id", "est_input_tokens"), on="request_id")
+    if joined.height == 0:
+        return 1.0, 0
+    estimated = model.tokens(float(joined["est_input_tokens"].sum()), joined.height)
+    return float(joined["input_tokens"].sum()) / max(estimated, 1.0), joined.height
