@@ -9,7 +9,7 @@ utilisation at which that equals the batch API's expected cost (cost scales with
 
 from batch_pipeline.core.money.cost import PriceTable
 from batch_pipeline.core.money.quote import make_quote
-from batch_pipeline.core.spec.job import BackendChoice, CostCompareSpec, JobSpec, SelfHostedCost
+from batch_pipeline.core.spec.job import BackendChoice, BackendSpec, CostCompareSpec, JobSpec, SelfHostedCost
 
 
 def self_hosted(input_tokens: float, output_tokens: float, items: int, cfg: SelfHostedCost,
@@ -27,11 +27,26 @@ def self_hosted(input_tokens: float, output_tokens: float, items: int, cfg: Self
     return out
 
 
+SELF_HOSTED_BACKENDS = ("vllm",)  # priced by the GPU hour (the self-hosted row), not per token
+
+
+def priced_choices(prices: PriceTable, known: list[BackendChoice]) -> list[BackendChoice]:
+    """Every (backend, model) of the price table that ``known`` does not list, in the table's order."""
+    seen = {(c.backend.name, c.model) for c in known}
+    return [BackendChoice(backend=BackendSpec(name=backend), model=model)
+            for backend, models in prices.prices.items() if backend not in SELF_HOSTED_BACKENDS
+            for model in models if (backend, model) not in seen]
+
+
 def compare_backends(spec: JobSpec, store, prices: PriceTable, compare: CostCompareSpec, items=None,
-                     results=None, states=None) -> list[dict]:
-    """One row per backend: expected and high cost, cost per million items; then the self-hosted row."""
+                     results=None, states=None, every_priced: bool = False) -> list[dict]:
+    """One row per backend: expected and high cost, cost per million items, the tokenizer that counted the input
+    and the price's ``checked`` date; then the self-hosted row. ``every_priced``: also every other model of every
+    backend in the price table (the same plan and prompts on each)."""
     rows = []
     choices = [BackendChoice(backend=spec.backend, model=spec.model), *compare.backends]
+    if every_priced:
+        choices += priced_choices(prices, [c.model_copy(update={"model": c.model or spec.model}) for c in choices])
     for choice in choices:
         variant = spec.model_copy(update={"backend": choice.backend, "model": choice.model or spec.model})
         q = make_quote(variant, store, prices, items, results, states)
@@ -40,7 +55,8 @@ def compare_backends(spec: JobSpec, store, prices: PriceTable, compare: CostComp
                      "cost_expected_usd": q["est_cost_usd"]["expected"], "cost_high_usd": q["est_cost_usd"]["high"],
                      "cost_per_million_items_usd": round(q["est_cost_usd"]["expected"] / n * 1e6, 2) if n else None,
                      "input_tokens": q["passes"]["first"]["input_tokens"],
-                     "output_tokens": q["passes"]["first"]["output_tokens_expected"]})
+                     "output_tokens": q["passes"]["first"]["output_tokens_expected"],
+                     "tokenizer": q["tokenizer"]["tokenizer"], "checked": q["price"]["checked"]})
     if compare.self_hosted is not None and rows:
         base = rows[0]
         api = next((r["cost_expected_usd"] for r in rows if r["backend"].endswith("_batch")), None)

@@ -36,3 +36,28 @@ def test_demo_backends_side_by_side(tmp_path):
     assert by["online"]["cost_expected_usd"] == pytest.approx(2 * by["openai_batch"]["cost_expected_usd"], rel=0.01)
     assert all(r["requests"] == by["openai_batch"]["requests"] > 1900 for r in rows)
     assert 0 < by["self_hosted"]["break_even_utilisation"] < 1
+
+
+def test_every_priced_backend_is_quoted_side_by_side_with_its_tokenizer_and_checked_date(tmp_path):
+    spec = load_spec(REPO / "data" / "jobs" / "demo.yaml")
+    store = Store(tmp_path)
+    build_manifest(spec, store)
+    prices = load_prices(REPO / "data" / "prices.yaml")
+    rows = compare_backends(spec, store, prices, spec.cost_compare, every_priced=True)
+    pairs = [(r["backend"], r["model"]) for r in rows if r["backend"] != "self_hosted"]
+    assert len(pairs) == len(set(pairs))  # the configured ones are not repeated
+    expected = {(b, m) for b, models in prices.prices.items() if b != "vllm" for m in models}
+    assert set(pairs) == expected
+    by = {(r["backend"], r["model"]): r for r in rows}
+    assert {b for b, _ in pairs} >= {"gemini_batch", "vertex_batch", "bedrock_batch", "azure_openai_batch"}
+    assert by[("openai_batch", "gpt-4o-mini")]["tokenizer"] == "o200k_base"
+    assert by[("bedrock_batch", "meta.llama3-1-8b-instruct-v1:0")]["tokenizer"] == "cl100k_base"
+    assert by[("gemini_batch", "gemini-2.5-flash")]["tokenizer"].startswith("gemini")
+    assert by[("bedrock_batch", "us.anthropic.claude-sonnet-4-5-v1:0")]["tokenizer"].startswith("claude")
+    assert all(r["checked"] is not None for r in rows if r["backend"] != "self_hosted")
+    # the same model on Azure and OpenAI Batch costs the same; Gemini Pro costs more than Flash
+    assert by[("azure_openai_batch", "gpt-4o-mini")]["cost_expected_usd"] == by[("openai_batch", "gpt-4o-mini")][
+        "cost_expected_usd"]
+    assert by[("gemini_batch", "gemini-2.5-pro")]["cost_expected_usd"] > by[("gemini_batch", "gemini-2.5-flash")][
+        "cost_expected_usd"]
+    assert rows[-1]["backend"] == "self_hosted"
