@@ -311,10 +311,10 @@ def cmd_quote(args: argparse.Namespace) -> int:
                       f"(budget {spec.budget_usd}; within: {q['within_budget']})")
         return 0
     rows = compare_backends(spec, store, prices, spec.cost_compare or CostCompareSpec(), state.items, state.results,
-                            state.states)
+                            state.states, every_priced=True)
     table = Table(title=f"job {spec.name}: the same plan on each backend")
     cols = ["backend", "model", "requests", "cost_expected_usd", "cost_high_usd", "cost_per_million_items_usd",
-            "gpu_hours", "break_even_utilisation"]
+            "tokenizer", "checked", "gpu_hours", "break_even_utilisation"]
     for c in cols:
         table.add_column(c.replace("_usd", " ($)").replace("_", " "), justify="right")
     for r in rows:
@@ -356,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     add_commands(sub, _resolve_spec, console)
     p = sub.add_parser("quote", help="price a job before any spend (no request is sent)")
     p.add_argument("job", help="job name or spec path")
-    p.add_argument("--compare", action="store_true", help="quote every backend in cost_compare, and self-hosted")
+    p.add_argument("--compare", action="store_true",
+                   help="quote every backend (cost_compare, then every priced model), and self-hosted")
     p.add_argument("--home")
     p.set_defaults(fn=cmd_quote)
     p = sub.add_parser("sandbox", help="serve the provider sandbox on loopback")
