@@ -3,7 +3,11 @@
 Keys come only from the environment (the variable the spec names); the sandbox needs none.
 """
 
+import json
 import os
+import urllib.error
+import urllib.request
+from typing import Any
 
 from batch_pipeline.core.errors import ConfigError
 
@@ -25,3 +29,16 @@ def resolve_endpoint(backend: str, *, sandbox: bool, base_url: str | None, api_k
     if key_required and not api_key:
         raise ConfigError(f"backend {backend} needs an API key in ${api_key_env}")
     return base_url, api_key
+
+
+def sandbox_info(sandbox_url: str, path: str, what: str, timeout_s: float = 30.0) -> dict[str, Any]:
+    """What the sandbox says about a service it runs beside its APIs (``GET /_sandbox/...``): where the object
+    store behind its Bedrock or Vertex jobs is, so the executor's own storage client talks to the same one."""
+    try:
+        with urllib.request.urlopen(sandbox_url.rstrip("/") + path, timeout=timeout_s) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode("utf-8", "replace")[:500]
+        raise ConfigError(f"the sandbox at {sandbox_url} cannot serve {what}: {detail}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise ConfigError(f"the sandbox at {sandbox_url} did not say where its {what} is: {exc}") from None

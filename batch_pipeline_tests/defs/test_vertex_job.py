@@ -145,3 +145,25 @@ def test_permission_denied_stops_the_job_once_and_it_resumes_after_the_fix(verte
     JobControl(store, spec.name).clear()
     report = run_job(spec, instance, vresources)
     assert report["complete"] and report["dead_lettered"] == 0
+
+
+def test_the_plain_sandbox_starts_its_own_gcs_emulator_and_tells_the_executor(sandbox, instance, vresources, home,
+                                                                              make_job, monkeypatch):
+    """No $STORAGE_EMULATOR_HOST anywhere (as in `batch-pipeline run` on a fresh machine): the sandbox starts an
+    in-memory emulator on first use, the executor asks it where (GET /_sandbox/gcs), and both use the same one."""
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    monkeypatch.delenv("BATCH_PIPELINE_SANDBOX_GCS_URL", raising=False)
+    spec = spec_for(make_job, rows=[{"ticket_id": f"T{i}", "subject": "s", "body": f"My invoice {i} was charged twice."}
+                                    for i in range(20)], canary={"max_failure_rate": 1.0})
+    report = run_job(spec, instance, vresources)
+    assert report["complete"] and report["succeeded"] == 20
+    import json
+    import urllib.request
+    with urllib.request.urlopen(sandbox.base_url + "/_sandbox/gcs") as answer:
+        url = json.loads(answer.read())["gcs_endpoint_url"]
+    assert url.startswith("http://127.0.0.1:")
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+    client = storage.Client(project="sandbox", credentials=AnonymousCredentials(), client_options={"api_endpoint": url})
+    names = [b.name for b in client.list_blobs("batch-pipeline-sandbox")]
+    assert any(n.endswith("input.jsonl") for n in names) and any("predictions" in n for n in names)

@@ -4,12 +4,9 @@ The sandbox serves Bedrock's control plane itself and processes jobs against an 
 server, or the one it was given); the executor's ``s3`` client must talk to that same endpoint.
 """
 
-import json
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 
-from batch_pipeline.core.errors import ConfigError
+from batch_pipeline.executors.endpoint import sandbox_info
 
 # fixed, fake credentials: the sandbox accepts any, and real ones must never be sent to it
 SANDBOX_CREDENTIALS = {"aws_access_key_id": "sandbox", "aws_secret_access_key": "sandbox-secret"}
@@ -22,12 +19,5 @@ class SandboxS3:
 
 
 def sandbox_s3(sandbox_url: str, timeout_s: float = 30.0) -> SandboxS3:
-    try:
-        with urllib.request.urlopen(sandbox_url.rstrip("/") + "/_sandbox/bedrock", timeout=timeout_s) as response:
-            info = json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        detail = exc.read().decode("utf-8", "replace")[:500]
-        raise ConfigError(f"the sandbox at {sandbox_url} cannot serve Bedrock's S3: {detail}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise ConfigError(f"the sandbox at {sandbox_url} did not say where its S3 is: {exc}") from None
+    info = sandbox_info(sandbox_url, "/_sandbox/bedrock", "Bedrock's S3", timeout_s)
     return SandboxS3(info["s3_endpoint_url"], info["bucket"])

@@ -15,11 +15,22 @@ from dataclasses import dataclass
 
 from google.api_core import exceptions as gexc
 from google.auth import exceptions as auth_exc
+from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 
 from batch_pipeline.core.errors import BatchPipelineError, ConfigError, SystemicError, TransientError
+from batch_pipeline.executors.endpoint import sandbox_info
 
 EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
+
+
+def sandbox_emulator_url(sandbox_url: str, timeout_s: float) -> str:
+    """The loopback GCS emulator for ``sandbox: true``: ``$STORAGE_EMULATOR_HOST`` when set, else the one the
+    sandbox runs behind its Vertex jobs (``GET /_sandbox/gcs``, started on first ask)."""
+    given = os.environ.get(EMULATOR_ENV, "").strip()
+    if given:
+        return given if "://" in given else f"http://{given}"
+    return str(sandbox_info(sandbox_url, "/_sandbox/gcs", "a GCS emulator", timeout_s)["gcs_endpoint_url"])
 PREDICTIONS_GLOB = "predictions*.jsonl"
 CHUNK_BYTES = 8 * 2**20
 
@@ -83,13 +94,15 @@ _ERRORS = (gexc.GoogleAPICallError, auth_exc.GoogleAuthError, OSError)
 class Gcs:
     """The few object operations the backend needs."""
 
-    def __init__(self, project: str | None, *, sandbox: bool, timeout_s: float):
-        if sandbox and not os.environ.get(EMULATOR_ENV):
-            raise ConfigError(f"backend vertex_batch has sandbox: true but ${EMULATOR_ENV} is not set; the sandbox "
-                              "reads and writes GCS through a loopback emulator (start one and export its URL)")
+    def __init__(self, project: str | None, *, emulator_url: str | None, timeout_s: float):
+        """``emulator_url``: the sandbox's loopback emulator (anonymous access); None: the real service (ADC)."""
         self.timeout_s = timeout_s
         try:
-            self.client = storage.Client(project=project)
+            if emulator_url is None:
+                self.client = storage.Client(project=project)
+            else:
+                self.client = storage.Client(project=project, credentials=AnonymousCredentials(),
+                                             client_options={"api_endpoint": emulator_url})
         except _ERRORS as exc:
             raise translate_gcs(exc, "client setup") from None
 

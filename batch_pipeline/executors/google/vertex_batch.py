@@ -39,8 +39,8 @@ from pydantic import Field, model_validator
 from batch_pipeline.core.errors import BatchPipelineError, ConfigError, SystemicError, TransientError
 from batch_pipeline.core.run.executor import BatchHandle, BatchState, BatchStatus, ShardWork
 from batch_pipeline.core.run.threads import default_workers
-from batch_pipeline.executors.endpoint import resolve_endpoint
-from batch_pipeline.executors.google.gcs import AttemptObjects, Gcs, parse_gs_uri
+from batch_pipeline.executors.endpoint import SANDBOX_URL_ENV, resolve_endpoint
+from batch_pipeline.executors.google.gcs import AttemptObjects, Gcs, parse_gs_uri, sandbox_emulator_url
 from batch_pipeline.executors.google.vertex_lines import content_index, parse_predictions_block, request_lines
 from batch_pipeline.executors.jsonl_blocks import parse_stream
 from batch_pipeline.executors.provider_errors import redact, retry_after_s
@@ -165,7 +165,8 @@ class VertexBatchExecutor:
                                        credentials=credentials, http_options=options)
         except ValueError as exc:
             raise ConfigError(f"backend vertex_batch: {exc}") from None
-        self.gcs = Gcs(self.project, sandbox=settings.sandbox, timeout_s=settings.timeout_s)
+        emulator = sandbox_emulator_url(os.environ[SANDBOX_URL_ENV], settings.timeout_s) if settings.sandbox else None
+        self.gcs = Gcs(self.project, emulator_url=emulator, timeout_s=settings.timeout_s)
         if settings.sandbox:
             self.gcs.ensure_bucket(self.bucket)
 

@@ -88,6 +88,11 @@ class VertexApi:
             router.add("POST", base + "/{job_id}:cancel", "vertex_cancel", self.cancel)
             router.add("GET", base + "/{job_id}", "vertex_get", self.get)
             router.add("DELETE", base + "/{job_id}", "vertex_delete", self.delete)
+        router.add("GET", "/_sandbox/gcs", "admin_gcs", self.gcs_info)
+
+    def gcs_info(self, request: Request) -> Response:
+        """Where the emulator behind the sandbox's Vertex jobs is (started on first ask)."""
+        return Response(payload={"gcs_endpoint_url": self.state.vertex.gcs.require()})
 
     def _job(self, request: Request) -> VertexJob:
         job = self.state.vertex.get(request.params["job_id"])

@@ -1,8 +1,10 @@
 """The sandbox's side of Cloud Storage for Vertex jobs: a loopback GCS emulator, reached with google-cloud-storage.
 
 The emulator's URL comes from ``$BATCH_PIPELINE_SANDBOX_GCS_URL`` or, failing that, ``$STORAGE_EMULATOR_HOST``
-(what every Google client reads). Without one, creating a Vertex job is refused with a message that says so.
-Only loopback URLs are used: the sandbox never talks to a real bucket.
+(what every Google client reads). Without one, the sandbox starts ``gcp-storage-emulator`` itself (in memory, on
+a free loopback port, on the first Vertex call; the ``sandbox`` extra) and says where it is at
+``GET /_sandbox/gcs``, so that the executor's storage client talks to the same emulator. Only loopback URLs are
+used: the sandbox never talks to a real bucket.
 """
 
 from __future__ import annotations
@@ -44,18 +46,39 @@ class SandboxGcs:
     def __init__(self) -> None:
         self._client: Any = None
         self._url: Optional[str] = None
+        self._own: Any = None          # the emulator this sandbox started, if it had to
+        self._own_url: Optional[str] = None
 
     def require(self) -> str:
-        """The emulator URL; a 400 ``FAILED_PRECONDITION``-style error when none is configured."""
-        url = emulator_url()
-        if url is None:
-            raise GoogleError(400, "The sandbox has no GCS emulator for Vertex AI batch jobs: start one (e.g. "
-                                   "`gcp-storage-emulator start --port N --in-memory`) and run the sandbox with "
-                                   f"${GCS_URL_ENVS[0]} or ${GCS_URL_ENVS[1]}=http://127.0.0.1:N.")
+        """The emulator URL: the configured one, else one this sandbox starts (503 when it cannot)."""
+        url = emulator_url() or self._start_emulator()
         host = urlsplit(url).hostname or ""
         if host not in LOOPBACK:
             raise GoogleError(400, f"The sandbox uses loopback GCS emulators only, not {url!r}.")
         return url
+
+    def _start_emulator(self) -> str:
+        if self._own_url is not None:
+            return self._own_url
+        try:
+            from gcp_storage_emulator.server import create_server
+        except ImportError:
+            raise GoogleError(503, "The sandbox has no GCS emulator for Vertex AI batch jobs: install the `sandbox` "
+                                   "extra (pip install 'batch_pipeline[sandbox]'), or start one (`gcp-storage-emulator "
+                                   "start --port N --in-memory`) and run the sandbox with "
+                                   f"${GCS_URL_ENVS[0]}=http://127.0.0.1:N.") from None
+        server = create_server("127.0.0.1", 0, in_memory=True)
+        server._api.daemon = True  # the emulator's own thread must not keep the sandbox process alive
+        server.start()
+        self._own = server
+        self._own_url = f"http://127.0.0.1:{server._api._httpd.server_address[1]}"
+        return self._own_url
+
+    def stop(self) -> None:
+        """Stop the emulator this sandbox started (its objects are in memory and go with it)."""
+        if self._own is not None:
+            self._own.stop()
+            self._own, self._own_url = None, None
 
     def _storage(self) -> Any:
         url = self.require()
