@@ -90,6 +90,8 @@ def test_runs_on_kubernetes_with_postgres_and_the_daemon(values):
     assert "k8sRunLauncher" in values["runLauncher"]["config"]
     assert isinstance(values["postgresql"]["enabled"], bool)
     assert "postgresqlPassword" not in values["postgresql"]  # passed with --set, never committed
+    # the driver the image installs (dagster-postgres -> psycopg2), the scheme the Postgres test tier runs with
+    assert values["postgresql"]["postgresqlScheme"] == "postgresql+psycopg2"
     assert values["dagsterDaemon"]["enabled"] is True
     assert values["dagsterDaemon"]["runCoordinator"]["type"] == "QueuedRunCoordinator"
     assert values["concurrency"]["enabled"] is True
