@@ -1,8 +1,8 @@
 """The validated table, built by DuckDB over the Parquet files themselves: one row per source row, the latest valid
 result of its request.
 
-DuckDB scans the result parts and the manifest's rows parts (as Arrow datasets, so a local disk and S3 read the
-same way), keeps each request's latest succeeded result, joins the source rows to it and sorts them by source and
+DuckDB scans the result parts and the manifest's rows parts (its own Parquet reader on local disk, Arrow datasets
+over the store's filesystem on S3), keeps each request's latest succeeded result, joins the source rows to it and sorts them by source and
 line, under a memory limit: past it, the join and the sort spill to a temporary directory. The table streams out
 in record batches into the staged file, so neither the results nor the table are ever whole in memory.
 
@@ -79,19 +79,18 @@ def _write(store: Store, rel: str, parts: list[str], rows: list[tuple[str, list[
         con = duckdb.connect(config={"memory_limit": memory_limit, "temp_directory": spill,
                                      "preserve_insertion_order": True})
         try:
-            results_schema = pa.schema([PART_SCHEMA.field(c) for c in _RESULT_COLUMNS])
-            con.register("results", _dataset(store, parts, results_schema))
+            results = _source(con, store, "results_parts", parts, [PART_SCHEMA.field(c) for c in _RESULT_COLUMNS])
+            con.execute(f"CREATE TEMP VIEW results AS SELECT {', '.join(_RESULT_COLUMNS)} FROM {results}")
             selects = []
             for i, (path, sources) in enumerate(rows):
-                con.register(f"rows_{i}", _dataset(store, [path], ROW_SCHEMA))
                 where = ""
                 if sources:
                     con.register(f"sources_{i}", pa.table({"source": pa.array(sources, pa.string())}))
                     where = f" WHERE source IN (SELECT source FROM sources_{i})"
-                selects.append(f"SELECT source, line, source_key, request_id FROM rows_{i}{where}")
+                selects.append(f"SELECT source, line, source_key, request_id FROM "
+                               f"{_source(con, store, f'rows_{i}', [path], list(ROW_SCHEMA))}{where}")
             if not selects:
-                selects = ["SELECT NULL::VARCHAR AS source, NULL::BIGINT AS line, NULL::VARCHAR AS source_key, "
-                           "NULL::VARCHAR AS request_id WHERE false"]
+                selects = [f"SELECT * FROM {_source(con, store, 'no_rows', [], list(ROW_SCHEMA))}"]
             reader = con.sql(_QUERY.format(rows=" UNION ALL ".join(selects))).to_arrow_reader(BATCH_ROWS)
             n = 0
             with store.parquet_writer(rel, VALIDATED_SCHEMA) as writer:
@@ -103,9 +102,21 @@ def _write(store: Store, rel: str, parts: list[str], rows: list[tuple[str, list[
             con.close()
 
 
-def _dataset(store: Store, rels: list[str], schema: pa.Schema) -> ds.Dataset:
-    """The files as one Arrow dataset of ``schema`` (columns a file lacks read as null, others are ignored)."""
-    return ds.dataset([store.full(r) for r in rels], schema=schema, format="parquet", filesystem=store.fs)
+def _source(con: duckdb.DuckDBPyConnection, store: Store, name: str, rels: list[str],
+            fields: list[pa.Field]) -> str:
+    """What the query reads ``rels`` as. On local disk DuckDB's own Parquet reader (measured: 5.2 against 7.5 CPU s
+    for 1M results in 3,000 parts read as an Arrow dataset), by name so that parts written before a column existed,
+    or with columns since moved (the payload), read alike; elsewhere (S3) an Arrow dataset of ``fields`` over the
+    store's filesystem (a column a file lacks reads as null)."""
+    if not rels:
+        con.register(name, pa.Table.from_batches([], pa.schema(fields)))
+        return name
+    if store.is_local:
+        listed = ", ".join("'" + str(store.local_path(r)).replace("'", "''") + "'" for r in rels)
+        return f"read_parquet([{listed}], union_by_name = true)"
+    con.register(name, ds.dataset([store.full(r) for r in rels], schema=pa.schema(fields), format="parquet",
+                                  filesystem=store.fs))
+    return name
 
 
 def _readable(store: Store, parts: list[str]) -> list[str]:
