@@ -4,6 +4,9 @@ Each line ``{custom_id, method, url, body}`` becomes a row ``{custom_id, system,
 use ``key_field: custom_id``, ``text_field: user`` and ``template: "{user}"``. The system prompt, model,
 sampling and output contract are job-level (they are part of every request ID), so a line whose system
 prompt or model differs from the spec is rejected with its reason rather than silently re-prompted.
+
+Multi-turn lines: with ``messages_field: messages`` (and no template) the row's ``messages`` is the line's
+turns after its leading system message, checked and normalised by ``messages.canonical_turns``.
 """
 
 import json
@@ -12,12 +15,14 @@ from collections.abc import Iterator
 import polars as pl
 
 from batch_pipeline.core.manifest.inputs import KEY, LINE, InputFile, Reject, RowBatch
+from batch_pipeline.core.manifest.messages import TurnError, canonical_turns
 
 CHAT_URL = "/v1/chat/completions"
 BLOCK_LINES = 50_000
 
 
-def _flatten(obj: object, expect_system: str | None, expect_model: str | None) -> tuple[dict | None, str, str]:
+def _flatten(obj: object, expect_system: str | None, expect_model: str | None,
+             messages_field: str | None = None) -> tuple[dict | None, str, str]:
     """(row, reject kind, reason): row is None when the line is rejected."""
     if not isinstance(obj, dict):
         return None, "not_object", f"expected a JSON object, got {type(obj).__name__}"
@@ -29,12 +34,17 @@ def _flatten(obj: object, expect_system: str | None, expect_model: str | None) -
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         return None, "unsupported_messages", "body.messages must be a non-empty list"
+    if messages_field is not None:
+        return _turns_row(custom_id, messages, body.get("model"), expect_system, expect_model, messages_field)
     system = ""
-    if messages[0].get("role") in ("system", "developer"):
+    if isinstance(messages[0], dict) and messages[0].get("role") in ("system", "developer"):
         system = messages[0].get("content")
         messages = messages[1:]
-    if len(messages) != 1 or messages[0].get("role") != "user" or not isinstance(messages[0].get("content"), str) \
-            or not isinstance(system, str):
+    if len(messages) > 1:
+        return None, "unsupported_messages", ("a multi-turn line: set input.messages_field: messages (and no "
+                                              "template) to import its turns")
+    if len(messages) != 1 or not isinstance(messages[0], dict) or messages[0].get("role") != "user" \
+            or not isinstance(messages[0].get("content"), str) or not isinstance(system, str):
         return None, "unsupported_messages", "expected an optional system message and one user message, as text"
     if expect_system is not None and system.strip() != expect_system.strip():
         return None, "system_mismatch", "the system message differs from prompt.system of the job spec"
@@ -44,8 +54,27 @@ def _flatten(obj: object, expect_system: str | None, expect_model: str | None) -
     return {"custom_id": custom_id, "system": system, "user": messages[0]["content"]}, "", ""
 
 
+def _turns_row(custom_id: str, messages: list, model: object, expect_system: str | None, expect_model: str | None,
+               field: str) -> tuple[dict | None, str, str]:
+    """A multi-turn line: a leading system (or developer) message must be the spec's system prompt (the
+    ``canonical_turns`` rule), as must its absence."""
+    first = messages[0]
+    if isinstance(first, dict) and first.get("role") == "developer":
+        messages = [{**first, "role": "system"}, *messages[1:]]
+    has_system = isinstance(first, dict) and first.get("role") in ("system", "developer")
+    if expect_system and not has_system:
+        return None, "system_mismatch", "the line has no system message and prompt.system of the job spec is set"
+    if expect_model is not None and model not in (None, expect_model):
+        return None, "settings_mismatch", f"model {model!r} differs from the job's model {expect_model!r}"
+    try:
+        turns = canonical_turns(messages, "body.messages", expect_system or "")
+    except TurnError as exc:
+        return None, exc.kind, exc.reason
+    return {"custom_id": custom_id, field: turns}, "", ""
+
+
 def read_openai_batch(f: InputFile, fields: list[str], key_field: str | None, expect_system: str | None = None,
-                      expect_model: str | None = None) -> Iterator[RowBatch]:
+                      expect_model: str | None = None, messages_field: str | None = None) -> Iterator[RowBatch]:
     rows: list[dict] = []
     rejects: list[Reject] = []
     with f.fs.open_input_stream(f.path) as stream:
@@ -60,7 +89,7 @@ def read_openai_batch(f: InputFile, fields: list[str], key_field: str | None, ex
             except (UnicodeDecodeError, json.JSONDecodeError) as exc:
                 rejects.append(Reject(f.uri, line, "", "bad_json", f"bad JSON: {exc}", raw[:200].decode("utf-8", "replace")))
                 continue
-            row, kind, reason = _flatten(obj, expect_system, expect_model)
+            row, kind, reason = _flatten(obj, expect_system, expect_model, messages_field)
             if row is None:
                 rejects.append(Reject(f.uri, line, "", kind, reason, raw[:200].decode("utf-8", "replace")))
                 continue

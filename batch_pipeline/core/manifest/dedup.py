@@ -9,10 +9,12 @@ verdict is a bitmap over the deferred rows; the builder replays its spooled bloc
 exactly as the fast path would have, so both paths give the same shards.
 """
 
+import itertools
 import logging
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +26,7 @@ from batch_pipeline.core.manifest.index import IdIndex
 
 log = logging.getLogger(__name__)
 
-SET_BYTES_PER_ID = 175     # a 64-character str in a set (measured: ~175 MB per 1M IDs)
+SET_BYTES_PER_ID = 200     # a 64-character str in a set: ~175 B measured, plus the table's growth when it resizes
 SET_BYTES_PER_SHARED = 50  # a set slot for an ID object another set already holds
 PREFIX_CHARS = 2           # 256 hash ranges
 SPILL_FLUSH_ROWS = 500_000  # keys buffered before they are written to their range files
@@ -96,10 +98,11 @@ class Dedup:
                  len(self.prior) + len(self.fresh), self.budget // 2**20)
         self._open_spill()
         for ids, mark in ((self.fresh, FRESH), (self.reused, REUSED)):
-            if ids:
-                self._buffer.append(pl.DataFrame({"request_id": list(ids), "seq": [mark] * len(ids)},
+            it = iter(ids)
+            while chunk := list(itertools.islice(it, SPILL_FLUSH_ROWS)):  # in slices: no second copy of the set
+                self._buffer.append(pl.DataFrame({"request_id": chunk, "seq": [mark] * len(chunk)},
                                                  schema=_KEY_FRAME))
-        self._flush()
+                self._flush()
         self.fresh, self.prior, self.reused = set(), set(), set()
         self.spilling = True
 
@@ -120,16 +123,17 @@ class Dedup:
                 writer = self._writers[prefix] = ipc.new_file(str(self._dir / f"{prefix}.arrow"), KEY_SCHEMA)
             writer.write_table(part.drop("_p").to_arrow().cast(KEY_SCHEMA))
 
-    def finish(self) -> "Verdict":
-        """Decide the deferred rows, range by range; the IDs this generation adds come out sorted."""
+    def finish(self, emit: Callable[[pa.Array], None]) -> "Verdict":
+        """Decide the deferred rows, range by range; the IDs this generation adds go to ``emit`` in sorted runs,
+        each after the one before (the next index file), as each range is decided: none are held for the end."""
         if not self.spilling:
             fresh = pl.Series("request_id", list(self.fresh), dtype=pl.String).sort()  # multi-threaded sort
-            return Verdict(np.zeros(0, dtype=np.bool_), [fresh.to_arrow()], len(self.fresh), len(self.reused))
+            emit(fresh.to_arrow())
+            return Verdict(np.zeros(0, dtype=np.bool_), len(self.fresh), len(self.reused))
         self._flush()
         for writer in self._writers.values():
             writer.close()
         is_new = np.zeros(self.deferred_rows, dtype=np.bool_)
-        new_ids: list[pa.Array] = []
         added = reused = 0
         prefixes = [format(i, f"0{PREFIX_CHARS}x") for i in range(16 ** PREFIX_CHARS)]
         for prefix, prior in self.index.read_ranges(prefixes):
@@ -145,8 +149,8 @@ class Dedup:
             seqs = new.filter(pl.col("seq") >= 0).get_column("seq").to_numpy()
             is_new[seqs] = True
             added += new.height
-            new_ids.append(new.get_column("request_id").sort().to_arrow())
-        return Verdict(is_new, new_ids, added, reused)
+            emit(new.get_column("request_id").sort().to_arrow())
+        return Verdict(is_new, added, reused)
 
     def _range_keys(self, prefix: str) -> pl.DataFrame | None:
         assert self._dir is not None
@@ -169,14 +173,13 @@ class Dedup:
             self._dir = None
 
 
+@dataclass(frozen=True)
 class Verdict:
-    """What ``finish`` decided: the deferred rows that are new items, the new IDs sorted (index runs), counts."""
+    """What ``finish`` decided: which deferred rows are new items, how many IDs are new, how many were known."""
 
-    def __init__(self, is_new: np.ndarray, new_id_runs: list[pa.Array], added: int, reused: int):
-        self.is_new, self.new_id_runs, self.added, self.reused = is_new, new_id_runs, added, reused
-
-    def runs(self) -> Iterator[pa.Array]:
-        yield from self.new_id_runs
+    is_new: np.ndarray
+    added: int
+    reused: int
 
 
 class BlockSpool:

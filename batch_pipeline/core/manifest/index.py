@@ -6,7 +6,8 @@ skip every row group outside the range by its statistics. Generations committed 
 get their file on first use, from the request IDs of their shards.
 """
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -119,8 +120,17 @@ class _View:
 
 def write_index(store: Store, rel: str, runs: Iterable[pa.Array]) -> None:
     """``runs``: ID arrays, each sorted and every one after the one before (e.g. hash ranges in order)."""
-    with store.parquet_writer(rel, INDEX_SCHEMA) as writer:
+    with index_writer(store, rel) as emit:
         for run in runs:
+            emit(run)
+
+
+@contextmanager
+def index_writer(store: Store, rel: str) -> Iterator[Callable[[pa.Array], None]]:
+    """An ``emit(run)`` that appends sorted ID runs to the index file ``rel`` (complete when the block exits)."""
+    with store.parquet_writer(rel, INDEX_SCHEMA) as writer:
+        def emit(run: pa.Array) -> None:
             if len(run):
                 writer.write_table(pa.table({"request_id": run.cast(pa.string())}, schema=INDEX_SCHEMA),
                                    row_group_size=ROW_GROUP)
+        yield emit

@@ -41,6 +41,9 @@ class InputFile:
     format: str
     size: int
     mtime_ns: int | None = None  # with uri and size, the identity an incremental build compares
+    # a source that is not a file of rows (another job's table, core/manifest/upstream.py): its batches, given
+    # the fields and the key field; the identity above is then what that source says changes with its rows
+    reader: Callable[[list[str], str | None], Iterator["RowBatch"]] | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -167,6 +170,10 @@ def read_batches(f: InputFile, fields: list[str], key_field: str | None, offset:
     ``extent`` is filled in as the file is read (what an incremental build records for the next append).
     """
     extent = extent if extent is not None else ReadExtent()
+    if f.reader is not None:
+        yield from f.reader(fields, key_field)
+        extent.bytes_read, extent.ends_clean = f.size, False
+        return
     if f.format == "jsonl":
         yield from _jsonl(f, fields, key_field, offset, first_line, extent)
         return

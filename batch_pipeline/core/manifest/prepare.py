@@ -14,6 +14,7 @@ from batch_pipeline.core.manifest import ids
 from batch_pipeline.core.manifest.batch_input import read_openai_batch
 from batch_pipeline.core.manifest.incremental import FilePlan
 from batch_pipeline.core.manifest.inputs import LINE, ReadExtent, Reject, RowBatch, prefetch, read_batches
+from batch_pipeline.core.manifest.messages import read_messages
 from batch_pipeline.core.money.cost import estimate_request_tokens
 from batch_pipeline.core.spec.job import JobSpec
 
@@ -46,8 +47,12 @@ def length_bucket(tokens: pl.Expr) -> pl.Expr:
 
 
 def render_expr(spec: JobSpec) -> pl.Expr:
-    """The user message as a Polars expression over the normalised fields (literal pieces + columns)."""
+    """The user message as a Polars expression over the normalised fields (literal pieces + columns); a messages
+    job's rows already hold their canonical turns (``messages.read_messages``)."""
     import string
+
+    if spec.input.messages_field is not None:
+        return pl.col(spec.input.messages_field)
 
     parts: list[pl.Expr] = []
     for literal, name, _, _ in string.Formatter().parse(spec.prompt.template):
@@ -98,14 +103,20 @@ class FilePreparer:
         """``max_bytes``: the shard byte cap (a request that cannot fit one is rejected)."""
         self.spec, self.max_shard_bytes = spec, max_bytes
         self.prefix = ids.id_prefix(spec.prompt.version, spec.model, spec.settings_fingerprint())
-        self.system_bytes = len(spec.prompt.system.encode())
+        # the shared prefix every request sends: the system prompt and the few-shot examples
+        self.system_bytes = len(spec.prompt.system.encode()) + sum(len(t.content.encode()) for t in spec.prompt.examples)
 
     def blocks(self, plan: FilePlan, extent: ReadExtent) -> Iterator[Block]:
         """The file's blocks in order; ``extent`` says how far the read got once they are all taken."""
         spec, f = self.spec, plan.file
         fields = spec.prompt.fields
+        turns = spec.input.messages_field
         if f.format == "openai_batch":
-            batches = read_openai_batch(f, fields, spec.input.key_field, spec.prompt.system, spec.model)
+            batches = read_openai_batch(f, [turns] if turns else fields, spec.input.key_field, spec.prompt.system,
+                                        spec.model, messages_field=turns)
+        elif turns is not None:
+            batches = read_messages(f, turns, spec.input.key_field, spec.prompt.system, plan.offset, plan.first_line,
+                                    extent)
         else:
             batches = read_batches(f, fields, spec.input.key_field, plan.offset, plan.first_line, extent)
         for source, rows_in, frame, rejects in prefetch(self._prepared(batches)):
@@ -130,8 +141,10 @@ class FilePreparer:
         """Normalise fields, render the prompt, estimate tokens; empty or over-long rows become rejects."""
         spec, system_bytes = self.spec, self.system_bytes
         fields = spec.prompt.fields
-        text = spec.input.text_field
-        frame = normalise_fields(batch.frame, fields)
+        text = spec.input.text_field or spec.input.messages_field
+        assert text is not None
+        # a messages row's turns were normalised one by one as they were read
+        frame = normalise_fields(batch.frame, fields) if spec.input.messages_field is None else batch.frame
         frame = frame.with_columns(render_expr(spec).alias("user_prompt"))
         frame = frame.with_columns(pl.col("user_prompt").str.len_bytes().cast(pl.Int32).alias("request_bytes"))
         frame = frame.with_columns(

@@ -22,7 +22,7 @@ from batch_pipeline.core.errors import ReconciliationError
 from batch_pipeline.core.manifest.deal import OPEN_SHARD_WINDOW, Dealer, shard_name
 from batch_pipeline.core.manifest.dedup import BlockSpool, Dedup
 from batch_pipeline.core.manifest.incremental import FileAction, FilePlan, FileState, plan_files, state_after
-from batch_pipeline.core.manifest.index import IdIndex, index_path, write_index
+from batch_pipeline.core.manifest.index import IdIndex, index_path, index_writer
 from batch_pipeline.core.manifest.inputs import KEY, LINE, ReadExtent, Reject, resolve_inputs
 from batch_pipeline.core.manifest.prepare import (BUCKET_EDGES, REQUEST_FRAMING_BYTES, Block, FilePreparer,
                                                   length_bucket, normalise_fields, render_expr)
@@ -155,14 +155,14 @@ class ManifestBuilder:
                         if self.progress:
                             self.progress(f.uri, summary.input_rows)
                     states.append(state_after(plan, gen, extent.bytes_read, extent.lines, extent.ends_clean))
-                verdict = dedup.finish()
+                with index_writer(self.store, index_path(self.paths, gen)) as emit:
+                    verdict = dedup.finish(emit)
                 if spool is not None:
                     at = 0
                     for frame in spool.replay():
                         dealer.deal(frame, verdict.is_new[at:at + frame.height])
                         at += frame.height
                 dealer.close()
-            write_index(self.store, index_path(self.paths, gen), verdict.runs())
         finally:
             dedup.close()
             if spool is not None:
