@@ -32,6 +32,7 @@ RAW_RESULT_SCHEMA = pa.schema([
 RAW_OPTIONAL_SCHEMA = pa.schema([
     ("cache_write_tokens", pa.int64()),  # input tokens that wrote the provider's prompt cache (Anthropic
                                          # cache_creation_input_tokens); counted in input_tokens, billed apart
+    ("embedding", pa.list_(pa.float32())),  # an embeddings job's vector (output.embedding); null elsewhere
 ])
 
 

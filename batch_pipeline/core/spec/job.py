@@ -78,18 +78,26 @@ class SamplingSpec(_Strict):
     seed: int | None = None
 
 
+class EmbeddingSpec(_Strict):
+    """An embeddings job: one vector per row, of exactly ``dimensions`` float32 values (the gate checks it)."""
+
+    dimensions: int = Field(gt=0, le=16384, description="length of every vector (OpenAI text-embedding-3: "
+                                                          "asked for; a pooling model: its hidden size)")
+
+
 class OutputSpec(_Strict):
-    """Exactly one output contract: a fixed label set, a JSON schema, or free text."""
+    """Exactly one output contract: a fixed label set, a JSON schema, free text, or an embedding."""
 
     choice: list[str] | None = None
     json_schema: dict[str, Any] | None = None
     text: dict[str, Any] | None = None
+    embedding: EmbeddingSpec | None = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> "OutputSpec":
-        given = [k for k in ("choice", "json_schema", "text") if getattr(self, k) is not None]
+        given = [k for k in ("choice", "json_schema", "text", "embedding") if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError(f"give exactly one of choice, json_schema, text (got {given or 'none'})")
+            raise ValueError(f"give exactly one of choice, json_schema, text, embedding (got {given or 'none'})")
         if self.choice is not None:
             if not self.choice or len(set(self.choice)) != len(self.choice):
                 raise ValueError("choice must be a non-empty list of distinct labels")
@@ -98,9 +106,11 @@ class OutputSpec(_Strict):
         return self
 
     @property
-    def kind(self) -> Literal["choice", "json_schema", "text"]:
+    def kind(self) -> Literal["choice", "json_schema", "text", "embedding"]:
         if self.choice is not None:
             return "choice"
+        if self.embedding is not None:
+            return "embedding"
         return "json_schema" if self.json_schema is not None else "text"
 
 

@@ -25,7 +25,7 @@ from batch_pipeline.sandbox.ids import stable_fraction, stable_hex
 from batch_pipeline.sandbox.responder import CACHE_MIN_TOKENS, MARKER_RE
 from batch_pipeline.sandbox.scenarios import Scenario
 from batch_pipeline.sandbox.schema_fill import fill_schema, pick_label
-from batch_pipeline.sandbox.tokens import count_tokens, truncate_tokens
+from batch_pipeline.sandbox.tokens import count_tokens, input_tokens, truncate_tokens
 
 SEEN_PREFIX = "gemini|"  # keys in the state's shared memories (keys seen, cached prefixes)
 MODEL_VERSION_SUFFIX = "-sandbox-001"
@@ -127,9 +127,12 @@ class GeminiResponder:
                         "domain": "googleapis.com"}] if reason else None
             return GeminiAnswer(key, model, error=status_object(code, message, details))
         system = system_text(request)
-        prompt = count_tokens(system) + count_tokens(text)
-        cached = self._cached(model, system)
         config = request.get("generationConfig") if isinstance(request.get("generationConfig"), dict) else {}
+        schema = config.get("responseJsonSchema") or config.get("responseSchema")
+        # billed as the quote counts it: the model family's tokens of the system, the turns and the output schema
+        prompt = input_tokens(system, model) + input_tokens(text, model) + (
+            input_tokens(json.dumps(schema), model) if isinstance(schema, dict) else 0)
+        cached = self._cached(model, system)
         response: dict[str, Any] = {"modelVersion": model.removeprefix("models/") + MODEL_VERSION_SUFFIX,
                                     "responseId": stable_hex(salt, key, "response", length=22)}
         usage: dict[str, Any] = {"promptTokenCount": prompt, "totalTokenCount": prompt}
@@ -155,7 +158,7 @@ class GeminiResponder:
                             output_tokens=output)
 
     def _cached(self, model: str, system: str) -> int:
-        tokens = count_tokens(system)
+        tokens = input_tokens(system, model)
         if tokens < CACHE_MIN_TOKENS:
             return 0
         digest = SEEN_PREFIX + hashlib.sha256(f"{model}\x1e{system}".encode("utf-8")).hexdigest()
