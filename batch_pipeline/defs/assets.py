@@ -23,6 +23,7 @@ from batch_pipeline.core.publish.report import build_report, shard_table
 from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.run.runner import ShardRunner
 from batch_pipeline.core.state.execute import ShardDriver, ShardWaits
+from batch_pipeline.core.state.fallback import Stage, fallback_variant
 from batch_pipeline.core.spec.job import BackendSpec, CostCompareSpec, JobSpec
 from batch_pipeline.core.spec.settings import Settings
 from batch_pipeline.defs.checks import CHECKS, build_result_checks, build_shard_stats_check
@@ -66,9 +67,10 @@ def _backfill_policy() -> dg.BackfillPolicy:
     return dg.BackfillPolicy.multi_run(max_partitions_per_run=Settings.from_env().shards_per_run)
 
 
-def _runner(spec: JobSpec, store: StoreResource, prices: PricesResource, backend: BackendSpec | None = None
-            ) -> ShardRunner:
-    """A shard runner whose every paid call first passes the budget guard."""
+def _runner(spec: JobSpec, store: StoreResource, prices: PricesResource, backend: BackendSpec | None = None,
+            stage: Stage = Stage.PRIMARY) -> ShardRunner:
+    """A shard runner whose every paid call first passes the budget guard (golden probes ride with the primary's
+    submissions only)."""
     backend = backend or spec.backend
     st = store.get()
     executor = create_executor(backend)
@@ -77,7 +79,7 @@ def _runner(spec: JobSpec, store: StoreResource, prices: PricesResource, backend
     guard = BudgetGuard(spec, st, price, quote.get("calibration", {}).get("factor", 1.0),
                         batch=executor.pricing == "batch")
     return ShardRunner(spec, st, executor, price, executor.pricing, before_spend=guard.check,
-                       extra_items=_probe_hook(spec, st))
+                       extra_items=_probe_hook(spec, st) if stage == Stage.PRIMARY else None, stage=stage)
 
 
 def _probe_hook(spec: JobSpec, st):
@@ -99,9 +101,13 @@ def _probe_hook(spec: JobSpec, st):
 
 
 def _shard_driver(context, spec: JobSpec, store: StoreResource, prices: PricesResource) -> ShardDriver:
-    """The shard runner and, on demand, the tail-rescue runner (the spec's online backend, interactive price)."""
+    """The shard runner and, on demand, the tail-rescue runner (the spec's online backend, interactive price) and
+    the fallback model's runner."""
     tail = (lambda: _runner(spec, store, prices, spec.tail.backend)) if spec.tail is not None else None
-    return ShardDriver(spec, store.get(), _runner(spec, store, prices), tail, say=context.log.info)
+    fallback = (lambda: _runner(fallback_variant(spec), store, prices, stage=Stage.FALLBACK)) \
+        if spec.fallback is not None else None
+    return ShardDriver(spec, store.get(), _runner(spec, store, prices), tail, say=context.log.info,
+                       fallback=fallback)
 
 
 def _unpassed_checks(instance: dg.DagsterInstance, results_key: dg.AssetKey) -> list[str]:

@@ -22,6 +22,7 @@ ENDPOINTS = (
     "retrieve_batch",
     "cancel_batch",
     "chat_completions",
+    "embeddings",  # POST /v1/embeddings (online)
     # Anthropic Message Batches (served at the root)
     "anthropic_create",
     "anthropic_list",

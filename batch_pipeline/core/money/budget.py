@@ -19,8 +19,8 @@ from batch_pipeline.core.money.cost import Price
 from batch_pipeline.core.errors import SystemicError
 from batch_pipeline.core.quality.golden import GoldenProbes
 from batch_pipeline.core.manifest.shards import Manifest
-from batch_pipeline.core.money.quote import (UNCALIBRATED_MARGIN, cache_prefix_tokens, calibration, probe_estimates,
-                                       riding_probes, schema_tokens)
+from batch_pipeline.core.money.quote import (UNCALIBRATED_MARGIN, cache_prefix_tokens, calibration, max_output_tokens,
+                                             probe_estimates, riding_probes, schema_tokens)
 from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.store import Store
@@ -58,7 +58,7 @@ class BudgetGuard:
         assert self.price is not None
         tokens = (est_input_tokens + requests * self.schema_tokens) * self.factor
         writes = min(tokens, requests * self.prefix_tokens * self.factor)
-        return self.price.cost(tokens, requests * self.spec.sampling.max_tokens, batch=self.batch,
+        return self.price.cost(tokens, requests * max_output_tokens(self.spec), batch=self.batch,
                                cache_write_tokens=writes)
 
     def riding_probes(self, shard_id: str) -> pl.DataFrame:

@@ -47,8 +47,8 @@ class RequestTokens:
 
 
 def schema_text(spec: JobSpec) -> str | None:
-    """The output schema as it travels with every request (None for free text)."""
-    if spec.output.kind == "text":
+    """The output schema as it travels with every request (None for free text and embeddings)."""
+    if spec.output.kind in ("text", "embedding"):
         return None
     return json.dumps(choice_schema(spec.output.choice or []) if spec.output.kind == "choice" else spec.output.json_schema)
 

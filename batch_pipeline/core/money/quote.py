@@ -66,9 +66,14 @@ def quote_components(spec: JobSpec, manifest_generation: int, price: Price) -> d
     }
 
 
+def max_output_tokens(spec: JobSpec) -> int:
+    """The output tokens one request may bill: ``max_tokens``, and none for an embedding (billed as input only)."""
+    return 0 if spec.output.embedding is not None else spec.sampling.max_tokens
+
+
 def schema_tokens(spec: JobSpec) -> int:
     """The output schema travels with every request and is billed as input."""
-    if spec.output.kind == "text":
+    if spec.output.kind in ("text", "embedding"):
         return 0
     schema = choice_schema(spec.output.choice or []) if spec.output.kind == "choice" else spec.output.json_schema
     return math.ceil(len(json.dumps(schema)) / BYTES_PER_TOKEN)
@@ -169,7 +174,8 @@ def make_quote(spec: JobSpec, store, prices: PriceTable, items: pl.DataFrame | N
     factor, _ = token_calibration(items, results, model)
     input_tokens = model.tokens(float(pending["est_input_tokens"].sum() or 0), n) * factor
     ok = results.filter(pl.col("status") == "succeeded") if results.height else results
-    mean_out = float(ok["output_tokens"].mean()) if ok.height else float(spec.sampling.max_tokens)
+    out_cap = max_output_tokens(spec)
+    mean_out = float(ok["output_tokens"].mean() or 0.0) if ok.height else float(out_cap)
     batch = spec.backend.name.endswith("_batch")
     margin = 1.0 if calibrated_on else UNCALIBRATED_MARGIN  # the high end must hold before anything is measured
 
@@ -199,10 +205,10 @@ def make_quote(spec: JobSpec, store, prices: PriceTable, items: pl.DataFrame | N
 
     def one_pass(requests: int, tokens: float, cache: dict[str, tuple[float, float]]) -> dict:
         return {"requests": requests, "input_tokens": round(tokens), "output_tokens_expected": round(requests * mean_out),
-                "output_tokens_max": requests * spec.sampling.max_tokens,
+                "output_tokens_max": requests * out_cap,
                 "cost_low": priced(tokens, requests * mean_out, cache["high"]),
                 "cost_expected": priced(tokens, requests * mean_out, cache["expected"]),
-                "cost_high": priced(tokens * margin, requests * spec.sampling.max_tokens, cache["low"])}
+                "cost_high": priced(tokens * margin, requests * out_cap, cache["low"])}
 
     cache = scenarios(n, input_tokens, write_batches)
     first = one_pass(n, input_tokens, cache)

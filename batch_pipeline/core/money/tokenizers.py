@@ -126,7 +126,7 @@ FAMILIES: tuple[tuple[re.Pattern[str], str], ...] = (  # model name -> family; t
     (re.compile(r"(^|[./])claude"), "claude"),  # claude-haiku-4-5, anthropic.claude-..., us.anthropic.claude-...
     (re.compile(r"(^|/)gemini"), "gemini"),  # gemini-2.5-flash, models/gemini-..., publishers/google/models/gemini-...
     (re.compile(r"^(gpt-4o|gpt-4\.1|gpt-4\.5|gpt-5|gpt-oss|chatgpt-4o|o\d)"), "o200k"),
-    (re.compile(r"^(gpt-4|gpt-3\.5)"), "cl100k"),
+    (re.compile(r"^(gpt-4|gpt-3\.5|text-embedding-)"), "cl100k"),  # text-embedding-3-*: cl100k_base
     (re.compile(r"llama|qwen|mistral|mixtral|phi-|gemma", re.IGNORECASE), "open"),
 )
 DEFAULT_FAMILY = "bytes"

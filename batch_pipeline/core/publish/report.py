@@ -2,6 +2,8 @@
 
 from datetime import datetime
 
+import polars as pl
+
 from batch_pipeline.core.run.attempts import AttemptLog
 from batch_pipeline.core.quality.golden import GoldenProbes, probe_accuracy
 from batch_pipeline.core.manifest.shards import Manifest
@@ -62,6 +64,8 @@ def build_report(spec: JobSpec, store: Store, state: JobState, outputs: dict[str
     report["quoted_vs_actual"] = quoted_vs_actual(spec, store, scan)
     report["replays"] = [r.as_dict() for r in Replays(store, spec.name).records()]  # dead letters given a new budget
     report["cost_by_attempt"] = {str(k): round(v, 6) for k, v in sorted(scan.cost_by_attempt.items())}
+    if spec.fallback is not None or spec.route is not None:
+        report.update(model_costs(spec, store))
     if scan.probe_results is not None and scan.probe_results.height:
         probes = GoldenProbes(spec, store).all_probe_ids()
         report["golden_probes_cost_usd"] = round(float(scan.probe_results["cost_usd"].sum()), 6)
@@ -70,6 +74,30 @@ def build_report(spec: JobSpec, store: Store, state: JobState, outputs: dict[str
         report["cost_per_accepted_item_usd"] = (round(report["cost_usd"] / totals.valid, 8) if totals.valid
                                                 else None)
     return report
+
+
+def model_costs(spec: JobSpec, store: Store) -> dict:
+    """Cost by model and by backend, and the fallback's part apart: what it answered and what it cost (only
+    jobs that can answer with more than one model or backend read this)."""
+    from batch_pipeline.core.run.results import read_results
+    from batch_pipeline.core.state.fallback import fallback_backend, is_fallback_row
+
+    rows = read_results(store, spec.name, columns=["request_id", "attempt", "model", "backend", "status",
+                                                   "cost_usd"])
+    out: dict = {
+        "cost_by_model": {k: round(v, 6) for k, v in rows.group_by("model").agg(pl.col("cost_usd").sum())
+                          .sort("model").iter_rows()},
+        "cost_by_backend": {k: round(v, 6) for k, v in rows.group_by("backend").agg(pl.col("cost_usd").sum())
+                            .sort("backend").iter_rows()},
+    }
+    if spec.fallback is not None:
+        mine = rows.filter(is_fallback_row(spec))
+        backend = fallback_backend(spec)
+        out["fallback"] = {"model": spec.fallback.model, "backend": backend.name if backend else None,
+                           "requests": mine.height,
+                           "answered": mine.filter(pl.col("status") == "succeeded")["request_id"].n_unique(),
+                           "cost_usd": round(float(mine["cost_usd"].sum() or 0.0), 6)}
+    return out
 
 
 def quoted_vs_actual(spec: JobSpec, store: Store, scan: JobScan) -> dict:

@@ -16,6 +16,8 @@ from functools import cached_property
 
 import duckdb
 import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.publish.scan import JobScan, scan_job
@@ -141,7 +143,21 @@ def write_duckdb_views(store: Store, job: str) -> None:
                 continue
             if "*" in str(target) and not list(root.glob(str(target).removeprefix(str(root) + "/"))):
                 continue
-            con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{target}', union_by_name=true)")
+            con.execute(f"CREATE VIEW {name} AS SELECT *{_vector_columns(target)} "
+                        f"FROM read_parquet('{target}', union_by_name=true)")
     finally:
         con.close()
     tmp.replace(db)
+
+
+def _vector_columns(target) -> str:
+    """`` REPLACE (embedding::FLOAT[N] AS embedding)`` for a file whose fixed-size float lists DuckDB would read
+    as variable-length ones: as FLOAT[N], ``array_cosine_similarity`` and the other array functions work on the
+    view. Empty for other files (and globs)."""
+    if "*" in str(target):
+        return ""
+    fields = [f for f in pq.read_schema(str(target)) if pa.types.is_fixed_size_list(f.type)]
+    if not fields:
+        return ""
+    casts = ", ".join(f'"{f.name}"::FLOAT[{f.type.list_size}] AS "{f.name}"' for f in fields)
+    return f" REPLACE ({casts})"

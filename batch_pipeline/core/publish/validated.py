@@ -40,6 +40,14 @@ VALIDATED_SCHEMA = pa.schema([
     pa.field("is_duplicate", pa.bool_()), PART_SCHEMA.field("provider_batch_id"),
 ])
 VALIDATED_COLUMNS = VALIDATED_SCHEMA.names
+EMBEDDING = "embedding"
+
+
+def validated_schema(spec: JobSpec) -> pa.Schema:
+    """``VALIDATED_SCHEMA``, and for an embeddings job the vector as a fixed-size float32 list (DuckDB's FLOAT[N])."""
+    if spec.output.embedding is None:
+        return VALIDATED_SCHEMA
+    return VALIDATED_SCHEMA.append(pa.field(EMBEDDING, pa.list_(pa.float32(), spec.output.embedding.dimensions)))
 
 _QUERY = """
 WITH valid AS (
@@ -52,7 +60,7 @@ WITH valid AS (
 SELECT r.source, r.line, r.source_key, r.request_id, v.shard_id, v.parsed_output AS output, v.output_text,
        v.finish_reason, v.model, v.prompt_version, v.backend, v.pricing, v.attempt, v.input_tokens, v.cached_tokens,
        v.output_tokens, CASE WHEN r.is_duplicate THEN 0.0 ELSE v.cost_usd END AS cost_usd, r.is_duplicate,
-       v.provider_batch_id
+       v.provider_batch_id{extra}
 FROM source_rows AS r JOIN valid AS v ON r.request_id = v.request_id
 ORDER BY r.source, r.line
 """
@@ -65,22 +73,25 @@ def write_validated(spec: JobSpec, store: Store, rel: str, memory_limit: str = M
     rows = [(manifest.paths.rows(gen), sources) for gen, sources in sorted(manifest.live_parts().items())]
     rows = [(p, s) for p, s in rows if store.exists(p)]
     try:
-        return _write(store, rel, parts, rows, memory_limit)
+        return _write(store, rel, parts, rows, memory_limit, validated_schema(spec))
     except (duckdb.Error, pa.ArrowInvalid, OSError) as exc:  # a torn part: leave out what does not open, again
         readable = _readable(store, parts)
         if len(readable) == len(parts):
             raise
         log.warning("validated table: %d torn result part(s) left out (%s)", len(parts) - len(readable), exc)
-        return _write(store, rel, readable, rows, memory_limit)
+        return _write(store, rel, readable, rows, memory_limit, validated_schema(spec))
 
 
-def _write(store: Store, rel: str, parts: list[str], rows: list[tuple[str, list[str]]], memory_limit: str) -> int:
+def _write(store: Store, rel: str, parts: list[str], rows: list[tuple[str, list[str]]], memory_limit: str,
+           schema: pa.Schema = VALIDATED_SCHEMA) -> int:
     with tempfile.TemporaryDirectory(prefix="batch-pipeline-publish-") as spill:
         con = duckdb.connect(config={"memory_limit": memory_limit, "temp_directory": spill,
                                      "preserve_insertion_order": True})
         try:
-            results = _source(con, store, "results_parts", parts, [PART_SCHEMA.field(c) for c in _RESULT_COLUMNS])
-            con.execute(f"CREATE TEMP VIEW results AS SELECT {', '.join(_RESULT_COLUMNS)} FROM {results}")
+            vector = schema.field(EMBEDDING) if EMBEDDING in schema.names else None
+            columns = [*_RESULT_COLUMNS, *([EMBEDDING] if vector else [])]
+            results = _source(con, store, "results_parts", parts, [PART_SCHEMA.field(c) for c in columns])
+            con.execute(f"CREATE TEMP VIEW results AS SELECT {', '.join(columns)} FROM {results}")
             selects = []
             for i, (path, sources) in enumerate(rows):
                 where = ""
@@ -91,11 +102,12 @@ def _write(store: Store, rel: str, parts: list[str], rows: list[tuple[str, list[
                                f"{_source(con, store, f'rows_{i}', [path], list(ROW_SCHEMA))}{where}")
             if not selects:
                 selects = [f"SELECT * FROM {_source(con, store, 'no_rows', [], list(ROW_SCHEMA))}"]
-            reader = con.sql(_QUERY.format(rows=" UNION ALL ".join(selects))).to_arrow_reader(BATCH_ROWS)
+            extra = f", v.{EMBEDDING}::FLOAT[{vector.type.list_size}] AS {EMBEDDING}" if vector else ""
+            reader = con.sql(_QUERY.format(rows=" UNION ALL ".join(selects), extra=extra)).to_arrow_reader(BATCH_ROWS)
             n = 0
-            with store.parquet_writer(rel, VALIDATED_SCHEMA) as writer:
+            with store.parquet_writer(rel, schema) as writer:
                 for batch in reader:
-                    writer.write_batch(batch.cast(VALIDATED_SCHEMA) if batch.schema != VALIDATED_SCHEMA else batch)
+                    writer.write_batch(batch.cast(schema) if batch.schema != schema else batch)
                     n += batch.num_rows
             return n
         finally:

@@ -3,7 +3,8 @@
 A result is ``succeeded`` only when the provider answered 200, the output was not truncated
 (``finish_reason == "length"`` is a failure), and it honours the contract: a label from the allowed
 set (bare, or as ``{"label": ...}`` when the backend enforced the choice with a JSON schema), an object
-that validates against the JSON schema, or non-empty text.
+that validates against the JSON schema, non-empty text, or (an embeddings job) a vector of exactly the asked
+dimension, every value finite and the norm above zero.
 """
 
 import json
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 import jsonschema
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -115,16 +117,61 @@ def _scatter(base: pa.Array, mask: pa.Array, values: list) -> pa.Array:
     return pc.replace_with_mask(base, mask, pa.array(values, pa.string()))
 
 
-def validate(raw: pa.Table, output: OutputSpec) -> Verdicts:
+EMBEDDING_TYPE = pa.list_(pa.float32())
+
+
+def _embedding_checks(vectors: pa.Array | None, n: int, dimensions: int) -> tuple[pa.Array, pa.Array, pa.Array]:
+    """(ok, parsed value, message) per row of an embeddings job, column-wise: the vector has ``dimensions``
+    values, all finite, and a norm above zero (a zero vector has no direction: cosine similarity is undefined).
+    The parsed value is ``{"dimensions": N, "norm": x}`` (the vector itself is the ``embedding`` column)."""
+    if vectors is None:
+        vectors = pa.nulls(n, EMBEDDING_TYPE)
+    if isinstance(vectors, pa.ChunkedArray):
+        vectors = vectors.combine_chunks()
+    vectors = vectors.cast(EMBEDDING_TYPE)
+    lengths = pc.fill_null(pc.list_value_length(vectors), -1).to_numpy(zero_copy_only=False)
+    right = lengths == dimensions
+    finite = np.zeros(n, dtype=bool)
+    norms = np.zeros(n, dtype=np.float64)
+    if right.any():
+        flat = pc.list_flatten(vectors.filter(pa.array(right))).to_numpy(zero_copy_only=False)
+        values = flat.astype(np.float64).reshape(-1, dimensions)  # a null value reads as NaN: not finite
+        with np.errstate(over="ignore", invalid="ignore"):
+            finite[right] = np.isfinite(values).all(axis=1)
+            norms[right] = np.sqrt(np.square(values).sum(axis=1))
+    ok = right & finite & (norms > 0)
+    values_out: list[str | None] = []
+    messages: list[str | None] = []
+    for i in range(n):
+        if ok[i]:
+            values_out.append(f'{{"dimensions":{dimensions},"norm":{norms[i]:.6g}}}')
+            messages.append(None)
+            continue
+        values_out.append(None)
+        if lengths[i] < 0:
+            messages.append("no embedding in the answer")
+        elif not right[i]:
+            messages.append(f"embedding has {lengths[i]} dimensions; output.embedding.dimensions is {dimensions}")
+        elif not finite[i]:
+            messages.append("embedding has non-finite values (NaN or infinity)")
+        else:
+            messages.append("embedding is the zero vector (norm 0)")
+    return pa.array(ok), pa.array(values_out, pa.string()), pa.array(messages, pa.string())
+
+
+def validate(raw: pa.Table, output: OutputSpec, vectors: pa.Array | pa.ChunkedArray | None = None) -> Verdicts:
     """Classify every raw result row: succeeded, invalid (answered but unusable) or errored.
 
     Column-wise for the common rows (answered choice outputs in the usual forms, truncations); the per-row
     parsers run only on the rows the columns cannot settle, and the error rows are classified one by one.
+    ``vectors``: an embeddings job's ``embedding`` column (list of float32), row for row with ``raw``.
     """
     s = pa.string()
     n = raw.num_rows
     if n == 0:
         return Verdicts(*(pa.array([], s) for _ in range(5)))
+    if output.embedding is not None:
+        return _validate_embeddings(raw, vectors, output.embedding.dimensions)
     http = raw.column("http_status").combine_chunks()
     texts = raw.column("output_text").combine_chunks()
     answered = pc.fill_null(pc.equal(http, 200), False)
@@ -159,12 +206,38 @@ def validate(raw: pa.Table, output: OutputSpec) -> Verdicts:
         ecode = _scatter(ecode, unsettled, [None if g else "contract_violation" for g in good])
         emsg = _scatter(emsg, unsettled, [err for _, err in parsed])
 
+    return _with_errors(raw, answered, Verdicts(status, value, eclass, ecode, emsg))
+
+
+def _validate_embeddings(raw: pa.Table, vectors: pa.Array | pa.ChunkedArray | None, dimensions: int) -> Verdicts:
+    """An answered row succeeds when its vector passes ``_embedding_checks``; the others are invalid (retried
+    within ``retries.invalid_output``); unanswered rows are classified as in ``validate``."""
+    s = pa.string()
+    n = raw.num_rows
+    http = raw.column("http_status").combine_chunks()
+    answered = pc.fill_null(pc.equal(http, 200), False)
+    ok, value, message = _embedding_checks(vectors, n, dimensions)
+    ok = pc.and_(answered, ok)
+    nulls = pa.nulls(n, s)
+    bad = pc.and_not(answered, ok)
+    status = pc.if_else(ok, SUCCEEDED, pc.if_else(answered, INVALID, ERRORED)).cast(s)
+    value = pc.if_else(ok, value, nulls).cast(s)
+    eclass = pc.if_else(bad, ErrorClass.INVALID_OUTPUT.value, nulls).cast(s)
+    ecode = pc.if_else(bad, "contract_violation", nulls).cast(s)
+    emsg = pc.if_else(bad, message, nulls).cast(s)
+    return _with_errors(raw, answered, Verdicts(status, value, eclass, ecode, emsg))
+
+
+def _with_errors(raw: pa.Table, answered: pa.Array, v: Verdicts) -> Verdicts:
+    """The unanswered rows classified one by one (error class from the code and HTTP status)."""
     errored = pc.invert(answered)
-    if pc.any(errored).as_py():
-        hs = http.filter(errored).to_pylist()
-        cs = raw.column("error_code").combine_chunks().filter(errored).to_pylist()
-        ms = raw.column("error_message").combine_chunks().filter(errored).to_pylist()
-        eclass = _scatter(eclass, errored, [classify_line_error(c, h).value for c, h in zip(cs, hs)])
-        ecode = _scatter(ecode, errored, [c or (f"http_{h}" if h else "no_response") for c, h in zip(cs, hs)])
-        emsg = _scatter(emsg, errored, [m or "no response for this request" for m in ms])
-    return Verdicts(status, value, eclass, ecode, emsg)
+    if not pc.any(errored).as_py():
+        return v
+    http = raw.column("http_status").combine_chunks()
+    hs = http.filter(errored).to_pylist()
+    cs = raw.column("error_code").combine_chunks().filter(errored).to_pylist()
+    ms = raw.column("error_message").combine_chunks().filter(errored).to_pylist()
+    return Verdicts(v.status, v.parsed_output,
+                    _scatter(v.error_class, errored, [classify_line_error(c, h).value for c, h in zip(cs, hs)]),
+                    _scatter(v.error_code, errored, [c or (f"http_{h}" if h else "no_response") for c, h in zip(cs, hs)]),
+                    _scatter(v.error_message, errored, [m or "no response for this request" for m in ms]))

@@ -8,7 +8,8 @@ joins it in only when ``raw_payload`` is asked for, and the ingest writes it on 
 validated. A re-collected attempt (after a crash mid-collection) may write the same rows again; readers keep one row
 per (request_id, attempt), so a repeat changes nothing. Parts written before a column existed stay readable:
 ``read_results`` fills it (``LATER_COLUMNS``: cache_write_tokens reads as 0, as those parts priced every input token
-at the input rate), and a result part written before the split (its payload inside) gives its own payload.
+at the input rate; embedding, an embeddings job's vector, as null), and a result part written before the split (its
+payload inside) gives its own payload.
 """
 
 import uuid
@@ -37,6 +38,7 @@ RESULT_SCHEMA = pa.schema([
     ("error_class", pa.string()), ("error_code", pa.string()), ("error_message", pa.string()),
     ("provider_batch_id", pa.string()), ("provider_request_id", pa.string()), ("raw_payload", pa.string()),
     ("recorded_at", TS),
+    ("embedding", pa.list_(pa.float32())),  # an embeddings job's vector (null for other jobs)
 ])
 PAYLOAD = "raw_payload"
 # what a result part holds: every column but the payload
@@ -45,7 +47,7 @@ PART_SCHEMA = pa.schema([f for f in RESULT_SCHEMA if f.name != PAYLOAD])
 PAYLOAD_SCHEMA = pa.schema([RESULT_SCHEMA.field("request_id"), RESULT_SCHEMA.field("attempt"),
                             RESULT_SCHEMA.field(PAYLOAD)])
 # columns added after parts were first written, with the value an older part reads as
-LATER_COLUMNS = {"cache_write_tokens": 0}
+LATER_COLUMNS = {"cache_write_tokens": 0, "embedding": None}
 _POLARS_SCHEMA = pl.from_arrow(RESULT_SCHEMA.empty_table()).schema
 
 
@@ -57,8 +59,10 @@ def build_results(raw: pa.Table, work: ShardWork, *, backend: str, pricing: str,
     write_type = RAW_OPTIONAL_SCHEMA.field("cache_write_tokens").type
     writes = (pc.fill_null(raw.column("cache_write_tokens").cast(write_type), 0)
               if "cache_write_tokens" in raw.column_names else zeros)  # absent: the backend bills no cache writes
+    vectors = (raw.column("embedding").cast(RESULT_SCHEMA.field("embedding").type)
+               if "embedding" in raw.column_names else pa.nulls(n, RESULT_SCHEMA.field("embedding").type))
     raw = raw.select(RAW_RESULT_SCHEMA.names).cast(RAW_RESULT_SCHEMA)
-    verdicts = validate(raw, work.plan.output)
+    verdicts = validate(raw, work.plan.output, vectors)
     in_tok = pc.fill_null(raw.column("input_tokens"), 0)
     cached = pc.fill_null(raw.column("cached_tokens"), 0)
     out_tok = pc.fill_null(raw.column("output_tokens"), 0)
@@ -82,7 +86,7 @@ def build_results(raw: pa.Table, work: ShardWork, *, backend: str, pricing: str,
         in_tok if n else zeros, cached if n else zeros, writes, out_tok if n else zeros, cost,
         verdicts.error_class, pc.coalesce(verdicts.error_code, raw.column("error_code")) if n else verdicts.error_code,
         verdicts.error_message, const(provider_batch_id), raw.column("provider_request_id"), raw.column("raw_payload"),
-        const(now, TS),
+        const(now, TS), vectors,
     ], schema=RESULT_SCHEMA)
 
 
@@ -233,7 +237,7 @@ def _fill_later_columns(frame: pl.DataFrame, cols: list[str]) -> pl.DataFrame:
             continue
         if name not in frame.columns:
             fills.append(pl.lit(value, _POLARS_SCHEMA[name]).alias(name))
-        elif frame[name].null_count():
+        elif value is not None and frame[name].null_count():
             fills.append(pl.col(name).fill_null(value))
     if not fills:
         return frame

@@ -38,6 +38,13 @@ class Reply:
 class BodyBuilder:
     """The request body for a prompt: the shared settings are serialised once and spliced in."""
 
+    path = "/chat/completions"  # under the base URL (an embeddings job's builder: online/embeddings.py)
+
+    @staticmethod
+    def sdk_create(client: openai.OpenAI) -> Any:
+        """The SDK call that sends this builder's ``kwargs``, with the raw response."""
+        return client.chat.completions.with_raw_response.create
+
     def __init__(self, plan: RequestPlan, extra_body: dict[str, Any] | None) -> None:
         self.plan = plan
         self.settings = {**body_settings(plan), **(extra_body or {})}
@@ -81,7 +88,7 @@ class HttpTransport:
         self._https = parts.scheme == "https"
         self._host = parts.hostname
         self._port = parts.port or (443 if self._https else 80)
-        self._path = parts.path.rstrip("/") + "/chat/completions"
+        self._path = parts.path.rstrip("/") + builder.path
         self._timeout = timeout_s
         self._builder = builder
         self._headers = {"Content-Type": "application/json", "Accept": "application/json", "User-Agent": USER_AGENT}
@@ -148,7 +155,7 @@ class SdkTransport:
 
     def send(self, prompt: str, retry: int) -> Reply:
         try:
-            raw = self._client.chat.completions.with_raw_response.create(
+            raw = self._builder.sdk_create(self._client)(
                 **self._builder.kwargs(prompt), extra_headers={"x-stainless-retry-count": str(retry)})
             response = raw.http_response
         except openai.APIStatusError as exc:

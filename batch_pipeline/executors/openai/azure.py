@@ -40,6 +40,7 @@ class AzureOpenAIBatchExecutor(OpenAIBatchExecutor):
     name = "azure_openai_batch"
     provider = "Azure OpenAI"
     chat_url = AZURE_CHAT_URL
+    embeddings_url = None  # embeddings jobs through Azure's batch API are not offered yet
     settings_model = AzureOpenAIBatchSettings
     settings: AzureOpenAIBatchSettings
 

@@ -19,6 +19,8 @@ from batch_pipeline.core.errors import SYSTEMIC_CODES, BatchPipelineError, Confi
 from batch_pipeline.core.run.executor import BatchHandle, BatchState, BatchStatus, ShardWork
 from batch_pipeline.core.run.threads import default_workers
 from batch_pipeline.executors.endpoint import resolve_endpoint
+from batch_pipeline.executors.openai.embeddings import (EMBEDDINGS_URL, embedding_request_lines, is_embedding,
+                                                       parse_embedding_stream)
 from batch_pipeline.executors.openai.format import CHAT_URL, parse_output_stream, request_lines
 from batch_pipeline.executors.provider_errors import redact, retry_after_s
 from batch_pipeline.executors.settings import BatchProviderSettings
@@ -63,11 +65,13 @@ def translate(exc: Exception, action: str, secret: str | None = None, provider: 
 
 
 class OpenAIBatchExecutor:
-    """Subclasses (Azure) override ``_make_client`` and ``_request_lines`` and state their own ``chat_url``."""
+    """Subclasses (Azure) override ``_make_client`` and ``_request_lines`` and state their own ``chat_url`` (and
+    ``embeddings_url``: None where embeddings jobs are not offered)."""
 
     name = "openai_batch"
     provider = "OpenAI"
     chat_url = CHAT_URL
+    embeddings_url: str | None = EMBEDDINGS_URL
     pricing = "batch"
     max_requests_per_batch = 50_000
     max_bytes_per_batch = 200 * 2**20
@@ -103,15 +107,22 @@ class OpenAIBatchExecutor:
         if work.items.num_rows > self.max_requests_per_batch:
             raise ConfigError(f"shard {work.shard_id} has {work.items.num_rows} requests; {self.provider} allows "
                               f"{self.max_requests_per_batch} per batch (lower shards.max_requests)")
-        data = self._request_lines(work)
+        endpoint = self.chat_url
+        if is_embedding(work.plan):
+            if self.embeddings_url is None:
+                raise ConfigError(f"backend {self.name} does not run embeddings jobs (output.embedding)")
+            endpoint = self.embeddings_url
+            data = embedding_request_lines(work, self.embeddings_url)
+        else:
+            data = self._request_lines(work)
         if len(data) > self.max_bytes_per_batch:
             raise ConfigError(f"shard {work.shard_id} input is {len(data)} bytes; {self.provider} allows "
                               f"{self.max_bytes_per_batch} (lower shards.max_bytes)")
         name = work.key.replace(":", "_") + ".jsonl"
         uploaded = self._call("file upload", self.client.files.create, file=(name, data), purpose="batch")
-        return self._create_once(work, uploaded.id)
+        return self._create_once(work, uploaded.id, endpoint)
 
-    def _create_once(self, work: ShardWork, file_id: str) -> BatchHandle:
+    def _create_once(self, work: ShardWork, file_id: str, endpoint: str | None = None) -> BatchHandle:
         """Create the batch without blind retries: a create that failed in transit may still have
         succeeded at the provider, so before each retry we look for the batch by its key."""
         create = self.client.with_options(max_retries=0).batches.create
@@ -119,7 +130,7 @@ class OpenAIBatchExecutor:
         delay = 0.5
         for attempt in range(self.settings.max_retries + 1):
             try:
-                batch = create(input_file_id=file_id, endpoint=self.chat_url,
+                batch = create(input_file_id=file_id, endpoint=endpoint or self.chat_url,
                                completion_window=self.settings.completion_window, metadata=metadata)
                 return BatchHandle(self.name, batch.id, work.key, file_id)
             except openai.OpenAIError as error:
@@ -159,11 +170,12 @@ class OpenAIBatchExecutor:
 
     def fetch(self, handle: BatchHandle) -> Iterator[pa.Table]:
         batch = self._call("batch retrieve", self.client.batches.retrieve, handle.batch_id)
+        parse = parse_embedding_stream if batch.endpoint == self.embeddings_url else parse_output_stream
         for file_id in (batch.output_file_id, batch.error_file_id):
             if not file_id:
                 continue
             with self._call("file download", self.client.files.with_streaming_response.content, file_id) as resp:
-                yield from parse_output_stream(self._download(resp, file_id), self.parse_workers)
+                yield from parse(self._download(resp, file_id), self.parse_workers)
 
     def _download(self, resp: Any, file_id: str) -> Iterator[bytes]:
         """The file's bytes; a connection that breaks mid-download is a TransientError (the runner fetches again)."""

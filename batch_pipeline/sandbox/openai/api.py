@@ -10,7 +10,7 @@ from batch_pipeline.sandbox.multipart import parse_multipart
 from batch_pipeline.sandbox.routing import Request, Response, Router
 from batch_pipeline.sandbox.scenarios import scenario_from_metadata
 from batch_pipeline.sandbox.state import SandboxState
-from batch_pipeline.sandbox.openai.validation import CHAT_URL, MAX_BYTES
+from batch_pipeline.sandbox.openai.validation import CHAT_URL, EMBEDDINGS_URL, MAX_BYTES
 
 UPLOAD_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
 BAD_KEY = "sk-sandbox-bad"
@@ -78,6 +78,8 @@ class OpenAIApi:
         self.state = state
         self.prefix = prefix
         self.chat_url = chat_url
+        # the batch endpoints accepted: OpenAI's chat and embeddings; Azure's (relative) chat URL alone
+        self.endpoints = (chat_url, EMBEDDINGS_URL) if chat_url == CHAT_URL else (chat_url,)
 
     def register(self, router: Router) -> None:
         """Add the endpoints to ``router``; route names are the scenario endpoint names."""
@@ -138,9 +140,9 @@ class OpenAIApi:
         if not isinstance(input_file_id, str) or not input_file_id:
             raise bad_request("Missing required parameter: 'input_file_id'.", param="input_file_id", code=MISSING)
         endpoint = body.get("endpoint")
-        if endpoint != self.chat_url:
-            raise bad_request(f"The sandbox supports only endpoint {self.chat_url}.", param="endpoint",
-                              code="invalid_value")
+        if endpoint not in self.endpoints:
+            raise bad_request(f"The sandbox supports only endpoint {' or '.join(self.endpoints)}.",
+                              param="endpoint", code="invalid_value")
         if body.get("completion_window") != "24h":
             raise bad_request("completion_window must be '24h'.", param="completion_window", code="invalid_value")
         metadata = _check_metadata(body.get("metadata"))

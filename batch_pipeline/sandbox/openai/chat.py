@@ -1,4 +1,5 @@
-"""The online endpoint ``POST /v1/chat/completions``: the batch responder answered at once, with rate limits.
+"""The online endpoints ``POST /v1/chat/completions`` (the batch responder answered at once) and
+``POST /v1/embeddings`` (sandbox/openai/embeddings.py), with rate limits.
 
 Every request counts against a fixed window of one sandbox-clock minute (``rpm`` requests and ``tpm`` tokens,
 scenario parameters; tokens are estimated as prompt tokens plus ``max_tokens``, as OpenAI does). A request that
@@ -15,6 +16,7 @@ from typing import Any, Optional
 
 from batch_pipeline.sandbox.errors import ApiError, bad_request
 from batch_pipeline.sandbox.ids import new_id
+from batch_pipeline.sandbox.openai import embeddings
 from batch_pipeline.sandbox.responder import cacheable_prefix, chat_completion, markers
 from batch_pipeline.sandbox.routing import Request, Response, Router
 from batch_pipeline.sandbox.state import SandboxState
@@ -22,6 +24,7 @@ from batch_pipeline.sandbox.tokens import request_input_tokens
 
 CHAT_PATH = "/v1/chat/completions"
 ENDPOINT = "chat_completions"
+EMBEDDINGS_ENDPOINT = "embeddings"  # the scenario endpoint name of POST /v1/embeddings
 KEY_PARAM = "request_key"  # cached in Request.params, read by the request log
 DEFAULT_RPM = 1_000_000
 DEFAULT_TPM = 1_000_000_000
@@ -38,8 +41,9 @@ def _messages_key(messages: Any) -> str:
 
 
 def request_key(request: Request) -> Optional[str]:
-    """The messages hash of a chat-completions request (None for other paths or an unreadable body)."""
-    if request.path != CHAT_PATH:
+    """The messages hash of a chat-completions request, the input hash of an embeddings request (None for other
+    paths or an unreadable body)."""
+    if request.path not in (CHAT_PATH, embeddings.EMBEDDINGS_URL):
         return None
     cached = request.params.get(KEY_PARAM)
     if cached is not None:
@@ -50,7 +54,8 @@ def request_key(request: Request) -> Optional[str]:
         return None
     if not isinstance(body, dict):
         return None
-    key = _messages_key(body.get("messages"))
+    key = (embeddings.request_key(body) if request.path == embeddings.EMBEDDINGS_URL
+           else _messages_key(body.get("messages")))
     request.params[KEY_PARAM] = key
     return key
 
@@ -80,8 +85,9 @@ class ChatApi:
         self.state = state
 
     def register(self, router: Router) -> None:
-        """Add the endpoint; its scenario endpoint name is ``chat_completions``."""
+        """Add the endpoints; their scenario endpoint names are ``chat_completions`` and ``embeddings``."""
         router.add("POST", CHAT_PATH, ENDPOINT, self.create)
+        router.add("POST", embeddings.EMBEDDINGS_URL, EMBEDDINGS_ENDPOINT, self.embed)
 
     def _limits(self) -> tuple[int, int]:
         params = self.state.scenario.params
@@ -169,6 +175,40 @@ class ChatApi:
             "request_key": key,
         })
         return Response(payload=completion.body, headers=headers)
+
+    def embed(self, request: Request) -> Response:
+        """Answer one embeddings request: validate, rate-limit (input tokens), markers and scenarios, bill a 200.
+        Fault markers apply the first time the sandbox sees the request's input."""
+        body = request.json()
+        try:
+            model, texts, _, _ = embeddings.check_body(body)
+        except embeddings.EmbeddingRequestError as exc:
+            raise bad_request(str(exc), param=exc.param, code=exc.code) from None
+        key = embeddings.request_key(body) or ""
+        request.params[KEY_PARAM] = key
+        headers = self._admit(embeddings.input_tokens(texts))
+        if "poison" in embeddings.input_markers(body):
+            raise ApiError(400, "This request is malformed or its input is too long (sandbox marker poison).",
+                           code="context_length_exceeded", param="input", headers=headers)
+        self._line_error(key, headers)
+        seen_key = "embeddings:" + key
+        sightings = self.state.seen_custom_ids.get(seen_key, 0)
+        self.state.seen_custom_ids[seen_key] = sightings + 1
+        payload, tokens = embeddings.embedding_response(body, first_sighting=sightings == 0)
+        now = self.state.clock.now()
+        self.state.ledger.append({
+            "batch_id": None,
+            "custom_id": None,
+            "model": model,
+            "input_tokens": tokens,
+            "cached_tokens": 0,
+            "output_tokens": 0,
+            "billed_at": now,
+            "mode": "online",
+            "completion_id": None,
+            "request_key": key,
+        })
+        return Response(payload=payload, headers=headers)
 
     def _line_error(self, key: str, headers: dict[str, str]) -> None:
         """The ``line_errors`` scenario: a selected request gets a 500 the first ``times`` times it is seen."""

@@ -9,9 +9,11 @@ from batch_pipeline.sandbox.batches import BatchRecord, LineResult
 from batch_pipeline.sandbox.ids import stable_fraction, stable_hex
 from batch_pipeline.sandbox.responder import cacheable_prefix, chat_completion, error_body, last_user_text, markers
 from batch_pipeline.sandbox.schema_fill import pick_label
-from batch_pipeline.sandbox.openai.validation import AZURE_CHAT_URL, CHAT_URL
+from batch_pipeline.sandbox.openai.embeddings import EmbeddingRequestError, embedding_response, input_markers
+from batch_pipeline.sandbox.openai.validation import AZURE_CHAT_URL, CHAT_URL, EMBEDDINGS_URL
 
-PROVIDER_BY_ENDPOINT = {CHAT_URL: "openai", AZURE_CHAT_URL: "azure_openai"}  # the ledger's provider
+# the ledger's provider
+PROVIDER_BY_ENDPOINT = {CHAT_URL: "openai", AZURE_CHAT_URL: "azure_openai", EMBEDDINGS_URL: "openai"}
 UNPROCESSED_ERRORS = {
     "expired": ("batch_expired", "This request could not be executed before the completion window expired."),
     "cancelled": ("batch_cancelled", "This request was not executed because the batch was cancelled."),
@@ -35,6 +37,8 @@ class LineRunner:
         sightings = self.seen_custom_ids.get(custom_id, 0)
         self.seen_custom_ids[custom_id] = sightings + 1
         request_id = "req_" + stable_hex(batch.id, custom_id, "request")
+        if batch.endpoint == EMBEDDINGS_URL:
+            return embedding_line(batch, index, custom_id, body, request_id, sightings)
         marks = markers(body)
         if "poison" in marks:
             return LineResult(index, custom_id, 400, request_id, error_body(
@@ -64,6 +68,27 @@ class LineRunner:
             index, custom_id, 200, request_id, completion.body,
             completion.prompt_tokens, completion.cached_tokens, completion.completion_tokens,
         )
+
+
+def embedding_line(batch: BatchRecord, index: int, custom_id: str, body: dict[str, Any], request_id: str,
+                   sightings: int) -> LineResult:
+    """One embeddings line: the poison marker, the ``line_errors`` scenario, then a deterministic vector (with the
+    fault markers on the first sighting of the custom_id)."""
+    if "poison" in input_markers(body):
+        return LineResult(index, custom_id, 400, request_id, error_body(
+            "This request is malformed or its input is too long (sandbox marker poison).",
+            type="invalid_request_error", code="context_length_exceeded", param="input"))
+    scenario = batch.scenario
+    if scenario.line_error_due(custom_id, sightings):
+        status, kind, code = scenario.line_error()
+        return LineResult(index, custom_id, status, request_id, error_body(
+            f"The request failed with {code} (sandbox scenario line_errors).", type=kind, code=code))
+    try:
+        response, tokens = embedding_response(body, first_sighting=sightings == 0)
+    except EmbeddingRequestError as exc:
+        return LineResult(index, custom_id, 400, request_id, error_body(
+            str(exc), type="invalid_request_error", code=exc.code, param=exc.param))
+    return LineResult(index, custom_id, 200, request_id, response, tokens, 0, 0)
 
 
 def steer_labels(body: dict[str, Any], scenario: Any, custom_id: str) -> dict[str, Any]:

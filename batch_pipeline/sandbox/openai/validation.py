@@ -1,4 +1,4 @@
-"""Validation of a batch input file (JSONL of chat-completion requests)."""
+"""Validation of a batch input file (JSONL of chat-completion requests, or of embeddings requests)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ MAX_LINES = 50_000
 MAX_BYTES = 200 * 1024 * 1024
 MAX_REPORTED_ERRORS = 1000
 CHAT_URL = "/v1/chat/completions"
+EMBEDDINGS_URL = "/v1/embeddings"  # lines carry body.input (and dimensions, encoding_format) in place of messages
 AZURE_CHAT_URL = "/chat/completions"  # Azure OpenAI: the batch endpoint and the lines' url, relative
 
 
@@ -46,6 +47,13 @@ def _check_line(number: int, raw: bytes, endpoint: str) -> tuple[dict[str, Any] 
         return None, _error("missing_required_parameter", "The request has no body object.", number, "body")
     if not isinstance(body.get("model"), str) or not body["model"]:
         return None, _error("missing_required_parameter", "body.model is required.", number, "body.model")
+    if endpoint == EMBEDDINGS_URL:
+        value = body.get("input")
+        if not (isinstance(value, str) and value) and not (
+                isinstance(value, list) and value and all(isinstance(v, str) and v for v in value)):
+            return None, _error("missing_required_parameter", "body.input must be a non-empty string or list of "
+                                "strings.", number, "body.input")
+        return {"custom_id": custom_id, "body": body, "line": number}, None
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         return None, _error("missing_required_parameter", "body.messages is required.", number, "body.messages")
