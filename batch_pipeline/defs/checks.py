@@ -31,7 +31,7 @@ def validated_schema(spec: JobSpec) -> pa.DataFrameSchema:
             "shard_id": pa.Column(str),
             "output": pa.Column(str, output_checks, nullable=False),
             "finish_reason": pa.Column(str, pa.Check.ne("length"), nullable=True),
-            "model": pa.Column(str, pa.Check.eq(spec.model)),
+            "model": pa.Column(str, pa.Check.isin(spec.answering_models())),
             "prompt_version": pa.Column(str, pa.Check.eq(spec.prompt.version)),
             "attempt": pa.Column("int32", pa.Check.ge(1)),
             "input_tokens": pa.Column(int, pa.Check.ge(0)),

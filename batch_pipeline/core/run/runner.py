@@ -33,13 +33,14 @@ from batch_pipeline.core.state.reconcile import DEAD, VALID, spends_budget
 from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.money.retry_cap import RetryCosts
 from batch_pipeline.core.spec.job import JobSpec
+from batch_pipeline.core.state.fallback import Stage
 from batch_pipeline.core.state.replay import Replays
 from batch_pipeline.core.state.summary import ShardSummaries, ShardSummary, shard_item_states
 from batch_pipeline.core.store import Store
 
 log = logging.getLogger(__name__)
 
-STATE_COLUMNS = ["request_id", "attempt", "status", "error_class", "error_code", "error_message"]
+STATE_COLUMNS = ["request_id", "attempt", "status", "error_class", "error_code", "error_message", "model", "backend"]
 
 class ShardRunner(StreamShape, CollectShape):
     """The shard runner: the batch shape's submission here, its collection in ``collect.py``, the stream shape in
@@ -48,7 +49,7 @@ class ShardRunner(StreamShape, CollectShape):
     def __init__(self, spec: JobSpec, store: Store, executor: BatchExecutor | StreamExecutor,
                  price: Price | None, pricing: str = "batch", owner: str | None = None,
                  before_spend: Callable[[str, pa.Table], None] | None = None,
-                 extra_items: Callable[[str, int], pa.Table | None] | None = None):
+                 extra_items: Callable[[str, int], pa.Table | None] | None = None, stage: Stage = Stage.PRIMARY):
         self.spec, self.store, self.executor, self.price, self.pricing = spec, store, executor, price, pricing
         self.manifest = Manifest(spec.name, store)
         self.plan = RequestPlan.from_spec(spec)
@@ -57,6 +58,7 @@ class ShardRunner(StreamShape, CollectShape):
         self._cancel_when: Callable[[], bool] | None = None
         self.before_spend = before_spend  # e.g. the budget guard: raises to refuse a paid call
         self.extra_items = extra_items    # e.g. golden probes: (shard, attempt) -> request_id, user_prompt
+        self.stage = stage                # primary, or the fallback model (sends only the items handed to it)
         self.summaries = ShardSummaries(spec, store)
         self._summaries_cache: tuple[float, list[ShardSummary]] | None = None
 
@@ -76,7 +78,8 @@ class ShardRunner(StreamShape, CollectShape):
         frame = pl.from_arrow(items)
         assert isinstance(frame, pl.DataFrame)
         states = shard_item_states(self.spec, self.store, shard_id, results, frame)
-        done = states.filter(pl.col("state").is_in([VALID, DEAD])).select("request_id")
+        done = states.filter(pl.col("state").is_in([VALID, DEAD]) | (pl.col("stage") != self.stage.value)
+                             ).select("request_id")
         return frame.join(done, on="request_id", how="anti").select("request_id", "user_prompt").to_arrow()
 
     def _key(self, shard_id: str, attempt: int) -> str:
@@ -175,7 +178,7 @@ class ShardRunner(StreamShape, CollectShape):
         lease.check("start an attempt")
         if not attempts.create_intent(number, {"key": work.key, "backend": backend, "lease_token": lease.token,
                                                "request_ids": work.request_ids, "requests": pending.num_rows,
-                                               "canary": canary}):
+                                               "canary": canary, "stage": self.stage.value}):
             raise LeaseHeldError(f"shard {shard_id}: attempt {number} was claimed by another run")
         crash_point("after_intent")
         self._changed(shard_id)
@@ -217,7 +220,7 @@ class ShardRunner(StreamShape, CollectShape):
     def _check_retry_cap(self, shard_id: str, pending: pa.Table, results: pl.DataFrame) -> None:
         """Stop before a resubmission that would take retry spend past its cap. Decided from the per-shard
         summaries (the job's first-try and retry costs) and this shard's own results, not every result row."""
-        if results.height == 0:
+        if results.height == 0 or self.stage == Stage.FALLBACK:  # the fallback's spend is its own allowance
             return
         # pending items that failed before at a cost to their budget: the ones this submission retries (a
         # replayed dead letter is a human's decision to spend again, outside the cap)

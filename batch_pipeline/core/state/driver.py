@@ -15,6 +15,7 @@ its plan (or ``shard_step`` for one shard) and never re-derive it. The rules, in
 | intent without a submission                       | RESOLVE     |                                |
 | canary pending, this is the canary shard          | CANARY      |                                |
 | canary pending, any other shard                   | -           | waits for the canary           |
+| only items handed to the fallback are left        | SUBMIT (fb) |                                |
 | new or retryable, deadline near, tail configured  | RESCUE      |                                |
 | new or retryable, quote stale                     | REQUOTE     | waits for a fresh quote        |
 | new or retryable, fewer than the backend's minimum| RESCUE      | below the minimum (no tail)    |
@@ -23,6 +24,10 @@ its plan (or ``shard_step`` for one shard) and never re-derive it. The rules, in
 The minimum (``JobFacts.min_batch``, e.g. Bedrock's records per job) applies to what the step would send: the
 shard's pending items, or the canary sample. Below it nothing is submitted as a batch: with a tail backend the
 items go there (the canary too, ``Step.tail``), without one the shard waits and says why.
+
+The fallback (``fallback:``, core/state/fallback.py) answers the items the primary gave up on once the primary has
+nothing left to send in the shard (``Step.fallback``); the primary's rules (rescue, minimum) count only the
+primary's own pending items.
 
 When every shard is settled and nothing is in flight, the plan is PUBLISH.
 """
@@ -67,6 +72,7 @@ class Step:
     shard_id: str | None
     reason: str
     tail: bool = False  # a CANARY that runs on the tail backend (below the batch minimum)
+    fallback: bool = False  # a SUBMIT of the items handed to the fallback model
 
 
 @dataclass(frozen=True)
@@ -168,15 +174,20 @@ def shard_step(s: ShardSummary, facts: JobFacts) -> Step | Wait | None:
             return Step(Action.CANARY, s.shard_id, why)
         return Step(Action.CANARY, s.shard_id, f"{why}; {small}: on the tail backend", tail=True) \
             if facts.has_tail else Wait(WaitKind.BELOW_MINIMUM, f"the canary sample has {small}{_NO_TAIL}")
+    if s.fallback_pending and _pending(s) <= s.fallback_pending:
+        if not facts.quote_fresh:
+            return Wait(WaitKind.QUOTE, "waits for a fresh quote")
+        return Step(Action.SUBMIT, s.shard_id, f"{s.fallback_pending} item(s) the primary could not answer: to the "
+                                               "fallback model", fallback=True)
     if rescue:
         return Step(Action.RESCUE, s.shard_id, "deadline near: the shard goes to the tail backend")
     if not facts.quote_fresh:
         return Wait(WaitKind.QUOTE, "waits for a fresh quote")
-    small = _below_minimum(_pending(s), facts)
+    small = _below_minimum(_pending(s) - s.fallback_pending, facts)
     if small is not None:
         return Step(Action.RESCUE, s.shard_id, f"{small}: the shard goes to the tail backend") if facts.has_tail \
             else Wait(WaitKind.BELOW_MINIMUM, f"{small}{_NO_TAIL}")
-    what = "new" if s.state == ShardState.NEW else f"{s.retryable} retryable item(s)"
+    what = "new" if s.state == ShardState.NEW else f"{s.retryable - s.fallback_pending} retryable item(s)"
     return Step(Action.SUBMIT, s.shard_id, what)
 
 

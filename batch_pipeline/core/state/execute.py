@@ -21,6 +21,7 @@ from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.run.runner import ShardRunner
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.state.driver import Action, Step, Wait, WaitKind, shard_step
+from batch_pipeline.core.state.fallback import Stage
 from batch_pipeline.core.state.summary import shard_item_states
 from batch_pipeline.core.state.view import load_shard
 from batch_pipeline.core.store import Store
@@ -46,8 +47,10 @@ class ShardReport:
 
 class ShardDriver:
     def __init__(self, spec: JobSpec, store: Store, runner: ShardRunner,
-                 tail: Callable[[], ShardRunner] | None = None, say: Callable[[str], None] | None = None):
-        self.spec, self.store, self.runner, self.tail = spec, store, runner, tail
+                 tail: Callable[[], ShardRunner] | None = None, say: Callable[[str], None] | None = None,
+                 fallback: Callable[[], ShardRunner] | None = None):
+        self.spec, self.store, self.runner, self.tail, self.fallback = spec, store, runner, tail, fallback
+        self._fallback_runner: ShardRunner | None = None
         self.say = say or log.info
         self.stream = isinstance(runner.executor, StreamExecutor)
         # the backend's minimum requests per batch (Bedrock's records per job): the driver keeps smaller sends off it
@@ -61,6 +64,20 @@ class ShardDriver:
         if self.tail is None:
             raise ShardWaits(f"job {self.spec.name} has no tail backend (tail: in the job spec)")
         return self.tail()
+
+    def _fallback(self) -> ShardRunner:
+        if self.fallback is None:
+            raise ShardWaits(f"job {self.spec.name} has no fallback model (fallback: in the job spec)")
+        if self._fallback_runner is None:
+            self._fallback_runner = self.fallback()
+        return self._fallback_runner
+
+    def _collector(self, shard_id: str) -> ShardRunner:
+        """The runner whose executor and model own the shard's open attempt (the fallback's, or the primary)."""
+        summary = self.runner.summaries.read(shard_id)
+        if summary is not None and summary.open is not None and summary.open.stage == Stage.FALLBACK.value:
+            return self._fallback()
+        return self.runner
 
     def submit_phase(self, shard_id: str) -> ShardReport:
         try:
@@ -82,7 +99,7 @@ class ShardDriver:
         if step.action == Action.COLLECT:
             return report  # the collect phase does it
         if step.action == Action.RESOLVE:  # settle the orphan only; the next plan says what to send
-            found = self.runner.resolve(shard_id)
+            found = self._collector(shard_id).resolve(shard_id)
             if found is not None and found.handle is not None:
                 report.batches.append(f"{shard_id}:{found.handle.batch_id} (re-attached)")
             report.notes.append("re-attached to the provider's batch" if found else "intent closed: nothing was sent")
@@ -95,6 +112,8 @@ class ShardDriver:
             self.say(f"shard {shard_id}: {step.reason}: {collected.rows} batch results kept, "
                      f"{online.rows} items sent to the tail backend")
             return report
+        if step.fallback:
+            return self._send(self._fallback(), shard_id, report)
         only = self._canary_ids(shard_id) if step.action == Action.CANARY else None
         canary = step.action == Action.CANARY
         # near the deadline (or below the batch minimum) the canary still goes first, on the tail backend
@@ -114,13 +133,27 @@ class ShardDriver:
             self.judge(shard_id, nothing_left=True)
         return report
 
+    def _send(self, runner: ShardRunner, shard_id: str, report: ShardReport) -> ShardReport:
+        """The shard's pending items of ``runner``'s stage: inline on a stream backend, else one batch."""
+        if isinstance(runner.executor, StreamExecutor):
+            out = runner.run_stream(shard_id)
+            report.sent = report.results = out.rows
+            report.succeeded = out.succeeded
+            return report
+        sub = runner.submit(shard_id)
+        report.sent = sub.requests if not sub.reattached else 0
+        if sub.handle:
+            report.batches.append(f"{shard_id}:{sub.handle.batch_id}{' (re-attached)' if sub.reattached else ''}")
+        return report
+
     def collect_phase(self, shard_id: str, on_status: Callable[[str, BatchStatus], None] | None = None
                       ) -> ShardReport:
         report = ShardReport(shard_id, "collect")
-        if self.stream:
+        runner = self._collector(shard_id)
+        if isinstance(runner.executor, StreamExecutor):
             return report
         try:
-            out = self.runner.collect(shard_id, poll_interval_s=self._poll_interval(), on_status=on_status,
+            out = runner.collect(shard_id, poll_interval_s=self._poll_interval(), on_status=on_status,
                                       cancel_when=lambda: deadline_near(self.spec))
         except JobPaused as exc:
             return ShardReport(shard_id, "paused", notes=[str(exc)])

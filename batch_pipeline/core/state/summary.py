@@ -18,7 +18,8 @@ from batch_pipeline.core.run.attempts import Attempt, AttemptLog
 from batch_pipeline.core.quality.golden import GoldenProbes
 from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.spec.paths import JobPaths
-from batch_pipeline.core.state.reconcile import DEAD, INVALID, MISSING, VALID, item_states
+from batch_pipeline.core.state.fallback import Stage, is_fallback_row, staged_item_states
+from batch_pipeline.core.state.reconcile import DEAD, INVALID, MISSING, VALID
 from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.money.retry_cap import RetryCosts, retry_costs
 from batch_pipeline.core.spec.job import JobSpec
@@ -29,7 +30,8 @@ from batch_pipeline.core.run.threads import ordered_map
 
 log = logging.getLogger(__name__)
 
-STATE_COLUMNS = ["request_id", "attempt", "status", "error_class", "error_code", "error_message", "cost_usd"]
+STATE_COLUMNS = ["request_id", "attempt", "status", "error_class", "error_code", "error_message", "cost_usd",
+                 "model", "backend"]
 
 
 @dataclass
@@ -40,6 +42,7 @@ class OpenAttempt:
     intent_at: str
     canary: bool
     submitted: dict[str, Any] | None  # the provider handle, once the provider accepted the batch
+    stage: str = Stage.PRIMARY.value  # the fallback's attempts are collected by the fallback's runner
 
 
 @dataclass
@@ -59,6 +62,8 @@ class ShardSummary:
     first_tries: int = 0
     retry_cost: float = 0.0
     retry_tries: int = 0
+    fallback_pending: int = 0          # retryable items handed to the fallback model (core/state/fallback.py)
+    fallback_valid: int = 0            # items the fallback answered
     open: OpenAttempt | None = None
     updated_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
 
@@ -91,7 +96,8 @@ def _open_attempt(attempts: list[Attempt]) -> OpenAttempt | None:
     if not live:
         return None
     a = live[-1]
-    return OpenAttempt(a.number, a.key, a.backend, a.records["intent"]["at"], a.canary, a.submitted)
+    return OpenAttempt(a.number, a.key, a.backend, a.records["intent"]["at"], a.canary, a.submitted,
+                       a.records["intent"].get("stage", Stage.PRIMARY.value))
 
 
 def derive_state(open_attempt: OpenAttempt | None, attempts: int, retryable: int) -> ShardState:
@@ -104,13 +110,24 @@ def derive_state(open_attempt: OpenAttempt | None, attempts: int, retryable: int
 
 def shard_item_states(spec: JobSpec, store: Store, shard_id: str, results: pl.DataFrame,
                       items: pl.DataFrame | None = None) -> pl.DataFrame:
-    """Every item of one shard with its state (``reconcile.item_states``), this shard's replays applied. ``items``
-    (request_id, shard_id, ...) is read from the manifest when not given; probe rows are the caller's to drop."""
+    """Every item of one shard with its state (``reconcile.item_states``) and stage (primary or fallback,
+    ``core/state/fallback.py``), this shard's replays applied. ``items`` (request_id, shard_id, ...) is read from
+    the manifest when not given; probe rows are the caller's to drop."""
     if items is None:
         frame = pl.from_arrow(Manifest(spec.name, store).shard_items(shard_id, ["request_id", "shard_id"]))
         assert isinstance(frame, pl.DataFrame)
         items = frame
-    return item_states(items, results, spec.retries, Replays(store, spec.name).table(shard_id))
+    if spec.fallback is not None and results.height and not {"model", "backend"} <= set(results.columns):
+        who = read_results(store, spec.name, shard_id, ["request_id", "attempt", "model", "backend"])
+        results = results.join(who, on=["request_id", "attempt"], how="left")
+    return staged_item_states(spec, items, results, Replays(store, spec.name).table(shard_id))
+
+
+def _stage_counts(states: pl.DataFrame) -> dict[str, int]:
+    """The fallback stage's retryable (pending) and answered (valid) items."""
+    fb = states.filter(pl.col("stage") == Stage.FALLBACK.value)
+    return {"pending": fb.filter(pl.col("state").is_in([INVALID, MISSING])).height,
+            "valid": fb.filter(pl.col("state") == VALID).height}
 
 
 class ShardSummaries:
@@ -138,13 +155,15 @@ class ShardSummaries:
         assert isinstance(items, pl.DataFrame)
         results = read_results(self.store, self.job, shard_id, STATE_COLUMNS)
         spend = float(results["cost_usd"].sum() or 0.0) if results.height else 0.0
-        costs = retry_costs(results)
+        # the fallback's spend is its own allowance, not retry spend of the primary
+        costs = retry_costs(results.filter(~is_fallback_row(self.spec)) if results.height else results)
         probes = self.probe_ids if results.height else None
         if probes is not None and probes.height:
             self._probe_ids = None  # a shard's probes are registered at its first attempt: read them afresh next time
             results = results.join(probes, on="request_id", how="anti")
         states = shard_item_states(self.spec, self.store, shard_id, results.drop("cost_usd"), items)
         counts = dict(states.group_by("state").len().iter_rows())
+        staged = _stage_counts(states)
         opened = _open_attempt(attempts)
         closed = [a for a in attempts if not a.open]
         collected = [a for a in closed if "collected" in a.records]
@@ -155,7 +174,8 @@ class ShardSummaries:
             dead_lettered=counts.get(DEAD, 0), attempts=len(attempts), spend_usd=round(spend, 10),
             canary_done=any(a.canary for a in collected), first_try_cost=round(costs.first_cost, 10),
             first_tries=costs.first_tries, retry_cost=round(costs.retry_cost, 10), retry_tries=costs.retry_tries,
-            last_final_state=collected[-1].records["collected"].get("state") if collected else None, open=opened)
+            last_final_state=collected[-1].records["collected"].get("state") if collected else None, open=opened,
+            fallback_pending=staged.get("pending", 0), fallback_valid=staged.get("valid", 0))
 
     def refresh(self, shard_id: str) -> ShardSummary:
         """Recompute and store one summary; a move the state machine does not allow raises IllegalTransition."""
