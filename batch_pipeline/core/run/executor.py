@@ -6,6 +6,7 @@ them) so that a provider output file of a million lines is ingested column-wise,
 are matched by ``request_id``, never by position.
 """
 
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -43,18 +44,59 @@ def raw_table(rows: Sequence[tuple[Any, ...]]) -> pa.Table:
                                 schema=RAW_RESULT_SCHEMA)
 
 
+class ItemShape(StrEnum):
+    """What an item's ``user_prompt`` holds."""
+
+    TEXT = "text"    # one user message (a rendered template)
+    TURNS = "turns"  # the row's chat turns as canonical JSON, ``[{"role": ..., "content": ...}, ...]``
+                     # (input.messages_field; core/manifest/messages.py writes it, the request ID hashes it)
+
+
 @dataclass(frozen=True)
 class RequestPlan:
-    """What every request of a job shares: the stable prefix and the generation settings."""
+    """What every request of a job shares: the stable prefix (system, few-shot examples) and the settings."""
 
     model: str
     system: str
     sampling: SamplingSpec
     output: OutputSpec
+    examples: tuple[tuple[str, str], ...] = ()  # (role, content): prompt.examples, right after the system prompt
+    shape: ItemShape = ItemShape.TEXT
 
     @classmethod
     def from_spec(cls, spec: JobSpec) -> "RequestPlan":
-        return cls(model=spec.model, system=spec.prompt.system, sampling=spec.sampling, output=spec.output)
+        return cls(model=spec.model, system=spec.prompt.system, sampling=spec.sampling, output=spec.output,
+                   examples=tuple((t.role, t.content) for t in spec.prompt.examples),
+                   shape=ItemShape.TURNS if spec.input.messages_field is not None else ItemShape.TEXT)
+
+    def example_turns(self) -> list[dict[str, str]]:
+        return [{"role": role, "content": content} for role, content in self.examples]
+
+    def row_turns(self, user_prompt: str) -> list[dict[str, str]]:
+        """One item's own turns (user first and last, alternating)."""
+        if self.shape is ItemShape.TURNS:
+            return json.loads(user_prompt)
+        return [{"role": "user", "content": user_prompt}]
+
+    def turns(self, user_prompt: str) -> list[dict[str, str]]:
+        """Everything after the system prompt, in order: the examples, then the item's turns."""
+        return [*self.example_turns(), *self.row_turns(user_prompt)]
+
+    def examples_json(self) -> str:
+        """The examples as ``{"role","content"}`` JSON objects each followed by a comma (for splicing into a
+        messages array ahead of ``row_turns_json``), serialised the same way in every request."""
+        return "".join(_dumps(t) + "," for t in self.example_turns())
+
+    def row_turns_json(self, user_prompt: str) -> str:
+        """An item's turns as comma-separated ``{"role","content"}`` JSON objects, no brackets: the canonical
+        JSON a TURNS item holds is spliced as it is, with no decode."""
+        if self.shape is ItemShape.TURNS:
+            return user_prompt[1:-1]
+        return '{"role":"user","content":' + json.dumps(user_prompt, ensure_ascii=False) + "}"
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
 @dataclass
@@ -66,7 +108,7 @@ class ShardWork:
     attempt: int
     key: str                  # job:shard:attempt; carried in provider metadata to re-attach after a crash
     plan: RequestPlan
-    items: pa.Table           # request_id, user_prompt
+    items: pa.Table           # request_id, user_prompt (text or turns JSON: plan.shape)
 
     @property
     def request_ids(self) -> list[str]:

@@ -32,9 +32,27 @@ class InputSpec(_Strict):
     path: str = Field(description="file, directory or glob; local or s3://bucket/prefix/*.jsonl")
     format: Literal["auto", "jsonl", "csv", "parquet", "openai_batch"] = Field(
         default="auto", description="openai_batch: an OpenAI/vLLM batch input file (custom_id, method, url, body)")
-    text_field: str
+    text_field: str | None = Field(default=None, description="the field the template must use (or messages_field)")
+    messages_field: str | None = Field(default=None, description=(
+        "a field holding the row's chat turns, a list of {role, content} (user/assistant, text); no template"))
     key_field: str | None = Field(default=None, description="source-key column kept for every row")
     max_input_tokens: int = Field(default=8000, gt=0, description="longer rendered prompts go to rejects")
+
+    @model_validator(mode="after")
+    def _one_input_shape(self) -> "InputSpec":
+        if (self.text_field is None) == (self.messages_field is None):
+            raise ValueError("give exactly one of input.text_field (a templated prompt) and input.messages_field "
+                             "(chat turns per row)")
+        if self.messages_field is not None and self.format == "csv":
+            raise ValueError("input.messages_field needs JSONL, Parquet or openai_batch input (a CSV cell holds no list)")
+        return self
+
+
+class Turn(_Strict):
+    """One few-shot turn of ``prompt.examples``: sent as given, right after the system prompt, in every request."""
+
+    role: Literal["user", "assistant"]
+    content: str = Field(min_length=1)
 
 
 class PromptSpec(_Strict):
@@ -42,7 +60,9 @@ class PromptSpec(_Strict):
 
     version: str = Field(min_length=1)
     system: str = ""
-    template: str = Field(description="user message with {field} placeholders")
+    template: str = Field(default="", description="user message with {field} placeholders (none with messages_field)")
+    examples: list[Turn] = Field(default_factory=list, description=(
+        "few-shot turns after the system prompt: user/assistant alternating, first user, last assistant"))
 
     @property
     def fields(self) -> list[str]:
@@ -51,6 +71,18 @@ class PromptSpec(_Strict):
             if name is not None and name not in names:
                 names.append(name)
         return names
+
+    @field_validator("examples")
+    @classmethod
+    def _examples_alternate(cls, examples: list[Turn]) -> list[Turn]:
+        """The row's turns start with a user turn, so the examples end with the assistant's answer."""
+        for i, turn in enumerate(examples):
+            want = "user" if i % 2 == 0 else "assistant"
+            if turn.role != want:
+                raise ValueError(f"examples[{i}] must be a {want} turn (user and assistant alternate, user first)")
+        if examples and examples[-1].role != "assistant":
+            raise ValueError("the last example must be an assistant turn (the row's turns begin with the user)")
+        return examples
 
     @field_validator("template")
     @classmethod
@@ -226,12 +258,24 @@ class JobSpec(_Strict):
     @classmethod
     def _template_uses_text_field(cls, prompt: PromptSpec, info: ValidationInfo) -> PromptSpec:
         source = info.data.get("input")
+        if source is not None and source.messages_field is not None:
+            if prompt.template:
+                raise ValueError("prompt.template is not used with input.messages_field (the row's turns are the "
+                                 "input); remove it")
+            return prompt
         if source is not None and source.text_field not in prompt.fields:
             raise ValueError(
                 f"prompt.template must use the input text field {{{source.text_field}}}; "
                 f"it uses {prompt.fields or 'no fields'}"
             )
         return prompt
+
+    @model_validator(mode="after")
+    def _messages_without_golden(self) -> "JobSpec":
+        """Golden records are rendered through the template, which a messages job does not have."""
+        if self.input.messages_field is not None and self.quality is not None:
+            raise ValueError("quality (golden records) is not supported with input.messages_field yet")
+        return self
 
     @model_validator(mode="after")
     def _max_tokens_fits_the_answer(self) -> "JobSpec":
@@ -293,6 +337,8 @@ class RouteSpec(_Strict):
             "sampling": self.sampling.model_dump(mode="json"),
             "output": self.output.model_dump(mode="json", exclude_none=True),
         }
+        if self.prompt.examples:  # only when given, so jobs without examples keep their IDs
+            payload["examples"] = [t.model_dump(mode="json") for t in self.prompt.examples]
         canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 

@@ -80,17 +80,34 @@ def shared_params(plan: RequestPlan) -> dict[str, Any]:
     return params
 
 
+def example_messages(plan: RequestPlan, cache: bool = True) -> list[dict[str, Any]]:
+    """The few-shot examples as messages; with ``cache`` the last one ends on a ``cache_control`` breakpoint, so
+    the cached prefix is the system prompt and every example (two of the four breakpoints a request may use)."""
+    turns: list[dict[str, Any]] = list(plan.example_turns())
+    if cache and turns:
+        last = turns[-1]
+        turns[-1] = {"role": last["role"], "content": [{"type": "text", "text": last["content"],
+                                                         "cache_control": {"type": "ephemeral"}}]}
+    return turns
+
+
 def batch_requests(work: ShardWork) -> tuple[list[dict[str, Any]], int]:
-    """The ``requests`` of a create call, and an upper bound of the JSON body's size in bytes."""
+    """The ``requests`` of a create call, and an upper bound of the JSON body's size in bytes.
+
+    ``messages``: the examples, then the item's turns (its one user message, or the row's turns)."""
     shared = shared_params(work.plan)
+    examples = example_messages(work.plan)
+    row_turns = work.plan.row_turns
     ids = work.items.column("request_id").to_pylist()
     prompts = work.items.column("user_prompt").to_pylist()
     bad = next((rid for rid in ids if not isinstance(rid, str) or not CUSTOM_ID.match(rid)), None)
     if bad is not None:
         raise ConfigError(f"request_id {bad!r} is not a valid Anthropic custom_id (^[a-zA-Z0-9_-]{{1,64}}$)")
-    frame = len(json.dumps({"custom_id": "", "params": {**shared, "messages": [{"role": "user", "content": ""}]}}))
+    frame = len(json.dumps({"custom_id": "", "params": {**shared, "messages": [
+        *examples, {"role": "user", "content": ""}]}}))
+    # json.dumps of the prompt text bounds its turns too (a TURNS prompt is their JSON, escaped once more)
     size = 16 + sum(frame + 2 + len(rid) + len(json.dumps(prompt)) for rid, prompt in zip(ids, prompts))
-    requests = [{"custom_id": rid, "params": {**shared, "messages": [{"role": "user", "content": prompt}]}}
+    requests = [{"custom_id": rid, "params": {**shared, "messages": [*examples, *row_turns(prompt)]}}
                 for rid, prompt in zip(ids, prompts)]
     return requests, size
 

@@ -51,11 +51,12 @@ def model_input_frame(plan: RequestPlan) -> dict[str, Any]:
 def request_lines(work: ShardWork) -> bytes:
     """The shard's input JSONL: one ``{"recordId": request_id, "modelInput": {...}}`` per item."""
     frame = json.dumps(model_input_frame(work.plan), ensure_ascii=False, separators=(",", ":"))
-    head = frame[:-1] + ',"messages":[{"role":"user","content":'
+    head = frame[:-1] + ',"messages":[' + work.plan.examples_json()  # the examples, then the item's turns
     ids = work.items.column("request_id").to_pylist()
     prompts = work.items.column("user_prompt").to_pylist()
+    turns = work.plan.row_turns_json
     return "".join(
-        f'{{"recordId":{json.dumps(rid)},"modelInput":{head}{json.dumps(prompt, ensure_ascii=False)}}}]}}}}\n'
+        f'{{"recordId":{json.dumps(rid)},"modelInput":{head}{turns(prompt)}]}}}}\n'
         for rid, prompt in zip(ids, prompts, strict=True)).encode("utf-8")
 
 

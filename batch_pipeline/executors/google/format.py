@@ -28,7 +28,7 @@ error details) and odd blocks go through ``json.loads`` line by line.
 """
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,11 +36,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batch_pipeline.core.quality.validate import choice_schema
-from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA, RequestPlan
+from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA, ItemShape, RequestPlan
 from batch_pipeline.executors.jsonl_blocks import (RESULT_BLOCK_BYTES, extract_block, json_paths_sql, parse_stream,
                                                    replace_rows)
 
 JSON_MIME = "application/json"
+GEMINI_ROLES = {"user": "user", "assistant": "model"}  # a Content's role: the model's own turns are "model"
 FINISH_REASONS = {"STOP": "stop", "MAX_TOKENS": "length"}
 REFUSAL_REASONS = frozenset({"SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "LANGUAGE",
                              "IMAGE_SAFETY", "IMAGE_PROHIBITED_CONTENT", "IMAGE_RECITATION"})
@@ -85,13 +86,32 @@ def request_template(plan: RequestPlan) -> dict[str, Any]:
     return template
 
 
-def user_contents(user_prompt: str) -> list[dict[str, Any]]:
-    return [{"role": "user", "parts": [{"text": user_prompt}]}]
+def _content(role: str, text: str) -> dict[str, Any]:
+    return {"role": GEMINI_ROLES[role], "parts": [{"text": text}]}
+
+
+def contents(plan: RequestPlan, user_prompt: str) -> list[dict[str, Any]]:
+    """The request's ``contents``: the few-shot examples, then the item's turns (``assistant`` is ``model``)."""
+    return [_content(t["role"], t["content"]) for t in plan.turns(user_prompt)]
+
+
+def contents_writer(plan: RequestPlan) -> Callable[[str], str]:
+    """user_prompt -> its ``contents`` array as compact JSON text; the examples are serialised once, so they are
+    byte-identical in every request."""
+    head = "".join(_dumps(_content(role, text)) + "," for role, text in plan.examples)
+    if plan.shape is ItemShape.TEXT:
+        return lambda prompt: f'[{head}{{"role":"user","parts":[{{"text":{json.dumps(prompt, ensure_ascii=False)}}}]}}]'
+    row_turns = plan.row_turns
+    return lambda prompt: "[" + head + ",".join(_dumps(_content(t["role"], t["content"])) for t in row_turns(prompt)) + "]"
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
 def generate_content_request(plan: RequestPlan, user_prompt: str) -> dict[str, Any]:
     """The ``GenerateContentRequest`` body (REST field names) for one prompt."""
-    return {"contents": user_contents(user_prompt), **request_template(plan)}
+    return {"contents": contents(plan, user_prompt), **request_template(plan)}
 
 
 # -- responses ------------------------------------------------------------------------------------------------

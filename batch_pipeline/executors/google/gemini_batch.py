@@ -36,8 +36,8 @@ from batch_pipeline.core.errors import BatchPipelineError, ConfigError, Systemic
 from batch_pipeline.core.run.executor import BatchHandle, BatchState, BatchStatus, ShardWork
 from batch_pipeline.core.run.threads import default_workers
 from batch_pipeline.executors.endpoint import resolve_endpoint
-from batch_pipeline.executors.google.format import (ERROR_INFO, SYSTEMIC_REASONS, parse_result_stream,
-                                                    request_template)
+from batch_pipeline.executors.google.format import (ERROR_INFO, SYSTEMIC_REASONS, contents_writer,
+                                                    parse_result_stream, request_template)
 from batch_pipeline.executors.provider_errors import redact, retry_after_s
 from batch_pipeline.executors.settings import BatchProviderSettings
 
@@ -129,11 +129,11 @@ def input_file(work: ShardWork) -> bytes:
     """The attempt's JSONL: the shared request parts serialised once, each line adds its key and prompt."""
     shared = json.dumps(request_template(work.plan), ensure_ascii=False, separators=(",", ":"))[1:]
     dumps = json.dumps
+    contents_of = contents_writer(work.plan)  # the examples, then the item's turns
     ids = work.items.column("request_id").to_pylist()
     prompts = work.items.column("user_prompt").to_pylist()
     return "".join(
-        f'{{"key":{dumps(rid)},"request":{{"contents":[{{"role":"user","parts":[{{"text":'
-        f'{dumps(prompt, ensure_ascii=False)}}}]}}],{shared}}}\n'
+        f'{{"key":{dumps(rid)},"request":{{"contents":{contents_of(prompt)},{shared}}}\n'
         for rid, prompt in zip(ids, prompts)).encode("utf-8")
 
 

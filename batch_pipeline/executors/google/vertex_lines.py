@@ -30,8 +30,8 @@ import pyarrow.compute as pc
 
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA, ShardWork
-from batch_pipeline.executors.google.format import (LineLayout, error_columns, parse_block, request_template,
-                                                    response_columns, user_contents)
+from batch_pipeline.executors.google.format import (LineLayout, contents_writer, error_columns, parse_block,
+                                                    request_template, response_columns)
 from batch_pipeline.executors.jsonl_blocks import replace_rows
 
 ID_LABEL = "batch_pipeline_rid"
@@ -74,8 +74,8 @@ def contents_digest(contents: Any) -> str:
 def request_lines(work: ShardWork) -> bytes:
     """The input JSONL: one ``{"request": {...}}`` line per item; the shared part is serialised once."""
     shared = json.dumps(request_template(work.plan), ensure_ascii=False, separators=(",", ":"))[1:-1]
-    dumps = json.dumps
-    lines = [f'{{"request":{{"contents":{dumps(user_contents(prompt), ensure_ascii=False, separators=(",", ":"))},'
+    contents_of = contents_writer(work.plan)
+    lines = [f'{{"request":{{"contents":{contents_of(prompt)},'
              f'{shared},"labels":{{"{ID_LABEL}":"{encode_id(rid)}"}}}}}}'
              for rid, prompt in zip(work.items.column("request_id").to_pylist(),
                                     work.items.column("user_prompt").to_pylist())]

@@ -19,7 +19,7 @@ import httpx2
 import openai
 
 from batch_pipeline.core.run.executor import RequestPlan
-from batch_pipeline.executors.openai.format import body_settings, chat_messages
+from batch_pipeline.executors.openai.format import body_settings, chat_messages, messages_head
 
 USER_AGENT = "batch-pipeline-online/1"
 
@@ -50,18 +50,15 @@ class BodyBuilder:
         self.settings = {**body_settings(plan), **(extra_body or {})}
         self.extra_body = dict(extra_body or {})
         inner = json.dumps(self.settings, ensure_ascii=False, separators=(",", ":"))[1:-1]
-        system = ""
-        if plan.system:
-            system = json.dumps({"role": "system", "content": plan.system}, ensure_ascii=False,
-                                separators=(",", ":")) + ","
-        self._head = f'{{{inner},"messages":[{system}{{"role":"user","content":'
-        self._tail = "}]}"
+        self._head = f'{{{inner},"messages":[{messages_head(plan)}'
+        self._tail = "]}"
+        self._turns = plan.row_turns_json
         max_tokens = self.settings.get("max_completion_tokens") or self.settings.get("max_tokens") or 0
         self._fixed_tokens = len(self._head.encode("utf-8")) / 4 + int(max_tokens)
 
     def data(self, prompt: str) -> bytes:
         """The JSON body bytes."""
-        return (self._head + json.dumps(prompt, ensure_ascii=False) + self._tail).encode("utf-8")
+        return (self._head + self._turns(prompt) + self._tail).encode("utf-8")
 
     def kwargs(self, prompt: str) -> dict[str, Any]:
         """Keyword arguments of ``chat.completions.create``."""

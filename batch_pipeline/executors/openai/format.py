@@ -59,8 +59,19 @@ def body_settings(plan: RequestPlan) -> dict:
 
 
 def chat_messages(plan: RequestPlan, user_prompt: str) -> list[dict]:
+    """System, the few-shot examples, then the item's turns (one user message, or the row's turns)."""
     system = [{"role": "system", "content": plan.system}] if plan.system else []
-    return [*system, {"role": "user", "content": user_prompt}]
+    return [*system, *plan.turns(user_prompt)]
+
+
+def messages_head(plan: RequestPlan) -> str:
+    """The start of every request's ``messages`` array: the system message and the examples, each followed by
+    a comma, byte-identical in every request (the cached prefix); the item's turns follow."""
+    system = ""
+    if plan.system:
+        system = json.dumps({"role": "system", "content": plan.system}, ensure_ascii=False,
+                            separators=(",", ":")) + ","
+    return system + plan.examples_json()
 
 
 def request_lines(work: ShardWork, url: str = CHAT_URL, model: str | None = None) -> bytes:
@@ -70,15 +81,11 @@ def request_lines(work: ShardWork, url: str = CHAT_URL, model: str | None = None
     if model is not None:
         body["model"] = model
     settings = json.dumps(body, ensure_ascii=False, separators=(",", ":"))[1:-1]
-    system = ""
-    if work.plan.system:
-        system = json.dumps({"role": "system", "content": work.plan.system}, ensure_ascii=False,
-                            separators=(",", ":")) + ","
     head = '{"custom_id":"'
-    mid = f'","method":"POST","url":"{url}","body":{{{settings},"messages":[{system}{{"role":"user","content":'
-    tail = "}]}}"
-    dumps = json.dumps
-    lines = [f"{head}{rid}{mid}{dumps(prompt, ensure_ascii=False)}{tail}"
+    mid = f'","method":"POST","url":"{url}","body":{{{settings},"messages":[{messages_head(work.plan)}'
+    tail = "]}}"
+    turns = work.plan.row_turns_json
+    lines = [f"{head}{rid}{mid}{turns(prompt)}{tail}"
              for rid, prompt in zip(work.items.column("request_id").to_pylist(),
                                     work.items.column("user_prompt").to_pylist())]
     return ("\n".join(lines) + "\n").encode("utf-8")

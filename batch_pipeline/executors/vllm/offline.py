@@ -104,7 +104,7 @@ class VllmOfflineExecutor:
         llm = load_engine(s)
         engine = llm.llm_engine
         tokenizer = llm.get_tokenizer()
-        prompts = PromptRenderer(tokenizer, work.plan.system).token_ids(work.items.column("user_prompt").to_pylist())
+        prompts = PromptRenderer.for_plan(tokenizer, work.plan).token_ids(work.items.column("user_prompt").to_pylist())
         params = sampling_params(work.plan, s)
         # as LLM.generate does: rendered engine inputs (raw prompts are deprecated in vLLM 0.32), else raw
         render = getattr(llm, "_preprocess_cmpl_one", None) or (lambda prompt: prompt)
