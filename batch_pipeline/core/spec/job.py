@@ -232,6 +232,31 @@ class CostCompareSpec(_Strict):
     self_hosted: SelfHostedCost | None = None
 
 
+class FallbackSpec(_Strict):
+    """A second model for the items the primary could not answer: those whose retry budget is spent and those that
+    hit a non-retryable model error (poison). Systemic errors never fall back: they stop the job."""
+
+    model: str = Field(min_length=1)
+    backend: BackendSpec | None = Field(default=None, description="default: the job's backend")
+
+
+class RouteCandidate(_Strict):
+    """One backend the router may send a shard to, with the model it answers with there."""
+
+    backend: BackendSpec
+    model: str | None = Field(default=None, description="default: the job's model")
+
+
+class RouteSpec(_Strict):
+    """``backend: auto``: the router (core/route/) picks one candidate per shard before it is submitted."""
+
+    candidates: list[RouteCandidate] = Field(min_length=1)
+    data_may_leave: bool = Field(default=True, description="false: self-hosted candidates only")
+    min_batch_items: int = Field(default=50, ge=0, description="a shard sending fewer items goes online")
+    online: RouteCandidate = Field(default_factory=lambda: RouteCandidate(backend=BackendSpec(name="online")),
+                                   description="where a shard below min_batch_items goes")
+
+
 class JobSpec(_Strict):
     name: str = Field(pattern=JOB_NAME_PATTERN)
     description: str = ""
@@ -252,6 +277,10 @@ class JobSpec(_Strict):
     canary_first: bool = Field(default=True, description="run a canary sample of the first shard alone, gate on it, "
                                                          "then re-quote (calibrated) before anything else is sent")
     canary: CanarySpec = Field(default_factory=CanarySpec)
+    fallback: FallbackSpec | None = Field(default=None, description="a second model for items the primary could "
+                                          "not answer (budget spent, or a non-retryable model error)")
+    route: RouteSpec | None = Field(default=None, description="with backend: auto, the candidates the router "
+                                    "picks from per shard (core/route/)")
     source_path: str | None = Field(default=None, exclude=True, description="set by the loader")
 
     @field_validator("prompt")
@@ -304,30 +333,26 @@ class JobSpec(_Strict):
             {"type": "value_error", "loc": ("sampling", "max_tokens"), "input": have,
              "ctx": {"error": ValueError(message)}}])
 
-class FallbackSpec(_Strict):
-    """A second model for the items the primary could not answer: those whose retry budget is spent and those that
-    hit a non-retryable model error (poison). Systemic errors never fall back: they stop the job."""
+    @model_validator(mode="after")
+    def _route_needs_auto(self) -> "JobSpec":
+        """``route:`` is read only with ``backend: auto``, and ``auto`` has nothing to pick from without it; a
+        fallback that is the primary itself would answer nothing new."""
+        if (self.backend.name == AUTO_BACKEND) != (self.route is not None):
+            raise ValueError("backend: auto and route: go together (route: lists the candidates auto picks from)")
+        fb = self.fallback
+        if fb is not None and fb.model == self.model and (fb.backend or self.backend) == self.backend:
+            raise ValueError("fallback: give another model or another backend than the job's own")
+        return self
 
-    model: str = Field(min_length=1)
-    backend: BackendSpec | None = Field(default=None, description="default: the job's backend")
-
-
-class RouteCandidate(_Strict):
-    """One backend the router may send a shard to, with the model it answers with there."""
-
-    backend: BackendSpec
-    model: str | None = Field(default=None, description="default: the job's model")
-
-
-class RouteSpec(_Strict):
-    """``backend: auto``: the router (core/route/) picks one candidate per shard before it is submitted."""
-
-    candidates: list[RouteCandidate] = Field(min_length=1)
-    data_may_leave: bool = Field(default=True, description="false: self-hosted candidates only")
-    min_batch_items: int = Field(default=50, ge=0, description="a shard sending fewer items goes online")
-    online: RouteCandidate = Field(default_factory=lambda: RouteCandidate(backend=BackendSpec(name="online")),
-                                   description="where a shard below min_batch_items goes")
-
+    def answering_models(self) -> list[str]:
+        """Every model a row of the validated table may be answered by: the job's, the router's candidates' and
+        the fallback's."""
+        models = [self.model]
+        if self.route is not None:
+            models += [c.model or self.model for c in (*self.route.candidates, self.route.online)]
+        if self.fallback is not None:
+            models.append(self.fallback.model)
+        return list(dict.fromkeys(models))
 
     def settings_fingerprint(self) -> str:
         """Everything besides the row that changes what the model is asked; part of every request ID."""
@@ -351,10 +376,6 @@ class RouteSpec(_Strict):
             return spec_dir.parent.parent
         return spec_dir
 
-    fallback: FallbackSpec | None = Field(default=None, description="a second model for items the primary could "
-                                          "not answer (budget spent, or a non-retryable model error)")
-    route: RouteSpec | None = Field(default=None, description="with backend: auto, the candidates the router "
-                                    "picks from per shard (core/route/)")
 
 def _yaml_line(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
     """1-based line of the deepest node on the pydantic error path."""
@@ -407,27 +428,6 @@ def parse_spec(text: str, source: str = "<string>") -> JobSpec:
 
 def load_spec(path: str | Path) -> JobSpec:
     path = Path(path)
-    @model_validator(mode="after")
-    def _route_needs_auto(self) -> "JobSpec":
-        """``route:`` is read only with ``backend: auto``, and ``auto`` has nothing to pick from without it; a
-        fallback that is the primary itself would answer nothing new."""
-        if (self.backend.name == AUTO_BACKEND) != (self.route is not None):
-            raise ValueError("backend: auto and route: go together (route: lists the candidates auto picks from)")
-        fb = self.fallback
-        if fb is not None and fb.model == self.model and (fb.backend or self.backend) == self.backend:
-            raise ValueError("fallback: give another model or another backend than the job's own")
-        return self
-
-    def answering_models(self) -> list[str]:
-        """Every model a row of the validated table may be answered by: the job's, the router's candidates' and
-        the fallback's."""
-        models = [self.model]
-        if self.route is not None:
-            models += [c.model or self.model for c in (*self.route.candidates, self.route.online)]
-        if self.fallback is not None:
-            models.append(self.fallback.model)
-        return list(dict.fromkeys(models))
-
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
