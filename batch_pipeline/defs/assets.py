@@ -149,7 +149,10 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
     # shard steps of self-hosted vLLM jobs hold a GPU: pod tags for the k8s executor, and the `gpu` pool
     gpu = {"op_tags": gpu_step_tags(), "pool": GPU_POOL} if is_gpu_backend(spec.backend.name) else {}
 
-    @dg.asset(key=asset_key(spec, "manifest"), group_name=job, kinds={"parquet"},
+    # a later pass of a multi-pass job reads its upstream's validated table: the chain shows in the asset graph
+    upstream = [dg.AssetKey([spec.input.from_job, "validated"])] if spec.input.from_job else None
+
+    @dg.asset(key=asset_key(spec, "manifest"), deps=upstream, group_name=job, kinds={"parquet"},
               description=f"Every item of job {job}: request IDs, prompts, token estimates, shards; rejects.")
     def manifest(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
         st = store.get()
@@ -164,7 +167,8 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
         from batch_pipeline.core.manifest.parts import FileParts
 
         parts = FileParts(spec, st)  # files prepared in their own steps (defs/manifest_parts.py), if any
-        summary = build_manifest(spec, st, progress=progress, caps=caps, parts=parts)
+        # a bad input (an upstream filter naming no column, say) is its message, not a traceback
+        summary = _clean_failure(lambda: build_manifest(spec, st, progress=progress, caps=caps, parts=parts))
         parts.discard_used()
         known = set(context.instance.get_dynamic_partitions(shards.name))
         missing = [s for s in Manifest(job, st).shard_ids() if s not in known]  # new ones, or a fresh instance

@@ -15,7 +15,7 @@ from batch_pipeline.defs.evals import build_eval_defs
 from batch_pipeline.defs.jobs import build_jobs
 from batch_pipeline.defs.k8s import executor_from_env
 from batch_pipeline.defs.resources import default_resources
-from batch_pipeline.defs.sensors import build_new_data_sensor, build_shard_sensor
+from batch_pipeline.defs.sensors import build_new_data_sensor, build_shard_sensor, build_upstream_sensor
 
 
 def jobs_dir() -> Path:
@@ -34,6 +34,8 @@ def build_definitions(specs: list[JobSpec], resources: dict | None = None) -> dg
         checks += c
         job_defs = build_jobs(spec)
         jobs += list(job_defs.values())
-        sensors += [build_new_data_sensor(spec, job_defs), build_shard_sensor(spec, job_defs)]
+        # a job's input is files (a new-data sensor) or another job's table (a sensor on its publishes)
+        start = build_upstream_sensor if spec.input.from_job else build_new_data_sensor
+        sensors += [start(spec, job_defs), build_shard_sensor(spec, job_defs)]
     return dg.Definitions(assets=assets, asset_checks=checks, jobs=jobs, sensors=sensors, schedules=schedules,
                           resources=resources or default_resources(), executor=executor_from_env())

@@ -126,6 +126,28 @@ def build_new_data_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
     return new_data
 
 
+def build_upstream_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
+    """A later pass of a multi-pass job (``input.from_job``): each new publish of the upstream's ``validated``
+    asset -> a manifest run of this job (its new rows, and the rows whose upstream answer changed)."""
+    assert spec.input.from_job is not None
+    upstream = dg.AssetKey([spec.input.from_job, "validated"])
+
+    @dg.sensor(name=f"{spec.name}_upstream", job=jobs["prepare"], minimum_interval_seconds=INTERVAL_S,
+               description=f"A new publish of {upstream.to_user_string()} -> a manifest run of job {spec.name}.")
+    def upstream_published(context: dg.SensorEvaluationContext):
+        latest = context.instance.fetch_materializations(upstream, limit=1).records
+        if not latest:
+            return dg.SkipReason(f"{upstream.to_user_string()} has not been published yet")
+        storage_id = str(latest[0].storage_id)
+        if storage_id == context.cursor:
+            return dg.SkipReason(f"no new publish of {upstream.to_user_string()}")
+        context.update_cursor(storage_id)
+        return dg.RunRequest(run_key=f"prepare:{spec.input.from_job}:{storage_id}",
+                             tags={"batch_pipeline/trigger": "upstream", "batch_pipeline/upstream": spec.input.from_job})
+
+    return upstream_published
+
+
 def build_shard_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
     names = job_names(spec)
     run_jobs = {Action.CANARY: "submit", Action.SUBMIT: "submit", Action.RESOLVE: "submit", Action.RESCUE: "submit",

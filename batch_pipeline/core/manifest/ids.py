@@ -64,3 +64,13 @@ def request_ids(prefix: bytes, rendered_inputs: list[str] | list[bytes]) -> list
         h.update(text.encode("utf-8"))
         append(h.hexdigest())
     return out
+
+
+# A pass that reads another job's answers (``input.from_job``) hashes the upstream answer with the rendered input,
+# so a changed upstream answer makes a new request for that row only, shown in the template or not.
+UPSTREAM_OUTPUT = "_upstream_output"
+
+
+def with_upstream(rendered_input: str, upstream_output: str) -> str:
+    """What a downstream pass's request ID hashes (the vectorised path in ``prepare`` builds the same text)."""
+    return rendered_input + ID_SEPARATOR + upstream_output

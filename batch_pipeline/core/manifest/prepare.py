@@ -123,7 +123,11 @@ class FilePreparer:
             rids: list[str] = []
             if frame.height:
                 # hash the UTF-8 bytes as Arrow holds them (no decode to str and encode back)
-                rids = ids.request_ids(self.prefix, frame["user_prompt"].cast(pl.Binary).to_list())
+                hashed = frame["user_prompt"]
+                if ids.UPSTREAM_OUTPUT in frame.columns:  # a pass over another job's answers: ids.with_upstream
+                    hashed = frame.select(pl.concat_str([pl.col("user_prompt"), pl.lit(ids.ID_SEPARATOR),
+                                                         pl.col(ids.UPSTREAM_OUTPUT)])).to_series()
+                rids = ids.request_ids(self.prefix, hashed.cast(pl.Binary).to_list())
                 frame = frame.with_columns(pl.Series("request_id", rids, dtype=pl.String),
                                            pl.lit(source).alias("source")).select(BLOCK_COLUMNS)
             yield Block(source, rows_in, frame, rejects, rids)

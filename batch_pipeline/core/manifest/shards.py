@@ -23,10 +23,11 @@ from batch_pipeline.core.manifest.deal import OPEN_SHARD_WINDOW, Dealer, shard_n
 from batch_pipeline.core.manifest.dedup import BlockSpool, Dedup
 from batch_pipeline.core.manifest.incremental import FileAction, FilePlan, FileState, plan_files, state_after
 from batch_pipeline.core.manifest.index import IdIndex, index_path, index_writer
-from batch_pipeline.core.manifest.inputs import KEY, LINE, ReadExtent, Reject, resolve_inputs
+from batch_pipeline.core.manifest.inputs import KEY, LINE, ReadExtent, Reject
 from batch_pipeline.core.manifest.prepare import (BUCKET_EDGES, REQUEST_FRAMING_BYTES, Block, FilePreparer,
                                                   length_bucket, normalise_fields, render_expr)
 from batch_pipeline.core.manifest.read import ITEM_SCHEMA, REJECT_SCHEMA, ROW_SCHEMA, Manifest
+from batch_pipeline.core.manifest.upstream import job_inputs
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import BackgroundWrites, Store
@@ -109,7 +110,7 @@ class ManifestBuilder:
         gen = (latest["generation"] if latest else 0) + 1
         summary = ManifestSummary(job=spec.name, generation=gen)
         existing = int(latest.get("unique_requests", 0)) if latest else 0
-        files = resolve_inputs(spec.input.path, spec.input.format, spec.input_base_dir())
+        files = job_inputs(spec, self.store)  # files, or another job's validated table (upstream.py)
         plans = plan_files(files, self.manifest.file_states(latest))
         summary.input_files = len(files)
         index = IdIndex(self.store, self.paths, {g["generation"]: g["new_shards"] for g in generations})

@@ -30,10 +30,11 @@ import polars as pl
 
 from batch_pipeline.core.money.cost import BYTES_PER_TOKEN, Price, PriceTable, estimate_request_tokens
 from batch_pipeline.core.money.estimate import RequestTokens, prompt_sample, request_tokens, token_calibration
+from batch_pipeline.core.money.passes import cascade_quote
 from batch_pipeline.core.money.tokenizers import counter_for
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.quality.golden import GoldenProbes, canary_passed
-from batch_pipeline.core.manifest.inputs import resolve_inputs
+from batch_pipeline.core.manifest.upstream import job_inputs
 from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.state.reconcile import DEAD, VALID
 from batch_pipeline.core.run.results import read_results
@@ -53,9 +54,9 @@ def _sha(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def quote_components(spec: JobSpec, manifest_generation: int, price: Price) -> dict[str, str]:
+def quote_components(spec: JobSpec, manifest_generation: int, price: Price, store) -> dict[str, str]:
     """What the quote depends on, each hashed apart so a refusal can say which one changed."""
-    files = resolve_inputs(spec.input.path, spec.input.format, spec.input_base_dir())
+    files = job_inputs(spec, store)  # files, or the upstream's table (input.from_job)
     return {
         "input files": _sha([(f.uri, f.size) for f in files]),
         "job spec": _sha(spec.model_dump(mode="json", exclude={"budget_usd", "deadline", "description"})),
@@ -231,7 +232,7 @@ def make_quote(spec: JobSpec, store, prices: PriceTable, items: pl.DataFrame | N
     spent = float(results["cost_usd"].sum() or 0.0) if results.height and "cost_usd" in results.columns else 0.0
     if stored is not None:  # probes are paid too
         spent = max(spent, float(stored["cost_usd"].sum() or 0.0))
-    components = quote_components(spec, manifest.last_generation(), price)
+    components = quote_components(spec, manifest.last_generation(), price, store)
     now = datetime.now(UTC)
     return {
         "job": spec.name, "model": spec.model, "backend": spec.backend.name,
@@ -243,6 +244,9 @@ def make_quote(spec: JobSpec, store, prices: PriceTable, items: pl.DataFrame | N
         "cache": {"prefix_tokens": prefix, "writes_billed": price.writes_cache, "ttl": price.cache_ttl,
                   "write_multiplier": price.cache_write_multiplier, "first_write_batches": write_batches},
         "passes": {"first": first, "probes": probe_pass, "retries": retries},
+        # multi-pass jobs: every pass of the cascade (core/money/passes.py); None for a one-pass job
+        "cascade": cascade_quote(spec, store, prices, items, {"requests": n, "cost_expected": total["expected"],
+                                                             "cost_high": total["high"]}),
         "est_cost_usd": {k: round(v, 6) for k, v in total.items()},
         "spent_usd": round(spent, 6), "budget_usd": spec.budget_usd,
         "within_budget": spec.budget_usd is None or spent + total["high"] <= spec.budget_usd,
@@ -265,7 +269,7 @@ def verify_quote(spec: JobSpec, store, prices: PriceTable, quote: dict | None, n
         raise QuoteRefused(f"job {spec.name}: the quote expired at {quote['expires_at']}; quote again "
                            f"(materialize {spec.name}/quote) before spending")
     price = prices.lookup(spec.backend.name, spec.model)
-    current = quote_components(spec, Manifest(spec.name, store).last_generation(), price)
+    current = quote_components(spec, Manifest(spec.name, store).last_generation(), price, store)
     changed = [k for k, v in current.items() if quote.get("components", {}).get(k) != v]
     if changed:
         raise QuoteRefused(f"job {spec.name}: the quote no longer matches its inputs; changed since it was made: "

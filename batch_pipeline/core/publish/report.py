@@ -8,6 +8,7 @@ from batch_pipeline.core.run.attempts import AttemptLog
 from batch_pipeline.core.quality.golden import GoldenProbes, probe_accuracy
 from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.spec.paths import JobPaths
+from batch_pipeline.core.publish.cascade import pass_costs
 from batch_pipeline.core.publish.scan import JobScan
 from batch_pipeline.core.publish.tables import JobState
 from batch_pipeline.core.spec.job import JobSpec
@@ -64,6 +65,8 @@ def build_report(spec: JobSpec, store: Store, state: JobState, outputs: dict[str
     report["quoted_vs_actual"] = quoted_vs_actual(spec, store, scan)
     report["replays"] = [r.as_dict() for r in Replays(store, spec.name).records()]  # dead letters given a new budget
     report["cost_by_attempt"] = {str(k): round(v, 6) for k, v in sorted(scan.cost_by_attempt.items())}
+    if spec.input.from_job is not None:  # a later pass: cost per accepted item of each pass and of all of them
+        report["cascade"] = pass_costs(spec, store, {"cost_usd": cost, "succeeded": totals.valid})
     if spec.fallback is not None or spec.route is not None:
         report.update(model_costs(spec, store))
     if scan.probe_results is not None and scan.probe_results.height:

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batch_pipeline.core.manifest.shards import Manifest
+from batch_pipeline.core.publish.cascade import cascade_view
 from batch_pipeline.core.publish.scan import JobScan, scan_job
 from batch_pipeline.core.publish.validated import VALIDATED_COLUMNS, write_validated
 from batch_pipeline.core.quality.golden import GoldenProbes
@@ -113,13 +114,15 @@ def promote(spec: JobSpec, store: Store) -> dict[str, str]:
     out = {"validated": store.uri(paths.validated), "dead_letters": store.uri(paths.dead_letters)}
     db = store.local_path(paths.duckdb)
     if db is not None:
-        write_duckdb_views(store, spec.name)
+        cascade = cascade_view(spec, store)  # a later pass of a multi-pass job: the passes merged
+        write_duckdb_views(store, spec.name, [cascade] if cascade else None)
         out["duckdb"] = str(db)
     return out
 
 
-def write_duckdb_views(store: Store, job: str) -> None:
-    """A DuckDB file of views over the job's Parquet files, for ad-hoc SQL (local stores)."""
+def write_duckdb_views(store: Store, job: str, extra_views: list[str] | None = None) -> None:
+    """A DuckDB file of views over the job's Parquet files, for ad-hoc SQL (local stores); ``extra_views``:
+    more ``CREATE VIEW`` statements (the ``cascade`` view of a multi-pass job)."""
     paths = JobPaths(job)
     db = store.local_path(paths.duckdb)
     assert db is not None
@@ -145,6 +148,8 @@ def write_duckdb_views(store: Store, job: str) -> None:
                 continue
             con.execute(f"CREATE VIEW {name} AS SELECT *{_vector_columns(target)} "
                         f"FROM read_parquet('{target}', union_by_name=true)")
+        for statement in extra_views or []:
+            con.execute(statement)
     finally:
         con.close()
     tmp.replace(db)

@@ -26,10 +26,18 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class ConfidenceFilter(_Strict):
+    """``input.confidence_below``: the upstream rows whose JSON output field ``field`` is below ``threshold``."""
+
+    field: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    threshold: float
+
+
 class InputSpec(_Strict):
     """Where the rows are and which field holds the text to classify."""
 
-    path: str = Field(description="file, directory or glob; local or s3://bucket/prefix/*.jsonl")
+    path: str | None = Field(default=None, description="file, directory or glob; local or "
+                             "s3://bucket/prefix/*.jsonl (or from_job)")
     format: Literal["auto", "jsonl", "csv", "parquet", "openai_batch"] = Field(
         default="auto", description="openai_batch: an OpenAI/vLLM batch input file (custom_id, method, url, body)")
     text_field: str | None = Field(default=None, description="the field the template must use (or messages_field)")
@@ -37,6 +45,26 @@ class InputSpec(_Strict):
         "a field holding the row's chat turns, a list of {role, content} (user/assistant, text); no template"))
     key_field: str | None = Field(default=None, description="source-key column kept for every row")
     max_input_tokens: int = Field(default=8000, gt=0, description="longer rendered prompts go to rejects")
+    # multi-pass jobs (core/manifest/upstream.py): the rows are another job's validated table
+    from_job: str | None = Field(default=None, pattern=JOB_NAME_PATTERN, description=(
+        "read the validated table of this job (a pass before this one) instead of files; its fields and output "
+        "are the template's fields"))
+    where: str | None = Field(default=None, min_length=1, description=(
+        "with from_job: a SQL condition over the upstream's validated columns, e.g. output = 'other'"))
+    confidence_below: ConfidenceFilter | None = Field(default=None, description=(
+        "with from_job: only rows whose JSON output field is below a threshold (or missing)"))
+    assumed_share: float = Field(default=0.30, gt=0, le=1, description=(
+        "with from_job: the share of upstream rows the quote assumes pass the filter, until measured"))
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "InputSpec":
+        if (self.path is None) == (self.from_job is None):
+            raise ValueError("give exactly one of input.path (files) and input.from_job (another job's table)")
+        if self.from_job is None and (self.where is not None or self.confidence_below is not None):
+            raise ValueError("input.where and input.confidence_below filter an input.from_job table")
+        if self.from_job is not None and self.format != "auto":
+            raise ValueError("input.format does not apply to input.from_job (the upstream's validated Parquet)")
+        return self
 
     @model_validator(mode="after")
     def _one_input_shape(self) -> "InputSpec":

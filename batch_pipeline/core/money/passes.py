@@ -1,0 +1,155 @@
+"""Every pass of a multi-pass job in one quote: the passes before this job, this job, the passes after it.
+
+A pass after this one (a job whose ``input.from_job`` reads this job's table, and so on down) has no manifest
+yet, so it is priced from this job's items: its requests are this job's items times the share that passes its
+filter, each with this job's row content (the user part of this job's token estimate) inside that pass's own
+system prompt, template and output schema, answered with up to its ``max_tokens``, at its model's price. The share
+is ``input.assumed_share`` (default 30%) until the upstream answers something, then measured on its answers so far
+(the canary first), then on its validated table once it has published (``UpstreamTable.share``). Passes before this
+one are shown as their own quote and report left them: spent, and what their quote still expects.
+"""
+
+import math
+import string
+from dataclasses import asdict, dataclass
+
+import polars as pl
+
+from batch_pipeline.core.errors import ConfigError
+from batch_pipeline.core.manifest.upstream import PassShare, ShareSource, UpstreamTable, chain, downstream_specs
+from batch_pipeline.core.money.cost import BYTES_PER_TOKEN, PriceTable, fixed_request_tokens
+from batch_pipeline.core.money.estimate import schema_text
+from batch_pipeline.core.spec.job import JobSpec
+from batch_pipeline.core.spec.paths import JobPaths
+from batch_pipeline.core.store import Store
+
+UNMEASURED_MARGIN = 1.25  # the high end of a pass priced from another job's rows
+
+
+@dataclass(frozen=True)
+class PassQuote:
+    number: int  # 1: the job that reads files
+    job: str
+    model: str
+    backend: str
+    share: float  # of its upstream's rows (1.0 for the first pass)
+    share_source: str  # ShareSource, or "all" for the first pass
+    measured_on: int
+    requests: int
+    cost_expected: float
+    cost_high: float
+    spent_usd: float = 0.0
+    priced_from: str = "own quote"  # or "this job's items" (a pass not built yet), "its quote and report"
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out["cost_expected"], out["cost_high"] = round(self.cost_expected, 6), round(self.cost_high, 6)
+        return out
+
+
+def cascade_quote(spec: JobSpec, store: Store, prices: PriceTable, items: pl.DataFrame,
+                  own: dict[str, float]) -> dict | None:
+    """The passes of ``spec``'s cascade, priced (None for a one-pass job). ``items``: this job's items
+    (est_input_tokens); ``own``: this job's remaining ``requests``, ``cost_expected`` and ``cost_high``."""
+    before = chain(spec)[:-1]
+    after = _after(spec)
+    if not before and not after:
+        return None
+    passes = [_quoted(i + 1, up, store) for i, up in enumerate(before)]
+    share = _share(spec, store) if spec.input.from_job is not None else None
+    passes.append(PassQuote(len(before) + 1, spec.name, spec.model, spec.backend.name,
+                            share.share if share else 1.0, share.source.value if share else "all",
+                            share.measured_on if share else 0, int(own["requests"]), own["cost_expected"],
+                            own["cost_high"]))
+    user_tokens = _user_tokens(spec, items)
+    rows = {spec.name: float(items.height)}
+    left_out: dict[str, str] = {}  # a later pass whose spec is broken does not break this job's quote
+    for depth, down in after:
+        if down.input.from_job not in rows:
+            continue  # below a pass left out
+        up_rows = rows[down.input.from_job]
+        try:
+            s = _share(down, store)
+        except ConfigError as exc:
+            left_out[down.name] = str(exc)
+            continue
+        requests = up_rows * s.share
+        rows[down.name] = requests
+        expected, high = price_pass(down, prices, requests, user_tokens)
+        passes.append(PassQuote(len(before) + 1 + depth, down.name, down.model, down.backend.name, s.share,
+                                s.source.value, s.measured_on, math.ceil(requests), expected, high,
+                                priced_from=f"{spec.name}'s items"))
+    return {"passes": [p.as_dict() for p in passes],
+            "total": {"expected": round(sum(p.cost_expected for p in passes), 6),
+                      "high": round(sum(p.cost_high for p in passes), 6),
+                      "spent_usd": round(sum(p.spent_usd for p in passes), 6)},
+            "left_out": left_out}
+
+
+def _after(spec: JobSpec) -> list[tuple[int, JobSpec]]:
+    """The passes after ``spec``, each with its distance from it, parents before children."""
+    out, todo, seen = [], [(1, d) for d in downstream_specs(spec)], {spec.name}
+    while todo:
+        depth, job = todo.pop(0)
+        if job.name in seen:
+            continue
+        seen.add(job.name)
+        out.append((depth, job))
+        todo += [(depth + 1, d) for d in downstream_specs(job)]
+    return out
+
+
+def _share(spec: JobSpec, store: Store) -> PassShare:
+    try:
+        return UpstreamTable(spec, store).share()
+    except FileNotFoundError:
+        return PassShare(spec.input.assumed_share, ShareSource.ASSUMED, 0)
+
+
+def _user_tokens(spec: JobSpec, items: pl.DataFrame) -> float:
+    """The mean row content of this job's items in tokens (the estimate less its system and framing part)."""
+    if items.height == 0 or "est_input_tokens" not in items.columns:
+        return 0.0
+    fixed = fixed_request_tokens(len(spec.prompt.system.encode()))
+    return max(float(items["est_input_tokens"].mean() or 0.0) - fixed, 0.0)  # type: ignore[arg-type]
+
+
+def price_pass(spec: JobSpec, prices: PriceTable, requests: float, user_tokens: float) -> tuple[float, float]:
+    """(expected, high) cost of ``requests`` requests of ``spec`` whose rows carry ``user_tokens`` each."""
+    price = prices.lookup(spec.backend.name, spec.model)
+    literal = sum(len(part) for part, *_ in _template_parts(spec.prompt.template))
+    schema = schema_text(spec)
+    per_request = (user_tokens + fixed_request_tokens(len(spec.prompt.system.encode()))
+                   + (literal + len(schema or "")) / BYTES_PER_TOKEN)
+    batch = spec.backend.name.endswith("_batch")
+    tokens_in = requests * per_request
+    tokens_out = requests * spec.sampling.max_tokens
+    expected = price.cost(tokens_in, tokens_out, batch=batch)
+    return expected, price.cost(tokens_in * UNMEASURED_MARGIN, tokens_out, batch=batch)
+
+
+def _template_parts(template: str) -> list[tuple[str, str | None, str | None, str | None]]:
+    return list(string.Formatter().parse(template))
+
+
+def _quoted(number: int, spec: JobSpec, store: Store) -> PassQuote:
+    """A pass before this one, as its own quote and report left it."""
+    paths = JobPaths(spec.name)
+    quote = store.read_json(paths.quote) or {}
+    report = store.read_json(paths.report) or {}
+    share = _share(spec, store) if spec.input.from_job is not None else None
+    done = bool(report.get("complete"))
+    est = quote.get("est_cost_usd") or {}
+    return PassQuote(number, spec.name, spec.model, spec.backend.name, share.share if share else 1.0,
+                     share.source.value if share else "all", share.measured_on if share else 0,
+                     int(report.get("unique_requests") or quote.get("pending_requests") or 0),
+                     0.0 if done else float(est.get("expected", 0.0)), 0.0 if done else float(est.get("high", 0.0)),
+                     spent_usd=float(report.get("cost_usd") or quote.get("spent_usd") or 0.0),
+                     priced_from="its quote and report")
+
+
+def describe(cascade: dict) -> str:
+    """One line for the passes, for logs and the CLI."""
+    parts = [f"pass {p['number']} {p['job']}: {p['requests']} requests at share {p['share']:.2f} "
+             f"({p['share_source']}), ${p['cost_expected']:.4f} expected" for p in cascade["passes"]]
+    return "; ".join([*parts, f"total ${cascade['total']['expected']:.4f} expected"])
