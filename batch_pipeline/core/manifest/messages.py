@@ -77,8 +77,9 @@ def canonical_turns(value: object, field: str, system: str) -> str:
     if not turns:
         raise TurnError(field, "empty_messages", f"field '{field}' holds only the system turn")
     if turns[-1]["role"] != "user":
-        raise TurnError(f"{field}[{len(value) - 1}].role", "turn_order", f"the last turn of '{field}' must be the "
-                                                                         "user's (the model answers it)")
+        at = f"{field}[{len(value) - 1}]"
+        raise TurnError(f"{at}.role", "turn_order", f"{at} is the last turn and must be the user's (the model "
+                                                    "answers it)")
     text = json.dumps(turns, ensure_ascii=False, separators=(",", ":"))
     try:
         text.encode("utf-8")
