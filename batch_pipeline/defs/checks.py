@@ -71,7 +71,7 @@ def build_result_checks(spec: JobSpec, results_asset: dg.AssetsDefinition) -> dg
                                               ("input_tokens", "cached_tokens", "output_tokens")],
                            *[pl.lit(None, pl.String).alias(c) for c in
                              ("error_code", "error_message", "provider_request_id", "raw_payload")]).to_arrow()
-        verdicts = validate(raw, spec.output)
+        verdicts = validate(raw, spec.output, table["embedding"].to_arrow() if "embedding" in table.columns else None)
         bad = [i for i, s in enumerate(verdicts.status.to_pylist()) if s != "succeeded"]
         yield dg.AssetCheckResult(check_name="outputs_within_contract", asset_key=key, passed=not bad,
                                   metadata={"violations": dg.MetadataValue.int(len(bad)), "contract": spec.output.kind})

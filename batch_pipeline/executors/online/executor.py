@@ -1,4 +1,5 @@
-"""Online executor: any OpenAI-compatible ``/chat/completions`` endpoint (OpenAI, a vLLM server, the sandbox).
+"""Online executor: any OpenAI-compatible ``/chat/completions`` endpoint (OpenAI, a vLLM server, the sandbox), and
+``/embeddings`` for an embeddings job (``output.embedding``; online/embeddings.py).
 
 ``run(work)`` sends every item with bounded concurrency (worker threads; measured faster than asyncio with the
 SDK, see benchmarks/README.md), under a requests/tokens limiter, and yields ``RAW_RESULT_SCHEMA`` tables every
@@ -24,8 +25,11 @@ import pyarrow as pa
 from pydantic import Field
 
 from batch_pipeline.core.errors import SYSTEMIC_CODES, ConfigError, SystemicError
-from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA, ShardWork, raw_table
+from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA, ShardWork
+from batch_pipeline.executors.online.embeddings import (EMBEDDINGS_PATH, EmbeddingBodyBuilder, embedding_success_row,
+                                                        rows_table)
 from batch_pipeline.executors.online.transport import BodyBuilder, HttpTransport, Reply, SdkTransport, Transport
+from batch_pipeline.executors.openai.embeddings import is_embedding
 from batch_pipeline.executors.endpoint import resolve_endpoint
 from batch_pipeline.executors.provider_errors import redact, retry_after_s
 from batch_pipeline.executors.online.rate_limit import RateLimiter
@@ -158,13 +162,13 @@ class OnlineExecutor:
             return self._unflushed.pop(key, None)
 
     def _keep_unflushed(self, key: str, rows: list[tuple[Any, ...]]) -> None:
-        table = raw_table(rows)
+        table = rows_table(rows)
         with self._unflushed_lock:
             earlier = self._unflushed.get(key)
             self._unflushed[key] = table if earlier is None else pa.concat_tables([earlier, table])
         log.warning("online %s: stopped early; %d finished results kept for the runner to store", key, len(rows))
 
-    def _transport(self, builder: BodyBuilder) -> Transport:
+    def _transport(self, builder: BodyBuilder | EmbeddingBodyBuilder) -> Transport:
         s = self.settings
         if s.transport == "sdk":
             return SdkTransport(self.base_url, self._api_key, s.timeout_s, s.concurrency, builder)
@@ -186,7 +190,8 @@ class OnlineExecutor:
         total = len(ids)
         if total == 0:
             return
-        builder = BodyBuilder(work.plan, s.extra_body)
+        builder = (EmbeddingBodyBuilder(work.plan, s.extra_body) if is_embedding(work.plan)
+                   else BodyBuilder(work.plan, s.extra_body))
         limiter = RateLimiter(s.rpm, s.tpm)
         items = iter(zip(ids, prompts, strict=True))
         items_lock = threading.Lock()
@@ -236,7 +241,7 @@ class OnlineExecutor:
                 if buffer and (done or len(buffer) >= s.flush_every or now - last_flush >= s.flush_interval_s):
                     last_flush = now
                     n = min(len(buffer), s.flush_every)
-                    table = raw_table(buffer[:n])
+                    table = rows_table(buffer[:n])
                     del buffer[:n]  # no call from here to the yield: nothing can be raised in between
                     yield table
                     continue
@@ -270,8 +275,8 @@ class OnlineExecutor:
         log.info("online %s: %d/%d done (%.1f/s), %d requests sent, %d retries, %.1f s waited on rate limits",
                  work.key, stats.done, total, stats.done / elapsed, stats.sent, stats.retries, limiter.waited_s)
 
-    def _one(self, request_id: str, prompt: str, transport: Transport, builder: BodyBuilder, limiter: RateLimiter,
-             stop: threading.Event, stats: _Stats) -> tuple[Any, ...] | None:
+    def _one(self, request_id: str, prompt: str, transport: Transport, builder: BodyBuilder | EmbeddingBodyBuilder,
+             limiter: RateLimiter, stop: threading.Event, stats: _Stats) -> tuple[Any, ...] | None:
         """All attempts at one item: its row, or None when the run stopped first (nothing recorded)."""
         tokens = builder.estimate_tokens(prompt)
         attempts = self.settings.max_attempts_per_request
@@ -285,7 +290,8 @@ class OnlineExecutor:
                 limiter.observe(reply.headers)
             outcome = classify(reply)
             if outcome.kind == "ok":
-                row = success_row(request_id, outcome, reply.headers)
+                row = (embedding_success_row(request_id, outcome.payload, reply.headers.get("x-request-id"))
+                       if builder.path == EMBEDDINGS_PATH else success_row(request_id, outcome, reply.headers))
             elif outcome.kind == "systemic":
                 raise SystemicError(redact(
                     f"online endpoint {self.base_url} refused the job: HTTP {outcome.status} {outcome.code}: "
