@@ -3,8 +3,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-# Debian's PostgreSQL for the Postgres test tier (the fixture runs initdb and the server itself, on loopback)
-ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { [[ $(id -u) -eq 0 ]] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; } || echo "setup: postgresql is missing (apt-get install postgresql as root); the Postgres tests will fail" >&2
+# Debian's packages for two test tiers, in one apt-get call: PostgreSQL (the Postgres tier's fixture runs initdb and
+# the server itself, on loopback) and Chromium (the browser tier drives it headless through Playwright, by path)
+APT=()
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || APT+=(postgresql)
+[[ -x /usr/bin/chromium ]] || APT+=(chromium)
+if (( ${#APT[@]} )); then
+  { [[ $(id -u) -eq 0 ]] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${APT[@]}" >/dev/null; } || echo "setup: ${APT[*]} missing (apt-get install ${APT[*]} as root); their tests will fail" >&2
+fi
 if [[ ! -x .venv/bin/python ]]; then
   "$PY" -m venv .venv
 fi
