@@ -135,7 +135,7 @@ class Dedup:
             writer.close()
         is_new = np.zeros(self.deferred_rows, dtype=np.bool_)
         added = reused = 0
-        prefixes = [format(i, f"0{PREFIX_CHARS}x") for i in range(16 ** PREFIX_CHARS)]
+        prefixes = sorted(self._writers)  # only ranges with keys: the index is not read for the others
         for prefix, prior in self.index.read_ranges(prefixes):
             keys = self._range_keys(prefix)
             if keys is None:
@@ -157,7 +157,7 @@ class Dedup:
         path = self._dir / f"{prefix}.arrow"
         if not path.exists():
             return None
-        with pa.memory_map(str(path)) as source:
+        with pa.OSFile(str(path), "rb") as source:
             table = ipc.open_file(source).read_all()
         return pl.from_arrow(table)  # type: ignore[return-value]
 
@@ -205,7 +205,8 @@ class BlockSpool:
         if self._writer is None:
             return
         self._writer.close()
-        with pa.memory_map(str(self._path)) as source:
+        # read, not memory-mapped: mapped pages of a multi-GB spool would count in the build's resident memory
+        with pa.OSFile(str(self._path), "rb") as source:
             reader = ipc.open_file(source)
             for i in range(reader.num_record_batches):
                 yield pl.from_arrow(reader.get_batch(i))  # type: ignore[misc]

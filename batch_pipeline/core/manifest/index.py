@@ -83,6 +83,9 @@ class _Cursor:
         self._buffer = pa.array([], pa.string())
 
     def take(self, lo: str, hi: str) -> pa.Array:
+        if not len(self._buffer):  # row groups wholly below the range are skipped by their statistics, unread
+            while self._next_group < self._file.num_row_groups and (self._group_max(self._next_group) or hi) < lo:
+                self._next_group += 1
         while self._next_group < self._file.num_row_groups and (
                 not len(self._buffer) or self._buffer[-1].as_py() < hi):
             group = self._file.read_row_group(self._next_group, columns=["request_id"]).column(0).combine_chunks()
@@ -93,6 +96,10 @@ class _Cursor:
         end = _bisect(buf, hi)
         out, self._buffer = buf.slice(start, end - start), buf.slice(end)
         return out
+
+    def _group_max(self, group: int) -> str | None:
+        stats = self._file.metadata.row_group(group).column(0).statistics
+        return stats.max if stats is not None and stats.has_min_max else None
 
     def close(self) -> None:
         self._handle.close()
