@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 # the settings that make an engine (the key of the cache); all but the last three are LLM(...) arguments
 ENGINE_FIELDS = ("model", "tokenizer", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
                  "kv_cache_memory_bytes", "gpu_memory_utilization", "tensor_parallel_size", "enforce_eager", "seed",
-                 "block_size", "load_format", "multiprocessing", "structured_outputs_backend", "disable_any_whitespace")
+                 "block_size", "load_format", "runner", "multiprocessing", "structured_outputs_backend",
+                 "disable_any_whitespace")
 _ENGINES: dict[str, Any] = {}   # settings key -> vllm.LLM; at most one at a time (one model per process)
 
 
@@ -43,6 +44,8 @@ class VllmSettings(BaseModel):
     seed: int = 0
     block_size: int | None = Field(default=None, gt=0, description="KV block size (default: the platform's)")
     load_format: Literal["auto", "safetensors", "dummy"] = Field(default="auto", description="dummy: random weights")
+    runner: Literal["generate", "pooling"] | None = Field(default=None, description=(
+        "default: vLLM's choice; an embeddings job (output.embedding) always runs the pooling runner"))
     multiprocessing: bool = Field(default=True, description="False: engine core and worker in this process "
                                                            "(CPU: faster start, no child processes)")
     structured_outputs_backend: Literal["auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer"] = "xgrammar"
@@ -65,9 +68,11 @@ class VllmSettings(BaseModel):
 
     def engine_kwargs(self) -> dict[str, Any]:
         kw = self.model_dump(include=set(ENGINE_FIELDS[:-3]) - {"tokenizer"}, exclude_none=True)
-        kw.update(tokenizer=self.tokenizer or self.model, enable_prefix_caching=True,
-                  structured_outputs_config={"backend": self.structured_outputs_backend,
-                                             "disable_any_whitespace": self.disable_any_whitespace})
+        pooling = self.runner == "pooling"  # an embedding embeds each text whole: no shared prefix to cache
+        kw.update(tokenizer=self.tokenizer or self.model, enable_prefix_caching=not pooling)
+        if not pooling:
+            kw["structured_outputs_config"] = {"backend": self.structured_outputs_backend,
+                                               "disable_any_whitespace": self.disable_any_whitespace}
         if not self.multiprocessing and self.tensor_parallel_size == 1:
             kw["distributed_executor_backend"] = "uni"
         return kw

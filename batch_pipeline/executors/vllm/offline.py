@@ -38,6 +38,8 @@ import pyarrow as pa
 
 from batch_pipeline.core.errors import SystemicError, TransientError
 from batch_pipeline.core.run.executor import ShardWork, raw_table
+from batch_pipeline.executors.openai.embeddings import is_embedding
+from batch_pipeline.executors.vllm.embed import embed_rows, pooling_settings
 from batch_pipeline.executors.vllm.engine import VllmSettings, load_engine, release_engines
 from batch_pipeline.executors.vllm.prompts import PromptRenderer, order_items, sampling_params
 
@@ -99,6 +101,9 @@ class VllmOfflineExecutor:
         s = self.settings
         ids = work.items.column("request_id").to_pylist()
         if not ids:
+            return
+        if is_embedding(work.plan):  # a pooling model: LLM.embed (executors/vllm/embed.py)
+            yield from embed_rows(load_engine(pooling_settings(s)), work, s.flush_every)
             return
         started = time.monotonic()
         llm = load_engine(s)
