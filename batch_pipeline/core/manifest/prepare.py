@@ -104,7 +104,7 @@ class FilePreparer:
         self.spec, self.max_shard_bytes = spec, max_bytes
         self.prefix = ids.id_prefix(spec.prompt.version, spec.model, spec.settings_fingerprint())
         # the shared prefix every request sends: the system prompt and the few-shot examples
-        self.system_bytes = len(spec.prompt.system.encode()) + sum(len(t.content.encode()) for t in spec.prompt.examples)
+        self.system_bytes = len(spec.prompt.prefix_text.encode())
 
     def blocks(self, plan: FilePlan, extent: ReadExtent) -> Iterator[Block]:
         """The file's blocks in order; ``extent`` says how far the read got once they are all taken."""

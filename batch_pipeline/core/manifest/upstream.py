@@ -23,6 +23,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
+from functools import lru_cache
 from pathlib import Path
 
 import duckdb
@@ -32,7 +33,15 @@ import pyarrow.dataset as ds
 
 from batch_pipeline.core.errors import ConfigError, InputError
 from batch_pipeline.core.manifest import ids
-from batch_pipeline.core.manifest.inputs import KEY, LINE, InputFile, Reject, RowBatch, read_batches, resolve_inputs
+from batch_pipeline.core.manifest.inputs import (
+    KEY,
+    LINE,
+    InputFile,
+    Reject,
+    RowBatch,
+    read_batches,
+    resolve_inputs,
+)
 from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.spec.job import JobSpec, load_spec
 from batch_pipeline.core.spec.paths import JobPaths
@@ -69,15 +78,22 @@ def sibling_specs(spec: JobSpec) -> dict[str, JobSpec]:
     """Every job spec in this spec's folder, by name (a spec that does not load is left out, with a warning)."""
     if spec.source_path is None:
         return {spec.name: spec}
+    folder = Path(spec.source_path).resolve().parent
+    listing = tuple((str(p), p.stat().st_mtime_ns) for p in sorted(folder.glob("*.yaml")))
+    return {**_load_folder(listing), spec.name: spec}
+
+
+@lru_cache(maxsize=16)
+def _load_folder(listing: tuple[tuple[str, int], ...]) -> dict[str, JobSpec]:
+    """The specs of a folder listing (path, mtime): loaded once per version of the folder."""
     out: dict[str, JobSpec] = {}
-    for path in sorted(Path(spec.source_path).resolve().parent.glob("*.yaml")):
+    for path, _ in listing:
         try:
             other = load_spec(path)
         except ConfigError as exc:
             log.warning("multi-pass: %s does not load, left out: %s", path, str(exc).splitlines()[0])
             continue
         out.setdefault(other.name, other)
-    out[spec.name] = spec
     return out
 
 
@@ -159,7 +175,9 @@ def _first_line(exc: Exception) -> str:
 
 
 def validated_schema() -> pa.Schema:
-    from batch_pipeline.core.publish.validated import VALIDATED_SCHEMA  # publish imports the manifest
+    from batch_pipeline.core.publish.validated import (
+        VALIDATED_SCHEMA,  # publish imports the manifest
+    )
 
     return VALIDATED_SCHEMA
 

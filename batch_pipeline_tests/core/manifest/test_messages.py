@@ -183,3 +183,22 @@ def test_a_messages_job_parses_and_golden_records_are_refused():
     assert spec.input.text_field is None and [t.role for t in spec.prompt.examples] == ["user", "assistant"]
     with pytest.raises(ConfigError, match="quality"):
         parse_spec(SPEC.format(input="messages_field: messages", prompt="") + "quality: {golden: g.jsonl}\n")
+
+
+def test_the_examples_count_in_every_items_token_estimate_and_the_quotes_fixed_part(tmp_path):
+    import polars as pl
+
+    from batch_pipeline.core.money.estimate import request_tokens
+
+    write_rows(tmp_path / "in.jsonl", [{"id": "r", "messages": GOOD}])
+    long = [{"role": "user", "content": "a long example ticket " * 50}, {"role": "assistant", "content": "billing"}]
+    est = {}
+    for name, ex in (("without", None), ("with", long)):
+        spec = spec_for(tmp_path / "in.jsonl", ex)
+        _, manifest = build(spec, tmp_path / name)
+        [item] = [i for s in manifest.shard_ids() for i in manifest.shard_items(s).to_pylist()]
+        est[name] = (item["est_input_tokens"], request_tokens(spec, pl.DataFrame(
+            {"user_prompt": [item["user_prompt"]], "est_input_tokens": [item["est_input_tokens"]]})))
+    extra_bytes = len("".join(t["content"] for t in long).encode())
+    assert est["with"][0] - est["without"][0] >= extra_bytes // 5  # the manifest's estimate
+    assert est["with"][1].system_tokens - est["without"][1].system_tokens >= 100  # the quote's, by the tokenizer

@@ -10,7 +10,12 @@ import pytest
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.manifest import ids
 from batch_pipeline.core.manifest.shards import Manifest, build_manifest
-from batch_pipeline.core.manifest.upstream import ShareSource, UpstreamTable, chain, checked_condition
+from batch_pipeline.core.manifest.upstream import (
+    ShareSource,
+    UpstreamTable,
+    chain,
+    checked_condition,
+)
 from batch_pipeline.core.publish.validated import VALIDATED_SCHEMA
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
@@ -47,7 +52,7 @@ def jobs(tmp_path):
 
 
 def test_rows_keep_the_upstream_identity_fields_and_answer(jobs, tmp_path):
-    up, down, source = jobs
+    _, down, source = jobs
     store = Store(tmp_path / "home")
     publish_upstream(store, source, LABELS)
     spec = down(where="output = 'other'")
@@ -69,7 +74,7 @@ def test_rows_keep_the_upstream_identity_fields_and_answer(jobs, tmp_path):
 
 
 def test_a_changed_upstream_answer_changes_one_id_even_when_the_template_hides_it(jobs, tmp_path):
-    up, down, source = jobs
+    _, down, source = jobs
     store = Store(tmp_path / "home")
     spec = down(where="output IN ('other', 'maybe')")
     spec = spec.model_copy(update={"prompt": spec.prompt.model_copy(update={"template": "{body}"})})
@@ -88,7 +93,7 @@ def test_a_changed_upstream_answer_changes_one_id_even_when_the_template_hides_i
 
 
 def test_confidence_below_and_missing_fields(jobs, tmp_path):
-    up, down, source = jobs
+    _, down, source = jobs
     store = Store(tmp_path / "home")
     outputs = [json.dumps({"label": "x", "confidence": c}) for c in (0.9, 0.2, 0.5, 0.95, 0.1, 0.7)]
     json_up = base_spec_dict(source, name="up", output={"json_schema": {
@@ -132,7 +137,7 @@ def test_share_is_assumed_then_measured_on_the_table(jobs, tmp_path):
 
 
 def test_spec_rules_for_from_job(jobs, tmp_path):
-    up, down, source = jobs
+    source = jobs[2]
     with pytest.raises(ConfigError, match="exactly one of input.path"):
         write_spec(tmp_path / "bad", {**base_spec_dict(source), "input": {"path": source, "from_job": "up",
                                                                           "text_field": "body"}})
