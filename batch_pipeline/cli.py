@@ -303,6 +303,10 @@ def cmd_quote(args: argparse.Namespace) -> int:
         console.print(f"manifest built: {summary.new_requests} requests in {len(summary.new_shards)} shards")
     prices = load_prices(Settings.from_env().prices)
     state = JobState.load(spec, store)
+    from batch_pipeline.core.route.plan import route_pending
+    from batch_pipeline.executors.registry import route_profile
+
+    routes = route_pending(spec, store, prices, route_profile, state.items, state.states)  # backend: auto
     if not args.compare:
         q = make_quote(spec, store, prices, state.items, state.results, state.states)
         est = q["est_cost_usd"]
@@ -320,6 +324,15 @@ def cmd_quote(args: argparse.Namespace) -> int:
     for r in rows:
         table.add_row(*["" if r.get(c) is None else str(r.get(c)) for c in cols])
     console.print(table)
+    if routes:  # backend: auto: each shard's choice, why, and what each candidate would cost for it
+        labels = sorted({k for c in routes.values() for k in c.costs})
+        route_table = Table(title=f"job {spec.name}: the route (backend: auto)")
+        for c in ["shard", "chosen", "rule", "reason", *[f"{k} ($)" for k in labels]]:
+            route_table.add_column(c)
+        for c in routes.values():
+            route_table.add_row(c.shard_id, f"{c.backend}/{c.model}", c.rule, c.reason,
+                                *["-" if c.costs.get(k) is None else f"{c.costs[k]:.6f}" for k in labels])
+        console.print(route_table)
     return 0
 
 

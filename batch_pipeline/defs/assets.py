@@ -24,13 +24,14 @@ from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.run.runner import ShardRunner
 from batch_pipeline.core.state.execute import ShardDriver, ShardWaits
 from batch_pipeline.core.state.fallback import Stage, fallback_variant
+from batch_pipeline.core.route.plan import RouteBook, candidate_for, route_pending, routed_variant
 from batch_pipeline.core.spec.job import BackendSpec, CostCompareSpec, JobSpec
 from batch_pipeline.core.spec.settings import Settings
 from batch_pipeline.defs.checks import CHECKS, build_result_checks, build_shard_stats_check
 from batch_pipeline.defs.k8s import GPU_POOL, gpu_step_tags, is_gpu_backend
 from batch_pipeline.defs.metadata import md_table, plain
 from batch_pipeline.defs.resources import PricesResource, StoreResource
-from batch_pipeline.executors.registry import batch_limits, create_executor
+from batch_pipeline.executors.registry import batch_limits, create_executor, route_profile
 
 SHARDS_TAG = "batch_pipeline/shards"  # the shards a range run moves (the others in its range are left alone)
 
@@ -106,6 +107,17 @@ def _shard_driver(context, spec: JobSpec, store: StoreResource, prices: PricesRe
     tail = (lambda: _runner(spec, store, prices, spec.tail.backend)) if spec.tail is not None else None
     fallback = (lambda: _runner(fallback_variant(spec), store, prices, stage=Stage.FALLBACK)) \
         if spec.fallback is not None else None
+    if spec.route is not None:  # backend: auto: each shard's runner is built for the backend its route names
+        book = RouteBook(store.get(), spec.name)
+
+        def routed(shard_id: str) -> ShardRunner:
+            choice = book.get(shard_id)
+            if choice is None or choice.backend is None:
+                raise ShardWaits(f"shard {shard_id} has no route yet"
+                                 + (f": {choice.reason}" if choice else ": quote the job first (it routes the shards)"))
+            return _runner(routed_variant(spec, candidate_for(spec, choice).backend, choice.model), store, prices)
+
+        return ShardDriver(spec, store.get(), None, tail, say=context.log.info, fallback=fallback, router=routed)
     return ShardDriver(spec, store.get(), _runner(spec, store, prices), tail, say=context.log.info,
                        fallback=fallback)
 
@@ -194,7 +206,11 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
     def quote(context: dg.AssetExecutionContext, store: StoreResource, prices: PricesResource) -> dg.MaterializeResult:
         st = store.get()
         state = JobState.load(spec, st)
+        routes = route_pending(spec, st, prices.get(), route_profile, state.items, state.states)  # backend: auto
         q = make_quote(spec, st, prices.get(), state.items, state.results, state.states)
+        if routes:
+            context.log.info("routes: " + "; ".join(f"{c.shard_id} -> {c.backend}/{c.model} ({c.reason})"
+                                                    for c in list(routes.values())[:20]))
         st.write_json(paths.quote, q)
         st.write_json(f"{paths.root}/quotes/quote-{q['created_at'].replace(':', '')}.json", q)
         est = q["est_cost_usd"]
@@ -206,6 +222,10 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
                       "calibration": q["calibration"]["factor"], "fingerprint": q["fingerprint"][:16],
                       "expires_at": q["expires_at"]})
         meta["passes"] = dg.MetadataValue.json(q["passes"])
+        if q.get("route"):
+            meta["route"] = md_table(pl.DataFrame([{k: v for k, v in r.items() if k in ("shard_id", "backend", "model",
+                                                                                        "rule", "reason")}
+                                                   for r in q["route"]]), limit=50)
         meta["cache_hit_share"] = dg.MetadataValue.json(q["cache_hit_share"])
         return dg.MaterializeResult(metadata=meta)
 

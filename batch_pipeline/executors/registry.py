@@ -7,7 +7,8 @@ from pydantic import ValidationError
 
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.run.executor import BatchExecutor, StreamExecutor
-from batch_pipeline.core.spec.job import BackendSpec
+from batch_pipeline.core.route.plan import BackendProfile
+from batch_pipeline.core.spec.job import AUTO_BACKEND, BackendSpec
 from batch_pipeline.executors.anthropic.batch import AnthropicBatchExecutor
 from batch_pipeline.executors.google.gemini_batch import GeminiBatchExecutor
 from batch_pipeline.executors.google.vertex_batch import VertexBatchExecutor
@@ -47,6 +48,8 @@ def executor_class(name: str) -> type[Any]:
 
 def batch_limits(name: str) -> tuple[int | None, int | None]:
     """(max requests, max bytes) per batch for a backend, without building it (no key needed)."""
+    if name == AUTO_BACKEND:  # routed per shard: the router applies each candidate's limits (route_profile)
+        return None, None
     cls = executor_class(name)
     return getattr(cls, "max_requests_per_batch", None), getattr(cls, "max_bytes_per_batch", None)
 
@@ -54,9 +57,25 @@ def batch_limits(name: str) -> tuple[int | None, int | None]:
 def batch_minimum(backend: BackendSpec) -> int:
     """Requests a batch of this backend needs at least (0: no minimum), from its settings, without building it;
     the driver sends smaller shards to the tail backend (``JobFacts.min_batch``)."""
+    if backend.name == AUTO_BACKEND:  # routed per shard: a shard below a candidate's minimum is routed elsewhere
+        return 0
     cls = executor_class(backend.name)
     minimum = getattr(cls, "min_requests", None)
     return 0 if minimum is None else int(minimum(_settings(cls, backend)))
+
+
+def route_profile(backend: BackendSpec) -> BackendProfile:
+    """What the router's rules (core/route/rules.py) need of a backend, from its class and settings, unbuilt: a
+    provider batch (submit/collect) or not, self-hosted or not, its per-batch minimum and maximum, its window."""
+    cls = executor_class(backend.name)
+    batch = hasattr(cls, "submit")
+    settings = _settings(cls, backend)
+    window = str(getattr(settings, "completion_window", "24h") or "24h")
+    hours = float(window[:-1]) if window.endswith("h") and window[:-1].replace(".", "").isdigit() else 24.0
+    return BackendProfile(self_hosted=getattr(cls, "pricing", None) == "self_hosted", batch=batch,
+                          min_requests=batch_minimum(backend) if batch else 0,
+                          max_requests=getattr(cls, "max_requests_per_batch", None) if batch else None,
+                          turnaround_h=hours if batch else 0.0)
 
 
 def _settings(cls: type[Any], backend: BackendSpec) -> Any:

@@ -44,7 +44,9 @@ def compare_backends(spec: JobSpec, store, prices: PriceTable, compare: CostComp
     and the price's ``checked`` date; then the self-hosted row. ``every_priced``: also every other model of every
     backend in the price table (the same plan and prompts on each)."""
     rows = []
-    choices = [BackendChoice(backend=spec.backend, model=spec.model), *compare.backends]
+    # a routed job (backend: auto): its routed total first, then each route candidate with every shard on it
+    routed = [BackendChoice(backend=c.backend, model=c.model) for c in spec.route.candidates] if spec.route else []
+    choices = [BackendChoice(backend=spec.backend, model=spec.model), *routed, *compare.backends]
     if every_priced:
         choices += priced_choices(prices, [c.model_copy(update={"model": c.model or spec.model}) for c in choices])
     for choice in choices:

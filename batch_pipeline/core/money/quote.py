@@ -38,7 +38,7 @@ from batch_pipeline.core.manifest.upstream import job_inputs
 from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.state.reconcile import DEAD, VALID
 from batch_pipeline.core.run.results import read_results
-from batch_pipeline.core.spec.job import JobSpec
+from batch_pipeline.core.spec.job import AUTO_BACKEND, JobSpec
 from batch_pipeline.core.quality.validate import choice_schema
 
 QUOTE_TTL = timedelta(minutes=30)
@@ -152,6 +152,9 @@ def cache_scenarios(prefix_share: float, first_write_share: float, writes_billed
 
 def make_quote(spec: JobSpec, store, prices: PriceTable, items: pl.DataFrame | None = None,
                results: pl.DataFrame | None = None, states: pl.DataFrame | None = None) -> dict:
+    if spec.backend.name == AUTO_BACKEND or spec.fallback is not None:  # routed shards, a fallback allowance
+        from batch_pipeline.core.money.allowance import extended_quote
+        return extended_quote(spec, store, prices, items, results, states)
     price = prices.lookup(spec.backend.name, spec.model)
     manifest = Manifest(spec.name, store)
     if items is None:
@@ -268,7 +271,9 @@ def verify_quote(spec: JobSpec, store, prices: PriceTable, quote: dict | None, n
     if datetime.fromisoformat(quote["expires_at"]) < now:
         raise QuoteRefused(f"job {spec.name}: the quote expired at {quote['expires_at']}; quote again "
                            f"(materialize {spec.name}/quote) before spending")
-    price = prices.lookup(spec.backend.name, spec.model)
+    from batch_pipeline.core.money.allowance import quote_price
+
+    price = quote_price(spec, prices)
     current = quote_components(spec, Manifest(spec.name, store).last_generation(), price, store)
     changed = [k for k, v in current.items() if quote.get("components", {}).get(k) != v]
     if changed:

@@ -93,6 +93,11 @@ def model_costs(spec: JobSpec, store: Store) -> dict:
         "cost_by_backend": {k: round(v, 6) for k, v in rows.group_by("backend").agg(pl.col("cost_usd").sum())
                             .sort("backend").iter_rows()},
     }
+    if spec.route is not None:  # backend: auto: each shard's route, its reason and the cost of each candidate
+        from batch_pipeline.core.route.plan import RouteBook
+
+        book = RouteBook(store, spec.name)
+        out["route"] = [c.as_dict() for c in (book.get(s) for s in Manifest(spec.name, store).shard_ids()) if c]
     if spec.fallback is not None:
         mine = rows.filter(is_fallback_row(spec))
         backend = fallback_backend(spec)

@@ -63,6 +63,10 @@ class JobPaths:
     def shard_summary(self, shard_id: str) -> str:
         return f"{self.root}/state/shards/{shard_id}.json"
 
+    def shard_route(self, shard_id: str) -> str:
+        """The router's choice for the shard (``backend: auto``, core/route/)."""
+        return f"{self.root}/state/routes/{shard_id}.json"
+
     @property
     def replays(self) -> str:
         return f"{self.root}/replays"

@@ -46,15 +46,33 @@ class ShardReport:
 
 
 class ShardDriver:
-    def __init__(self, spec: JobSpec, store: Store, runner: ShardRunner,
+    def __init__(self, spec: JobSpec, store: Store, runner: ShardRunner | None,
                  tail: Callable[[], ShardRunner] | None = None, say: Callable[[str], None] | None = None,
-                 fallback: Callable[[], ShardRunner] | None = None):
-        self.spec, self.store, self.runner, self.tail, self.fallback = spec, store, runner, tail, fallback
+                 fallback: Callable[[], ShardRunner] | None = None,
+                 router: Callable[[str], ShardRunner] | None = None):
+        """``router`` (``backend: auto``): the runner of a shard's routed backend, asked per shard (``runner`` is
+        then None until the first shard is taken up)."""
+        self.spec, self.store, self.tail, self.fallback, self.router = spec, store, tail, fallback, router
         self._fallback_runner: ShardRunner | None = None
+        self._routed: dict[str, ShardRunner] = {}
         self.say = say or log.info
-        self.stream = isinstance(runner.executor, StreamExecutor)
+        self._use(runner)
+
+    def _use(self, runner: ShardRunner | None) -> None:
+        self.runner = runner  # type: ignore[assignment]
+        executor = runner.executor if runner is not None else None
+        self.stream = isinstance(executor, StreamExecutor)
         # the backend's minimum requests per batch (Bedrock's records per job): the driver keeps smaller sends off it
-        self.min_batch = int(getattr(runner.executor, "min_requests_per_batch", 0) or 0)
+        self.min_batch = int(getattr(executor, "min_requests_per_batch", 0) or 0)
+
+    def _take(self, shard_id: str) -> None:
+        """With a router, the shard's own runner (its routed backend and model) for what follows."""
+        if self.router is None:
+            return
+        label = self.router.__name__
+        runner = self.router(shard_id)
+        key = f"{label}:{runner.executor.name}:{runner.spec.model}"
+        self._use(self._routed.setdefault(key, runner))
 
     def _step(self, shard_id: str) -> Step | Wait | None:
         summary, facts = load_shard(self.spec, self.store, shard_id, self.min_batch)
@@ -86,6 +104,7 @@ class ShardDriver:
             return ShardReport(shard_id, "paused", notes=[str(exc)])
 
     def _submit_phase(self, shard_id: str) -> ShardReport:
+        self._take(shard_id)
         self.runner.control.ensure_running()
         step = self._step(shard_id)
         if step is None:
@@ -149,6 +168,7 @@ class ShardDriver:
     def collect_phase(self, shard_id: str, on_status: Callable[[str, BatchStatus], None] | None = None
                       ) -> ShardReport:
         report = ShardReport(shard_id, "collect")
+        self._take(shard_id)
         runner = self._collector(shard_id)
         if isinstance(runner.executor, StreamExecutor):
             return report

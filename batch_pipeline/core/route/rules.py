@@ -1,0 +1,120 @@
+"""The routing rule: a small table, not an if-chain.
+
+Each candidate is described by what the rules need (``Candidate``: self-hosted or not, a provider batch or not, its
+minimum and maximum requests per batch, its turnaround, its cost for this shard) and the shard by ``ShardFacts``.
+The rules run in table order; each one excludes the candidates it cannot allow, and says why. Of the candidates
+left, the cheapest wins. The choice's ``rule`` is the first rule that excluded a cheaper candidate (the reason the
+cheapest was not taken), else ``cheapest``.
+
+| rule             | excludes a candidate when                                                          |
+|------------------|------------------------------------------------------------------------------------|
+| governance       | ``data_may_leave: false`` and the candidate is not self-hosted                     |
+| tiny_shard       | a provider batch, and the shard sends fewer than ``route.min_batch_items``         |
+| provider_minimum | a provider batch, and the shard sends fewer than its minimum (Bedrock's records)   |
+| provider_limit   | a provider batch, and the shard sends more than its maximum per batch              |
+| deadline         | its turnaround (a batch's completion window) ends after the deadline               |
+| (then) cheapest  | the lowest estimated cost for the shard among the rest                             |
+"""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Candidate:
+    backend: str
+    model: str
+    self_hosted: bool = False
+    batch: bool = False                 # a provider batch API (submit, then collect within its window)
+    min_requests: int = 0               # per batch (0: none)
+    max_requests: int | None = None     # per batch (None: no limit)
+    turnaround_h: float = 0.0           # worst case until the results are in (a batch's completion window)
+    cost_usd: float | None = None       # estimated for this shard (None: no price known)
+
+    @property
+    def label(self) -> str:
+        return f"{self.backend}/{self.model}"
+
+
+@dataclass(frozen=True)
+class ShardFacts:
+    shard_id: str
+    items: int                          # what the shard's next attempt sends
+    data_may_leave: bool = True
+    min_batch_items: int = 0
+    hours_to_deadline: float | None = None
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    excludes: Callable[[Candidate, ShardFacts], str | None]  # why the candidate is out, or None
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("governance", lambda c, f: None if f.data_may_leave or c.self_hosted
+         else "data may not leave: self-hosted only"),
+    Rule("tiny_shard", lambda c, f: f"{f.items} item(s), below the route's minimum batch of {f.min_batch_items}"
+         if c.batch and f.items < f.min_batch_items else None),
+    Rule("provider_minimum", lambda c, f: f"{f.items} item(s), below {c.backend}'s minimum of {c.min_requests} per "
+         "batch" if c.batch and c.min_requests and f.items < c.min_requests else None),
+    Rule("provider_limit", lambda c, f: f"{f.items} item(s), above {c.backend}'s maximum of {c.max_requests} per "
+         "batch" if c.batch and c.max_requests is not None and f.items > c.max_requests else None),
+    Rule("deadline", lambda c, f: f"the deadline is {f.hours_to_deadline:.1f} h away, {c.backend}'s window is "
+         f"{c.turnaround_h:g} h" if f.hours_to_deadline is not None and c.turnaround_h > f.hours_to_deadline
+         else None),
+)
+CHEAPEST = "cheapest"
+
+
+@dataclass(frozen=True)
+class RouteChoice:
+    shard_id: str
+    backend: str | None                 # None: no candidate can take the shard
+    model: str | None
+    rule: str                           # the deciding rule (RULES' names, or "cheapest")
+    reason: str
+    excluded: dict[str, str] = field(default_factory=dict)    # candidate label -> why it is out
+    costs: dict[str, float | None] = field(default_factory=dict)  # candidate label -> estimated cost
+
+    def as_dict(self) -> dict:
+        return {"shard_id": self.shard_id, "backend": self.backend, "model": self.model, "rule": self.rule,
+                "reason": self.reason, "excluded": dict(self.excluded), "costs": dict(self.costs)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RouteChoice":
+        return cls(d["shard_id"], d["backend"], d["model"], d["rule"], d["reason"], dict(d.get("excluded", {})),
+                   dict(d.get("costs", {})))
+
+
+def _cost_key(c: Candidate) -> float:
+    return float("inf") if c.cost_usd is None else c.cost_usd
+
+
+def choose(candidates: Sequence[Candidate], facts: ShardFacts, rules: Sequence[Rule] = RULES) -> RouteChoice:
+    """The candidate for this shard, the rule that decided and why (the table above)."""
+    out: dict[str, tuple[str, str]] = {}  # label -> (rule, reason)
+    for rule in rules:
+        for c in candidates:
+            if c.label not in out:
+                why = rule.excludes(c, facts)
+                if why is not None:
+                    out[c.label] = (rule.name, why)
+    costs = {c.label: c.cost_usd for c in candidates}
+    excluded = {label: f"{rule}: {why}" for label, (rule, why) in out.items()}
+    left = sorted((c for c in candidates if c.label not in out), key=_cost_key)
+    if not left:
+        return RouteChoice(facts.shard_id, None, None, "none", "no candidate can take the shard: "
+                           + "; ".join(f"{k} ({v})" for k, v in excluded.items()), excluded, costs)
+    pick = left[0]
+    cheaper = [c for c in candidates if c.label in out and _cost_key(c) < _cost_key(pick)]
+    order = [r.name for r in rules]
+    if cheaper:
+        first = min(cheaper, key=lambda c: (order.index(out[c.label][0]), _cost_key(c)))
+        rule, why = out[first.label]
+        reason = f"{rule}: {first.label} is out ({why}); {pick.label} is the cheapest of the rest"
+    else:
+        rule = CHEAPEST
+        reason = f"cheapest of {len(left)} candidate(s)" + (f" at ${pick.cost_usd:.6f}" if pick.cost_usd is not None
+                                                              else "")
+    return RouteChoice(facts.shard_id, pick.backend, pick.model, rule, reason, excluded, costs)

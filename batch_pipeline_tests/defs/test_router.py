@@ -1,0 +1,80 @@
+"""backend: auto end to end: each shard is routed before submission and lands on the backend the table says."""
+
+import json
+
+import polars as pl
+
+from batch_pipeline.core.route.plan import RouteBook
+from batch_pipeline.core.run.results import read_results
+from batch_pipeline.core.spec.paths import JobPaths
+from batch_pipeline.core.store import Store
+from batch_pipeline.defs.pipeline import run_job
+
+SANDBOX = {"sandbox": True}
+ROUTE = {
+    "candidates": [
+        {"backend": {"name": "bedrock_batch", "settings": SANDBOX}, "model": "meta.llama3-1-8b-instruct-v1:0"},
+        {"backend": {"name": "openai_batch", "settings": SANDBOX}},
+        {"backend": {"name": "anthropic_batch", "settings": SANDBOX}, "model": "claude-haiku-4-5"},
+    ],
+    "min_batch_items": 9,  # the 35 rows are dealt 9, 9, 9, 8: the last shard is tiny
+    "online": {"backend": {"name": "online", "settings": SANDBOX}},
+}
+
+
+def rows(n: int) -> list[dict]:
+    return [{"ticket_id": f"t{i}", "subject": f"Subject {i}", "body": f"My invoice number {i} was charged twice."}
+            for i in range(n)]
+
+
+def test_a_routed_jobs_shards_land_where_the_table_says(sandbox, make_job, instance, resources, home):
+    spec = make_job(rows=rows(35), backend={"name": "auto"}, route=ROUTE, canary_first=False)
+    report = run_job(spec, instance, resources)
+    assert report["complete"] and report["succeeded"] == 35
+    store = Store(home)
+    book = RouteBook(store, spec.name)
+    results = read_results(store, spec.name)
+    sizes = dict(results.group_by("shard_id").agg(pl.col("request_id").n_unique()).iter_rows())
+    seen = dict(results.group_by("shard_id").agg(pl.col("backend").unique()).iter_rows())
+    for shard_id, n in sizes.items():
+        choice = book.get(shard_id)
+        assert choice is not None
+        # OpenAI's batch is the cheapest here; Bedrock is out (100 records a job at least); below 9 items: online
+        want = ("online", "tiny_shard") if n < 9 else ("openai_batch", "cheapest")
+        assert (choice.backend, choice.rule) == want, (shard_id, n, choice)
+        assert choice.excluded["bedrock_batch/meta.llama3-1-8b-instruct-v1:0"].startswith(
+            "tiny_shard" if n < 9 else "provider_minimum")
+        assert list(seen[shard_id]) == [choice.backend]
+    assert any(n < 9 for n in sizes.values()) and any(n >= 9 for n in sizes.values())
+    # the sandbox saw the batches on OpenAI only and the tiny shard's calls online; nothing on Bedrock
+    creates = [r for r in sandbox.requests() if r["method"] == "POST" and r["path"] == "/v1/batches"]
+    assert len(creates) == sum(1 for n in sizes.values() if n >= 9)
+    online = [e for e in sandbox.ledger() if e.get("mode") == "online"]
+    assert len(online) == sum(n for n in sizes.values() if n < 9)
+    assert not [r for r in sandbox.requests() if "model-invocation-job" in r["path"]]
+    # the choice and its reason: in the quote, the shard's route file and the report
+    first = sorted(store.list_files(f"{JobPaths(spec.name).root}/quotes", suffix=".json"))[0]
+    quote = store.read_json(first)
+    assert {r["shard_id"]: r["backend"] for r in quote["route"]} == {s: book.get(s).backend for s in sizes}
+    assert report["route"] and all(r["reason"] for r in report["route"])
+    assert set(report["cost_by_backend"]) == {"openai_batch", "online"}
+    assert json.loads(json.dumps(report["route"]))[0]["costs"]
+
+
+def test_quote_compare_shows_the_route_with_the_cost_of_each_choice(make_job, home, capsys, monkeypatch):
+    from batch_pipeline.cli import main
+
+    monkeypatch.setenv("COLUMNS", "400")  # the table's columns whole
+    spec = make_job(rows=rows(35), backend={"name": "auto"}, route=ROUTE, canary_first=False)
+    assert main(["quote", spec.source_path, "--home", str(home), "--compare"]) == 0
+    out = capsys.readouterr().out
+    assert "the route (backend: auto)" in out and "tiny_shard" in out and "cheapest" in out
+    route = out[out.index("the route (backend: auto)"):]
+    for shard in ("s00001", "s00002", "s00003", "s00004"):
+        row = next((ln for ln in route.splitlines() if shard in ln), None)
+        assert row is not None, route
+        assert len([c for c in row.split("│") if c.strip().startswith("0.0")]) == 4, row  # each candidate's cost
+    assert "bedrock_batch" in route and "online" in route
+    # the comparison itself: the routed total (auto) first, each candidate after it
+    rows_ = [ln.split("│")[1].strip() for ln in out[:out.index("the route")].splitlines() if ln.startswith("│")]
+    assert rows_[:4] == ["auto", "bedrock_batch", "openai_batch", "anthropic_batch"], rows_
