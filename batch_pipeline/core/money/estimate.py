@@ -76,7 +76,7 @@ def request_tokens(spec: JobSpec, sample: pl.DataFrame, counter: TokenCounter | 
     """The token model of ``spec``'s requests, its user part measured on ``sample`` (user_prompt,
     est_input_tokens)."""
     counter = counter or counter_for(spec.model, spec.backend.settings)
-    system = spec.prompt.system
+    system = spec.prompt.prefix_text  # the system prompt and the few-shot examples: the same in every request
     schema = schema_text(spec)
     system_tokens = counter.count([system])[0] if system else 0
     schema_tokens = counter.count([schema])[0] if schema else 0

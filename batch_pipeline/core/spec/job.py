@@ -100,6 +100,12 @@ class PromptSpec(_Strict):
                 names.append(name)
         return names
 
+    @property
+    def prefix_text(self) -> str:
+        """What every request sends before the row's part: the system prompt and the examples' contents (the
+        fixed, cacheable part that token estimates count once per request)."""
+        return self.system + "".join(t.content for t in self.examples)
+
     @field_validator("examples")
     @classmethod
     def _examples_alternate(cls, examples: list[Turn]) -> list[Turn]:
@@ -376,8 +382,6 @@ class JobSpec(_Strict):
         """Every model a row of the validated table may be answered by: the job's, the router's candidates' and
         the fallback's."""
         models = [self.model]
-        if fb is not None and fb.backend is None and self.backend.name == AUTO_BACKEND:
-            raise ValueError("fallback.backend is needed with backend: auto (the fallback is not routed)")
         if self.route is not None:
             models += [c.model or self.model for c in (*self.route.candidates, self.route.online)]
         if self.fallback is not None:
