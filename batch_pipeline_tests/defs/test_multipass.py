@@ -175,7 +175,7 @@ def drive(spec, instance, resources, sensor_ctx, limit: int = 40) -> list[dg.Run
 def test_two_pass_job_through_the_sensors(sandbox, make_job, instance, resources, home):
     triage, extract = two_pass(make_job)
     store = Store(home)
-    ctx = lambda: dg.build_sensor_context(instance=instance, resources=resources)  # noqa: E731
+    ctx = lambda: dg.build_sensor_context(instance=instance, resources=resources)
     upstream = build_upstream_sensor(extract, build_jobs(extract))
     skip = upstream(dg.build_sensor_context(instance=instance))
     assert isinstance(skip, dg.SkipReason) and "not been published" in skip.skip_message

@@ -382,6 +382,8 @@ class JobSpec(_Strict):
         """Every model a row of the validated table may be answered by: the job's, the router's candidates' and
         the fallback's."""
         models = [self.model]
+        if fb is not None and fb.backend is None and self.backend.name == AUTO_BACKEND:
+            raise ValueError("fallback.backend is needed with backend: auto (the fallback is not routed)")
         if self.route is not None:
             models += [c.model or self.model for c in (*self.route.candidates, self.route.online)]
         if self.fallback is not None:
