@@ -41,6 +41,11 @@ def test_items_that_exhaust_the_primary_are_answered_by_the_fallback(sandbox, ma
     assert report["fallback"]["cost_usd"] == pytest.approx(fb_cost, abs=1e-6) and fb_cost > 0
     assert report["cost_by_model"]["gpt-4o"] == pytest.approx(fb_cost, abs=1e-6)
     assert report["cost_usd"] == pytest.approx(fb_cost + report["cost_by_model"]["gpt-4o-mini"], abs=1e-5)
+    # the quote's fallback allowance: a default share before anything was tried, the measured one after
+    quotes = sorted(store.list_files(f"{JobPaths(spec.name).root}/quotes", suffix=".json"))
+    first, later = store.read_json(quotes[0]), store.read_json(quotes[-1])
+    assert first["passes"]["fallback"]["share"] == 0.02 and first["passes"]["fallback"]["cost_expected"] > 0
+    assert later["passes"]["fallback"]["measured_on"] > 0 and later["passes"]["fallback"]["model"] == "gpt-4o"
 
 
 def test_a_systemic_error_never_falls_back(sandbox, make_job, instance, resources, home):
