@@ -33,10 +33,10 @@ def test_embeddings_job_on_a_pooling_model(make_job, instance, resources, home):
     con = duckdb.connect(str(store.local_path(JobPaths("vembed").duckdb)), read_only=True)
     try:
         same = con.sql("SELECT array_cosine_similarity(a.embedding, b.embedding) FROM validated a, validated b "
-                       "WHERE a.line = 1 AND b.line = 4").fetchone()
+                       "WHERE a.line = 1 AND b.line = 4").fetchall()
     finally:
         con.close()
-    assert same is not None and same[0] == pytest.approx(1.0, abs=1e-5)
+    assert len(same) == 1 and same[0][0] == pytest.approx(1.0, abs=1e-5)
 
 
 def test_a_dimension_other_than_the_hidden_size_is_refused_before_anything_runs(make_job, instance, resources):
