@@ -13,8 +13,12 @@ import openai
 import pyarrow as pa
 
 from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA, RequestPlan, raw_table
-from batch_pipeline.executors.openai.embeddings import (EMBEDDING_FIELD, embedding_body, embedding_from_response,
-                                                        vectors_array)
+from batch_pipeline.executors.openai.embeddings import (
+    EMBEDDING_FIELD,
+    embedding_body,
+    embedding_from_response,
+    vectors_array,
+)
 
 EMBEDDINGS_PATH = "/embeddings"
 _WIDTH = len(RAW_RESULT_SCHEMA)

@@ -18,8 +18,18 @@ import numpy as np
 import pyarrow as pa
 
 from batch_pipeline.core.errors import ConfigError
-from batch_pipeline.core.run.executor import RAW_OPTIONAL_SCHEMA, RAW_RESULT_SCHEMA, RequestPlan, ShardWork
-from batch_pipeline.executors.jsonl_blocks import RESULT_BLOCK_BYTES, extract_block, json_paths_sql, parse_stream
+from batch_pipeline.core.run.executor import (
+    RAW_OPTIONAL_SCHEMA,
+    RAW_RESULT_SCHEMA,
+    RequestPlan,
+    ShardWork,
+)
+from batch_pipeline.executors.jsonl_blocks import (
+    RESULT_BLOCK_BYTES,
+    extract_block,
+    json_paths_sql,
+    parse_stream,
+)
 
 EMBEDDINGS_URL = "/v1/embeddings"
 ENCODING = "base64"
@@ -139,10 +149,10 @@ def _line(raw: bytes) -> tuple:
     text = raw.decode("utf-8", "replace")
     try:
         obj = json.loads(text)
-        if not isinstance(obj, dict):
-            raise ValueError("not an object")
     except ValueError as exc:
         return None, None, None, None, "unparseable_line", str(exc)[:300], None, text
+    if not isinstance(obj, dict):
+        return None, None, None, None, "unparseable_line", "the line is not a JSON object", None, text
     resp = obj.get("response") if isinstance(obj.get("response"), dict) else {}
     body = resp.get("body") if isinstance(resp.get("body"), dict) else {}
     line_err = obj.get("error") if isinstance(obj.get("error"), dict) else {}

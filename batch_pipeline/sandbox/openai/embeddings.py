@@ -18,7 +18,7 @@ import base64
 import hashlib
 import json
 import re
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -130,7 +130,7 @@ def embedding_response(body: dict[str, Any], *, first_sighting: bool) -> tuple[d
              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}, tokens)
 
 
-def request_key(body: dict[str, Any]) -> Optional[str]:
+def request_key(body: dict[str, Any]) -> str | None:
     """A stable hash of an embeddings request's input (one logical request across retries)."""
     canonical = json.dumps([body.get("model"), body.get("input"), body.get("dimensions")], ensure_ascii=False,
                            separators=(",", ":"))
