@@ -2,11 +2,11 @@
 
 The project holds two job specs on a copy of tickets_small: `e2e` (4 shards of 10, materialized cleanly: prepare,
 the canary, the other shards, publish) and `gate` (one shard of 40, whose publish run is made to fail a blocking
-check: one truncated answer is written into its results, as a corrupted result part would be; test_gate's fault). The runs are
-launched over GraphQL (the e2e tier's helpers); the pages are then opened by Debian's Chromium, driven by
-Playwright with `executable_path` (Playwright's own browser downloads are never used). Each test saves a
-screenshot under its tmp_path; with BATCH_PIPELINE_SAVE_SCREENSHOTS=DIR it also copies it into DIR (the README's
-pictures: BATCH_PIPELINE_SAVE_SCREENSHOTS=docs/ui).
+check: one truncated answer is written into its results, as a corrupted result part would be; test_gate's fault).
+The runs are launched over GraphQL (the e2e tier's helpers); the pages are then opened by Debian's Chromium, driven
+by Playwright with `executable_path` (Playwright's own browser downloads are never used). Each test saves a
+screenshot under its tmp_path; with BATCH_PIPELINE_SAVE_SCREENSHOTS=DIR the two the README shows are also copied
+into DIR (BATCH_PIPELINE_SAVE_SCREENSHOTS=docs/ui regenerates docs/ui/*.png).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ CHROMIUM = Path("/usr/bin/chromium")  # Debian's package (scripts/setup.sh insta
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SAVE_ENV = "BATCH_PIPELINE_SAVE_SCREENSHOTS"
+README_SHOTS = {"asset_graph", "results"}  # the ones the README shows (docs/ui/<name>.png)
 VIEWPORT = {"width": 1600, "height": 1000}
 GATE = "gate"
 FAILED_CHECK = "no_truncated_outputs"
@@ -148,14 +149,14 @@ def _box(parts: list[Locator], margin: float = 24.0) -> dict[str, float]:
 
 @pytest.fixture
 def screenshot(page: Page, tmp_path: Path):
-    """`screenshot(name)`: a PNG of the page under tmp_path (and into $BATCH_PIPELINE_SAVE_SCREENSHOTS when set)."""
+    """`screenshot(name)`: a PNG of the page under tmp_path (README ones also into $BATCH_PIPELINE_SAVE_SCREENSHOTS)."""
 
     def take(name: str, around: list[Locator] | None = None) -> Path:
         """The viewport, or only the box around `around` (with a margin)."""
         path = tmp_path / f"{name}.png"
         page.screenshot(path=str(path), clip=_box(around) if around else None)
         assert path.stat().st_size > 10_000, f"{path} is nearly empty"
-        if target := os.environ.get(SAVE_ENV):
+        if (target := os.environ.get(SAVE_ENV)) and name in README_SHOTS:
             Path(target).mkdir(parents=True, exist_ok=True)
             shutil.copy(path, Path(target) / path.name)
         return path
