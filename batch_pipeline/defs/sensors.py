@@ -170,8 +170,15 @@ def build_shard_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
         busy = bool(in_flight) or any(_in_flight(instance, names[j]) for j in ("quote", "publish"))
 
         def batch_ended(submitted) -> set[str]:
-            executor = create_executor(spec.backend)
-            return ended_batches(executor, submitted) if isinstance(executor, BatchExecutor) else set()
+            # each open batch is asked at the backend its handle names (routed shards, the tail, the fallback)
+            backends = spec.sending_backends()
+            ended: set[str] = set()
+            for name in sorted({s.open.submitted["backend"] for s in submitted if s.open and s.open.submitted}):
+                executor = create_executor(backends[name]) if name in backends else None
+                if isinstance(executor, BatchExecutor):
+                    ended |= ended_batches(executor, [s for s in submitted if s.open and s.open.submitted
+                                                      and s.open.submitted["backend"] == name])
+            return ended
 
         view = load_view(spec, st, in_flight=in_flight, busy=busy, batch_ended=batch_ended,
                          min_batch=batch_minimum(spec.backend))

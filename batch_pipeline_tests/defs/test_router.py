@@ -2,6 +2,7 @@
 
 import json
 
+import dagster as dg
 import polars as pl
 
 from batch_pipeline.core.route.plan import RouteBook
@@ -78,3 +79,39 @@ def test_quote_compare_shows_the_route_with_the_cost_of_each_choice(make_job, ho
     # the comparison itself: the routed total (auto) first, each candidate after it
     rows_ = [ln.split("│")[1].strip() for ln in out[:out.index("the route")].splitlines() if ln.startswith("│")]
     assert rows_[:4] == ["auto", "bedrock_batch", "openai_batch", "anthropic_batch"], rows_
+
+
+def test_the_sensors_drive_a_routed_job_polling_each_batch_at_its_own_backend(sandbox, make_job, instance, resources,
+                                                                             home):
+    """``backend: auto`` under the daemon: the shard sensor asks each open batch at the backend its handle names
+    (the job's own backend is no executor), and the job publishes with every request paid once."""
+    import time
+
+    from batch_pipeline.defs.jobs import build_jobs
+    from batch_pipeline.defs.sensors import build_new_data_sensor, build_shard_sensor
+
+    from .conftest import ledger_ids
+    from .test_sensors import _execute, _requests
+
+    spec = make_job(rows=rows(35), backend={"name": "auto"}, route=ROUTE, canary_first=False)
+    jobs = build_jobs(spec)
+    new_data, driver = build_new_data_sensor(spec, jobs), build_shard_sensor(spec, jobs)
+    [prepare] = _requests(new_data(dg.build_sensor_context(instance=instance)))
+    _execute(spec, instance, resources, prepare, "prepare")
+    published = False
+    for _ in range(300):
+        requests = _requests(driver(dg.build_sensor_context(instance=instance, resources=resources)))
+        for request in requests:
+            _execute(spec, instance, resources, request, "submit")
+            published |= request.job_name == f"{spec.name}_publish"
+        if published:
+            break
+        if not requests:
+            time.sleep(0.1)
+    assert published, "the routed job never reached publish under the sensors"
+    report = Store(home).read_json(f"jobs/{spec.name}/report.json")
+    assert report["complete"] and report["succeeded"] == 35
+    batch_ids = [i for i in ledger_ids(sandbox) if i is not None]  # online entries carry no custom_id
+    online = [e for e in sandbox.ledger() if e.get("mode") == "online"]
+    assert len(set(batch_ids)) == len(batch_ids) and len(batch_ids) + len(online) == 35  # each paid once
+    assert set(report["cost_by_backend"]) == {"openai_batch", "online"}

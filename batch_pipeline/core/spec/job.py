@@ -376,14 +376,32 @@ class JobSpec(_Strict):
         fb = self.fallback
         if fb is not None and fb.model == self.model and (fb.backend or self.backend) == self.backend:
             raise ValueError("fallback: give another model or another backend than the job's own")
+        if fb is not None and fb.backend is None and self.backend.name == AUTO_BACKEND:
+            raise ValueError("fallback.backend is needed with backend: auto (the fallback is not routed)")
         return self
+
+    def sending_backends(self) -> dict[str, BackendSpec]:
+        """Every backend that may hold a batch of this job, by name: the job's own (unless ``auto``), the router's
+        candidates, the tail's and the fallback's. A stored batch handle names its backend; this says how to
+        reach it again (polls and re-attaches after a crash)."""
+        found: list[BackendSpec] = []
+        if self.backend.name != AUTO_BACKEND:
+            found.append(self.backend)
+        if self.route is not None:
+            found += [c.backend for c in (*self.route.candidates, self.route.online)]
+        if self.tail is not None:
+            found.append(self.tail.backend)
+        if self.fallback is not None and self.fallback.backend is not None:
+            found.append(self.fallback.backend)
+        out: dict[str, BackendSpec] = {}
+        for backend in found:
+            out.setdefault(backend.name, backend)
+        return out
 
     def answering_models(self) -> list[str]:
         """Every model a row of the validated table may be answered by: the job's, the router's candidates' and
         the fallback's."""
         models = [self.model]
-        if fb is not None and fb.backend is None and self.backend.name == AUTO_BACKEND:
-            raise ValueError("fallback.backend is needed with backend: auto (the fallback is not routed)")
         if self.route is not None:
             models += [c.model or self.model for c in (*self.route.candidates, self.route.online)]
         if self.fallback is not None:
