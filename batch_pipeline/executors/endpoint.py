@@ -41,4 +41,4 @@ def sandbox_info(sandbox_url: str, path: str, what: str, timeout_s: float = 30.0
         detail = exc.read().decode("utf-8", "replace")[:500]
         raise ConfigError(f"the sandbox at {sandbox_url} cannot serve {what}: {detail}") from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise ConfigError(f"the sandbox at {sandbox_url} did not say where its {what} is: {exc}") from None
+        raise ConfigError(f"the sandbox at {sandbox_url} did not say where {what} is ({path}): {exc}") from None

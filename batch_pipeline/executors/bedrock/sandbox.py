@@ -19,5 +19,5 @@ class SandboxS3:
 
 
 def sandbox_s3(sandbox_url: str, timeout_s: float = 30.0) -> SandboxS3:
-    info = sandbox_info(sandbox_url, "/_sandbox/bedrock", "Bedrock's S3", timeout_s)
+    info = sandbox_info(sandbox_url, "/_sandbox/bedrock", "the S3 behind its Bedrock jobs", timeout_s)
     return SandboxS3(info["s3_endpoint_url"], info["bucket"])

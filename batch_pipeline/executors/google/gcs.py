@@ -30,7 +30,7 @@ def sandbox_emulator_url(sandbox_url: str, timeout_s: float) -> str:
     given = os.environ.get(EMULATOR_ENV, "").strip()
     if given:
         return given if "://" in given else f"http://{given}"
-    return str(sandbox_info(sandbox_url, "/_sandbox/gcs", "a GCS emulator", timeout_s)["gcs_endpoint_url"])
+    return str(sandbox_info(sandbox_url, "/_sandbox/gcs", "the GCS emulator behind its Vertex jobs", timeout_s)["gcs_endpoint_url"])
 PREDICTIONS_GLOB = "predictions*.jsonl"
 CHUNK_BYTES = 8 * 2**20
 

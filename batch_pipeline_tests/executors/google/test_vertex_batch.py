@@ -148,9 +148,12 @@ def test_permission_denied_and_an_unknown_model_are_systemic_and_not_retried(ver
 
 
 def test_sandbox_without_a_gcs_emulator_and_real_service_without_a_bucket_are_config_errors(vertex_sandbox,
-                                                                                            monkeypatch):
+                                                                                            gcs_emulator, monkeypatch):
     monkeypatch.delenv("STORAGE_EMULATOR_HOST")
-    with pytest.raises(ConfigError, match="STORAGE_EMULATOR_HOST"):
+    # no emulator named here: the executor asks the sandbox for the one behind its jobs (this fixture's)
+    assert executor().gcs.client._connection.API_BASE_URL.rstrip("/") == gcs_emulator.rstrip("/")
+    monkeypatch.setenv("BATCH_PIPELINE_SANDBOX_URL", "http://127.0.0.1:9")  # nothing listens there
+    with pytest.raises(ConfigError, match="did not say where the GCS emulator behind its Vertex jobs is"):
         executor()
     with pytest.raises(ConfigError, match="bucket is required"):
         create_executor(BackendSpec(name="vertex_batch", settings={}))
