@@ -9,8 +9,14 @@ import pytest
 from batch_pipeline.core.errors import SYSTEMIC_CODES
 from batch_pipeline.core.spec.job import load_spec
 from batch_pipeline.core.state.driver import WaitKind
-from batch_pipeline.core.troubleshooting import (OTHER_PROVIDER_CODE, TROUBLES, TroubleKind, for_stop, lookup,
-                                                 render_markdown)
+from batch_pipeline.core.troubleshooting import (
+    OTHER_PROVIDER_CODE,
+    TROUBLES,
+    TroubleKind,
+    for_stop,
+    lookup,
+    render_markdown,
+)
 from batch_pipeline.defs.build import build_definitions
 from batch_pipeline.executors.google.format import SYSTEMIC_REASONS
 
