@@ -9,7 +9,7 @@ import json
 import string
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
@@ -20,6 +20,11 @@ from batch_pipeline.core.errors import ConfigError
 
 JOB_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,47}$"
 AUTO_BACKEND = "auto"  # backend: auto routes each shard (route:, core/route/)
+# Dagster's own rules for owners (an email or team:<name>) and tags (keys with one optional namespace/, <= 63
+# characters of [A-Za-z0-9_.-] per part), checked here so a bad one is named at its line in the spec
+Owner = Annotated[str, Field(pattern=r"^(team:.+|[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,7})$")]
+TagKey = Annotated[str, Field(pattern=r"^([A-Za-z0-9_.-]{1,63}/)?[A-Za-z0-9_.-]{1,63}$")]
+TagValue = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{0,63}$")]
 
 
 class _Strict(BaseModel):
@@ -315,6 +320,9 @@ class JobSpec(_Strict):
                                           "not answer (budget spent, or a non-retryable model error)")
     route: RouteSpec | None = Field(default=None, description="with backend: auto, the candidates the router "
                                     "picks from per shard (core/route/)")
+    # labels for the Dagster UI: on every asset and job of this spec; never part of the quote's fingerprint
+    owners: list[Owner] = Field(default_factory=list, exclude=True, description="emails or team:<name>")
+    tags: dict[TagKey, TagValue] = Field(default_factory=dict, exclude=True, description="Dagster tags")
     source_path: str | None = Field(default=None, exclude=True, description="set by the loader")
 
     @field_validator("prompt")
