@@ -18,21 +18,38 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Self
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TaskID, TextColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+)
 from rich.progress import Progress as RichProgress
 from rich.table import Table
 
+from batch_pipeline.cli_jobs import remember_spec, resolve_job
 from batch_pipeline.cli_state import add_commands
+from batch_pipeline.cli_stops import (
+    ExitCode,
+    HeldStderr,
+    failed_check,
+    fix_line,
+    one_line,
+)
 from batch_pipeline.core import progress
-from batch_pipeline.core.errors import BatchPipelineError
+from batch_pipeline.core.errors import BatchPipelineError, SystemicError
+from batch_pipeline.core.run.control import JobPaused
+from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.settings import PROJECT_ROOT, Settings
-from batch_pipeline.core.spec.job import JobSpec, load_spec
 
 SANDBOX_URL_ENV = "BATCH_PIPELINE_SANDBOX_URL"
 # messages keep paths and fields on one line; tables get room when the output is not a terminal (CI logs, pipes)
 console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+errors = Console(stderr=True, soft_wrap=True, highlight=False)  # stops and errors: one line each, on stderr
 
 
 def _dagster_home() -> Path:
@@ -42,13 +59,6 @@ def _dagster_home() -> Path:
         shutil.copy(PROJECT_ROOT / "dagster.yaml", home / "dagster.yaml")
     os.environ["DAGSTER_HOME"] = str(home)
     return home
-
-
-def _resolve_spec(arg: str) -> JobSpec:
-    path = Path(arg)
-    if not path.exists() and not arg.endswith(".yaml"):
-        path = Settings.from_env().jobs / f"{arg}.yaml"
-    return load_spec(path)
 
 
 def _needs_sandbox(spec: JobSpec) -> bool:
@@ -142,9 +152,6 @@ class _Progress:
                                                         f"{collected} collected, {len(parts)} result part(s)")
 
 
-SIGTERM_EXIT = 128 + signal.SIGTERM
-
-
 class _TermAsInterrupt:
     """While a run goes (main thread only): SIGTERM interrupts it as Ctrl-C does, and ``received`` says it came.
 
@@ -160,7 +167,7 @@ class _TermAsInterrupt:
         self._active = False
         self._stderr = None
 
-    def __enter__(self) -> "_TermAsInterrupt":
+    def __enter__(self) -> Self:
         if threading.current_thread() is not threading.main_thread():
             return self
         self._reader, self._writer = socket.socketpair()
@@ -204,15 +211,22 @@ class _TermAsInterrupt:
 def _interrupted(spec_arg: str) -> int:
     console.print(f"interrupted: finished results were stored; resume with `batch-pipeline run {spec_arg}`",
                   markup=False, highlight=False)
-    return SIGTERM_EXIT
+    return ExitCode.INTERRUPTED
+
+
+def _stopped(spec: JobSpec, arg: str, reason: str, code: str | None) -> int:
+    """An expected stop: one line saying why, one with the command that fixes it (stderr), exit 3."""
+    errors.print(f"job {spec.name} stopped ({code or 'stop'}): {one_line(reason)}")
+    errors.print(fix_line(code, spec.name, spec.source_path or arg))
+    return ExitCode.STOPPED
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from batch_pipeline.core.store import Store
 
-    spec = _resolve_spec(args.spec)
+    spec = resolve_job(args.spec, args.home)
     if args.home:
-        os.environ["BATCH_PIPELINE_HOME"] = str(Path(args.home).resolve())
+        os.environ["BATCH_PIPELINE_HOME"] = str(Path(args.home).resolve()) if "://" not in args.home else args.home
     settings = Settings.from_env()
     os.environ["BATCH_PIPELINE_HOME"] = settings.home  # the runs' resources and any child process read it
     _dagster_home()
@@ -225,7 +239,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     console.print(f"[bold]job {spec.name}[/bold]: {spec.model} on {spec.backend.name}, input {spec.input.path}")
     from batch_pipeline.core.run.control import JobControl, JobPaused
 
-    control = JobControl(Store(settings.home), spec.name)
+    store = Store(settings.home)
+    remember_spec(spec, store)
+    control = JobControl(store, spec.name)
     held = control.unpause()
     if held:
         console.print(f"[yellow]resuming: the job was paused at {held['at']} ({held['reason']})[/yellow]")
@@ -234,27 +250,42 @@ def cmd_run(args: argparse.Namespace) -> int:
         console.print(f"[yellow]resuming: the job was stopped at {stopped['at']}: {stopped['reason']}[/yellow]")
     started = time.perf_counter()
     term = _TermAsInterrupt()  # SIGTERM: a stream shard stores what finished, then we exit 143 (no traceback)
+    # Dagster's console log (stack traces included) is shown for bugs only; a verbose level shows it live
+    log = HeldStderr(active=logging.getLevelName(args.log_level.upper()) in (logging.WARNING, logging.ERROR),
+                     expected=(dg.Failure, JobPaused, KeyboardInterrupt))
     try:
-        with term, _sandbox_if_needed(spec), dg.DagsterInstance.get() as instance, \
-                _Progress(spec, Store(settings.home)) as progress:
+        with log, term, _sandbox_if_needed(spec), dg.DagsterInstance.get() as instance, \
+                _Progress(spec, store) as progress:
             report = run_job(spec, instance, resources, log_level=args.log_level, on_stage=progress.set_stage)
     except dg.Failure as exc:
-        if not (term.received and "Interrupt" in (exc.description or "")):  # Dagster's interrupt needs no words
-            console.print(f"[red]job {spec.name} stopped:[/red] {exc.description}")
         if term.received:
+            log.discard()
             return _interrupted(args.spec)
-        console.print(f"fix the cause, then resume: batch-pipeline run {args.spec}")
-        return 1
+        stop = control.current()
+        if stop is not None:  # an expected stop recorded by the run (bad key, budget, canary, retry cap, ...)
+            log.discard()
+            return _stopped(spec, args.spec, stop["reason"], stop.get("code"))
+        if failed_check(exc.description):
+            log.discard()
+            return _stopped(spec, args.spec, exc.description or "a blocking check failed", "check_failed")
+        log.release()  # not a stop the job decided: a bug; Dagster's log above has the stack trace
+        errors.print(f"job {spec.name} failed: {one_line(exc.description or 'run failed')}")
+        errors.print(f"this looks like a bug (the stack trace is above and in the Dagster run log); once fixed, "
+                     f"`batch-pipeline resume {spec.name}` continues where it stopped")
+        return ExitCode.BUG
     except JobPaused as exc:
-        console.print(f"[yellow]{exc}[/yellow]")
-        return 4
+        log.discard()
+        return _stopped(spec, args.spec, str(exc), "paused")
     except KeyboardInterrupt:
         if term.received:
+            log.discard()
             return _interrupted(args.spec)
+        log.release()
         raise
+    log.release()
     report["wall_time_s"] = round(time.perf_counter() - started, 2)
     _print_summary(report)
-    return 0 if report.get("complete") else 3
+    return ExitCode.DONE if report.get("complete") else ExitCode.STOPPED
 
 
 def _print_summary(report: dict) -> None:
@@ -288,15 +319,15 @@ def _print_summary(report: dict) -> None:
 
 def cmd_quote(args: argparse.Namespace) -> int:
     """Quote a job (building its manifest if needed; nothing is sent), optionally on every configured backend."""
+    from batch_pipeline.core.manifest.shards import Manifest, build_manifest
     from batch_pipeline.core.money.compare import compare_backends
     from batch_pipeline.core.money.cost import load_prices
-    from batch_pipeline.core.manifest.shards import Manifest, build_manifest
-    from batch_pipeline.core.publish.tables import JobState
     from batch_pipeline.core.money.quote import make_quote
+    from batch_pipeline.core.publish.tables import JobState
     from batch_pipeline.core.spec.job import CostCompareSpec
     from batch_pipeline.core.store import Store
 
-    spec = _resolve_spec(args.job)
+    spec = resolve_job(args.job, args.home)
     store = Store(args.home or Settings.from_env().home)
     if Manifest(spec.name, store).last_generation() == 0:
         summary = build_manifest(spec, store)
@@ -366,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--home")
     p.add_argument("--log-level", default="WARNING")
     p.set_defaults(fn=cmd_run)
-    add_commands(sub, _resolve_spec, console)
+    add_commands(sub, resolve_job, console)
     p = sub.add_parser("quote", help="price a job before any spend (no request is sent)")
     p.add_argument("job", help="job name or spec path")
     p.add_argument("--compare", action="store_true",
@@ -383,10 +414,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        return args.fn(args)
-    except BatchPipelineError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        return 2
+        return int(args.fn(args))
+    except (SystemicError, JobPaused) as exc:  # stopped for a human, outside a run
+        errors.print(f"stopped: {one_line(str(exc))}", markup=False)
+        return ExitCode.STOPPED
+    except BatchPipelineError as exc:  # a spec, setting or argument is wrong
+        errors.print(f"[red]error:[/red] {exc}")
+        return ExitCode.BAD_INPUT
 
 
 if __name__ == "__main__":

@@ -10,30 +10,31 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
+from batch_pipeline.cli_stops import ExitCode, advice, fix_line
 from batch_pipeline.core.spec.job import JobSpec
 
 COUNTS = ("expected", "valid", "invalid", "missing", "dead_lettered")
 
 
 def _store(args: argparse.Namespace):
-    from batch_pipeline.core.store import Store
-
     from batch_pipeline.core.spec.settings import Settings
+    from batch_pipeline.core.store import Store
 
     return Store(args.home or Settings.from_env().home)
 
 
 def status(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
-    from batch_pipeline.core.run.control import JobControl
     from batch_pipeline.core.manifest.shards import Manifest
     from batch_pipeline.core.publish.tables import JobState
+    from batch_pipeline.core.run.control import JobControl
     from batch_pipeline.core.state.view import load_view
     from batch_pipeline.executors.registry import batch_minimum
 
     store = _store(args)
     if not Manifest(spec.name, store).shard_ids():
-        console.print(f"job {spec.name}: no manifest in {store.root} yet; run it first")
-        return 1
+        console.print(f"job {spec.name}: no manifest in {store.root} yet; run it first "
+                      f"(`batch-pipeline run {spec.source_path or spec.name}`)")
+        return ExitCode.BAD_INPUT
     view = load_view(spec, store, min_batch=batch_minimum(spec.backend))
     plan = view.plan()
     by_state: dict[str, int] = {}
@@ -50,19 +51,28 @@ def status(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
         for c in COUNTS:
             totals[c] += getattr(s, c)
     steps = {step.shard_id: step.action.value for step in plan.steps if step.shard_id}
+    stopped = JobControl(store, spec.name).current() is not None
+    waiting = {k: "job stopped (below)" if stopped and w.startswith("job stopped") else w
+               for k, w in plan.waiting.items()}
     for s in shown:
         table.add_row(s.shard_id, plan.states[s.shard_id].value, *[str(getattr(s, c)) for c in COUNTS],
                       str(s.attempts), f"{s.spend_usd:.6f}", str(s.balanced),
-                      steps.get(s.shard_id) or plan.waiting.get(s.shard_id, ""))
+                      steps.get(s.shard_id) or waiting.get(s.shard_id, ""))
     if len(shown) < len(view.summaries):
         table.add_row(f"({len(view.summaries) - len(shown)} settled shards: --all shows them)", *[""] * 10)
     balanced = totals["expected"] == sum(totals[c] for c in COUNTS[1:])
     table.add_row("total", "", *[str(totals[c]) for c in COUNTS], "",
                   f"{sum(s.spend_usd for s in view.summaries):.6f}", str(balanced), "", style="bold")
     console.print(table)
-    stop = JobControl(store, spec.name).current()
-    if stop:
-        console.print(f"[red]job stopped at {stop['at']}: {stop['reason']}[/red]")
+    control = JobControl(store, spec.name)
+    stop, held = control.current(), control.paused()
+    if stop:  # why it stopped, what that means, and the command that fixes it
+        console.print(f"[red]job stopped at {stop['at']} ({stop.get('code') or 'stop'}): {stop['reason']}[/red]")
+        console.print(f"means: {advice(stop.get('code')).means}")
+        console.print(fix_line(stop.get("code"), spec.name, spec.source_path or spec.name), markup=False)
+    if held:
+        console.print(f"[yellow]job paused at {held['at']}: {held['reason']}[/yellow]")
+        console.print(fix_line("paused", spec.name, spec.source_path or spec.name), markup=False)
     console.print(f"next: {plan.describe()}")
     if args.check:  # the full reconciliation from independent sets (reads every result row)
         counts = JobState.load(spec, store).check()
@@ -91,7 +101,7 @@ def replay(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
         known = dead_letters(state)["last_error_code"].value_counts().rows()
         console.print(f"job {spec.name}: no dead letters match (code={args.code}, kind={args.kind}); "
                       f"dead letters by code: {dict(known) or 'none'}")
-        return 1
+        return ExitCode.BAD_INPUT
     record = Replays(store, spec.name).record(chosen, args.code, args.kind, args.max_tokens)
     summaries = ShardSummaries(spec, store)
     for shard in record.shards:
@@ -102,10 +112,11 @@ def replay(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
 
 
 def add_commands(sub, resolve, console: Console) -> None:
-    """Register the commands on the CLI's subparsers; ``resolve`` turns a job name or spec path into a JobSpec."""
+    """Register the commands on the CLI's subparsers; ``resolve(job, home)`` turns a job name or spec path into a
+    JobSpec."""
 
     def wrap(fn):
-        return lambda args: fn(resolve(args.job), args, console)
+        return lambda args: fn(resolve(args.job, args.home), args, console)
 
     p = sub.add_parser("status", help="per-shard state, counts and spend, and what happens next")
     p.add_argument("job", help="job name or spec path")

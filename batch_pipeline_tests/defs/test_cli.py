@@ -1,5 +1,10 @@
 """`batch-pipeline status` prints the per-shard reconciliation; errors are one clear line, not a traceback."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from batch_pipeline.cli import main
 from batch_pipeline.defs.pipeline import run_job
 
@@ -28,10 +33,11 @@ def test_status_prints_every_shard_balanced(sandbox, instance, resources, home, 
 
 
 def test_status_shows_what_waits_and_why(sandbox, instance, resources, home, make_job, capsys):
+    import dagster as dg
+
     from batch_pipeline.core.run.control import JobControl
     from batch_pipeline.core.store import Store
     from batch_pipeline.defs.build import build_definitions
-    import dagster as dg
 
     spec = make_job()
     defs = build_definitions([spec], resources)
@@ -41,13 +47,17 @@ def test_status_shows_what_waits_and_why(sandbox, instance, resources, home, mak
     assert main(["status", spec.source_path, "--home", str(home)]) == 0
     out = capsys.readouterr().out
     assert _row(out, "s00001")[1] == "stopped" and "job stopped at" in out and "bad key" in out
+    # the reason's meaning and the command that fixes it
+    assert "means: the provider refused the API key" in out
+    assert f"fix: set a valid key in the backend's key variable (e.g. OPENAI_API_KEY), then `batch-pipeline resume " \
+           f"{spec.name}`" in out
     total = _row(out, "total")
     assert total[:6] == ["total", "40", "0", "0", "40", "0"] and total[-1] == "True", total
 
 
 def test_status_of_a_job_never_run_says_so(make_job, home, capsys):
     spec = make_job()
-    assert main(["status", spec.source_path, "--home", str(home)]) == 1
+    assert main(["status", spec.source_path, "--home", str(home)]) == 2
     assert "no manifest" in capsys.readouterr().out
 
 
@@ -55,8 +65,8 @@ def test_a_bad_spec_is_reported_with_file_and_field(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: Bad Name\n")
     assert main(["run", str(bad)]) == 2
-    out = capsys.readouterr().out
-    assert "bad.yaml" in out and "name" in out and "Traceback" not in out
+    err = capsys.readouterr().err
+    assert "bad.yaml" in err and "name" in err and "Traceback" not in err
 
 
 def test_a_broken_unrelated_spec_does_not_break_a_run(sandbox, sandbox_proc, make_job, home, tmp_path):
@@ -70,6 +80,57 @@ def test_a_broken_unrelated_spec_does_not_break_a_run(sandbox, sandbox_proc, mak
     env = {**os.environ, "BATCH_PIPELINE_JOBS": str(jobs), "DAGSTER_HOME": str(tmp_path / "dh"),
            "BATCH_PIPELINE_SANDBOX_URL": sandbox_proc[1]}
     done = subprocess.run([sys.executable, "-m", "batch_pipeline.cli", "run", spec.source_path, "--home", str(home)],
-                          env=env, capture_output=True, text=True, timeout=180)
+                          env=env, capture_output=True, text=True, timeout=180, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "broken.yaml" not in done.stdout + done.stderr
+
+
+def _cli(args: list[str], env: dict, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "batch_pipeline.cli", *args], env=env, capture_output=True, check=False,
+                          text=True, timeout=timeout)
+
+
+def test_a_bad_key_prints_one_line_and_the_fix_then_a_name_finds_the_spec_run_from_a_path(
+        sandbox, sandbox_proc, make_job, home, tmp_path):
+    spec = make_job(name="keyed")
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dh"), "BATCH_PIPELINE_SANDBOX_URL": sandbox_proc[1],
+           "OPENAI_API_KEY": "sk-sandbox-bad", "BATCH_PIPELINE_JOBS": str(tmp_path / "elsewhere")}
+    done = _cli(["run", spec.source_path, "--home", str(home)], env)
+    assert done.returncode == 3, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert "Traceback" not in done.stderr and "Stack Trace" not in done.stderr and len(lines) <= 3, done.stderr
+    assert lines[0].startswith("job keyed stopped (invalid_api_key): ") and "401" in lines[0], lines
+    assert lines[1] == ("fix: set a valid key in the backend's key variable (e.g. OPENAI_API_KEY), then "
+                        "`batch-pipeline resume keyed`"), lines
+    assert "sk-sandbox-bad" not in done.stdout + done.stderr
+    # the spec lives outside the jobs folder: the name finds it through the record the run left in the home
+    status = _cli(["status", "keyed", "--home", str(home)], env, timeout=120)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert "job stopped at" in status.stdout and "means: the provider refused the API key" in status.stdout
+    # the fix named above, by name: resume completes the same job
+    resumed = _cli(["resume", "keyed", "--home", str(home)], {**env, "OPENAI_API_KEY": "sk-sandbox"})
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "resuming: the job was stopped" in resumed.stdout and "Traceback" not in resumed.stderr
+
+
+def test_a_name_nowhere_to_be_found_names_both_places_looked(home, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("BATCH_PIPELINE_JOBS", str(tmp_path / "jobs"))
+    for command in ("run", "resume", "quote", "status", "pause", "replay"):
+        assert main([command, "ghost", "--home", str(home)]) == 2, command
+        err = capsys.readouterr().err
+        assert "no job 'ghost'" in err and str(home / "jobs" / "ghost" / "spec_source.json") in err, err
+        assert str(tmp_path / "jobs" / "ghost.yaml") in err, err
+
+
+def test_a_recorded_spec_that_moved_away_is_named_as_gone(make_job, home, tmp_path, monkeypatch, capsys):
+    from batch_pipeline.cli_jobs import remember_spec
+    from batch_pipeline.core.store import Store
+
+    spec = make_job(name="moved")
+    remember_spec(spec, Store(home))
+    monkeypatch.setenv("BATCH_PIPELINE_JOBS", str(tmp_path / "jobs-empty"))
+    assert main(["status", "moved", "--home", str(home)]) == 2  # found by name: no manifest yet
+    assert "no manifest" in capsys.readouterr().out
+    Path(spec.source_path).rename(tmp_path / "moved-away.yaml")
+    assert main(["status", "moved", "--home", str(home)]) == 2
+    assert f"names {Path(spec.source_path).resolve()}, which is gone" in capsys.readouterr().err

@@ -112,5 +112,14 @@ class JobPaths:
         return f"{self.root}/report.json"
 
     @property
+    def report_png(self) -> str:
+        return f"{self.root}/report.png"
+
+    @property
+    def spec_source(self) -> str:
+        """Where the spec of the job's last run lives, so later commands find it by the job's name."""
+        return f"{self.root}/spec_source.json"
+
+    @property
     def duckdb(self) -> str:
         return f"{self.root}/{self.job}.duckdb"

@@ -1,0 +1,48 @@
+"""One way to name a job on the command line: a spec path, or the name of a job.
+
+A name is looked up first where the job's last run recorded its spec (``JobPaths.spec_source`` under the storage
+root, written by ``run``), then in the jobs folder (``data/jobs/<name>.yaml``). So ``batch-pipeline run
+/anywhere/job.yaml`` followed by ``batch-pipeline status job`` reads the same spec.
+"""
+
+from pathlib import Path
+
+from batch_pipeline.core.errors import ConfigError
+from batch_pipeline.core.spec.job import JobSpec, load_spec
+from batch_pipeline.core.spec.paths import JobPaths
+from batch_pipeline.core.spec.settings import Settings
+from batch_pipeline.core.store import Store
+
+
+def store_for(home: str | None) -> Store:
+    """The storage root a command reads: ``--home``, else ``$BATCH_PIPELINE_HOME``, else ./.batch_pipeline."""
+    return Store(home or Settings.from_env().home)
+
+
+def _looks_like_path(arg: str) -> bool:
+    return arg.endswith((".yaml", ".yml")) or "/" in arg or "\\" in arg
+
+
+def resolve_job(arg: str, home: str | None) -> JobSpec:
+    """The spec ``arg`` names (a path, or a job name); a ConfigError naming every place looked otherwise."""
+    path = Path(arg)
+    if path.is_file() or _looks_like_path(arg):
+        return load_spec(path)  # a path that cannot be read says so, with the path
+    store = store_for(home)
+    recorded = store.read_json(JobPaths(arg).spec_source) or {}
+    recorded_path = recorded.get("path")
+    if recorded_path and Path(recorded_path).is_file():
+        return load_spec(recorded_path)
+    in_jobs = Settings.from_env().jobs / f"{arg}.yaml"
+    if in_jobs.is_file():
+        return load_spec(in_jobs)
+    where = (f"the spec recorded by its last run ({store.uri(JobPaths(arg).spec_source)}"
+             + (f" names {recorded_path}, which is gone)" if recorded_path else ": none)"))
+    raise ConfigError(f"no job {arg!r}: looked at {where} and in the jobs folder ({in_jobs}: not found); "
+                      f"pass the spec's path, or run it once with `batch-pipeline run PATH`")
+
+
+def remember_spec(spec: JobSpec, store: Store) -> None:
+    """Record where the spec of this run lives, so later commands find it by the job's name."""
+    if spec.source_path:
+        store.write_json(JobPaths(spec.name).spec_source, {"path": str(Path(spec.source_path).resolve())})

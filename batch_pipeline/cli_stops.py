@@ -1,0 +1,121 @@
+"""What the command line says when a job stops, and the exit code it returns.
+
+An expected stop (a bad key, the budget, the canary, the retry-spend cap, a failed blocking check, a pause) is a
+decision for a human: the CLI prints one line saying why and one line with the command that fixes it, and exits 3.
+Stack traces are for bugs: while a run goes, Dagster's console log (which writes to ``sys.stderr``) is held, dropped
+on an expected stop (it stays in the Dagster run log) and shown on a bug (exit 1).
+"""
+
+import re
+import sys
+import tempfile
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import IO, Self
+
+
+class ExitCode(IntEnum):
+    """The documented exit codes of every ``batch-pipeline`` command (README, "Exit codes")."""
+
+    DONE = 0
+    BUG = 1  # an unexpected error: the stack trace is printed
+    BAD_INPUT = 2  # a job spec, setting, price table or argument is wrong; or the job has nothing to show yet
+    STOPPED = 3  # stopped for a human: bad key, budget, canary, retry cap, failed check, pause, incomplete job
+    INTERRUPTED = 143  # SIGTERM or Ctrl-C during a run (128 + SIGTERM): finished results were stored
+
+
+@dataclass(frozen=True)
+class Advice:
+    """A stop reason's meaning and the fix; ``{job}`` and ``{spec}`` are filled in."""
+
+    means: str
+    fix: str
+
+
+_RESUME = "then `batch-pipeline resume {job}`"
+_KEY = Advice("the provider refused the API key", "set a valid key in the backend's key variable (e.g. "
+              "OPENAI_API_KEY), " + _RESUME)
+_CREDIT = Advice("the provider account has no credit or quota left", "add credit to the account, " + _RESUME)
+_MODEL = Advice("the provider does not serve this model", "fix `model` in {spec}, " + _RESUME)
+_ACCESS = Advice("the account may not use this model, region or resource",
+                 "grant access (or change `model`/the backend's settings in {spec}), " + _RESUME)
+# stop codes (JobControl.stop's ``code``) -> advice; unknown codes get DEFAULT_ADVICE
+STOP_ADVICE: dict[str, Advice] = {
+    "invalid_api_key": _KEY, "authentication_error": _KEY, "permission_denied": _ACCESS, "access_denied": _ACCESS,
+    "invalid_organization": _KEY, "account_deactivated": _ACCESS, "unsupported_country_region_territory": _ACCESS,
+    "insufficient_quota": _CREDIT, "billing_hard_limit_reached": _CREDIT, "credit_balance_too_low": _CREDIT,
+    "model_not_found": _MODEL, "not_found": _MODEL,
+    "budget": Advice("the next submission would take spend past budget_usd",
+                     "raise `budget_usd` in {spec} (`batch-pipeline quote {job}` prices what is left), " + _RESUME),
+    "retry_cap": Advice("retries would spend more than retries.spend_cap_share of the first tries",
+                        "inspect the failures (`batch-pipeline status {job}`), fix the cause or raise "
+                        "`retries.spend_cap_share` in {spec}, " + _RESUME),
+    "canary_failed": Advice("the canary shard's answers failed the golden set or the output contract",
+                            "read the verdict (`batch-pipeline status {job}`), fix the prompt or model in {spec}, "
+                            + _RESUME),
+    "batch_failed": Advice("the provider failed a whole batch (its errors are in the reason)",
+                           "fix what the provider names, " + _RESUME),
+    "paused": Advice("a human paused the job (a deploy): nothing new is sent", "`batch-pipeline resume {job}`"),
+    "check_failed": Advice("a blocking quality check failed: the validated table was not published",
+                           "see `batch-pipeline report {job}` and `batch-pipeline status {job} --check`; fix the "
+                           "cause (prompt, model, or the check's threshold in {spec}), " + _RESUME),
+}
+DEFAULT_ADVICE = Advice("the job stopped for a reason it recorded", "fix the cause named above, " + _RESUME)
+
+_CHECK_FAILED = re.compile(r"\bcheck \S+ failed|\bnot promoting\b")
+
+
+def advice(code: str | None) -> Advice:
+    return STOP_ADVICE.get(code or "", DEFAULT_ADVICE)
+
+
+def fix_line(code: str | None, job: str, spec: str) -> str:
+    return "fix: " + advice(code).fix.format(job=job, spec=spec)
+
+
+def one_line(text: str, limit: int = 600) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def failed_check(description: str | None) -> bool:
+    """A run failed because a blocking check failed (not a bug): the publish step refused to promote."""
+    return bool(description and _CHECK_FAILED.search(description))
+
+
+class HeldStderr:
+    """Hold what is written to ``sys.stderr`` while a run goes; ``release()`` shows it, ``discard()`` drops it.
+
+    Leaving the block on an exception not in ``expected`` releases it (a bug's trace is shown). ``active=False``
+    (a verbose ``--log-level``) lets it through live.
+    """
+
+    def __init__(self, *, active: bool = True, expected: tuple[type[BaseException], ...] = ()) -> None:
+        self.active, self.expected = active, expected
+        self._held: IO[str] | None = None
+        self._real: IO[str] | None = None
+
+    def __enter__(self) -> Self:
+        if self.active:
+            self._held = tempfile.SpooledTemporaryFile(max_size=1 << 20, mode="w+", encoding="utf-8")
+            self._real, sys.stderr = sys.stderr, self._held  # type: ignore[assignment]
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._real is not None:
+            sys.stderr, self._real = self._real, None
+        if exc_type is not None and not issubclass(exc_type, self.expected):
+            self.release()
+
+    def release(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            held.seek(0)
+            sys.stderr.write(held.read())
+            sys.stderr.flush()
+            held.close()
+
+    def discard(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            held.close()
