@@ -12,7 +12,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -368,19 +367,31 @@ def cmd_quote(args: argparse.Namespace) -> int:
 
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
-    argv = [sys.executable, "-m", "batch_pipeline.sandbox", "--port", str(args.port)]
-    if args.scenario:
-        argv += ["--scenario", args.scenario]
-    return subprocess.call(argv)
+    """The sandbox in this process (no child to leak): SIGTERM and Ctrl-C stop its server and exit 0."""
+    from batch_pipeline.sandbox.__main__ import main as sandbox_main
+
+    return sandbox_main(["--port", str(args.port), *(["--scenario", args.scenario] if args.scenario else [])])
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
+    """The sandbox and `dagster dev`; on SIGTERM or Ctrl-C every process they started is stopped by PID."""
+    from batch_pipeline.cli_procs import start_in_session, stop_tree, term_as_interrupt
+
     home = _dagster_home()
     os.environ["BATCH_PIPELINE_HOME"] = Settings.from_env().home
-    with _sandbox_if_needed(None, force=not os.environ.get(SANDBOX_URL_ENV)):
+    with term_as_interrupt(), _sandbox_if_needed(None, force=not os.environ.get(SANDBOX_URL_ENV)):
         console.print(f"dagster dev on http://127.0.0.1:{args.port} (DAGSTER_HOME={home})")
-        return subprocess.call([sys.executable, "-m", "dagster", "dev", "-h", "127.0.0.1", "-p", str(args.port),
-                                "-w", str(PROJECT_ROOT / "workspace.yaml")], cwd=PROJECT_ROOT)
+        dagster = start_in_session([sys.executable, "-m", "dagster", "dev", "-h", "127.0.0.1", "-p", str(args.port),
+                                    "-w", str(PROJECT_ROOT / "workspace.yaml")], cwd=PROJECT_ROOT)
+        try:
+            return dagster.wait()
+        except KeyboardInterrupt:
+            console.print("stopping dagster dev and everything it started")
+            stop_tree(dagster)
+            return ExitCode.DONE
+        finally:
+            if dagster.poll() is None:
+                stop_tree(dagster)
 
 
 def main(argv: list[str] | None = None) -> int:
