@@ -135,7 +135,7 @@ def _install_section_timers(totals: dict[str, float]) -> None:
     background writer thread are labelled ``[writer]``: their wall time overlaps the main thread's.
     """
     from batch_pipeline.core import store
-    from batch_pipeline.core.manifest import deal, ids, shards as manifest
+    from batch_pipeline.core.manifest import deal, ids, prepare, shards as manifest
 
     def add(label, wall, cpu):
         totals[f"wall|{label}"] = totals.get(f"wall|{label}", 0.0) + wall
@@ -170,12 +170,13 @@ def _install_section_timers(totals: dict[str, float]) -> None:
         setattr(owner, name, wrapper)
 
     timed(manifest, "_count_rows", "_count_rows (head of the input, to size the window)")
-    timed_gen(manifest, "read_batches", "[reader] read_batches (Arrow JSON + _jsonl_block)")
-    timed(manifest.ManifestBuilder, "_prepare", "[reader] _prepare (Polars normalise/render/estimate)")
+    timed_gen(prepare, "read_batches", "[reader] read_batches (Arrow JSON + _jsonl_block)")
+    timed(prepare.FilePreparer, "_prepare", "[reader] _prepare (Polars normalise/render/estimate)")
     timed(ids, "request_ids", "ids.request_ids (hashlib loop)")
     timed(deal.Dealer, "_write_shard", "[writer] _write_shard (concat+sort+zstd Parquet)")
     timed(deal.Dealer, "deal", "Dealer.deal (stratified order, round-robin, partition_by)")
     timed(manifest.Dedup, "offer", "Dedup.offer (sets, or the spill buffer)")
+    timed(manifest.IdIndex, "ensure", "IdIndex.ensure (index files of earlier generations)")
     timed(manifest.Dedup, "finish", "Dedup.finish (hash ranges against the index, when spilled)")
     timed(store.BackgroundWrites, "submit",
           "BackgroundWrites.submit (rows and shards to the writers; waits while they are behind)")
