@@ -27,9 +27,9 @@ from batch_pipeline.core.state.fallback import Stage, fallback_variant
 from batch_pipeline.core.route.plan import RouteBook, candidate_for, route_pending, routed_variant
 from batch_pipeline.core.spec.job import BackendSpec, CostCompareSpec, JobSpec
 from batch_pipeline.core.spec.settings import Settings
-from batch_pipeline.defs.checks import CHECKS, build_result_checks, build_shard_stats_check
+from batch_pipeline.defs.checks import CHECKS, build_result_checks, build_shard_stats_check, check_description
 from batch_pipeline.defs.k8s import GPU_POOL, gpu_step_tags, is_gpu_backend
-from batch_pipeline.defs.metadata import md_table, plain
+from batch_pipeline.defs.metadata import md_table, money_json, plain, spec_labels, table_meta
 from batch_pipeline.defs.resources import PricesResource, StoreResource
 from batch_pipeline.executors.registry import batch_limits, create_executor, route_profile
 
@@ -163,9 +163,13 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
 
     # a later pass of a multi-pass job reads its upstream's validated table: the chain shows in the asset graph
     upstream = [dg.AssetKey([spec.input.from_job, "validated"])] if spec.input.from_job else None
+    labels = spec_labels(spec)  # the spec's owners and tags, on every asset of the job
 
-    @dg.asset(key=asset_key(spec, "manifest"), deps=upstream, group_name=job, kinds={"parquet"},
-              description=f"Every item of job {job}: request IDs, prompts, token estimates, shards; rejects.")
+    @dg.asset(key=asset_key(spec, "manifest"), deps=upstream, group_name=job, **labels, kinds={"parquet"},
+              description=f"Every item of job {job}: request IDs, prompts, token estimates, shards; rejects. "
+                          "Fails when the input cannot be read at all (the message names the file or field): fix "
+                          "input in the spec, then `batch-pipeline run`. A bad row is not a failure: it is a "
+                          "reject (rejects_by_reason).")
     def manifest(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
         st = store.get()
         last = [time.monotonic()]
@@ -200,9 +204,12 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
         meta["items_dir"] = dg.MetadataValue.path(st.uri(f"{paths.root}/manifest/items"))
         return dg.MaterializeResult(metadata=meta)
 
-    @dg.asset(key=asset_key(spec, "quote"), deps=[manifest], group_name=job, kinds={"python"},
+    @dg.asset(key=asset_key(spec, "quote"), deps=[manifest], group_name=job, **labels, kinds={"python"},
               description="The remaining work priced before any spend: a low/expected/high range per pass, "
-                          "calibrated on measured usage, bound to a fingerprint of its inputs, expiring.")
+                          "calibrated on measured usage, bound to a fingerprint of its inputs, expiring after 30 "
+                          "minutes. Fails on a model with no price row (add it to data/prices.yaml); its "
+                          "check quote_within_budget holds every submission while the high estimate passes "
+                          "budget_usd.")
     def quote(context: dg.AssetExecutionContext, store: StoreResource, prices: PricesResource) -> dg.MaterializeResult:
         st = store.get()
         state = JobState.load(spec, st)
@@ -229,17 +236,20 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
         meta["cache_hit_share"] = dg.MetadataValue.json(q["cache_hit_share"])
         return dg.MaterializeResult(metadata=meta)
 
-    @dg.asset_check(asset=quote, blocking=True, description="The quote's high estimate is within budget_usd.")
+    @dg.asset_check(asset=quote, blocking=True, description=check_description("quote_within_budget", job))
     def quote_within_budget(store: StoreResource) -> dg.AssetCheckResult:
         q = store.get().read_json(paths.quote) or {}
         return dg.AssetCheckResult(passed=bool(q.get("within_budget")),
                                    metadata=plain({"cost_high_usd": (q.get("est_cost_usd") or {}).get("high"),
                                                    "budget_usd": q.get("budget_usd")}))
 
-    @dg.asset(key=asset_key(spec, "submissions"), deps=[quote], partitions_def=shards, group_name=job,
+    @dg.asset(key=asset_key(spec, "submissions"), deps=[quote], partitions_def=shards, group_name=job, **labels,
               backfill_policy=_backfill_policy(), **gpu,
               kinds={"python"}, description="Submit each shard's pending items (re-attach to an open batch); "
-                                            "self-hosted and online backends run the shard inline.")
+                                            "self-hosted and online backends run the shard inline. A failure is "
+                                            "a job stop (bad key, budget, canary, retry cap: the message says "
+                                            "which and what fixes it, then `batch-pipeline resume`) or a shard "
+                                            "that must wait (ShardWaits: the canary, a stale quote).")
     def submissions(context: dg.AssetExecutionContext, store: StoreResource,
                     prices: PricesResource) -> dg.MaterializeResult:
         st = store.get()
@@ -276,9 +286,12 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
         return dg.MaterializeResult(metadata=meta)
 
     @dg.asset(key=asset_key(spec, "shard_results"), deps=[submissions], partitions_def=shards, group_name=job,
-              backfill_policy=_backfill_policy(), **gpu,
+              **labels, backfill_policy=_backfill_policy(), **gpu,
               kinds={"parquet"}, description="Collect each shard's ended batches; validate and append results; "
-                                            "rescue the tail online near the deadline or after an expiry.")
+                                            "rescue the tail online near the deadline or after an expiry. Fails "
+                                            "when the provider failed a batch or refused the job (a job stop: "
+                                            "`batch-pipeline status` shows why; fix it, then `batch-pipeline "
+                                            "resume`); the other shards' ended batches are still collected.")
     def shard_results(context: dg.AssetExecutionContext, store: StoreResource,
                       prices: PricesResource) -> dg.MaterializeResult:
         driver = _shard_driver(context, spec, store, prices)
@@ -314,9 +327,11 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
                                               "rescued_online": dg.MetadataValue.int(rescued),
                                               **_progress_meta(shards_meter)})
 
-    @dg.asset(key=asset_key(spec, "results"), deps=[shard_results], group_name=job, kinds={"parquet"},
+    @dg.asset(key=asset_key(spec, "results"), deps=[shard_results], group_name=job, **labels, kinds={"parquet"},
               description="The staged table: one row per source row, latest valid result of its request. "
-                          "The blocking checks run on it; users read the promoted copy, validated.")
+                          "The blocking checks run on it; users read the promoted copy, validated. A failed check "
+                          "here keeps the previous validated table: each check's description says what it means "
+                          "and what fixes it (README, Troubleshooting).")
     def results(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
         st = store.get()
         if Manifest(job, st).last_generation() == 0:
@@ -328,12 +343,14 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
         meta = plain({"rows": table.height, **outputs})
         meta["preview"] = md_table(table.select("source_key", "output", "attempt", "input_tokens", "output_tokens",
                                                 "cost_usd", "is_duplicate"))
-        meta["dagster/row_count"] = dg.MetadataValue.int(table.height)
+        meta.update(table_meta(table.schema, table.height))
         return dg.MaterializeResult(metadata=meta)
 
-    @dg.asset(key=asset_key(spec, "validated"), deps=[results], group_name=job, kinds={"parquet", "duckdb"},
+    @dg.asset(key=asset_key(spec, "validated"), deps=[results], group_name=job, **labels,
+              kinds={"parquet", "duckdb"},
               description="The validated table users read (Parquet + DuckDB views): the staged table, promoted "
-                          "only when every blocking check on results passed.")
+                          "only when every blocking check on results passed. Skipped or failed when one did not "
+                          "pass: the previous table stays; fix what the failed check names, then run again.")
     def validated(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
         st = store.get()
         unpassed = _unpassed_checks(context.instance, results.key)
@@ -341,23 +358,29 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
             raise dg.Failure(description=f"not promoting {job}/results: {'; '.join(unpassed)}; the validated "
                                          f"table is unchanged")
         outputs = promote(spec, st)
-        rows = pq.read_metadata(pa.BufferReader(st.read_bytes(paths.validated))).num_rows
+        footer = pq.read_metadata(pa.BufferReader(st.read_bytes(paths.validated)))
+        rows = footer.num_rows
         context.log.info(f"validated table: {rows} rows -> {outputs['validated']}")
         meta = plain({"rows": rows, **outputs})
-        meta["dagster/row_count"] = dg.MetadataValue.int(rows)
+        meta.update(table_meta(footer.schema.to_arrow_schema(), rows))
         return dg.MaterializeResult(metadata=meta)
 
-    @dg.asset(key=asset_key(spec, "dead_letters"), deps=[validated], group_name=job, kinds={"parquet"},
-              description="Items whose retry budget is spent, with their last error; replayable after a fix.")
+    @dg.asset(key=asset_key(spec, "dead_letters"), deps=[validated], group_name=job, **labels, kinds={"parquet"},
+              description="Items whose retry budget is spent, with their last error code and message. "
+                          f"After a fix, `batch-pipeline replay {job} --code CODE` gives them a fresh budget "
+                          "(e.g. --code truncated --max-tokens N).")
     def dead_letters_asset(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
         st = store.get()
         dead = dead_letters(JobState.load(spec, st))
         return dg.MaterializeResult(metadata={"count": dg.MetadataValue.int(dead.height),
                                               "preview": md_table(dead.select("request_id", "failures",
-                                                                              "last_error_code", "last_error"))})
+                                                                              "last_error_code", "last_error")),
+                                              **table_meta(dead.schema, dead.height)})
 
-    @dg.asset(key=asset_key(spec, "report"), deps=[validated, dead_letters_asset], group_name=job, kinds={"python"},
-              description="Counts, tokens, cost per accepted item, per-shard reconciliation.")
+    @dg.asset(key=asset_key(spec, "report"), deps=[validated, dead_letters_asset], group_name=job, **labels,
+              kinds={"python"}, description="Counts, tokens, cost per accepted item, quoted vs actual spend, "
+                                            "per-shard reconciliation. complete false means items are still "
+                                            f"pending: `batch-pipeline status {job}` says why they wait.")
     def report(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
         st = store.get()
         state = JobState.load(spec, st)
@@ -367,8 +390,9 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
         png = cost_over_time(state.results)
         st.write_bytes(f"{paths.root}/report.png", png)
         meta = plain({k: v for k, v in rep.items() if not isinstance(v, dict | list)})
-        for key in ("cost_by_pricing", "quoted_vs_actual", "cost_by_attempt"):
-            meta[key] = dg.MetadataValue.json(rep.get(key) or {})
+        for key in ("cost_by_pricing", "quoted_vs_actual", "cost_by_attempt"):  # amounts as dollars
+            meta[key] = dg.MetadataValue.json(money_json(rep.get(key) or {}, money=key.startswith("cost_"),
+                                                         money_keys=("first_pass", "retries")))
         if rep.get("golden_accuracy_by_shard"):
             meta["golden_accuracy_by_shard"] = md_table(pl.DataFrame(rep["golden_accuracy_by_shard"]), limit=50)
         meta["plot"] = dg.MetadataValue.md(f"![spend](data:image/png;base64,{base64.b64encode(png).decode()})")
@@ -376,9 +400,10 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
         meta["shards"] = md_table(pl.DataFrame(shard_table(state)), limit=50)
         return dg.MaterializeResult(metadata=meta)
 
-    @dg.asset(key=asset_key(spec, "backend_comparison"), deps=[manifest], group_name=job, kinds={"python"},
+    @dg.asset(key=asset_key(spec, "backend_comparison"), deps=[manifest], group_name=job, **labels, kinds={"python"},
               description="The same request plan quoted on every configured backend, and the self-hosted "
-                          "break-even utilisation.")
+                          "break-even utilisation. Fails on a backend or model with no price row: add it to "
+                          "data/prices.yaml or drop it from cost_compare.")
     def backend_comparison(context: dg.AssetExecutionContext, store: StoreResource,
                            prices: PricesResource) -> dg.MaterializeResult:
         st = store.get()

@@ -14,10 +14,18 @@ from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.quality.shard_stats import shard_outliers
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.quality.validate import validate
+from batch_pipeline.core.troubleshooting import lookup
 from batch_pipeline.defs.metadata import md_table, plain
 from batch_pipeline.defs.resources import StoreResource
 
 CHECKS = ("validated_schema", "outputs_within_contract", "no_truncated_outputs", "reconciliation")
+
+
+def check_description(name: str, job: str = "<job>") -> str:
+    """What a failure of the check means and what fixes it: its row of the troubleshooting table (README)."""
+    row = lookup(name)
+    assert row is not None, f"check {name} has no row in core/troubleshooting.py"
+    return f"Fails when {row.meaning}. Fix: {row.fix.replace('<job>', job)}."
 
 
 def validated_schema(spec: JobSpec) -> pa.DataFrameSchema:
@@ -47,7 +55,8 @@ def validated_schema(spec: JobSpec) -> pa.DataFrameSchema:
 
 def build_result_checks(spec: JobSpec, results_asset: dg.AssetsDefinition) -> dg.AssetChecksDefinition:
     paths = JobPaths(spec.name)
-    specs = [dg.AssetCheckSpec(name, asset=results_asset, blocking=True) for name in CHECKS]
+    specs = [dg.AssetCheckSpec(name, asset=results_asset, blocking=True, description=check_description(name, spec.name))
+             for name in CHECKS]
 
     @dg.multi_asset_check(specs=specs, name=f"{spec.name}_result_checks")
     def result_checks(store: StoreResource):
@@ -96,7 +105,8 @@ def build_shard_stats_check(spec: JobSpec, results_asset: dg.AssetsDefinition) -
     """Non-blocking: flags shards whose labels, output lengths or refusals stand out from their neighbours."""
 
     @dg.asset_check(asset=results_asset, name="shard_distributions", blocking=False,
-                    description="Per-shard label distribution, output length and refusal rate vs the other shards.")
+                    description="Per-shard label distribution, output length and refusal rate vs the other shards. "
+                                + check_description("shard_distributions", spec.name))
     def shard_distributions(store: StoreResource) -> dg.AssetCheckResult:
         results = read_results(store.get(), spec.name, columns=["request_id", "attempt", "shard_id", "status",
                                                                 "parsed_output", "output_tokens", "error_message"])

@@ -9,6 +9,7 @@ from dagster._core.definitions.unresolved_asset_job_definition import Unresolved
 
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.defs.assets import asset_key, shards_partitions
+from batch_pipeline.defs.metadata import spec_labels
 
 
 # the publish run: stage, the blocking checks (on results), promote, then what reads the promoted table
@@ -23,23 +24,27 @@ def job_names(spec: JobSpec) -> dict[str, str]:
 def build_jobs(spec: JobSpec) -> dict[str, UnresolvedAssetJobDefinition]:
     names = job_names(spec)
     shards = shards_partitions(spec)
+    labels = spec_labels(spec)  # the spec's owners and tags
+
+    def job(name: str, **kwargs) -> UnresolvedAssetJobDefinition:
+        return dg.define_asset_job(name, **labels, **kwargs)
 
     def assets(*names_: str) -> dg.AssetSelection:
         return dg.AssetSelection.assets(*[asset_key(spec, n) for n in names_])
 
     jobs = [
-        dg.define_asset_job(names["prepare"], selection=assets("manifest", "quote"),
-                            description="Build the manifest and the quote."),
-        dg.define_asset_job(names["quote"], selection=assets("quote"),
-                            description="Quote the remaining work again (a quote expires after 30 minutes)."),
-        dg.define_asset_job(names["shards"], selection=assets("submissions", "shard_results"), partitions_def=shards,
-                            description="Submit and collect shards (one run can take a range of shards)."),
-        dg.define_asset_job(names["submit"], selection=assets("submissions"), partitions_def=shards,
-                            description="Submit a shard's pending items and return (the batch sensor collects)."),
-        dg.define_asset_job(names["collect"], selection=assets("shard_results"), partitions_def=shards,
-                            description="Collect a shard whose provider batch has ended."),
-        dg.define_asset_job(names["publish"], selection=assets(*PUBLISH_ASSETS),
-                            description="Stage the table, run the blocking checks, promote it to validated only "
-                                        "when they all pass; dead letters and the report."),
+        job(names["prepare"], selection=assets("manifest", "quote"),
+            description="Build the manifest and the quote."),
+        job(names["quote"], selection=assets("quote"),
+            description="Quote the remaining work again (a quote expires after 30 minutes)."),
+        job(names["shards"], selection=assets("submissions", "shard_results"), partitions_def=shards,
+            description="Submit and collect shards (one run can take a range of shards)."),
+        job(names["submit"], selection=assets("submissions"), partitions_def=shards,
+            description="Submit a shard's pending items and return (the batch sensor collects)."),
+        job(names["collect"], selection=assets("shard_results"), partitions_def=shards,
+            description="Collect a shard whose provider batch has ended."),
+        job(names["publish"], selection=assets(*PUBLISH_ASSETS),
+            description="Stage the table, run the blocking checks, promote it to validated only "
+                        "when they all pass; dead letters and the report."),
     ]
     return dict(zip(names, jobs))
