@@ -31,6 +31,7 @@ from rich.progress import Progress as RichProgress
 from rich.table import Table
 
 from batch_pipeline.cli_jobs import remember_spec, resolve_job
+from batch_pipeline.cli_outputs import add_output_commands, print_summary
 from batch_pipeline.cli_state import add_commands
 from batch_pipeline.cli_stops import (
     ExitCode,
@@ -283,37 +284,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise
     log.release()
     report["wall_time_s"] = round(time.perf_counter() - started, 2)
-    _print_summary(report)
+    print_summary(report, console)
     return ExitCode.DONE if report.get("complete") else ExitCode.STOPPED
-
-
-def _print_summary(report: dict) -> None:
-    from batch_pipeline.core.publish.report import SUMMARY_ROWS
-
-    table = Table(title=f"job {report.get('job')}: summary", show_header=False)
-    table.add_column("what")
-    table.add_column("value", justify="right", overflow="fold")
-    for label, key in SUMMARY_ROWS:
-        value = report.get(key)
-        table.add_row(label, f"{value:.6f}" if isinstance(value, float) else str(value))
-    quoted = (report.get("quoted_vs_actual") or {}).get("quoted_usd")
-    if quoted:
-        table.add_row("quoted before the run (USD)", f"{quoted['expected']:.6f} expected, {quoted['high']:.6f} high")
-    golden = report.get("golden_accuracy_by_shard") or []
-    if golden:
-        correct, probes = sum(g["correct"] for g in golden), sum(g["probes"] for g in golden)
-        table.add_row("golden accuracy (probes)", f"{correct / probes:.3f} on {probes} probes in {len(golden)} shards")
-    by_pricing = report.get("cost_by_pricing") or {}
-    if len(by_pricing) > 1:
-        table.add_row("cost by pricing (USD)", ", ".join(f"{k} {v:.6f}" for k, v in sorted(by_pricing.items())))
-    table.add_row("wall time (s)", str(report.get("wall_time_s")))
-    outputs = report.get("outputs", {})
-    table.add_row("validated table", str(outputs.get("validated", "")))
-    table.add_row("DuckDB file", str(outputs.get("duckdb", "")))
-    console.print(table)
-    if not report.get("complete"):
-        console.print(f"[yellow]not complete: {report.get('missing')} missing, {report.get('invalid')} invalid; "
-                      "run again to resume[/yellow]")
 
 
 def cmd_quote(args: argparse.Namespace) -> int:
@@ -409,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-level", default="WARNING")
     p.set_defaults(fn=cmd_run)
     add_commands(sub, resolve_job, console)
+    add_output_commands(sub, console)
     p = sub.add_parser("quote", help="price a job before any spend (no request is sent)")
     p.add_argument("job", help="job name or spec path")
     p.add_argument("--compare", action="store_true",

@@ -115,7 +115,7 @@ def test_a_bad_key_prints_one_line_and_the_fix_then_a_name_finds_the_spec_run_fr
 
 def test_a_name_nowhere_to_be_found_names_both_places_looked(home, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("BATCH_PIPELINE_JOBS", str(tmp_path / "jobs"))
-    for command in ("run", "resume", "quote", "status", "pause", "replay"):
+    for command in ("run", "resume", "quote", "status", "pause", "replay", "export", "report"):
         assert main([command, "ghost", "--home", str(home)]) == 2, command
         err = capsys.readouterr().err
         assert "no job 'ghost'" in err and str(home / "jobs" / "ghost" / "spec_source.json") in err, err
