@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
-from benchmarks._harness import OUT, cpu_s, load, maxrss_mb, run_in_child  # noqa: E402
+from benchmarks._harness import OUT, cpu_s, load, maxrss_mb, run_in_child
 
 JOB = "incremental_bench"
 SPEC_YAML = """\

@@ -9,7 +9,12 @@ partitions of the files the next generation has to read. Thin: the work is in ``
 
 import dagster as dg
 
-from batch_pipeline.core.manifest.parts import FileParts, part_key, pending_files, prepare_file_part
+from batch_pipeline.core.manifest.parts import (
+    FileParts,
+    part_key,
+    pending_files,
+    prepare_file_part,
+)
 from batch_pipeline.core.manifest.shards import Manifest, ShardCaps, build_manifest
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.store import Store

@@ -13,7 +13,11 @@ from batch_pipeline.core.manifest.shards import Manifest, build_manifest
 from batch_pipeline.core.spec.job import load_spec
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
-from batch_pipeline.defs.manifest_parts import build_manifest_parts, input_files_partitions, register_input_files
+from batch_pipeline.defs.manifest_parts import (
+    build_manifest_parts,
+    input_files_partitions,
+    register_input_files,
+)
 from batch_pipeline.defs.resources import StoreResource
 from batch_pipeline_tests.core.helpers import base_spec_dict, write_jsonl, write_spec
 from batch_pipeline_tests.core.manifest.test_dedup_spill import input_rows

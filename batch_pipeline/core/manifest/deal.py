@@ -26,7 +26,7 @@ def shard_name(number: int) -> str:
 
 
 class _OpenShard:
-    __slots__ = ("number", "count", "bytes", "frames")
+    __slots__ = ("bytes", "count", "frames", "number")
 
     def __init__(self, number: int):
         self.number, self.count, self.bytes, self.frames = number, 0, 0, []

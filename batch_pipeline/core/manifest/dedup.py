@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pyarrow as pa
-import pyarrow.ipc as ipc
+from pyarrow import ipc
 
 from batch_pipeline.core.manifest.index import IdIndex
 

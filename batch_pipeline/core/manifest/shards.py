@@ -21,12 +21,30 @@ import polars as pl
 from batch_pipeline.core.errors import ReconciliationError
 from batch_pipeline.core.manifest.deal import OPEN_SHARD_WINDOW, Dealer, shard_name
 from batch_pipeline.core.manifest.dedup import BlockSpool, Dedup
-from batch_pipeline.core.manifest.incremental import FileAction, FilePlan, FileState, plan_files, state_after
+from batch_pipeline.core.manifest.incremental import (
+    FileAction,
+    FilePlan,
+    FileState,
+    plan_files,
+    state_after,
+)
 from batch_pipeline.core.manifest.index import IdIndex, index_path, index_writer
 from batch_pipeline.core.manifest.inputs import KEY, LINE, ReadExtent, Reject
-from batch_pipeline.core.manifest.prepare import (BUCKET_EDGES, REQUEST_FRAMING_BYTES, Block, FilePreparer,
-                                                  length_bucket, normalise_fields, render_expr)
-from batch_pipeline.core.manifest.read import ITEM_SCHEMA, REJECT_SCHEMA, ROW_SCHEMA, Manifest
+from batch_pipeline.core.manifest.prepare import (
+    BUCKET_EDGES,
+    REQUEST_FRAMING_BYTES,
+    Block,
+    FilePreparer,
+    length_bucket,
+    normalise_fields,
+    render_expr,
+)
+from batch_pipeline.core.manifest.read import (
+    ITEM_SCHEMA,
+    REJECT_SCHEMA,
+    ROW_SCHEMA,
+    Manifest,
+)
 from batch_pipeline.core.manifest.upstream import job_inputs
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.paths import JobPaths

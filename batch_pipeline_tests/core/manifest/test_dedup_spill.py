@@ -58,7 +58,7 @@ def snapshot(store: Store) -> dict:
 
 @pytest.fixture(scope="module")
 def in_memory(tmp_path_factory):
-    spec, store, first, second = build_job(tmp_path_factory.mktemp("mem"), budget=None)
+    _, store, first, second = build_job(tmp_path_factory.mktemp("mem"), budget=None)
     assert not first.spilled and not second.spilled
     return snapshot(store), first, second
 
@@ -71,7 +71,7 @@ def summary_counts(s) -> tuple:
 @pytest.mark.parametrize("budget", [0, 700 * SET_BYTES_PER_ID], ids=["spill-from-start", "spill-mid-build"])
 def test_spilled_build_has_the_same_membership_as_in_memory(tmp_path, in_memory, budget):
     expected, mem_first, mem_second = in_memory
-    spec, store, first, second = build_job(tmp_path, budget=budget)
+    _, store, first, second = build_job(tmp_path, budget=budget)
     assert first.spilled and second.spilled
     got = snapshot(store)
     assert got["shards"].keys() == expected["shards"].keys()
@@ -87,7 +87,7 @@ def test_the_spec_memory_bound_sets_the_spill(tmp_path, in_memory):
     """``shards.manifest_memory_mb`` is the bound when no budget is given: half of 1 MB holds ~2,600 IDs, so the
     second generation (~5,300 earlier IDs) decides by hash range."""
     expected, _, _ = in_memory
-    spec, store, first, second = build_job(tmp_path, budget=None, memory_mb=1)
+    _, store, _, second = build_job(tmp_path, budget=None, memory_mb=1)
     assert second.spilled
     assert snapshot(store) == expected
 

@@ -10,7 +10,12 @@ from batch_pipeline.core.manifest.incremental import FileAction
 from batch_pipeline.core.manifest.shards import Manifest, build_manifest
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
-from batch_pipeline_tests.core.helpers import base_spec_dict, reference_request_id, write_jsonl, write_spec
+from batch_pipeline_tests.core.helpers import (
+    base_spec_dict,
+    reference_request_id,
+    write_jsonl,
+    write_spec,
+)
 
 
 def rows(start: int, n: int, tag: str = "") -> list[dict]:
@@ -32,7 +37,8 @@ def job(tmp_path):
     spec = write_spec(tmp_path / "jobs", base_spec_dict(str(tmp_path / "in" / "*.jsonl"), shards={"max_requests": 50}))
     store = Store(tmp_path / "store")
     first = build_manifest(spec, store)
-    return dict(spec=spec, store=store, m=Manifest("t", store), a=a, b=b, first=first, dir=tmp_path / "in")
+    return {"spec": spec, "store": store, "m": Manifest("t", store), "a": a, "b": b, "first": first,
+            "dir": tmp_path / "in"}
 
 
 def check_rows_answer(job, expected_rows: list[dict]) -> None:

@@ -3,7 +3,12 @@ prepared for another version of its file is not used."""
 
 import pyarrow.parquet as pq
 
-from batch_pipeline.core.manifest.parts import FileParts, part_key, pending_files, prepare_file_part
+from batch_pipeline.core.manifest.parts import (
+    FileParts,
+    part_key,
+    pending_files,
+    prepare_file_part,
+)
 from batch_pipeline.core.manifest.shards import Manifest, build_manifest
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
