@@ -200,6 +200,22 @@ class Store:
         if target != rel:
             self.fs.move(self.full(target), self.full(rel))
 
+    @contextmanager
+    def local_target(self, rel: str) -> Iterator[Path]:
+        """A local path to write ``rel`` at (e.g. by DuckDB's ``COPY``): a temporary name, renamed into place when
+        the block exits cleanly, deleted when it raises. Local stores only."""
+        assert self.is_local
+        self._mkdir_for(rel)
+        tmp = self._tmp_name(rel)
+        path = self.local_path(tmp)
+        assert path is not None
+        try:
+            yield path
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        self.fs.move(self.full(tmp), self.full(rel))
+
     def read_part(self, rel: str, columns: list[str] | None = None) -> pa.Table | None:
         """One part, or None (with a warning) when it is torn."""
         try:

@@ -23,8 +23,9 @@ from batch_pipeline.core.store import Store
 
 log = logging.getLogger(__name__)
 
-# items (and their results) read together; about 0.5 GB of frames at the peak for 500k items
-GROUP_ITEMS = 500_000
+# items (and their results) read together; the frames follow it: the scan of a 10M-item job peaked at 1.74 GB RSS
+# with groups of 500k items (benchmarks/README.md, "Publishing at scale")
+GROUP_ITEMS = 250_000
 SCAN_COLUMNS = ["request_id", "attempt", "shard_id", "status", "parsed_output", "error_class", "error_code",
                 "error_message", "pricing", "cost_usd", "input_tokens", "cached_tokens", "output_tokens",
                 "recorded_at"]
