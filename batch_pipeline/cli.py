@@ -28,10 +28,10 @@ from rich.progress import (
     TextColumn,
 )
 from rich.progress import Progress as RichProgress
-from rich.table import Table
 
 from batch_pipeline.cli_jobs import remember_spec, resolve_job
 from batch_pipeline.cli_outputs import add_output_commands, print_summary
+from batch_pipeline.cli_quote import add_quote_command
 from batch_pipeline.cli_state import add_commands
 from batch_pipeline.cli_stops import (
     ExitCode,
@@ -288,56 +288,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     return ExitCode.DONE if report.get("complete") else ExitCode.STOPPED
 
 
-def cmd_quote(args: argparse.Namespace) -> int:
-    """Quote a job (building its manifest if needed; nothing is sent), optionally on every configured backend."""
-    from batch_pipeline.core.manifest.shards import Manifest, build_manifest
-    from batch_pipeline.core.money.compare import compare_backends
-    from batch_pipeline.core.money.cost import load_prices
-    from batch_pipeline.core.money.quote import make_quote
-    from batch_pipeline.core.publish.tables import JobState
-    from batch_pipeline.core.spec.job import CostCompareSpec
-    from batch_pipeline.core.store import Store
-
-    spec = resolve_job(args.job, args.home)
-    store = Store(args.home or Settings.from_env().home)
-    if Manifest(spec.name, store).last_generation() == 0:
-        summary = build_manifest(spec, store)
-        console.print(f"manifest built: {summary.new_requests} requests in {len(summary.new_shards)} shards")
-    prices = load_prices(Settings.from_env().prices)
-    state = JobState.load(spec, store)
-    from batch_pipeline.core.route.plan import route_pending
-    from batch_pipeline.executors.registry import route_profile
-
-    routes = route_pending(spec, store, prices, route_profile, state.items, state.states)  # backend: auto
-    if not args.compare:
-        q = make_quote(spec, store, prices, state.items, state.results, state.states)
-        est = q["est_cost_usd"]
-        console.print(f"job {spec.name}: {q['pending_requests']} requests on {spec.backend.name}/{spec.model}: "
-                      f"${est['low']:.4f} low, ${est['expected']:.4f} expected, ${est['high']:.4f} high "
-                      f"(budget {spec.budget_usd}; within: {q['within_budget']})")
-        return 0
-    rows = compare_backends(spec, store, prices, spec.cost_compare or CostCompareSpec(), state.items, state.results,
-                            state.states, every_priced=True)
-    table = Table(title=f"job {spec.name}: the same plan on each backend")
-    cols = ["backend", "model", "requests", "cost_expected_usd", "cost_high_usd", "cost_per_million_items_usd",
-            "tokenizer", "checked", "gpu_hours", "break_even_utilisation"]
-    for c in cols:
-        table.add_column(c.replace("_usd", " ($)").replace("_", " "), justify="right")
-    for r in rows:
-        table.add_row(*["" if r.get(c) is None else str(r.get(c)) for c in cols])
-    console.print(table)
-    if routes:  # backend: auto: each shard's choice, why, and what each candidate would cost for it
-        labels = sorted({k for c in routes.values() for k in c.costs})
-        route_table = Table(title=f"job {spec.name}: the route (backend: auto)")
-        for c in ["shard", "chosen", "rule", "reason", *[f"{k} ($)" for k in labels]]:
-            route_table.add_column(c)
-        for c in routes.values():
-            route_table.add_row(c.shard_id, f"{c.backend}/{c.model}", c.rule, c.reason,
-                                *["-" if c.costs.get(k) is None else f"{c.costs[k]:.6f}" for k in labels])
-        console.print(route_table)
-    return 0
-
-
 def cmd_sandbox(args: argparse.Namespace) -> int:
     """The sandbox in this process (no child to leak): SIGTERM and Ctrl-C stop its server and exit 0."""
     from batch_pipeline.sandbox.__main__ import main as sandbox_main
@@ -382,12 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_run)
     add_commands(sub, resolve_job, console)
     add_output_commands(sub, console)
-    p = sub.add_parser("quote", help="price a job before any spend (no request is sent)")
-    p.add_argument("job", help="job name or spec path")
-    p.add_argument("--compare", action="store_true",
-                   help="quote every backend (cost_compare, then every priced model), and self-hosted")
-    p.add_argument("--home")
-    p.set_defaults(fn=cmd_quote)
+    add_quote_command(sub, console)
     p = sub.add_parser("sandbox", help="serve the provider sandbox on loopback")
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--scenario", help="server-wide scenario (see batch_pipeline/sandbox/README.md)")

@@ -39,11 +39,15 @@ def priced_choices(prices: PriceTable, known: list[BackendChoice]) -> list[Backe
 
 
 def compare_backends(spec: JobSpec, store, prices: PriceTable, compare: CostCompareSpec, items=None,
-                     results=None, states=None, every_priced: bool = False) -> list[dict]:
+                     results=None, states=None, every_priced: bool = False, whole_job: bool = False) -> list[dict]:
     """One row per backend: expected and high cost, cost per million items, the tokenizer that counted the input
     and the price's ``checked`` date; then the self-hosted row. ``every_priced``: also every other model of every
-    backend in the price table (the same plan and prompts on each)."""
+    backend in the price table (the same plan and prompts on each). ``whole_job``: price every request of the
+    job, done or not ("what would this job cost elsewhere?"); otherwise only the remaining work. Each row's
+    ``scope`` says which."""
     rows = []
+    scope = "whole job" if whole_job else "remaining"
+    states = None if whole_job else states  # no states: every item counts as pending (results still calibrate)
     # a routed job (backend: auto): its routed total first, then each route candidate with every shard on it
     routed = [BackendChoice(backend=c.backend, model=c.model) for c in spec.route.candidates] if spec.route else []
     choices = [BackendChoice(backend=spec.backend, model=spec.model), *routed, *compare.backends]
@@ -53,7 +57,7 @@ def compare_backends(spec: JobSpec, store, prices: PriceTable, compare: CostComp
         variant = spec.model_copy(update={"backend": choice.backend, "model": choice.model or spec.model})
         q = make_quote(variant, store, prices, items, results, states)
         n = q["pending_requests"]
-        rows.append({"backend": choice.backend.name, "model": variant.model, "requests": n,
+        rows.append({"scope": scope, "backend": choice.backend.name, "model": variant.model, "requests": n,
                      "cost_expected_usd": q["est_cost_usd"]["expected"], "cost_high_usd": q["est_cost_usd"]["high"],
                      "cost_per_million_items_usd": round(q["est_cost_usd"]["expected"] / n * 1e6, 2) if n else None,
                      "input_tokens": q["passes"]["first"]["input_tokens"],
@@ -63,7 +67,7 @@ def compare_backends(spec: JobSpec, store, prices: PriceTable, compare: CostComp
         base = rows[0]
         api = next((r["cost_expected_usd"] for r in rows if r["backend"].endswith("_batch")), None)
         sh = self_hosted(base["input_tokens"], base["output_tokens"], base["requests"], compare.self_hosted, api)
-        rows.append({"backend": "self_hosted", "model": spec.model, "requests": base["requests"],
+        rows.append({"scope": scope, "backend": "self_hosted", "model": spec.model, "requests": base["requests"],
                      "cost_expected_usd": sh["cost_usd"], "cost_high_usd": None,
                      "cost_per_million_items_usd": sh["cost_per_million_items_usd"],
                      "input_tokens": base["input_tokens"], "output_tokens": base["output_tokens"],

@@ -1,0 +1,53 @@
+"""`batch-pipeline quote --compare` prices the whole job, and the remaining work when there is any, labelled."""
+
+import dagster as dg
+
+from batch_pipeline.cli import main
+from batch_pipeline.defs.build import build_definitions
+from batch_pipeline.defs.pipeline import run_job
+
+
+def _rows(section: str, backend: str) -> list[list[str]]:
+    return [[c.strip() for c in ln.split("│") if c.strip()] for ln in section.splitlines()
+            if ln.strip("│ ").startswith(backend + " ")]
+
+
+def _tables(out: str) -> tuple[str, str | None]:
+    whole = out.index("the whole job")
+    rest = out.find("the remaining work")
+    return (out[whole:rest], out[rest:]) if rest > 0 else (out[whole:], None)
+
+
+def test_compare_after_the_job_finished_prices_the_whole_job(sandbox, instance, resources, home, make_job, capsys):
+    spec = make_job()
+    assert run_job(spec, instance, resources)["complete"]
+    capsys.readouterr()
+    assert main(["quote", spec.source_path, "--home", str(home), "--compare"]) == 0
+    out = capsys.readouterr().out
+    assert "the whole job (40 requests) on each backend (all of it is done: nothing remains)" in out
+    whole, rest = _tables(out)
+    assert rest is None  # nothing remains: no second table of zeros
+    [batch] = _rows(whole, "openai_batch")[:1]
+    assert batch[1] == "gpt-4o-mini" and batch[2] == "40" and float(batch[3]) > 0, batch
+    [anthropic] = [r for r in _rows(whole, "anthropic_batch") if r[1] == "claude-haiku-4-5"]
+    assert anthropic[2] == "40" and float(anthropic[3]) > 0
+
+
+def test_compare_with_work_left_prices_both_and_labels_them(sandbox, instance, resources, home, make_job, capsys):
+    spec = make_job(canary_first=False)
+    defs = build_definitions([spec], resources)
+    graph = [*defs.assets, *defs.asset_checks]
+    dg.materialize(graph, instance=instance, resources=defs.resources,
+                   selection=[dg.AssetKey([spec.name, "manifest"]), dg.AssetKey([spec.name, "quote"])])
+    dg.materialize(graph, instance=instance, resources=defs.resources, partition_key="s00001",
+                   selection=[dg.AssetKey([spec.name, "submissions"]), dg.AssetKey([spec.name, "shard_results"])])
+    capsys.readouterr()
+    assert main(["quote", spec.source_path, "--home", str(home), "--compare"]) == 0
+    out = capsys.readouterr().out
+    assert "the whole job (40 requests) on each backend (10 done, 30 remain (priced below))" in out
+    assert "the remaining work (30 of 40 requests) on each backend" in out
+    whole, rest = _tables(out)
+    w, r = _rows(whole, "openai_batch")[0], _rows(rest, "openai_batch")[0]
+    assert w[2] == "40" and r[2] == "30"
+    assert float(w[3]) > float(r[3]) > 0  # the whole job costs more than what is left of it
+    assert _rows(whole, "self_hosted")[0][2] == "40" and _rows(rest, "self_hosted")[0][2] == "30"
