@@ -1,8 +1,8 @@
 """Every expected stop, wait and check failure, what it means and the command that fixes it.
 
 One table: the README's "Troubleshooting" section is rendered from it (``python -m
-batch_pipeline.core.troubleshooting``), and a test compares its rows with the stop codes, wait kinds and checks the
-code defines, so neither can drift. ``lookup`` and ``for_stop`` give the CLI the fix for a stop code, wait kind or check.
+batch_pipeline.core.troubleshooting``), and a test compares its rows with the stop codes, wait kinds and checks
+the code defines, so neither can drift. ``lookup`` and ``for_stop`` give the CLI the fix for a stop code, wait kind or check.
 """
 
 from dataclasses import dataclass

@@ -1,5 +1,6 @@
-"""The weekly eval: a weekly partitioned asset (and its schedule) that runs the golden set, optionally a
-paired comparison of two prompts or models, and keeps the history as a table and a plot."""
+"""The weekly eval: weekly partitioned assets (one job, one schedule) that run the golden set, optionally a
+paired comparison of two prompts or models, and keep the history as a table and a plot; with ``quality.judge``,
+the same job grades a stratified sample of accepted outputs with a judge model."""
 
 import base64
 
@@ -14,7 +15,7 @@ from batch_pipeline.core.run.executor import StreamExecutor
 from batch_pipeline.core.publish.plots import accuracy_history
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.spec.job import JobSpec
-from batch_pipeline.defs.metadata import md_table
+from batch_pipeline.defs.metadata import md_table, spec_labels
 from batch_pipeline.defs.resources import StoreResource
 from batch_pipeline.executors.registry import create_executor
 
@@ -27,9 +28,13 @@ def build_eval_defs(spec: JobSpec) -> tuple[list, list, list]:
         return [], [], []
     quality = spec.quality
     paths = JobPaths(spec.name)
+    labels = spec_labels(spec)
 
     @dg.asset(key=dg.AssetKey([spec.name, "eval"]), partitions_def=WEEKLY, group_name=spec.name, kinds={"python"},
-              description="Weekly golden-set accuracy (with its interval) and an optional paired comparison.")
+              **labels, description="Weekly golden-set accuracy (with its interval) and an optional paired "
+                                    "comparison, run inline on quality.eval_backend. Fails when that backend is a "
+                                    "batch one (name an online or self-hosted backend) or refuses the job (the "
+                                    "message says why: key, model); a low accuracy is a figure, not a failure.")
     def weekly_eval(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
         st = store.get()
         executor = create_executor(quality.eval_backend)
@@ -75,10 +80,11 @@ def build_eval_defs(spec: JobSpec) -> tuple[list, list, list]:
         return dg.MaterializeResult(metadata=meta)
 
     assets = [weekly_eval]
-    if quality.judge is not None:
+    if quality.judge is not None:  # graded in the same weekly run as the eval
         assets.append(build_judge_asset(spec))
-    job = dg.define_asset_job(f"{spec.name}_eval", selection=[weekly_eval], partitions_def=WEEKLY,
-                              description="The weekly golden-set eval.")
+    job = dg.define_asset_job(f"{spec.name}_eval", selection=assets, partitions_def=WEEKLY, **labels,
+                              description="The weekly golden-set eval" + (" and judge sample." if len(assets) > 1
+                                                                          else "."))
     schedule = dg.build_schedule_from_partitioned_job(job, hour_of_day=6, name=f"{spec.name}_weekly_eval")
     return assets, [job], [schedule]
 
@@ -89,8 +95,11 @@ def build_judge_asset(spec: JobSpec) -> dg.AssetsDefinition:
     paths = JobPaths(spec.name)
 
     @dg.asset(key=dg.AssetKey([spec.name, "judge"]), deps=[dg.AssetKey([spec.name, "results"])], group_name=spec.name,
-              kinds={"python"}, description="A stratified sample of accepted outputs graded by a judge model, "
-                                            "with the judge's agreement against the golden labels.")
+              partitions_def=WEEKLY, kinds={"python"}, **spec_labels(spec),
+              description="Weekly: a stratified sample of accepted outputs graded pass/fail by a judge model, with "
+                          "the judge's agreement against the golden labels (on the golden probes). Fails when "
+                          "quality.judge.backend is a batch backend or refuses the job; a low agreement means the "
+                          "judge cannot be trusted on this task: change quality.judge.model or instructions.")
     def judge_sample(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
         st = store.get()
         executor = create_executor(cfg.backend)
@@ -114,9 +123,10 @@ def build_judge_asset(spec: JobSpec) -> dg.AssetsDefinition:
             truth = golden.select("request_id", (pl.col("parsed_output") == pl.col("label")).alias("correct"))
             sample = pl.concat([sample.select("request_id", "user_prompt", "answer"),
                                 golden.select("request_id", "user_prompt", pl.col("output_text").alias("answer"))])
-        graded = judge(spec, executor, sample.select("request_id", "user_prompt", "answer"))
+        graded = judge(spec, executor, sample.select("request_id", "user_prompt", "answer"),
+                       key=f"judge-{context.partition_key}")
         items_graded = graded.join(pool.select("request_id"), on="request_id", how="semi")
-        summary = summarise(items_graded)
+        summary: dict = {"week": context.partition_key, **summarise(items_graded)}
         if truth is not None:
             summary.update({k: v for k, v in summarise(graded, truth).items() if k.startswith(("golden", "agree"))})
         strata = sample.join(pool.select("request_id", "shard_id", "length_bucket"), on="request_id") \
@@ -126,7 +136,8 @@ def build_judge_asset(spec: JobSpec) -> dg.AssetsDefinition:
         context.log.info(f"judge: pass rate {summary['pass_rate']:.3f} on {summary['judged']} sampled outputs"
                          + (f", agreement with golden {summary['agreement']:.3f}" if "agreement" in summary else ""))
         return dg.MaterializeResult(metadata={**{k: dg.MetadataValue.float(float(v)) if isinstance(v, float)
-                                                 else dg.MetadataValue.int(int(v)) for k, v in summary.items()},
+                                                 else dg.MetadataValue.int(int(v)) for k, v in summary.items()
+                                                 if k != "week"},
                                               "strata": md_table(strata, limit=100)})
 
     return judge_sample

@@ -68,9 +68,9 @@ def pick_label(options: list[Any], text: str, salt: str = "", hints: dict[str, l
     """
     if not options:
         raise ValueError("enum without values")
-    forced = FORCE_LABEL_RE.search(text)
-    if forced:  # scenarios skew_labels / wrong_labels steer the answer through this marker
-        wanted = forced.group(1)
+    # scenarios skew_labels / wrong_labels steer the answer through this marker; the first one naming one of the
+    # options wins, so one text can steer two questions (a label, then a judge's pass/fail on the same task)
+    for wanted in FORCE_LABEL_RE.findall(text):
         if wanted in options:
             return wanted
         others = [o for o in options if o != wanted.removeprefix("not:")]

@@ -1,5 +1,7 @@
 """Judge sampling for free-text outputs: stratified sample, graded through an executor, agreement vs golden."""
 
+import json
+
 import dagster as dg
 import polars as pl
 import pytest
@@ -7,6 +9,7 @@ import pytest
 from batch_pipeline.core.quality.judge import stratified_sample, summarise
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.build import build_definitions
+from batch_pipeline.defs.evals import WEEKLY
 from batch_pipeline.defs.pipeline import run_job
 
 from .conftest import REPO
@@ -50,7 +53,7 @@ def test_judge_asset_grades_a_sample_and_reports_agreement_with_golden(sandbox, 
     run_job(spec, instance, resources)
     defs = build_definitions([spec], resources)
     result = dg.materialize([*defs.assets], selection=[dg.AssetKey([spec.name, "judge"])], instance=instance,
-                            resources=defs.resources)
+                            resources=defs.resources, partition_key=WEEKLY.get_first_partition_key())
     assert result.success
     summary = Store(home).read_json(f"jobs/{spec.name}/judge.json")
     assert summary["sampled"] == summary["judged"] == 12
@@ -69,3 +72,57 @@ def test_judge_asset_grades_a_sample_and_reports_agreement_with_golden(sandbox, 
     assert summary["golden_judged"] >= 60 and summary["agreement_low"] <= summary["agreement"]
     judged_online = [e for e in sandbox.ledger() if e.get("mode") == "online"]
     assert len(judged_online) == verdicts.height
+
+
+def _ticket(i: int, subject: str, body: str, **extra) -> dict:
+    return {"ticket_id": f"T{i:06d}", "subject": subject, "body": body, **extra}
+
+
+# The sandbox answers an enum with the first [[sandbox:label=X]] marker naming one of its values: the first marker
+# steers the job's label (and so whether a golden probe is right), the second the judge's verdict on it.
+GOLDEN = [  # (label the job gives, the golden label, the judge's verdict): agreement on exactly 3 of 4
+    ("billing", "billing", "pass"),  # right, judged pass: agrees
+    ("billing", "billing", "fail"),  # right, judged fail: disagrees
+    ("bug", "billing", "fail"),      # wrong, judged fail: agrees
+    ("bug", "account", "fail"),      # wrong, judged fail: agrees
+]
+VERDICTS = ["pass"] * 6 + ["fail"] * 2  # the job's own 8 rows: pass rate exactly 6 of 8
+
+
+def test_the_eval_job_runs_the_judge_and_its_agreement_with_golden_is_exactly_three_of_four(
+        sandbox, make_job, instance, resources, home, tmp_path):
+    golden = tmp_path / "golden.jsonl"
+    golden.write_text("".join(json.dumps(_ticket(900 + i, f"Golden ticket {i}",
+                                                 f"Case {i}. [[sandbox:label={given}]] [[sandbox:label={verdict}]]",
+                                                 label=label)) + "\n"
+                              for i, (given, label, verdict) in enumerate(GOLDEN)))
+    rows = [_ticket(i, f"Ticket {i}", f"Question number {i}. [[sandbox:label={v}]]") for i, v in enumerate(VERDICTS)]
+    quality = {"golden": str(golden), "golden_share": 0.5, "eval_backend": ONLINE, "canary_min_accuracy": 0.0,
+               "judge": {"backend": ONLINE, "sample_size": 8}}
+    spec = make_job(rows=rows, quality=quality)
+    report = run_job(spec, instance, resources)
+    assert report["succeeded"] == 8
+
+    defs = build_definitions([spec], resources)
+    eval_job = defs.resolve_job_def(f"{spec.name}_eval")
+    assert dg.AssetKey([spec.name, "judge"]) in eval_job.asset_layer.executable_asset_keys
+    schedule = defs.resolve_schedule_def(f"{spec.name}_weekly_eval")
+    assert schedule.job_name == eval_job.name
+    week = WEEKLY.get_first_partition_key()
+    before = len(sandbox.ledger())
+    result = eval_job.execute_in_process(instance=instance, partition_key=week)
+    assert result.success
+
+    summary = Store(home).read_json(f"jobs/{spec.name}/judge.json")
+    assert summary["week"] == week
+    assert (summary["sampled"], summary["judged"], summary["pass_rate"]) == (8, 8, 0.75)
+    assert (summary["golden_judged"], summary["agreement"]) == (4, 0.75)
+    verdicts = pl.read_parquet(Store(home).read_bytes(f"jobs/{spec.name}/judge/verdicts.parquet"))
+    assert sorted(verdicts["verdict"].to_list()) == sorted(VERDICTS + [v for _, _, v in GOLDEN])
+    # the weekly eval in the same run: the job's labels are right on exactly 2 of the 4 golden records
+    eval_meta = instance.get_latest_materialization_event(dg.AssetKey([spec.name, "eval"])).asset_materialization
+    assert eval_meta.partition == week and eval_meta.metadata["accuracy"].value == 0.5
+    judge_meta = instance.get_latest_materialization_event(dg.AssetKey([spec.name, "judge"])).asset_materialization
+    assert judge_meta.partition == week and judge_meta.metadata["agreement"].value == 0.75
+    # one online request per golden record (the eval) and per graded answer (the judge), nothing else
+    assert len(sandbox.ledger()) - before == len(GOLDEN) + len(VERDICTS) + len(GOLDEN)
