@@ -68,8 +68,9 @@ def test_judge_asset_grades_a_sample_and_reports_agreement_with_golden(sandbox, 
     assert judged.height == 12  # every sampled answer got a verdict from the sandbox's judge
     # the stored figures are the verdicts' own: recomputed here from the table the asset wrote
     assert summary["pass_rate"] == pytest.approx(float((judged["verdict"] == "pass").mean()))
-    assert summary["pass_rate_low"] < summary["pass_rate"] < summary["pass_rate_high"] or summary["pass_rate"] in (0, 1)
-    assert summary["golden_judged"] >= 60 and summary["agreement_low"] <= summary["agreement"]
+    probe_ids = set(probes["request_id"])
+    assert summary["golden_judged"] == verdicts.filter(pl.col("request_id").is_in(probe_ids)
+                                                       & pl.col("verdict").is_not_null()).height > 0
     judged_online = [e for e in sandbox.ledger() if e.get("mode") == "online"]
     assert len(judged_online) == verdicts.height
 

@@ -7,11 +7,15 @@ import pyarrow as pa
 import pytest
 
 from batch_pipeline.core.errors import ConfigError
+from batch_pipeline.core.money.cost import load_prices
+from batch_pipeline.core.money.quote import quote_components
 from batch_pipeline.core.money.usd import format_usd
 from batch_pipeline.defs.assets import asset_key
 from batch_pipeline.defs.build import build_definitions
 from batch_pipeline.defs.metadata import column_schema, md_table, money_json, plain
 from batch_pipeline.defs.pipeline import run_job
+
+from .conftest import REPO
 
 
 @pytest.mark.parametrize("amount,shown", [
@@ -119,3 +123,12 @@ def test_a_spec_without_owners_or_tags_labels_nothing(make_job):
     manifest = next(a for a in defs.assets if asset_key(spec, "manifest") in a.keys)
     assert not list(manifest.owners_by_key[asset_key(spec, "manifest")])
     assert not [k for k in manifest.tags_by_key[asset_key(spec, "manifest")] if not k.startswith("dagster/")]
+
+
+def test_owners_and_tags_are_not_part_of_the_quote_fingerprint(make_job):
+    price = load_prices(REPO / "data" / "prices.yaml").lookup("openai_batch", "gpt-4o-mini")
+    plain_spec = make_job()
+    labelled = make_job(owners=["team:labelling"], tags={"domain": "support"})
+    changed = make_job(retries={"per_item": 2})  # a fingerprinted field: the comparison can tell a change
+    components = [quote_components(s, 0, price, None)["job spec"] for s in (plain_spec, labelled, changed)]
+    assert components[0] == components[1] != components[2]
