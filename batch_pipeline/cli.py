@@ -36,7 +36,7 @@ from batch_pipeline.cli_state import add_commands
 from batch_pipeline.cli_stops import (
     ExitCode,
     HeldStderr,
-    failed_check,
+    classify_failure,
     fix_line,
     one_line,
 )
@@ -216,8 +216,8 @@ def _interrupted(spec_arg: str) -> int:
 
 def _stopped(spec: JobSpec, arg: str, reason: str, code: str | None) -> int:
     """An expected stop: one line saying why, one with the command that fixes it (stderr), exit 3."""
-    errors.print(f"job {spec.name} stopped ({code or 'stop'}): {one_line(reason)}")
-    errors.print(fix_line(code, spec.name, spec.source_path or arg))
+    errors.print(f"job {spec.name} stopped ({code or 'stop'}): {one_line(reason)}", markup=False)
+    errors.print(fix_line(code, spec.name, spec.source_path or arg), markup=False)
     return ExitCode.STOPPED
 
 
@@ -265,11 +265,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         if stop is not None:  # an expected stop recorded by the run (bad key, budget, canary, retry cap, ...)
             log.discard()
             return _stopped(spec, args.spec, stop["reason"], stop.get("code"))
-        if failed_check(exc.description):
+        exit_code, code = classify_failure(exc.description)
+        if exit_code != ExitCode.BUG:  # a failed check, a quote over budget, a bad spec or input
             log.discard()
-            return _stopped(spec, args.spec, exc.description or "a blocking check failed", "check_failed")
+            _stopped(spec, args.spec, exc.description or "run failed", code)
+            return exit_code
         log.release()  # not a stop the job decided: a bug; Dagster's log above has the stack trace
-        errors.print(f"job {spec.name} failed: {one_line(exc.description or 'run failed')}")
+        errors.print(f"job {spec.name} failed: {one_line(exc.description or 'run failed')}", markup=False)
         errors.print(f"this looks like a bug (the stack trace is above and in the Dagster run log); once fixed, "
                      f"`batch-pipeline resume {spec.name}` continues where it stopped")
         return ExitCode.BUG

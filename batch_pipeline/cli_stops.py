@@ -59,10 +59,16 @@ STOP_ADVICE: dict[str, Advice] = {
     "check_failed": Advice("a blocking quality check failed: the validated table was not published",
                            "see `batch-pipeline report {job}` and `batch-pipeline status {job} --check`; fix the "
                            "cause (prompt, model, or the check's threshold in {spec}), " + _RESUME),
+    "bad_input": Advice("a job spec, setting or input file is wrong (the message names it)",
+                        "correct what the message names, " + _RESUME),
 }
 DEFAULT_ADVICE = Advice("the job stopped for a reason it recorded", "fix the cause named above, " + _RESUME)
 
 _CHECK_FAILED = re.compile(r"\bcheck \S+ failed|\bnot promoting\b")
+_CHECK_NAME = re.compile(r"\bcheck (\w+) failed")
+CHECK_STOPS = {"quote_within_budget": "budget"}  # checks whose failure is a stop reason of its own
+_OVER_BUDGET = re.compile(r"\bQuoteRefused: .*exceeds budget_usd")
+_BAD_INPUT = re.compile(r"\b(ConfigError|InputError|QuoteRefused): ")
 
 
 def advice(code: str | None) -> Advice:
@@ -78,9 +84,19 @@ def one_line(text: str, limit: int = 600) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
-def failed_check(description: str | None) -> bool:
-    """A run failed because a blocking check failed (not a bug): the publish step refused to promote."""
-    return bool(description and _CHECK_FAILED.search(description))
+def classify_failure(description: str | None) -> tuple[ExitCode, str | None]:
+    """A failed run that recorded no stop: a failed blocking check or a quote over budget (a human decides,
+    exit 3), a spec or input error raised inside a step (exit 2), or else a bug (exit 1). The step names the
+    error class in the failure's description (``Type: message``)."""
+    text = description or ""
+    if _CHECK_FAILED.search(text):
+        named = [CHECK_STOPS[c] for c in _CHECK_NAME.findall(text) if c in CHECK_STOPS]
+        return ExitCode.STOPPED, named[0] if named else "check_failed"
+    if _OVER_BUDGET.search(text):
+        return ExitCode.STOPPED, "budget"
+    if _BAD_INPUT.search(text):
+        return ExitCode.BAD_INPUT, "bad_input"
+    return ExitCode.BUG, None
 
 
 class HeldStderr:
