@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import IO, Self
 
+from batch_pipeline.core.troubleshooting import TroubleKind, for_stop, lookup
+
 
 class ExitCode(IntEnum):
     """The documented exit codes of every ``batch-pipeline`` command (README, "Exit codes")."""
@@ -26,57 +28,35 @@ class ExitCode(IntEnum):
 
 @dataclass(frozen=True)
 class Advice:
-    """A stop reason's meaning and the fix; ``{job}`` and ``{spec}`` are filled in."""
+    """A stop reason's meaning and the fix (``<job>`` and "the spec" are filled in by ``fix_line``)."""
 
     means: str
     fix: str
 
 
-_RESUME = "then `batch-pipeline resume {job}`"
-_KEY = Advice("the provider refused the API key", "set a valid key in the backend's key variable (e.g. "
-              "OPENAI_API_KEY), " + _RESUME)
-_CREDIT = Advice("the provider account has no credit or quota left", "add credit to the account, " + _RESUME)
-_MODEL = Advice("the provider does not serve this model", "fix `model` in {spec}, " + _RESUME)
-_ACCESS = Advice("the account may not use this model, region or resource",
-                 "grant access (or change `model`/the backend's settings in {spec}), " + _RESUME)
-# stop codes (JobControl.stop's ``code``) -> advice; unknown codes get DEFAULT_ADVICE
-STOP_ADVICE: dict[str, Advice] = {
-    "invalid_api_key": _KEY, "authentication_error": _KEY, "permission_denied": _ACCESS, "access_denied": _ACCESS,
-    "invalid_organization": _KEY, "account_deactivated": _ACCESS, "unsupported_country_region_territory": _ACCESS,
-    "insufficient_quota": _CREDIT, "billing_hard_limit_reached": _CREDIT, "credit_balance_too_low": _CREDIT,
-    "model_not_found": _MODEL, "not_found": _MODEL,
-    "budget": Advice("the next submission would take spend past budget_usd",
-                     "raise `budget_usd` in {spec} (`batch-pipeline quote {job}` prices what is left), " + _RESUME),
-    "retry_cap": Advice("retries would spend more than retries.spend_cap_share of the first tries",
-                        "inspect the failures (`batch-pipeline status {job}`), fix the cause or raise "
-                        "`retries.spend_cap_share` in {spec}, " + _RESUME),
-    "canary_failed": Advice("the canary shard's answers failed the golden set or the output contract",
-                            "read the verdict (`batch-pipeline status {job}`), fix the prompt or model in {spec}, "
-                            + _RESUME),
-    "batch_failed": Advice("the provider failed a whole batch (its errors are in the reason)",
-                           "fix what the provider names, " + _RESUME),
-    "paused": Advice("a human paused the job (a deploy): nothing new is sent", "`batch-pipeline resume {job}`"),
+# stops the command line names that are not rows of the troubleshooting table (core/troubleshooting.py)
+CLI_STOPS: dict[str, Advice] = {
     "check_failed": Advice("a blocking quality check failed: the validated table was not published",
-                           "see `batch-pipeline report {job}` and `batch-pipeline status {job} --check`; fix the "
-                           "cause (prompt, model, or the check's threshold in {spec}), " + _RESUME),
+                           "see `batch-pipeline report <job>` and `batch-pipeline status <job> --check`; fix what "
+                           "the check names, then `batch-pipeline resume <job>`"),
     "bad_input": Advice("a job spec, setting or input file is wrong (the message names it)",
-                        "correct what the message names, " + _RESUME),
+                        "correct what the message names, then `batch-pipeline resume <job>`"),
 }
-DEFAULT_ADVICE = Advice("the job stopped for a reason it recorded", "fix the cause named above, " + _RESUME)
-
-_CHECK_FAILED = re.compile(r"\bcheck \S+ failed|\bnot promoting\b")
-_CHECK_NAME = re.compile(r"\bcheck (\w+) failed")
-CHECK_STOPS = {"quote_within_budget": "budget"}  # checks whose failure is a stop reason of its own
-_OVER_BUDGET = re.compile(r"\bQuoteRefused: .*exceeds budget_usd")
-_BAD_INPUT = re.compile(r"\b(ConfigError|InputError|QuoteRefused): ")
 
 
 def advice(code: str | None) -> Advice:
-    return STOP_ADVICE.get(code or "", DEFAULT_ADVICE)
+    """The troubleshooting row of a stop code, wait kind (``paused``) or check name; a provider's own code gets
+    the generic provider row."""
+    if code in CLI_STOPS:
+        return CLI_STOPS[code]
+    row = lookup(code) if code else None
+    if row is None or row.kind == TroubleKind.WARNING_CHECK:
+        row = for_stop(code)
+    return Advice(row.meaning, row.fix)
 
 
 def fix_line(code: str | None, job: str, spec: str) -> str:
-    return "fix: " + advice(code).fix.format(job=job, spec=spec)
+    return "fix: " + advice(code).fix.replace("<job>", job).replace("in the spec", f"in {spec}")
 
 
 def one_line(text: str, limit: int = 600) -> str:
@@ -84,13 +64,19 @@ def one_line(text: str, limit: int = 600) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
+_CHECK_FAILED = re.compile(r"\bcheck \S+ failed|\bnot promoting\b")
+_CHECK_NAME = re.compile(r"\bcheck (\w+) failed")
+_OVER_BUDGET = re.compile(r"\bQuoteRefused: .*exceeds budget_usd")
+_BAD_INPUT = re.compile(r"\b(ConfigError|InputError|QuoteRefused): ")
+
+
 def classify_failure(description: str | None) -> tuple[ExitCode, str | None]:
-    """A failed run that recorded no stop: a failed blocking check or a quote over budget (a human decides,
-    exit 3), a spec or input error raised inside a step (exit 2), or else a bug (exit 1). The step names the
-    error class in the failure's description (``Type: message``)."""
+    """A failed run that recorded no stop: a failed blocking check (its name is the code) or a quote over budget
+    (a human decides, exit 3), a spec or input error raised inside a step (exit 2), or else a bug (exit 1). The
+    step names the error class in the failure's description (``Type: message``)."""
     text = description or ""
     if _CHECK_FAILED.search(text):
-        named = [CHECK_STOPS[c] for c in _CHECK_NAME.findall(text) if c in CHECK_STOPS]
+        named = [c for c in _CHECK_NAME.findall(text) if lookup(c) is not None]
         return ExitCode.STOPPED, named[0] if named else "check_failed"
     if _OVER_BUDGET.search(text):
         return ExitCode.STOPPED, "budget"

@@ -48,9 +48,9 @@ def test_status_shows_what_waits_and_why(sandbox, instance, resources, home, mak
     out = capsys.readouterr().out
     assert _row(out, "s00001")[1] == "stopped" and "job stopped at" in out and "bad key" in out
     # the reason's meaning and the command that fixes it
-    assert "means: the provider refused the API key" in out
-    assert f"fix: set a valid key in the backend's key variable (e.g. OPENAI_API_KEY), then `batch-pipeline resume " \
-           f"{spec.name}`" in out
+    assert "means: the provider refused the key" in out
+    assert ("fix: export the right key in the variable `backend.settings.api_key_env` names (default "
+            f"`OPENAI_API_KEY`), then `batch-pipeline resume {spec.name}`") in out
     total = _row(out, "total")
     assert total[:6] == ["total", "40", "0", "0", "40", "0"] and total[-1] == "True", total
 
@@ -103,13 +103,13 @@ def test_a_bad_key_prints_one_line_and_the_fix_then_a_name_finds_the_spec_run_fr
     lines = done.stderr.strip().splitlines()
     assert "Traceback" not in done.stderr and "Stack Trace" not in done.stderr and len(lines) <= 3, done.stderr
     assert lines[0].startswith("job keyed stopped (invalid_api_key): ") and "401" in lines[0], lines
-    assert lines[1] == ("fix: set a valid key in the backend's key variable (e.g. OPENAI_API_KEY), then "
-                        "`batch-pipeline resume keyed`"), lines
+    assert lines[1] == ("fix: export the right key in the variable `backend.settings.api_key_env` names (default "
+                        "`OPENAI_API_KEY`), then `batch-pipeline resume keyed`"), lines
     assert "sk-sandbox-bad" not in done.stdout + done.stderr
     # the spec lives outside the jobs folder: the name finds it through the record the run left in the home
     status = _cli(["status", "keyed", "--home", str(home)], env, timeout=120)
     assert status.returncode == 0, status.stdout + status.stderr
-    assert "job stopped at" in status.stdout and "means: the provider refused the API key" in status.stdout
+    assert "job stopped at" in status.stdout and "means: the provider refused the key" in status.stdout
     # the fix named above, by name: resume completes the same job
     resumed = _cli(["resume", "keyed", "--home", str(home)], {**env, "OPENAI_API_KEY": "sk-sandbox"})
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
@@ -146,8 +146,8 @@ def test_a_quote_over_the_budget_exits_3_with_the_budget_fix(sandbox, make_job, 
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
     assert len(lines) == 2 and "Traceback" not in err, err
-    assert lines[0].startswith("job cheap stopped (budget): check quote_within_budget failed: "), lines
-    assert lines[1].startswith(f"fix: raise `budget_usd` in {spec.source_path}"), lines
+    assert lines[0].startswith("job cheap stopped (quote_within_budget): check quote_within_budget failed: "), lines
+    assert lines[1] == "fix: raise `budget_usd` (or shrink the input), then `batch-pipeline run cheap`", lines
     assert sandbox.ledger() == []  # nothing was sent
 
 
