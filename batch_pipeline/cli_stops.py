@@ -23,7 +23,7 @@ class ExitCode(IntEnum):
     BUG = 1  # an unexpected error: the stack trace is printed
     BAD_INPUT = 2  # a job spec, setting, price table or argument is wrong; or the job has nothing to show yet
     STOPPED = 3  # stopped for a human: bad key, budget, canary, retry cap, failed check, pause, incomplete job
-    INTERRUPTED = 143  # SIGTERM or Ctrl-C during a run (128 + SIGTERM): finished results were stored
+    INTERRUPTED = 143  # SIGTERM during a run (128 + SIGTERM): finished results were stored
 
 
 @dataclass(frozen=True)

@@ -85,3 +85,24 @@ def test_export_and_report_before_a_run_exit_2(make_job, home, capsys):
     assert "no validated table" in capsys.readouterr().out
     assert main(["report", spec.source_path, "--home", str(home)]) == 2
     assert "no report" in capsys.readouterr().out
+
+
+def test_the_summary_of_a_remote_home_says_how_to_query_the_parquet_in_place():
+    import io
+
+    from rich.console import Console
+
+    from batch_pipeline.cli_outputs import print_summary
+
+    uri = "s3://bucket/prefix/jobs/exp/validated/exp.parquet"
+    buf = io.StringIO()
+    print_summary({"job": "exp", "complete": True, "outputs": {"validated": uri, "duckdb": ""}},
+                  Console(file=buf, width=400, soft_wrap=True))
+    out = buf.getvalue()
+    assert "│ DuckDB file" not in out  # no empty row for a file that does not exist
+    assert "INSTALL httpfs; LOAD httpfs; CREATE SECRET (TYPE s3, PROVIDER credential_chain)" in out
+    assert f"SELECT * FROM read_parquet('{uri}') LIMIT 10" in out
+    local = io.StringIO()
+    print_summary({"job": "exp", "complete": True, "outputs": {"validated": "/h/v.parquet", "duckdb": "/h/exp.duckdb"}},
+                  Console(file=local, width=400))
+    assert "/h/exp.duckdb" in local.getvalue() and "httpfs" not in local.getvalue()
