@@ -63,6 +63,22 @@ def _progress_meta(meter: progress.Meter) -> dict[str, dg.MetadataValue]:
             "progress_elapsed_s": dg.MetadataValue.float(round(f.elapsed_s, 3))}
 
 
+def _per_shard_meta(counts: dict[str, dict[str, int]]) -> dict[str, dg.MetadataValue]:
+    """A run over one shard states that shard's counts. A ranged run records ONE materialization for all its
+    partitions (Dagster has no per-partition result within a step), so its totals are labelled as the run's, and
+    each shard's own counts are a row of ``per_shard``: a shard's partition page never shows its range's totals
+    as its own."""
+    if len(counts) == 1:
+        return {name: dg.MetadataValue.int(value) for name, value in next(iter(counts.values())).items()}
+    names = list(next(iter(counts.values()), {}))
+    totals = {name: sum(c[name] for c in counts.values()) for name in names}
+    rows = ["| shard | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    rows += [f"| {shard} | " + " | ".join(str(c[n]) for n in names) + " |" for shard, c in counts.items()]
+    return {"shards_in_run": dg.MetadataValue.text(", ".join(counts)),
+            **{f"run_{name}": dg.MetadataValue.int(value) for name, value in totals.items()},
+            "per_shard": dg.MetadataValue.md("\n".join(rows))}
+
+
 def _backfill_policy() -> dg.BackfillPolicy:
     """A UI backfill of the shards runs ``shards_per_run`` of them per run (each shard takes the driver's step)."""
     return dg.BackfillPolicy.multi_run(max_partitions_per_run=Settings.from_env().shards_per_run)
@@ -256,6 +272,7 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
         _clean_failure(lambda: verify_quote(spec, st, prices.get(), st.read_json(paths.quote)))
         driver = _shard_driver(context, spec, store, prices)
         sent, batches = 0, []
+        counts: dict[str, dict[str, int]] = {}
         engine_metrics: dict = {}
         keys = moving_shards(context)
         shards_meter = progress.meter("submit", total=len(keys), unit="shards")
@@ -272,6 +289,7 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
                 raise dg.Failure(description=f"{type(exc).__name__}: {exc}") from exc
             shards_meter.advance()
             sent += out.sent
+            counts[key] = {"requests_sent": out.sent}
             batches.extend(out.batches)
             context.log.info(f"shard {key}: {out.action}: {out.sent} requests sent"
                              + (f", {out.rescued} rescued online" if out.rescued else "")
@@ -279,7 +297,7 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
             engine = getattr(driver.runner.executor, "metrics", {}).get(key)
             if engine:
                 engine_metrics[key] = engine
-        meta = {"requests_sent": dg.MetadataValue.int(sent),
+        meta = {**(_per_shard_meta(counts) if counts else {"requests_sent": dg.MetadataValue.int(sent)}),
                 "batches": dg.MetadataValue.text("\n".join(batches) or "none"), **_progress_meta(shards_meter)}
         if engine_metrics:  # self-hosted: prompt/cached/generated tokens, tokens/s, engine vs wall time
             meta["engine_metrics"] = dg.MetadataValue.json(engine_metrics)
@@ -305,7 +323,7 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
                 context.log.info(f"shard {shard_id}: {status.provider_status} "
                                  f"{status.completed}/{status.total} done, {status.failed} failed")
 
-        rows = ok = rescued = 0
+        counts: dict[str, dict[str, int]] = {}
         systemic: list[str] = []
         keys = moving_shards(context)
         shards_meter = progress.meter("collect", total=len(keys), unit="shards")
@@ -317,15 +335,12 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
                 continue
             finally:
                 shards_meter.advance()
-            rows, ok, rescued = rows + out.results, ok + out.succeeded, rescued + out.rescued
+            counts[key] = {"results": out.results, "succeeded": out.succeeded, "rescued_online": out.rescued}
             context.log.info(f"shard {key}: collected {out.results} results, {out.succeeded} succeeded")
         if systemic:  # one message for the job: the first cause, and how many other shards it stopped
             more = f" (and {len(systemic) - 1} more shard(s) stopped by the same stop)" if len(systemic) > 1 else ""
             raise dg.Failure(description=f"SystemicError: {systemic[0]}{more}")
-        return dg.MaterializeResult(metadata={"results": dg.MetadataValue.int(rows),
-                                              "succeeded": dg.MetadataValue.int(ok),
-                                              "rescued_online": dg.MetadataValue.int(rescued),
-                                              **_progress_meta(shards_meter)})
+        return dg.MaterializeResult(metadata={**_per_shard_meta(counts), **_progress_meta(shards_meter)})
 
     @dg.asset(key=asset_key(spec, "results"), deps=[shard_results], group_name=job, **labels, kinds={"parquet"},
               description="The staged table: one row per source row, latest valid result of its request. "
