@@ -1,7 +1,13 @@
 """`batch-pipeline`: run a job spec through Dagster, show a job's reconciliation, serve the sandbox.
 
     batch-pipeline run data/jobs/demo.yaml     # manifest -> quote -> shards -> validated table
-    batch-pipeline status demo                 # per-shard reconciliation from the store
+    batch-pipeline status demo                 # per-shard reconciliation from the store, a stop and its fix
+    batch-pipeline quote demo --compare        # the whole job (and what remains) on every backend
+    batch-pipeline export demo --format csv    # the validated table as openai-batch, parquet, csv or jsonl
+    batch-pipeline report demo                 # the report table and the path of its plot
+
+A job is named by its spec's path or by its name. Exit codes: 0 done, 1 a bug, 2 bad input or configuration,
+3 stopped for a human (the fix is printed), 143 interrupted by SIGTERM.
     batch-pipeline sandbox --port 8765         # the provider sandbox alone
     batch-pipeline dev                         # sandbox + `dagster dev` on the same instance
 """
