@@ -120,6 +120,7 @@ def test_stage_report_and_promote_read_no_whole_frame(job):
     spec, store = job
     state = JobState.load(spec, store)
     outputs = stage(spec, store, state)
+    assert outputs["staged"].endswith(JobPaths(spec.name).staged)
     report = build_report(spec, store, state, outputs={})
     assert "_frames" not in state.__dict__  # items, results and states were never read whole
     assert report["succeeded"] == state.scan.totals.valid and report["missing"] == 1
