@@ -127,16 +127,17 @@ def write_duckdb_views(store: Store, job: str, extra_views: list[str] | None = N
     db = store.local_path(paths.duckdb)
     assert db is not None
     root = store.local_path(paths.root)
-    gen = Manifest(job, store).last_generation()
+    live = Manifest(job, store).live_parts()
     views = {
         "validated": store.local_path(paths.validated),
         "dead_letters": store.local_path(paths.dead_letters),
         "results": f"{root}/results/*/*.parquet",
         "payloads": f"{root}/payloads/*/*.parquet",  # the raw provider lines, by (request_id, attempt)
         "items": f"{root}/manifest/items/*.parquet",
-        "source_rows": store.local_path(paths.rows(gen)),
-        "rejects": store.local_path(paths.rejects(gen)),
     }
+    # an incremental manifest keeps each file's live rows (and rejects) in the generation that read them
+    live_views = {"source_rows": _live_select(store, paths.rows, live),
+                  "rejects": _live_select(store, paths.rejects, live)}
     tmp = db.with_suffix(".duckdb.tmp")
     tmp.unlink(missing_ok=True)
     con = duckdb.connect(str(tmp))
@@ -148,11 +149,30 @@ def write_duckdb_views(store: Store, job: str, extra_views: list[str] | None = N
                 continue
             con.execute(f"CREATE VIEW {name} AS SELECT *{_vector_columns(target)} "
                         f"FROM read_parquet('{target}', union_by_name=true)")
+        for name, select in live_views.items():
+            if select:
+                con.execute(f"CREATE VIEW {name} AS {select}")
         for statement in extra_views or []:
             con.execute(statement)
     finally:
         con.close()
     tmp.replace(db)
+
+
+def _live_select(store: Store, path_of, live: dict[int, list[str]]) -> str | None:
+    """The live rows across generations (``Manifest.live_parts``): each generation's part, filtered to the sources
+    whose rows it still holds; None when no part exists yet."""
+    selects = []
+    for gen, sources in sorted(live.items()):
+        part = store.local_path(path_of(gen))
+        if part is None or not part.exists():
+            continue
+        where = ""
+        if sources:
+            quoted = ", ".join("'" + s.replace("'", "''") + "'" for s in sources)
+            where = f" WHERE source IN ({quoted})"
+        selects.append(f"SELECT * FROM read_parquet('{part}'){where}")
+    return " UNION ALL BY NAME ".join(selects) or None
 
 
 def _vector_columns(target) -> str:
