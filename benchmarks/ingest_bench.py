@@ -359,9 +359,9 @@ class _StubExecutor:
 
         data = self.by_batch[handle.batch_id]
         workers = default_workers()
-        if not self.split:
+        if not self.split:  # as the executor does: 1 MiB chunks, the file's size from its content-length
             chunks = (data[i:i + (1 << 20)] for i in range(0, len(data), 1 << 20))
-            yield from parse_output_stream(chunks, workers)
+            yield from parse_output_stream(chunks, workers, total_bytes=len(data))
             return
         step = 1 << 18
         chunks = (data[i:i + step] for i in range(0, len(data), step))

@@ -22,6 +22,7 @@ from batch_pipeline.core.run.threads import ordered_map
 # block). Each block pays fixed costs (a DuckDB query, a Parquet file): 16 MB blocks ingested 5-10% faster than
 # 8 MB and 2-3x faster than 0.5-2 MB; memory holds about (parse workers + 3) blocks.
 RESULT_BLOCK_BYTES = 16 * 2**20
+MIN_BLOCK_BYTES = 2**20
 _SPACE_BYTES = list(b" \t\r\x0b\x0c\n")  # what ``bytes.strip`` removes
 _duckdb = threading.local()
 
@@ -56,11 +57,21 @@ def iter_blocks(chunks: Iterable[bytes], block_bytes: int = RESULT_BLOCK_BYTES) 
         yield data
 
 
+def block_bytes_for(total_bytes: int | None, workers: int, cap: int = RESULT_BLOCK_BYTES) -> int:
+    """How big a block to cut: ``cap``, but a file of known size is cut into one block per parse worker at least
+    (a 5,000-line shard's file of ~4 MB was one 16 MB block, parsed on one core while the other waited:
+    1.63 s per 500k lines against 1.10 s in two blocks). Never below ``MIN_BLOCK_BYTES``."""
+    if not total_bytes or workers <= 1:
+        return cap
+    return max(MIN_BLOCK_BYTES, min(cap, -(-total_bytes // workers)))
+
+
 def parse_stream(parse_block: Callable[[bytes], pa.Table], chunks: Iterable[bytes], workers: int = 1,
-                 block_bytes: int = RESULT_BLOCK_BYTES) -> Iterator[pa.Table]:
-    """A downloaded result file, as byte chunks -> one table per block of about ``block_bytes``, in file order;
-    blocks are parsed on ``workers`` threads while the next ones arrive."""
-    return ordered_map(parse_block, iter_blocks(chunks, block_bytes), workers)
+                 block_bytes: int = RESULT_BLOCK_BYTES, total_bytes: int | None = None) -> Iterator[pa.Table]:
+    """A downloaded result file, as byte chunks -> one table per block of about ``block_bytes`` (fewer when the
+    file's ``total_bytes`` is known: ``block_bytes_for``), in file order; blocks are parsed on ``workers``
+    threads while the next ones arrive."""
+    return ordered_map(parse_block, iter_blocks(chunks, block_bytes_for(total_bytes, workers, block_bytes)), workers)
 
 
 def lines_array(block: bytes) -> pa.StringArray | None:

@@ -175,7 +175,9 @@ class OpenAIBatchExecutor:
             if not file_id:
                 continue
             with self._call("file download", self.client.files.with_streaming_response.content, file_id) as resp:
-                yield from parse(self._download(resp, file_id), self.parse_workers)
+                size = resp.headers.get("content-length")  # known: blocks cut so every parse worker has one
+                yield from parse(self._download(resp, file_id), self.parse_workers,
+                                 total_bytes=int(size) if size and size.isdigit() else None)
 
     def _download(self, resp: Any, file_id: str) -> Iterator[bytes]:
         """The file's bytes; a connection that breaks mid-download is a TransientError (the runner fetches again)."""

@@ -167,10 +167,10 @@ def _line(raw: bytes) -> tuple:
             line_err.get("message") or body_err.get("message"), resp.get("request_id"), text)
 
 
-def parse_embedding_stream(chunks: Iterable[bytes], workers: int = 1,
-                           block_bytes: int = RESULT_BLOCK_BYTES) -> Iterator[pa.Table]:
+def parse_embedding_stream(chunks: Iterable[bytes], workers: int = 1, block_bytes: int = RESULT_BLOCK_BYTES,
+                           total_bytes: int | None = None) -> Iterator[pa.Table]:
     """A downloaded output or error file of an embeddings batch -> one table per block, in file order."""
-    return parse_stream(parse_embedding_block, chunks, workers, block_bytes)
+    return parse_stream(parse_embedding_block, chunks, workers, block_bytes, total_bytes)
 
 
 def embedding_from_response(body: dict[str, Any]) -> tuple[np.ndarray | None, int | None]:

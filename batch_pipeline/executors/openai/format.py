@@ -149,11 +149,11 @@ def parse_output_block(block: bytes) -> pa.Table:
     return fast if fast is not None else _parse_lines(block)
 
 
-def parse_output_stream(chunks: Iterable[bytes], workers: int = 1,
-                        block_bytes: int = RESULT_BLOCK_BYTES) -> Iterator[pa.Table]:
+def parse_output_stream(chunks: Iterable[bytes], workers: int = 1, block_bytes: int = RESULT_BLOCK_BYTES,
+                        total_bytes: int | None = None) -> Iterator[pa.Table]:
     """A downloaded output or error file, as byte chunks -> RAW_RESULT_SCHEMA tables, one per block of about
     ``block_bytes``, in file order; blocks are parsed on ``workers`` threads while the next ones arrive."""
-    return parse_stream(parse_output_block, chunks, workers, block_bytes)
+    return parse_stream(parse_output_block, chunks, workers, block_bytes, total_bytes)
 
 
 def _parse_lines(block: bytes) -> pa.Table:
