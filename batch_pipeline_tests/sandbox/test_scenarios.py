@@ -186,7 +186,7 @@ def test_create_batch_checks_its_parameters(client: openai.OpenAI, admin: Sandbo
         with pytest.raises(openai.BadRequestError):
             create(metadata=metadata)
     with pytest.raises(openai.BadRequestError):
-        create(endpoint="/v1/embeddings")
+        create(endpoint="/v1/images/generations")  # not an endpoint the Batch API serves
     with pytest.raises(openai.NotFoundError):
         create(input_file_id="file-missing")
     create(metadata={f"k{i}": "v" * 512 for i in range(16)})  # the limits themselves are fine

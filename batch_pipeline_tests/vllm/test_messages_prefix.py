@@ -5,7 +5,6 @@ part of the cached prefix, so the cached share of all input tokens stays above 0
 import json
 
 import polars as pl
-from transformers import AutoTokenizer
 
 from batch_pipeline.core.run.executor import ItemShape, RequestPlan
 from batch_pipeline.core.run.results import read_results
@@ -29,6 +28,8 @@ def rows(n: int) -> list[dict]:
 
 
 def test_the_renderer_gives_the_chat_templates_own_tokens_for_examples_and_turns(tiny_model):
+    from transformers import AutoTokenizer  # the vLLM tier's venv only (the module loads without it)
+
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
     plan = RequestPlan("m", SYSTEM, None, None, examples=tuple((t["role"], t["content"]) for t in EXAMPLES[:4]),
                        shape=ItemShape.TURNS)
@@ -57,6 +58,8 @@ def test_a_messages_job_keeps_the_cached_share_above_0_8_with_the_examples_in_th
     share = results["cached_tokens"].sum() / results["input_tokens"].sum()
     assert share > 0.8, share
     # more than the system prompt is cached: the examples are in the shared prefix
+    from transformers import AutoTokenizer  # the vLLM tier's venv only (the module loads without it)
+
     tokenizer = AutoTokenizer.from_pretrained(spec.backend.settings["model"])
     system_only = tokenizer.apply_chat_template([{"role": "system", "content": SYSTEM}], tokenize=True)
     system_only = len(system_only["input_ids"] if hasattr(system_only, "keys") else system_only)

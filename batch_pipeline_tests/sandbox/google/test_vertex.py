@@ -162,13 +162,21 @@ def test_auth_permission_model_and_rate_limit_answers(vertex_sandbox, gcs):
     assert vertex_sandbox.ledger() == []
 
 
-def test_without_a_gcs_emulator_create_says_how_to_give_one(vertex_sandbox):
+def test_without_a_gcs_emulator_the_sandbox_starts_its_own(vertex_sandbox, gcs_emulator):
+    """No emulator named (a fresh `batch-pipeline sandbox`): the sandbox starts one in memory on first use, says
+    where at GET /_sandbox/gcs, and reads job inputs from it (a missing object is named, not the emulator)."""
+    import json
+    import urllib.request
+
     proc, url = start_sandbox_process(env={"STORAGE_EMULATOR_HOST": "", "BATCH_PIPELINE_SANDBOX_GCS_URL": ""})
     try:
         SandboxAdmin(url).reset()
+        with urllib.request.urlopen(url + "/_sandbox/gcs", timeout=30) as answer:
+            own = json.loads(answer.read())["gcs_endpoint_url"]
+        assert own.startswith("http://127.0.0.1:") and own.rstrip("/") != gcs_emulator.rstrip("/")
         c = client(url)
-        with pytest.raises(genai_errors.APIError) as error:
-            c.batches.create(model="gemini-2.5-flash", src="gs://b/in.jsonl", config={"dest": "gs://b/o"})
-        assert error.value.code == 400 and "STORAGE_EMULATOR_HOST" in error.value.message
+        job = c.batches.create(model="gemini-2.5-flash", src="gs://b/in.jsonl", config={"dest": "gs://b/o"})
+        failed = wait(c, job.name)  # read from the sandbox's own emulator, where no such object exists
+        assert failed.state == gtypes.JobState.JOB_STATE_FAILED and "Failed to read the input" in failed.error.message
     finally:
         stop_sandbox_process(proc)
