@@ -353,12 +353,13 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
             raise dg.Failure(f"job {job} has no manifest in {st.root}; materialize {job}/manifest first")
         state = JobState.load(spec, st)
         outputs = stage(spec, st, state)
-        table = pl.read_parquet(st.read_bytes(paths.staged))
-        context.log.info(f"staged table: {table.height} rows -> {outputs['staged']}")
-        meta = plain({"rows": table.height, **outputs})
+        head, rows = st.read_head(paths.staged)  # footer + first rows: a 10M-row table is not read whole
+        table = pl.from_arrow(head)
+        context.log.info(f"staged table: {rows} rows -> {outputs['staged']}")
+        meta = plain({"rows": rows, **outputs})
         meta["preview"] = md_table(table.select("source_key", "output", "attempt", "input_tokens", "output_tokens",
                                                 "cost_usd", "is_duplicate"))
-        meta.update(table_meta(table.schema, table.height))
+        meta.update(table_meta(table.schema, rows))
         return dg.MaterializeResult(metadata=meta)
 
     @dg.asset(key=asset_key(spec, "validated"), deps=[results], group_name=job, **labels,
@@ -402,7 +403,7 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
         rep = build_report(spec, st, state, outputs={"validated": st.uri(paths.validated),
                                                      "duckdb": str(st.local_path(paths.duckdb) or "")})
         st.write_json(paths.report, rep)
-        png = cost_over_time(state.results)
+        png = cost_over_time(state.scan.timeline)  # summed per recording time by the streaming scan
         st.write_bytes(f"{paths.root}/report.png", png)
         meta = plain({k: v for k, v in rep.items() if not isinstance(v, dict | list)})
         for key in ("cost_by_pricing", "quoted_vs_actual", "cost_by_attempt"):  # amounts as dollars

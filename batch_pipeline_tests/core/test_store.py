@@ -175,3 +175,18 @@ def test_store_paths_stay_under_the_root(tmp_path):
     assert (tmp_path / "root" / "x" / "y.bin").read_bytes() == b"abc"
     assert store.exists("x/y.bin") and not store.exists("x/z.bin")
     assert store.uri("x/y.bin") == str((tmp_path / "root" / "x" / "y.bin").resolve())
+
+
+def test_read_head_gives_the_first_rows_and_the_count_without_the_rest(tmp_path):
+    import pyarrow as pa
+
+    from batch_pipeline.core.store import Store
+
+    store = Store(tmp_path)
+    store.write_table("t.parquet", pa.table({"n": list(range(1000)), "s": [str(i) for i in range(1000)]}),
+                      row_group_size=100)
+    head, rows = store.read_head("t.parquet", 10)
+    assert rows == 1000 and head.column("n").to_pylist() == list(range(10)) and head.column_names == ["n", "s"]
+    store.write_table("e.parquet", pa.table({"n": pa.array([], pa.int64())}))
+    head, rows = store.read_head("e.parquet")
+    assert rows == 0 and head.num_rows == 0 and head.schema.field("n").type == pa.int64()
