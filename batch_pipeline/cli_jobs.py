@@ -8,7 +8,8 @@ root, written by ``run``), then in the jobs folder (``data/jobs/<name>.yaml``). 
 from pathlib import Path
 
 from batch_pipeline.core.errors import ConfigError
-from batch_pipeline.core.spec.job import JobSpec, load_spec
+from batch_pipeline.core.spec.job import JobSpec
+from batch_pipeline.core.spec.loading import load_spec
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.spec.settings import Settings
 from batch_pipeline.core.store import Store

@@ -226,7 +226,7 @@ def webserver(dagster_home: Path, spec_path: str, store_home: str, env: dict[str
     root = dagster_home / "ws"
     root.mkdir(exist_ok=True)
     (root / "location.py").write_text(
-        "from batch_pipeline.core.spec.job import load_spec\nfrom batch_pipeline.defs.build import build_definitions\n"
+        "from batch_pipeline.core.spec.loading import load_spec\nfrom batch_pipeline.defs.build import build_definitions\n"
         f"defs = build_definitions([load_spec({spec_path!r})])\n")
     (root / "workspace.yaml").write_text(
         "load_from:\n  - python_file: {relative_path: location.py, attribute: defs, location_name: scale}\n")
@@ -290,7 +290,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from batch_pipeline.core.manifest.shards import Manifest
-    from batch_pipeline.core.spec.job import load_spec
+    from batch_pipeline.core.spec.loading import load_spec
     from batch_pipeline.core.store import Store
     from batch_pipeline_tests.defs.postgres import postgres_server
 

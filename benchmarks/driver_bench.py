@@ -257,7 +257,7 @@ def _build_shard(store, spec, summaries, number: int, n: int, kind: str, first_l
 
 
 def build_chunk(home: str, spec_path: str, tasks: list[tuple[int, int, str, int]], seed: int) -> dict:
-    from batch_pipeline.core.spec.job import load_spec
+    from batch_pipeline.core.spec.loading import load_spec
     from batch_pipeline.core.state.summary import ShardSummaries
     from batch_pipeline.core.store import Store
 
@@ -279,7 +279,7 @@ def build(home: str, spec_path: str, shards: int, items: int, seed: int, workers
     from batch_pipeline.core.quality.golden import CanaryVerdict
     from batch_pipeline.core.manifest.shards import ManifestSummary, shard_name
     from batch_pipeline.core.spec.paths import JobPaths
-    from batch_pipeline.core.spec.job import load_spec
+    from batch_pipeline.core.spec.loading import load_spec
     from batch_pipeline.core.store import Store
 
     started = time.perf_counter()
@@ -404,7 +404,7 @@ OLD = ("old", "old_status")
 
 
 def _fresh(home: str, spec_path: str):
-    from batch_pipeline.core.spec.job import load_spec
+    from batch_pipeline.core.spec.loading import load_spec
     from batch_pipeline.core.store import Store
 
     return load_spec(spec_path), Store(home)

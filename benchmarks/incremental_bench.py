@@ -55,7 +55,7 @@ shards: {{max_requests: {shard}}}
 def generation(work: str) -> dict:
     """One manifest build on the job in ``work`` (run in a spawned child)."""
     from batch_pipeline.core.manifest.shards import build_manifest
-    from batch_pipeline.core.spec.job import load_spec
+    from batch_pipeline.core.spec.loading import load_spec
     from batch_pipeline.core.store import Store
 
     spec = load_spec(Path(work) / "job.yaml")

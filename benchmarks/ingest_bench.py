@@ -219,7 +219,7 @@ def reference(files: list[str], out_dir: str) -> dict:
 def _setup_ours(work: str):
     from batch_pipeline.core.money.cost import Price
     from batch_pipeline.core.run.executor import RequestPlan
-    from batch_pipeline.core.spec.job import parse_spec
+    from batch_pipeline.core.spec.loading import parse_spec
     from batch_pipeline.core.store import Store
 
     import pandas  # noqa: F401 - pyarrow imports it on its first Python-value conversion; not throughput

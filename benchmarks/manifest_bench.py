@@ -210,7 +210,7 @@ def _install_section_timers(totals: dict[str, float]) -> None:
 
 def ours(path: str, work: str, sections: bool, profile: bool, dedup_budget_mb: int | None = None) -> dict:
     from batch_pipeline.core.manifest.shards import Manifest, build_manifest
-    from batch_pipeline.core.spec.job import load_spec
+    from batch_pipeline.core.spec.loading import load_spec
     from batch_pipeline.core.store import Store
 
     spec_path = Path(work) / "job.yaml"
@@ -263,7 +263,7 @@ def bench(rows: int, seed: int, sections: bool, profile: bool, variants: list[st
     from benchmarks.make_rows import rows_file
 
     from batch_pipeline.core.manifest import ids
-    from batch_pipeline.core.spec.job import load_spec
+    from batch_pipeline.core.spec.loading import load_spec
 
     path, meta = rows_file(rows, seed, short=short)  # generated (once) by a separate process
     with open(path, "rb") as f:  # warm the page cache so neither variant pays the first read

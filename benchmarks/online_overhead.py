@@ -39,7 +39,8 @@ import openai  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 from batch_pipeline.core.run.executor import RequestPlan, ShardWork  # noqa: E402
-from batch_pipeline.core.spec.job import BackendSpec, parse_spec  # noqa: E402
+from batch_pipeline.core.spec.job import BackendSpec
+from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.executors.online.transport import BodyBuilder  # noqa: E402
 from batch_pipeline.executors.registry import create_executor  # noqa: E402
 from batch_pipeline.sandbox import SandboxAdmin, start_sandbox_process, stop_sandbox_process  # noqa: E402

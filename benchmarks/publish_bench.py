@@ -163,7 +163,7 @@ def build(items: int, seed: int, workers: int) -> tuple[Path, dict]:
 
 # -- variants (spawned children) --------------------------------------------------------------------
 def _setup(home: str):
-    from batch_pipeline.core.spec.job import load_spec
+    from batch_pipeline.core.spec.loading import load_spec
     from batch_pipeline.core.store import Store
 
     import pandas  # noqa: F401 - pyarrow imports it on its first Python-value conversion; not publishing

@@ -28,7 +28,7 @@ import polars as pl
 import yaml
 
 from batch_pipeline.core.publish.tables import JobState
-from batch_pipeline.core.spec.job import load_spec
+from batch_pipeline.core.spec.loading import load_spec
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 from batch_pipeline.sandbox import SandboxAdmin, start_sandbox_process, stop_sandbox_process

@@ -22,7 +22,7 @@ import pytest
 import yaml
 from playwright.sync_api import BrowserContext, Locator, Page, Playwright, expect, sync_playwright
 
-from batch_pipeline.core.spec.job import load_spec
+from batch_pipeline.core.spec.loading import load_spec
 from batch_pipeline.core.store import Store
 from batch_pipeline_tests.defs.test_gate import inject
 from batch_pipeline_tests.e2e.conftest import JOB, SMALL, DagsterDev, run_dagster_dev, write_project

@@ -16,7 +16,8 @@ import yaml
 
 from batch_pipeline.core.manifest import ids
 from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA
-from batch_pipeline.core.spec.job import JobSpec, load_spec
+from batch_pipeline.core.spec.job import JobSpec
+from batch_pipeline.core.spec.loading import load_spec
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_SPEC = REPO / "data" / "jobs" / "demo.yaml"

@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 
 from batch_pipeline.core.quality.evals import paired, samples_needed, wilson
-from batch_pipeline.core.spec.job import load_spec
+from batch_pipeline.core.spec.loading import load_spec
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.build import build_definitions
 from batch_pipeline.defs.evals import build_eval_defs

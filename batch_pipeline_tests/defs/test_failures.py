@@ -90,7 +90,7 @@ def test_two_concurrent_shard_runs_in_separate_processes_make_one_batch(sandbox,
     _, url = sandbox_proc
     script = (
         "import sys, json\n"
-        "from batch_pipeline.core.spec.job import load_spec\n"
+        "from batch_pipeline.core.spec.loading import load_spec\n"
         "from batch_pipeline.core.store import Store\n"
         "from batch_pipeline.core.run.runner import ShardRunner\n"
         "from batch_pipeline.core.run.lease import LeaseHeldError\n"

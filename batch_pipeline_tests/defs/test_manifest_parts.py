@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 
 from batch_pipeline.core.manifest.parts import part_key
 from batch_pipeline.core.manifest.shards import Manifest, build_manifest
-from batch_pipeline.core.spec.job import load_spec
+from batch_pipeline.core.spec.loading import load_spec
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.manifest_parts import (

@@ -36,7 +36,7 @@ def prepare(spec, instance, resources) -> list[str]:
 
 
 def test_demo_job_accounts_for_every_item_and_a_rerun_sends_nothing(sandbox, instance, resources, home):
-    from batch_pipeline.core.spec.job import load_spec
+    from batch_pipeline.core.spec.loading import load_spec
 
     spec = load_spec(REPO / "data" / "jobs" / "demo.yaml")
     report = run_job(spec, instance, resources)

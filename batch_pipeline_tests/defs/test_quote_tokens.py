@@ -13,7 +13,7 @@ from batch_pipeline.core.money.cost import load_prices
 from batch_pipeline.core.money.quote import make_quote, schema_tokens
 from batch_pipeline.core.publish.tables import JobState
 from batch_pipeline.core.run.executor import RequestPlan, ShardWork
-from batch_pipeline.core.spec.job import load_spec
+from batch_pipeline.core.spec.loading import load_spec
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.assets import asset_key
 from batch_pipeline.defs.build import build_definitions

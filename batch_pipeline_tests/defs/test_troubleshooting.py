@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from batch_pipeline.core.errors import SYSTEMIC_CODES
-from batch_pipeline.core.spec.job import load_spec
+from batch_pipeline.core.spec.loading import load_spec
 from batch_pipeline.core.state.driver import WaitKind
 from batch_pipeline.core.troubleshooting import (
     OTHER_PROVIDER_CODE,

@@ -8,7 +8,8 @@ import pytest
 from batch_pipeline.core.manifest.shards import Manifest, ShardCaps, build_manifest
 from batch_pipeline.core.store import Store
 from batch_pipeline.core.errors import ConfigError
-from batch_pipeline.core.spec.job import BackendSpec, parse_spec
+from batch_pipeline.core.spec.job import BackendSpec
+from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.executors.registry import EXECUTOR_CLASSES, EXECUTORS, batch_limits, create_executor
 
 

@@ -23,7 +23,8 @@ import psutil
 import pytest
 import yaml
 
-from batch_pipeline.core.spec.job import JobSpec, load_spec
+from batch_pipeline.core.spec.job import JobSpec
+from batch_pipeline.core.spec.loading import load_spec
 from batch_pipeline.defs.resources import PricesResource, StoreResource
 from batch_pipeline.executors.vllm.engine import prepare_in_process_threads, release_engines
 from batch_pipeline.models.tiny_llama import build_tiny_llama

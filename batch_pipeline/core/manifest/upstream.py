@@ -35,7 +35,8 @@ from batch_pipeline.core.errors import ConfigError, InputError
 from batch_pipeline.core.manifest import ids
 from batch_pipeline.core.manifest.inputs import KEY, LINE, InputFile, Reject, RowBatch, read_batches, resolve_inputs
 from batch_pipeline.core.run.results import read_results
-from batch_pipeline.core.spec.job import JobSpec, load_spec
+from batch_pipeline.core.spec.job import JobSpec
+from batch_pipeline.core.spec.loading import load_spec
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 

@@ -6,7 +6,7 @@ import pyarrow as pa
 
 from batch_pipeline.core.run.executor import RequestPlan, ShardWork
 from batch_pipeline.core.manifest.shards import Manifest, build_manifest
-from batch_pipeline.core.spec.job import parse_spec
+from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.core.store import Store
 from batch_pipeline.executors.openai.format import request_lines
 

@@ -15,7 +15,7 @@ from batch_pipeline.core.manifest import inputs
 from batch_pipeline.core.errors import InputError
 from batch_pipeline.core.manifest.inputs import read_batches, resolve_inputs
 from batch_pipeline.core.manifest.shards import Manifest, build_manifest
-from batch_pipeline.core.spec.job import load_spec
+from batch_pipeline.core.spec.loading import load_spec
 from batch_pipeline.core.store import Store
 from batch_pipeline_tests.core.helpers import base_spec_dict, write_jsonl, write_spec
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from batch_pipeline.core.manifest.shards import Manifest, build_manifest
-from batch_pipeline.core.spec.job import load_spec
+from batch_pipeline.core.spec.loading import load_spec
 from batch_pipeline.core.store import Store
 from batch_pipeline_tests.core.helpers import base_spec_dict, reference_request_id, write_jsonl, write_spec
 
@@ -97,7 +97,7 @@ def test_manifest_ids_are_stable_across_processes(demo_build, sample_data, tmp_p
     _, store, _, _ = demo_build
     root, _ = sample_data
     code = (
-        "import sys; from batch_pipeline.core.spec.job import load_spec; from batch_pipeline.core.store import Store; "
+        "import sys; from batch_pipeline.core.spec.loading import load_spec; from batch_pipeline.core.store import Store; "
         "from batch_pipeline.core.manifest.shards import build_manifest; "
         "build_manifest(load_spec(sys.argv[1]), Store(sys.argv[2]))"
     )

@@ -12,7 +12,8 @@ from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.manifest import ids
 from batch_pipeline.core.manifest.messages import TurnError, canonical_turns
 from batch_pipeline.core.manifest.shards import Manifest, build_manifest
-from batch_pipeline.core.spec.job import JobSpec, parse_spec
+from batch_pipeline.core.spec.job import JobSpec
+from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.core.store import Store
 
 SYSTEM = "Label the ticket."

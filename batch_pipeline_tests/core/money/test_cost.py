@@ -10,7 +10,7 @@ from batch_pipeline.core.run.executor import RequestPlan, ShardWork
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.money.quote import cache_scenarios
 from batch_pipeline.core.run.results import RESULT_SCHEMA, build_results, read_results, write_results
-from batch_pipeline.core.spec.job import parse_spec
+from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.core.store import Store
 from batch_pipeline.executors.anthropic.format import parse_results_block
 

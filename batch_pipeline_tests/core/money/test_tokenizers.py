@@ -12,7 +12,7 @@ import tiktoken_ext.openai_public
 from batch_pipeline.core.money.estimate import prompt_sample, request_tokens, schema_text
 from batch_pipeline.core.money.tokenizers import (_BPE, CLAUDE_CHARS_PER_TOKEN, GEMINI_CHARS_PER_TOKEN, BpeCounter,
                                                   DensityCounter, TokenizerFileCounter, counter_for, family)
-from batch_pipeline.core.spec.job import parse_spec
+from batch_pipeline.core.spec.loading import parse_spec
 
 TEXTS = ["Hello, world! How's it going?", "Order #1234567 was charged $19.99 twice (2026-11-30).",
          "Ünïcödé, 日本語のテキスト, emoji 🙂 and\ttabs\n\nnew lines", "  leading spaces", "", "a" * 5000,

@@ -21,7 +21,7 @@ from batch_pipeline.core.run.lease import TTL_ENV, LeaseHeldError, acquire, curr
 from batch_pipeline.core.manifest.shards import build_manifest
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.run.runner import ShardRunner
-from batch_pipeline.core.spec.job import parse_spec
+from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.core.store import Store
 from batch_pipeline.executors.registry import create_executor
 

@@ -15,7 +15,8 @@ from batch_pipeline.core.spec.contract_floor import (BARE, CHOICE_FORMS, WRAPPED
                                                 shortest_answer, token_floor)
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.run.executor import RequestPlan
-from batch_pipeline.core.spec.job import OutputSpec, load_spec, parse_spec
+from batch_pipeline.core.spec.job import OutputSpec
+from batch_pipeline.core.spec.loading import load_spec, parse_spec
 from batch_pipeline.core.quality.validate import choice_schema, validate
 from batch_pipeline_tests.core.helpers import DEMO_SPEC, REPO, raw_results
 
@@ -318,7 +319,7 @@ def test_every_backend_that_sends_the_requests_is_checked():
 
 
 def test_every_spec_in_data_jobs_loads():
-    from batch_pipeline.core.spec.job import load_specs
+    from batch_pipeline.core.spec.loading import load_specs
 
     assert load_specs(REPO / "data" / "jobs")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from batch_pipeline.core.errors import ConfigError
-from batch_pipeline.core.spec.job import load_spec, load_specs, parse_spec
+from batch_pipeline.core.spec.loading import load_spec, load_specs, parse_spec
 from batch_pipeline_tests.core.helpers import DEMO_SPEC
 
 # line numbers are part of the fixture: keep this text as it is

@@ -13,7 +13,8 @@ from batch_pipeline.core.errors import ConfigError, ErrorClass, SystemicError, T
 from batch_pipeline.core.run.executor import BatchState, RequestPlan, ShardWork
 from batch_pipeline.core.manifest.shards import build_manifest
 from batch_pipeline.core.run.runner import ShardRunner
-from batch_pipeline.core.spec.job import BackendSpec, parse_spec
+from batch_pipeline.core.spec.job import BackendSpec
+from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.core.store import Store
 from batch_pipeline.core.quality.validate import validate
 from batch_pipeline.executors.anthropic.batch import STATUS_MAP, AnthropicBatchExecutor, AnthropicBatchSettings

@@ -11,7 +11,8 @@ import pytest
 from batch_pipeline.core.errors import ConfigError, ErrorClass, SystemicError, TransientError, classify_line_error
 from batch_pipeline.core.quality.validate import validate
 from batch_pipeline.core.run.executor import BatchHandle, BatchState, RequestPlan, ShardWork
-from batch_pipeline.core.spec.job import BackendSpec, parse_spec
+from batch_pipeline.core.spec.job import BackendSpec
+from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.executors.bedrock.batch import STATUS_MAP, BedrockBatchExecutor, job_name, request_token
 from batch_pipeline.executors.bedrock.format import BEDROCK_RAW_SCHEMA
 from batch_pipeline.executors.registry import batch_limits, batch_minimum, create_executor, names

@@ -10,7 +10,8 @@ from google.genai import types
 from batch_pipeline.core.errors import ConfigError, SystemicError, TransientError
 from batch_pipeline.core.quality.validate import validate
 from batch_pipeline.core.run.executor import BatchState, RequestPlan, ShardWork
-from batch_pipeline.core.spec.job import BackendSpec, parse_spec
+from batch_pipeline.core.spec.job import BackendSpec
+from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.executors.google.gemini_batch import (REFUSED_STATES, STATE_MAP, GeminiBatchExecutor,
                                                           GeminiBatchSettings, input_file)
 from batch_pipeline.executors.registry import batch_limits, create_executor, names

@@ -12,7 +12,8 @@ import pytest
 
 from batch_pipeline.core.errors import ConfigError, SystemicError
 from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA, RequestPlan, ShardWork, StreamExecutor
-from batch_pipeline.core.spec.job import BackendSpec, parse_spec
+from batch_pipeline.core.spec.job import BackendSpec
+from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.executors.online.executor import OnlineExecutor, classify
 from batch_pipeline.executors.provider_errors import retry_after_s
 from batch_pipeline.executors.online.transport import BodyBuilder, Reply

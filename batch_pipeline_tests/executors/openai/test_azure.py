@@ -9,7 +9,8 @@ import pytest
 
 from batch_pipeline.core.errors import ConfigError, SystemicError
 from batch_pipeline.core.run.executor import BatchState, RequestPlan, ShardWork
-from batch_pipeline.core.spec.job import BackendSpec, parse_spec
+from batch_pipeline.core.spec.job import BackendSpec
+from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.executors.endpoint import SANDBOX_URL_ENV
 from batch_pipeline.executors.openai.azure import AZURE_CHAT_URL, AzureOpenAIBatchExecutor, AzureOpenAIBatchSettings
 from batch_pipeline.executors.registry import create_executor, names

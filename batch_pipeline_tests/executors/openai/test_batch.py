@@ -12,7 +12,7 @@ from batch_pipeline.core.errors import ConfigError, SystemicError
 from batch_pipeline.core.run.executor import BatchState, RequestPlan, ShardWork
 from batch_pipeline.core.manifest.shards import build_manifest
 from batch_pipeline.core.run.runner import ShardRunner
-from batch_pipeline.core.spec.job import parse_spec
+from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.core.store import Store
 from batch_pipeline.executors.openai.batch import STATUS_MAP, OpenAIBatchExecutor, OpenAIBatchSettings
 from batch_pipeline.executors.openai.format import parse_output_block, request_lines

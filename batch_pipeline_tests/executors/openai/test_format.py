@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 
 from batch_pipeline.core.run.executor import RequestPlan, ShardWork
 from batch_pipeline.core.run.results import build_results, write_results
-from batch_pipeline.core.spec.job import parse_spec
+from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 from batch_pipeline.executors.openai.format import _parse_fast, _parse_lines, parse_output_block, parse_output_stream
