@@ -26,6 +26,7 @@ from importlib import resources
 from collections.abc import Callable
 from typing import Any
 
+import bpe_openai.data
 import tiktoken
 
 TOKEN_RE = re.compile(r"\w+|[^\w\s]")
@@ -46,7 +47,7 @@ _BPE = {  # encoding -> (tiktoken's published SHA-256 of the rank file, its spli
 def bpe(name: str) -> tiktoken.Encoding:
     """A tiktoken encoding from the rank file bundled in ``bpe-openai`` (hash-checked, never downloaded)."""
     digest, pattern = _BPE[name]
-    raw = gzip.decompress(resources.files("bpe_openai.data").joinpath(f"{name}.tiktoken.gz").read_bytes())
+    raw = gzip.decompress(resources.files(bpe_openai.data).joinpath(f"{name}.tiktoken.gz").read_bytes())
     if hashlib.sha256(raw).hexdigest() != digest:
         raise RuntimeError(f"the bundled {name} ranks do not match tiktoken's published hash")
     ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in raw.splitlines() if line)}

@@ -23,6 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
+import bpe_openai.data
 import tiktoken
 
 from batch_pipeline.core.errors import ConfigError
@@ -51,7 +52,7 @@ class TokenCounter(Protocol):
 def bpe_encoding(name: str) -> tiktoken.Encoding:
     """A tiktoken encoding from the rank file bundled in ``bpe-openai`` (hash-checked, never downloaded)."""
     digest, pattern = _BPE[name]
-    raw = gzip.decompress(resources.files("bpe_openai.data").joinpath(f"{name}.tiktoken.gz").read_bytes())
+    raw = gzip.decompress(resources.files(bpe_openai.data).joinpath(f"{name}.tiktoken.gz").read_bytes())
     if hashlib.sha256(raw).hexdigest() != digest:
         raise ConfigError(f"the bundled {name} ranks do not match tiktoken's published hash; reinstall bpe-openai")
     ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in raw.splitlines() if line)}

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from google.api_core import exceptions as gexc
 from google.auth import exceptions as auth_exc
 from google.auth.credentials import AnonymousCredentials
-from google.cloud import storage
+import google.cloud.storage as storage
 
 from batch_pipeline.core.errors import BatchPipelineError, ConfigError, SystemicError, TransientError
 from batch_pipeline.executors.endpoint import sandbox_info

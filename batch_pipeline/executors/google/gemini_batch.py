@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx2
 import pyarrow as pa
-from google import genai
+import google.genai as genai
 from google.genai import errors as genai_errors
 from google.genai import types
 from pydantic import Field
