@@ -10,28 +10,25 @@ import pyarrow.parquet as pq
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 from batch_pipeline.core import progress
-from batch_pipeline.core.money.budget import BudgetGuard
 from batch_pipeline.core.money.compare import compare_backends
 from batch_pipeline.core.errors import BatchPipelineError, SystemicError
-from batch_pipeline.core.quality.golden import GoldenProbes
 from batch_pipeline.core.manifest.shards import Manifest, ShardCaps, build_manifest
 from batch_pipeline.core.publish.plots import cost_over_time
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.publish.tables import JobState, dead_letters, promote, stage
 from batch_pipeline.core.money.quote import make_quote, verify_quote
 from batch_pipeline.core.publish.report import build_report, shard_table
-from batch_pipeline.core.run.results import read_results
-from batch_pipeline.core.run.runner import ShardRunner
-from batch_pipeline.core.state.execute import ShardDriver, ShardWaits
-from batch_pipeline.core.state.fallback import Stage, fallback_variant
-from batch_pipeline.core.route.plan import RouteBook, candidate_for, route_pending, routed_variant
-from batch_pipeline.core.spec.job import BackendSpec, CostCompareSpec, JobSpec
+from batch_pipeline.core.state.execute import ShardWaits
+from batch_pipeline.core.route.plan import route_pending
+from batch_pipeline.core.spec.job import CostCompareSpec, JobSpec
 from batch_pipeline.core.spec.settings import Settings
 from batch_pipeline.defs.checks import CHECKS, build_result_checks, build_shard_stats_check, check_description
 from batch_pipeline.defs.k8s import GPU_POOL, gpu_step_tags, is_gpu_backend
-from batch_pipeline.defs.metadata import md_table, money_json, plain, spec_labels, table_meta
+from batch_pipeline.defs.metadata import (md_table, money_json, per_shard_meta, plain, progress_meta, spec_labels,
+                                          table_meta)
+from batch_pipeline.defs.runners import shard_driver
 from batch_pipeline.defs.resources import PricesResource, StoreResource
-from batch_pipeline.executors.registry import batch_limits, create_executor, route_profile
+from batch_pipeline.executors.registry import batch_limits, route_profile
 
 SHARDS_TAG = "batch_pipeline/shards"  # the shards a range run moves (the others in its range are left alone)
 
@@ -55,87 +52,9 @@ def moving_shards(context: dg.AssetExecutionContext) -> list[str]:
     return [k for k in keys if k in wanted]
 
 
-def _progress_meta(meter: progress.Meter) -> dict[str, dg.MetadataValue]:
-    """The run's share of a step as the CLI's bar shows it: count, rate, elapsed."""
-    f = meter.figures()
-    return {f"progress_{f.unit}": dg.MetadataValue.int(f.done),
-            f"progress_{f.unit}_per_s": dg.MetadataValue.float(round(f.rate_per_s, 3)),
-            "progress_elapsed_s": dg.MetadataValue.float(round(f.elapsed_s, 3))}
-
-
-def _per_shard_meta(counts: dict[str, dict[str, int]]) -> dict[str, dg.MetadataValue]:
-    """A run over one shard states that shard's counts. A ranged run records ONE materialization for all its
-    partitions (Dagster has no per-partition result within a step), so its totals are labelled as the run's, and
-    each shard's own counts are a row of ``per_shard``: a shard's partition page never shows its range's totals
-    as its own."""
-    if len(counts) == 1:
-        return {name: dg.MetadataValue.int(value) for name, value in next(iter(counts.values())).items()}
-    names = list(next(iter(counts.values()), {}))
-    totals = {name: sum(c[name] for c in counts.values()) for name in names}
-    rows = ["| shard | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-    rows += [f"| {shard} | " + " | ".join(str(c[n]) for n in names) + " |" for shard, c in counts.items()]
-    return {"shards_in_run": dg.MetadataValue.text(", ".join(counts)),
-            **{f"run_{name}": dg.MetadataValue.int(value) for name, value in totals.items()},
-            "per_shard": dg.MetadataValue.md("\n".join(rows))}
-
-
 def _backfill_policy() -> dg.BackfillPolicy:
     """A UI backfill of the shards runs ``shards_per_run`` of them per run (each shard takes the driver's step)."""
     return dg.BackfillPolicy.multi_run(max_partitions_per_run=Settings.from_env().shards_per_run)
-
-
-def _runner(spec: JobSpec, store: StoreResource, prices: PricesResource, backend: BackendSpec | None = None,
-            stage: Stage = Stage.PRIMARY) -> ShardRunner:
-    """A shard runner whose every paid call first passes the budget guard (golden probes ride with the primary's
-    submissions only)."""
-    backend = backend or spec.backend
-    st = store.get()
-    executor = create_executor(backend)
-    price = prices.get().lookup(backend.name, spec.model)
-    quote = st.read_json(JobPaths(spec.name).quote) or {}
-    guard = BudgetGuard(spec, st, price, quote.get("calibration", {}).get("factor", 1.0),
-                        batch=executor.pricing == "batch")
-    return ShardRunner(spec, st, executor, price, executor.pricing, before_spend=guard.check,
-                       extra_items=_probe_hook(spec, st) if stage == Stage.PRIMARY else None, stage=stage)
-
-
-def _probe_hook(spec: JobSpec, st):
-    """Golden probes ride along with a shard's first real submission (all of them in the canary shard)."""
-    probes = GoldenProbes(spec, st)
-    if not probes.enabled:
-        return None
-    manifest = Manifest(spec.name, st)
-
-    def extra(shard_id: str, attempt: int):
-        shard_probes = probes.for_shard(shard_id, manifest.shard_items(shard_id, ["request_id"]).num_rows,
-                                        canary=shard_id == manifest.shard_ids()[0])
-        answered = read_results(st, spec.name, shard_id, ["request_id"])
-        if answered.join(shard_probes.select("request_id"), on="request_id", how="semi").height:
-            return None
-        return shard_probes.select("request_id", "user_prompt").to_arrow()
-
-    return extra
-
-
-def _shard_driver(context, spec: JobSpec, store: StoreResource, prices: PricesResource) -> ShardDriver:
-    """The shard runner and, on demand, the tail-rescue runner (the spec's online backend, interactive price) and
-    the fallback model's runner."""
-    tail = (lambda: _runner(spec, store, prices, spec.tail.backend)) if spec.tail is not None else None
-    fallback = (lambda: _runner(fallback_variant(spec), store, prices, stage=Stage.FALLBACK)) \
-        if spec.fallback is not None else None
-    if spec.route is not None:  # backend: auto: each shard's runner is built for the backend its route names
-        book = RouteBook(store.get(), spec.name)
-
-        def routed(shard_id: str) -> ShardRunner:
-            choice = book.get(shard_id)
-            if choice is None or choice.backend is None:
-                raise ShardWaits(f"shard {shard_id} has no route yet"
-                                 + (f": {choice.reason}" if choice else ": quote the job first (it routes the shards)"))
-            return _runner(routed_variant(spec, candidate_for(spec, choice).backend, choice.model), store, prices)
-
-        return ShardDriver(spec, store.get(), None, tail, say=context.log.info, fallback=fallback, router=routed)
-    return ShardDriver(spec, store.get(), _runner(spec, store, prices), tail, say=context.log.info,
-                       fallback=fallback)
 
 
 def _unpassed_checks(instance: dg.DagsterInstance, results_key: dg.AssetKey) -> list[str]:
@@ -270,7 +189,7 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
                     prices: PricesResource) -> dg.MaterializeResult:
         st = store.get()
         _clean_failure(lambda: verify_quote(spec, st, prices.get(), st.read_json(paths.quote)))
-        driver = _shard_driver(context, spec, store, prices)
+        driver = shard_driver(context, spec, store, prices)
         sent, batches = 0, []
         counts: dict[str, dict[str, int]] = {}
         engine_metrics: dict = {}
@@ -297,8 +216,8 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
             engine = getattr(driver.runner.executor, "metrics", {}).get(key)
             if engine:
                 engine_metrics[key] = engine
-        meta = {**(_per_shard_meta(counts) if counts else {"requests_sent": dg.MetadataValue.int(sent)}),
-                "batches": dg.MetadataValue.text("\n".join(batches) or "none"), **_progress_meta(shards_meter)}
+        meta = {**(per_shard_meta(counts) if counts else {"requests_sent": dg.MetadataValue.int(sent)}),
+                "batches": dg.MetadataValue.text("\n".join(batches) or "none"), **progress_meta(shards_meter)}
         if engine_metrics:  # self-hosted: prompt/cached/generated tokens, tokens/s, engine vs wall time
             meta["engine_metrics"] = dg.MetadataValue.json(engine_metrics)
         return dg.MaterializeResult(metadata=meta)
@@ -312,7 +231,7 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
                                             "resume`); the other shards' ended batches are still collected.")
     def shard_results(context: dg.AssetExecutionContext, store: StoreResource,
                       prices: PricesResource) -> dg.MaterializeResult:
-        driver = _shard_driver(context, spec, store, prices)
+        driver = shard_driver(context, spec, store, prices)
         if driver.stream:
             return dg.MaterializeResult(metadata={"results": dg.MetadataValue.text("written while the shard ran")})
         last_log = [0.0]
@@ -340,7 +259,7 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
         if systemic:  # one message for the job: the first cause, and how many other shards it stopped
             more = f" (and {len(systemic) - 1} more shard(s) stopped by the same stop)" if len(systemic) > 1 else ""
             raise dg.Failure(description=f"SystemicError: {systemic[0]}{more}")
-        return dg.MaterializeResult(metadata={**_per_shard_meta(counts), **_progress_meta(shards_meter)})
+        return dg.MaterializeResult(metadata={**per_shard_meta(counts), **progress_meta(shards_meter)})
 
     @dg.asset(key=asset_key(spec, "results"), deps=[shard_results], group_name=job, **labels, kinds={"parquet"},
               description="The staged table: one row per source row, latest valid result of its request. "

@@ -6,6 +6,7 @@ import dagster as dg
 import polars as pl
 import pyarrow as pa
 
+from batch_pipeline.core import progress
 from batch_pipeline.core.money.usd import format_usd
 from batch_pipeline.core.spec.job import JobSpec
 
@@ -121,3 +122,27 @@ def spec_labels(spec: JobSpec) -> dict:
     if spec.tags:
         out["tags"] = dict(spec.tags)
     return out
+
+
+def progress_meta(meter: progress.Meter) -> dict[str, dg.MetadataValue]:
+    """The run's share of a step as the CLI's bar shows it: count, rate, elapsed."""
+    f = meter.figures()
+    return {f"progress_{f.unit}": dg.MetadataValue.int(f.done),
+            f"progress_{f.unit}_per_s": dg.MetadataValue.float(round(f.rate_per_s, 3)),
+            "progress_elapsed_s": dg.MetadataValue.float(round(f.elapsed_s, 3))}
+
+
+def per_shard_meta(counts: dict[str, dict[str, int]]) -> dict[str, dg.MetadataValue]:
+    """A run over one shard states that shard's counts. A ranged run records ONE materialization for all its
+    partitions (Dagster has no per-partition result within a step), so its totals are labelled as the run's, and
+    each shard's own counts are a row of ``per_shard``: a shard's partition page never shows its range's totals
+    as its own."""
+    if len(counts) == 1:
+        return {name: dg.MetadataValue.int(value) for name, value in next(iter(counts.values())).items()}
+    names = list(next(iter(counts.values()), {}))
+    totals = {name: sum(c[name] for c in counts.values()) for name in names}
+    rows = ["| shard | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    rows += [f"| {shard} | " + " | ".join(str(c[n]) for n in names) + " |" for shard, c in counts.items()]
+    return {"shards_in_run": dg.MetadataValue.text(", ".join(counts)),
+            **{f"run_{name}": dg.MetadataValue.int(value) for name, value in totals.items()},
+            "per_shard": dg.MetadataValue.md("\n".join(rows))}

@@ -218,7 +218,7 @@ def test_the_budget_guard_refuses_a_submission_its_probes_push_over_the_budget(s
     from batch_pipeline.core.money.budget import BudgetGuard
     from batch_pipeline.core.errors import SystemicError
     from batch_pipeline.core.quality.golden import canary_sample
-    from batch_pipeline.defs.assets import _runner
+    from batch_pipeline.defs.runners import shard_runner
     from batch_pipeline.defs.resources import PricesResource, StoreResource
 
     store = Store(home)
@@ -247,7 +247,7 @@ def test_the_budget_guard_refuses_a_submission_its_probes_push_over_the_budget(s
     assert probes.height == 60
     probes_cost = guard.request_cost_high(float(probes["est_input_tokens"].sum()), probes.height)
     tight = make_job(name="gold", quality=QUALITY, budget_usd=items_cost + probes_cost / 2)
-    runner = _runner(tight, StoreResource(root=str(home)), PricesResource(path=str(REPO / "data" / "prices.yaml")))
+    runner = shard_runner(tight, StoreResource(root=str(home)), PricesResource(path=str(REPO / "data" / "prices.yaml")))
     canary = canary_sample(items, tight.canary.size)
     with pytest.raises(SystemicError, match=r"budget cap: .*\(10 items \$.* \+ 60 golden probes \$"):
         runner.submit("s00001", only=canary, canary=True)
@@ -256,7 +256,7 @@ def test_the_budget_guard_refuses_a_submission_its_probes_push_over_the_budget(s
     # the same budget without a golden set: the same 10 items go out
     fits = make_job(name="plain2", budget_usd=tight.budget_usd)
     build_manifest(fits, store)
-    sub = _runner(fits, StoreResource(root=str(home)), PricesResource(path=str(REPO / "data" / "prices.yaml"))) \
+    sub = shard_runner(fits, StoreResource(root=str(home)), PricesResource(path=str(REPO / "data" / "prices.yaml"))) \
         .submit("s00001", only=canary, canary=True)
     assert sub.requests == 10 and sub.handle is not None
 

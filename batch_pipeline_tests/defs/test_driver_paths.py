@@ -16,7 +16,8 @@ from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.state.machine import IllegalTransition, ShardState
 from batch_pipeline.core.state.summary import ShardSummaries
 from batch_pipeline.core.store import Store
-from batch_pipeline.defs.assets import _runner, asset_key
+from batch_pipeline.defs.assets import asset_key
+from batch_pipeline.defs.runners import shard_runner
 from batch_pipeline.defs.build import build_definitions
 from batch_pipeline.defs.jobs import build_jobs
 from batch_pipeline.defs.pipeline import run_job
@@ -47,7 +48,7 @@ def test_rescue_over_a_live_batch_cancels_it_keeps_its_results_and_sends_the_res
     assert ShardSummaries(spec, store).read("s00001").state == ShardState.SUBMITTED
     # the old rescue closed the live attempt and sent everything online: the state machine refuses that now
     with pytest.raises(IllegalTransition, match="submitted -> abandoned"):
-        _runner(spec.model_copy(), resources["store"], resources["prices"], spec.tail.backend).run_stream("s00001")
+        shard_runner(spec.model_copy(), resources["store"], resources["prices"], spec.tail.backend).run_stream("s00001")
     near = make_job(deadline=(datetime.now(UTC) + timedelta(minutes=20)).isoformat(), tail=TAIL, canary_first=False)
     sandbox.clock(freeze=False)
     assert _materialize(near, instance, resources, ["quote"]).success

@@ -11,9 +11,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
-                      model_validator)
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from batch_pipeline.core.spec.backends import (BackendChoice, BackendSpec, CostCompareSpec, FallbackSpec,  # noqa: F401
+                                              RouteCandidate, RouteSpec, SelfHostedCost, Strict, TailRescueSpec)
 from batch_pipeline.core.spec.contract_floor import answer_floor
 
 JOB_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,47}$"
@@ -25,18 +26,14 @@ TagKey = Annotated[str, Field(pattern=r"^([A-Za-z0-9_.-]{1,63}/)?[A-Za-z0-9_.-]{
 TagValue = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{0,63}$")]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ConfidenceFilter(_Strict):
+class ConfidenceFilter(Strict):
     """``input.confidence_below``: the upstream rows whose JSON output field ``field`` is below ``threshold``."""
 
     field: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     threshold: float
 
 
-class InputSpec(_Strict):
+class InputSpec(Strict):
     """Where the rows are and which field holds the text to classify."""
 
     path: str | None = Field(default=None, description="file, directory or glob; local or "
@@ -79,14 +76,14 @@ class InputSpec(_Strict):
         return self
 
 
-class Turn(_Strict):
+class Turn(Strict):
     """One few-shot turn of ``prompt.examples``: sent as given, right after the system prompt, in every request."""
 
     role: Literal["user", "assistant"]
     content: str = Field(min_length=1)
 
 
-class PromptSpec(_Strict):
+class PromptSpec(Strict):
     """Stable prefix first (system), per-row fields last (template)."""
 
     version: str = Field(min_length=1)
@@ -136,26 +133,21 @@ class PromptSpec(_Strict):
         return template
 
 
-class BackendSpec(_Strict):
-    name: str = Field(description="a registered executor: openai_batch, ...")
-    settings: dict[str, Any] = Field(default_factory=dict)
-
-
-class SamplingSpec(_Strict):
+class SamplingSpec(Strict):
     temperature: float = Field(default=0.0, ge=0, le=2)
     max_tokens: int = Field(gt=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
     seed: int | None = None
 
 
-class EmbeddingSpec(_Strict):
+class EmbeddingSpec(Strict):
     """An embeddings job: one vector per row, of exactly ``dimensions`` float32 values (the gate checks it)."""
 
     dimensions: int = Field(gt=0, le=16384, description="length of every vector (OpenAI text-embedding-3: "
                                                           "asked for; a pooling model: its hidden size)")
 
 
-class OutputSpec(_Strict):
+class OutputSpec(Strict):
     """Exactly one output contract: a fixed label set, a JSON schema, free text, or an embedding."""
 
     choice: list[str] | None = None
@@ -184,14 +176,14 @@ class OutputSpec(_Strict):
         return "json_schema" if self.json_schema is not None else "text"
 
 
-class ShardLimits(_Strict):
+class ShardLimits(Strict):
     max_requests: int = Field(default=5000, gt=0)
     max_bytes: int = Field(default=100 * 2**20, gt=0)
     manifest_memory_mb: int = Field(default=3072, gt=0, description=(
         "memory a manifest build may use (fits a 4 GB pod): past half of it the dedup spills to hash ranges"))
 
 
-class RetrySpec(_Strict):
+class RetrySpec(Strict):
     """Retry budgets per error class (the seed rule: transient errors are retried with backoff; an invalid or
     truncated answer is retried once, then dead-lettered; a poison item is not retried), within ``per_item``."""
 
@@ -202,22 +194,14 @@ class RetrySpec(_Strict):
     spend_cap_share: float = Field(default=0.10, ge=0, le=1)
 
 
-class TailRescueSpec(_Strict):
-    """Near the deadline, or when a batch expires, unfinished items go to an online backend (interactive price)."""
-
-    backend: BackendSpec = Field(default_factory=lambda: BackendSpec(name="online"))
-    before_deadline_minutes: float = Field(default=60, ge=0)
-    on_expiry: bool = True
-
-
-class CompareSpec(_Strict):
+class CompareSpec(Strict):
     """The B side of a paired comparison on the golden set: another prompt and/or another model."""
 
     prompt: PromptSpec | None = None
     model: str | None = None
 
 
-class JudgeSpec(_Strict):
+class JudgeSpec(Strict):
     """Judge sampling for free-text outputs: a stratified sample graded by a judge model."""
 
     backend: BackendSpec = Field(default_factory=lambda: BackendSpec(name="online"))
@@ -227,7 +211,7 @@ class JudgeSpec(_Strict):
                          "or fail (wrong, incomplete, off-task).")
 
 
-class QualitySpec(_Strict):
+class QualitySpec(Strict):
     """Golden records (trusted labels) and the gates and evals built on them."""
 
     golden: str = Field(description="JSONL with the input fields and a trusted label per row")
@@ -241,7 +225,7 @@ class QualitySpec(_Strict):
     judge: JudgeSpec | None = None
 
 
-class CanarySpec(_Strict):
+class CanarySpec(Strict):
     """A small sample of the first shard, run alone before anything else is paid for (with every golden probe)."""
 
     size: int = Field(default=300, gt=0, description="items in the canary, a stratified sample across lengths")
@@ -249,52 +233,7 @@ class CanarySpec(_Strict):
                                     description="structural failures (invalid or truncated answers) allowed")
 
 
-class SelfHostedCost(_Strict):
-    gpu_usd_per_hour: float = Field(gt=0)
-    gpus: int = Field(default=1, ge=1)
-    prefill_tokens_per_s: float = Field(gt=0, description="measured, aggregate over the batch")
-    decode_tokens_per_s: float = Field(gt=0, description="measured, aggregate over the batch")
-    prefix_hit_share: float = Field(default=0.0, ge=0, lt=1)
-    utilisation: float = Field(default=0.7, gt=0, le=1)
-    spot_loss: float = Field(default=0.0, ge=0, lt=1, description="share of GPU time lost to preemption")
-
-
-class BackendChoice(_Strict):
-    backend: BackendSpec
-    model: str | None = None
-
-
-class CostCompareSpec(_Strict):
-    backends: list[BackendChoice] = Field(default_factory=list)
-    self_hosted: SelfHostedCost | None = None
-
-
-class FallbackSpec(_Strict):
-    """A second model for the items the primary could not answer: those whose retry budget is spent and those that
-    hit a non-retryable model error (poison). Systemic errors never fall back: they stop the job."""
-
-    model: str = Field(min_length=1)
-    backend: BackendSpec | None = Field(default=None, description="default: the job's backend")
-
-
-class RouteCandidate(_Strict):
-    """One backend the router may send a shard to, with the model it answers with there."""
-
-    backend: BackendSpec
-    model: str | None = Field(default=None, description="default: the job's model")
-
-
-class RouteSpec(_Strict):
-    """``backend: auto``: the router (core/route/) picks one candidate per shard before it is submitted."""
-
-    candidates: list[RouteCandidate] = Field(min_length=1)
-    data_may_leave: bool = Field(default=True, description="false: self-hosted candidates only")
-    min_batch_items: int = Field(default=50, ge=0, description="a shard sending fewer items goes online")
-    online: RouteCandidate = Field(default_factory=lambda: RouteCandidate(backend=BackendSpec(name="online")),
-                                   description="where a shard below min_batch_items goes")
-
-
-class JobSpec(_Strict):
+class JobSpec(Strict):
     name: str = Field(pattern=JOB_NAME_PATTERN)
     description: str = ""
     input: InputSpec
