@@ -2,6 +2,7 @@
 (the systemic error codes are one table in ``core/errors.py``: ``SYSTEMIC_CODES``)."""
 
 import email.utils
+import random
 import re
 import time
 from collections.abc import Mapping
@@ -38,3 +39,13 @@ def retry_after_s(headers: Mapping[str, str] | None) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - time.time()) if when is not None else None
+
+
+MAX_RETRY_WAIT_S = 60.0
+
+
+def retry_wait_s(attempt: int, asked_s: float | None, cap_s: float = MAX_RETRY_WAIT_S) -> float:
+    """How long to wait before retry ``attempt`` (0-based): what the provider asked for (Retry-After, Google's
+    RetryInfo), else jittered exponential backoff from 0.5 s up to 8 s; never above ``cap_s``."""
+    wait = asked_s if asked_s is not None else min(0.5 * 2**attempt, 8.0) * (1 - 0.25 * random.random())
+    return min(wait, cap_s)

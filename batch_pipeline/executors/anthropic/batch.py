@@ -28,7 +28,6 @@ whether the batch exists (a failed create may still have created one), and only 
 """
 
 import logging
-import random
 import time
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
@@ -46,7 +45,7 @@ from batch_pipeline.core.run.threads import default_workers, ordered_map
 from batch_pipeline.executors.anthropic.format import batch_requests, parse_results_block
 from batch_pipeline.executors.endpoint import resolve_endpoint
 from batch_pipeline.executors.jsonl_blocks import iter_blocks
-from batch_pipeline.executors.provider_errors import redact, retry_after_s
+from batch_pipeline.executors.provider_errors import redact, retry_after_s, retry_wait_s
 from batch_pipeline.executors.settings import BatchProviderSettings
 
 log = logging.getLogger(__name__)
@@ -54,7 +53,6 @@ log = logging.getLogger(__name__)
 MAX_REQUESTS = 100_000
 MAX_BYTES = 256 * 2**20
 STATUS_MAP = {"in_progress": BatchState.RUNNING, "canceling": BatchState.CANCELLING, "ended": BatchState.COMPLETED}
-_MAX_RETRY_WAIT_S = 60.0
 
 
 class AnthropicBatchSettings(BatchProviderSettings):
@@ -139,9 +137,9 @@ class AnthropicBatchExecutor:
                         log.warning("batch create for %s failed (%s) but the batch exists as %s; using it",
                                     work.key, error, found.batch_id)
                         return found
-                wait = error.retry_after_s or min(0.5 * 2**attempt, 8.0) * (1 - 0.25 * random.random())
+                wait = retry_wait_s(attempt, error.retry_after_s or None)
                 log.info("batch create for %s: %s; retrying in %.2f s", work.key, error, wait)
-                time.sleep(min(wait, _MAX_RETRY_WAIT_S))
+                time.sleep(wait)
         raise AssertionError("unreachable")
 
     # -- poll / fetch / cancel ----------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ The minimum number of records per job is a decision of the driver (``core/state/
 import hashlib
 import json
 import logging
-import random
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -33,7 +32,7 @@ from batch_pipeline.executors.bedrock.sandbox import SANDBOX_CREDENTIALS, sandbo
 from batch_pipeline.executors.bedrock.settings import SANDBOX_ROLE_ARN, BedrockBatchSettings, S3Location
 from batch_pipeline.executors.endpoint import resolve_endpoint
 from batch_pipeline.executors.jsonl_blocks import parse_stream
-from batch_pipeline.executors.provider_errors import redact, retry_after_s
+from batch_pipeline.executors.provider_errors import redact, retry_after_s, retry_wait_s
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +56,6 @@ TRANSIENT_CODES = frozenset({"ThrottlingException", "TooManyRequestsException", 
 AUTH_CODES = frozenset({"AccessDeniedException", "UnrecognizedClientException", "InvalidSignatureException",
                         "ExpiredTokenException", "MissingAuthenticationTokenException", "InvalidClientTokenId",
                         "SignatureDoesNotMatch", "InvalidAccessKeyId", "AccessDenied"})
-_MAX_RETRY_WAIT_S = 60.0
 
 
 def job_name(key: str) -> str:
@@ -183,9 +181,9 @@ class BedrockBatchExecutor:
                 error = translate(exc, "job create")
                 if not isinstance(error, TransientError) or attempt == self.settings.max_retries:
                     raise error from None
-                wait = error.retry_after_s or min(0.5 * 2**attempt, 8.0) * (1 - 0.25 * random.random())
+                wait = retry_wait_s(attempt, error.retry_after_s or None)
                 log.info("job create for %s: %s; retrying in %.2f s (same clientRequestToken)", work.key, error, wait)
-                time.sleep(min(wait, _MAX_RETRY_WAIT_S))
+                time.sleep(wait)
         raise AssertionError("unreachable")
 
     # -- poll / fetch ----------------------------------------------------------------------------------------

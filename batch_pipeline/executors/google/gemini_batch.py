@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import queue
-import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -38,7 +37,7 @@ from batch_pipeline.core.run.threads import default_workers
 from batch_pipeline.executors.endpoint import resolve_endpoint
 from batch_pipeline.executors.google.format import (ERROR_INFO, SYSTEMIC_REASONS, contents_writer,
                                                     parse_result_stream, request_template)
-from batch_pipeline.executors.provider_errors import redact, retry_after_s
+from batch_pipeline.executors.provider_errors import redact, retry_after_s, retry_wait_s
 from batch_pipeline.executors.settings import BatchProviderSettings
 
 log = logging.getLogger(__name__)
@@ -46,7 +45,6 @@ log = logging.getLogger(__name__)
 KEY_ENV, FALLBACK_KEY_ENV = "GEMINI_API_KEY", "GOOGLE_API_KEY"
 INPUT_MIME = "jsonl"  # what the batch-mode docs upload with
 RETRY_INFO = "type.googleapis.com/google.rpc.RetryInfo"
-_MAX_WAIT_S = 60.0
 _DOWNLOAD_QUEUE_CHUNKS = 16  # 1 MiB chunks held between the download thread and the parser
 S = types.JobState
 STATE_MAP = {
@@ -177,10 +175,9 @@ class GeminiBatchExecutor:
 
     @staticmethod
     def _sleep(error: TransientError, attempt: int, action: str) -> None:
-        wait = error.retry_after_s if error.retry_after_s is not None else (
-            min(0.5 * 2**attempt, 8.0) * (1 - 0.25 * random.random()))
-        log.info("%s: %s; retrying in %.2f s", action, error, min(wait, _MAX_WAIT_S))
-        time.sleep(min(wait, _MAX_WAIT_S))
+        wait = retry_wait_s(attempt, error.retry_after_s)
+        log.info("%s: %s; retrying in %.2f s", action, error, wait)
+        time.sleep(wait)
 
     # -- submit -------------------------------------------------------------------------------------------
     def submit(self, work: ShardWork) -> BatchHandle:

@@ -22,7 +22,6 @@ predictions back from GCS, cancel, find.
 
 import logging
 import os
-import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -43,7 +42,7 @@ from batch_pipeline.executors.endpoint import SANDBOX_URL_ENV, resolve_endpoint
 from batch_pipeline.executors.google.gcs import AttemptObjects, Gcs, parse_gs_uri, sandbox_emulator_url
 from batch_pipeline.executors.google.vertex_lines import content_index, parse_predictions_block, request_lines
 from batch_pipeline.executors.jsonl_blocks import parse_stream
-from batch_pipeline.executors.provider_errors import redact, retry_after_s
+from batch_pipeline.executors.provider_errors import redact, retry_after_s, retry_wait_s
 from batch_pipeline.executors.settings import BatchProviderSettings
 
 log = logging.getLogger(__name__)
@@ -66,7 +65,6 @@ SANDBOX_TOKEN = "sandbox-vertex-token"
 SANDBOX_PROJECT = "sandbox-project"
 SANDBOX_BUCKET = "batch-pipeline-sandbox"
 DEFAULT_LOCATION = "us-central1"
-_MAX_RETRY_WAIT_S = 60.0
 RETRY_INFO = "type.googleapis.com/google.rpc.RetryInfo"
 _TRANSPORT_ERRORS: tuple[type[Exception], ...] = (httpx2.TransportError,)
 try:  # google-genai uses httpx2 when it is installed, else httpx
@@ -134,10 +132,6 @@ def retry_delay_s(details: Any) -> float | None:
     return None
 
 
-def _backoff(attempt: int, error: TransientError) -> float:
-    return min(error.retry_after_s or min(0.5 * 2**attempt, 8.0) * (1 - 0.25 * random.random()), _MAX_RETRY_WAIT_S)
-
-
 class VertexBatchExecutor:
     name = "vertex_batch"
     pricing = "batch"
@@ -179,7 +173,7 @@ class VertexBatchExecutor:
                 error = translate(exc, action, self._token)
                 if not isinstance(error, TransientError) or attempt == self.settings.max_retries:
                     raise error from None
-                wait = _backoff(attempt, error)
+                wait = retry_wait_s(attempt, error.retry_after_s or None)
                 log.info("%s: %s; retrying in %.2f s", action, error, wait)
                 time.sleep(wait)
         raise AssertionError("unreachable")
@@ -217,7 +211,7 @@ class VertexBatchExecutor:
                         return found
                 if attempt == self.settings.max_retries:
                     raise error from None
-                wait = _backoff(attempt, error)
+                wait = retry_wait_s(attempt, error.retry_after_s or None)
                 log.info("batch job create for %s: %s; retrying in %.2f s", work.key, error, wait)
                 time.sleep(wait)
         raise AssertionError("unreachable")
