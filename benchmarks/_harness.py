@@ -96,3 +96,40 @@ def raw_payload_expr():
                      '"error": null}}',
                      pl.col("request_id").str.slice(0, 24), "request_id", pl.col("request_id").str.slice(32, 32),
                      "label").alias("raw_payload")
+
+
+def compare_ingest(bench: str, path: Path, lines: int, good: int, repeat: int, target: float = 300_000) -> dict:
+    """The ingest benchmarks' comparison: ``bench``'s ``reference`` and ``ours`` (``path``, a fresh work dir) each
+    in a spawned child, ``repeat`` times alternating, printed run by run; the best of each compared. Returns
+    ``{"best", "ratio", "checks"}`` (rows == lines for both, succeeded == ``good`` for ours, ours >= ``target``)."""
+    import shutil
+    import tempfile
+
+    with open(path, "rb") as f:  # warm the page cache
+        while f.read(64 * 2**20):
+            pass
+    best: dict[str, dict] = {}
+    checks: list[tuple[str, bool]] = []
+    for _ in range(repeat):
+        for variant in ("reference", "ours"):
+            work = tempfile.mkdtemp(prefix=f"{bench}-")
+            try:
+                r = run_in_child(f"benchmarks.{bench}:{variant}", str(path), work)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+            r["lines_per_s"] = lines / r["seconds"]
+            print(f"  {variant:10s} {r['seconds']:6.2f} s (cpu {r['cpu_s']:.2f} s)  {r['lines_per_s']:>10,.0f} lines/s"
+                  f"  load {load():.1f}  peak RSS {r['peak_rss_mb']:,.0f} MB"
+                  + (f"  succeeded {r['succeeded']:,}" if r["succeeded"] is not None else ""), flush=True)
+            checks.append((f"{variant}: rows == lines", r["rows"] == lines))
+            if variant == "ours":
+                checks.append(("ours: succeeded == generated good labels", r["succeeded"] == good))
+            if variant not in best or r["seconds"] < best[variant]["seconds"]:
+                best[variant] = r
+    ratio = best["reference"]["seconds"] / best["ours"]["seconds"]
+    print(f"  best: ours {best['ours']['lines_per_s']:,.0f} lines/s, reference "
+          f"{best['reference']['lines_per_s']:,.0f}; ratio {ratio:.2f}x")
+    checks.append((f"ours >= {target / 1000:.0f}k lines/s", best["ours"]["lines_per_s"] >= target))
+    for name, ok in checks:
+        print(f"  [{'ok' if ok else 'MISS'}] {name}")
+    return {"best": best, "ratio": ratio, "checks": dict(checks)}

@@ -25,7 +25,6 @@ dagster.yaml in a fresh DAGSTER_HOME; ``postgres``: Debian's PostgreSQL started 
 """
 
 import argparse
-import io
 import json
 import os
 import shutil

@@ -22,9 +22,7 @@ Target (issue 9: as for Anthropic): ours >= 300k lines/s.
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -32,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
-from benchmarks._harness import OUT, cpu_s, load, maxrss_mb, run_in_child  # noqa: E402
+from benchmarks._harness import OUT, compare_ingest, cpu_s, maxrss_mb  # noqa: E402
 from benchmarks.ingest_bench import JOB, LABELS, _setup_ours  # noqa: E402
 
 MIX = (("ok", 0.97), ("truncated", 0.975), ("bad_label", 0.98), ("server", 0.99), ("invalid", 0.995),
@@ -160,35 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     path, meta = generate(args.lines, args.seed)
     print(f"bedrock ingest: {args.lines:,} lines, {meta['bytes'] / 2**20:,.0f} MiB; mix "
           + ", ".join(f"{name} {meta[name]:,}" for name, _ in MIX), flush=True)
-    with open(path, "rb") as f:  # warm the page cache
-        while f.read(64 * 2**20):
-            pass
-    best: dict[str, dict] = {}
-    checks = []
-    for _ in range(args.repeat):
-        for variant in ("reference", "ours"):
-            work = tempfile.mkdtemp(prefix="ingest_bedrock-")
-            try:
-                r = run_in_child(f"benchmarks.ingest_bedrock_bench:{variant}", str(path), work)
-            finally:
-                shutil.rmtree(work, ignore_errors=True)
-            r["lines_per_s"] = args.lines / r["seconds"]
-            print(f"  {variant:10s} {r['seconds']:6.2f} s (cpu {r['cpu_s']:.2f} s)  {r['lines_per_s']:>10,.0f} lines/s"
-                  f"  load {load():.1f}  peak RSS {r['peak_rss_mb']:,.0f} MB"
-                  + (f"  succeeded {r['succeeded']:,}" if r["succeeded"] is not None else ""), flush=True)
-            checks.append((f"{variant}: rows == lines", r["rows"] == args.lines))
-            if variant == "ours":
-                checks.append(("ours: succeeded == generated good labels", r["succeeded"] == meta["ok"]))
-            if variant not in best or r["seconds"] < best[variant]["seconds"]:
-                best[variant] = r
-    ratio = best["reference"]["seconds"] / best["ours"]["seconds"]
-    print(f"  best: ours {best['ours']['lines_per_s']:,.0f} lines/s, reference "
-          f"{best['reference']['lines_per_s']:,.0f}; ratio {ratio:.2f}x")
-    checks.append(("ours >= 300k lines/s", best["ours"]["lines_per_s"] >= 300_000))
-    for name, ok in checks:
-        print(f"  [{'ok' if ok else 'MISS'}] {name}")
+    result = compare_ingest("ingest_bedrock_bench", path, args.lines, meta["ok"], args.repeat)
     (OUT / f"ingest_bedrock_bench-{args.lines}.json").write_text(json.dumps(
-        {"meta": meta, "best": best, "ratio": ratio, "checks": dict(checks)}, indent=1, default=str))
+        {"meta": meta, **result}, indent=1, default=str))
     return 0
 
 
