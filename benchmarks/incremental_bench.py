@@ -29,27 +29,9 @@ if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
 from benchmarks._harness import OUT, cpu_s, load, maxrss_mb, run_in_child
+from benchmarks.manifest_bench import SPEC_YAML  # the same job as the manifest benchmark
 
 JOB = "incremental_bench"
-SPEC_YAML = """\
-name: {job}
-input:
-  path: {path}
-  format: jsonl
-  text_field: body
-  key_field: id
-  max_input_tokens: 1000000
-prompt:
-  version: v1
-  template: "{{body}}"
-model: gpt-4o-mini
-backend:
-  name: openai_batch
-sampling: {{temperature: 0, max_tokens: 16}}
-output:
-  choice: [billing, bug, feature_request, account, other]
-shards: {{max_requests: {shard}}}
-"""
 
 
 def generation(work: str) -> dict:
