@@ -232,6 +232,23 @@ def run_dagster_dev(sandbox_url: str, project: Project, extra_env: dict[str, str
     if killed:
         warnings.warn(f"dagster dev did not shut down on SIGTERM within {STOP_TIMEOUT_S} s; SIGKILLed: {killed}",
                       stacklevel=1)
+    late = {pid: q for pid, q in _with_dagster_home(project.dagster_home).items() if pid not in seen}
+    if late:  # spawned while it shut down (its proxy manager restarts a code server that exits): stopped by PID
+        warnings.warn(f"dagster dev started processes during its shutdown; stopped by PID: {_alive(late)}",
+                      stacklevel=1)
+        for q in late.values():
+            try:
+                q.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        _, still = psutil.wait_procs(list(late.values()), timeout=STOP_TIMEOUT_S)
+        for q in still:
+            try:
+                q.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(still, timeout=STOP_TIMEOUT_S)
+        seen.update(late)
     left = _alive({**seen, **_with_dagster_home(project.dagster_home)})
     assert proc.returncode is not None
     assert not left, f"dagster dev left processes behind: {left}\n{dev.log_tail()}"
