@@ -6,6 +6,7 @@ environment variable that holds them, never given in the spec.
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from batch_pipeline.core.spec.quota import AccountSpec, QuotaSpec, Retention
 from batch_pipeline.executors.endpoint import SANDBOX_URL_ENV
 
 SANDBOX_POLL_S = 0.2
@@ -31,6 +32,12 @@ class BatchProviderSettings(ProviderSettings):
     find_scan_limit: int = Field(default=1000, gt=0, description="batches scanned when re-attaching after a crash")
     parse_workers: int | None = Field(default=None, ge=1, le=32,
                                       description="threads parsing a downloaded result file; default: the cores, at most 4")
+    quota: QuotaSpec = Field(default_factory=QuotaSpec, description="the account's queue caps (docs: Provider quotas)")
+    account: str | None = Field(default=None, description="the capacity ledger's name for this account (default: "
+                                                          "api_key_env); jobs naming the same account share its queue")
+    accounts: list[AccountSpec] = Field(default_factory=list, description="several accounts: shards go to one with room")
+    retention: Retention = Field(default=Retention.DELETE, description="delete: the provider's copies of a shard's "
+                                                                       "input and results go once they are stored")
 
     def poll_interval(self) -> float:
         return self.poll_interval_s or (SANDBOX_POLL_S if self.sandbox else PROVIDER_POLL_S)
