@@ -42,6 +42,18 @@ class TransientError(BatchPipelineError):
         self.retry_after_s = retry_after_s
 
 
+class QuotaError(TransientError):
+    """The provider said "not now": the account's queue is full (enqueued tokens or requests, open jobs, creates
+    per hour). Never a job stop and never an item's retry: the attempt is recorded (nothing billed), the limit is
+    learned (``limit``: what the provider stated, if it did) and the shard waits for room."""
+
+    def __init__(self, message: str, *, dimension: str, limit: int | None = None, code: str | None = None,
+                 retry_after_s: float | None = None):
+        super().__init__(message, code=code, retry_after_s=retry_after_s)
+        self.dimension = dimension  # a core.ledger.capacity.Dimension value
+        self.limit = limit
+
+
 class PoisonItemError(BatchPipelineError):
     error_class = ErrorClass.POISON
     retryable = False
@@ -76,6 +88,10 @@ _TRANSIENT_LINE_CODES = frozenset(
 # the lines of a batch's output and error files alike.
 SYSTEMIC_CODES = frozenset({"invalid_api_key", "model_not_found", "insufficient_quota", "billing_hard_limit_reached",
                             "account_deactivated", "unsupported_country_region_territory", "invalid_organization"})
+
+
+# A provider batch that failed with one of these codes was refused for capacity, not for anything in it.
+QUOTA_BATCH_CODES = frozenset({"token_limit_exceeded"})
 
 
 def classify_line_error(code: str | None, status_code: int | None = None) -> ErrorClass:

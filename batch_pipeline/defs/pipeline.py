@@ -8,6 +8,7 @@ that are neither valid nor dead-lettered are sent. Nothing here decides what a s
 """
 
 import logging
+import time
 from collections.abc import Callable
 
 import dagster as dg
@@ -16,14 +17,16 @@ from batch_pipeline.core import progress
 from batch_pipeline.core.run.control import JobPaused
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.settings import Settings
-from batch_pipeline.core.state.driver import Action
+from batch_pipeline.core.errors import BatchPipelineError
+from batch_pipeline.core.state.driver import Action, WaitKind
 from batch_pipeline.core.state.machine import ShardState
-from batch_pipeline.core.state.ranges import shard_ranges
+from batch_pipeline.core.state.ranges import ShardRange, shard_ranges
 from batch_pipeline.core.state.view import load_view
 from batch_pipeline.defs.assets import SHARDS_TAG, asset_key, shards_partitions
 from batch_pipeline.defs.build import build_definitions
 from batch_pipeline.defs.jobs import PUBLISH_ASSETS
-from batch_pipeline.executors.registry import batch_minimum
+from batch_pipeline.defs.sensors import batch_poller
+from batch_pipeline.executors.registry import batch_minimum, capacity_ledger, create_executor
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +63,10 @@ def run_job(spec: JobSpec, instance: dg.DagsterInstance, resources: dict | None 
     all_shards = instance.get_dynamic_partitions(shards_partitions(spec).name)
     passes = canaries = requotes = 0
     max_passes = spec.retries.per_item + 2  # expired/cancelled items do not spend their budget
+    queue = QueueLoop(spec, store, stage)
     while True:
-        plan = load_view(spec, store, min_batch=batch_minimum(spec.backend)).plan()
+        plan = load_view(spec, store, min_batch=batch_minimum(spec.backend), capacity=queue.ledger,
+                         batch_ended=queue.poller if queue.bound else None).plan()
         log.info("job %s: plan: %s", spec.name, plan.describe())
         if plan.stopped:
             raise dg.Failure(f"job stopped: {plan.stopped}")
@@ -76,6 +81,11 @@ def run_job(spec: JobSpec, instance: dg.DagsterInstance, resources: dict | None 
             run(["quote"])
             continue
         requotes = 0
+        if plan.waiting_for(WaitKind.QUOTA) and not plan.has(Action.CANARY):
+            # the account's queue is full: send what fits, collect what ended, wait on the provider in between
+            if queue.step(plan, lambda names, r: run(names, **({"tags": range_tags(r)} if r else {})),
+                          all_shards, span):
+                continue
         canary = plan.shards(Action.CANARY)
         if canary:
             canaries += 1
@@ -98,12 +108,68 @@ def run_job(spec: JobSpec, instance: dg.DagsterInstance, resources: dict | None 
         run(["quote"])  # every pass spends against a fresh quote
         with progress.opened("submit", len(todo), "shards"), progress.opened("collect", len(todo), "shards"):
             for r in shard_ranges(all_shards, todo, span):  # the ranges' assets count towards the pass's bars
-                run(SHARD_ASSETS, tags={RANGE_START: r.start, RANGE_END: r.end, SHARDS_TAG: ",".join(r.shards)})
+                run(SHARD_ASSETS, tags=range_tags(r))
     stage("publish")
     run(PUBLISH_ASSETS)
     report = store.read_json(f"jobs/{spec.name}/report.json") or {}
     report["passes"] = passes
     return report
+
+
+def range_tags(r: ShardRange) -> dict[str, str]:
+    return {RANGE_START: r.start, RANGE_END: r.end, SHARDS_TAG: ",".join(r.shards)}
+
+
+class QueueLoop:
+    """While shards wait for room in the account's queue, the pass loop stops waiting on batches inline: each turn
+    submits what the plan admits, collects the batches the provider ended (polled, as the sensor does), and waits
+    one poll interval when neither moved, so the queue is refilled the moment a batch ends."""
+
+    IDLE_LIMIT = 5  # turns with the queue empty of everyone's batches and still nothing admitted
+
+    def __init__(self, spec: JobSpec, store, stage: Callable[[str], None]):
+        self.spec, self.store, self.stage = spec, store, stage
+        self.ledger = capacity_ledger(store, spec.backend, spec.model)
+        self.poller = batch_poller(spec)
+        self.bound = False  # set once a shard waited for room: from then on, open batches are polled
+        self.idle = 0
+        self.said = 0.0
+        self.poll_s = _poll_interval(spec)
+
+    def step(self, plan, run: Callable[[list[str], ShardRange], object], order: list[str], span: int) -> bool:
+        """One turn; False when the plan has other work for the ordinary pass (the canary, a re-quote)."""
+        self.bound = True
+        send = plan.shards(Action.SUBMIT, Action.RESOLVE, Action.RESCUE)
+        collect = plan.shards(Action.COLLECT)
+        if send:
+            run(["quote"], None)  # every submission spends against a fresh quote
+            for r in shard_ranges(order, send, span):
+                run(["submissions"], r)
+        for r in shard_ranges(order, collect, span):
+            run(["shard_results"], r)
+        if send or collect:
+            self.idle = 0
+            return True
+        open_batches = any(st == ShardState.SUBMITTED for st in plan.states.values())
+        held = self.ledger.snapshot().holdings if self.ledger is not None else ()
+        if not open_batches and not held:
+            self.idle += 1
+            if self.idle > self.IDLE_LIMIT:
+                raise dg.Failure(f"job {self.spec.name}: nothing it sends fits the account's queue even when the "
+                                 f"queue is empty: {plan.describe()}; raise backend.settings.quota (or lower "
+                                 "shards.max_requests) and run again")
+        if time.monotonic() - self.said > 30:
+            self.said = time.monotonic()
+            self.stage(f"waiting for room in the account's queue: {plan.describe()}")
+        time.sleep(self.poll_s)
+        return True
+
+
+def _poll_interval(spec: JobSpec) -> float:
+    try:
+        return float(getattr(create_executor(spec.backend), "poll_interval_s", 2.0))
+    except BatchPipelineError:
+        return 2.0
 
 
 def _failure_message(result: dg.ExecuteInProcessResult) -> str:

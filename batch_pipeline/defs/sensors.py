@@ -26,7 +26,7 @@ from batch_pipeline.core.state.view import load_view
 from batch_pipeline.defs.assets import SHARDS_TAG, shards_partitions
 from batch_pipeline.defs.jobs import job_names
 from batch_pipeline.defs.resources import StoreResource
-from batch_pipeline.executors.registry import batch_minimum, create_executor
+from batch_pipeline.executors.registry import batch_minimum, capacity_ledger, create_executor
 
 IN_FLIGHT = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
              dg.DagsterRunStatus.STARTED]
@@ -169,19 +169,9 @@ def build_shard_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
         in_flight = frozenset(_partitions_in_flight(instance, [names["submit"], names["collect"]], shard_ids))
         busy = bool(in_flight) or any(_in_flight(instance, names[j]) for j in ("quote", "publish"))
 
-        def batch_ended(submitted) -> set[str]:
-            # each open batch is asked at the backend its handle names (routed shards, the tail, the fallback)
-            backends = spec.sending_backends()
-            ended: set[str] = set()
-            for name in sorted({s.open.submitted["backend"] for s in submitted if s.open and s.open.submitted}):
-                executor = create_executor(backends[name]) if name in backends else None
-                if isinstance(executor, BatchExecutor):
-                    ended |= ended_batches(executor, [s for s in submitted if s.open and s.open.submitted
-                                                      and s.open.submitted["backend"] == name])
-            return ended
-
-        view = load_view(spec, st, in_flight=in_flight, busy=busy, batch_ended=batch_ended,
-                         min_batch=batch_minimum(spec.backend))
+        view = load_view(spec, st, in_flight=in_flight, busy=busy, batch_ended=batch_poller(spec),
+                         min_batch=batch_minimum(spec.backend),
+                         capacity=capacity_ledger(st, spec.backend, spec.model))
         plan = view.plan()
         attempts = {s.shard_id: s.attempts for s in view.summaries}
         if plan.stopped:
@@ -218,6 +208,23 @@ def build_shard_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
         return dg.SkipReason("; ".join(why))
 
     return shard_sensor
+
+
+def batch_poller(spec: JobSpec):
+    """Which of the submitted shards' batches the provider has ended: each open batch is asked at the backend its
+    handle names (routed shards, the tail, the fallback)."""
+
+    def batch_ended(submitted) -> set[str]:
+        backends = spec.sending_backends()
+        ended: set[str] = set()
+        for name in sorted({s.open.submitted["backend"] for s in submitted if s.open and s.open.submitted}):
+            executor = create_executor(backends[name]) if name in backends else None
+            if isinstance(executor, BatchExecutor):
+                ended |= ended_batches(executor, [s for s in submitted if s.open and s.open.submitted
+                                                  and s.open.submitted["backend"] == name])
+        return ended
+
+    return batch_ended
 
 
 def ended_batches(executor: BatchExecutor, submitted, limit: int = MAX_POLLS_PER_TICK) -> set[str]:

@@ -6,9 +6,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from batch_pipeline.core.errors import ConfigError
+from batch_pipeline.core.ledger.capacity import CapacityLedger, CapacityScope
+from batch_pipeline.core.run.lease import default_ttl
 from batch_pipeline.core.run.executor import BatchExecutor, StreamExecutor
 from batch_pipeline.core.route.plan import BackendProfile
 from batch_pipeline.core.spec.job import AUTO_BACKEND, BackendSpec
+from batch_pipeline.core.spec.quota import QuotaSpec
+from batch_pipeline.core.store import Store
 from batch_pipeline.executors.anthropic.batch import AnthropicBatchExecutor
 from batch_pipeline.executors.google.gemini_batch import GeminiBatchExecutor
 from batch_pipeline.executors.google.vertex_batch import VertexBatchExecutor
@@ -16,6 +20,7 @@ from batch_pipeline.executors.bedrock.batch import BedrockBatchExecutor
 from batch_pipeline.executors.online.executor import OnlineExecutor
 from batch_pipeline.executors.openai.azure import AzureOpenAIBatchExecutor
 from batch_pipeline.executors.openai.batch import OpenAIBatchExecutor
+from batch_pipeline.executors.quota import QueueCapped
 from batch_pipeline.executors.vllm.offline import VllmOfflineExecutor
 
 Executor = BatchExecutor | StreamExecutor
@@ -62,6 +67,27 @@ def batch_minimum(backend: BackendSpec) -> int:
     cls = executor_class(backend.name)
     minimum = getattr(cls, "min_requests", None)
     return 0 if minimum is None else int(minimum(_settings(cls, backend)))
+
+
+def capacity_of(backend: BackendSpec, model: str) -> tuple[CapacityScope, QuotaSpec] | None:
+    """The capacity scope (provider, account, model) and configured quota of a provider batch backend, from its
+    class and settings, unbuilt (no key needed); None for a backend without a provider queue."""
+    if backend.name == AUTO_BACKEND:
+        return None
+    cls = executor_class(backend.name)
+    if not issubclass(cls, QueueCapped):
+        return None
+    settings = _settings(cls, backend)
+    return cls.scope_for(settings, model), settings.quota
+
+
+def capacity_ledger(store: Store, backend: BackendSpec, model: str) -> CapacityLedger | None:
+    """The capacity ledger of the backend's account queue on this home (None: the backend has no queue)."""
+    found = capacity_of(backend, model)
+    if found is None:
+        return None
+    scope, quota = found
+    return CapacityLedger(store, scope, quota, hold_ttl=default_ttl())
 
 
 def route_profile(backend: BackendSpec) -> BackendProfile:

@@ -10,11 +10,13 @@ from collections.abc import Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batch_pipeline.core.errors import ErrorClass, SystemicError, TransientError
+from batch_pipeline.core.errors import QUOTA_BATCH_CODES, ErrorClass, QuotaError, SystemicError, TransientError
+from batch_pipeline.core.ledger.capacity import Dimension, stated_limit
 from batch_pipeline.core.run.attempts import Attempt, AttemptLog
 from batch_pipeline.core.run.control import JobPaused
 from batch_pipeline.core.run.executor import BatchExecutor, BatchHandle, BatchState, BatchStatus, ShardWork
 from batch_pipeline.core.run.faults import crash_point, faults_armed
+from batch_pipeline.core.run.hygiene import discard_collected
 from batch_pipeline.core.run.lease import Lease, acquire
 from batch_pipeline.core.run.outcomes import CollectOutcome
 from batch_pipeline.core.run.results import build_results, new_part, write_part, write_payload
@@ -89,9 +91,15 @@ class CollectShape:
                 if deadline is not None and time.monotonic() > deadline:
                     raise TransientError(f"shard {shard_id}: batch {handle.batch_id} still {status.provider_status}")
                 time.sleep(poll_interval_s)
+            if status.state == BatchState.FAILED and QUOTA_BATCH_CODES & set(status.codes):
+                self._refused_batch(shard_id, attempt.number, handle, status, lease)  # nothing billed: it waits
+                outcome.attempts.append(attempt.number)
+                outcome.final_states.append(status.state.value)
+                continue
             if status.state == BatchState.FAILED:
                 lease.check("record a failed batch")
                 log_.record(attempt.number, "collected", {"state": status.state.value, "errors": status.errors})
+                self.admission.release(shard_id, attempt.number, f"batch {status.provider_status}")
                 self._changed(shard_id)
                 reason = (f"shard {shard_id}: batch {handle.batch_id} failed at the provider: "
                           + "; ".join(status.errors[:5]))
@@ -105,8 +113,11 @@ class CollectShape:
                                                       "provider_counts": {"total": status.total,
                                                                           "completed": status.completed,
                                                                           "failed": status.failed}})
+            self.admission.release(shard_id, attempt.number, f"batch {status.provider_status}")
             self._changed(shard_id)
             crash_point("after_collected")
+            crash_point("before_discard")  # stored, not yet deleted at the provider: the publish run's sweep deletes
+            discard_collected(self.store, self.spec.name, shard_id, attempt.number, handle, executor)
             if systemic:  # recorded (no item's budget spent on it), then the job stops once, with one message
                 reason = (f"shard {shard_id}: batch {handle.batch_id}: {systemic['count']} request(s) failed with "
                           f"{systemic['code']}: {systemic['message']}")
@@ -117,6 +128,25 @@ class CollectShape:
             outcome.succeeded += ok
             outcome.final_states.append(status.state.value)
         return outcome
+
+    def _refused_batch(self, shard_id: str, number: int, handle: BatchHandle, status: BatchStatus,
+                       lease: Lease) -> None:
+        """The provider accepted the batch, then refused it for capacity (OpenAI's ``token_limit_exceeded``):
+        recorded (nothing billed, no item's budget spent), the limit learned, and the shard sent again later."""
+        lease.check("record a refused batch")
+        message = "; ".join(status.errors[:3])
+        holding = None
+        if self.admission.ledger is not None:
+            holding = next((h for h in self.admission.ledger.snapshot(sweep=False).holdings
+                            if (h.job, h.shard_id, h.attempt) == (self.spec.name, shard_id, number)), None)
+        note = self.admission.refused(holding, QuotaError(message, dimension=Dimension.TOKENS.value,
+                                                          limit=stated_limit(message), code="token_limit_exceeded"))
+        AttemptLog(self.store, self.spec.name, shard_id).record(number, "collected", {
+            "state": status.state.value, "errors": status.errors, "rows": 0, "succeeded": 0,
+            "refused": {"dimension": Dimension.TOKENS.value, "code": "token_limit_exceeded", "note": note}})
+        self._changed(shard_id)
+        log.warning("shard %s: batch %s refused for capacity (%s); the shard waits for room and is sent again",
+                    shard_id, handle.batch_id, note)
 
     def _ingest_with_retries(self, attempt: Attempt, handle: BatchHandle,
                              lease: Lease | None = None) -> tuple[int, int, dict | None]:

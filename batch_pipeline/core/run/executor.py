@@ -15,6 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 import pyarrow as pa
 
 from batch_pipeline.core.spec.job import JobSpec, OutputSpec, SamplingSpec
+from batch_pipeline.core.spec.quota import Retention
 
 RAW_RESULT_SCHEMA = pa.schema([
     ("request_id", pa.string()),
@@ -153,6 +154,7 @@ class BatchStatus:
     completed: int = 0
     failed: int = 0
     errors: list[str] = field(default_factory=list)
+    codes: list[str] = field(default_factory=list)  # the provider's error codes of a failed batch (errors: the text)
 
 
 @runtime_checkable
@@ -192,3 +194,15 @@ class DrainableStream(Protocol):
     ``run`` was interrupted: those requests were paid for, so the runner stores them before it stops."""
 
     def take_unflushed(self, key: str) -> pa.Table | None: ...
+
+
+@runtime_checkable
+class DiscardableBatch(Protocol):
+    """A batch executor that can delete what an attempt left at the provider (its input, output and error files,
+    the batch itself, or the objects in our own bucket) once the results are stored: ``backend.settings.retention``
+    says whether to. ``discard`` is idempotent (a not-found counts as deleted) and returns what it deleted."""
+
+    @property
+    def retention(self) -> Retention: ...
+
+    def discard(self, handle: BatchHandle) -> list[str]: ...

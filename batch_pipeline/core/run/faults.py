@@ -10,7 +10,7 @@ import os
 import signal
 
 POINTS = ("after_intent", "after_create", "mid_collect", "before_collected", "after_collected", "mid_stream",
-          "mid_rescue")
+          "before_discard", "mid_rescue", "after_reserve")
 _seen: dict[str, int] = {}
 
 

@@ -12,6 +12,7 @@ class SubmitOutcome:
     requests: int
     handle: BatchHandle | None
     reattached: bool = False
+    refused: str | None = None  # the provider refused the create for capacity (nothing billed): why
 
     @property
     def nothing_to_do(self) -> bool:

@@ -20,7 +20,9 @@ import pyarrow.compute as pc
 from batch_pipeline.core.run.attempts import AttemptLog
 from batch_pipeline.core.run.control import JobControl
 from batch_pipeline.core.money.cost import Price
-from batch_pipeline.core.errors import SystemicError, TransientError
+from batch_pipeline.core.errors import QuotaError, SystemicError, TransientError
+from batch_pipeline.core.ledger.capacity import Holding
+from batch_pipeline.core.run.admission import Admission
 from batch_pipeline.core.run.faults import crash_point
 from batch_pipeline.core.run.executor import (BatchExecutor, BatchHandle, RequestPlan,
                                           ShardWork, StreamExecutor)
@@ -61,6 +63,8 @@ class ShardRunner(StreamShape, CollectShape):
         self.stage = stage                # primary, or the fallback model (sends only the items handed to it)
         self.summaries = ShardSummaries(spec, store)
         self._summaries_cache: tuple[float, list[ShardSummary]] | None = None
+        # the account's queue: every batch is created inside a reservation that fits (core/run/admission.py)
+        self.admission = Admission(store, spec, executor, int(getattr(executor, "min_requests_per_batch", 0) or 0))
 
     def _changed(self, shard_id: str) -> ShardSummary:
         """Refresh the shard's summary after every record: the driver decides from it."""
@@ -97,12 +101,23 @@ class ShardRunner(StreamShape, CollectShape):
             live = self._resolve_open(shard_id, executor, attempts)
             if live is not None:
                 return live
-            work = self._start_attempt(shard_id, attempts, lease, executor.name, only, canary)
-            if work is None:
+            started = self._start_attempt(shard_id, attempts, lease, executor.name, only, canary)
+            if started is None:
                 return SubmitOutcome(shard_id, None, 0, None)
-            handle = self._guard(lambda: executor.submit(work))  # a crash here is repaired by find() next time
+            work, holding = started
+            try:
+                handle = self._guard(lambda: executor.submit(work))  # a crash here is repaired by find() next time
+            except QuotaError as exc:  # "not now": nothing was billed; the shard waits for room
+                note = self.admission.refused(holding, exc)
+                attempts.record(work.attempt, "abandoned", {"reason": f"refused by the provider: {note}",
+                                                            "refused": {"dimension": exc.dimension,
+                                                                        "limit": exc.limit, "code": exc.code}})
+                self._changed(shard_id)
+                log.warning("shard %s: attempt %d refused for capacity: %s", shard_id, work.attempt, note)
+                return SubmitOutcome(shard_id, work.attempt, 0, None, refused=note)
             crash_point("after_create")
             attempts.record(work.attempt, "submitted", handle.as_dict())
+            self.admission.bound(holding, handle.batch_id)
             self._changed(shard_id)
             log.info("shard %s: attempt %d submitted %d requests as %s", shard_id, work.attempt,
                      work.items.num_rows, handle.batch_id)
@@ -137,6 +152,7 @@ class ShardRunner(StreamShape, CollectShape):
             if attempt.backend not in (None, executor.name):
                 attempts.record(attempt.number, "abandoned", {"reason": f"interrupted {attempt.backend} run; "
                                                                         "flushed results kept"})
+                self.admission.release(shard_id, attempt.number, "attempt closed")
                 self._changed(shard_id)
                 continue
             found = self._guard(lambda: executor.find(attempt.key, request_ids=attempt.request_ids,
@@ -145,6 +161,8 @@ class ShardRunner(StreamShape, CollectShape):
                 log.warning("shard %s: attempt %d was accepted by the provider as %s but not recorded; re-attaching",
                             shard_id, attempt.number, found.batch_id)
                 attempts.record(attempt.number, "submitted", {**found.as_dict(), "reattached": True})
+                self.admission.reattached(shard_id, attempt.number, attempt.request_ids, found.batch_id,
+                                          attempt.records["intent"].get("capacity"))
                 self._changed(shard_id)
                 return SubmitOutcome(shard_id, attempt.number, len(attempt.request_ids), found, reattached=True)
             age = (datetime.now(UTC) - datetime.fromisoformat(attempt.records["intent"]["at"])).total_seconds()
@@ -154,12 +172,14 @@ class ShardRunner(StreamShape, CollectShape):
                                      f"the provider shows no batch yet; asking again after {grace:.0f} s",
                                      retry_after_s=grace - age)
             attempts.record(attempt.number, "abandoned", {"reason": "the provider has no batch for this key"})
+            self.admission.release(shard_id, attempt.number, "nothing was created at the provider")
             self._changed(shard_id)
         return None
 
     def _start_attempt(self, shard_id: str, attempts: AttemptLog, lease: Lease, backend: str,
-                       only: list[str] | None = None, canary: bool = False) -> ShardWork | None:
-        """What is left, past the spend checks, claimed under the lease with an intent record; None if nothing is."""
+                       only: list[str] | None = None, canary: bool = False) -> tuple[ShardWork, Holding | None] | None:
+        """What is left, past the spend checks and inside a reservation of the account's queue (all of it or the
+        part that fits), claimed under the lease with an intent record; None if nothing is."""
         results = read_results(self.store, self.spec.name, shard_id, STATE_COLUMNS)  # read once for both checks
         pending = self._pending(shard_id, results)
         if only is not None:
@@ -171,18 +191,21 @@ class ShardRunner(StreamShape, CollectShape):
         self._check_retry_cap(shard_id, pending, results)
         if self.before_spend:
             self.before_spend(shard_id, pending)
-        if extra is not None:
-            pending = pa.concat_tables([pending.select(["request_id", "user_prompt"]),
-                                        extra.select(["request_id", "user_prompt"]).cast(pending.schema)])
+        lease.check("reserve room in the account's queue")
+        pending, holding = self.admission.admit(shard_id, number, pending, extra)  # QuotaWait when nothing fits
+        crash_point("after_reserve")
         work = ShardWork(self.spec.name, shard_id, number, self._key(shard_id, number), self._plan(shard_id), pending)
         lease.check("start an attempt")
         if not attempts.create_intent(number, {"key": work.key, "backend": backend, "lease_token": lease.token,
                                                "request_ids": work.request_ids, "requests": pending.num_rows,
-                                               "canary": canary, "stage": self.stage.value}):
+                                               "canary": canary, "stage": self.stage.value,
+                                               "capacity": holding.number if holding is not None else None}):
+            if holding is not None:
+                self.admission.release(shard_id, number, "the attempt was claimed by another run")
             raise LeaseHeldError(f"shard {shard_id}: attempt {number} was claimed by another run")
         crash_point("after_intent")
         self._changed(shard_id)
-        return work
+        return work, holding
 
     def _job_summaries(self) -> list[ShardSummary]:
         """Every shard's summary, read at most every 30 s by one runner (a ranged run submits many shards)."""

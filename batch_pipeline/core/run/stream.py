@@ -43,9 +43,10 @@ class StreamShape:
                     attempts.record(attempt.number, "abandoned", {"reason": "interrupted; flushed results kept"})
                     self._changed(shard_id)
             outcome = CollectOutcome(shard_id)
-            work = self._start_attempt(shard_id, attempts, lease, executor.name, only, canary)
-            if work is None:
+            started = self._start_attempt(shard_id, attempts, lease, executor.name, only, canary)
+            if started is None:
                 return outcome
+            work = started[0]  # a stream backend has no provider queue: no reservation
             number, total = work.attempt, work.items.num_rows
             expected = pa.array(work.request_ids, pa.string())
             renew_at = time.monotonic() + lease.ttl.total_seconds() / 3

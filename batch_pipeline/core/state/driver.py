@@ -36,6 +36,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from batch_pipeline.core.ledger.admission import Room
+from batch_pipeline.core.ledger.capacity import Need
 from batch_pipeline.core.state.machine import ShardState
 from batch_pipeline.core.state.summary import ShardSummary
 
@@ -58,6 +60,7 @@ class WaitKind(StrEnum):
     CANARY = "canary"            # nothing but the canary moves until it has passed
     QUOTE = "quote"              # the quote expired: re-quote before spending
     BELOW_MINIMUM = "below_minimum"  # fewer items than a batch of the backend needs, and no tail backend
+    QUOTA = "quota"              # the account's queue has no room for the shard's batch now (core/ledger)
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,8 @@ class JobFacts:
     ended: frozenset[str] = frozenset()       # submitted shards whose batch the provider has ended
     busy: bool = False                        # any run of the job in flight (holds publishing back)
     min_batch: int = 0                        # items a batch of the backend needs at least (0: no minimum)
+    room: Room | None = None                  # the account queue's free capacity (None: the backend has none)
+    needs: dict[str, Need] = field(default_factory=dict)  # what each shard's next batch would hold in the queue
 
 
 @dataclass
@@ -111,6 +116,10 @@ class Plan:
     stopped: str | None = None
     paused: bool = False
     states: dict[str, ShardState] = field(default_factory=dict)
+    wait_kinds: dict[str, WaitKind] = field(default_factory=dict)
+
+    def waiting_for(self, kind: WaitKind) -> list[str]:
+        return [s for s, k in self.wait_kinds.items() if k == kind]
 
     def shards(self, *actions: Action) -> list[str]:
         return [s.shard_id for s in self.steps if s.action in actions and s.shard_id is not None]
@@ -207,20 +216,35 @@ def _below_minimum(sending: int, facts: JobFacts) -> str | None:
     return f"{sending} item(s), below the backend's minimum of {facts.min_batch} per batch"
 
 
+def _canary_need(need: Need, size: int, s: ShardSummary) -> Need:
+    """The canary sends a sample of the shard: its share of the shard's need."""
+    pending = max(_pending(s), 1)
+    share = min(size or pending, pending) / pending
+    return Need(int(need.tokens * share), int(need.requests * share), need.jobs)
+
+
 def next_steps(summaries: Iterable[ShardSummary], facts: JobFacts) -> Plan:
     plan = Plan(stopped=facts.stopped, paused=facts.paused)
     unsettled = 0
     quote_held = False
+    room = facts.room.fresh() if facts.room is not None else None
     for s in summaries:
         plan.states[s.shard_id] = (ShardState.STOPPED if facts.stopped else
                                    ShardState.PAUSED if facts.paused and s.state != ShardState.SETTLED else s.state)
         if s.state != ShardState.SETTLED:
             unsettled += 1
         step = shard_step(s, facts)
+        if room is not None and isinstance(step, Step) and step.action in (Action.SUBMIT, Action.CANARY) \
+                and not step.tail and not step.fallback and s.shard_id in facts.needs:
+            why = room.admit(_canary_need(facts.needs[s.shard_id], facts.canary.size, s)
+                             if step.action == Action.CANARY else facts.needs[s.shard_id])
+            if why is not None:
+                step = Wait(WaitKind.QUOTA, why)
         if isinstance(step, Step):
             plan.steps.append(step)
         elif isinstance(step, Wait):
             plan.waiting[s.shard_id] = step.reason
+            plan.wait_kinds[s.shard_id] = step.kind
             quote_held = quote_held or step.kind == WaitKind.QUOTE
     if facts.stopped or facts.paused:
         return plan

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
+from batch_pipeline.core.run.admission import QuotaWait
 from batch_pipeline.core.run.control import JobPaused
 from batch_pipeline.core.errors import BatchPipelineError, SystemicError
 from batch_pipeline.core.run.executor import BatchStatus, StreamExecutor
@@ -102,6 +103,8 @@ class ShardDriver:
             return self._submit_phase(shard_id)
         except JobPaused as exc:
             return ShardReport(shard_id, "paused", notes=[str(exc)])
+        except QuotaWait as exc:  # the account's queue has no room for it now: it waits, nothing was sent
+            return ShardReport(shard_id, "wait", notes=[str(exc)])
 
     def _submit_phase(self, shard_id: str) -> ShardReport:
         self._take(shard_id)
@@ -110,7 +113,7 @@ class ShardDriver:
         if step is None:
             return ShardReport(shard_id, "settled")
         if isinstance(step, Wait):
-            if step.kind in (WaitKind.BATCH_OPEN, WaitKind.IN_FLIGHT):  # nothing to do here: not a failure
+            if step.kind in (WaitKind.BATCH_OPEN, WaitKind.IN_FLIGHT, WaitKind.QUOTA):  # not a failure: it waits
                 return ShardReport(shard_id, "wait", notes=[step.reason])
             raise ShardWaits(f"shard {shard_id} {step.reason}" if step.kind in (WaitKind.CANARY, WaitKind.QUOTE)
                              else f"shard {shard_id}: {step.reason}")
@@ -146,6 +149,9 @@ class ShardDriver:
             return report
         sub = self.runner.submit(shard_id, only=only, canary=canary)
         report.sent = sub.requests if not sub.reattached else 0
+        if sub.refused:
+            report.action = "wait"
+            report.notes.append(f"refused for capacity (nothing billed): {sub.refused}")
         if sub.handle:
             report.batches.append(f"{shard_id}:{sub.handle.batch_id}{' (re-attached)' if sub.reattached else ''}")
         elif canary:
@@ -161,6 +167,9 @@ class ShardDriver:
             return report
         sub = runner.submit(shard_id)
         report.sent = sub.requests if not sub.reattached else 0
+        if sub.refused:
+            report.action = "wait"
+            report.notes.append(f"refused for capacity (nothing billed): {sub.refused}")
         if sub.handle:
             report.batches.append(f"{shard_id}:{sub.handle.batch_id}{' (re-attached)' if sub.reattached else ''}")
         return report

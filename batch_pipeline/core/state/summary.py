@@ -64,6 +64,7 @@ class ShardSummary:
     retry_tries: int = 0
     fallback_pending: int = 0          # retryable items handed to the fallback model (core/state/fallback.py)
     fallback_valid: int = 0            # items the fallback answered
+    pending_est_tokens: int = 0        # the manifest's input estimate of the items still to send (admission)
     open: OpenAttempt | None = None
     updated_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
 
@@ -151,8 +152,9 @@ class ShardSummaries:
     def compute(self, shard_id: str) -> ShardSummary:
         """From this shard's own records: its attempt log, its result parts and its manifest items."""
         attempts = AttemptLog(self.store, self.job, shard_id).all()
-        items = pl.from_arrow(self.manifest.shard_items(shard_id, ["request_id", "shard_id"]))
-        assert isinstance(items, pl.DataFrame)
+        with_est = pl.from_arrow(self.manifest.shard_items(shard_id, ["request_id", "shard_id", "est_input_tokens"]))
+        assert isinstance(with_est, pl.DataFrame)
+        items = with_est.select("request_id", "shard_id")
         results = read_results(self.store, self.job, shard_id, STATE_COLUMNS)
         spend = float(results["cost_usd"].sum() or 0.0) if results.height else 0.0
         # the fallback's spend is its own allowance, not retry spend of the primary
@@ -168,6 +170,8 @@ class ShardSummaries:
         closed = [a for a in attempts if not a.open]
         collected = [a for a in closed if "collected" in a.records]
         retryable = counts.get(INVALID, 0) + counts.get(MISSING, 0)
+        pending = with_est if not attempts else with_est.join(
+            states.filter(pl.col("state").is_in([INVALID, MISSING])).select("request_id"), on="request_id", how="semi")
         return ShardSummary(
             shard_id=shard_id, state=derive_state(opened, len(attempts), retryable), expected=items.height,
             valid=counts.get(VALID, 0), invalid=counts.get(INVALID, 0), missing=counts.get(MISSING, 0),
@@ -175,7 +179,8 @@ class ShardSummaries:
             canary_done=any(a.canary for a in collected), first_try_cost=round(costs.first_cost, 10),
             first_tries=costs.first_tries, retry_cost=round(costs.retry_cost, 10), retry_tries=costs.retry_tries,
             last_final_state=collected[-1].records["collected"].get("state") if collected else None, open=opened,
-            fallback_pending=staged.get("pending", 0), fallback_valid=staged.get("valid", 0))
+            fallback_pending=staged.get("pending", 0), fallback_valid=staged.get("valid", 0),
+            pending_est_tokens=int(pending["est_input_tokens"].sum() or 0))
 
     def refresh(self, shard_id: str) -> ShardSummary:
         """Recompute and store one summary; a move the state machine does not allow raises IllegalTransition."""

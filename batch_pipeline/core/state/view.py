@@ -1,9 +1,12 @@
 """Read what the driver decides from: the shard summaries and the job's facts (stop, pause, canary, quote)."""
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
+from batch_pipeline.core.ledger.admission import Room
+from batch_pipeline.core.ledger.capacity import CapacityLedger, Need
+from batch_pipeline.core.run.admission import TokenCounts
 from batch_pipeline.core.run.control import JobControl
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.quality.golden import canary_passed
@@ -58,16 +61,38 @@ def load_facts(spec: JobSpec, store: Store, shard_ids: list[str], *, in_flight: 
         busy=busy, min_batch=min_batch)
 
 
+def capacity_facts(spec: JobSpec, store: Store, ledger: CapacityLedger | None,
+                   summaries: list[ShardSummary]) -> tuple[Room | None, dict[str, Need]]:
+    """The account queue's free room and each sendable shard's need, when the queue has a limit we know."""
+    if ledger is None:
+        return None, {}
+    snapshot = ledger.snapshot()
+    if not snapshot.limits.any:
+        return None, {}
+    counts = TokenCounts(store, spec, ledger.quota.headroom)
+    needs = {}
+    for s in summaries:
+        if s.state in (ShardState.NEW, ShardState.COLLECTED):
+            n = s.expected if s.state == ShardState.NEW else s.retryable
+            needs[s.shard_id] = Need(counts.total(s.pending_est_tokens, n), n, 1)
+    return Room(snapshot), needs
+
+
 def load_view(spec: JobSpec, store: Store, *, in_flight: frozenset[str] = frozenset(), busy: bool = False,
-              batch_ended: Callable[[list[ShardSummary]], set[str]] | None = None, min_batch: int = 0) -> JobView:
+              batch_ended: Callable[[list[ShardSummary]], set[str]] | None = None, min_batch: int = 0,
+              capacity: CapacityLedger | None = None) -> JobView:
     """``batch_ended`` asks the provider which of the submitted shards have ended (the sensor polls them, at most
-    a bounded number per tick; the CLI collects inline)."""
+    a bounded number per tick; the CLI collects inline). ``capacity``: the ledger of the account's queue, so the
+    plan says which shards wait for room."""
     summaries = ShardSummaries(spec, store).all()
     submitted = [s for s in summaries if s.state == ShardState.SUBMITTED and s.shard_id not in in_flight]
     stopped = JobControl(store, spec.name).current() is not None
     ended = frozenset(batch_ended(submitted)) if batch_ended is not None and submitted and not stopped else frozenset()
     facts = load_facts(spec, store, [s.shard_id for s in summaries], in_flight=in_flight, ended=ended, busy=busy,
                        min_batch=min_batch)
+    room, needs = capacity_facts(spec, store, capacity, summaries)
+    if room is not None:
+        facts = replace(facts, room=room, needs=needs)
     return JobView(summaries, facts)
 
 

@@ -39,9 +39,12 @@ import pyarrow as pa
 import pyarrow.json as pajson
 from pydantic import Field
 
+from batch_pipeline.core.ledger.capacity import Dimension
+from batch_pipeline.executors.quota import QueueCapped
 from batch_pipeline.core.errors import BatchPipelineError, ConfigError, SystemicError, TransientError
 from batch_pipeline.core.run.executor import BatchHandle, BatchState, BatchStatus, ShardWork
 from batch_pipeline.core.run.threads import default_workers, ordered_map
+from batch_pipeline.core.spec.quota import Retention
 from batch_pipeline.executors.anthropic.format import batch_requests, parse_results_block
 from batch_pipeline.executors.endpoint import resolve_endpoint
 from batch_pipeline.executors.jsonl_blocks import iter_blocks
@@ -90,8 +93,9 @@ def _as_datetime(value: datetime | str) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
-class AnthropicBatchExecutor:
+class AnthropicBatchExecutor(QueueCapped):
     name = "anthropic_batch"
+    quota_dimensions = (Dimension.REQUESTS,)
     pricing = "batch"
     max_requests_per_batch = MAX_REQUESTS
     max_bytes_per_batch = MAX_BYTES
@@ -186,6 +190,21 @@ class AnthropicBatchExecutor:
             raise translate(exc, "batch cancel", self.client.api_key) from None
         except anthropic.AnthropicError as exc:
             raise translate(exc, "batch cancel", self.client.api_key) from None
+
+    @property
+    def retention(self) -> Retention:
+        return self.settings.retention
+
+    def discard(self, handle: BatchHandle) -> list[str]:
+        """Delete the ended batch and its results (``messages.batches.delete``) once they are stored; a batch
+        already gone counts as deleted."""
+        try:
+            self.client.messages.batches.delete(handle.batch_id)
+        except anthropic.NotFoundError:
+            pass  # deleted before (an earlier try that did not get to record it)
+        except anthropic.AnthropicError as exc:
+            raise translate(exc, "batch delete", self.client.api_key) from None
+        return [handle.batch_id]
 
     # -- find ---------------------------------------------------------------------------------------------
     def _result_ids(self, batch_id: str) -> set[str]:

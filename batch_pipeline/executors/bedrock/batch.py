@@ -24,9 +24,12 @@ import pyarrow.compute as pc
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
 
+from batch_pipeline.core.ledger.capacity import Dimension
+from batch_pipeline.executors.quota import QueueCapped
 from batch_pipeline.core.errors import BatchPipelineError, ConfigError, SystemicError, TransientError
 from batch_pipeline.core.run.executor import BatchHandle, BatchState, BatchStatus, ShardWork
 from batch_pipeline.core.run.threads import default_workers
+from batch_pipeline.core.spec.quota import Retention
 from batch_pipeline.executors.bedrock.format import parse_output_block, request_lines
 from batch_pipeline.executors.bedrock.sandbox import SANDBOX_CREDENTIALS, sandbox_s3
 from batch_pipeline.executors.bedrock.settings import SANDBOX_ROLE_ARN, BedrockBatchSettings, S3Location
@@ -91,8 +94,9 @@ def translate(exc: Exception, action: str) -> BatchPipelineError:
     return BatchPipelineError(redact(f"Bedrock {action} failed: {exc}"))
 
 
-class BedrockBatchExecutor:
+class BedrockBatchExecutor(QueueCapped):
     name = "bedrock_batch"
+    quota_dimensions = (Dimension.JOBS,)
     pricing = "batch"
     max_requests_per_batch = MAX_RECORDS
     max_bytes_per_batch = MAX_BYTES
@@ -249,6 +253,31 @@ class BedrockBatchExecutor:
             if isinstance(error, SystemicError) and error.code == "ValidationException" and self.poll(handle).state.ended:
                 return  # it ended between our poll and the stop: nothing to stop
             raise error from None
+
+    @property
+    def retention(self) -> Retention:
+        return self.settings.retention
+
+    def discard(self, handle: BatchHandle) -> list[str]:
+        """Delete our own S3 objects of the attempt once its results are stored: the input we uploaded and the
+        job's output folder (``<output>/<job id>/``). The job record holds no data and stays. S3 answers a delete
+        of a missing key as done, so a repeated try is harmless."""
+        job = self._job(handle)
+        source = handle.input_file_id or job.get("inputDataConfig", {}).get("s3InputDataConfig", {}).get("s3Uri")
+        keys: list[tuple[str, str]] = []
+        if source:
+            bucket, _, key = source[len("s3://"):].partition("/")
+            keys.append((bucket, key))
+        bucket, prefix = _output_folder(job, handle.batch_id)
+        pages = self._call("output list", self.s3.get_paginator("list_objects_v2").paginate, Bucket=bucket,
+                           Prefix=prefix)
+        try:
+            keys += [(bucket, item["Key"]) for page in pages for item in page.get("Contents") or []]
+        except (ClientError, BotoCoreError) as exc:
+            raise translate(exc, "output list") from None
+        for bucket, key in keys:
+            self._call("object delete", self.s3.delete_object, Bucket=bucket, Key=key)
+        return [f"s3://{bucket}/{key}" for bucket, key in keys]
 
     def find(self, key: str, request_ids: Sequence[str] | None = None,
              not_before: str | None = None) -> BatchHandle | None:

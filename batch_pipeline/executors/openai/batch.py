@@ -15,9 +15,12 @@ import httpx2
 import openai
 import pyarrow as pa
 
+from batch_pipeline.core.ledger.capacity import Dimension
+from batch_pipeline.executors.quota import QueueCapped
 from batch_pipeline.core.errors import SYSTEMIC_CODES, BatchPipelineError, ConfigError, SystemicError, TransientError
 from batch_pipeline.core.run.executor import BatchHandle, BatchState, BatchStatus, ShardWork
 from batch_pipeline.core.run.threads import default_workers
+from batch_pipeline.core.spec.quota import Retention
 from batch_pipeline.executors.endpoint import resolve_endpoint
 from batch_pipeline.executors.openai.embeddings import (EMBEDDINGS_URL, embedding_request_lines, is_embedding,
                                                        parse_embedding_stream)
@@ -64,11 +67,12 @@ def translate(exc: Exception, action: str, secret: str | None = None, provider: 
     return BatchPipelineError(redact(f"{provider} {action} failed: {exc}", secret))
 
 
-class OpenAIBatchExecutor:
+class OpenAIBatchExecutor(QueueCapped):
     """Subclasses (Azure) override ``_make_client`` and ``_request_lines`` and state their own ``chat_url`` (and
     ``embeddings_url``: None where embeddings jobs are not offered)."""
 
     name = "openai_batch"
+    quota_dimensions = (Dimension.TOKENS, Dimension.PER_HOUR)
     provider = "OpenAI"
     chat_url = CHAT_URL
     embeddings_url: str | None = EMBEDDINGS_URL
@@ -161,12 +165,13 @@ class OpenAIBatchExecutor:
         except KeyError:
             raise BatchPipelineError(f"{self.provider} batch {batch.id} has unknown status {batch.status!r}") from None
         counts = batch.request_counts
-        errors = []
+        errors, codes = [], []
         if batch.errors is not None and batch.errors.data:
             errors = [f"line {e.line}: {e.code}: {e.message}" if e.line is not None else f"{e.code}: {e.message}"
                       for e in batch.errors.data]
+            codes = [str(e.code) for e in batch.errors.data if e.code]
         return BatchStatus(state, batch.status, counts.total if counts else 0, counts.completed if counts else 0,
-                           counts.failed if counts else 0, errors)
+                           counts.failed if counts else 0, errors, codes)
 
     def fetch(self, handle: BatchHandle) -> Iterator[pa.Table]:
         batch = self._call("batch retrieve", self.client.batches.retrieve, handle.batch_id)
@@ -191,6 +196,26 @@ class OpenAIBatchExecutor:
 
     def cancel(self, handle: BatchHandle) -> None:
         self._call("batch cancel", self.client.batches.cancel, handle.batch_id)
+
+    @property
+    def retention(self) -> Retention:
+        return self.settings.retention
+
+    def discard(self, handle: BatchHandle) -> list[str]:
+        """Delete the batch's input, output and error files once its results are stored (files stay until
+        deleted; the batch object itself cannot be). A file already gone counts as deleted."""
+        batch = self._call("batch retrieve", self.client.batches.retrieve, handle.batch_id)
+        files = (batch.input_file_id or handle.input_file_id, batch.output_file_id, batch.error_file_id)
+        gone = []
+        for file_id in dict.fromkeys(f for f in files if f):
+            try:
+                self.client.files.delete(file_id)
+            except openai.NotFoundError:
+                pass  # deleted before (an earlier try that did not get to record it)
+            except openai.OpenAIError as exc:
+                raise self._translate(exc, f"file delete of {file_id}") from None
+            gone.append(file_id)
+        return gone
 
     def find(self, key: str, request_ids: Sequence[str] | None = None,
              not_before: str | None = None) -> BatchHandle | None:

@@ -1,0 +1,177 @@
+"""The runner's side of admission: a provider batch is created only inside a reservation that fits the account's
+queue (core/ledger/capacity.py), and a refusal ("not now") is learned from, never a job stop.
+
+Before the intent of an attempt, the runner reserves what the batch will hold (enqueued tokens by the quote's
+tokenizer counts, requests, one job), and sends only the items that fit (``fitting_prefix``: all, a part, or
+nothing yet: ``QuotaWait``). After the create the reservation is bound to the batch; when the batch ends or the
+attempt is closed it is released. A create refused for capacity (``QuotaError``) closes the attempt with nothing
+billed, releases its reservation and teaches the ledger the limit.
+"""
+
+import logging
+import math
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from batch_pipeline.core.errors import BatchPipelineError, QuotaError
+from batch_pipeline.core.ledger.admission import fitting_prefix
+from batch_pipeline.core.ledger.capacity import CapacityLedger, CapacityScope, Dimension, Holding, Need
+from batch_pipeline.core.money.estimate import RequestTokens
+from batch_pipeline.core.spec.job import JobSpec
+from batch_pipeline.core.spec.paths import JobPaths
+from batch_pipeline.core.spec.quota import QuotaSpec
+from batch_pipeline.core.store import Store
+
+log = logging.getLogger(__name__)
+RESERVE_TRIES = 5
+
+
+class QuotaWait(BatchPipelineError):
+    """The shard's next batch does not fit in the account's queue now; the message gives the figures."""
+
+    retryable = True
+
+
+@runtime_checkable
+class QueueCappedExecutor(Protocol):
+    quota_dimensions: tuple[Dimension, ...]
+
+    def capacity(self, model: str) -> tuple[CapacityScope, QuotaSpec]: ...
+
+
+def ledger_for(store: Store, executor: object, model: str) -> CapacityLedger | None:
+    """The capacity ledger of the executor's account (None for a backend without a provider queue)."""
+    if not isinstance(executor, QueueCappedExecutor):
+        return None
+    from batch_pipeline.core.run.lease import default_ttl
+
+    scope, quota = executor.capacity(model)
+    return CapacityLedger(store, scope, quota, hold_ttl=default_ttl())
+
+
+class TokenCounts:
+    """Input tokens per request as the quote counts them (its tokenizer model and calibration), plus headroom."""
+
+    def __init__(self, store: Store, spec: JobSpec, headroom: float = 0.0):
+        quote = store.read_json(JobPaths(spec.name).quote) or {}
+        raw = quote.get("tokenizer")
+        self.model = RequestTokens(**raw) if isinstance(raw, dict) else None
+        self.factor = float((quote.get("calibration") or {}).get("tokenizer_factor") or 1.0) * (1 + headroom)
+
+    def per_item(self, est: np.ndarray) -> np.ndarray:
+        est = est.astype(np.float64)
+        if self.model is not None:
+            est = np.clip(est - self.model.fixed_estimated, 0, None) * self.model.per_estimated + self.model.fixed_tokens
+        return np.ceil(est * self.factor).astype(np.int64)
+
+    def total(self, est_sum: float, requests: int) -> int:
+        tokens = self.model.tokens(est_sum, requests) if self.model is not None else est_sum
+        return math.ceil(tokens * self.factor)
+
+    def estimate_prompts(self, prompts: pa.Array) -> np.ndarray:
+        """The manifest's cheap estimate for prompts it does not hold (golden probes): bytes / 4 + the fixed part."""
+        nbytes = pc.binary_length(pc.cast(prompts, pa.binary())).to_numpy(zero_copy_only=False)
+        fixed = self.model.fixed_estimated if self.model is not None else 0
+        return np.ceil(nbytes / 4).astype(np.int64) + fixed
+
+
+class Admission:
+    def __init__(self, store: Store, spec: JobSpec, executor: object, min_items: int = 0):
+        self.store, self.spec = store, spec
+        self.ledger = ledger_for(store, executor, spec.model)
+        self.min_items = max(min_items, 1)
+
+    def admit(self, shard_id: str, attempt: int, items: pa.Table, extra: pa.Table | None
+              ) -> tuple[pa.Table, Holding | None]:
+        """The items this attempt sends (all, or the part that fits, golden probes first) and its reservation.
+        Raises ``QuotaWait`` when nothing worth a batch fits now."""
+        batch = items if extra is None else pa.concat_tables([extra.select(["request_id", "user_prompt"]).cast(
+            items.select(["request_id", "user_prompt"]).schema), items.select(["request_id", "user_prompt"])])
+        if self.ledger is None:
+            return (items if extra is None else _items_then_extra(items, extra)), None
+        counts = TokenCounts(self.store, self.spec, self.ledger.quota.headroom)
+        tokens = np.concatenate([counts.estimate_prompts(extra.column("user_prompt")) if extra is not None else
+                                 np.zeros(0, np.int64), counts.per_item(self._est(shard_id, items))])
+        n_extra = 0 if extra is None else extra.num_rows
+        for _ in range(RESERVE_TRIES):
+            snap = self.ledger.snapshot()
+            k = fitting_prefix(snap, tokens)
+            if k < batch.num_rows and (k < self.min_items or k <= n_extra):
+                raise QuotaWait(f"shard {shard_id}: {self._why(snap, tokens)}")
+            need = Need(int(tokens[:k].sum()), k, 1)
+            holding = self.ledger.reserve(self.spec.name, shard_id, attempt, need)
+            if holding is not None:
+                if k < batch.num_rows:
+                    log.info("shard %s: attempt %d sends %d of %d items (what fits in the queue: %s)", shard_id,
+                             attempt, k - n_extra, items.num_rows, snap.describe())
+                    return batch.slice(0, k), holding
+                return (items if extra is None else _items_then_extra(items, extra)), holding
+        raise QuotaWait(f"shard {shard_id}: the queue filled while it was being reserved: "
+                        f"{self.ledger.snapshot().describe()}")
+
+    def _why(self, snap, tokens: np.ndarray) -> str:
+        from batch_pipeline.core.ledger.admission import decide
+
+        _, dim = decide(snap, Need(int(tokens.sum()), len(tokens), 1))
+        return f"quota: {snap.describe(dim)}; sent when a batch ends and frees room"
+
+    def _est(self, shard_id: str, items: pa.Table) -> np.ndarray:
+        from batch_pipeline.core.manifest.read import Manifest
+
+        manifest = pl.from_arrow(Manifest(self.spec.name, self.store).shard_items(shard_id,
+                                                                                  ["request_id", "est_input_tokens"]))
+        assert isinstance(manifest, pl.DataFrame)
+        ids = pl.from_arrow(items.select(["request_id"]))
+        assert isinstance(ids, pl.DataFrame)
+        joined = ids.join(manifest, on="request_id", how="left", maintain_order="left")
+        return joined["est_input_tokens"].fill_null(0).to_numpy()
+
+    # -- after the create -------------------------------------------------------------------------------------
+    def bound(self, holding: Holding | None, batch_id: str) -> None:
+        if self.ledger is not None and holding is not None:
+            self.ledger.bind(holding.number, batch_id)
+            self.ledger.clean_submission()
+
+    def reattached(self, shard_id: str, attempt: int, request_ids: list[str], batch_id: str,
+                   number: int | None) -> None:
+        """A batch found at the provider after a crash holds its place, fit or not: its own reservation when it
+        is still live, else a new one."""
+        if self.ledger is None:
+            return
+        ledger = self.ledger
+        live = number is not None and ledger.store.exists(ledger._rel(number)) \
+            and not ledger.store.exists(ledger._rel(number, ".released"))
+        if not live:
+            ids = pa.table({"request_id": pa.array(request_ids, pa.string())})
+            counts = TokenCounts(self.store, self.spec, ledger.quota.headroom)
+            need = Need(int(counts.per_item(self._est(shard_id, ids)).sum()), len(request_ids), 1)
+            holding = ledger.reserve(self.spec.name, shard_id, attempt, need, force=True)
+            number = holding.number if holding is not None else None
+        if number is not None:
+            ledger.bind(number, batch_id)
+
+    def refused(self, holding: Holding | None, exc: QuotaError) -> str:
+        """Release the refused batch's place and learn the limit; the note for the attempt log."""
+        if self.ledger is None:
+            return str(exc)
+        if holding is not None:
+            self.ledger.release(holding.number, "refused by the provider")
+        dim = Dimension(exc.dimension)
+        load = self.ledger.snapshot().in_use(dim)
+        limit = self.ledger.learn(dim, exc.limit, load)
+        return f"{exc} (the account's limit is now taken as {limit} {dim.label})"
+
+    def release(self, shard_id: str, attempt: int, why: str) -> None:
+        if self.ledger is not None:
+            self.ledger.release_attempt(self.spec.name, shard_id, attempt, why)
+
+
+def _items_then_extra(items: pa.Table, extra: pa.Table) -> pa.Table:
+    """The order a whole attempt has always been sent in: the shard's items, then the probes riding along."""
+    return pa.concat_tables([items.select(["request_id", "user_prompt"]),
+                             extra.select(["request_id", "user_prompt"]).cast(items.select(["request_id",
+                                                                                           "user_prompt"]).schema)])

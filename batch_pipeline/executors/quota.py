@@ -1,0 +1,31 @@
+"""Which queue a provider batch executor's batches wait in (its capacity scope) and what that queue caps.
+
+Mixed into every provider batch executor; each states the dimensions its provider caps (``quota_dimensions``)
+and whether the cap is per model. The runner reserves capacity in the scope's ledger (core/ledger/capacity.py)
+before every create; the driver reads the same ledger to say which shards wait.
+"""
+
+from typing import Any, ClassVar
+
+from batch_pipeline.core.ledger.capacity import CapacityScope, Dimension
+from batch_pipeline.core.spec.quota import QuotaSpec
+
+
+def account_label(settings: Any) -> str:
+    """The ledger's name of the account: ``account``, else the key's variable name, else "default"."""
+    return str(getattr(settings, "account", None) or getattr(settings, "api_key_env", None) or "default")
+
+
+class QueueCapped:
+    """A batch executor whose account has a queue (``capacity``), configured by ``backend.settings.quota``."""
+
+    quota_dimensions: ClassVar[tuple[Dimension, ...]] = ()
+    quota_per_model: ClassVar[bool] = True
+    settings: Any
+
+    @classmethod
+    def scope_for(cls, settings: Any, model: str) -> CapacityScope:
+        return CapacityScope(str(getattr(cls, "name")), account_label(settings), model if cls.quota_per_model else "*")
+
+    def capacity(self, model: str) -> tuple[CapacityScope, QuotaSpec]:
+        return self.scope_for(self.settings, model), self.settings.quota
