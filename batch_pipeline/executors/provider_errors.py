@@ -7,6 +7,9 @@ import re
 import time
 from collections.abc import Mapping
 
+from batch_pipeline.core.errors import BatchPipelineError, QuotaError, TransientError
+from batch_pipeline.core.ledger.capacity import Dimension, stated_limit
+
 _KEY_LIKE = re.compile(r"\b(sk|key)-[A-Za-z0-9_\-*]{4,}")
 
 
@@ -49,3 +52,24 @@ def retry_wait_s(attempt: int, asked_s: float | None, cap_s: float = MAX_RETRY_W
     RetryInfo), else jittered exponential backoff from 0.5 s up to 8 s; never above ``cap_s``."""
     wait = asked_s if asked_s is not None else min(0.5 * 2**attempt, 8.0) * (1 - 0.25 * random.random())
     return min(wait, cap_s)
+
+
+# What a create refused for the account's queue says (as opposed to a plain rate limit, which is retried in place):
+# OpenAI "Enqueued token limit ... Limit: N", Anthropic "... processing queue ...", Google RESOURCE_EXHAUSTED
+# "... quota ...", Bedrock ServiceQuotaExceededException.
+_QUEUE_WORDS = re.compile(r"enqueued|queue|per hour|concurrent|quota|limit:", re.IGNORECASE)
+QUOTA_CODES = frozenset({"ServiceQuotaExceededException", "token_limit_exceeded"})
+
+
+def queue_refusal(error: BatchPipelineError, status: int | None, dimension: Dimension) -> QuotaError | None:
+    """The create was refused because the account's queue is full (a ``QuotaError`` for ``dimension``: the
+    runner records it, learns the limit and lets the shard wait), or None (handle ``error`` as it is)."""
+    if isinstance(error, QuotaError):
+        return error
+    if not isinstance(error, TransientError):
+        return None
+    message = str(error)
+    if error.code in QUOTA_CODES or (status == 429 and _QUEUE_WORDS.search(message)):
+        return QuotaError(message, dimension=dimension.value, limit=stated_limit(message), code=error.code,
+                          retry_after_s=error.retry_after_s)
+    return None

@@ -303,11 +303,11 @@ class CapacityLedger:
                 self.release(h.number, why)
 
     # -- learning --------------------------------------------------------------------------------------------
-    def learn(self, dim: Dimension, stated: int | None, load: int) -> int:
-        """The provider refused: the limit it stated, else the load in flight at that moment (at least one
-        batch's worth is left to the caller). Returns the limit now in force."""
+    def learn(self, dim: Dimension, stated: int | None, load: int, need: int = 0) -> int:
+        """The provider refused a batch of ``need``: the limit it stated, else the load in flight at that moment
+        (with nothing else in flight, the batch alone was too big: half of it). Returns the limit now in force."""
         learned = {k.value: v for k, v in self.learned().items()}
-        admitted = stated if stated else max(load, 1)
+        admitted = stated if stated else (load if load > 0 else max(need // 2, 1))
         configured = getattr(self.quota, QUOTA_FIELDS[dim])
         if configured is not None:
             admitted = min(admitted, configured)

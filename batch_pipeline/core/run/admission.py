@@ -162,7 +162,7 @@ class Admission:
             self.ledger.release(holding.number, "refused by the provider")
         dim = Dimension(exc.dimension)
         load = self.ledger.snapshot().in_use(dim)
-        limit = self.ledger.learn(dim, exc.limit, load)
+        limit = self.ledger.learn(dim, exc.limit, load, holding.need.get(dim) if holding is not None else 0)
         return f"{exc} (the account's limit is now taken as {limit} {dim.label})"
 
     def release(self, shard_id: str, attempt: int, why: str) -> None:

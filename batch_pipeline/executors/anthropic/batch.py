@@ -48,7 +48,7 @@ from batch_pipeline.core.spec.quota import Retention
 from batch_pipeline.executors.anthropic.format import batch_requests, parse_results_block
 from batch_pipeline.executors.endpoint import resolve_endpoint
 from batch_pipeline.executors.jsonl_blocks import iter_blocks
-from batch_pipeline.executors.provider_errors import redact, retry_after_s, retry_wait_s
+from batch_pipeline.executors.provider_errors import queue_refusal, redact, retry_after_s, retry_wait_s
 from batch_pipeline.executors.settings import BatchProviderSettings
 
 log = logging.getLogger(__name__)
@@ -133,6 +133,9 @@ class AnthropicBatchExecutor(QueueCapped):
                 return BatchHandle(self.name, batch.id, work.key)
             except anthropic.AnthropicError as exc:
                 error = translate(exc, "batch create", self.client.api_key)
+                refused = queue_refusal(error, getattr(exc, "status_code", None), Dimension.REQUESTS)
+                if refused is not None:  # the account's processing queue is full: nothing was created
+                    raise refused from None
                 if not isinstance(error, TransientError) or attempt == self.settings.max_retries:
                     raise error from None
                 if not isinstance(exc, anthropic.RateLimitError):  # the create may have happened anyway

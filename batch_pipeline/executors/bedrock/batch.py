@@ -35,7 +35,7 @@ from batch_pipeline.executors.bedrock.sandbox import SANDBOX_CREDENTIALS, sandbo
 from batch_pipeline.executors.bedrock.settings import SANDBOX_ROLE_ARN, BedrockBatchSettings, S3Location
 from batch_pipeline.executors.endpoint import resolve_endpoint
 from batch_pipeline.executors.jsonl_blocks import parse_stream
-from batch_pipeline.executors.provider_errors import redact, retry_after_s, retry_wait_s
+from batch_pipeline.executors.provider_errors import queue_refusal, redact, retry_after_s, retry_wait_s
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +183,9 @@ class BedrockBatchExecutor(QueueCapped):
                 return BatchHandle(self.name, arn, work.key, f"s3://{source.bucket}/{input_key}")
             except (ClientError, BotoCoreError) as exc:
                 error = translate(exc, "job create")
+                refused = queue_refusal(error, None, Dimension.JOBS)
+                if refused is not None:  # ServiceQuotaExceededException: the model's job quota is full
+                    raise refused from None
                 if not isinstance(error, TransientError) or attempt == self.settings.max_retries:
                     raise error from None
                 wait = retry_wait_s(attempt, error.retry_after_s or None)

@@ -25,7 +25,7 @@ from batch_pipeline.executors.endpoint import resolve_endpoint
 from batch_pipeline.executors.openai.embeddings import (EMBEDDINGS_URL, embedding_request_lines, is_embedding,
                                                        parse_embedding_stream)
 from batch_pipeline.executors.openai.format import CHAT_URL, parse_output_stream, request_lines
-from batch_pipeline.executors.provider_errors import redact, retry_after_s
+from batch_pipeline.executors.provider_errors import queue_refusal, redact, retry_after_s
 from batch_pipeline.executors.settings import BatchProviderSettings
 
 log = logging.getLogger(__name__)
@@ -139,6 +139,9 @@ class OpenAIBatchExecutor(QueueCapped):
                 return BatchHandle(self.name, batch.id, work.key, file_id)
             except openai.OpenAIError as error:
                 exc = self._translate(error, "batch create")
+                refused = queue_refusal(exc, getattr(error, "status_code", None), Dimension.PER_HOUR)
+                if refused is not None:  # the account's creates per hour are spent: nothing was created
+                    raise refused from None
                 if not isinstance(exc, TransientError):
                     raise exc from None
                 if not isinstance(error, openai.RateLimitError):  # a 429 created nothing; anything else may have

@@ -1,0 +1,103 @@
+"""A job far bigger than the account's queue finishes by itself (issue 16), through the real openai SDK against the
+sandbox's enqueued-token cap: admitted while it fits, waiting while it does not, learning the cap from the
+refusal when none was configured, and never paying twice."""
+
+from collections import Counter
+
+import polars as pl
+import pytest
+
+from batch_pipeline.core.ledger.capacity import CapacityLedger, CapacityScope, Dimension
+from batch_pipeline.core.manifest.read import Manifest
+from batch_pipeline.core.publish.tables import JobState
+from batch_pipeline.core.run.attempts import AttemptLog
+from batch_pipeline.core.state.reconcile import VALID
+from batch_pipeline.core.store import Store
+from batch_pipeline.defs.pipeline import run_job
+
+SHARDS = {"max_requests": 2}  # the 40 sample rows in 20-odd shards
+
+
+def shard_tokens(spec, home, sandbox) -> dict[str, int]:
+    """The sandbox's own count of each shard's prompt tokens, from a run without a cap."""
+    run_job(spec, *_fresh(home))
+    billed = {e["custom_id"]: e["input_tokens"] for e in sandbox.ledger()}
+    index = pl.from_arrow(Manifest(spec.name, Store(home)).item_index(["request_id", "shard_id"]))
+    frame = index.with_columns(pl.col("request_id").replace_strict(billed, default=0).alias("tokens"))
+    return dict(frame.group_by("shard_id").agg(pl.col("tokens").sum()).iter_rows())
+
+
+def _fresh(home):
+    import dagster as dg
+
+    from batch_pipeline_tests.defs.conftest import REPO
+    from batch_pipeline.defs.resources import PricesResource, StoreResource
+
+    return dg.DagsterInstance.ephemeral(), {"store": StoreResource(root=str(home)),
+                                             "prices": PricesResource(path=str(REPO / "data" / "prices.yaml"))}
+
+
+def assert_billed_once(spec, home, sandbox) -> None:
+    state = JobState.load(spec, Store(home))
+    counts = state.check()
+    assert counts.valid == counts.expected == 40, counts
+    billed = Counter(e["custom_id"] for e in sandbox.ledger())
+    valid = set(state.states.filter(pl.col("state") == VALID)["request_id"])
+    assert {rid: n for rid, n in billed.items() if rid in valid} == dict.fromkeys(valid, 1)
+
+
+def peak_tokens(sandbox) -> int:
+    return max((e["tokens"] for e in sandbox.load()["events"] if e["provider"] == "openai"), default=0)
+
+
+def refusals(home, spec) -> list[dict]:
+    store = Store(home)
+    out = []
+    for shard in Manifest(spec.name, store).shard_ids():
+        for attempt in AttemptLog(store, spec.name, shard).all():
+            for record in attempt.records.values():
+                if "refused" in record:
+                    out.append(record["refused"])
+    return out
+
+
+@pytest.fixture
+def cap(sandbox, make_job, tmp_path) -> int:
+    """Enqueued tokens that hold the three largest shards at once."""
+    probe = make_job("probe", shards=SHARDS)
+    sizes = shard_tokens(probe, tmp_path / "probe_home", sandbox)
+    assert len(sizes) >= 20
+    sandbox.reset()
+    return sum(sorted(sizes.values())[-3:])
+
+
+def test_a_configured_cap_is_never_passed_and_never_refuses(sandbox, make_job, instance, resources, home, cap):
+    sandbox.set_scenario("normal", quota_enqueued_tokens=cap, in_progress_s=1.0)
+    spec = make_job(shards=SHARDS, backend={"name": "openai_batch",
+                                            "settings": {"sandbox": True, "quota": {"enqueued_tokens": cap}}})
+    report = run_job(spec, instance, resources)
+    assert report["complete"] and report["succeeded"] == 40
+    assert_billed_once(spec, home, sandbox)
+    load = sandbox.load()
+    assert load["refusals"] == 0 and refusals(home, spec) == []  # no token_limit_exceeded at all
+    assert 0 < peak_tokens(sandbox) <= cap
+    shard_max = cap / 3
+    assert peak_tokens(sandbox) > shard_max  # more than one batch was in the queue at once: it was kept filled
+    ledger = CapacityLedger(Store(home), CapacityScope("openai_batch", "OPENAI_API_KEY", spec.model))
+    assert ledger.snapshot().holdings == ()  # every reservation was released when its batch ended
+
+
+def test_an_unconfigured_cap_is_learned_from_the_refusal_and_the_job_still_finishes(sandbox, make_job, instance,
+                                                                                    resources, home, cap):
+    sandbox.set_scenario("normal", quota_enqueued_tokens=cap, in_progress_s=1.0)
+    spec = make_job(shards=SHARDS)
+    report = run_job(spec, instance, resources)
+    assert report["complete"] and report["succeeded"] == 40  # no job stop
+    assert_billed_once(spec, home, sandbox)
+    refused = refusals(home, spec)
+    assert refused and all(r["code"] == "token_limit_exceeded" for r in refused)
+    assert sandbox.load()["refusals"] == len(refused)
+    assert peak_tokens(sandbox) <= cap  # a refused batch never counted as load
+    ledger = CapacityLedger(Store(home), CapacityScope("openai_batch", "OPENAI_API_KEY", spec.model))
+    assert ledger.limits().values[Dimension.TOKENS] == cap  # the limit OpenAI's message states
+    assert len(refused) < 20  # learned: not every shard was refused
