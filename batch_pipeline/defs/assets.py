@@ -20,15 +20,16 @@ from batch_pipeline.core.money.quote import make_quote, verify_quote
 from batch_pipeline.core.publish.report import build_report, shard_table
 from batch_pipeline.core.state.execute import ShardWaits
 from batch_pipeline.core.route.plan import route_pending
+from batch_pipeline.core.run.hygiene import sweep_leftovers
 from batch_pipeline.core.spec.job import CostCompareSpec, JobSpec
 from batch_pipeline.core.spec.settings import Settings
 from batch_pipeline.defs.checks import CHECKS, build_result_checks, build_shard_stats_check, check_description
 from batch_pipeline.defs.k8s import GPU_POOL, gpu_step_tags, is_gpu_backend
 from batch_pipeline.defs.metadata import (md_table, money_json, per_shard_meta, plain, progress_meta, spec_labels,
                                           table_meta)
-from batch_pipeline.defs.runners import shard_driver
+from batch_pipeline.defs.runners import executor_for, shard_driver
 from batch_pipeline.defs.resources import PricesResource, StoreResource
-from batch_pipeline.executors.registry import batch_limits, route_profile
+from batch_pipeline.executors.registry import account_pool, batch_limits, route_profile
 
 SHARDS_TAG = "batch_pipeline/shards"  # the shards a range run moves (the others in its range are left alone)
 
@@ -94,8 +95,9 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
     shards = shards_partitions(spec)
     paths = JobPaths(job)
     # shard steps of self-hosted vLLM jobs hold a GPU: pod tags for the k8s executor, and the `gpu` pool
-    gpu = {"op_tags": gpu_step_tags(), "pool": GPU_POOL} if is_gpu_backend(spec.backend.name) else {}
-
+    step_opts = {"op_tags": gpu_step_tags(), "pool": GPU_POOL} if is_gpu_backend(spec.backend.name) else {}
+    pool = account_pool(spec.backend)  # provider batch shard steps: one pool per provider account, across jobs
+    step_opts = step_opts or ({"pool": pool} if pool else {})
     # a later pass of a multi-pass job reads its upstream's validated table: the chain shows in the asset graph
     upstream = [dg.AssetKey([spec.input.from_job, "validated"])] if spec.input.from_job else None
     labels = spec_labels(spec)  # the spec's owners and tags, on every asset of the job
@@ -179,7 +181,7 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
                                                    "budget_usd": q.get("budget_usd")}))
 
     @dg.asset(key=asset_key(spec, "submissions"), deps=[quote], partitions_def=shards, group_name=job, **labels,
-              backfill_policy=_backfill_policy(), **gpu,
+              backfill_policy=_backfill_policy(), **step_opts,
               kinds={"python"}, description="Submit each shard's pending items (re-attach to an open batch); "
                                             "self-hosted and online backends run the shard inline. A failure is "
                                             "a job stop (bad key, budget, canary, retry cap: the message says "
@@ -223,7 +225,7 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
         return dg.MaterializeResult(metadata=meta)
 
     @dg.asset(key=asset_key(spec, "shard_results"), deps=[submissions], partitions_def=shards, group_name=job,
-              **labels, backfill_policy=_backfill_policy(), **gpu,
+              **labels, backfill_policy=_backfill_policy(), **step_opts,
               kinds={"parquet"}, description="Collect each shard's ended batches; validate and append results; "
                                             "rescue the tail online near the deadline or after an expiry. Fails "
                                             "when the provider failed a batch or refused the job (a job stop: "
@@ -270,6 +272,9 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
         st = store.get()
         if Manifest(job, st).last_generation() == 0:
             raise dg.Failure(f"job {job} has no manifest in {st.root}; materialize {job}/manifest first")
+        swept = sweep_leftovers(spec, st, executor_for(spec))  # provider copies a killed run left (retention)
+        if swept.discarded or swept.failed:
+            (context.log.warning if swept.failed else context.log.info)(f"provider copies: {swept.describe()}")
         state = JobState.load(spec, st)
         outputs = stage(spec, st, state)
         head, rows = st.read_head(paths.staged)  # footer + first rows: a 10M-row table is not read whole

@@ -90,6 +90,21 @@ def capacity_ledger(store: Store, backend: BackendSpec, model: str) -> CapacityL
     return CapacityLedger(store, scope, quota, hold_ttl=default_ttl())
 
 
+def account_pool(backend: BackendSpec) -> str | None:
+    """The Dagster concurrency pool of a provider batch backend's shard steps: one per provider account
+    (``<provider>/<account>``), so one job cannot take every run slot of an account that another job also uses.
+    Its limit is the instance's ``concurrency.pools.default_limit`` (dagster.yaml, the Helm values) or
+    ``dagster instance concurrency set <pool> N``."""
+    if backend.name == AUTO_BACKEND:
+        return None
+    cls = executor_class(backend.name)
+    if not issubclass(cls, QueueCapped):
+        return None
+    settings = _settings(cls, backend)
+    labels = [a.label for a in settings.accounts] or [cls.scope_for(settings, "*").account]
+    return f"{cls.name}/{'+'.join(labels)}"
+
+
 def route_profile(backend: BackendSpec) -> BackendProfile:
     """What the router's rules (core/route/rules.py) need of a backend, from its class and settings, unbuilt: a
     provider batch (submit/collect) or not, self-hosted or not, its per-batch minimum and maximum, its window."""
