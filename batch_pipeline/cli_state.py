@@ -28,7 +28,7 @@ def status(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
     from batch_pipeline.core.publish.tables import JobState
     from batch_pipeline.core.run.control import JobControl
     from batch_pipeline.core.state.view import load_view
-    from batch_pipeline.executors.registry import batch_minimum, capacity_ledger
+    from batch_pipeline.executors.registry import batch_minimum, capacity_ledgers
 
     store = _store(args)
     if not Manifest(spec.name, store).shard_ids():
@@ -36,7 +36,7 @@ def status(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
                       f"(`batch-pipeline run {spec.source_path or spec.name}`)")
         return ExitCode.BAD_INPUT
     view = load_view(spec, store, min_batch=batch_minimum(spec.backend),
-                     capacity=capacity_ledger(store, spec.backend, spec.model))
+                     capacity=capacity_ledgers(store, spec.backend, spec.model))
     plan = view.plan()
     by_state: dict[str, int] = {}
     for state in plan.states.values():

@@ -26,7 +26,7 @@ from batch_pipeline.defs.assets import SHARDS_TAG, asset_key, shards_partitions
 from batch_pipeline.defs.build import build_definitions
 from batch_pipeline.defs.jobs import PUBLISH_ASSETS
 from batch_pipeline.defs.sensors import batch_poller
-from batch_pipeline.executors.registry import batch_minimum, capacity_ledger, create_executor
+from batch_pipeline.executors.registry import batch_minimum, capacity_ledgers, create_executor
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def run_job(spec: JobSpec, instance: dg.DagsterInstance, resources: dict | None 
     max_passes = spec.retries.per_item + 2  # expired/cancelled items do not spend their budget
     queue = QueueLoop(spec, store, stage)
     while True:
-        plan = load_view(spec, store, min_batch=batch_minimum(spec.backend), capacity=queue.ledger,
+        plan = load_view(spec, store, min_batch=batch_minimum(spec.backend), capacity=queue.ledgers,
                          batch_ended=queue.poller if queue.bound else None).plan()
         log.info("job %s: plan: %s", spec.name, plan.describe())
         if plan.stopped:
@@ -129,7 +129,7 @@ class QueueLoop:
 
     def __init__(self, spec: JobSpec, store, stage: Callable[[str], None]):
         self.spec, self.store, self.stage = spec, store, stage
-        self.ledger = capacity_ledger(store, spec.backend, spec.model)
+        self.ledgers = capacity_ledgers(store, spec.backend, spec.model)
         self.poller = batch_poller(spec)
         self.bound = False  # set once a shard waited for room: from then on, open batches are polled
         self.idle = 0
@@ -151,7 +151,7 @@ class QueueLoop:
             self.idle = 0
             return True
         open_batches = any(st == ShardState.SUBMITTED for st in plan.states.values())
-        held = self.ledger.snapshot().holdings if self.ledger is not None else ()
+        held = [h for ledger in self.ledgers for h in ledger.snapshot().holdings]
         if not open_batches and not held:
             self.idle += 1
             if self.idle > self.IDLE_LIMIT:

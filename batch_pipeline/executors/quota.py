@@ -27,5 +27,7 @@ class QueueCapped:
     def scope_for(cls, settings: Any, model: str) -> CapacityScope:
         return CapacityScope(str(getattr(cls, "name")), account_label(settings), model if cls.quota_per_model else "*")
 
-    def capacity(self, model: str) -> tuple[CapacityScope, QuotaSpec]:
-        return self.scope_for(self.settings, model), self.settings.quota
+    def capacities(self, model: str) -> list[tuple[str | None, CapacityScope, QuotaSpec]]:
+        """(account name for ``ShardWork.account``, scope, quota) of each account: one here (executors/accounts.py
+        spreads several)."""
+        return [(None, self.scope_for(self.settings, model), self.settings.quota)]

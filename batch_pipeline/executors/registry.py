@@ -13,6 +13,7 @@ from batch_pipeline.core.route.plan import BackendProfile
 from batch_pipeline.core.spec.job import AUTO_BACKEND, BackendSpec
 from batch_pipeline.core.spec.quota import QuotaSpec
 from batch_pipeline.core.store import Store
+from batch_pipeline.executors.accounts import AccountSpread
 from batch_pipeline.executors.anthropic.batch import AnthropicBatchExecutor
 from batch_pipeline.executors.google.gemini_batch import GeminiBatchExecutor
 from batch_pipeline.executors.google.vertex_batch import VertexBatchExecutor
@@ -69,25 +70,24 @@ def batch_minimum(backend: BackendSpec) -> int:
     return 0 if minimum is None else int(minimum(_settings(cls, backend)))
 
 
-def capacity_of(backend: BackendSpec, model: str) -> tuple[CapacityScope, QuotaSpec] | None:
-    """The capacity scope (provider, account, model) and configured quota of a provider batch backend, from its
-    class and settings, unbuilt (no key needed); None for a backend without a provider queue."""
+def capacity_of(backend: BackendSpec, model: str) -> list[tuple[CapacityScope, QuotaSpec]]:
+    """The capacity scope (provider, account, model) and configured quota of each account of a provider batch
+    backend, from its class and settings, unbuilt (no key needed); [] for a backend without a provider queue."""
     if backend.name == AUTO_BACKEND:
-        return None
+        return []
     cls = executor_class(backend.name)
     if not issubclass(cls, QueueCapped):
-        return None
+        return []
     settings = _settings(cls, backend)
-    return cls.scope_for(settings, model), settings.quota
+    if settings.accounts:
+        return [(CapacityScope(cls.name, a.label, model if cls.quota_per_model else "*"), a.quota)
+                for a in settings.accounts]
+    return [(cls.scope_for(settings, model), settings.quota)]
 
 
-def capacity_ledger(store: Store, backend: BackendSpec, model: str) -> CapacityLedger | None:
-    """The capacity ledger of the backend's account queue on this home (None: the backend has no queue)."""
-    found = capacity_of(backend, model)
-    if found is None:
-        return None
-    scope, quota = found
-    return CapacityLedger(store, scope, quota, hold_ttl=default_ttl())
+def capacity_ledgers(store: Store, backend: BackendSpec, model: str) -> list[CapacityLedger]:
+    """The capacity ledgers of the backend's account queues on this home ([]: the backend has no queue)."""
+    return [CapacityLedger(store, scope, quota, hold_ttl=default_ttl()) for scope, quota in capacity_of(backend, model)]
 
 
 def account_pool(backend: BackendSpec) -> str | None:
@@ -131,4 +131,7 @@ def _settings(cls: type[Any], backend: BackendSpec) -> Any:
 def create_executor(backend: BackendSpec) -> Executor:
     """The executor for ``backend``, built from its validated settings (invalid ones are a ConfigError)."""
     cls = executor_class(backend.name)
-    return cls(_settings(cls, backend))
+    settings = _settings(cls, backend)
+    if getattr(settings, "accounts", None):  # several accounts: each its own executor, queue and re-attach
+        return AccountSpread(cls, settings)
+    return cls(settings)

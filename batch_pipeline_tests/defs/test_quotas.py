@@ -101,3 +101,25 @@ def test_an_unconfigured_cap_is_learned_from_the_refusal_and_the_job_still_finis
     ledger = CapacityLedger(Store(home), CapacityScope("openai_batch", "OPENAI_API_KEY", spec.model))
     assert ledger.limits().values[Dimension.TOKENS] == cap  # the limit OpenAI's message states
     assert len(refused) < 20  # learned: not every shard was refused
+
+
+def test_shards_spread_over_the_accounts_that_have_room(sandbox, make_job, instance, resources, home, cap,
+                                                        monkeypatch):
+    monkeypatch.setenv("TEAM_A_KEY", "sk-team-a")
+    monkeypatch.setenv("TEAM_B_KEY", "sk-team-b")
+    each = cap // 2  # one account alone holds about one and a half shards
+    sandbox.set_scenario("normal", quota_enqueued_tokens=each, in_progress_s=1.0)
+    quota = {"enqueued_tokens": each}
+    spec = make_job(shards=SHARDS, backend={"name": "openai_batch", "settings": {"sandbox": True, "accounts": [
+        {"api_key_env": "TEAM_A_KEY", "quota": quota}, {"api_key_env": "TEAM_B_KEY", "name": "team-b", "quota": quota}]}})
+    report = run_job(spec, instance, resources)
+    assert report["complete"] and report["succeeded"] == 40
+    assert_billed_once(spec, home, sandbox)
+    load = sandbox.load()
+    assert load["refusals"] == 0
+    peaks = {p["account"]: p["tokens"] for p in load["peak"] if p["provider"] == "openai"}
+    assert len(peaks) == 2 and all(0 < t <= each for t in peaks.values()), peaks  # both used, neither past its cap
+    store = Store(home)
+    used = {a.submitted.get("account") for shard in Manifest(spec.name, store).shard_ids()
+            for a in AttemptLog(store, spec.name, shard).all() if a.submitted}
+    assert used == {"TEAM_A_KEY", "team-b"}

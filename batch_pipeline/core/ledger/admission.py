@@ -43,34 +43,44 @@ def decide(snapshot: Snapshot, need: Need, taken: Need = NOTHING) -> tuple[Verdi
 
 @dataclass
 class Room:
-    """The queue's free capacity as a plan hands it out, shard by shard, in shard order."""
+    """The free capacity of the backend's account queues (one per account) as a plan hands it out, shard by shard,
+    in shard order: a shard takes the first account it fits whole, else the first it fits in part."""
 
-    snapshot: Snapshot
-    taken: Need = field(default=NOTHING)
+    snapshots: list[Snapshot]
+    taken: list[Need] = field(default_factory=list)
     admitted: int = 0
     waiting: int = 0
 
+    def __post_init__(self) -> None:
+        self.taken = self.taken or [NOTHING for _ in self.snapshots]
+
     def fresh(self) -> "Room":
-        return Room(self.snapshot)
+        return Room(self.snapshots)
 
     def admit(self, need: Need) -> str | None:
         """Take the shard's place (whole or the part that fits); the reason it waits when nothing fits."""
-        verdict, dim = decide(self.snapshot, need, self.taken)
-        if verdict == Verdict.WAIT:
-            self.waiting += 1
-            return self.reason(dim)
-        self.admitted += 1
-        if verdict == Verdict.FULL:
-            self.taken = self.taken + need
-        else:  # the part that fits fills the splittable dimensions
-            fill = {d: max(self.snapshot.limits.values.get(d, 0) - self.snapshot.in_use(d), 0) for d in SPLITTABLE}
-            self.taken = Need(max(self.taken.tokens, fill[Dimension.TOKENS]) if need.tokens else self.taken.tokens,
-                              max(self.taken.requests, fill[Dimension.REQUESTS]) if need.requests else
-                              self.taken.requests, self.taken.jobs + need.jobs)
-        return None
-
-    def reason(self, dim: Dimension | None) -> str:
-        return f"quota: {self.snapshot.describe(dim)}; sent when a batch ends and frees room"
+        partial: int | None = None
+        blocked: list[Dimension | None] = []
+        for i, snapshot in enumerate(self.snapshots):
+            verdict, dim = decide(snapshot, need, self.taken[i])
+            if verdict == Verdict.FULL:
+                self.taken[i] = self.taken[i] + need
+                self.admitted += 1
+                return None
+            if verdict == Verdict.PARTIAL and partial is None:
+                partial = i
+            blocked.append(dim)
+        if partial is not None:  # the part that fits fills the splittable dimensions of that account
+            snap, taken = self.snapshots[partial], self.taken[partial]
+            fill = {d: max(snap.limits.values.get(d, 0) - snap.in_use(d), 0) for d in SPLITTABLE}
+            self.taken[partial] = Need(max(taken.tokens, fill[Dimension.TOKENS]) if need.tokens else taken.tokens,
+                                       max(taken.requests, fill[Dimension.REQUESTS]) if need.requests
+                                       else taken.requests, taken.jobs + need.jobs)
+            self.admitted += 1
+            return None
+        self.waiting += 1
+        return "quota: " + "; ".join(snap.describe(dim) for snap, dim in zip(self.snapshots, blocked, strict=True)) \
+            + "; sent when a batch ends and frees room"
 
 
 def fitting_prefix(snapshot: Snapshot, tokens: np.ndarray) -> int:

@@ -10,6 +10,7 @@ billed, releases its reservation and teaches the ledger the limit.
 
 import logging
 import math
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -18,8 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batch_pipeline.core.errors import BatchPipelineError, QuotaError
-from batch_pipeline.core.ledger.admission import fitting_prefix
-from batch_pipeline.core.ledger.capacity import CapacityLedger, CapacityScope, Dimension, Holding, Need
+from batch_pipeline.core.ledger.admission import decide, fitting_prefix
+from batch_pipeline.core.ledger.capacity import CapacityLedger, CapacityScope, Dimension, Holding, Need, Snapshot
 from batch_pipeline.core.money.estimate import RequestTokens
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.paths import JobPaths
@@ -40,17 +41,25 @@ class QuotaWait(BatchPipelineError):
 class QueueCappedExecutor(Protocol):
     quota_dimensions: tuple[Dimension, ...]
 
-    def capacity(self, model: str) -> tuple[CapacityScope, QuotaSpec]: ...
+    def capacities(self, model: str) -> list[tuple[str | None, CapacityScope, QuotaSpec]]: ...
 
 
-def ledger_for(store: Store, executor: object, model: str) -> CapacityLedger | None:
-    """The capacity ledger of the executor's account (None for a backend without a provider queue)."""
+def ledgers_for(store: Store, executor: object, model: str) -> dict[str | None, CapacityLedger]:
+    """The capacity ledger of each of the executor's accounts, by account name ({}: no provider queue)."""
     if not isinstance(executor, QueueCappedExecutor):
-        return None
+        return {}
     from batch_pipeline.core.run.lease import default_ttl
 
-    scope, quota = executor.capacity(model)
-    return CapacityLedger(store, scope, quota, hold_ttl=default_ttl())
+    return {label: CapacityLedger(store, scope, quota, hold_ttl=default_ttl())
+            for label, scope, quota in executor.capacities(model)}
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """An attempt's place in one account's queue."""
+
+    account: str | None
+    holding: Holding
 
 
 class TokenCounts:
@@ -82,40 +91,50 @@ class TokenCounts:
 class Admission:
     def __init__(self, store: Store, spec: JobSpec, executor: object, min_items: int = 0):
         self.store, self.spec = store, spec
-        self.ledger = ledger_for(store, executor, spec.model)
+        self.ledgers = ledgers_for(store, executor, spec.model)
         self.min_items = max(min_items, 1)
 
     def admit(self, shard_id: str, attempt: int, items: pa.Table, extra: pa.Table | None
-              ) -> tuple[pa.Table, Holding | None]:
-        """The items this attempt sends (all, or the part that fits, golden probes first) and its reservation.
-        Raises ``QuotaWait`` when nothing worth a batch fits now."""
-        batch = items if extra is None else pa.concat_tables([extra.select(["request_id", "user_prompt"]).cast(
-            items.select(["request_id", "user_prompt"]).schema), items.select(["request_id", "user_prompt"])])
-        if self.ledger is None:
-            return (items if extra is None else _items_then_extra(items, extra)), None
-        counts = TokenCounts(self.store, self.spec, self.ledger.quota.headroom)
+              ) -> tuple[pa.Table, Admitted | None]:
+        """The items this attempt sends (all, or the part that fits, golden probes first) and its place: in the
+        first account whose queue takes them whole, else the one that takes the most. Raises ``QuotaWait`` when
+        nothing worth a batch fits in any account now."""
+        whole = items if extra is None else _items_then_extra(items, extra)
+        if not self.ledgers:
+            return whole, None
+        batch = whole if extra is None else pa.concat_tables([whole.slice(items.num_rows), whole.slice(0, items.num_rows)])
+        headroom = max(ledger.quota.headroom for ledger in self.ledgers.values())
+        counts = TokenCounts(self.store, self.spec, headroom)
         tokens = np.concatenate([counts.estimate_prompts(extra.column("user_prompt")) if extra is not None else
                                  np.zeros(0, np.int64), counts.per_item(self._est(shard_id, items))])
         n_extra = 0 if extra is None else extra.num_rows
+        reasons: list[str] = []
         for _ in range(RESERVE_TRIES):
-            snap = self.ledger.snapshot()
-            k = fitting_prefix(snap, tokens)
-            if k < batch.num_rows and (k < self.min_items or k <= n_extra):
-                raise QuotaWait(f"shard {shard_id}: {self._why(snap, tokens)}")
-            need = Need(int(tokens[:k].sum()), k, 1)
-            holding = self.ledger.reserve(self.spec.name, shard_id, attempt, need)
-            if holding is not None:
-                if k < batch.num_rows:
-                    log.info("shard %s: attempt %d sends %d of %d items (what fits in the queue: %s)", shard_id,
-                             attempt, k - n_extra, items.num_rows, snap.describe())
-                    return batch.slice(0, k), holding
-                return (items if extra is None else _items_then_extra(items, extra)), holding
-        raise QuotaWait(f"shard {shard_id}: the queue filled while it was being reserved: "
-                        f"{self.ledger.snapshot().describe()}")
+            reasons = []
+            best: tuple[int, str | None, Snapshot] | None = None
+            for label, ledger in self.ledgers.items():
+                snap = ledger.snapshot()
+                k = fitting_prefix(snap, tokens)
+                if k == len(tokens):
+                    best = (k, label, snap)
+                    break
+                if k >= self.min_items and k > n_extra and (best is None or k > best[0]):
+                    best = (k, label, snap)
+                reasons.append(self._why(snap, tokens))
+            if best is None:
+                raise QuotaWait(f"shard {shard_id}: " + "; ".join(reasons))
+            k, label, snap = best
+            holding = self.ledgers[label].reserve(self.spec.name, shard_id, attempt, Need(int(tokens[:k].sum()), k, 1))
+            if holding is None:  # another job took the room meanwhile: look again
+                continue
+            if k < len(tokens):
+                log.info("shard %s: attempt %d sends %d of %d items (what fits in the queue: %s)", shard_id,
+                         attempt, k - n_extra, items.num_rows, snap.describe())
+                return batch.slice(0, k), Admitted(label, holding)
+            return whole, Admitted(label, holding)
+        raise QuotaWait(f"shard {shard_id}: the queue filled while it was being reserved: {'; '.join(reasons)}")
 
-    def _why(self, snap, tokens: np.ndarray) -> str:
-        from batch_pipeline.core.ledger.admission import decide
-
+    def _why(self, snap: Snapshot, tokens: np.ndarray) -> str:
         _, dim = decide(snap, Need(int(tokens.sum()), len(tokens), 1))
         return f"quota: {snap.describe(dim)}; sent when a batch ends and frees room"
 
@@ -131,18 +150,19 @@ class Admission:
         return joined["est_input_tokens"].fill_null(0).to_numpy()
 
     # -- after the create -------------------------------------------------------------------------------------
-    def bound(self, holding: Holding | None, batch_id: str) -> None:
-        if self.ledger is not None and holding is not None:
-            self.ledger.bind(holding.number, batch_id)
-            self.ledger.clean_submission()
+    def bound(self, admitted: Admitted | None, batch_id: str) -> None:
+        if admitted is not None:
+            ledger = self.ledgers[admitted.account]
+            ledger.bind(admitted.holding.number, batch_id)
+            ledger.clean_submission()
 
-    def reattached(self, shard_id: str, attempt: int, request_ids: list[str], batch_id: str,
+    def reattached(self, shard_id: str, attempt: int, request_ids: list[str], batch_id: str, account: str | None,
                    number: int | None) -> None:
         """A batch found at the provider after a crash holds its place, fit or not: its own reservation when it
         is still live, else a new one."""
-        if self.ledger is None:
+        ledger = self.ledgers.get(account) or next(iter(self.ledgers.values()), None)
+        if ledger is None:
             return
-        ledger = self.ledger
         live = number is not None and ledger.store.exists(ledger._rel(number)) \
             and not ledger.store.exists(ledger._rel(number, ".released"))
         if not live:
@@ -154,20 +174,30 @@ class Admission:
         if number is not None:
             ledger.bind(number, batch_id)
 
-    def refused(self, holding: Holding | None, exc: QuotaError) -> str:
+    def held(self, shard_id: str, attempt: int) -> Admitted | None:
+        """The place this attempt holds, in whichever account."""
+        for label, ledger in self.ledgers.items():
+            for h in ledger.snapshot(sweep=False).holdings:
+                if (h.job, h.shard_id, h.attempt) == (self.spec.name, shard_id, attempt):
+                    return Admitted(label, h)
+        return None
+
+    def refused(self, admitted: Admitted | None, exc: QuotaError, account: str | None = None) -> str:
         """Release the refused batch's place and learn the limit; the note for the attempt log."""
-        if self.ledger is None:
+        label = admitted.account if admitted is not None else account
+        ledger = self.ledgers.get(label) or next(iter(self.ledgers.values()), None)
+        if ledger is None:
             return str(exc)
-        if holding is not None:
-            self.ledger.release(holding.number, "refused by the provider")
+        if admitted is not None:
+            ledger.release(admitted.holding.number, "refused by the provider")
         dim = Dimension(exc.dimension)
-        load = self.ledger.snapshot().in_use(dim)
-        limit = self.ledger.learn(dim, exc.limit, load, holding.need.get(dim) if holding is not None else 0)
+        load = ledger.snapshot().in_use(dim)
+        limit = ledger.learn(dim, exc.limit, load, admitted.holding.need.get(dim) if admitted is not None else 0)
         return f"{exc} (the account's limit is now taken as {limit} {dim.label})"
 
     def release(self, shard_id: str, attempt: int, why: str) -> None:
-        if self.ledger is not None:
-            self.ledger.release_attempt(self.spec.name, shard_id, attempt, why)
+        for ledger in self.ledgers.values():
+            ledger.release_attempt(self.spec.name, shard_id, attempt, why)
 
 
 def _items_then_extra(items: pa.Table, extra: pa.Table) -> pa.Table:

@@ -135,12 +135,9 @@ class CollectShape:
         recorded (nothing billed, no item's budget spent), the limit learned, and the shard sent again later."""
         lease.check("record a refused batch")
         message = "; ".join(status.errors[:3])
-        holding = None
-        if self.admission.ledger is not None:
-            holding = next((h for h in self.admission.ledger.snapshot(sweep=False).holdings
-                            if (h.job, h.shard_id, h.attempt) == (self.spec.name, shard_id, number)), None)
-        note = self.admission.refused(holding, QuotaError(message, dimension=Dimension.TOKENS.value,
-                                                          limit=stated_limit(message), code="token_limit_exceeded"))
+        note = self.admission.refused(self.admission.held(shard_id, number),
+                                      QuotaError(message, dimension=Dimension.TOKENS.value, limit=stated_limit(message),
+                                                 code="token_limit_exceeded"), account=handle.account)
         AttemptLog(self.store, self.spec.name, shard_id).record(number, "collected", {
             "state": status.state.value, "errors": status.errors, "rows": 0, "succeeded": 0,
             "refused": {"dimension": Dimension.TOKENS.value, "code": "token_limit_exceeded", "note": note}})

@@ -110,6 +110,7 @@ class ShardWork:
     key: str                  # job:shard:attempt; carried in provider metadata to re-attach after a crash
     plan: RequestPlan
     items: pa.Table           # request_id, user_prompt (text or turns JSON: plan.shape)
+    account: str | None = None  # the account admission chose (a backend with several accounts), else None
 
     @property
     def request_ids(self) -> list[str]:
@@ -137,13 +138,15 @@ class BatchHandle:
     batch_id: str
     key: str
     input_file_id: str | None = None
+    account: str | None = None  # which of the backend's accounts holds the batch (``backend.settings.accounts``)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"backend": self.backend, "batch_id": self.batch_id, "key": self.key, "input_file_id": self.input_file_id}
+        out = {"backend": self.backend, "batch_id": self.batch_id, "key": self.key, "input_file_id": self.input_file_id}
+        return {**out, "account": self.account} if self.account is not None else out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "BatchHandle":
-        return cls(d["backend"], d["batch_id"], d["key"], d.get("input_file_id"))
+        return cls(d["backend"], d["batch_id"], d["key"], d.get("input_file_id"), d.get("account"))
 
 
 @dataclass

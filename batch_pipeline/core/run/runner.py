@@ -21,8 +21,7 @@ from batch_pipeline.core.run.attempts import AttemptLog
 from batch_pipeline.core.run.control import JobControl
 from batch_pipeline.core.money.cost import Price
 from batch_pipeline.core.errors import QuotaError, SystemicError, TransientError
-from batch_pipeline.core.ledger.capacity import Holding
-from batch_pipeline.core.run.admission import Admission
+from batch_pipeline.core.run.admission import Admission, Admitted
 from batch_pipeline.core.run.faults import crash_point
 from batch_pipeline.core.run.executor import (BatchExecutor, BatchHandle, RequestPlan,
                                           ShardWork, StreamExecutor)
@@ -162,7 +161,7 @@ class ShardRunner(StreamShape, CollectShape):
                             shard_id, attempt.number, found.batch_id)
                 attempts.record(attempt.number, "submitted", {**found.as_dict(), "reattached": True})
                 self.admission.reattached(shard_id, attempt.number, attempt.request_ids, found.batch_id,
-                                          attempt.records["intent"].get("capacity"))
+                                          found.account, attempt.records["intent"].get("capacity"))
                 self._changed(shard_id)
                 return SubmitOutcome(shard_id, attempt.number, len(attempt.request_ids), found, reattached=True)
             age = (datetime.now(UTC) - datetime.fromisoformat(attempt.records["intent"]["at"])).total_seconds()
@@ -177,7 +176,7 @@ class ShardRunner(StreamShape, CollectShape):
         return None
 
     def _start_attempt(self, shard_id: str, attempts: AttemptLog, lease: Lease, backend: str,
-                       only: list[str] | None = None, canary: bool = False) -> tuple[ShardWork, Holding | None] | None:
+                       only: list[str] | None = None, canary: bool = False) -> tuple[ShardWork, Admitted | None] | None:
         """What is left, past the spend checks and inside a reservation of the account's queue (all of it or the
         part that fits), claimed under the lease with an intent record; None if nothing is."""
         results = read_results(self.store, self.spec.name, shard_id, STATE_COLUMNS)  # read once for both checks
@@ -194,12 +193,14 @@ class ShardRunner(StreamShape, CollectShape):
         lease.check("reserve room in the account's queue")
         pending, holding = self.admission.admit(shard_id, number, pending, extra)  # QuotaWait when nothing fits
         crash_point("after_reserve")
-        work = ShardWork(self.spec.name, shard_id, number, self._key(shard_id, number), self._plan(shard_id), pending)
+        work = ShardWork(self.spec.name, shard_id, number, self._key(shard_id, number), self._plan(shard_id), pending,
+                         account=holding.account if holding is not None else None)
         lease.check("start an attempt")
         if not attempts.create_intent(number, {"key": work.key, "backend": backend, "lease_token": lease.token,
                                                "request_ids": work.request_ids, "requests": pending.num_rows,
                                                "canary": canary, "stage": self.stage.value,
-                                               "capacity": holding.number if holding is not None else None}):
+                                               "capacity": holding.holding.number if holding is not None else None,
+                                               "account": work.account}):
             if holding is not None:
                 self.admission.release(shard_id, number, "the attempt was claimed by another run")
             raise LeaseHeldError(f"shard {shard_id}: attempt {number} was claimed by another run")

@@ -61,26 +61,24 @@ def load_facts(spec: JobSpec, store: Store, shard_ids: list[str], *, in_flight: 
         busy=busy, min_batch=min_batch)
 
 
-def capacity_facts(spec: JobSpec, store: Store, ledger: CapacityLedger | None,
+def capacity_facts(spec: JobSpec, store: Store, ledgers: list[CapacityLedger],
                    summaries: list[ShardSummary]) -> tuple[Room | None, dict[str, Need]]:
-    """The account queue's free room and each sendable shard's need, when the queue has a limit we know."""
-    if ledger is None:
+    """The account queues' free room and each sendable shard's need, when a queue has a limit we know."""
+    snapshots = [ledger.snapshot() for ledger in ledgers]
+    if not any(s.limits.any for s in snapshots):
         return None, {}
-    snapshot = ledger.snapshot()
-    if not snapshot.limits.any:
-        return None, {}
-    counts = TokenCounts(store, spec, ledger.quota.headroom)
+    counts = TokenCounts(store, spec, max(ledger.quota.headroom for ledger in ledgers))
     needs = {}
     for s in summaries:
         if s.state in (ShardState.NEW, ShardState.COLLECTED):
             n = s.expected if s.state == ShardState.NEW else s.retryable
             needs[s.shard_id] = Need(counts.total(s.pending_est_tokens, n), n, 1)
-    return Room(snapshot), needs
+    return Room(snapshots), needs
 
 
 def load_view(spec: JobSpec, store: Store, *, in_flight: frozenset[str] = frozenset(), busy: bool = False,
               batch_ended: Callable[[list[ShardSummary]], set[str]] | None = None, min_batch: int = 0,
-              capacity: CapacityLedger | None = None) -> JobView:
+              capacity: list[CapacityLedger] | None = None) -> JobView:
     """``batch_ended`` asks the provider which of the submitted shards have ended (the sensor polls them, at most
     a bounded number per tick; the CLI collects inline). ``capacity``: the ledger of the account's queue, so the
     plan says which shards wait for room."""
@@ -90,7 +88,7 @@ def load_view(spec: JobSpec, store: Store, *, in_flight: frozenset[str] = frozen
     ended = frozenset(batch_ended(submitted)) if batch_ended is not None and submitted and not stopped else frozenset()
     facts = load_facts(spec, store, [s.shard_id for s in summaries], in_flight=in_flight, ended=ended, busy=busy,
                        min_batch=min_batch)
-    room, needs = capacity_facts(spec, store, capacity, summaries)
+    room, needs = capacity_facts(spec, store, capacity or [], summaries)
     if room is not None:
         facts = replace(facts, room=room, needs=needs)
     return JobView(summaries, facts)

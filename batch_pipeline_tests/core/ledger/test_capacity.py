@@ -119,7 +119,7 @@ def test_admission_sends_whole_in_part_or_waits(tmp_path):
     assert decide(snap, Need(400, 4)) == (Verdict.WAIT, Dimension.TOKENS)  # 150 free: not worth a batch
     tokens = np.full(50, 100)
     assert fitting_prefix(snap, tokens) == 1  # 5,000 > the cap: the part that fits goes
-    room = Room(book.snapshot())
+    room = Room([book.snapshot()])
     assert room.admit(Need(100, 1)) is None
     why = room.admit(Need(100, 1))
     assert why is not None and why.startswith("quota: 850 of 1k enqueued tokens in use by 1 batch(es)")
