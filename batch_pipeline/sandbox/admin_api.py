@@ -1,4 +1,4 @@
-"""The sandbox's own endpoints under ``/_sandbox`` (no auth): clock, scenario, ledger, request log, reset."""
+"""The sandbox's own endpoints under ``/_sandbox`` (no auth): clock, scenario, ledger, load, request log, reset."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ class AdminApi:
         router.add("GET", "/_sandbox/scenario", "admin_scenario", self.get_scenario)
         router.add("POST", "/_sandbox/scenario", "admin_scenario", self.set_scenario)
         router.add("GET", "/_sandbox/ledger", "admin_ledger", self.ledger)
+        router.add("GET", "/_sandbox/load", "admin_load", self.load)
         router.add("GET", "/_sandbox/requests", "admin_requests", self.requests)
         router.add("POST", "/_sandbox/reset", "admin_reset", self.reset)
 
@@ -68,6 +69,10 @@ class AdminApi:
 
     def ledger(self, request: Request) -> Response:
         return Response(payload={"entries": list(self.state.ledger)})
+
+    def load(self, request: Request) -> Response:
+        """The enqueued load over time: ``{"events", "peak", "refusals"}`` (see ``sandbox/quotas.py``)."""
+        return Response(payload=self.state.book.report())
 
     def requests(self, request: Request) -> Response:
         return Response(payload={"requests": list(self.state.requests)})

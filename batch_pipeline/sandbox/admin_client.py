@@ -39,6 +39,10 @@ class SandboxAdmin:
         """The billing entries."""
         return list(self._call("GET", "/_sandbox/ledger")["entries"])
 
+    def load(self) -> dict[str, Any]:
+        """The enqueued load over time: ``{"events": [...], "peak": [...], "refusals": N}``."""
+        return dict(self._call("GET", "/_sandbox/load"))
+
     def requests(self) -> list[dict[str, Any]]:
         """The log of HTTP requests received."""
         return list(self._call("GET", "/_sandbox/requests")["requests"])

@@ -90,10 +90,12 @@ def _token_limit(body: dict[str, Any]) -> int | None:
 
 
 def chat_completion(
-    body: dict[str, Any], *, completion_id: str, created: int, cached_tokens: int, truncate: bool = False
+    body: dict[str, Any], *, completion_id: str, created: int, cached_tokens: int, truncate: bool = False,
+    prompt_tokens: int | None = None,
 ) -> Completion:
     """The ChatCompletion for a request body. ``truncate`` cuts the output in half (finish_reason ``length``);
-    the marker ``[[sandbox:refuse]]`` gives ``content: null`` and a ``refusal``."""
+    the marker ``[[sandbox:refuse]]`` gives ``content: null`` and a ``refusal``. ``prompt_tokens``: the
+    ``request_input_tokens`` of ``body`` when already counted (a batch request, at create)."""
     content = render_content(body)
     refusal = REFUSAL if "refuse" in markers(body) else None
     finish_reason = "stop"
@@ -106,7 +108,7 @@ def chat_completion(
         finish_reason = "length"
     if refusal is not None:
         finish_reason = "stop"
-    prompt = request_input_tokens(body)
+    prompt = request_input_tokens(body) if prompt_tokens is None else prompt_tokens
     completion = count_tokens(content if refusal is None else refusal)
     shown: str | None = content if refusal is None else None
     response = {

@@ -67,6 +67,14 @@ COMMON_PARAMS: dict[str, Any] = {"validating_s": 0.05, "in_progress_s": 0.2, "fi
 COMMON_PARAMS.update({"rpm": 1_000_000, "tpm": 1_000_000_000})
 # Bedrock's minimum records per batch inference job (the service quota's default); every scenario accepts it.
 COMMON_PARAMS["min_records"] = 100
+# Account quotas (sandbox/quotas.py), read from the server-wide scenario only; 0 = off. max_records_per_job 0 is
+# Bedrock's default maximum (50,000).
+QUOTA_PARAMS = ("quota_enqueued_tokens", "quota_batches_per_hour", "quota_enqueued_requests", "quota_concurrent_jobs",
+                "max_records_per_job")
+COMMON_PARAMS.update(dict.fromkeys(QUOTA_PARAMS, 0))
+# Retention on the sandbox clock (always on): OpenAI/Azure output and error files after the batch ended,
+# Anthropic results after the batch was created.
+COMMON_PARAMS.update({"retention_openai_s": 30 * 24 * 3600, "retention_anthropic_s": 29 * 24 * 3600})
 
 SCENARIO_PARAMS: dict[str, dict[str, Any]] = {
     "normal": {},
@@ -160,6 +168,8 @@ def make_scenario(name: str | None, params: dict[str, Any] | None = None) -> Sce
             raise ValueError(f"param {key} must be >= 0")
         if key in ("rpm", "tpm") and value < 1:
             raise ValueError(f"param {key} must be >= 1")
+        if key in QUOTA_PARAMS and (value < 0 or not float(value).is_integer()):
+            raise ValueError(f"param {key} must be a whole number >= 0 (0: off)")
     bad_endpoints = sorted(set(merged.get("on", [])) - set(ENDPOINTS) - {"*"})
     if bad_endpoints:
         raise ValueError(f"unknown endpoints in 'on': {bad_endpoints}; known: {list(ENDPOINTS)}")

@@ -21,6 +21,9 @@ from batch_pipeline.sandbox.google.vertex_jobs import VertexJobs
 from batch_pipeline.sandbox.ids import new_id
 from batch_pipeline.sandbox.persistence import StateDir
 from batch_pipeline.sandbox.openai.processing import LineRunner, ledger_entries, result_lines
+from batch_pipeline.sandbox.openai.quota import (admit, count_prompt_tokens, load_provider, output_expired,
+                                                 output_expires_at)
+from batch_pipeline.sandbox.quotas import DEFAULT_ACCOUNT, LoadBook
 from batch_pipeline.sandbox.scenarios import Scenario, account_fault, scenario_from_metadata
 from batch_pipeline.sandbox.openai.validation import parse_input
 
@@ -39,14 +42,16 @@ class StoredFile:
     size: int
     data: bytes = b""
 
-    def to_api(self) -> dict[str, Any]:
-        """The API ``OpenAIFile`` object."""
+    def to_api(self, scenario: Optional[Scenario] = None) -> dict[str, Any]:
+        """The API ``OpenAIFile`` object; an output file ``expires_at`` by the scenario's ``retention_openai_s``."""
+        expires = (output_expires_at(scenario, self.purpose, self.created_at, FILE_TTL_S) if scenario is not None
+                   else int(self.created_at + FILE_TTL_S))
         return {
             "id": self.id,
             "object": "file",
             "bytes": self.size,
             "created_at": int(self.created_at),
-            "expires_at": int(self.created_at + FILE_TTL_S),
+            "expires_at": expires,
             "filename": self.filename,
             "purpose": self.purpose,
             "status": "processed",
@@ -64,11 +69,15 @@ class SandboxState:
         self.store = StateDir(state_dir) if state_dir else None
         self.seen_custom_ids: dict[str, int] = {}
         self.seen_prompts: set[str] = set()
+        self.book = LoadBook()  # enqueued load per (provider, account, model), for quotas and GET /_sandbox/load
         self.lifecycle = Lifecycle(LineRunner(self.seen_custom_ids, self.seen_prompts), self._finish)
-        self.anthropic = AnthropicBatches(AnthropicRunner(self.seen_custom_ids, self.seen_prompts), self._bill)
-        self.bedrock = BedrockJobs(AnthropicRunner(self.seen_custom_ids, self.seen_prompts), self._bill, SandboxS3())
-        self.gemini = GeminiService(GeminiResponder(self.seen_custom_ids, self.seen_prompts), self._bill, self.store)
-        self.vertex = VertexJobs(GeminiResponder(self.seen_custom_ids, self.seen_prompts), self._bill)
+        self.anthropic = AnthropicBatches(AnthropicRunner(self.seen_custom_ids, self.seen_prompts), self._bill,
+                                          self.book)
+        self.bedrock = BedrockJobs(AnthropicRunner(self.seen_custom_ids, self.seen_prompts), self._bill, SandboxS3(),
+                                   self.book)
+        self.gemini = GeminiService(GeminiResponder(self.seen_custom_ids, self.seen_prompts), self._bill, self.store,
+                                    self.book)
+        self.vertex = VertexJobs(GeminiResponder(self.seen_custom_ids, self.seen_prompts), self._bill, load=self.book)
         self.reset(wipe_store=False)
         if self.store is not None:
             self._load()
@@ -82,6 +91,7 @@ class SandboxState:
         self.fault_counts: dict[str, int] = {}
         self.seen_custom_ids.clear()
         self.seen_prompts.clear()
+        self.book.clear()
         self.anthropic.clear()
         self.bedrock.clear()
         self.gemini.clear()
@@ -120,9 +130,11 @@ class SandboxState:
 
     # batches ---------------------------------------------------------------------------------------------------
     def create_batch(
-        self, input_file: StoredFile, endpoint: str, completion_window: str, metadata: Optional[dict[str, str]]
+        self, input_file: StoredFile, endpoint: str, completion_window: str, metadata: Optional[dict[str, str]],
+        account: str = DEFAULT_ACCOUNT,
     ) -> BatchRecord:
-        """A new batch in ``validating``; its scenario comes from metadata, else the server's."""
+        """A new batch in ``validating``; its scenario comes from metadata, else the server's. A batch whose input
+        passes its checks holds its prompt tokens for ``account`` (or is refused by the server's quota)."""
         scenario = scenario_from_metadata(metadata) or self.scenario
         parsed = parse_input(input_file.data, endpoint)
         fault = account_fault(scenario, [parsed.model], "openai")
@@ -135,6 +147,8 @@ class SandboxState:
                  "param": None, "line": int(line)}
                 for line in scenario.param("lines")
             ]
+        if not errors:  # counted before the clock is read: the batch exists once its input has been read
+            count_prompt_tokens(endpoint, parsed.requests, scenario)
         batch_id = new_id("batch_")
         batch = BatchRecord(
             id=batch_id,
@@ -150,6 +164,8 @@ class SandboxState:
             order=output_order(input_file.data, len(parsed.requests)),
         )
         self.batches[batch_id] = batch
+        if not errors:
+            admit(self.book, self.scenario, batch, account)
         return batch
 
     def get_batch(self, batch_id: str) -> BatchRecord:
@@ -164,11 +180,23 @@ class SandboxState:
         changed = False
         for batch in self.batches.values():
             changed = self.lifecycle.advance(batch, now) or changed
+        changed = self._expire_outputs(now) or changed
         changed = self.anthropic.advance_all(now) or changed
         changed = self.bedrock.advance_all(now) or changed
         changed = self.gemini.advance_all(now) or changed
         changed = self.vertex.advance_all(now) or changed
         return changed
+
+    def release_batch(self, batch: BatchRecord, at: float) -> None:
+        """The batch no longer counts as enqueued (cancelling or ended)."""
+        self.book.release(load_provider(batch.endpoint), batch.id, at)
+
+    def _expire_outputs(self, now: float) -> bool:
+        """Delete the output and error files past ``retention_openai_s`` (the server-wide scenario's)."""
+        gone = [f.id for f in self.files.values() if output_expired(self.scenario, f.purpose, f.created_at, now)]
+        for file_id in gone:
+            self.delete_file(file_id)
+        return bool(gone)
 
     def _bill(self, entries: list[dict[str, Any]]) -> None:
         """Append billing entries to the ledger."""
@@ -177,6 +205,7 @@ class SandboxState:
     def _finish(self, batch: BatchRecord) -> None:
         """On reaching a terminal state: write the output/error files and bill the successful lines."""
         at = getattr(batch, f"{batch.status}_at")
+        self.release_batch(batch, at)
         output, errors = result_lines(batch)
         for lines, attr, name in ((output, "output_file_id", "output"), (errors, "error_file_id", "errors")):
             if lines:
@@ -204,6 +233,7 @@ class SandboxState:
             "bedrock_jobs": self.bedrock.to_json(),
             "gemini": self.gemini.to_json(),
             "vertex_jobs": self.vertex.to_json(),
+            "load": self.book.to_json(),
         })
 
     def _load(self) -> None:
@@ -226,6 +256,7 @@ class SandboxState:
         self.bedrock.load(saved.get("bedrock_jobs"))
         self.gemini.load(saved.get("gemini"))
         self.vertex.load(saved.get("vertex_jobs"))
+        self.book.load(saved.get("load"))
 
 
 def _dumps(value: Any) -> str:

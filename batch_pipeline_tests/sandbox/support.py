@@ -122,3 +122,30 @@ def read_jsonl(client: openai.OpenAI, file_id: Optional[str]) -> list[dict[str, 
 def message_content(line: dict[str, Any]) -> str:
     """The assistant text of an output line."""
     return str(line["response"]["body"]["choices"][0]["message"]["content"])
+
+
+def load_events(load: dict[str, Any], provider: str) -> list[dict[str, Any]]:
+    """The load ledger's events of one provider (``SandboxAdmin.load()``)."""
+    return [e for e in load["events"] if e["provider"] == provider]
+
+
+def assert_never_over(load: dict[str, Any], provider: str, field: str, cap: int) -> int:
+    """No event of ``provider`` took a key's ``field`` past ``cap`` (and ``peak`` agrees); returns the highest."""
+    events = load_events(load, provider)
+    assert events, f"no {provider} load events"
+    highest = max(e[field] for e in events)
+    assert highest <= cap, [e for e in events if e[field] > cap]
+    assert max(p[field] for p in load["peak"] if p["provider"] == provider) == highest
+    return highest
+
+
+def poll(check: Callable[[], Any], what: str, timeout: float = 15.0) -> Any:
+    """``check()`` until it returns something truthy (a generous deadline, polled, never a fixed sleep)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.02)

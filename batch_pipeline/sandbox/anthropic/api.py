@@ -8,6 +8,7 @@ from typing import Any
 
 from batch_pipeline.sandbox.anthropic.batches import AnthropicBatch
 from batch_pipeline.sandbox.anthropic.errors import AnthropicError, anthropic_error, invalid_request
+from batch_pipeline.sandbox.quotas import account_of, clock_scale, quota, retry_after_s
 from batch_pipeline.sandbox.routing import Request, Response, Router
 from batch_pipeline.sandbox.scenarios import account_fault
 from batch_pipeline.sandbox.state import SandboxState
@@ -117,18 +118,41 @@ class AnthropicApi:
         router.add("POST", BATCHES + "/{batch_id}/cancel", "anthropic_cancel", self.cancel)
         router.add("GET", BATCHES + "/{batch_id}/results", "anthropic_results", self.results)
 
+    @property
+    def _kept_s(self) -> float:
+        """How long results stay after a batch was created (the server-wide ``retention_anthropic_s``)."""
+        return float(self.state.scenario.param("retention_anthropic_s"))
+
     def _object(self, batch: AnthropicBatch, request: Request) -> Response:
         host = request.headers.get("host") or "127.0.0.1"
-        return Response(payload=batch.to_api(self.state.clock.now(), host), batch_id=batch.id)
+        return Response(payload=batch.to_api(self.state.clock.now(), host, self._kept_s), batch_id=batch.id)
 
     def create(self, request: Request) -> Response:
         requests = parse_create(request.body)
         scenario = self.state.scenario
-        fault = account_fault(scenario, sorted({r["params"]["model"] for r in requests}), "anthropic")
+        models = sorted({r["params"]["model"] for r in requests})
+        fault = account_fault(scenario, models, "anthropic")
         if fault is not None:
             raise fault
-        batch = self.state.anthropic.create(requests, scenario, self.state.clock.now())
+        account, now = account_of(request, "anthropic"), self.state.clock.now()
+        self._check_queue(account, models, len(requests), now)
+        batch = self.state.anthropic.create(requests, scenario, now, account)
         return self._object(batch, request)
+
+    def _check_queue(self, account: str, models: list[str], count: int, now: float) -> None:
+        """429 ``rate_limit_error`` when the batch's requests would pass ``quota_enqueued_requests`` (the requests
+        of the account's batches still processing); ``retry-after`` says when the queue next shrinks."""
+        cap = quota(self.state.scenario, "quota_enqueued_requests")
+        waiting = self.state.book.enqueued("anthropic", account).requests
+        if not cap or waiting + count <= cap:
+            return
+        self.state.book.refuse("anthropic", "", account, models, now)
+        next_end = self.state.anthropic.next_end(account)
+        wait = retry_after_s((next_end if next_end is not None else now) - now, clock_scale(self.state.clock))
+        raise AnthropicError(429, f"Number of batch requests waiting to be processed would exceed your "
+                                  f"organization's rate limit: {waiting} waiting, {count} in this batch. Limit: {cap} "
+                                  "requests in the processing queue. Please wait for batches in progress to end, "
+                                  "then try again.", type="rate_limit_error", headers={"retry-after": str(wait)})
 
     def retrieve(self, request: Request) -> Response:
         return self._object(self.state.anthropic.get(request.params["batch_id"]), request)
@@ -148,8 +172,9 @@ class AnthropicApi:
         if batch.processing_status != "ended":
             raise invalid_request(f"Message batch {batch.id} is {batch.processing_status}; results are available "
                                   "once processing has ended.")
-        if batch.archived_at(self.state.clock.now()) is not None:
-            raise anthropic_error(404, f"The results of message batch {batch.id} have expired (kept 29 days).")
+        if batch.archived_at(self.state.clock.now(), self._kept_s) is not None:
+            raise anthropic_error(404, f"The results of message batch {batch.id} are no longer available: results "
+                                       f"are kept {self._kept_s / 86400:g} days after a batch is created.")
         data = "".join(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n"
                        for line in batch.result_lines())
         return Response(payload=data.encode("utf-8"), content_type=JSONL, batch_id=batch.id)
@@ -172,7 +197,7 @@ class AnthropicApi:
             page, has_more = batches[start:start + limit], start + limit < len(batches)
         host = request.headers.get("host") or "127.0.0.1"
         now = self.state.clock.now()
-        data = [b.to_api(now, host) for b in page]
+        data = [b.to_api(now, host, self._kept_s) for b in page]
         return Response(payload={
             "data": data,
             "has_more": has_more,

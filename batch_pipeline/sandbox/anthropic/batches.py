@@ -17,6 +17,7 @@ from batch_pipeline.sandbox.anthropic.errors import anthropic_error, invalid_req
 from batch_pipeline.sandbox.anthropic.responder import AnthropicResult, AnthropicRunner
 from batch_pipeline.sandbox.batches import lines_due, output_order
 from batch_pipeline.sandbox.ids import new_id
+from batch_pipeline.sandbox.quotas import DEFAULT_ACCOUNT, Load, LoadBook
 from batch_pipeline.sandbox.scenarios import Scenario
 
 EXPIRY_S = 24 * 3600
@@ -45,6 +46,7 @@ class AnthropicBatch:
     cancel_initiated_at: Optional[float] = None
     ended_at: Optional[float] = None
     unprocessed: Optional[str] = None  # "canceled" or "expired": what the requests never run became
+    account: str = DEFAULT_ACCOUNT  # the key that created it: whose queue its requests wait in
 
     @property
     def expires_at(self) -> float:
@@ -61,9 +63,16 @@ class AnthropicBatch:
     def processing_end(self) -> float:
         return self.processing_start + self.duration("in_progress_s")
 
-    def archived_at(self, now: float) -> Optional[float]:
-        """When the results stopped being available (29 days after creation), if that has passed."""
-        at = self.created_at + RESULTS_KEPT_S
+    @property
+    def due_end(self) -> float:
+        """When the batch will end as things stand (its natural end, or its cancel's)."""
+        if self.cancel_initiated_at is not None:
+            return self.cancel_initiated_at + self.duration("cancelling_s")
+        return self.processing_end + self.duration("finalizing_s")
+
+    def archived_at(self, now: float, kept_s: float = RESULTS_KEPT_S) -> Optional[float]:
+        """When the results stopped being available (``kept_s`` after creation: 29 days), if that has passed."""
+        at = self.created_at + kept_s
         return at if now >= at else None
 
     def counts(self) -> dict[str, int]:
@@ -86,7 +95,7 @@ class AnthropicBatch:
                 lines.append({"custom_id": self.requests[index]["custom_id"], "result": {"type": self.unprocessed}})
         return lines
 
-    def to_api(self, now: float, host: str) -> dict[str, Any]:
+    def to_api(self, now: float, host: str, kept_s: float = RESULTS_KEPT_S) -> dict[str, Any]:
         """The API ``MessageBatch`` object; ``results_url`` is absolute, built from the request's host."""
         ended = self.processing_status == "ended"
         return {
@@ -98,7 +107,7 @@ class AnthropicBatch:
             "expires_at": rfc3339(self.expires_at),
             "ended_at": rfc3339(self.ended_at),
             "cancel_initiated_at": rfc3339(self.cancel_initiated_at),
-            "archived_at": rfc3339(self.archived_at(now)),
+            "archived_at": rfc3339(self.archived_at(now, kept_s)),
             "results_url": f"http://{host}/v1/messages/batches/{self.id}/results" if ended else None,
         }
 
@@ -120,21 +129,34 @@ class AnthropicBatch:
 class AnthropicBatches:
     """The message batches of one sandbox (callers hold the state lock)."""
 
-    def __init__(self, runner: AnthropicRunner, bill: Bill) -> None:
+    def __init__(self, runner: AnthropicRunner, bill: Bill, load: Optional[LoadBook] = None) -> None:
         self.runner = runner
         self.bill = bill
+        self.book = load if load is not None else LoadBook()
         self.batches: dict[str, AnthropicBatch] = {}
 
     def clear(self) -> None:
         """Forget every batch."""
         self.batches.clear()
 
-    def create(self, requests: list[dict[str, Any]], scenario: Scenario, now: float) -> AnthropicBatch:
-        """A new batch in ``in_progress``."""
+    def create(self, requests: list[dict[str, Any]], scenario: Scenario, now: float,
+               account: str = DEFAULT_ACCOUNT) -> AnthropicBatch:
+        """A new batch in ``in_progress``; its requests wait in ``account``'s queue until it ends."""
         batch = AnthropicBatch(new_id("msgbatch_"), now, requests,
-                               output_order("\n".join(r["custom_id"] for r in requests).encode("utf-8"), len(requests)), scenario)
+                               output_order("\n".join(r["custom_id"] for r in requests).encode("utf-8"), len(requests)),
+                               scenario, account=account)
         self.batches[batch.id] = batch
+        per_model: dict[str, int] = {}
+        for request in requests:
+            model = str(request["params"]["model"])
+            per_model[model] = per_model.get(model, 0) + 1
+        self.book.hold("anthropic", batch.id, account, {m: Load(0, n, 1) for m, n in per_model.items()}, now)
         return batch
+
+    def next_end(self, account: str) -> Optional[float]:
+        """The earliest end due among ``account``'s batches still processing (when its queue next shrinks)."""
+        ends = [b.due_end for b in self.batches.values() if b.account == account and b.processing_status != "ended"]
+        return min(ends, default=None)
 
     def get(self, batch_id: str) -> AnthropicBatch:
         """A batch by id (404 ``not_found_error`` if unknown or deleted)."""
@@ -164,6 +186,7 @@ class AnthropicBatches:
                 f"Message batch {batch_id} is {batch.processing_status}; only ended batches can be deleted "
                 "(cancel it first).")
         del self.batches[batch_id]
+        self.book.release("anthropic", batch_id, batch.ended_at or 0.0)
 
     def advance_all(self, now: float) -> bool:
         """Bring every batch up to the clock; True if any changed."""
@@ -206,6 +229,7 @@ class AnthropicBatches:
         batch.processing_status = "ended"
         batch.ended_at = at
         batch.unprocessed = unprocessed if len(batch.results) < len(batch.requests) else None
+        self.book.release("anthropic", batch.id, at)
         self.bill([
             {
                 "provider": "anthropic",

@@ -20,6 +20,7 @@ from batch_pipeline.sandbox.bedrock.errors import BedrockError, validation
 from batch_pipeline.sandbox.bedrock.jobs import BedrockJob, BedrockJobs, new_job_order
 from batch_pipeline.sandbox.bedrock.records import InputError, InputRecord, parse_input
 from batch_pipeline.sandbox.bedrock.s3 import DEFAULT_BUCKET, REGION, S3Unavailable, SandboxS3, split_uri
+from batch_pipeline.sandbox.quotas import account_of, quota
 from batch_pipeline.sandbox.routing import Request, Response, Router
 from batch_pipeline.sandbox.scenarios import UNKNOWN_MODEL_PREFIX, Scenario, scenario_from_metadata
 
@@ -146,13 +147,18 @@ class BedrockApi:
             raise BedrockError(403, NO_CREDIT, type="AccessDeniedException")
         input_uri = _s3_config(body, "inputDataConfig", "s3InputDataConfig")
         output_uri = _s3_config(body, "outputDataConfig", "s3OutputDataConfig")
-        records = self._read_input(input_uri)
+        account = account_of(request, "bedrock")
+        self._check_concurrent(account, model)
+        records, problem = self._read_input(input_uri)
         minimum = int(scenario.param("min_records"))
-        if len(records) < minimum:
+        if problem is None and len(records) < minimum:
             raise validation(f"The number of records in the input ({len(records)}) is below the minimum of "
                              f"{minimum} records per batch inference job.")
-        if len(records) > MAX_RECORDS:
-            raise validation(f"The input holds {len(records)} records; a job takes at most {MAX_RECORDS}.")
+        maximum = quota(self.state.scenario, "max_records_per_job") or MAX_RECORDS
+        over = problem is None and len(records) > maximum
+        if over:
+            problem = (f"The number of records in the input ({len(records)}) exceeds the maximum of {maximum} "
+                       "records per batch inference job.")
         now = self.state.clock.now()
         job_id = secrets.token_hex(6)
         job = BedrockJob(job_id=job_id, arn=f"arn:aws:bedrock:{_region(request)}:{ACCOUNT}:model-invocation-job/"
@@ -160,12 +166,26 @@ class BedrockApi:
                          role_arn=body["roleArn"], client_request_token=token or secrets.token_hex(16),
                          input_uri=input_uri, output_uri=output_uri, timeout_hours=hours, submit_time=now,
                          records=records, order=new_job_order(records), scenario=scenario, tags=tags,
-                         last_modified=now)
-        self.jobs.add(job)
+                         last_modified=now, account=account, input_error=problem)
+        self.jobs.submit(job, refused=over)
         return Response(payload={"jobArn": job.arn}, batch_id=job.job_id)
 
-    def _read_input(self, uri: str) -> list[InputRecord]:
-        """Every record of the input: one ``.jsonl`` object, or every ``.jsonl`` object under a prefix."""
+    def _check_concurrent(self, account: str, model: str) -> None:
+        """400 ``ServiceQuotaExceededException`` when the account already has ``quota_concurrent_jobs`` jobs of
+        the model submitted, validating, scheduled or in progress."""
+        cap = quota(self.state.scenario, "quota_concurrent_jobs")
+        live = self.state.book.enqueued("bedrock", account, model).jobs
+        if not cap or live < cap:
+            return
+        self.state.book.refuse("bedrock", "", account, [model], self.state.clock.now())
+        raise BedrockError(400, f"You have {live} batch inference jobs for {model} submitted or in progress in "
+                                f"this account. Limit: {cap} jobs submitted, validating, scheduled or in progress "
+                                "per model. Wait for a job to end, or request a quota increase.",
+                           type="ServiceQuotaExceededException")
+
+    def _read_input(self, uri: str) -> tuple[list[InputRecord], Optional[str]]:
+        """Every record of the input (one ``.jsonl`` object, or every ``.jsonl`` object under a prefix), and why
+        it cannot be used (None when it can): the job fails on that during Validating, as Bedrock's do."""
         bucket, key = split_uri(uri)
         try:
             keys = [key] if key.endswith(".jsonl") else [k for k in self.s3.keys(bucket, key) if k.endswith(".jsonl")]
@@ -177,10 +197,10 @@ class BedrockApi:
         except S3Unavailable as exc:
             raise BedrockError(503, str(exc), type="ServiceUnavailableException") from None
         except KeyError:
-            raise validation(f"Unable to read the input at {uri}: no such object or no .jsonl file under it.") from None
+            return [], f"Unable to read the input at {uri}: no such object or no .jsonl file under it."
         except InputError as exc:
-            raise validation(f"The input is not valid JSONL records: {exc}") from None
-        return records
+            return [], f"The input is not valid JSONL records: {exc}"
+        return records, None
 
     def get(self, request: Request) -> Response:
         job = self._job(request)

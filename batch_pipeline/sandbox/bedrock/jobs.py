@@ -4,9 +4,10 @@ Submitted -> Validating -> Scheduled (a third of ``validating_s`` each) -> InPro
 one over ``in_progress_s``, in a shuffled order) -> Completed ``finalizing_s`` later. A stop moves a live job to
 Stopping, and ``cancelling_s`` later to Stopped (the records processed so far are kept). At the job's timeout
 (``timeoutDurationInHours``), or at the end of InProgress under the ``expire`` scenario, a job that processed some
-records is PartiallyCompleted and one that processed none is Expired. ``fail_validation`` fails the job while it
-validates. On reaching any end the output is written to S3 (``<output>/<job id>/<input file>.out`` and
-``manifest.json.out``) and the successful records are billed, once.
+records is PartiallyCompleted and one that processed none is Expired. ``fail_validation``, an input that could not
+be read and more records than a job may hold (``max_records_per_job``) fail the job at the end of Validating. On
+reaching any end the output is written to S3 (``<output>/<job id>/<input file>.out`` and ``manifest.json.out``) and
+the successful records are billed, once.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from batch_pipeline.sandbox.anthropic.responder import AnthropicRunner
 from batch_pipeline.sandbox.batches import lines_due, output_order
 from batch_pipeline.sandbox.bedrock.records import InputRecord, RecordResult, process
 from batch_pipeline.sandbox.bedrock.s3 import SandboxS3, split_uri
+from batch_pipeline.sandbox.quotas import DEFAULT_ACCOUNT, Load, LoadBook
 from batch_pipeline.sandbox.scenarios import Scenario
 
 LIVE = ("Submitted", "Validating", "Scheduled", "InProgress")
@@ -58,6 +60,8 @@ class BedrockJob:
     last_modified: float = 0.0
     end_time: Optional[float] = None
     stop_requested_at: Optional[float] = None
+    account: str = DEFAULT_ACCOUNT  # the access key that created it: whose job quota it counts against
+    input_error: Optional[str] = None  # why the input fails validation (the job's message once Failed)
 
     def duration(self, key: str) -> float:
         return float(self.scenario.param(key))
@@ -123,8 +127,9 @@ class BedrockJob:
 class BedrockJobs:
     """The jobs of one sandbox (callers hold the state lock)."""
 
-    def __init__(self, runner: AnthropicRunner, bill: Bill, s3: SandboxS3) -> None:
+    def __init__(self, runner: AnthropicRunner, bill: Bill, s3: SandboxS3, load: Optional[LoadBook] = None) -> None:
         self.runner, self.bill, self.s3 = runner, bill, s3
+        self.book = load if load is not None else LoadBook()
         self.jobs: dict[str, BedrockJob] = {}
         self.tokens: dict[str, str] = {}  # clientRequestToken -> job id: a retried create is the same job
 
@@ -135,6 +140,15 @@ class BedrockJobs:
     def add(self, job: BedrockJob) -> None:
         self.jobs[job.job_id] = job
         self.tokens[job.client_request_token] = job.job_id
+
+    def submit(self, job: BedrockJob, refused: bool = False) -> None:
+        """A new job: it counts against its account's job quota while live, unless a quota refused it."""
+        self.add(job)
+        if refused:
+            self.book.refuse("bedrock", job.job_id, job.account, [job.model_id], job.submit_time)
+        else:
+            self.book.hold("bedrock", job.job_id, job.account, {job.model_id: Load(0, len(job.records), 1)},
+                           job.submit_time)
 
     def by_token(self, token: str) -> Optional[BedrockJob]:
         job_id = self.tokens.get(token)
@@ -152,6 +166,7 @@ class BedrockJobs:
             if job.status == "InProgress":
                 self._process_until(job, now)
             job.status, job.stop_requested_at, job.last_modified = "Stopping", now, now
+            self.book.release("bedrock", job.job_id, now)
         return True
 
     def advance_all(self, now: float) -> bool:
@@ -175,9 +190,13 @@ class BedrockJobs:
     def _advance_live(self, job: BedrockJob, now: float) -> None:
         third = job.duration("validating_s") / 3
         at = min(now, job.expiration)
-        if job.scenario.name == "fail_validation" and at >= job.submit_time + 2 * third:
-            job.message = "Rejected by sandbox scenario fail_validation: the input did not pass validation."
-            self._close(job, "Failed", job.submit_time + 2 * third)
+        if job.input_error is None and job.scenario.name == "fail_validation":
+            job.input_error = "Rejected by sandbox scenario fail_validation: the input did not pass validation."
+        if job.input_error is not None and at >= job.submit_time + third:
+            job.status, job.last_modified = "Validating", job.submit_time + third
+            if at >= job.submit_time + 2 * third:
+                job.message = job.input_error
+                self._close(job, "Failed", job.submit_time + 2 * third)
             return
         never_starts = job.scenario.name == "expire" and float(job.scenario.param("complete_share")) == 0
         for status, start in (("Validating", job.submit_time + third), ("Scheduled", job.submit_time + 2 * third)):
@@ -204,6 +223,7 @@ class BedrockJobs:
 
     def _close(self, job: BedrockJob, status: str, at: float) -> None:
         job.status, job.end_time, job.last_modified = status, at, at
+        self.book.release("bedrock", job.job_id, at)
         if status not in ("Failed", "Expired"):
             self._write_output(job)
         self.bill([

@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from batch_pipeline.sandbox.google.errors import GoogleError, error_info
 from batch_pipeline.sandbox.google.gemini_batches import GeminiFile, gemini_id
+from batch_pipeline.sandbox.quotas import account_of, clock_scale
 from batch_pipeline.sandbox.routing import Request, Response, Router
 from batch_pipeline.sandbox.scenarios import UNKNOWN_MODEL_PREFIX
 from batch_pipeline.sandbox.state import SandboxState
@@ -212,7 +213,8 @@ class GeminiApi:
         fault = account_fault(self.state, model)
         if fault is not None:
             raise fault
-        record = self.gemini.create(model, display, file_name, self.state.scenario, self.state.clock.now())
+        record = self.gemini.create(model, display, file_name, self.state.scenario, self.state.clock.now,
+                                    account_of(request, "gemini"), clock_scale(self.state.clock))
         return Response(payload=record.to_api(), batch_id=record.id)
 
     def get(self, request: Request) -> Response:
@@ -228,7 +230,7 @@ class GeminiApi:
 
     def delete(self, request: Request) -> Response:
         _version(request)
-        self.gemini.delete(request.params["batch_id"])
+        self.gemini.delete(request.params["batch_id"], self.state.clock.now())
         return Response(payload={}, batch_id=request.params["batch_id"])
 
     def list(self, request: Request) -> Response:

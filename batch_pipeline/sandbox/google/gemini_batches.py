@@ -17,10 +17,11 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Optional
 
 from batch_pipeline.sandbox.batches import lines_due, output_order
-from batch_pipeline.sandbox.google.errors import GoogleError, status_object
-from batch_pipeline.sandbox.google.responder import GeminiAnswer, GeminiResponder
+from batch_pipeline.sandbox.google.errors import RETRY_INFO, GoogleError, status_object
+from batch_pipeline.sandbox.google.responder import GeminiAnswer, GeminiResponder, prompt_tokens
 from batch_pipeline.sandbox.ids import new_id
 from batch_pipeline.sandbox.persistence import StateDir
+from batch_pipeline.sandbox.quotas import DEFAULT_ACCOUNT, Load, LoadBook, quota, retry_after_s
 from batch_pipeline.sandbox.scenarios import Scenario
 
 EXPIRY_S = 48 * 3600
@@ -96,6 +97,7 @@ class GeminiBatch:
     updated_at: Optional[float] = None
     end_at: Optional[float] = None
     output_file: Optional[str] = None
+    account: str = DEFAULT_ACCOUNT  # the key that created it: whose enqueued tokens it counts against
 
     def duration(self, key: str) -> float:
         return float(self.scenario.param(key))
@@ -194,10 +196,12 @@ def parse_input(data: bytes) -> tuple[list[dict[str, Any]], Optional[str]]:
 class GeminiService:
     """Files and batches of the Gemini API on one sandbox (callers hold the state lock)."""
 
-    def __init__(self, responder: GeminiResponder, bill: Bill, store: Optional[StateDir]) -> None:
+    def __init__(self, responder: GeminiResponder, bill: Bill, store: Optional[StateDir],
+                 load: Optional[LoadBook] = None) -> None:
         self.responder = responder
         self.bill = bill
         self.store = store
+        self.book = load if load is not None else LoadBook()
         self.clear()
 
     def clear(self) -> None:
@@ -225,15 +229,41 @@ class GeminiService:
 
     # batches -----------------------------------------------------------------------------------------------
     def create(self, model: str, display_name: Optional[str], file_name: str, scenario: Scenario,
-               now: float) -> GeminiBatch:
+               clock: Callable[[], float], account: str = DEFAULT_ACCOUNT, scale: float = 1.0) -> GeminiBatch:
+        """A new batch (PENDING), created once its input has been read (``clock()`` is read then). One whose
+        input parses holds its prompt tokens for ``account`` until it ends; past the server's
+        ``quota_enqueued_tokens`` the create is a 429 RESOURCE_EXHAUSTED instead."""
         stored = self.get_file(file_name.removeprefix("files/"))
         requests, invalid = parse_input(stored.data)
         if scenario.name == "fail_validation":
             invalid = f"Line {scenario.param('lines')[0]} was rejected (sandbox scenario fail_validation)."
+        name = model.removeprefix("models/")
+        for item in requests if invalid is None else []:
+            item["prompt_tokens"] = prompt_tokens(model, item["request"])
+        tokens, now = sum(int(r.get("prompt_tokens", 0)) for r in requests), clock()
+        if invalid is None:
+            self._check_quota(scenario, account, name, tokens, now, scale)
         batch = GeminiBatch(gemini_id(), display_name, model, f"files/{stored.id}", now, scenario, requests,
-                            output_order(stored.data, len(requests)), invalid)
+                            output_order(stored.data, len(requests)), invalid, account=account)
         self.batches[batch.id] = batch
+        if invalid is None:
+            self.book.hold("gemini", f"batches/{batch.id}", account, {name: Load(tokens, len(requests), 1)}, now)
         return batch
+
+    def _check_quota(self, scenario: Scenario, account: str, model: str, tokens: int, now: float,
+                     scale: float) -> None:
+        cap = quota(scenario, "quota_enqueued_tokens")
+        held = self.book.enqueued("gemini", account, model).tokens
+        if not cap or held + tokens <= cap:
+            return
+        self.book.refuse("gemini", "", account, [model], now)
+        ends = [b.processing_end + b.duration("finalizing_s") for b in self.batches.values()
+                if not b.ended and b.account == account and b.model.removeprefix("models/") == model]
+        wait = retry_after_s(min(ends, default=now) - now, scale)
+        raise GoogleError(429, f"Enqueued token limit reached for {model}. Limit: {cap} enqueued tokens "
+                               f"({held} enqueued in batches pending or running, {tokens} in this batch). Please "
+                               "retry after some of your batches have finished.",
+                          details=[{"@type": RETRY_INFO, "retryDelay": f"{wait}s"}])
 
     def get(self, batch_id: str) -> GeminiBatch:
         if batch_id not in self.batches:
@@ -255,9 +285,10 @@ class GeminiService:
             batch.cancel_at = now
             batch.updated_at = now
 
-    def delete(self, batch_id: str) -> None:
+    def delete(self, batch_id: str, now: float = 0.0) -> None:
         self.get(batch_id)
         del self.batches[batch_id]
+        self.book.release("gemini", f"batches/{batch_id}", now)
 
     def advance_all(self, now: float) -> bool:
         changed = False
@@ -302,10 +333,11 @@ class GeminiService:
         while len(batch.results) < due:
             item = batch.requests[batch.order[len(batch.results)]]
             batch.results.append(self.responder.answer(item["key"], batch.model, item["request"], batch.scenario,
-                                                       batch.id))
+                                                       batch.id, item.get("prompt_tokens")))
 
     def _close(self, batch: GeminiBatch, state: str, at: float) -> None:
         batch.state, batch.end_at = state, at
+        self.book.release("gemini", f"batches/{batch.id}", at)
         if state in ("BATCH_STATE_FAILED", "BATCH_STATE_EXPIRED"):
             return  # no responses file, nothing billed
         output = batch.output_lines()

@@ -102,6 +102,15 @@ def steer(text: str, config: dict[str, Any], scenario: Scenario, key: str) -> st
     return text
 
 
+def prompt_tokens(model: str, request: dict[str, Any]) -> int:
+    """The prompt tokens a request is billed for (``promptTokenCount``): the model family's tokens of the system
+    instruction, the last user turn and the output schema, as the quote counts them."""
+    config = request.get("generationConfig") if isinstance(request.get("generationConfig"), dict) else {}
+    schema = config.get("responseJsonSchema") or config.get("responseSchema")
+    return input_tokens(system_text(request), model) + input_tokens(user_text(request), model) + (
+        input_tokens(json.dumps(schema), model) if isinstance(schema, dict) else 0)
+
+
 class GeminiResponder:
     """Answers requests; remembers how often each key was seen (``line_errors``) and which prefixes are cached."""
 
@@ -109,9 +118,10 @@ class GeminiResponder:
         self.seen_keys = seen_keys
         self.seen_prompts = seen_prompts
 
-    def answer(self, key: str, model: str, request: dict[str, Any], scenario: Scenario, salt: str) -> GeminiAnswer:
+    def answer(self, key: str, model: str, request: dict[str, Any], scenario: Scenario, salt: str,
+               prompt: int | None = None) -> GeminiAnswer:
         """The answer to ``request`` (a ``GenerateContentRequest``) under ``scenario``; ``salt`` (the batch)
-        makes the response ID unique."""
+        makes the response ID unique; ``prompt``: its ``prompt_tokens`` when already counted."""
         seen_key = SEEN_PREFIX + key
         sightings = self.seen_keys.get(seen_key, 0)
         self.seen_keys[seen_key] = sightings + 1
@@ -128,10 +138,7 @@ class GeminiResponder:
             return GeminiAnswer(key, model, error=status_object(code, message, details))
         system = system_text(request)
         config = request.get("generationConfig") if isinstance(request.get("generationConfig"), dict) else {}
-        schema = config.get("responseJsonSchema") or config.get("responseSchema")
-        # billed as the quote counts it: the model family's tokens of the system, the turns and the output schema
-        prompt = input_tokens(system, model) + input_tokens(text, model) + (
-            input_tokens(json.dumps(schema), model) if isinstance(schema, dict) else 0)
+        prompt = prompt_tokens(model, request) if prompt is None else prompt
         cached = self._cached(model, system)
         response: dict[str, Any] = {"modelVersion": model.removeprefix("models/") + MODEL_VERSION_SUFFIX,
                                     "responseId": stable_hex(salt, key, "response", length=22)}

@@ -16,6 +16,7 @@ from typing import Any
 
 from batch_pipeline.sandbox.google.errors import GoogleError, error_info
 from batch_pipeline.sandbox.google.vertex_jobs import VertexJob
+from batch_pipeline.sandbox.quotas import quota
 from batch_pipeline.sandbox.routing import Request, Response, Router
 from batch_pipeline.sandbox.scenarios import account_fault
 from batch_pipeline.sandbox.state import SandboxState
@@ -113,9 +114,23 @@ class VertexApi:
             raise GoogleError(403, "This API method requires billing to be enabled. Please enable billing on "
                                    f"project #{request.params['project']} (sandbox scenario no_credit).",
                               details=[error_info("BILLING_DISABLED")])
+        self._check_concurrent(request.params["project"], request.params["location"], model)
         job = self.state.vertex.create(request.params["project"], request.params["location"], body,
                                        self.state.scenario, self.state.clock.now())
         return Response(payload=job.to_api(), batch_id=job.name)
+
+    def _check_concurrent(self, project: str, location: str, model: str) -> None:
+        """429 RESOURCE_EXHAUSTED when the project already runs ``quota_concurrent_jobs`` jobs in the region."""
+        cap = quota(self.state.scenario, "quota_concurrent_jobs")
+        running = len(self.state.vertex.live(project, location))
+        if not cap or running < cap:
+            return
+        self.state.book.refuse("vertex", "", project, [model.rsplit("/", 1)[-1]], self.state.clock.now())
+        raise GoogleError(429, f"Quota exceeded for aiplatform.googleapis.com/concurrent_batch_prediction_jobs: "
+                               f"project {project} has {running} batch prediction jobs not yet ended in {location}. "
+                               f"Limit: {cap} concurrent batch prediction jobs per project and region.",
+                          details=[error_info("RATE_LIMIT_EXCEEDED", quota_limit="concurrent_batch_prediction_jobs",
+                                              quota_limit_value=str(cap))])
 
     def get(self, request: Request) -> Response:
         job = self._job(request)

@@ -27,6 +27,7 @@ from batch_pipeline.sandbox.google.errors import RPC_CODES, STATUS_NAMES, Google
 from batch_pipeline.sandbox.google.responder import GeminiResponder
 from batch_pipeline.sandbox.google.vertex_gcs import GcsUnavailable, SandboxGcs
 from batch_pipeline.sandbox.ids import stable_hex
+from batch_pipeline.sandbox.quotas import Load, LoadBook
 from batch_pipeline.sandbox.scenarios import Scenario
 
 EXPIRY_S = 24 * 3600
@@ -161,9 +162,11 @@ class VertexJob:
 class VertexJobs:
     """The batch prediction jobs of one sandbox (callers hold the state lock)."""
 
-    def __init__(self, responder: GeminiResponder, bill: Bill, gcs: Optional[SandboxGcs] = None) -> None:
+    def __init__(self, responder: GeminiResponder, bill: Bill, gcs: Optional[SandboxGcs] = None,
+                 load: Optional[LoadBook] = None) -> None:
         self.responder = responder
         self.bill = bill
+        self.book = load if load is not None else LoadBook()
         self.gcs = gcs or SandboxGcs()
         self.jobs: dict[str, VertexJob] = {}
         self._next = 0
@@ -191,7 +194,13 @@ class VertexJobs:
         if not requests and error is None:
             job.error = {"code": INVALID_ARGUMENT, "message": "The input holds no requests."}
         self.jobs[job.id] = job
+        self.book.hold("vertex", job.name, project, {job.model.rsplit("/", 1)[-1]: Load(0, len(requests), 1)}, now)
         return job
+
+    def live(self, project: str, location: str) -> list[VertexJob]:
+        """The jobs of a project and region that have not ended (what ``quota_concurrent_jobs`` counts)."""
+        return [j for j in self.jobs.values() if (j.project, j.location) == (project, location)
+                and j.state not in TERMINAL]
 
     def get(self, job_id: str) -> VertexJob:
         if job_id not in self.jobs:
@@ -297,6 +306,7 @@ class VertexJobs:
     def _end(self, job: VertexJob, state: str, at: float) -> None:
         """Reach a terminal state: write the processed lines to GCS, then bill the succeeded requests."""
         job.state, job.ended_at = state, at
+        self.book.release("vertex", job.name, at)
         if state == "JOB_STATE_FAILED" or not job.lines:
             return
         prefix = str((job.output_config.get("gcsDestination") or {}).get("outputUriPrefix") or "").rstrip("/")

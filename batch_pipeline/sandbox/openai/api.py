@@ -7,6 +7,8 @@ from typing import Any
 from batch_pipeline.sandbox.batches import batch_object
 from batch_pipeline.sandbox.errors import ApiError, bad_request
 from batch_pipeline.sandbox.multipart import parse_multipart
+from batch_pipeline.sandbox.openai.quota import check_create_rate, first_model, load_provider
+from batch_pipeline.sandbox.quotas import account_of, clock_scale
 from batch_pipeline.sandbox.routing import Request, Response, Router
 from batch_pipeline.sandbox.scenarios import scenario_from_metadata
 from batch_pipeline.sandbox.state import SandboxState
@@ -80,6 +82,7 @@ class OpenAIApi:
         self.chat_url = chat_url
         # the batch endpoints accepted: OpenAI's chat and embeddings; Azure's (relative) chat URL alone
         self.endpoints = (chat_url, EMBEDDINGS_URL) if chat_url == CHAT_URL else (chat_url,)
+        self.provider = load_provider(chat_url)  # the load ledger's: openai or azure
 
     def register(self, router: Router) -> None:
         """Add the endpoints to ``router``; route names are the scenario endpoint names."""
@@ -107,7 +110,7 @@ class OpenAIApi:
         if purpose == "batch" and len(data) > MAX_BYTES:
             raise bad_request(f"Batch input files are limited to {MAX_BYTES} bytes.", param="file")
         stored = self.state.add_file(parts["file"].filename or "upload.jsonl", purpose, data)
-        return Response(payload=stored.to_api())
+        return Response(payload=stored.to_api(self.state.scenario))
 
     def list_files(self, request: Request) -> Response:
         limit = _int_param(request, "limit", 10000, 1, 10000)
@@ -118,11 +121,11 @@ class OpenAIApi:
         if order == "desc":
             files.reverse()
         purpose = request.query.get("purpose")
-        items = [f.to_api() for f in files if not purpose or f.purpose == purpose]
+        items = [f.to_api(self.state.scenario) for f in files if not purpose or f.purpose == purpose]
         return Response(payload=_page(items, request.query.get("after"), limit))
 
     def retrieve_file(self, request: Request) -> Response:
-        return Response(payload=self.state.get_file(request.params["file_id"]).to_api())
+        return Response(payload=self.state.get_file(request.params["file_id"]).to_api(self.state.scenario))
 
     def file_content(self, request: Request) -> Response:
         stored = self.state.get_file(request.params["file_id"])
@@ -150,7 +153,11 @@ class OpenAIApi:
         if input_file.purpose != "batch":
             raise bad_request(f"File {input_file_id} has purpose {input_file.purpose!r}, not 'batch'.",
                               param="input_file_id")
-        batch = self.state.create_batch(input_file, endpoint, "24h", metadata)
+        account, now = account_of(request, self.provider), self.state.clock.now()
+        check_create_rate(self.state.book, self.state.scenario, self.provider, account, first_model(input_file.data),
+                          now, clock_scale(self.state.clock))
+        batch = self.state.create_batch(input_file, endpoint, "24h", metadata, account)
+        self.state.book.note_create(self.provider, account, batch.created_at)
         return Response(payload=batch_object(batch), batch_id=batch.id)
 
     def retrieve_batch(self, request: Request) -> Response:
@@ -160,6 +167,8 @@ class OpenAIApi:
     def cancel_batch(self, request: Request) -> Response:
         batch = self.state.get_batch(request.params["batch_id"])
         self.state.lifecycle.cancel(batch, self.state.clock.now())
+        if batch.cancelling_at is not None:
+            self.state.release_batch(batch, batch.cancelling_at)
         return Response(payload=batch_object(batch), batch_id=batch.id)
 
     def list_batches(self, request: Request) -> Response:

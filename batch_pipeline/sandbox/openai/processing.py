@@ -9,7 +9,10 @@ from batch_pipeline.sandbox.batches import BatchRecord, LineResult
 from batch_pipeline.sandbox.ids import stable_fraction, stable_hex
 from batch_pipeline.sandbox.responder import cacheable_prefix, chat_completion, error_body, last_user_text, markers
 from batch_pipeline.sandbox.schema_fill import pick_label
-from batch_pipeline.sandbox.openai.embeddings import EmbeddingRequestError, embedding_response, input_markers
+from batch_pipeline.sandbox.openai.embeddings import (EmbeddingRequestError, embedding_response, input_markers,
+                                                      input_texts)
+from batch_pipeline.sandbox.openai.embeddings import input_tokens as embedding_tokens
+from batch_pipeline.sandbox.tokens import request_input_tokens
 from batch_pipeline.sandbox.openai.validation import AZURE_CHAT_URL, CHAT_URL, EMBEDDINGS_URL
 
 # the ledger's provider
@@ -63,6 +66,7 @@ class LineRunner:
             created=int(at),
             cached_tokens=cached,
             truncate="truncate" in marks,
+            prompt_tokens=request.get("prompt_tokens"),
         )
         return LineResult(
             index, custom_id, 200, request_id, completion.body,
@@ -89,6 +93,17 @@ def embedding_line(batch: BatchRecord, index: int, custom_id: str, body: dict[st
         return LineResult(index, custom_id, 400, request_id, error_body(
             str(exc), type="invalid_request_error", code=exc.code, param=exc.param))
     return LineResult(index, custom_id, 200, request_id, response, tokens, 0, 0)
+
+
+def billed_input_tokens(endpoint: str, request: dict[str, Any], scenario: Any) -> int:
+    """The prompt tokens a batch request is billed for (its answer's ``prompt_tokens``), counted at create."""
+    body = request["body"]
+    if endpoint == EMBEDDINGS_URL:
+        try:
+            return embedding_tokens(input_texts(body))
+        except EmbeddingRequestError:
+            return 0
+    return request_input_tokens(steer_labels(body, scenario, request["custom_id"]))
 
 
 def steer_labels(body: dict[str, Any], scenario: Any, custom_id: str) -> dict[str, Any]:
