@@ -254,6 +254,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     stopped = control.clear()
     if stopped:
         console.print(f"[yellow]resuming: the job was stopped at {stopped['at']}: {stopped['reason']}[/yellow]")
+    released = control.release_holds()
+    if released:
+        console.print(f"[yellow]resuming: shard(s) {', '.join(released)} were held (results lost at the provider); "
+                      "their items are sent again[/yellow]")
     started = time.perf_counter()
     term = _TermAsInterrupt()  # SIGTERM: a stream shard stores what finished, then we exit 143 (no traceback)
     # Dagster's console log (stack traces included) is shown for bugs only; a verbose level shows it live
@@ -297,10 +301,18 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
-    """The sandbox in this process (no child to leak): SIGTERM and Ctrl-C stop its server and exit 0."""
+    """The sandbox in this process (no child to leak): SIGTERM and Ctrl-C stop its server and exit 0. Every flag
+    of `python -m batch_pipeline.sandbox` is passed through to it."""
     from batch_pipeline.sandbox.__main__ import main as sandbox_main
 
-    return sandbox_main(["--port", str(args.port), *(["--scenario", args.scenario] if args.scenario else [])])
+    argv = ["--port", str(args.port), "--host", args.host]
+    for flag, value in (("--scenario", args.scenario), ("--scenario-params", args.scenario_params),
+                        ("--state-dir", args.state_dir), ("--s3-url", args.s3_url)):
+        if value:
+            argv += [flag, value]
+    for item in args.param:
+        argv += ["--param", item]
+    return sandbox_main(argv + (["--verbose"] if args.verbose else []))
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
@@ -344,6 +356,13 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("sandbox", help="serve the provider sandbox on loopback")
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--scenario", help="server-wide scenario (see batch_pipeline/sandbox/README.md)")
+    p.add_argument("--scenario-params", help="JSON object of scenario params")
+    p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="a scenario param, repeatable (e.g. --param quota_enqueued_tokens=2000000)")
+    p.add_argument("--host", default="127.0.0.1", help="127.0.0.1 or localhost")
+    p.add_argument("--state-dir", help="persist the sandbox's state here")
+    p.add_argument("--s3-url", help="the S3 endpoint Bedrock jobs use (default: a moto server it starts)")
+    p.add_argument("--verbose", action="store_true", help="log every request on stderr")
     p.set_defaults(fn=cmd_sandbox)
     p = sub.add_parser("dev", help="start the sandbox and `dagster dev` on the local instance")
     p.add_argument("--port", type=int, default=3000)

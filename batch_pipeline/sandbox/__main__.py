@@ -1,4 +1,5 @@
-"""``python -m batch_pipeline.sandbox --port N [--host 127.0.0.1] [--state-dir DIR] [--scenario NAME] [--s3-url URL]``.
+"""``python -m batch_pipeline.sandbox --port N [--host 127.0.0.1] [--state-dir DIR] [--scenario NAME]
+[--scenario-params JSON] [--param KEY=VALUE ...] [--verbose] [--s3-url URL]``.
 
 Prints exactly one line ``SANDBOX READY http://127.0.0.1:PORT`` on stdout once it listens.
 """
@@ -34,10 +35,24 @@ def _parser() -> argparse.ArgumentParser:
         default=os.environ.get(ENV_SCENARIO_PARAMS),
         help=f"JSON object of scenario params (${ENV_SCENARIO_PARAMS})",
     )
+    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                        help="a scenario param (repeatable; over --scenario-params), coerced like scenario params, "
+                             "e.g. --param quota_enqueued_tokens=2000000")
     parser.add_argument("--verbose", action="store_true", help="log every request on stderr")
     parser.add_argument("--s3-url", default=None,
                         help=f"the S3 endpoint Bedrock jobs use (${S3_URL_ENV}; default: a moto server it starts)")
     return parser
+
+
+def parse_params(items: Sequence[str]) -> dict[str, str]:
+    """``KEY=VALUE`` strings as scenario params (values stay strings: ``make_scenario`` coerces them)."""
+    params: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--param {item!r}: expected KEY=VALUE")
+        params[key.strip()] = value
+    return params
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -49,6 +64,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         params = json.loads(args.scenario_params) if args.scenario_params else {}
         if not isinstance(params, dict):
             raise ValueError("--scenario-params must be a JSON object")
+        params.update(parse_params(args.param))
         scenario = make_scenario(args.scenario, params)
     except ValueError as exc:
         parser.error(str(exc))
