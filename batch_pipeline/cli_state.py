@@ -35,8 +35,8 @@ def status(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
         console.print(f"job {spec.name}: no manifest in {store.root} yet; run it first "
                       f"(`batch-pipeline run {spec.source_path or spec.name}`)")
         return ExitCode.BAD_INPUT
-    view = load_view(spec, store, min_batch=batch_minimum(spec.backend),
-                     capacity=capacity_ledgers(store, spec.backend, spec.model))
+    ledgers = capacity_ledgers(store, spec.backend, spec.model)
+    view = load_view(spec, store, min_batch=batch_minimum(spec.backend), capacity=ledgers)
     plan = view.plan()
     by_state: dict[str, int] = {}
     for state in plan.states.values():
@@ -65,6 +65,7 @@ def status(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
     table.add_row("total", "", *[str(totals[c]) for c in COUNTS], "",
                   f"{sum(s.spend_usd for s in view.summaries):.6f}", str(balanced), "", style="bold")
     console.print(table)
+    _queue_lines(spec, view, ledgers, store, console)
     control = JobControl(store, spec.name)
     stop, held = control.current(), control.paused()
     if stop:  # why it stopped, what that means, and the command that fixes it
@@ -79,6 +80,30 @@ def status(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
         counts = JobState.load(spec, store).check()
         console.print(f"reconciliation over every result row: {counts.as_dict()} balanced={counts.balanced}")
     return 0
+
+
+def _queue_lines(spec: JobSpec, view, ledgers, store, console: Console) -> None:
+    """The account queues (what is held, the limit and where it came from), every open batch's age against its
+    provider's window and retention (warnings while there is time), and the shards held for a human."""
+    from batch_pipeline.core.ledger.ceilings import open_batch_ages
+    from batch_pipeline.core.run.control import JobControl
+    from batch_pipeline.executors.registry import batch_ceilings
+
+    for ledger in ledgers:
+        snapshot = ledger.snapshot()
+        if snapshot.limits.any or snapshot.holdings:
+            console.print(f"queue: {snapshot.describe()}", markup=False)
+    opened = [(s.shard_id, s.open.submitted) for s in view.summaries if s.open and s.open.submitted]
+    ages = open_batch_ages(opened, batch_ceilings(spec.backend), spec.source_path or spec.name)
+    if ages:
+        oldest = ages[0]
+        console.print(f"open batches: {len(ages)}, the oldest {oldest.batch_id} ({oldest.shard_id}) "
+                      f"{oldest.age.total_seconds() / 3600:.1f} h old", markup=False)
+    for age in ages:
+        if age.warning:
+            console.print(f"[yellow]warning: {age.warning}[/yellow]")
+    for shard_id, reason in JobControl(store, spec.name).shard_holds().items():
+        console.print(f"shard {shard_id} held: {reason}", style="red", markup=False)
 
 
 def pause(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:

@@ -70,6 +70,11 @@ class SystemicError(BatchPipelineError):
         self.code = code
 
 
+class ResultsGoneError(BatchPipelineError):
+    """The provider no longer has an ended batch's results (deleted after its retention, e.g. OpenAI 30 days after
+    completion, Anthropic 29 days after creation): what they held was billed and cannot be fetched again."""
+
+
 class ReconciliationError(BatchPipelineError):
     """expected != valid + invalid + missing + dead_lettered: something was lost or double counted."""
 

@@ -25,8 +25,8 @@ from batch_pipeline.core.spec.job import CostCompareSpec, JobSpec
 from batch_pipeline.core.spec.settings import Settings
 from batch_pipeline.defs.checks import CHECKS, build_result_checks, build_shard_stats_check, check_description
 from batch_pipeline.defs.k8s import GPU_POOL, gpu_step_tags, is_gpu_backend
-from batch_pipeline.defs.metadata import (md_table, money_json, per_shard_meta, plain, progress_meta, spec_labels,
-                                          table_meta)
+from batch_pipeline.defs.metadata import (md_table, money_json, per_shard_meta, plain, progress_meta,
+                                          provider_ceilings, spec_labels, table_meta)
 from batch_pipeline.defs.runners import executor_for, shard_driver
 from batch_pipeline.defs.resources import PricesResource, StoreResource
 from batch_pipeline.executors.registry import account_pool, batch_limits, route_profile
@@ -326,6 +326,7 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
         state = JobState.load(spec, st)
         rep = build_report(spec, st, state, outputs={"validated": st.uri(paths.validated),
                                                      "duckdb": str(st.local_path(paths.duckdb) or "")})
+        rep.update(provider_ceilings(spec, st))  # open batches against their window and retention; held shards
         st.write_json(paths.report, rep)
         png = cost_over_time(state.scan.timeline)  # summed per recording time by the streaming scan
         st.write_bytes(f"{paths.root}/report.png", png)
@@ -338,6 +339,9 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
         meta["plot"] = dg.MetadataValue.md(f"![spend](data:image/png;base64,{base64.b64encode(png).decode()})")
         meta["plot_path"] = dg.MetadataValue.path(st.uri(f"{paths.root}/report.png"))
         meta["shards"] = md_table(pl.DataFrame(shard_table(state)), limit=50)
+        if rep["open_batches"] or rep["held_shards"]:
+            meta["open_batches"] = dg.MetadataValue.json(rep["open_batches"])
+            meta["held_shards"] = dg.MetadataValue.json(rep["held_shards"])
         return dg.MaterializeResult(metadata=meta)
 
     @dg.asset(key=asset_key(spec, "backend_comparison"), deps=[manifest], group_name=job, **labels, kinds={"python"},

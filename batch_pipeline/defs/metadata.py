@@ -146,3 +146,16 @@ def per_shard_meta(counts: dict[str, dict[str, int]]) -> dict[str, dg.MetadataVa
     return {"shards_in_run": dg.MetadataValue.text(", ".join(counts)),
             **{f"run_{name}": dg.MetadataValue.int(value) for name, value in totals.items()},
             "per_shard": dg.MetadataValue.md("\n".join(rows))}
+
+
+def provider_ceilings(spec: JobSpec, store) -> dict:
+    """For the report: every open batch's age against its provider's window and retention (with the warnings)
+    and the shards held for a human (results lost at the provider)."""
+    from batch_pipeline.core.ledger.ceilings import open_batch_ages
+    from batch_pipeline.core.run.control import JobControl
+    from batch_pipeline.core.state.summary import ShardSummaries
+    from batch_pipeline.executors.registry import batch_ceilings
+
+    opened = [(s.shard_id, s.open.submitted) for s in ShardSummaries(spec, store).all() if s.open and s.open.submitted]
+    ages = open_batch_ages(opened, batch_ceilings(spec.backend), spec.source_path or spec.name)
+    return {"open_batches": [a.as_dict() for a in ages], "held_shards": JobControl(store, spec.name).shard_holds()}

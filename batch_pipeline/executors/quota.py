@@ -5,9 +5,11 @@ and whether the cap is per model. The runner reserves capacity in the scope's le
 before every create; the driver reads the same ledger to say which shards wait.
 """
 
+from datetime import timedelta
 from typing import Any, ClassVar
 
 from batch_pipeline.core.ledger.capacity import CapacityScope, Dimension
+from batch_pipeline.core.ledger.ceilings import Ceilings
 from batch_pipeline.core.spec.quota import QuotaSpec
 
 
@@ -21,7 +23,21 @@ class QueueCapped:
 
     quota_dimensions: ClassVar[tuple[Dimension, ...]] = ()
     quota_per_model: ClassVar[bool] = True
+    window_hours: ClassVar[float | None] = 24.0      # the provider ends an open batch this long after its creation
+    retention_days: ClassVar[float | None] = None    # it deletes the results this long after ``retention_from``
+    retention_from: ClassVar[str] = "completed"
     settings: Any
+
+    @classmethod
+    def ceilings(cls, settings: Any) -> Ceilings:
+        window = getattr(settings, "completion_window", None) or getattr(settings, "timeout_hours", None)
+        hours = cls.window_hours
+        if isinstance(window, str) and window.endswith("h") and window[:-1].replace(".", "").isdigit():
+            hours = float(window[:-1])
+        elif isinstance(window, int | float):
+            hours = float(window)
+        return Ceilings(str(getattr(cls, "name")), timedelta(hours=hours) if hours else None,
+                        timedelta(days=cls.retention_days) if cls.retention_days else None, cls.retention_from)
 
     @classmethod
     def scope_for(cls, settings: Any, model: str) -> CapacityScope:

@@ -7,6 +7,7 @@ from pydantic import ValidationError
 
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.ledger.capacity import CapacityLedger, CapacityScope
+from batch_pipeline.core.ledger.ceilings import Ceilings
 from batch_pipeline.core.run.lease import default_ttl
 from batch_pipeline.core.run.executor import BatchExecutor, StreamExecutor
 from batch_pipeline.core.route.plan import BackendProfile
@@ -103,6 +104,14 @@ def account_pool(backend: BackendSpec) -> str | None:
     settings = _settings(cls, backend)
     labels = [a.label for a in settings.accounts] or [cls.scope_for(settings, "*").account]
     return f"{cls.name}/{'+'.join(labels)}"
+
+
+def batch_ceilings(backend: BackendSpec) -> Ceilings | None:
+    """The completion window and results retention of a provider batch backend (None: not a provider batch)."""
+    if backend.name == AUTO_BACKEND:
+        return None
+    cls = executor_class(backend.name)
+    return cls.ceilings(_settings(cls, backend)) if issubclass(cls, QueueCapped) else None
 
 
 def route_profile(backend: BackendSpec) -> BackendProfile:

@@ -10,7 +10,8 @@ from collections.abc import Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batch_pipeline.core.errors import QUOTA_BATCH_CODES, ErrorClass, QuotaError, SystemicError, TransientError
+from batch_pipeline.core.errors import (QUOTA_BATCH_CODES, ErrorClass, QuotaError, ResultsGoneError, SystemicError,
+                                        TransientError)
 from batch_pipeline.core.ledger.capacity import Dimension, stated_limit
 from batch_pipeline.core.run.attempts import Attempt, AttemptLog
 from batch_pipeline.core.run.control import JobPaused
@@ -105,7 +106,13 @@ class CollectShape:
                           + "; ".join(status.errors[:5]))
                 self.control.stop(reason, code="batch_failed")
                 raise SystemicError(reason, code="batch_failed")
-            rows, ok, systemic = self._ingest_with_retries(attempt, handle, lease)
+            try:
+                rows, ok, systemic = self._ingest_with_retries(attempt, handle, lease)
+            except ResultsGoneError as exc:  # billed, then deleted at the provider: a human decides what next
+                self._lost(shard_id, attempt.number, handle, status, lease, exc)
+                outcome.attempts.append(attempt.number)
+                outcome.final_states.append("lost")
+                continue
             crash_point("before_collected")
             lease.check("mark the attempt collected")
             log_.record(attempt.number, "collected", {"state": status.state.value, "rows": rows, "succeeded": ok,
@@ -144,6 +151,22 @@ class CollectShape:
         self._changed(shard_id)
         log.warning("shard %s: batch %s refused for capacity (%s); the shard waits for room and is sent again",
                     shard_id, handle.batch_id, note)
+
+    def _lost(self, shard_id: str, number: int, handle: BatchHandle, status: BatchStatus, lease: Lease,
+              exc: ResultsGoneError) -> None:
+        """The batch's results are gone (the provider's retention passed before they were collected): the attempt
+        is closed with what it stored, and the shard is held for a human: its missing items were billed, so sending
+        them again pays twice, and only `resume` does that."""
+        lease.check("record a lost batch")
+        AttemptLog(self.store, self.spec.name, shard_id).record(number, "collected", {
+            "state": "lost", "provider_state": status.state.value, "rows": 0, "succeeded": 0, "lost": str(exc)})
+        self.admission.release(shard_id, number, "results gone at the provider")
+        reason = (f"batch {handle.batch_id} of attempt {number} ended, but its results were deleted by the provider "
+                  f"before they were collected ({exc}); its items were billed once. `batch-pipeline resume "
+                  f"{self.spec.name}` sends them again (paid again); the other shards go on")
+        self.control.hold_shard(shard_id, reason)
+        self._changed(shard_id)
+        log.error("shard %s: %s", shard_id, reason)
 
     def _ingest_with_retries(self, attempt: Attempt, handle: BatchHandle,
                              lease: Lease | None = None) -> tuple[int, int, dict | None]:

@@ -49,6 +49,25 @@ class JobControl:
             self.store.delete(self.rel)
         return stop
 
+    # -- shard holds: one shard waits for a human (its paid results were lost at the provider); the rest go on ----
+    def hold_shard(self, shard_id: str, reason: str) -> None:
+        self.store.write_json(f"{JobPaths(self.job).root}/holds/{shard_id}.json",
+                              {"reason": reason, "at": datetime.now(UTC).isoformat()})
+
+    def shard_holds(self) -> dict[str, str]:
+        out = {}
+        for rel in self.store.list_files(f"{JobPaths(self.job).root}/holds", suffix=".json"):
+            record = self.store.read_json(rel) or {}
+            out[rel.rsplit("/", 1)[1][:-5]] = str(record.get("reason", "held"))
+        return out
+
+    def release_holds(self) -> list[str]:
+        """``resume``: the held shards are sent again (their lost items are paid for again: a human's decision)."""
+        held = self.shard_holds()
+        for shard_id in held:
+            self.store.delete(f"{JobPaths(self.job).root}/holds/{shard_id}.json")
+        return sorted(held)
+
     def ensure_running(self) -> None:
         held = self.paused()
         if held is not None:

@@ -107,6 +107,7 @@ class JobFacts:
     min_batch: int = 0                        # items a batch of the backend needs at least (0: no minimum)
     room: Room | None = None                  # the account queue's free capacity (None: the backend has none)
     needs: dict[str, Need] = field(default_factory=dict)  # what each shard's next batch would hold in the queue
+    held: dict[str, str] = field(default_factory=dict)  # shards held for a human (results lost at the provider)
 
 
 @dataclass
@@ -159,6 +160,8 @@ def shard_step(s: ShardSummary, facts: JobFacts) -> Step | Wait | None:
         return Wait(WaitKind.IN_FLIGHT, "a run of this shard is in flight")
     if s.state == ShardState.SETTLED:
         return None
+    if s.shard_id in facts.held:
+        return Wait(WaitKind.STOPPED, f"shard held: {facts.held[s.shard_id]}")
     rescue = facts.deadline_near and facts.has_tail
     if s.state in (ShardState.SUBMITTED, ShardState.ENDED):
         if rescue:

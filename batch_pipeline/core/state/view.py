@@ -58,7 +58,7 @@ def load_facts(spec: JobSpec, store: Store, shard_ids: list[str], *, in_flight: 
         canary=canary_status(spec, store, shard_ids), stopped=stop["reason"] if stop else None,
         paused=paused(store, spec.name) is not None, quote_fresh=quote_fresh(store, spec.name),
         deadline_near=deadline_near(spec), has_tail=spec.tail is not None, in_flight=in_flight, ended=ended,
-        busy=busy, min_batch=min_batch)
+        busy=busy, min_batch=min_batch, held=JobControl(store, spec.name).shard_holds())
 
 
 def capacity_facts(spec: JobSpec, store: Store, ledgers: list[CapacityLedger],

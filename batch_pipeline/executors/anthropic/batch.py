@@ -41,7 +41,7 @@ from pydantic import Field
 
 from batch_pipeline.core.ledger.capacity import Dimension
 from batch_pipeline.executors.quota import QueueCapped
-from batch_pipeline.core.errors import BatchPipelineError, ConfigError, SystemicError, TransientError
+from batch_pipeline.core.errors import BatchPipelineError, ConfigError, ResultsGoneError, SystemicError, TransientError
 from batch_pipeline.core.run.executor import BatchHandle, BatchState, BatchStatus, ShardWork
 from batch_pipeline.core.run.threads import default_workers, ordered_map
 from batch_pipeline.core.spec.quota import Retention
@@ -56,6 +56,9 @@ log = logging.getLogger(__name__)
 MAX_REQUESTS = 100_000
 MAX_BYTES = 256 * 2**20
 STATUS_MAP = {"in_progress": BatchState.RUNNING, "canceling": BatchState.CANCELLING, "ended": BatchState.COMPLETED}
+
+
+RETENTION_DAYS = 29  # results are deleted this long after the batch was created
 
 
 class AnthropicBatchSettings(BatchProviderSettings):
@@ -96,6 +99,8 @@ def _as_datetime(value: datetime | str) -> datetime:
 class AnthropicBatchExecutor(QueueCapped):
     name = "anthropic_batch"
     quota_dimensions = (Dimension.REQUESTS,)
+    retention_days = RETENTION_DAYS
+    retention_from = "was created"
     pricing = "batch"
     max_requests_per_batch = MAX_REQUESTS
     max_bytes_per_batch = MAX_BYTES
@@ -174,6 +179,9 @@ class AnthropicBatchExecutor(QueueCapped):
         try:
             with self.client.messages.batches.with_streaming_response.results(batch_id) as resp:
                 yield from iter_blocks(resp.iter_bytes(1 << 20))
+        except anthropic.NotFoundError:  # the results of an ended batch are kept 29 days after its creation
+            raise ResultsGoneError(f"Anthropic has no results for batch {batch_id} any more (they are deleted "
+                                   f"{RETENTION_DAYS} days after the batch was created)") from None
         except anthropic.AnthropicError as exc:
             raise translate(exc, "batch results", self.client.api_key) from None
         except httpx2.TransportError as exc:  # the connection broke while streaming

@@ -31,13 +31,16 @@ from google.genai import errors as genai_errors
 from google.genai import types
 from pydantic import Field
 
+from batch_pipeline.core.ledger.capacity import Dimension
+from batch_pipeline.executors.quota import QueueCapped
 from batch_pipeline.core.errors import BatchPipelineError, ConfigError, SystemicError, TransientError
 from batch_pipeline.core.run.executor import BatchHandle, BatchState, BatchStatus, ShardWork
 from batch_pipeline.core.run.threads import default_workers
+from batch_pipeline.core.spec.quota import Retention
 from batch_pipeline.executors.endpoint import resolve_endpoint
 from batch_pipeline.executors.google.format import (ERROR_INFO, SYSTEMIC_REASONS, contents_writer,
                                                     parse_result_stream, request_template)
-from batch_pipeline.executors.provider_errors import redact, retry_after_s, retry_wait_s
+from batch_pipeline.executors.provider_errors import queue_refusal, redact, retry_after_s, retry_wait_s
 from batch_pipeline.executors.settings import BatchProviderSettings
 
 log = logging.getLogger(__name__)
@@ -115,6 +118,18 @@ def translate(exc: Exception, action: str, secret: str | None = None) -> BatchPi
     return BatchPipelineError(redact(f"Gemini {action} failed: {type(exc).__name__}: {exc}", secret))
 
 
+def _unless_gone(fn: Callable[..., Any], gone: tuple[int, ...]) -> Callable[..., Any]:
+    """``fn``, answering None where the API says the resource is not there (deleted before: idempotent)."""
+    def call(**kwargs: Any) -> Any:
+        try:
+            return fn(**kwargs)
+        except genai_errors.APIError as exc:
+            if exc.code in gone:
+                return None
+            raise
+    return call
+
+
 def resolve_key_env(settings: GeminiBatchSettings) -> str | None:
     """``$GEMINI_API_KEY``, or ``$GOOGLE_API_KEY`` when the default variable is unset (the SDK's own order)."""
     env = settings.api_key_env
@@ -135,7 +150,7 @@ def input_file(work: ShardWork) -> bytes:
         for rid, prompt in zip(ids, prompts)).encode("utf-8")
 
 
-class GeminiBatchExecutor:
+class GeminiBatchExecutor(QueueCapped):
     """Shard sizing: at most 10,000 requests (and 256 MiB) per batch. Gemini caps a batch only by its 2 GB
     input file and the tier's enqueued-token quota, but an expired batch returns nothing, so everything in it is
     sent again (and waits up to another 48 h). Small batches bound what one expiry costs, let the quota be shared
@@ -143,6 +158,8 @@ class GeminiBatchExecutor:
     small."""
 
     name = "gemini_batch"
+    quota_dimensions = (Dimension.TOKENS,)
+    window_hours = 48.0  # a Gemini batch expires after 48 h
     pricing = "batch"
     max_requests_per_batch = 10_000
     max_bytes_per_batch = 256 * 2**20
@@ -202,6 +219,9 @@ class GeminiBatchExecutor:
                 return BatchHandle(self.name, str(job.name), work.key, file_name)
             except (genai_errors.APIError, httpx2.TransportError) as exc:
                 error = translate(exc, "batch create", self._key)
+                refused = queue_refusal(error, getattr(exc, "code", None), Dimension.TOKENS)
+                if refused is not None:  # RESOURCE_EXHAUSTED: the model's enqueued tokens are spent
+                    raise refused from None
                 if not isinstance(error, TransientError):
                     raise error from None
                 if not (isinstance(exc, genai_errors.APIError) and exc.code == 429):
@@ -287,6 +307,31 @@ class GeminiBatchExecutor:
             if self.poll(handle).state.ended:  # it ended on its own meanwhile: nothing to cancel
                 return
             raise
+
+    @property
+    def retention(self) -> Retention:
+        return self.settings.retention
+
+    def discard(self, handle: BatchHandle) -> list[str]:
+        """Delete the uploaded input file and the result file (files otherwise stay 48 h), then the ended batch
+        itself, once the results are stored. The batch goes last: it is what names the result file, so a try cut
+        short is finished by the next one. Anything already gone counts as deleted."""
+        # one raw GET through the SDK's transport: its BatchJob drops the input file (``inputConfig.fileName``)
+        raw = self._call("batch get", _unless_gone(lambda name: self.client._api_client.request("get", name, {}),
+                                                   (404,)), name=handle.batch_id)
+        operation = (json.loads(raw.body or "{}") or {}) if raw is not None else {}
+        meta = operation.get("metadata") or {}
+        names = [(meta.get("inputConfig") or {}).get("fileName") or handle.input_file_id,
+                 (meta.get("output") or {}).get("responsesFile")]
+        gone = []
+        for name in dict.fromkeys(n for n in names if n):
+            # a file that is not there answers 403 ("... or it may not exist"), as the real API does
+            self._call("file delete", _unless_gone(self.client.files.delete, (403, 404)), name=name)
+            gone.append(name)
+        if raw is None or operation.get("done"):  # an operation is done once the batch has ended
+            self._call("batch delete", _unless_gone(self.client.batches.delete, (404,)), name=handle.batch_id)
+            gone.append(handle.batch_id)
+        return gone
 
     def find(self, key: str, request_ids: Sequence[str] | None = None,
              not_before: str | None = None) -> BatchHandle | None:

@@ -35,14 +35,17 @@ from google.genai import types as gtypes
 from google.oauth2.credentials import Credentials
 from pydantic import Field, model_validator
 
+from batch_pipeline.core.ledger.capacity import Dimension
+from batch_pipeline.executors.quota import QueueCapped
 from batch_pipeline.core.errors import BatchPipelineError, ConfigError, SystemicError, TransientError
 from batch_pipeline.core.run.executor import BatchHandle, BatchState, BatchStatus, ShardWork
 from batch_pipeline.core.run.threads import default_workers
+from batch_pipeline.core.spec.quota import Retention
 from batch_pipeline.executors.endpoint import SANDBOX_URL_ENV, resolve_endpoint
 from batch_pipeline.executors.google.gcs import AttemptObjects, Gcs, parse_gs_uri, sandbox_emulator_url
 from batch_pipeline.executors.google.vertex_lines import content_index, parse_predictions_block, request_lines
 from batch_pipeline.executors.jsonl_blocks import parse_stream
-from batch_pipeline.executors.provider_errors import redact, retry_after_s, retry_wait_s
+from batch_pipeline.executors.provider_errors import queue_refusal, redact, retry_after_s, retry_wait_s
 from batch_pipeline.executors.settings import BatchProviderSettings
 
 log = logging.getLogger(__name__)
@@ -132,8 +135,11 @@ def retry_delay_s(details: Any) -> float | None:
     return None
 
 
-class VertexBatchExecutor:
+class VertexBatchExecutor(QueueCapped):
     name = "vertex_batch"
+    quota_dimensions = (Dimension.JOBS,)
+    quota_per_model = False  # concurrent jobs per project and region
+    window_hours = None      # outputs land in our own bucket; no provider window is stated here
     pricing = "batch"
     max_requests_per_batch = 200_000
     max_bytes_per_batch = 2**30
@@ -201,6 +207,9 @@ class VertexBatchExecutor:
                 return BatchHandle(self.name, str(job.name), work.key, objects.input_uri)
             except (genai_errors.APIError, *_TRANSPORT_ERRORS) as exc:
                 error = translate(exc, "batch job create", self._token)
+                refused = queue_refusal(error, getattr(exc, "code", None), Dimension.JOBS)
+                if refused is not None:  # RESOURCE_EXHAUSTED: the project's concurrent jobs are all running
+                    raise refused from None
                 if not isinstance(error, TransientError):
                     raise error from None
                 if not (isinstance(exc, genai_errors.APIError) and exc.code == 429):  # a 429 created nothing
@@ -291,6 +300,33 @@ class VertexBatchExecutor:
             if self.poll(handle).state.ended:  # it ended on its own meanwhile: nothing to cancel
                 return
             raise
+
+    @property
+    def retention(self) -> Retention:
+        return self.settings.retention
+
+    def discard(self, handle: BatchHandle) -> list[str]:
+        """Delete our own GCS objects of the attempt once its results are stored: the input we uploaded and
+        everything under the job's output prefix (``AttemptObjects``: ``.../ATTEMPT-NONCE/output/``, this attempt's
+        alone). The job record holds no data and stays. An object already gone counts as deleted."""
+        job = self._get(handle)
+        src = job.src.gcs_uri if job.src is not None and job.src.gcs_uri else []
+        inputs = [handle.input_file_id] if handle.input_file_id else list(src)
+        gone = []
+        for uri in inputs:
+            self.gcs.delete(*parse_gs_uri(uri))
+            gone.append(uri)
+        dest = job.dest.gcs_uri if job.dest is not None else None
+        bucket, prefix = parse_gs_uri(dest) if dest else (self.bucket, "")
+        prefix = prefix.strip("/")
+        if not prefix.endswith("/output"):  # not a prefix we made: never delete under it
+            log.warning("Vertex batch job %s: output %s is not an attempt's own prefix; left as it is",
+                        handle.batch_id, dest)
+            return gone
+        for name in self.gcs.list_names(bucket, prefix + "/", pattern="*"):
+            self.gcs.delete(bucket, name)
+            gone.append(f"gs://{bucket}/{name}")
+        return gone
 
     def find(self, key: str, request_ids: Sequence[str] | None = None,
              not_before: str | None = None) -> BatchHandle | None:

@@ -17,7 +17,8 @@ import pyarrow as pa
 
 from batch_pipeline.core.ledger.capacity import Dimension
 from batch_pipeline.executors.quota import QueueCapped
-from batch_pipeline.core.errors import SYSTEMIC_CODES, BatchPipelineError, ConfigError, SystemicError, TransientError
+from batch_pipeline.core.errors import (SYSTEMIC_CODES, BatchPipelineError, ConfigError, ResultsGoneError,
+                                        SystemicError, TransientError)
 from batch_pipeline.core.run.executor import BatchHandle, BatchState, BatchStatus, ShardWork
 from batch_pipeline.core.run.threads import default_workers
 from batch_pipeline.core.spec.quota import Retention
@@ -31,6 +32,7 @@ from batch_pipeline.executors.settings import BatchProviderSettings
 log = logging.getLogger(__name__)
 
 KEY_METADATA = "batch_pipeline_key"
+RETENTION_DAYS = 30  # output and error files are deleted this long after the batch completed
 STATUS_MAP = {
     "validating": BatchState.VALIDATING,
     "in_progress": BatchState.RUNNING,
@@ -73,6 +75,8 @@ class OpenAIBatchExecutor(QueueCapped):
 
     name = "openai_batch"
     quota_dimensions = (Dimension.TOKENS, Dimension.PER_HOUR)
+    retention_days = RETENTION_DAYS
+    retention_from = "completed"
     provider = "OpenAI"
     chat_url = CHAT_URL
     embeddings_url: str | None = EMBEDDINGS_URL
@@ -182,10 +186,17 @@ class OpenAIBatchExecutor(QueueCapped):
         for file_id in (batch.output_file_id, batch.error_file_id):
             if not file_id:
                 continue
-            with self._call("file download", self.client.files.with_streaming_response.content, file_id) as resp:
-                size = resp.headers.get("content-length")  # known: blocks cut so every parse worker has one
-                yield from parse(self._download(resp, file_id), self.parse_workers,
-                                 total_bytes=int(size) if size and size.isdigit() else None)
+            try:
+                with self._call("file download", self.client.files.with_streaming_response.content, file_id) as resp:
+                    size = resp.headers.get("content-length")  # known: blocks cut so every parse worker has one
+                    yield from parse(self._download(resp, file_id), self.parse_workers,
+                                     total_bytes=int(size) if size and size.isdigit() else None)
+            except (openai.NotFoundError, SystemicError) as exc:  # the file of an ended batch is gone
+                if isinstance(exc, SystemicError) and "HTTP 404" not in str(exc):
+                    raise
+                raise ResultsGoneError(f"{self.provider} has no file {file_id} of batch {handle.batch_id} any more "
+                                       f"(output files are deleted {RETENTION_DAYS} days after the batch completed)"
+                                       ) from None
 
     def _download(self, resp: Any, file_id: str) -> Iterator[bytes]:
         """The file's bytes; a connection that breaks mid-download is a TransientError (the runner fetches again)."""
