@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
@@ -93,7 +94,7 @@ class LoadBook:
         self.totals: dict[tuple[str, str, str], Load] = {}
         self.holds: dict[str, list[tuple[str, str, str, Load]]] = {}  # "provider|batch" -> what it holds
         self.events: list[dict[str, Any]] = []  # as recorded, with deltas; totals are rebuilt in time order
-        self.creates: dict[str, list[float]] = {}  # "provider|account" -> create times (rolling hour)
+        self.creates: dict[str, deque[float]] = {}  # "provider|account" -> create times of the rolling hour
 
     # reading ---------------------------------------------------------------------------------------------------
     def enqueued(self, provider: str, account: str, model: Optional[str] = None) -> Load:
@@ -140,15 +141,16 @@ class LoadBook:
                             "batch_id": batch_id, "delta": asdict(delta)})
 
     def creates_within_hour(self, provider: str, account: str, now: float) -> list[float]:
-        """The create times of the past rolling hour (older ones are dropped)."""
-        key = f"{provider}|{account}"
-        recent = [t for t in self.creates.get(key, []) if t > now - HOUR_S]
-        self.creates[key] = recent
-        return recent
+        """The create times of the past rolling hour, oldest first (older ones are dropped)."""
+        times = self.creates.setdefault(f"{provider}|{account}", deque())
+        while times and times[0] <= now - HOUR_S:
+            times.popleft()
+        return list(times)
 
     def note_create(self, provider: str, account: str, at: float) -> None:
-        """Count a batch create against the rolling hour."""
-        self.creates.setdefault(f"{provider}|{account}", []).append(at)
+        """Count a batch create against the rolling hour (the clock only moves forward: times stay sorted)."""
+        self.creates_within_hour(provider, account, at)
+        self.creates[f"{provider}|{account}"].append(at)
 
     # the ledger ------------------------------------------------------------------------------------------------
     def report(self) -> dict[str, Any]:
@@ -174,14 +176,14 @@ class LoadBook:
     def to_json(self) -> dict[str, Any]:
         """Plain JSON for the state directory."""
         return {"holds": {k: [[p, a, m, asdict(load)] for p, a, m, load in v] for k, v in self.holds.items()},
-                "events": self.events, "creates": self.creates}
+                "events": self.events, "creates": {k: list(v) for k, v in self.creates.items()}}
 
     def load(self, saved: Optional[dict[str, Any]]) -> None:
         """Restore what ``to_json`` wrote."""
         self.clear()
         saved = saved or {}
         self.events = list(saved.get("events", []))
-        self.creates = {k: list(v) for k, v in saved.get("creates", {}).items()}
+        self.creates = {k: deque(v) for k, v in saved.get("creates", {}).items()}
         for batch, held in saved.get("holds", {}).items():
             self.holds[batch] = [(p, a, m, Load(**load)) for p, a, m, load in held]
             for p, a, m, load in self.holds[batch]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import json
 import threading
 from collections import deque
@@ -21,8 +22,8 @@ from batch_pipeline.sandbox.google.vertex_jobs import VertexJobs
 from batch_pipeline.sandbox.ids import new_id
 from batch_pipeline.sandbox.persistence import StateDir
 from batch_pipeline.sandbox.openai.processing import LineRunner, ledger_entries, result_lines
-from batch_pipeline.sandbox.openai.quota import (admit, count_prompt_tokens, load_provider, output_expired,
-                                                 output_expires_at)
+from batch_pipeline.sandbox.openai.quota import (OUTPUT_PURPOSE, admit, count_prompt_tokens, load_provider,
+                                                 output_expired, output_expires_at)
 from batch_pipeline.sandbox.quotas import DEFAULT_ACCOUNT, LoadBook
 from batch_pipeline.sandbox.scenarios import Scenario, account_fault, scenario_from_metadata
 from batch_pipeline.sandbox.openai.validation import parse_input
@@ -85,6 +86,7 @@ class SandboxState:
     def reset(self, wipe_store: bool = True) -> None:
         """Forget files, batches, ledger, request log and counters; back to the startup scenario and real time."""
         self.files: dict[str, StoredFile] = {}
+        self.outputs: list[tuple[float, str]] = []  # heap of (created_at, id) of output files: their retention
         self.batches: dict[str, BatchRecord] = {}
         self.ledger: list[dict[str, Any]] = []
         self.requests: deque[dict[str, Any]] = deque(maxlen=REQUEST_LOG_LIMIT)
@@ -192,11 +194,15 @@ class SandboxState:
         self.book.release(load_provider(batch.endpoint), batch.id, at)
 
     def _expire_outputs(self, now: float) -> bool:
-        """Delete the output and error files past ``retention_openai_s`` (the server-wide scenario's)."""
-        gone = [f.id for f in self.files.values() if output_expired(self.scenario, f.purpose, f.created_at, now)]
-        for file_id in gone:
-            self.delete_file(file_id)
-        return bool(gone)
+        """Delete the output and error files past ``retention_openai_s`` (the server-wide scenario's), oldest
+        first; a file deleted by its owner meanwhile is skipped."""
+        changed = False
+        while self.outputs and output_expired(self.scenario, OUTPUT_PURPOSE, self.outputs[0][0], now):
+            _, file_id = heapq.heappop(self.outputs)
+            if file_id in self.files:
+                self.delete_file(file_id)
+                changed = True
+        return changed
 
     def _bill(self, entries: list[dict[str, Any]]) -> None:
         """Append billing entries to the ledger."""
@@ -212,6 +218,7 @@ class SandboxState:
                 data = "".join(_dumps(line) + "\n" for line in lines).encode("utf-8")
                 stored = self.add_file(f"batch_{batch.id}_{name}.jsonl", "batch_output", data)
                 stored.created_at = at
+                heapq.heappush(self.outputs, (at, stored.id))
                 setattr(batch, attr, stored.id)
         self.ledger.extend(ledger_entries(batch, at))
 
@@ -247,6 +254,8 @@ class SandboxState:
             stored = StoredFile(**item)
             stored.data = self.store.read_blob(stored.id)
             self.files[stored.id] = stored
+            if stored.purpose == OUTPUT_PURPOSE:
+                heapq.heappush(self.outputs, (stored.created_at, stored.id))
         self.batches = {b["id"]: BatchRecord.from_json(b) for b in saved["batches"]}
         self.ledger = list(saved["ledger"])
         self.fault_counts = dict(saved["fault_counts"])

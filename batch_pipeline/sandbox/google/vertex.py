@@ -122,7 +122,7 @@ class VertexApi:
     def _check_concurrent(self, project: str, location: str, model: str) -> None:
         """429 RESOURCE_EXHAUSTED when the project already runs ``quota_concurrent_jobs`` jobs in the region."""
         cap = quota(self.state.scenario, "quota_concurrent_jobs")
-        running = len(self.state.vertex.live(project, location))
+        running = len(self.state.vertex.live(project, location)) if cap else 0
         if not cap or running < cap:
             return
         self.state.book.refuse("vertex", "", project, [model.rsplit("/", 1)[-1]], self.state.clock.now())

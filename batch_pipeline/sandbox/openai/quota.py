@@ -61,7 +61,7 @@ def check_create_rate(book: LoadBook, scenario: Scenario, provider: str, account
     recent = book.creates_within_hour(provider, account, now)
     if len(recent) < cap:
         return
-    wait = min(recent) + HOUR_S - now
+    wait = recent[0] + HOUR_S - now
     book.refuse(provider, "", account, [model], now)
     raise ApiError(429, f"Rate limit reached for batch creation in organization {ORGANIZATION}: {len(recent):,} "
                         f"batches were created in the past hour. Limit: {cap:,} batches per hour. Please try again "
