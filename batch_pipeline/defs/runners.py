@@ -30,6 +30,13 @@ def shard_runner(spec: JobSpec, store: StoreResource, prices: PricesResource, ba
                        extra_items=probe_hook(spec, st) if stage == Stage.PRIMARY else None, stage=stage)
 
 
+def executor_for(spec: JobSpec):
+    """The executor a stored batch handle names, by backend name, from the job's sending backends (None: a backend
+    the job no longer has); built only when asked (the sweep of provider leftovers, core/run/hygiene.py)."""
+    backends = spec.sending_backends()
+    return lambda name: create_executor(backends[name]) if name in backends else None
+
+
 def probe_hook(spec: JobSpec, st):
     """Golden probes ride along with a shard's first real submission (all of them in the canary shard)."""
     probes = GoldenProbes(spec, st)

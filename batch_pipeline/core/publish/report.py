@@ -32,8 +32,9 @@ def build_report(spec: JobSpec, store: Store, state: JobState, outputs: dict[str
     for sid in manifest.shard_ids():
         for a in AttemptLog(store, spec.name, sid).all():
             attempts += 1
-            for rec in a.records.values():
-                times.append(datetime.fromisoformat(rec["at"]))
+            for event, rec in a.records.items():
+                if event != "discarded":  # provider housekeeping after the work (maybe at a later publish)
+                    times.append(datetime.fromisoformat(rec["at"]))
     span = (max(times) - min(times)).total_seconds() if times else 0.0
     report = {
         "job": spec.name,

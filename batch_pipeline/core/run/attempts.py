@@ -3,7 +3,8 @@
 Each event is its own immutable JSON object (``attempt-0003.intent.json``, ``.submitted.json``,
 ``.collected.json``, ``.abandoned.json``), so a crash at any point leaves a readable history: an intent
 without a submission means "we may or may not have paid"; the runner asks the provider (``find``)
-before it ever submits those items again.
+before it ever submits those items again. A collected attempt may get ``.discarded.json`` once its files at
+the provider are deleted (``core/run/hygiene.py``); it stays collected and closed.
 """
 
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.state.machine import check_attempt_event, last_event
 from batch_pipeline.core.store import Store
 
-EVENTS = ("intent", "submitted", "collected", "abandoned")
+EVENTS = ("intent", "submitted", "collected", "abandoned", "discarded")  # discarded: core/run/hygiene.py
 
 
 @dataclass
@@ -80,6 +81,16 @@ class AttemptLog:
         """Append one event; an event the attempt's state does not allow raises ``IllegalTransition``."""
         check_attempt_event(self.shard_id, attempt, last_event(self.events(attempt)), event)
         self.store.write_json(self.paths.attempt_event(self.shard_id, attempt, event), {**payload, "at": now_iso()})
+
+    def record_once(self, attempt: int, event: str, payload: dict[str, Any]) -> bool:
+        """Append an event two runs may race to write (a collection and the publish run's sweep): the first one
+        wins, the other gets False. An event the attempt's state does not allow raises ``IllegalTransition``."""
+        events = self.events(attempt)
+        if event in events:
+            return False
+        check_attempt_event(self.shard_id, attempt, last_event(events), event)
+        return self.store.create_json_exclusive(self.paths.attempt_event(self.shard_id, attempt, event),
+                                                {**payload, "at": now_iso()})
 
     def create_intent(self, attempt: int, payload: dict[str, Any]) -> bool:
         """Record the intent only if no one else claimed this attempt number (True if we did)."""

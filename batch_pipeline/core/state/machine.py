@@ -61,8 +61,9 @@ ATTEMPT_EVENTS: dict[str | None, frozenset[str]] = {
     None: frozenset({"intent"}),
     "intent": frozenset({"submitted", "collected", "abandoned"}),
     "submitted": frozenset({"collected"}),
-    "collected": frozenset(),
+    "collected": frozenset({"discarded"}),  # the provider's copies deleted once the results were stored
     "abandoned": frozenset(),
+    "discarded": frozenset(),
 }
 
 
@@ -113,7 +114,7 @@ def item_state(reconciled: str, *, in_open_attempt: bool = False, rescued: bool 
 
 def last_event(events: dict[str, object]) -> str | None:
     """The latest event an attempt has recorded (events are written in ATTEMPT_EVENTS order)."""
-    for event in ("collected", "abandoned", "submitted", "intent"):
+    for event in ("discarded", "collected", "abandoned", "submitted", "intent"):
         if event in events:
             return event
     return None

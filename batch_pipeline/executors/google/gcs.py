@@ -131,6 +131,15 @@ class Gcs:
             raise translate_gcs(exc, f"listing gs://{bucket}/{prefix}") from None
         return sorted(n for n in names if fnmatch.fnmatch(n.rsplit("/", 1)[-1], pattern))
 
+    def delete(self, bucket: str, name: str) -> None:
+        """Delete one object; one that is not there counts as deleted (an earlier try got to it)."""
+        try:
+            self.client.bucket(bucket).blob(name).delete(timeout=self.timeout_s)
+        except gexc.NotFound:
+            pass
+        except _ERRORS as exc:
+            raise translate_gcs(exc, f"delete of gs://{bucket}/{name}") from None
+
     def read(self, bucket: str, name: str) -> bytes:
         try:
             return bytes(self.client.bucket(bucket).blob(name).download_as_bytes(timeout=self.timeout_s))
