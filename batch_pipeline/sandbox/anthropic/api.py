@@ -149,10 +149,10 @@ class AnthropicApi:
         self.state.book.refuse("anthropic", "", account, models, now)
         next_end = self.state.anthropic.next_end(account)
         wait = retry_after_s((next_end if next_end is not None else now) - now, clock_scale(self.state.clock))
-        raise AnthropicError(429, f"Number of batch requests waiting to be processed would exceed your "
-                                  f"organization's rate limit: {waiting} waiting, {count} in this batch. Limit: {cap} "
-                                  "requests in the processing queue. Please wait for batches in progress to end, "
-                                  "then try again.", type="rate_limit_error", headers={"retry-after": str(wait)})
+        raise AnthropicError(429, f"Your organization's batch processing queue is full: {waiting} requests are "
+                                  f"waiting and this batch has {count}. Limit: {cap} requests in the processing "
+                                  "queue. Please wait for batches in progress to end, then try again.",
+                             type="rate_limit_error", headers={"retry-after": str(wait)})
 
     def retrieve(self, request: Request) -> Response:
         return self._object(self.state.anthropic.get(request.params["batch_id"]), request)
