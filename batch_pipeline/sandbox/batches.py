@@ -40,7 +40,9 @@ def lines_due(batch: Any, start: float, at: float) -> int:
         quota = int(round(total * float(batch.scenario.param("complete_share"))))
     span = batch.duration("in_progress_s")
     elapsed = at - start
-    due = total if span <= 0 or elapsed >= span else math.floor(total * max(elapsed, 0.0) / span)
+    # ``at`` is often ``start + span`` itself: (start + span) - start can fall a hair short of span in floating
+    # point (by ~1e-7 s at epoch-sized clock values), which must not leave the last line unprocessed
+    due = total if span <= 0 or elapsed + 1e-6 >= span else math.floor(total * max(elapsed, 0.0) / span)
     return min(due, quota)
 
 
