@@ -194,6 +194,7 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
         driver = shard_driver(context, spec, store, prices)
         sent, batches = 0, []
         counts: dict[str, dict[str, int]] = {}
+        waits: dict[str, str] = {}
         engine_metrics: dict = {}
         keys = moving_shards(context)
         shards_meter = progress.meter("submit", total=len(keys), unit="shards")
@@ -212,6 +213,8 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
             sent += out.sent
             counts[key] = {"requests_sent": out.sent}
             batches.extend(out.batches)
+            if out.action == "wait" and out.notes:  # e.g. quota: the account's queue has no room for it now
+                waits[key] = "; ".join(out.notes)
             context.log.info(f"shard {key}: {out.action}: {out.sent} requests sent"
                              + (f", {out.rescued} rescued online" if out.rescued else "")
                              + (f" ({'; '.join(out.notes)})" if out.notes else ""))
@@ -220,6 +223,8 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
                 engine_metrics[key] = engine
         meta = {**(per_shard_meta(counts) if counts else {"requests_sent": dg.MetadataValue.int(sent)}),
                 "batches": dg.MetadataValue.text("\n".join(batches) or "none"), **progress_meta(shards_meter)}
+        if waits:  # why shards of this run sent nothing (the figures of a full queue, a batch still open)
+            meta["waiting"] = dg.MetadataValue.md("\n".join(f"- {k}: {why}" for k, why in sorted(waits.items())))
         if engine_metrics:  # self-hosted: prompt/cached/generated tokens, tokens/s, engine vs wall time
             meta["engine_metrics"] = dg.MetadataValue.json(engine_metrics)
         return dg.MaterializeResult(metadata=meta)

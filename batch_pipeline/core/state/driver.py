@@ -159,6 +159,9 @@ def shard_step(s: ShardSummary, facts: JobFacts) -> Step | Wait | None:
     if s.shard_id in facts.in_flight:
         return Wait(WaitKind.IN_FLIGHT, "a run of this shard is in flight")
     if s.state == ShardState.SETTLED:
+        if facts.canary.shard_id == s.shard_id and facts.canary.verdict is None and not facts.stopped:
+            # collected, then killed before the verdict: nothing is sent; the step judges what is stored
+            return Step(Action.CANARY, s.shard_id, "the canary was collected but never judged: judge it")
         return None
     if s.shard_id in facts.held:
         return Wait(WaitKind.STOPPED, f"shard held: {facts.held[s.shard_id]}")
