@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import boto3
 import pytest
-from botocore.exceptions import ClientError
 
 from ..support import assert_never_over, load_events
 from .test_api import KEYS, MODEL, NO_RETRY, aws, create, put_input, record, wait  # noqa: F401 (aws: a fixture)
@@ -25,7 +24,7 @@ def test_concurrent_jobs_past_the_cap_are_refused_per_key_and_model_and_freed_wh
     admin.set_scenario("normal", quota_concurrent_jobs=2, in_progress_s=10.0)
     admin.clock(freeze=True)
     held = [create(bedrock, uri, bucket, name=f"q-{i}") for i in range(2)]  # exactly the cap
-    with pytest.raises(ClientError) as caught:
+    with pytest.raises(bedrock.exceptions.ServiceQuotaExceededException) as caught:  # botocore's modelled class
         create(bedrock, uri, bucket, name="q-2")
     error = caught.value.response
     assert error["Error"]["Code"] == "ServiceQuotaExceededException"
@@ -41,6 +40,11 @@ def test_concurrent_jobs_past_the_cap_are_refused_per_key_and_model_and_freed_wh
     admin.clock(advance_s=11.0)
     assert {wait(bedrock, arn)["status"] for arn in (held[1], later)} == {"Completed"}
     assert wait(bedrock, held[0])["status"] == "Stopped"
+    jobs = bedrock.list_model_invocation_jobs()["invocationJobSummaries"]
+    assert sorted(j["jobName"] for j in jobs) == ["q-0", "q-1", "q-3", "q-haiku", "q-other"]  # no q-2
+    billed = [e["batch_id"] for e in admin.ledger()]  # the refused create made no job and bills nothing
+    assert set(billed) <= {j["jobArn"].rsplit("/", 1)[-1] for j in jobs}
+    assert len(billed) == sum(wait(bedrock, j["jobArn"])["successRecordCount"] for j in jobs) == 400
     load = admin.load()
     assert assert_never_over(load, "bedrock", "jobs", 2) == 2 and load["refusals"] == 1
     mine = [e for e in load_events(load, "bedrock") if (e["account"], e["model"]) == ("AKIDEXAMPLE", MODEL)]

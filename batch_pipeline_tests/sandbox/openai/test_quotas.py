@@ -12,8 +12,8 @@ import pytest
 
 from batch_pipeline.sandbox import SandboxAdmin
 
-from ..support import (MODEL, assert_never_over, chat_line, load_events, read_jsonl, retrieve, submit, to_jsonl,
-                       wait_for)
+from ..support import (MODEL, assert_never_over, chat_line, load_events, poll, read_jsonl, retrieve, submit,
+                       to_jsonl, wait_for)
 
 TEXT = "Summarise this support ticket about a delayed parcel, a double charge and a broken lid, politely. " * 3
 LINES = [chat_line(f"r{i}", f"{TEXT} Ticket {i}.") for i in range(16)]  # about 1,200 prompt tokens in all
@@ -128,7 +128,7 @@ def test_batch_creates_per_rolling_hour_are_a_429_until_the_hour_has_passed(keys
     assert len(list(one.batches.list())) == 4 and admin.load()["refusals"] == 1
 
 
-def test_azure_enqueued_tokens_are_per_key_and_deployment(sandbox_url, admin):
+def test_azure_enqueued_tokens_are_per_key_and_deployment_and_free_when_a_batch_ends(sandbox_url, admin):
     def azure(key: str) -> openai.AzureOpenAI:
         return openai.AzureOpenAI(azure_endpoint=sandbox_url, api_key=key, api_version="2024-10-21", max_retries=0)
 
@@ -142,24 +142,33 @@ def test_azure_enqueued_tokens_are_per_key_and_deployment(sandbox_url, admin):
                                      completion_window="24h").id
 
     one, two = azure("az-one"), azure("az-two")
-    admin.set_scenario("normal", quota_enqueued_tokens=1)  # smaller than any batch: every one is refused
+    probe = create(one)
+    tokens = wait_for_azure(one, probe).usage.input_tokens
+    admin.reset()
+    admin.set_scenario("normal", quota_enqueued_tokens=tokens, in_progress_s=10.0)  # one batch per key
     admin.clock(freeze=True)
-    refused = create(one)
+    held, other_key, refused = create(one), create(two), create(one)
     end_validation(admin)
+    assert [one.batches.retrieve(held).status, two.batches.retrieve(other_key).status] == ["in_progress"] * 2
     batch = one.batches.retrieve(refused)
     assert batch.status == "failed" and batch.errors.data[0].code == "token_limit_exceeded"
-    assert "for my-deployment in organization org-sandbox. Limit: 1 enqueued tokens." in batch.errors.data[0].message
-    admin.set_scenario("normal", quota_enqueued_tokens=10**6)
-    accepted = [create(one), create(two)]
+    assert (f"Enqueued token limit reached for my-deployment in organization org-sandbox. Limit: {tokens:,} "
+            "enqueued tokens.") in batch.errors.data[0].message
+    admin.clock(advance_s=11.0)  # both complete: the queue is free again
+    later = create(one)
     end_validation(admin)
-    assert [one.batches.retrieve(accepted[0]).status, two.batches.retrieve(accepted[1]).status] == [
-        "in_progress", "in_progress"]
+    assert one.batches.retrieve(later).status == "in_progress"
     load = admin.load()
     assert {(e["account"], e["model"]) for e in load_events(load, "azure")} == {
         ("az-one", "my-deployment"), ("az-two", "my-deployment")}
+    assert assert_never_over(load, "azure", "tokens", tokens) == tokens
     assert load_events(load, "openai") == [] and load["refusals"] == 1
-    admin.clock(advance_s=5.0)
-    assert {e["batch_id"] for e in admin.ledger()} == set(accepted)  # the refused batch bills nothing
+    assert {e["batch_id"] for e in admin.ledger()} == {held, other_key}  # the refused batch bills nothing
+    assert {e["provider"] for e in admin.ledger()} == {"azure_openai"}
+
+
+def wait_for_azure(client: openai.AzureOpenAI, batch_id: str):
+    return poll(lambda: (b := client.batches.retrieve(batch_id)).status == "completed" and b, "the batch completes")
 
 
 def test_output_and_error_files_are_deleted_after_retention_and_not_before(keys, admin):
