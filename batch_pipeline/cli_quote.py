@@ -11,6 +11,7 @@ from rich.table import Table
 
 from batch_pipeline.cli_jobs import resolve_job, store_for
 from batch_pipeline.cli_stops import ExitCode
+from batch_pipeline.core.money.usd import format_usd
 
 COLUMNS = ["backend", "model", "requests", "cost_expected_usd", "cost_high_usd", "cost_per_million_items_usd",
            "tokenizer", "checked", "gpu_hours", "break_even_utilisation"]
@@ -20,11 +21,20 @@ def _compare_table(title: str, rows: list[dict]) -> Table:
     table = Table(title=title)
     for c in COLUMNS:  # backend and model names are never cut: the other columns wrap instead
         width = max((len(str(r.get(c) or "")) for r in rows), default=0) if c in ("backend", "model") else None
-        table.add_column(c.replace("_usd", " ($)").replace("_", " "), justify="right", min_width=width,
+        table.add_column(c.removesuffix("_usd").replace("_", " "), justify="right", min_width=width,  # "$" in cells
                          no_wrap=width is not None)
     for r in rows:
-        table.add_row(*["" if r.get(c) is None else str(r.get(c)) for c in COLUMNS])
+        table.add_row(*[_cell(c, r.get(c)) for c in COLUMNS])
     return table
+
+
+def _cell(column: str, value) -> str:
+    """Dollar columns as dollars with their significant digits ($0.0000052, not 5.2e-06)."""
+    if value is None:
+        return ""
+    if column.endswith("_usd") and isinstance(value, int | float) and not isinstance(value, bool):
+        return format_usd(float(value))
+    return str(value)
 
 
 def cmd_quote(args: argparse.Namespace, console: Console) -> int:
@@ -51,8 +61,9 @@ def cmd_quote(args: argparse.Namespace, console: Console) -> int:
         q = make_quote(spec, store, prices, state.items, state.results, state.states)
         est = q["est_cost_usd"]
         console.print(f"job {spec.name}: {q['pending_requests']} requests on {spec.backend.name}/{spec.model}: "
-                      f"${est['low']:.4f} low, ${est['expected']:.4f} expected, ${est['high']:.4f} high "
-                      f"(budget {spec.budget_usd}; within: {q['within_budget']})")
+                      f"{format_usd(est['low'])} low, {format_usd(est['expected'])} expected, "
+                      f"{format_usd(est['high'])} high (budget {format_usd(spec.budget_usd)}; within: "
+                      f"{q['within_budget']})", markup=False, highlight=False)
         return ExitCode.DONE
     compare = spec.cost_compare or CostCompareSpec()
     whole = compare_backends(spec, store, prices, compare, state.items, state.results, state.states,
@@ -77,7 +88,7 @@ def cmd_quote(args: argparse.Namespace, console: Console) -> int:
             route_table.add_column(c)
         for c in routes.values():
             route_table.add_row(c.shard_id, f"{c.backend}/{c.model}", c.rule, c.reason,
-                                *["-" if c.costs.get(k) is None else f"{c.costs[k]:.6f}" for k in labels])
+                                *["-" if c.costs.get(k) is None else format_usd(c.costs[k]) for k in labels])
         console.print(route_table)
     return ExitCode.DONE
 

@@ -17,6 +17,7 @@ from batch_pipeline.core.publish.plots import cost_over_time
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.publish.tables import JobState, dead_letters, promote, stage
 from batch_pipeline.core.money.quote import make_quote, verify_quote
+from batch_pipeline.core.money.usd import format_usd
 from batch_pipeline.core.publish.report import build_report, shard_table
 from batch_pipeline.core.state.execute import ShardWaits
 from batch_pipeline.core.route.plan import route_pending
@@ -31,6 +32,7 @@ from batch_pipeline.defs.runners import executor_for, shard_driver
 from batch_pipeline.defs.resources import PricesResource, StoreResource
 from batch_pipeline.executors.registry import account_pool, batch_limits, route_profile
 
+PASS_MONEY = ("cost_low", "cost_expected", "cost_high")  # the amounts of a quote's passes
 SHARDS_TAG = "batch_pipeline/shards"  # the shards a range run moves (the others in its range are left alone)
 
 
@@ -158,14 +160,15 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
         st.write_json(paths.quote, q)
         st.write_json(f"{paths.root}/quotes/quote-{q['created_at'].replace(':', '')}.json", q)
         est = q["est_cost_usd"]
-        context.log.info(f"quote: {q['pending_requests']} requests, ${est['low']:.4f} / ${est['expected']:.4f} / "
-                         f"${est['high']:.4f} (low/expected/high), budget {q['budget_usd']}")
+        context.log.info(f"quote: {q['pending_requests']} requests, {format_usd(est['low'])} / "
+                         f"{format_usd(est['expected'])} / {format_usd(est['high'])} (low/expected/high), budget "
+                         f"{format_usd(q['budget_usd'])}")
         meta = plain({"pending_requests": q["pending_requests"], "cost_low_usd": est["low"],
                       "cost_expected_usd": est["expected"], "cost_high_usd": est["high"],
                       "budget_usd": q["budget_usd"], "within_budget": q["within_budget"],
                       "calibration": q["calibration"]["factor"], "fingerprint": q["fingerprint"][:16],
                       "expires_at": q["expires_at"]})
-        meta["passes"] = dg.MetadataValue.json(q["passes"])
+        meta["passes"] = dg.MetadataValue.json(money_json(q["passes"], money_keys=PASS_MONEY))  # dollars as dollars
         if q.get("route"):
             meta["route"] = md_table(pl.DataFrame([{k: v for k, v in r.items() if k in ("shard_id", "backend", "model",
                                                                                         "rule", "reason")}

@@ -49,6 +49,11 @@ def usd(amount: float | None) -> dg.MetadataValue:
     return dg.MetadataValue.text("n/a" if amount is None else format_usd(float(amount)))
 
 
+def text_key(key: str) -> str:
+    """The key of the formatted text shown beside a dollar amount (``cost_usd`` -> ``cost_usd_text``)."""
+    return f"{key}_text"
+
+
 def money_json(value, money: bool = False, money_keys: Iterable[str] = ()):
     """A JSON-ready copy with every amount under a dollar key (or under ``money_keys``) formatted as dollars."""
     keys = set(money_keys)
@@ -94,7 +99,9 @@ def table_meta(schema: pa.Schema | pl.Schema, rows: int) -> dict[str, dg.Metadat
 
 
 def plain(values: dict) -> dict:
-    """Metadata from a flat dict: dollars, numbers, text and paths as Dagster values."""
+    """Metadata from a flat dict: numbers, text and paths as Dagster values. A dollar amount stays a number (the
+    asset's Plots tab draws it over time) with its text beside it (``cost_usd`` 2.2425e-05, ``cost_usd_text``
+    ``$0.0000224``)."""
     out = {}
     for key, value in values.items():
         if value is None:
@@ -102,7 +109,8 @@ def plain(values: dict) -> dict:
         if isinstance(value, bool):
             out[key] = dg.MetadataValue.bool(value)
         elif is_money(key) and isinstance(value, int | float):
-            out[key] = usd(value)
+            out[key] = dg.MetadataValue.float(float(value))
+            out[text_key(key)] = usd(value)
         elif isinstance(value, int):
             out[key] = dg.MetadataValue.int(value)
         elif isinstance(value, float):

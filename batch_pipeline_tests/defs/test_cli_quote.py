@@ -12,6 +12,11 @@ def _rows(section: str, backend: str) -> list[list[str]]:
             if ln.strip("│ ").startswith(backend + " ")]
 
 
+def _usd(cell: str) -> float:
+    assert cell.startswith("$"), cell  # dollar columns read as dollars
+    return float(cell.lstrip("$").replace(",", ""))
+
+
 def _tables(out: str) -> tuple[str, str | None]:
     whole = out.index("the whole job")
     rest = out.find("the remaining work")
@@ -28,9 +33,9 @@ def test_compare_after_the_job_finished_prices_the_whole_job(sandbox, instance, 
     whole, rest = _tables(out)
     assert rest is None  # nothing remains: no second table of zeros
     [batch] = _rows(whole, "openai_batch")[:1]
-    assert batch[1] == "gpt-4o-mini" and batch[2] == "40" and float(batch[3]) > 0, batch
+    assert batch[1] == "gpt-4o-mini" and batch[2] == "40" and _usd(batch[3]) > 0, batch
     [anthropic] = [r for r in _rows(whole, "anthropic_batch") if r[1] == "claude-haiku-4-5"]
-    assert anthropic[2] == "40" and float(anthropic[3]) > 0
+    assert anthropic[2] == "40" and _usd(anthropic[3]) > 0
 
 
 def test_compare_with_work_left_prices_both_and_labels_them(sandbox, instance, resources, home, make_job, capsys):
@@ -49,5 +54,20 @@ def test_compare_with_work_left_prices_both_and_labels_them(sandbox, instance, r
     whole, rest = _tables(out)
     w, r = _rows(whole, "openai_batch")[0], _rows(rest, "openai_batch")[0]
     assert w[2] == "40" and r[2] == "30"
-    assert float(w[3]) > float(r[3]) > 0  # the whole job costs more than what is left of it
+    assert _usd(w[3]) > _usd(r[3]) > 0  # the whole job costs more than what is left of it
     assert _rows(whole, "self_hosted")[0][2] == "40" and _rows(rest, "self_hosted")[0][2] == "30"
+
+
+def test_a_sub_cent_quote_keeps_its_significant_digits(make_job, home, capsys):
+    import re
+
+    spec = make_job(rows=[{"ticket_id": f"T{i}", "subject": "s", "body": f"refund please {i}"} for i in range(3)])
+    assert main(["quote", spec.source_path, "--home", str(home)]) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if " low, " in ln)
+    figures = re.findall(r"(\$[0-9.,]+) (low|expected|high)", line)
+    assert [k for _, k in figures] == ["low", "expected", "high"], line
+    amounts = [_usd(text) for text, _ in figures]
+    assert 0 < amounts[0] <= amounts[1] <= amounts[2] < 0.01, line  # a sub-cent job, every figure non-zero
+    assert "$0.0000 " not in line and all(re.search(r"[1-9]", text) for text, _ in figures), line
+    assert "(budget $5.00;" in line, line

@@ -19,17 +19,21 @@ from .conftest import REPO
 
 
 @pytest.mark.parametrize("amount,shown", [
-    (0, "$0.00"), (0.037884, "$0.0379"), (1.9274999999e-05, "$0.0000193"), (0.5, "$0.500"), (12.3, "$12.30"),
-    (1234.5, "$1,234.50"), (-0.0021, "-$0.00210"), (5, "$5.00"),
+    (0, "$0.00"), (0.037884, "$0.0379"), (1.9274999999e-05, "$0.0000193"), (0.5, "$0.50"), (12.3, "$12.30"),
+    (1234.5, "$1,234.50"), (-0.0021, "-$0.0021"), (5, "$5.00"), (5.2e-06, "$0.0000052"), (2.2424999e-05, "$0.0000224"),
+    (0.01, "$0.01"), (0.9996, "$1.00"),
 ])
 def test_dollars_read_as_dollars(amount, shown):
     assert format_usd(amount) == shown
 
 
-def test_plain_shows_usd_keys_as_dollars_and_keeps_other_numbers():
+def test_plain_keeps_dollars_numeric_with_their_text_beside_and_keeps_other_numbers():
     meta = plain({"cost_usd": 1.9274999999e-05, "budget_usd": 5, "rows": 40, "calibration": 1.25, "gone": None})
-    assert meta["cost_usd"] == dg.MetadataValue.text("$0.0000193")
-    assert meta["budget_usd"] == dg.MetadataValue.text("$5.00")
+    # a number, so the asset's Plots tab draws it over time; the dollars a person reads right after it
+    assert meta["cost_usd"] == dg.MetadataValue.float(1.9274999999e-05)
+    assert meta["cost_usd_text"] == dg.MetadataValue.text("$0.0000193")
+    assert meta["budget_usd"] == dg.MetadataValue.float(5.0) and meta["budget_usd_text"].value == "$5.00"
+    assert list(meta)[:4] == ["cost_usd", "cost_usd_text", "budget_usd", "budget_usd_text"]
     assert meta["rows"] == dg.MetadataValue.int(40) and meta["calibration"] == dg.MetadataValue.float(1.25)
     assert "gone" not in meta
 
@@ -41,7 +45,7 @@ def test_preview_and_json_amounts_are_dollars():
     assert money_json({"batch": 0.037884}, money=True) == {"batch": "$0.0379"}
     nested = money_json({"quoted_usd": {"low": 0.01}, "first_pass": {"actual": 0.02}, "input_tokens": {"actual": 7}},
                         money_keys=("first_pass",))
-    assert nested == {"quoted_usd": {"low": "$0.0100"}, "first_pass": {"actual": "$0.0200"},
+    assert nested == {"quoted_usd": {"low": "$0.01"}, "first_pass": {"actual": "$0.02"},
                       "input_tokens": {"actual": 7}}
 
 
@@ -73,15 +77,25 @@ def test_a_run_shows_dollars_column_schemas_descriptions_owners_and_tags(sandbox
     run_job(spec, instance, resources)
     defs = build_definitions([spec], resources)
 
-    # dollars: the report's amounts, the staged table's preview
+    # every cost and count stays a number (the Plots tab draws it), its dollars as text beside it
     report = _latest(instance, asset_key(spec, "report"))
-    assert report["cost_usd"].value.startswith("$") and report["cost_per_accepted_item_usd"].value.startswith("$")
+    for key in ("cost_usd", "cost_per_accepted_item_usd"):
+        assert isinstance(report[key], dg.FloatMetadataValue) and report[key].value > 0, key
+        assert report[f"{key}_text"].value == format_usd(report[key].value), key
+    for key in ("succeeded", "input_rows", "unique_requests", "requests_sent", "input_tokens"):
+        assert isinstance(report[key], dg.IntMetadataValue), key
     assert all(v.startswith("$") for v in report["cost_by_pricing"].value.values())
     results = _latest(instance, asset_key(spec, "results"))
     preview = results["preview"].value
     assert "$0.0" in preview and "e-0" not in preview
     quote = _latest(instance, asset_key(spec, "quote"))
-    assert quote["cost_high_usd"].value.startswith("$") and quote["budget_usd"].value == "$5.00"
+    assert isinstance(quote["cost_high_usd"], dg.FloatMetadataValue)
+    assert quote["cost_high_usd_text"].value.startswith("$")
+    assert quote["budget_usd"].value == 5.0 and quote["budget_usd_text"].value == "$5.00"
+    assert isinstance(quote["pending_requests"], dg.IntMetadataValue)
+    passes = quote["passes"].value  # the passes' amounts as dollars, not 2.2424999e-05
+    assert passes["first"]["cost_expected"].startswith("$") and isinstance(passes["first"]["requests"], int)
+    assert "e-0" not in str(passes)
 
     # column schemas: the staged and validated tables (from the Parquet file) and the dead letters
     for name, expected in [("results", {"request_id": "String", "cost_usd": "Float64", "is_duplicate": "Boolean"}),

@@ -19,6 +19,7 @@ from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.manifest.upstream import PassShare, ShareSource, UpstreamTable, chain, downstream_specs
 from batch_pipeline.core.money.cost import BYTES_PER_TOKEN, PriceTable, fixed_request_tokens
 from batch_pipeline.core.money.estimate import schema_text
+from batch_pipeline.core.money.usd import format_usd
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
@@ -151,5 +152,5 @@ def _quoted(number: int, spec: JobSpec, store: Store) -> PassQuote:
 def describe(cascade: dict) -> str:
     """One line for the passes, for logs and the CLI."""
     parts = [f"pass {p['number']} {p['job']}: {p['requests']} requests at share {p['share']:.2f} "
-             f"({p['share_source']}), ${p['cost_expected']:.4f} expected" for p in cascade["passes"]]
-    return "; ".join([*parts, f"total ${cascade['total']['expected']:.4f} expected"])
+             f"({p['share_source']}), {format_usd(p['cost_expected'])} expected" for p in cascade["passes"]]
+    return "; ".join([*parts, f"total {format_usd(cascade['total']['expected'])} expected"])

@@ -32,6 +32,7 @@ from batch_pipeline.core.money.cost import BYTES_PER_TOKEN, Price, PriceTable, e
 from batch_pipeline.core.money.estimate import RequestTokens, prompt_sample, request_tokens, token_calibration
 from batch_pipeline.core.money.passes import cascade_quote
 from batch_pipeline.core.money.tokenizers import counter_for
+from batch_pipeline.core.money.usd import format_usd
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.quality.golden import GoldenProbes, canary_passed
 from batch_pipeline.core.manifest.upstream import job_inputs
@@ -281,7 +282,7 @@ def verify_quote(spec: JobSpec, store, prices: PriceTable, quote: dict | None, n
                            f"{', '.join(changed)}; quote again before spending")
     spent = quote.get("spent_usd", 0.0)
     if spec.budget_usd is not None and spent + quote["est_cost_usd"]["high"] > spec.budget_usd:
-        raise QuoteRefused(f"job {spec.name}: spent ${spent:.4f} + the quote's high estimate "
-                           f"${quote['est_cost_usd']['high']:.4f} exceeds budget_usd ${spec.budget_usd}; "
+        raise QuoteRefused(f"job {spec.name}: spent {format_usd(spent)} + the quote's high estimate "
+                           f"{format_usd(quote['est_cost_usd']['high'])} exceeds budget_usd ${spec.budget_usd}; "
                            "nothing was submitted")
     return quote

@@ -4,11 +4,16 @@ import math
 
 
 def format_usd(amount: float) -> str:
-    """Cents from a dollar up; below a dollar three significant digits (per-item costs are fractions of a cent)."""
+    """Cents from a dollar up; below a dollar up to three significant digits, never fewer than two decimals
+    (per-item costs are fractions of a cent: ``$0.0000052``, never ``$0.0000``)."""
     if amount == 0 or not math.isfinite(amount):
         return "$0.00" if amount == 0 else f"${amount}"
     sign, a = ("-" if amount < 0 else ""), abs(amount)
     if a >= 1:
         return f"{sign}${a:,.2f}"
     decimals = max(2, 2 - math.floor(math.log10(a)))
-    return f"{sign}${a:.{decimals}f}"
+    text = f"{a:.{decimals}f}"
+    if "." in text and len(text.split(".")[1]) > 2:  # trailing zeros say nothing: $0.0021, not $0.00210
+        whole, frac = text.split(".")
+        text = f"{whole}.{frac.rstrip('0').ljust(2, '0')}"
+    return f"{sign}${text}"
