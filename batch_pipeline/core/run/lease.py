@@ -143,15 +143,38 @@ def acquire(store: Store, job: str, shard_id: str, owner: str | None = None, ttl
         record = _read_record(store, probe._rel(token))
         released = store.exists(probe._rel(token, ".released"))
         expires = _expiry(record)
-        if not released and expires is not None and expires > datetime.now(UTC) and _holder_alive(record):
+        now = datetime.now(UTC)
+        alive = _holder_alive(record)
+        if not released and expires is not None and expires > now and alive:
             raise _held(shard_id, record)
         if not released:
-            log.warning("shard %s: lease %d of %s expired at %s; taking over", shard_id, token,
-                        record.get("owner"), record.get("expires_at"))
+            log.warning("shard %s: taking over lease %d of %s: %s", shard_id, token,
+                        record.get("owner", "an unknown owner"), _takeover_reason(record, expires, now, alive))
     nxt = Lease(store, job, shard_id, owner, token + 1, ttl)
     if not store.create_json_exclusive(nxt._rel(token + 1), _record(owner, ttl)):
         raise _held(shard_id, _read_record(store, nxt._rel(token + 1)), " (taken at the same moment)")
     return nxt
+
+
+def _takeover_reason(record: dict, expires: datetime | None, now: datetime, alive: bool) -> str:
+    """Why a lease that was not released may be taken: its holder's process is gone, or its time is up."""
+    if not alive:
+        pid = str(record.get("owner", "")).split(":")[1]
+        if expires is None:
+            return f"its process (pid {pid} on this host) is gone"
+        when = expires.isoformat(timespec="seconds")
+        return f"its process (pid {pid} on this host) is gone" + (
+            f"; its lease would have run until {when}" if expires > now else f"; its lease expired at {when}")
+    if expires is None:
+        return "its lease record is unreadable (torn: its holder died while writing it)"
+    ago = (now - expires).total_seconds()
+    return f"its lease expired at {expires.isoformat(timespec='seconds')}, {_ago(ago)} ago, without a renewal"
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 def _held(shard_id: str, record: dict, how: str = "") -> LeaseHeldError:

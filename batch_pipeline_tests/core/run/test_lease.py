@@ -107,6 +107,33 @@ def test_a_holder_on_this_host_whose_process_is_gone_is_taken_over_at_once(tmp_p
         held.check("mark the attempt collected")
 
 
+def test_a_takeover_says_why_the_holder_is_gone_or_how_long_ago_its_lease_expired(tmp_path, caplog):
+    store = Store(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        held = acquire(store, JOB, SHARD, owner=f"{socket.gethostname()}:{proc.pid}:crashed", ttl=LONG)
+    finally:
+        proc.kill()
+        proc.wait()
+    until = expiry_of(store, held)
+    with caplog.at_level("WARNING", logger="batch_pipeline.core.run.lease"):
+        acquire(store, JOB, SHARD, owner="remote-host:7:new", ttl=timedelta(seconds=0.2))
+    [dead] = [r.getMessage() for r in caplog.records if "taking over" in r.getMessage()]
+    # the holder's lease still had minutes to run: the reason is its dead process, not an expiry in the future
+    assert f"taking over lease 1 of {socket.gethostname()}:{proc.pid}:crashed: its process (pid {proc.pid} on this " \
+           f"host) is gone; its lease would have run until {until.isoformat(timespec='seconds')}" in dead, dead
+    assert "expired at" not in dead
+    caplog.clear()
+    time.sleep(0.3)  # the remote holder's lease runs out; its process cannot be checked from here
+    with caplog.at_level("WARNING", logger="batch_pipeline.core.run.lease"):
+        acquire(store, JOB, SHARD, owner="remote-host:8:third", ttl=LONG)
+    [expired] = [r.getMessage() for r in caplog.records if "taking over" in r.getMessage()]
+    assert "taking over lease 2 of remote-host:7:new: its lease expired at " in expired, expired
+    stamp = expired.split("expired at ", 1)[1].split(",", 1)[0]
+    assert datetime.fromisoformat(stamp) < datetime.now(UTC), expired  # a time in the past
+    assert " s ago, without a renewal" in expired and "process" not in expired
+
+
 def test_a_renewed_lease_extends_its_expiry_and_keeps_contenders_out_past_the_first_one(tmp_path):
     store = Store(tmp_path)
     lease = acquire(store, JOB, SHARD, owner="remote-host:1:holder", ttl=timedelta(seconds=1.2))
@@ -258,7 +285,10 @@ def test_a_stream_that_lost_its_lease_while_the_engine_stalled_writes_no_further
 
     rest = finisher(spec, store, taker[0], pricing="online")
     outcome = rest.run_stream(SHARD)
-    assert outcome.attempts == [attempt.number + 1] and outcome.rows == 6  # only what the stale run had not stored
+    # every answer the stale run was paid for was in its journal: replayed into a part, not sent again
+    assert outcome.attempts == [] and outcome.rows == 0
     events = AttemptLog(store, JOB, SHARD).events(attempt.number)
     assert "abandoned" in events and "collected" not in events
     assert rest.pending_items(SHARD).num_rows == 0
+    billed = [e["custom_id"] for e in admin.ledger()]
+    assert len(billed) == len(set(billed)) == 8  # nothing paid twice
