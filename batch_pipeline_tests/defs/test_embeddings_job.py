@@ -30,7 +30,8 @@ def _rows() -> list[dict]:
 
 
 def _embedding_job(make_job, backend: str, rows: list[dict] | None = None, **overrides):
-    return make_job(rows=rows or _rows(), model="text-embedding-3-small",
+    """The demo's spec made an embeddings job: no system prompt, and no sampling (an embeddings job takes none)."""
+    return make_job(rows=rows or _rows(), model="text-embedding-3-small", sampling=None,
                     backend={"name": backend, "settings": {"sandbox": True}},
                     prompt={"version": "e1", "template": "{body}"}, output={"embedding": {"dimensions": DIMS}},
                     shards={"max_requests": 4}, canary={"max_failure_rate": 1.0}, **overrides)

@@ -18,7 +18,7 @@ ROWS = [{"ticket_id": f"T{i}", "subject": "s", "body": body} for i, body in enum
 
 
 def test_embeddings_job_on_a_pooling_model(make_job, instance, resources, home):
-    spec = make_job("vembed", rows=ROWS, prompt={"version": "e1", "template": "{body}"},
+    spec = make_job("vembed", rows=ROWS, prompt={"version": "e1", "template": "{body}"}, sampling=None,
                     output={"embedding": {"dimensions": DIMS}}, canary={"max_failure_rate": 0.0})
     report = run_job(spec, instance, resources)
     assert report["complete"] and report["succeeded"] == report["unique_requests"] == len(ROWS) - 1
@@ -42,7 +42,7 @@ def test_embeddings_job_on_a_pooling_model(make_job, instance, resources, home):
 def test_a_dimension_other_than_the_hidden_size_is_refused_before_anything_runs(make_job, instance, resources):
     import dagster as dg
 
-    spec = make_job("vembedbad", rows=ROWS[:2], prompt={"version": "e1", "template": "{body}"},
+    spec = make_job("vembedbad", rows=ROWS[:2], prompt={"version": "e1", "template": "{body}"}, sampling=None,
                     output={"embedding": {"dimensions": DIMS + 1}})
     with pytest.raises(dg.Failure, match="hidden size"):
         run_job(spec, instance, resources)

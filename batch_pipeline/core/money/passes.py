@@ -124,7 +124,7 @@ def price_pass(spec: JobSpec, prices: PriceTable, requests: float, user_tokens: 
                    + (literal + len(schema or "")) / BYTES_PER_TOKEN)
     batch = spec.backend.name.endswith("_batch")
     tokens_in = requests * per_request
-    tokens_out = requests * spec.sampling.max_tokens
+    tokens_out = requests * spec.max_output_tokens
     expected = price.cost(tokens_in, tokens_out, batch=batch)
     return expected, price.cost(tokens_in * UNMEASURED_MARGIN, tokens_out, batch=batch)
 

@@ -70,7 +70,7 @@ def quote_components(spec: JobSpec, manifest_generation: int, price: Price, stor
 
 def max_output_tokens(spec: JobSpec) -> int:
     """The output tokens one request may bill: ``max_tokens``, and none for an embedding (billed as input only)."""
-    return 0 if spec.output.embedding is not None else spec.sampling.max_tokens
+    return spec.max_output_tokens
 
 
 def schema_tokens(spec: JobSpec) -> int:

@@ -70,7 +70,7 @@ def shard_costs(spec: JobSpec, prices: PriceTable, profile: BackendProfile, back
         price = prices.lookup(backend.name, model)
     except ConfigError:
         return None
-    return float(price.cost(input_tokens, items * spec.sampling.max_tokens, batch=profile.batch))
+    return float(price.cost(input_tokens, items * spec.max_output_tokens, batch=profile.batch))
 
 
 def route_shard(spec: JobSpec, prices: PriceTable, profile: Profile, shard_id: str, items: int,

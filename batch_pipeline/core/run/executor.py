@@ -59,7 +59,7 @@ class RequestPlan:
 
     model: str
     system: str
-    sampling: SamplingSpec
+    sampling: SamplingSpec | None  # None: an embeddings job (nothing is generated)
     output: OutputSpec
     examples: tuple[tuple[str, str], ...] = ()  # (role, content): prompt.examples, right after the system prompt
     shape: ItemShape = ItemShape.TEXT

@@ -218,7 +218,7 @@ class ShardRunner(StreamShape, CollectShape):
     def _plan(self, shard_id: str) -> RequestPlan:
         """The job's request plan, with the larger ``max_tokens`` a replay granted this shard (if any)."""
         granted = Replays(self.store, self.spec.name).max_tokens(shard_id)
-        if granted is None or granted <= self.plan.sampling.max_tokens:
+        if granted is None or self.plan.sampling is None or granted <= self.plan.sampling.max_tokens:
             return self.plan
         return replace(self.plan, sampling=self.plan.sampling.model_copy(update={"max_tokens": granted}))
 

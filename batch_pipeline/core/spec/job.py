@@ -15,6 +15,8 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 
 from batch_pipeline.core.spec.backends import (BackendChoice, BackendSpec, CostCompareSpec, FallbackSpec,  # noqa: F401
                                               RouteCandidate, RouteSpec, SelfHostedCost, Strict, TailRescueSpec)
+from batch_pipeline.core.spec.combinations import (embedding_problems, is_embedding_output, messages_problems,
+                                                   raise_at, sampling_problems)
 from batch_pipeline.core.spec.contract_floor import answer_floor
 
 JOB_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,47}$"
@@ -73,6 +75,10 @@ class InputSpec(Strict):
                              "(chat turns per row)")
         if self.messages_field is not None and self.format == "csv":
             raise ValueError("input.messages_field needs JSONL, Parquet or openai_batch input (a CSV cell holds no list)")
+        if self.messages_field is not None and self.from_job is not None:
+            raise ValueError("input.messages_field cannot read input.from_job: an upstream job's validated table holds "
+                             "its answers, not chat turns; use input.text_field with a template over the upstream's "
+                             "fields ({output}, ...)")
         return self
 
 
@@ -240,7 +246,8 @@ class JobSpec(Strict):
     prompt: PromptSpec
     model: str = Field(min_length=1)
     backend: BackendSpec
-    sampling: SamplingSpec
+    sampling: SamplingSpec | None = Field(default=None, description=(
+        "required, except for an embeddings job, which takes none (nothing is generated)"))
     output: OutputSpec
     shards: ShardLimits = Field(default_factory=ShardLimits)
     retries: RetrySpec = Field(default_factory=RetrySpec)
@@ -262,6 +269,19 @@ class JobSpec(Strict):
     tags: dict[TagKey, TagValue] = Field(default_factory=dict, exclude=True, description="Dagster tags")
     source_path: str | None = Field(default=None, exclude=True, description="set by the loader")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _sampling_for_the_output(cls, data: Any) -> Any:
+        """``sampling`` is required for every output but an embedding, which refuses each key of it (and why)."""
+        if not isinstance(data, dict):
+            return data
+        if is_embedding_output(data.get("output")):
+            raise_at(cls.__name__, sampling_problems(data.get("sampling")))
+            return {**data, "sampling": None}
+        if data.get("sampling") is None:  # reported as sampling.max_tokens missing, beside any other problem
+            return {**data, "sampling": {}}
+        return data
+
     @field_validator("prompt")
     @classmethod
     def _template_uses_text_field(cls, prompt: PromptSpec, info: ValidationInfo) -> PromptSpec:
@@ -279,10 +299,9 @@ class JobSpec(Strict):
         return prompt
 
     @model_validator(mode="after")
-    def _messages_without_golden(self) -> "JobSpec":
-        """Golden records are rendered through the template, which a messages job does not have."""
-        if self.input.messages_field is not None and self.quality is not None:
-            raise ValueError("quality (golden records) is not supported with input.messages_field yet")
+    def _supported_combinations(self) -> "JobSpec":
+        """What chat-turns and embeddings jobs cannot combine with, each at its field (core/spec/combinations.py)."""
+        raise_at(type(self).__name__, messages_problems(self) + embedding_problems(self))
         return self
 
     @model_validator(mode="after")
@@ -293,6 +312,8 @@ class JobSpec(Strict):
         golden evals'), each with the answer form it returns (``contract_floor.CHOICE_FORMS``). The error is
         raised at ``sampling.max_tokens`` so that ``_format_errors`` names that line.
         """
+        if self.sampling is None:  # an embeddings job: nothing is generated
+            return self
         backends = [self.backend.name]
         if self.tail is not None:
             backends.append(self.tail.backend.name)
@@ -324,6 +345,11 @@ class JobSpec(Strict):
         if fb is not None and fb.backend is None and self.backend.name == AUTO_BACKEND:
             raise ValueError("fallback.backend is needed with backend: auto (the fallback is not routed)")
         return self
+
+    @property
+    def max_output_tokens(self) -> int:
+        """The output tokens one request may bill: ``sampling.max_tokens``; none for an embedding (input only)."""
+        return 0 if self.sampling is None else self.sampling.max_tokens
 
     def sending_backends(self) -> dict[str, BackendSpec]:
         """Every backend that may hold a batch of this job, by name: the job's own (unless ``auto``), the router's
@@ -358,9 +384,10 @@ class JobSpec(Strict):
         payload = {
             "system": self.prompt.system,
             "template": self.prompt.template,
-            "sampling": self.sampling.model_dump(mode="json"),
             "output": self.output.model_dump(mode="json", exclude_none=True),
         }
+        if self.sampling is not None:  # an embeddings job has none
+            payload["sampling"] = self.sampling.model_dump(mode="json")
         if self.prompt.examples:  # only when given, so jobs without examples keep their IDs
             payload["examples"] = [t.model_dump(mode="json") for t in self.prompt.examples]
         canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
