@@ -65,6 +65,11 @@ def status(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
     table.add_row("total", "", *[str(totals[c]) for c in COUNTS], "",
                   f"{sum(s.spend_usd for s in view.summaries):.6f}", str(balanced), "", style="bold")
     console.print(table)
+    bound = sum(s.possibly_billed_usd for s in view.summaries)
+    if bound:  # a hard kill left requests in flight: billed, maybe, with no answer stored
+        recorded = sum(s.spend_usd for s in view.summaries)
+        console.print(f"spend: ${recorded:.6f} recorded, up to ${recorded + bound:.6f} with ${bound:.6f} possibly "
+                      "billed for requests in flight at a kill (sent, no answer stored)", markup=False)
     _queue_lines(spec, view, ledgers, store, console)
     control = JobControl(store, spec.name)
     stop, held = control.current(), control.paused()
@@ -75,11 +80,32 @@ def status(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
     if held:
         console.print(f"[yellow]job paused at {held['at']}: {held['reason']}[/yellow]")
         console.print(fix_line("paused", spec.name, spec.source_path or spec.name), markup=False)
-    console.print(f"next: {plan.describe()}")
+    done = published(spec, store, view.summaries) if plan.publish else None
+    console.print(done or f"next: {plan.describe()}", markup=False, highlight=False)
     if args.check:  # the full reconciliation from independent sets (reads every result row)
         counts = JobState.load(spec, store).check()
         console.print(f"reconciliation over every result row: {counts.as_dict()} balanced={counts.balanced}")
     return 0
+
+
+def published(spec: JobSpec, store, summaries) -> str | None:
+    """``done: published at ...`` when the last publish (its report) is newer than every shard's summary and was
+    made from the latest manifest; None while there is something it has not published yet."""
+    from datetime import datetime
+
+    from batch_pipeline.core.manifest.shards import Manifest
+    from batch_pipeline.core.spec.paths import JobPaths
+
+    report = store.read_json(JobPaths(spec.name).report) or {}
+    at = report.get("published_at")
+    if not at or report.get("manifest_generation") != Manifest(spec.name, store).last_generation():
+        return None
+    when = datetime.fromisoformat(at)
+    if any(datetime.fromisoformat(s.updated_at) > when for s in summaries):
+        return None
+    table = (report.get("outputs") or {}).get("validated") or "the validated table"
+    return (f"done: published at {when.isoformat(timespec='seconds')}: {report.get('succeeded', 0)} answered, "
+            f"{report.get('dead_lettered', 0)} dead-lettered, in {table}; nothing left to send")
 
 
 def _queue_lines(spec: JobSpec, view, ledgers, store, console: Console) -> None:

@@ -75,6 +75,9 @@ class BudgetGuard:
         total = 0.0
         for shard in self.manifest.shard_ids():
             for attempt in AttemptLog(self.store, self.spec.name, shard).all():
+                if not attempt.open and "abandoned" in attempt.records:  # a kill: sent, maybe billed, no answer
+                    total += float(attempt.records["abandoned"].get("possibly_billed_usd") or 0.0)
+                    continue
                 if attempt.open and attempt.submitted:
                     items = pl.from_arrow(self.manifest.shard_items(shard, ["request_id", "est_input_tokens"]))
                     assert isinstance(items, pl.DataFrame)

@@ -24,6 +24,7 @@ def build_report(spec: JobSpec, store: Store, state: JobState, outputs: dict[str
     """The report, from the job's one streaming pass (``JobState.scan``) and the attempt logs."""
     manifest = Manifest(spec.name, store)
     latest = manifest.latest() or {}
+    accepted, rejected = manifest.live_counts()
     scan = state.scan
     totals = scan.totals
     cost = scan.cost_usd
@@ -41,11 +42,13 @@ def build_report(spec: JobSpec, store: Store, state: JobState, outputs: dict[str
         "model": spec.model,
         "backend": spec.backend.name,
         "prompt_version": spec.prompt.version,
-        "input_rows": latest.get("input_rows", 0),
-        "rejected_rows": latest.get("rejected_rows", 0),
-        "accepted_rows": latest.get("accepted_rows", 0),
+        # the job's whole input (every generation's live rows), and what the latest manifest run read anew
+        "input_rows": accepted + rejected,
+        "new_input_rows": latest.get("input_rows", 0),
+        "rejected_rows": rejected,
+        "accepted_rows": accepted,
         "unique_requests": totals.expected,
-        "duplicates_collapsed": latest.get("duplicates_collapsed", 0),
+        "duplicates_collapsed": max(accepted - totals.expected, 0),
         "shards": len(manifest.shard_ids()),
         "attempts": attempts,
         "succeeded": totals.valid,
@@ -77,7 +80,22 @@ def build_report(spec: JobSpec, store: Store, state: JobState, outputs: dict[str
         report["cost_usd"] = round(cost + report["golden_probes_cost_usd"], 6)
         report["cost_per_accepted_item_usd"] = (round(report["cost_usd"] / totals.valid, 8) if totals.valid
                                                 else None)
+    report.update(spend_range(spec, store, report["cost_usd"]))
     return report
+
+
+def spend_range(spec: JobSpec, store: Store, recorded: float) -> dict:
+    """Spend is recorded cost plus an upper bound, never less than what was billed: requests a hard kill left in
+    flight (sent, no answer stored: at most the executor's concurrency per kill) count at their highest cost."""
+    bound = 0.0
+    requests = 0
+    for shard in Manifest(spec.name, store).shard_ids():
+        for attempt in AttemptLog(store, spec.name, shard).all():
+            gone = attempt.records.get("abandoned") or {}
+            bound += float(gone.get("possibly_billed_usd") or 0.0)
+            requests += int(gone.get("possibly_billed") or 0)
+    return {"cost_possibly_billed_usd": round(bound, 6), "requests_possibly_billed": requests,
+            "cost_range_usd": [round(recorded, 6), round(recorded + bound, 6)]}
 
 
 def model_costs(spec: JobSpec, store: Store) -> dict:
@@ -134,7 +152,8 @@ def quoted_vs_actual(spec: JobSpec, store: Store, scan: JobScan) -> dict:
 
 
 SUMMARY_ROWS = [
-    ("input rows", "input_rows"), ("rejected rows", "rejected_rows"), ("unique requests", "unique_requests"),
+    ("input rows", "input_rows"), ("new input rows (this run)", "new_input_rows"), ("rejected rows", "rejected_rows"),
+    ("unique requests", "unique_requests"),
     ("duplicates collapsed", "duplicates_collapsed"), ("shards", "shards"), ("succeeded", "succeeded"),
     ("invalid", "invalid"), ("missing", "missing"), ("dead-lettered", "dead_lettered"),
     ("tokens in", "input_tokens"), ("tokens out", "output_tokens"), ("cost (USD)", "cost_usd"),

@@ -248,7 +248,11 @@ class CollectShape:
         assert isinstance(executor, BatchExecutor)
         self.control.ensure_running()
         with acquire(self.store, self.spec.name, shard_id, self.owner):
-            self._resolve_open(shard_id, executor, AttemptLog(self.store, self.spec.name, shard_id))
+            attempts = AttemptLog(self.store, self.spec.name, shard_id)
+            for attempt in attempts.all():  # an online tail killed mid-way: its journalled answers are kept
+                if attempt.open and not attempt.submitted and attempt.backend == tail.executor.name:
+                    tail.settle_interrupted(shard_id, attempts, attempt)
+            self._resolve_open(shard_id, executor, attempts)
         collected = CollectOutcome(shard_id)
         if self.open_attempts(shard_id):
             collected = self.collect(shard_id, poll_interval_s=poll_interval_s, timeout_s=timeout_s,

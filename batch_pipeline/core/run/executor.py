@@ -7,7 +7,7 @@ are matched by ``request_id``, never by position.
 """
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
@@ -111,6 +111,8 @@ class ShardWork:
     plan: RequestPlan
     items: pa.Table           # request_id, user_prompt (text or turns JSON: plan.shape)
     account: str | None = None  # the account admission chose (a backend with several accounts), else None
+    # a stream executor hands each paid answer (a raw row) here before it counts it: returns once it is durable
+    journal: Callable[[Sequence[Any]], None] | None = None
 
     @property
     def request_ids(self) -> list[str]:

@@ -131,9 +131,8 @@ class ShardRunner(StreamShape, CollectShape):
             if isinstance(self.executor, BatchExecutor):
                 return self._resolve_open(shard_id, self.executor, attempts)
             for attempt in attempts.all():
-                if attempt.open and not attempt.submitted:
-                    attempts.record(attempt.number, "abandoned", {"reason": "interrupted; flushed results kept"})
-                    self._changed(shard_id)
+                if attempt.open and not attempt.submitted:  # its journal replayed first: paid answers kept
+                    self.settle_interrupted(shard_id, attempts, attempt)
             return None
 
     def _resolve_open(self, shard_id: str, executor: BatchExecutor, attempts: AttemptLog) -> SubmitOutcome | None:

@@ -12,12 +12,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batch_pipeline.core.run.control import JobPaused
-from batch_pipeline.core.run.executor import StreamExecutor
+from batch_pipeline.core.run.executor import ShardWork, StreamExecutor
 from batch_pipeline.core.run.faults import crash_point
 from batch_pipeline.core.run.lease import acquire
 from batch_pipeline.core.run.outcomes import CollectOutcome
 from batch_pipeline.core.run.attempts import AttemptLog
-from batch_pipeline.core.run.results import build_results, write_results
+from batch_pipeline.core.run.journal import AnswerJournal, replay
+from batch_pipeline.core.run.journal import discard as discard_journal
+from batch_pipeline.core.run.results import build_results, read_results, write_results
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +42,15 @@ class StreamShape:
             attempts = AttemptLog(self.store, self.spec.name, shard_id)
             for attempt in attempts.all():
                 if attempt.open:
-                    attempts.record(attempt.number, "abandoned", {"reason": "interrupted; flushed results kept"})
-                    self._changed(shard_id)
+                    self.settle_interrupted(shard_id, attempts, attempt)
             outcome = CollectOutcome(shard_id)
             started = self._start_attempt(shard_id, attempts, lease, executor.name, only, canary)
             if started is None:
                 return outcome
             work = started[0]  # a stream backend has no provider queue: no reservation
+            journal = AnswerJournal(self.store, self.spec.name, shard_id, work.attempt) if self.pricing != \
+                "self_hosted" else None  # paid answers are durable before they are counted
+            work.journal = journal.append if journal is not None else None
             number, total = work.attempt, work.items.num_rows
             expected = pa.array(work.request_ids, pa.string())
             renew_at = time.monotonic() + lease.ttl.total_seconds() / 3
@@ -83,6 +87,8 @@ class StreamShape:
                 # interrupted (SIGTERM, a pause, a systemic stop): results the engine already has were paid for,
                 # so they are stored before the attempt is left open for the next run to close
                 stream.close()  # the engine stops sending and hands over what it holds
+                if journal is not None:
+                    journal.close()  # kept: the next run replays it before it sends anything
                 if not lease.is_current():  # fenced: a stale attempt stores and records nothing more
                     raise
                 if in_hand is not None:  # interrupted while storing it: store it whole (re-written rows dedupe)
@@ -96,12 +102,56 @@ class StreamShape:
                 if isinstance(exc, JobPaused):
                     attempts.record(number, "abandoned", {"reason": "paused; flushed results kept",
                                                           "rows": outcome.rows})
+                    if journal is not None:
+                        discard_journal(self.store, self.spec.name, shard_id, number)  # every answer is stored
                     self._changed(shard_id)
                 raise
+            if journal is not None:
+                journal.close()
             lease.check("mark the attempt collected")
             attempts.record(number, "collected", {"state": "completed", "rows": outcome.rows,
                                                   "succeeded": outcome.succeeded})
+            if journal is not None:
+                discard_journal(self.store, self.spec.name, shard_id, number)  # folded into the parts
             self._changed(shard_id)
             outcome.attempts.append(number)
             outcome.final_states.append("completed")
             return outcome
+
+    def settle_interrupted(self, shard_id: str, attempts: AttemptLog, attempt) -> None:
+        """Close a stream attempt a crash left open: its journal's answers (paid, maybe never folded) are stored as
+        a part first, then the attempt is abandoned with the upper bound of what was in flight at the kill (sent,
+        possibly billed, no answer: at most the executor's concurrency), which spend and the budget count."""
+        work = ShardWork(self.spec.name, shard_id, attempt.number, attempt.key, self._plan(shard_id),
+                         pa.table({"request_id": pa.array(attempt.request_ids, pa.string()),
+                                   "user_prompt": pa.array([""] * len(attempt.request_ids), pa.string())}))
+        replayed = replay(self.store, self.spec.name, shard_id, attempt.number)
+        if replayed is not None and replayed.num_rows:
+            expected = pa.array(attempt.request_ids, pa.string())
+            replayed = replayed.filter(pc.is_in(replayed.column("request_id"), value_set=expected))
+            table = build_results(replayed, work, backend=attempt.backend or self.executor.name, pricing=self.pricing,
+                                  prompt_version=self.spec.prompt.version, price=self.price, provider_batch_id=None)
+            write_results(self.store, self.spec.name, shard_id, attempt.number, JOURNAL_PART, table)
+            log.warning("shard %s: attempt %d was interrupted; %d answers replayed from its journal", shard_id,
+                        attempt.number, table.num_rows)
+        answered = read_results(self.store, self.spec.name, shard_id, ["request_id", "attempt"])
+        mine = answered.filter(answered["attempt"] == attempt.number)["request_id"].n_unique() if answered.height else 0
+        unanswered = max(len(attempt.request_ids) - mine, 0)
+        concurrency = int(getattr(getattr(self.executor, "settings", None), "concurrency", 0) or 0)
+        bound = min(unanswered, concurrency) if concurrency else unanswered
+        attempts.record(attempt.number, "abandoned", {
+            "reason": "interrupted; flushed and journalled results kept", "possibly_billed": bound,
+            "possibly_billed_usd": round(self._request_cost_high(shard_id) * bound, 10)})
+        discard_journal(self.store, self.spec.name, shard_id, attempt.number)
+        self._changed(shard_id)
+
+    def _request_cost_high(self, shard_id: str) -> float:
+        """One request of the shard at its highest: the mean estimated input, every output token allowed."""
+        if self.price is None:
+            return 0.0
+        est = self.manifest.shard_items(shard_id, ["est_input_tokens"]).column("est_input_tokens")
+        mean_in = (pc.mean(est).as_py() or 0.0) if len(est) else 0.0
+        return float(self.price.cost(mean_in, self.spec.max_output_tokens, batch=self.pricing == "batch"))
+
+
+JOURNAL_PART = 9999  # the part number of answers replayed from an interrupted attempt's journal

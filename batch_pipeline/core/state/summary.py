@@ -65,6 +65,7 @@ class ShardSummary:
     fallback_pending: int = 0          # retryable items handed to the fallback model (core/state/fallback.py)
     fallback_valid: int = 0            # items the fallback answered
     pending_est_tokens: int = 0        # the manifest's input estimate of the items still to send (admission)
+    possibly_billed_usd: float = 0.0   # requests a kill left in flight (sent, no answer): at their highest cost
     open: OpenAttempt | None = None
     updated_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
 
@@ -180,7 +181,9 @@ class ShardSummaries:
             first_tries=costs.first_tries, retry_cost=round(costs.retry_cost, 10), retry_tries=costs.retry_tries,
             last_final_state=collected[-1].records["collected"].get("state") if collected else None, open=opened,
             fallback_pending=staged.get("pending", 0), fallback_valid=staged.get("valid", 0),
-            pending_est_tokens=int(pending["est_input_tokens"].sum() or 0))
+            pending_est_tokens=int(pending["est_input_tokens"].sum() or 0),
+            possibly_billed_usd=round(sum(float((a.records.get("abandoned") or {}).get("possibly_billed_usd") or 0.0)
+                                          for a in attempts), 10))
 
     def refresh(self, shard_id: str) -> ShardSummary:
         """Recompute and store one summary; a move the state machine does not allow raises IllegalTransition."""

@@ -216,6 +216,8 @@ class OnlineExecutor:
                         break
                     row = self._one(item[0], item[1], transport, builder, limiter, stop, stats)
                     if row is not None:
+                        if work.journal is not None:  # paid: durable before it is counted (core/run/journal.py)
+                            work.journal(row)
                         buffer.append(row)
                         wake.set()
             except BaseException as exc:  # SystemicError, or a bug: stop the run and surface it

@@ -290,5 +290,5 @@ def test_a_stream_that_lost_its_lease_while_the_engine_stalled_writes_no_further
     events = AttemptLog(store, JOB, SHARD).events(attempt.number)
     assert "abandoned" in events and "collected" not in events
     assert rest.pending_items(SHARD).num_rows == 0
-    billed = [e["custom_id"] for e in admin.ledger()]
+    billed = [e["request_key"] for e in admin.ledger()]
     assert len(billed) == len(set(billed)) == 8  # nothing paid twice
