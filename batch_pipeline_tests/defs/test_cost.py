@@ -292,3 +292,36 @@ def test_an_anthropic_job_costs_what_its_ledger_tokens_cost_by_hand(sandbox, mak
     writes_at_input_rate = ((total_in - reads) * 1.00 + reads * 0.10 + out * 5.00) / 1e6 * 0.5
     assert by_hand - writes_at_input_rate == pytest.approx(writes * 0.25 / 1e6 * 0.5, rel=1e-9)
     assert float(state.results["cost_usd"].sum()) <= quote["est_cost_usd"]["high"]
+
+
+def test_the_budget_guard_counts_what_a_kill_may_have_billed(sandbox, make_job, instance, resources, home):
+    """An online attempt a SIGKILL left with requests in flight (sent, no answer stored) counts at its upper bound:
+    a submission that fits the budget only without that bound is refused."""
+    from batch_pipeline.core.errors import SystemicError
+    from batch_pipeline.core.money.budget import BudgetGuard
+    from batch_pipeline.core.run.attempts import AttemptLog
+    from batch_pipeline.core.run.runner import ShardRunner
+    from batch_pipeline.executors.registry import create_executor
+
+    spec = make_job()
+    store = Store(home)
+    build_manifest(spec, store)
+    price = PRICES.lookup(spec.backend.name, spec.model)
+    guard = BudgetGuard(spec, store, price)
+    guard._calibrate()
+    items = pl.from_arrow(Manifest(spec.name, store).shard_items("s00001", ["est_input_tokens"]))
+    one_shard = guard.request_cost_high(float(items["est_input_tokens"].sum()), items.height)
+    tight = make_job(budget_usd=one_shard * 1.2)  # the shard fits ...
+    runner = ShardRunner(tight, store, create_executor(tight.backend), price,
+                         before_spend=BudgetGuard(tight, store, price).check)
+    log = AttemptLog(store, tight.name, "s00002")  # ... but a kill left an online attempt with 8 requests in flight
+    log.create_intent(1, {"key": f"{tight.name}:s00002:1", "backend": "online", "request_ids": [], "requests": 8})
+    log.record(1, "abandoned", {"reason": "interrupted", "possibly_billed": 8,
+                                "possibly_billed_usd": one_shard * 0.5})
+    with pytest.raises(SystemicError, match="budget cap"):
+        runner.submit("s00001")
+    assert not [r for r in sandbox.requests() if r["path"] == "/v1/batches" and r["method"] == "POST"]
+    JobControl(store, tight.name).clear()
+    roomy = make_job(budget_usd=one_shard * 1.6)  # room for both: sent
+    ShardRunner(roomy, store, create_executor(roomy.backend), price,
+                before_spend=BudgetGuard(roomy, store, price).check).submit("s00001")
