@@ -42,6 +42,7 @@ class ShardReport:
     results: int = 0
     succeeded: int = 0
     rescued: int = 0
+    collected: int = 0  # provider batches (attempts) collected
     batches: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -96,6 +97,11 @@ class ShardDriver:
         summary = self.runner.summaries.read(shard_id)
         if summary is not None and summary.open is not None and summary.open.stage == Stage.FALLBACK.value:
             return self._fallback()
+        if summary is not None and summary.open is not None and self.tail is not None \
+                and summary.open.backend not in (None, self.runner.executor.name):
+            tail = self._tail()  # an online tail left open by a kill: its own runner replays its journal
+            if summary.open.backend == tail.executor.name:
+                return tail
         return self.runner
 
     def submit_phase(self, shard_id: str) -> ShardReport:
@@ -186,7 +192,7 @@ class ShardDriver:
                                       cancel_when=lambda: deadline_near(self.spec))
         except JobPaused as exc:
             return ShardReport(shard_id, "paused", notes=[str(exc)])
-        report.results, report.succeeded = out.rows, out.succeeded
+        report.results, report.succeeded, report.collected = out.rows, out.succeeded, len(out.attempts)
         summary = self.runner.summaries.read(shard_id)
         if summary is not None and summary.canary_done:
             self.judge(shard_id)
