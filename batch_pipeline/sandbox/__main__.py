@@ -70,15 +70,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error(str(exc))
     if args.s3_url:
         os.environ[S3_URL_ENV] = args.s3_url  # read when the Bedrock jobs' S3 is set up
-    server = SandboxServer(args.port, args.host, scenario=scenario, state_dir=args.state_dir, verbose=args.verbose)
+    # the handlers are in place before the port listens: a signal that comes the moment it does (a loaded machine
+    # makes that window wide) stops it cleanly too, never with a traceback or the default SIGTERM exit
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    print(f"{READY_PREFIX}{server.url}", flush=True)
+    server = None
     try:
+        server = SandboxServer(args.port, args.host, scenario=scenario, state_dir=args.state_dir, verbose=args.verbose)
+        print(f"{READY_PREFIX}{server.url}", flush=True)
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
     return 0
 
 

@@ -359,7 +359,14 @@ def test_an_interrupt_raised_inside_the_run_keeps_every_finished_row(admin):
     other.key = "online_job:s00002:1"
     assert pa.concat_tables(list(ex.run(other))).num_rows == 3  # a run that ended keeps nothing back
     before = len(admin.ledger())
-    timer = threading.Timer(0.6, _thread.interrupt_main)
+
+    def interrupt_once_answers_are_in() -> None:  # waits on the event (answers billed), not on a timer
+        deadline = time.monotonic() + 120
+        while len(admin.ledger()) < before + 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        _thread.interrupt_main()
+
+    timer = threading.Thread(target=interrupt_once_answers_are_in, daemon=True)
     timer.start()
     with pytest.raises(KeyboardInterrupt):
         next(ex.run(shard))  # nothing is flushed by size or time: only the interrupt ends this wait
