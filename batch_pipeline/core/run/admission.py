@@ -21,7 +21,9 @@ import pyarrow.compute as pc
 from batch_pipeline.core.errors import BatchPipelineError, QuotaError
 from batch_pipeline.core.ledger.admission import decide, fitting_prefix
 from batch_pipeline.core.ledger.capacity import CapacityLedger, CapacityScope, Dimension, Holding, Need, Snapshot
+from batch_pipeline.core.manifest.read import Manifest
 from batch_pipeline.core.money.estimate import RequestTokens
+from batch_pipeline.core.run.lease import default_ttl
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.spec.quota import QuotaSpec
@@ -48,8 +50,6 @@ def ledgers_for(store: Store, executor: object, model: str) -> dict[str | None, 
     """The capacity ledger of each of the executor's accounts, by account name ({}: no provider queue)."""
     if not isinstance(executor, QueueCappedExecutor):
         return {}
-    from batch_pipeline.core.run.lease import default_ttl
-
     return {label: CapacityLedger(store, scope, quota, hold_ttl=default_ttl())
             for label, scope, quota in executor.capacities(model)}
 
@@ -139,8 +139,6 @@ class Admission:
         return f"quota: {snap.describe(dim)}; sent when a batch ends and frees room"
 
     def _est(self, shard_id: str, items: pa.Table) -> np.ndarray:
-        from batch_pipeline.core.manifest.read import Manifest
-
         manifest = pl.from_arrow(Manifest(self.spec.name, self.store).shard_items(shard_id,
                                                                                   ["request_id", "est_input_tokens"]))
         assert isinstance(manifest, pl.DataFrame)
