@@ -17,6 +17,7 @@ from rich.table import Table
 
 from batch_pipeline.cli_jobs import resolve_job, store_for
 from batch_pipeline.cli_stops import ExitCode
+from batch_pipeline.core.money.usd import format_usd
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 
@@ -99,17 +100,18 @@ def print_summary(report: dict, console: Console) -> None:
     table.add_column("value", justify="right", overflow="fold")
     for label, key in SUMMARY_ROWS:
         value = report.get(key)
-        table.add_row(label, f"{value:.6f}" if isinstance(value, float) else str(value))
+        table.add_row(label, _value(key, value))
     quoted = (report.get("quoted_vs_actual") or {}).get("quoted_usd")
     if quoted:
-        table.add_row("quoted before the run (USD)", f"{quoted['expected']:.6f} expected, {quoted['high']:.6f} high")
+        table.add_row("quoted before the run (USD)",
+                      f"{format_usd(quoted['expected'])} expected, {format_usd(quoted['high'])} high")
     golden = report.get("golden_accuracy_by_shard") or []
     if golden:
         correct, probes = sum(g["correct"] for g in golden), sum(g["probes"] for g in golden)
         table.add_row("golden accuracy (probes)", f"{correct / probes:.3f} on {probes} probes in {len(golden)} shards")
     by_pricing = report.get("cost_by_pricing") or {}
     if len(by_pricing) > 1:
-        table.add_row("cost by pricing (USD)", ", ".join(f"{k} {v:.6f}" for k, v in sorted(by_pricing.items())))
+        table.add_row("cost by pricing (USD)", ", ".join(f"{k} {format_usd(v)}" for k, v in sorted(by_pricing.items())))
     if report.get("wall_time_s") is not None:
         table.add_row("wall time (s)", str(report.get("wall_time_s")))
     outputs = report.get("outputs", {})
@@ -123,6 +125,13 @@ def print_summary(report: dict, console: Console) -> None:
     if not report.get("complete"):
         console.print(f"[yellow]not complete: {report.get('missing')} missing, {report.get('invalid')} invalid; "
                       "run again to resume[/yellow]")
+
+
+def _value(key: str, value) -> str:
+    """A summary cell: dollars with their significant digits ($0.0000052), other figures as they are."""
+    if key.endswith("_usd") and isinstance(value, int | float) and not isinstance(value, bool):
+        return format_usd(float(value))
+    return f"{value:.6f}" if isinstance(value, float) else str(value)
 
 
 def duckdb_remote_query(uri: str) -> str:
@@ -145,7 +154,7 @@ def cmd_report(args: argparse.Namespace, console: Console) -> int:
     by_attempt = report.get("cost_by_attempt") or {}
     if by_attempt:
         console.print("cost by attempt (USD): " + ", ".join(
-            f"{k} {v:.6f}" if isinstance(v, float) else f"{k} {v}" for k, v in by_attempt.items()),
+            f"{k} {format_usd(v)}" if isinstance(v, float) else f"{k} {v}" for k, v in by_attempt.items()),
             markup=False, highlight=False)
     png = store.uri(paths.report_png) if store.exists(paths.report_png) else "none (the report asset writes it)"
     console.print(f"plot (spend over time): {png}", markup=False, highlight=False)

@@ -106,3 +106,32 @@ def test_the_summary_of_a_remote_home_says_how_to_query_the_parquet_in_place():
     print_summary({"job": "exp", "complete": True, "outputs": {"validated": "/h/v.parquet", "duckdb": "/h/exp.duckdb"}},
                   Console(file=local, width=400))
     assert "/h/exp.duckdb" in local.getvalue() and "httpfs" not in local.getvalue()
+
+
+def _summary_rows(out: str) -> dict[str, str]:
+    return {ln.split("│")[1].strip(): ln.split("│")[2].strip() for ln in out.splitlines() if ln.count("│") == 3}
+
+
+def test_a_resumed_run_s_summary_gives_the_job_s_input_rows_and_how_many_are_new(done, instance, resources, home,
+                                                                                   capsys):
+    from pathlib import Path
+
+    assert main(["report", "exp", "--home", str(home)]) == 0
+    first = _summary_rows(capsys.readouterr().out)
+    assert (first["input rows"], first["new input rows (this run)"], first["unique requests"]) == ("12", "12", "12")
+    report = run_job(done, instance, resources)  # a resume: the manifest reads nothing new
+    assert (report["input_rows"], report["new_input_rows"], report["unique_requests"]) == (12, 0, 12), report
+    assert main(["report", "exp", "--home", str(home)]) == 0
+    again = _summary_rows(capsys.readouterr().out)
+    assert (again["input rows"], again["new input rows (this run)"], again["rejected rows"]) == ("12", "0", "0")
+    # new data lands: a new file of two rows, one of them broken JSON
+    more = Path(done.input.path).parent / "more.jsonl"
+    more.write_text(json.dumps({"ticket_id": "T99", "subject": "new", "body": "Where is my invoice?"})
+                    + '\n{"ticket_id": "T100", "body": "cut off\n')
+    report = run_job(done, instance, resources)
+    assert (report["input_rows"], report["new_input_rows"], report["rejected_rows"], report["unique_requests"]) \
+        == (14, 2, 1, 13), report
+    assert main(["report", "exp", "--home", str(home)]) == 0
+    last = _summary_rows(capsys.readouterr().out)
+    assert (last["input rows"], last["new input rows (this run)"], last["rejected rows"]) == ("14", "2", "1"), last
+    assert last["cost (USD)"].startswith("$") and last["duplicates collapsed"] == "0", last

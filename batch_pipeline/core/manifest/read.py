@@ -88,6 +88,23 @@ class Manifest:
     def rejects(self) -> pa.Table:
         return self._live(self.paths.rejects, REJECT_SCHEMA)
 
+    def live_counts(self) -> tuple[int, int]:
+        """(source rows, rejects) of the current input: what ``rows()`` and ``rejects()`` hold, counted from one
+        column (a part shared with files since re-read is filtered by source)."""
+        counts = []
+        for path_of in (self.paths.rows, self.paths.rejects):
+            n = 0
+            for gen, sources in self.live_parts().items():
+                t = self.store.read_part(path_of(gen), ["source"])
+                if t is None:
+                    continue
+                if sources:
+                    n += pc.sum(pc.is_in(t.column("source"), value_set=pa.array(sources, pa.string()))).as_py() or 0
+                else:
+                    n += t.num_rows
+            counts.append(n)
+        return counts[0], counts[1]
+
     def row_parts(self) -> list[str]:
         """The rows parts that hold live rows (each may also hold rows of files since re-read: filter by
         ``rows()`` semantics when reading them directly)."""
