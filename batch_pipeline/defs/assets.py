@@ -2,6 +2,7 @@
 
 import base64
 import time
+from datetime import UTC, datetime
 
 import dagster as dg
 import polars as pl
@@ -335,6 +336,9 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
         rep = build_report(spec, st, state, outputs={"validated": st.uri(paths.validated),
                                                      "duckdb": str(st.local_path(paths.duckdb) or "")})
         rep.update(provider_ceilings(spec, st))  # open batches against their window and retention; held shards
+        # when this publish ended, and of which manifest: `status` says the job is done (and when) from these
+        rep["published_at"] = datetime.now(UTC).isoformat()
+        rep["manifest_generation"] = Manifest(job, st).last_generation()
         st.write_json(paths.report, rep)
         png = cost_over_time(state.scan.timeline)  # summed per recording time by the streaming scan
         st.write_bytes(f"{paths.root}/report.png", png)

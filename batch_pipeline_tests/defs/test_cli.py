@@ -15,7 +15,10 @@ def _row(out: str, first: str) -> list[str]:
 
 
 def test_status_prints_every_shard_balanced(sandbox, instance, resources, home, make_job, capsys):
+    from datetime import UTC, datetime
+
     spec = make_job(retries={"per_item": 3, "spend_cap_share": 1.0})
+    started = datetime.now(UTC).replace(microsecond=0)
     run_job(spec, instance, resources)
     capsys.readouterr()
     assert main(["status", spec.source_path, "--home", str(home), "--all"]) == 0
@@ -25,11 +28,24 @@ def test_status_prints_every_shard_balanced(sandbox, instance, resources, home, 
         assert row[1] == "settled" and row[2] == "10" and row[3] == "10" and row[-1] == "True", row
     total = _row(out, "total")
     assert total[:6] == ["total", "40", "40", "0", "0", "0"] and total[-1] == "True", total
-    assert "next: publish" in out
+    # published: the job is done, and says when (not "next: publish", which it already did)
+    assert "next: publish" not in out
+    done = next(ln for ln in out.splitlines() if ln.startswith("done: published at "))
+    when = datetime.fromisoformat(done.removeprefix("done: published at ").split(": ", 1)[0])
+    assert started <= when <= datetime.now(UTC), done
+    assert "40 answered, 0 dead-lettered, in " in done and "validated" in done, done
     # without --all a finished job shows its totals, not 4 settled rows
     assert main(["status", spec.source_path, "--home", str(home)]) == 0
     brief = capsys.readouterr().out
     assert "4 settled" in brief and "s00002" not in brief and "(4 settled shards: --all shows them)" in brief
+    assert "done: published at" in brief
+    # a shard's state changed after that publish: publishing is what comes next again
+    from batch_pipeline.core.state.summary import ShardSummaries
+    from batch_pipeline.core.store import Store
+
+    ShardSummaries(spec, Store(home)).refresh("s00002")
+    assert main(["status", spec.source_path, "--home", str(home)]) == 0
+    assert "next: publish" in (again := capsys.readouterr().out) and "done:" not in again
 
 
 def test_status_shows_what_waits_and_why(sandbox, instance, resources, home, make_job, capsys):
