@@ -16,6 +16,7 @@ import polars as pl
 
 from batch_pipeline.core.manifest.inputs import KEY, LINE, InputFile, Reject, RowBatch
 from batch_pipeline.core.manifest.messages import TurnError, canonical_turns
+from batch_pipeline.core.manifest.reasons import json_reason, json_type
 
 CHAT_URL = "/v1/chat/completions"
 BLOCK_LINES = 50_000
@@ -25,7 +26,7 @@ def _flatten(obj: object, expect_system: str | None, expect_model: str | None,
              messages_field: str | None = None) -> tuple[dict | None, str, str]:
     """(row, reject kind, reason): row is None when the line is rejected."""
     if not isinstance(obj, dict):
-        return None, "not_object", f"expected a JSON object, got {type(obj).__name__}"
+        return None, "not_object", f"expected a JSON object, got {json_type(obj)}"
     if obj.get("method") != "POST" or obj.get("url") != CHAT_URL:
         return None, "unsupported_request", f"only POST {CHAT_URL} is supported, got {obj.get('method')} {obj.get('url')}"
     custom_id, body = obj.get("custom_id"), obj.get("body")
@@ -86,8 +87,13 @@ def read_openai_batch(f: InputFile, fields: list[str], key_field: str | None, ex
                 continue
             try:
                 obj = json.loads(raw)
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                rejects.append(Reject(f.uri, line, "", "bad_json", f"bad JSON: {exc}", raw[:200].decode("utf-8", "replace")))
+            except UnicodeDecodeError as exc:
+                rejects.append(Reject(f.uri, line, "", "bad_utf8", f"not valid UTF-8 (byte {exc.start})",
+                                      raw[:200].decode("utf-8", "replace")))
+                continue
+            except json.JSONDecodeError as exc:
+                rejects.append(Reject(f.uri, line, "", "bad_json", json_reason(exc),
+                                      raw[:200].decode("utf-8", "replace")))
                 continue
             row, kind, reason = _flatten(obj, expect_system, expect_model, messages_field)
             if row is None:

@@ -23,6 +23,7 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from batch_pipeline.core.errors import InputError
+from batch_pipeline.core.manifest.reasons import json_reason, json_type
 
 log = logging.getLogger(__name__)
 
@@ -324,10 +325,11 @@ def _jsonl_slow(source: str, raw_lines: list[bytes], line_numbers: list[int], fi
         try:
             row = json.loads(text)
         except json.JSONDecodeError as exc:
-            rejects.append(Reject(source, line, "", "bad_json", f"bad JSON: {exc.msg} at column {exc.colno}", text[:RAW_PREVIEW]))
+            rejects.append(Reject(source, line, "", "bad_json", json_reason(exc), text[:RAW_PREVIEW]))
             continue
         if not isinstance(row, dict):
-            rejects.append(Reject(source, line, "", "not_object", f"expected a JSON object, got {type(row).__name__}", text[:RAW_PREVIEW]))
+            rejects.append(Reject(source, line, "", "not_object", f"expected a JSON object, got {json_type(row)}",
+                                  text[:RAW_PREVIEW]))
             continue
         bad = _bad_field(row, fields)
         if bad:
@@ -349,8 +351,7 @@ def _bad_field(row: dict, fields: list[str]) -> tuple[str, str, str] | None:
         if value is None:  # absent and null are the same reject, whichever reader saw the row
             return name, "missing_field", f"missing or null field '{name}'"
         if not isinstance(value, str):
-            got = type(value).__name__
-            return name, "wrong_type", f"field '{name}' must be a string, got {got}"
+            return name, "wrong_type", f"field '{name}' must be a string, got {json_type(value)}"
     return None
 
 

@@ -24,6 +24,7 @@ from batch_pipeline.core.errors import InputError
 from batch_pipeline.core.manifest import ids
 from batch_pipeline.core.manifest.inputs import (CHUNK_BYTES, KEY, LINE, RAW_PREVIEW, InputFile, ReadExtent, Reject,
                                                  RowBatch)
+from batch_pipeline.core.manifest.reasons import json_reason, json_type
 
 ROLES = ("user", "assistant")
 BLOCK_ROWS = 50_000
@@ -41,14 +42,14 @@ def canonical_turns(value: object, field: str, system: str) -> str:
     """The row's turns as canonical JSON; raises ``TurnError``. ``system``: the job's system prompt."""
     if not isinstance(value, list):
         raise TurnError(field, "wrong_type", f"field '{field}' must be a list of {{role, content}} turns, "
-                                             f"got {type(value).__name__}")
+                                             f"got {json_type(value)}")
     if not value:
         raise TurnError(field, "empty_messages", f"field '{field}' is an empty list of turns")
     turns: list[dict[str, str]] = []
     for i, turn in enumerate(value):
         at = f"{field}[{i}]"
         if not isinstance(turn, dict):
-            raise TurnError(at, "bad_turn", f"{at} must be an object with role and content, got {type(turn).__name__}")
+            raise TurnError(at, "bad_turn", f"{at} must be an object with role and content, got {json_type(turn)}")
         extra = sorted(k for k, v in turn.items() if k not in ("role", "content") and v is not None)
         if extra:
             raise TurnError(at, "bad_turn", f"{at} has keys besides role and content: {extra}")
@@ -57,7 +58,7 @@ def canonical_turns(value: object, field: str, system: str) -> str:
                 raise TurnError(f"{at}.{key}", "missing_field", f"{at} has no {key}")
             if not isinstance(turn[key], str):
                 raise TurnError(f"{at}.{key}", "wrong_type",
-                                f"{at}.{key} must be a string (text only), got {type(turn[key]).__name__}")
+                                f"{at}.{key} must be a string (text only), got {json_type(turn[key])}")
         role, content = turn["role"], ids.normalize_text(turn["content"])
         if role == "system":
             if i == 0 and content == ids.normalize_text(system):
@@ -102,7 +103,7 @@ class _Rows:
     def add(self, row: object, line: int, raw: str) -> None:
         if not isinstance(row, dict):
             self.rejects.append(Reject(self.source, line, "", "not_object",
-                                       f"expected a JSON object, got {type(row).__name__}", raw[:RAW_PREVIEW]))
+                                       f"expected a JSON object, got {json_type(row)}", raw[:RAW_PREVIEW]))
             return
         value = row.get(self.field)
         if value is None:
@@ -190,7 +191,7 @@ def _line(rows: _Rows, raw: bytes, line: int) -> None:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
-        rows.rejects.append(Reject(rows.source, line, "", "bad_json", f"bad JSON: {exc.msg} at column {exc.colno}",
+        rows.rejects.append(Reject(rows.source, line, "", "bad_json", json_reason(exc),
                                    text[:RAW_PREVIEW]))
         return
     rows.add(obj, line, text)

@@ -45,6 +45,9 @@ def test_batch_input_file_becomes_items_keyed_by_custom_id(tmp_path):
     assert summary.accepted_rows == 4 and summary.new_requests == 3 and summary.duplicates_collapsed == 1
     assert summary.rejects_by_reason == {"system_mismatch": 1, "unsupported_messages": 1,
                                          "unsupported_request": 1, "bad_json": 1}
+    [broken] = [r for r in Manifest("fromfile", store).rejects().to_pylist() if r["kind"] == "bad_json"]
+    assert broken["reason"] == "bad JSON: expected a key in double quotes at column 2 (a trailing comma, or a key " \
+                               "in single quotes?)", broken  # plain English, not "Expecting property name ..."
     rows = Manifest("fromfile", store).rows().to_pylist()
     assert [r["source_key"] for r in rows] == ["req-0", "req-1", "req-2", "req-3"]
     assert [r["line"] for r in rows] == [1, 2, 3, 4]

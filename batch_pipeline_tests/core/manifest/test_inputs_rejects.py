@@ -103,6 +103,25 @@ def test_all_faults_in_one_block_with_blank_lines_and_crlf(tmp_path):
                                          for k in {kind for _, kind, _ in FAULTS.values()}}
 
 
+@pytest.mark.parametrize("line,reason", [
+    (b'{"id": "b1", "body": "cut off', "bad JSON: a string that starts at column 22 never ends (the line is cut off, "
+                                      "or a closing quote is missing)"),
+    (b'{"id": "b1", "body": "x",}', "bad JSON: expected a key in double quotes at column 26 (a trailing comma, or a "
+                                    "key in single quotes?)"),
+    (b'{"id": "b1", "body": "x"', "bad JSON: the line ends at column 25 before the JSON value is complete (cut off?)"),
+    (b'{"id": "b1" "body": "x"}', "bad JSON: a comma is missing between two values, at column 13"),
+    (b'{"id": "b1"} {"body": "x"}', "bad JSON: more text after the JSON value ends, at column 14 (two objects on one "
+                                    "line?)"),
+    (b'{"id": "b1", "body": 12345}', "field 'body' must be a string, got a number"),
+    (b'["id", "b8"]', "expected a JSON object, got a list"),
+])
+def test_reject_reasons_read_as_plain_english(line, reason, tmp_path):
+    path = write_jsonl(tmp_path / "in.jsonl", [good(1), line])
+    _, rejects = read_all(path)
+    assert [r.reason for r in rejects] == [reason]
+    assert " at at " not in reason and "Expecting" not in reason and "int" not in reason.split()
+
+
 def test_null_field_is_classified_the_same_whatever_its_neighbours(tmp_path):
     """A ``"body": null`` row must get one reject kind, not one that depends on whether another line of the
     same 8 MB block happens to be broken (fast Arrow path vs line-by-line path)."""

@@ -91,6 +91,9 @@ def test_rows_without_the_field_and_broken_lines_are_rejects_too(tmp_path):
     _, manifest = build(spec_for(tmp_path / "in.jsonl"), tmp_path / "home")
     got = [(r["line"], r["field"], r["kind"]) for r in manifest.rejects().to_pylist()]
     assert got == [(2, "messages", "missing_field"), (3, "", "bad_json"), (4, "", "not_object")]
+    reasons = [r["reason"] for r in manifest.rejects().to_pylist()][1:]
+    assert reasons == ["bad JSON: the line ends at column 26 before the JSON value is complete (cut off?)",
+                       "expected a JSON object, got a list"]
 
 
 def test_the_id_hashes_the_normalised_turns_and_the_job_system_turn_is_dropped(tmp_path):
