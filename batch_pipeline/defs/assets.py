@@ -34,6 +34,7 @@ from batch_pipeline.defs.resources import PricesResource, StoreResource
 from batch_pipeline.executors.registry import account_pool, batch_limits, route_profile
 
 PASS_MONEY = ("cost_low", "cost_expected", "cost_high")  # the amounts of a quote's passes
+SENDS = ("submit", "resolve", "rescue", "canary")  # what a shard's submit phase did when it moved
 SHARDS_TAG = "batch_pipeline/shards"  # the shards a range run moves (the others in its range are left alone)
 
 
@@ -209,11 +210,13 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
                 if len(keys) == 1:  # asked for this shard alone: say why it cannot move
                     raise dg.Failure(description=f"ShardWaits: {exc}") from exc
                 context.log.warning(f"{exc}: skipped in this run")
-                shards_meter.advance()
                 continue
             except BatchPipelineError as exc:
                 raise dg.Failure(description=f"{type(exc).__name__}: {exc}") from exc
-            shards_meter.advance()
+            if out.action in SENDS:  # the bar counts shards that moved, not those that waited or were settled
+                shards_meter.advance()
+            if out.batches:  # a batch made (or re-attached) now: one more for this pass to collect
+                progress.expect("collect", len(out.batches))
             sent += out.sent
             counts[key] = {"requests_sent": out.sent}
             batches.extend(out.batches)
@@ -262,8 +265,9 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
                 out = driver.collect_phase(key, on_status=on_status)
             except SystemicError as exc:
                 systemic.append(str(exc))
+                shards_meter.advance()  # collected, and the batch's failure stops the job
                 continue
-            finally:
+            if out.collected:  # a stream shard, or one with no open batch, collects nothing: no count
                 shards_meter.advance()
             counts[key] = {"results": out.results, "succeeded": out.succeeded, "rescued_online": out.rescued}
             context.log.info(f"shard {key}: collected {out.results} results, {out.succeeded} succeeded")

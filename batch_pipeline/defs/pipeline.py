@@ -14,6 +14,7 @@ from collections.abc import Callable
 import dagster as dg
 
 from batch_pipeline.core import progress
+from batch_pipeline.core.run.activity import Activity
 from batch_pipeline.core.run.control import JobPaused
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.settings import Settings
@@ -57,9 +58,10 @@ def run_job(spec: JobSpec, instance: dg.DagsterInstance, resources: dict | None 
         return result
 
     stage("manifest")
-    with progress.opened("manifest", None, "rows"):
+    with progress.opened("manifest", None, "bytes"):  # a bar only when there is something to read
         run(["manifest"])
     store = resources["store"].get()
+    tail = spec.tail.backend.name if spec.tail is not None else None
     all_shards = instance.get_dynamic_partitions(shards_partitions(spec).name)
     passes = canaries = requotes = 0
     max_passes = spec.retries.per_item + 2  # expired/cancelled items do not spend their budget
@@ -95,7 +97,10 @@ def run_job(spec: JobSpec, instance: dg.DagsterInstance, resources: dict | None 
             stage(f"canary: shard {canary[0]} ({spec.canary.size} items at most, alone)"
                   + (f" (attempt {canaries})" if canaries > 1 else ""))
             run(["quote"])  # the canary spends against a fresh quote too
-            run(SHARD_ASSETS, partition_key=canary[0])
+            did = Activity(store, spec.name, tail)
+            with progress.opened("submit", 1, "shards"), progress.opened("collect", 0, "shards"):
+                run(SHARD_ASSETS, partition_key=canary[0])  # its batch, if it makes one, is the one to collect
+            stage(f"canary done: {did.since().describe()}")
             continue
         # the CLI waits on open batches inline (shard_results polls them), so a submitted shard is work here
         todo = sorted(set(plan.shards(*MOVES)) | {s for s, st in plan.states.items() if st == ShardState.SUBMITTED})
@@ -104,11 +109,18 @@ def run_job(spec: JobSpec, instance: dg.DagsterInstance, resources: dict | None 
                 log.warning("job %s: publishing what there is: %s", spec.name, plan.describe())
             break
         passes += 1
-        stage(f"pass {passes}: {len(todo)} shard(s) ({plan.describe()})")
+        stage(f"pass {passes}: {len(todo)} shard(s), planned: {plan.describe()}")
         run(["quote"])  # every pass spends against a fresh quote
-        with progress.opened("submit", len(todo), "shards"), progress.opened("collect", len(todo), "shards"):
+        did = Activity(store, spec.name, tail)
+        sends = set(plan.shards(Action.SUBMIT, Action.RESOLVE, Action.RESCUE))
+        # batches open now (a rescue collects its own); each batch the pass makes adds one (progress.expect)
+        open_now = [s for s in todo if s not in sends and plan.states.get(s) in (ShardState.SUBMITTED,
+                                                                                 ShardState.ENDED)]
+        with progress.opened("submit", len(sends & set(todo)), "shards"), \
+                progress.opened("collect", len(open_now), "shards"):
             for r in shard_ranges(all_shards, todo, span):  # the ranges' assets count towards the pass's bars
                 run(SHARD_ASSETS, tags=range_tags(r))
+        stage(f"pass {passes} done: {did.since().describe()}")  # what it did, whatever the plan said
     stage("publish")
     run(PUBLISH_ASSETS)
     report = store.read_json(f"jobs/{spec.name}/report.json") or {}

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
+from batch_pipeline.core import progress as meters
 from batch_pipeline.core.errors import ReconciliationError
 from batch_pipeline.core.manifest.deal import OPEN_SHARD_WINDOW, Dealer, shard_name
 from batch_pipeline.core.manifest.dedup import BlockSpool, Dedup
@@ -136,6 +137,10 @@ class ManifestBuilder:
         preparer = FilePreparer(spec, self.caps.max_bytes)
         system_bytes = preparer.system_bytes
         reading = [p for p in plans if p.reads]
+        # the bytes this generation reads (a file's new part only): the bar's total, shown once reading starts
+        read_meter = meters.meter("manifest", total=sum(max(p.file.size - p.offset, 0) for p in reading),
+                                  unit="bytes")
+        files_done = 0
         rows_ahead = _count_rows(reading, enough=OPEN_SHARD_WINDOW * self.caps.max_requests)
         window = max(1, min(OPEN_SHARD_WINDOW, math.ceil(max(rows_ahead, 1) / self.caps.max_requests)))
         first_shard = max((int(s[1:]) for g in generations for s in g["new_shards"]), default=0) + 1
@@ -173,6 +178,12 @@ class ManifestBuilder:
                             dealer.deal(frame.select(DEAL_COLUMNS), np.asarray(keep, dtype=np.bool_))
                         if self.progress:
                             self.progress(f.uri, summary.input_rows)
+                        read_meter.set(files_done + min(max(extent.bytes_read - plan.offset, 0),
+                                                        f.size - plan.offset))
+                        read_meter.describe(f"{summary.input_rows:,} rows")
+                    files_done += max(f.size - plan.offset, 0)
+                    read_meter.set(files_done)
+                    read_meter.describe(f"{summary.input_rows:,} rows")
                     states.append(state_after(plan, gen, extent.bytes_read, extent.lines, extent.ends_clean))
                 with index_writer(self.store, index_path(self.paths, gen)) as emit:
                     verdict = dedup.finish(emit)
