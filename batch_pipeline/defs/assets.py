@@ -360,19 +360,30 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
             meta["held_shards"] = dg.MetadataValue.json(rep["held_shards"])
         return dg.MaterializeResult(metadata=meta)
 
-    @dg.asset(key=asset_key(spec, "backend_comparison"), deps=[manifest], group_name=job, **labels, kinds={"python"},
-              description="The same request plan quoted on every configured backend, and the self-hosted "
-                          "break-even utilisation. Fails on a backend or model with no price row: add it to "
-                          "data/prices.yaml or drop it from cost_compare.")
+    assets = [manifest, quote, submissions, shard_results, results, validated, dead_letters_asset, report]
+    if spec.cost_compare is not None:  # only a job that asks for a comparison has one; it runs with the manifest
+        assets.append(comparison_asset(spec, manifest))
+    return assets, [quote_within_budget, build_result_checks(spec, results), build_shard_stats_check(spec, results)]
+
+
+def comparison_asset(spec: JobSpec, manifest: dg.AssetsDefinition) -> dg.AssetsDefinition:
+    """``<job>/backend_comparison``, for a spec with ``cost_compare``: materialized with the manifest (the CLI's first
+    step, the ``<job>_prepare`` job), so the graph has no asset that never runs."""
+    paths = JobPaths(spec.name)
+
+    @dg.asset(key=asset_key(spec, "backend_comparison"), deps=[manifest], group_name=spec.name, **spec_labels(spec),
+              kinds={"python"},
+              description="The remaining work's request plan quoted on every backend of cost_compare, and the "
+                          "self-hosted break-even utilisation; made with the manifest, before anything is spent "
+                          "(`batch-pipeline quote --compare` prices the whole job too). Fails on a backend or model "
+                          "with no price row: add it to data/prices.yaml or drop it from cost_compare.")
     def backend_comparison(context: dg.AssetExecutionContext, store: StoreResource,
                            prices: PricesResource) -> dg.MaterializeResult:
         st = store.get()
         state = JobState.load(spec, st)
-        rows = compare_backends(spec, st, prices.get(), spec.cost_compare or CostCompareSpec(), state.items,
-                                state.results, state.states)
+        rows = _clean_failure(lambda: compare_backends(spec, st, prices.get(), spec.cost_compare or CostCompareSpec(),
+                                                       state.items, state.results, state.states))
         st.write_json(f"{paths.root}/backend_comparison.json", rows)
         return dg.MaterializeResult(metadata={"comparison": md_table(pl.DataFrame(rows), limit=20)})
 
-    assets = [manifest, quote, submissions, shard_results, results, validated, dead_letters_asset, report,
-              backend_comparison]
-    return assets, [quote_within_budget, build_result_checks(spec, results), build_shard_stats_check(spec, results)]
+    return backend_comparison

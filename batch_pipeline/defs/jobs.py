@@ -12,6 +12,7 @@ from batch_pipeline.defs.assets import asset_key, shards_partitions
 from batch_pipeline.defs.metadata import spec_labels
 
 
+PREPARE_ASSETS = ["manifest", "quote"]  # and backend_comparison, for a spec with cost_compare
 # the publish run: stage, the blocking checks (on results), promote, then what reads the promoted table
 PUBLISH_ASSETS = ["results", "validated", "dead_letters", "report"]
 
@@ -33,8 +34,8 @@ def build_jobs(spec: JobSpec) -> dict[str, UnresolvedAssetJobDefinition]:
         return dg.AssetSelection.assets(*[asset_key(spec, n) for n in names_])
 
     jobs = [
-        job(names["prepare"], selection=assets("manifest", "quote"),
-            description="Build the manifest and the quote."),
+        job(names["prepare"], selection=assets(*PREPARE_ASSETS, *(["backend_comparison"] if spec.cost_compare else [])),
+            description="Build the manifest and the quote (and, with cost_compare, the backend comparison)."),
         job(names["quote"], selection=assets("quote"),
             description="Quote the remaining work again (a quote expires after 30 minutes)."),
         job(names["shards"], selection=assets("submissions", "shard_results"), partitions_def=shards,

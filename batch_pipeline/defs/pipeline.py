@@ -59,7 +59,7 @@ def run_job(spec: JobSpec, instance: dg.DagsterInstance, resources: dict | None 
 
     stage("manifest")
     with progress.opened("manifest", None, "bytes"):  # a bar only when there is something to read
-        run(["manifest"])
+        run(["manifest", *(["backend_comparison"] if spec.cost_compare is not None else [])])
     store = resources["store"].get()
     tail = spec.tail.backend.name if spec.tail is not None else None
     all_shards = instance.get_dynamic_partitions(shards_partitions(spec).name)

@@ -66,6 +66,23 @@ def test_demo_job_accounts_for_every_item_and_a_rerun_sends_nothing(sandbox, ins
     # a finished job run again sends zero requests
     again = run_job(spec, instance, resources)
     assert again["complete"] and len(sandbox.ledger()) == len(billed) and batch_creates(sandbox) == creates
+    # the demo materializes every asset of its graph: backend_comparison (cost_compare) is made with the manifest
+    defs = build_definitions([spec], resources)
+    keys = {k for a in defs.assets for k in a.keys if k.path[0] == "demo"} - {asset_key(spec, "eval")}  # weekly
+    assert asset_key(spec, "backend_comparison") in keys
+    assert [k for k in keys if instance.get_latest_materialization_event(k) is None] == []
+    rows = store.read_json(f"{JobPaths('demo').root}/backend_comparison.json")
+    assert {r["backend"] for r in rows} >= {"openai_batch", "online", "anthropic_batch", "self_hosted"}
+
+
+def test_a_spec_without_cost_compare_has_no_comparison_asset_and_every_asset_is_in_a_job(make_job):
+    for spec in (make_job(name="plain", cost_compare=None), make_job(name="compared")):
+        defs = build_definitions([spec])
+        keys = {k for a in defs.assets for k in a.keys if k.path[0] == spec.name}
+        assert (asset_key(spec, "backend_comparison") in keys) == (spec.cost_compare is not None)
+        in_jobs = {k for job in defs.resolve_all_job_defs() if job.name.startswith(f"{spec.name}_")
+                   for k in job.asset_layer.selected_asset_keys}
+        assert keys - in_jobs == set(), keys - in_jobs  # no asset that no job (and so no run) materializes
 
 
 def test_transient_line_errors_succeed_on_next_partition_materialization(sandbox, instance, resources, home, make_job):

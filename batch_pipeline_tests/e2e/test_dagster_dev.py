@@ -233,7 +233,8 @@ def test_dagster_dev_runs_a_job_over_graphql(dagster_dev: DagsterDev):
     assert {a for (_, a), n in nodes.items() if n["isPartitioned"]} == {"submissions", "shard_results"}
     assert f"{JOB}_shards" in nodes[(JOB, "submissions")]["jobNames"]
 
-    # 1. prepare: manifest + quote; the manifest registers the shards as dynamic partitions
+    # 1. prepare: manifest, quote and backend_comparison (the spec has cost_compare); the manifest registers the
+    #    shards as dynamic partitions
     prepare = run_job(dev, f"{JOB}_prepare")
     parts = dev.gql(JOB_PARTITIONS, selector=_selector(f"{JOB}_shards"))["pipelineOrError"]
     assert parts["__typename"] == "Pipeline", parts
