@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from batch_pipeline.sandbox.google.errors import GoogleError, error_info
-from batch_pipeline.sandbox.google.gemini_batches import GeminiFile, gemini_id
+from batch_pipeline.sandbox.google.gemini_batches import MAX_INLINE_BYTES, GeminiFile, gemini_id
 from batch_pipeline.sandbox.quotas import account_of, clock_scale
 from batch_pipeline.sandbox.routing import Request, Response, Router
 from batch_pipeline.sandbox.scenarios import UNKNOWN_MODEL_PREFIX
@@ -196,25 +196,33 @@ class GeminiApi:
 
     # batches --------------------------------------------------------------------------------------------------
     def create(self, request: Request) -> Response:
+        """``batchGenerateContent`` of an uploaded file (``inputConfig.fileName``) or of inline requests
+        (``inputConfig.requests.requests``, what ``batches.create(src=[...])`` sends); a body over the API's
+        20 MiB payload limit is its 400 INVALID_ARGUMENT."""
         _version(request)
+        if len(request.body) > MAX_INLINE_BYTES:
+            raise GoogleError(400, f"Request payload size exceeds the limit: {MAX_INLINE_BYTES} bytes.")
         model = "models/" + request.params["model"].removeprefix("models/")
         batch = request.json().get("batch")
         if not isinstance(batch, dict):
             raise GoogleError(400, "`batch` is required.")
         config = batch.get("inputConfig") if isinstance(batch.get("inputConfig"), dict) else {}
         file_name = config.get("fileName")
-        if "requests" in config:
-            raise GoogleError(400, "Inline requests are not served by the sandbox; upload a JSONL file.")
-        if not isinstance(file_name, str) or not file_name.startswith("files/"):
-            raise GoogleError(400, "batch.inputConfig.fileName must name an uploaded file (files/ID).")
+        inline = "requests" in config
+        if inline and file_name is not None:
+            raise GoogleError(400, "batch.inputConfig takes one source: fileName or requests, not both.")
+        if not inline and (not isinstance(file_name, str) or not file_name.startswith("files/")):
+            raise GoogleError(400, "batch.inputConfig needs fileName (an uploaded file, files/ID) or requests.")
         display = batch.get("displayName") if isinstance(batch.get("displayName"), str) else None
         if display is not None and len(display) > 512:
             raise GoogleError(400, "batch.displayName is longer than 512 characters.")
         fault = account_fault(self.state, model)
         if fault is not None:
             raise fault
-        record = self.gemini.create(model, display, file_name, self.state.scenario, self.state.clock.now,
-                                    account_of(request, "gemini"), clock_scale(self.state.clock))
+        args = (self.state.scenario, self.state.clock.now, account_of(request, "gemini"),
+                clock_scale(self.state.clock))
+        record = (self.gemini.create_inline(model, display, config["requests"], *args) if inline
+                  else self.gemini.create(model, display, file_name, *args))
         return Response(payload=record.to_api(), batch_id=record.id)
 
     def get(self, request: Request) -> Response:
@@ -237,7 +245,7 @@ class GeminiApi:
         _version(request)
         size, start = _page(request, 50, 1000)
         batches = self.gemini.newest_first()
-        payload: dict[str, Any] = {"operations": [b.to_api() for b in batches[start:start + size]]}
+        payload: dict[str, Any] = {"operations": [b.to_api(full=False) for b in batches[start:start + size]]}
         if start + size < len(batches):
             payload["nextPageToken"] = str(start + size)
         return Response(payload=payload)

@@ -7,10 +7,17 @@ A cancel stops processing; ``cancelling_s`` later the batch is ``CANCELLED`` wit
 answered. A batch still unfinished 48 h after creation, or at the end of ``in_progress`` under the ``expire``
 scenario, is ``EXPIRED`` **with no responses file at all** (the Gemini semantics the pipeline must absorb).
 Answered requests are billed when the batch ends with a responses file (never for an expired batch).
+
+A batch of inline requests (``inputConfig.requests.requests``, what ``batches.create(src=[...])`` sends) has the
+same lifecycle, quota and billing; its answers come back in the operation itself
+(``output.inlinedResponses.inlinedResponses``, in input order, each ``{"response"|"error", "metadata"}``) instead
+of a responses file.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -27,8 +34,11 @@ from batch_pipeline.sandbox.scenarios import Scenario
 EXPIRY_S = 48 * 3600
 FILE_TTL_S = 48 * 3600
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED"})
+# The ``@type`` URLs the live API answers with, on /v1 and /v1beta alike: its internal ``v1main`` package, not the
+# version in the path (captured responses of real batches, file and inline, show exactly these strings).
 METADATA_TYPE = "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatch"
 OUTPUT_TYPE = "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatchOutput"
+MAX_INLINE_BYTES = 20 * 2**20  # the API's request payload limit, which bounds a create with inline requests
 BLOB_PREFIX = "gemini-"
 Bill = Callable[[list[dict[str, Any]]], None]
 
@@ -45,6 +55,12 @@ def gemini_id() -> str:
     return new_id("")[:16]
 
 
+def sha256_hash(data: bytes) -> str:
+    """A File's ``sha256Hash`` as the Files API writes it: base64 of the *hex* SHA-256 digest of the bytes (88
+    characters; not base64 of the raw 32-byte digest that the field's ``bytes`` type would suggest)."""
+    return base64.b64encode(hashlib.sha256(data).hexdigest().encode("ascii")).decode("ascii")
+
+
 @dataclass
 class GeminiFile:
     """An uploaded (``UPLOADED``) or generated (``GENERATED``, a responses file) file; bytes in memory."""
@@ -56,6 +72,7 @@ class GeminiFile:
     size: int
     source: str = "UPLOADED"
     data: bytes = b""
+    sha256: str = ""  # ``sha256Hash``, set when the bytes are stored (``GeminiService.add_file``)
 
     def to_api(self, host: str, version: str) -> dict[str, Any]:
         """The ``File`` resource (int64 ``sizeBytes`` as a JSON string, as Google sends it)."""
@@ -66,7 +83,7 @@ class GeminiFile:
             "createTime": rfc3339(self.created_at),
             "updateTime": rfc3339(self.created_at),
             "expirationTime": rfc3339(self.created_at + FILE_TTL_S),
-            "sha256Hash": "",
+            "sha256Hash": self.sha256,
             "uri": f"http://{host}/{version}/files/{self.id}",
             "state": "ACTIVE",
             "source": self.source,
@@ -88,7 +105,7 @@ class GeminiBatch:
     input_file: str
     created_at: float
     scenario: Scenario
-    requests: list[dict[str, Any]]  # {"key", "request"}
+    requests: list[dict[str, Any]]  # {"key", "request"} (+ "metadata" for an inline request that has one)
     order: list[int]
     invalid: Optional[str] = None  # why the input does not parse: the batch will fail
     state: str = "BATCH_STATE_PENDING"
@@ -98,6 +115,7 @@ class GeminiBatch:
     end_at: Optional[float] = None
     output_file: Optional[str] = None
     account: str = DEFAULT_ACCOUNT  # the key that created it: whose enqueued tokens it counts against
+    inline: bool = False  # built from inline requests: answered in the operation, not in a responses file
 
     def duration(self, key: str) -> float:
         return float(self.scenario.param(key))
@@ -115,35 +133,70 @@ class GeminiBatch:
         return self.state.removeprefix("BATCH_STATE_") in TERMINAL
 
     def stats(self) -> dict[str, str]:
+        """``batchStats``: int64 counts as strings, and a count of 0 left out (proto3 JSON), as the API sends
+        them (a pending batch has ``requestCount`` and ``pendingRequestCount`` only)."""
         ok = sum(1 for r in self.results if r.succeeded)
         failed = len(self.results) - ok
         pending = 0 if self.ended else len(self.requests) - len(self.results)
-        return {"requestCount": str(len(self.requests)), "successfulRequestCount": str(ok),
-                "failedRequestCount": str(failed), "pendingRequestCount": str(pending)}
+        counts = {"requestCount": len(self.requests), "successfulRequestCount": ok, "failedRequestCount": failed,
+                  "pendingRequestCount": pending}
+        return {name: str(count) for name, count in counts.items() if count}
 
-    def to_api(self) -> dict[str, Any]:
-        """The batch as the long-running ``Operation`` the API answers with."""
+    @property
+    def has_output(self) -> bool:
+        """Ended with answers to give back (SUCCEEDED or CANCELLED; FAILED and EXPIRED give none)."""
+        return self.state in ("BATCH_STATE_SUCCEEDED", "BATCH_STATE_CANCELLED")
+
+    def inlined_responses(self) -> list[dict[str, Any]]:
+        """The answered requests of an inline batch in input order: ``{"response"}`` or ``{"error"}`` (a
+        ``google.rpc.Status`` without ``details``: the SDK's ``JobError`` types them as strings and refuses the
+        detail objects) plus the request's ``metadata`` when it had one. A cancelled batch gives only what was
+        answered before the cancel, so match on ``metadata``, not on position."""
+        answered = sorted(zip(self.order, self.results), key=lambda pair: pair[0])
+        out: list[dict[str, Any]] = []
+        for index, result in answered:
+            if result.succeeded:
+                item: dict[str, Any] = {"response": result.response}
+            else:
+                item = {"error": {k: v for k, v in (result.error or {}).items() if k != "details"}}
+            metadata = self.requests[index].get("metadata")
+            if metadata is not None:
+                item["metadata"] = metadata
+            out.append(item)
+        return out
+
+    def _output(self, full: bool) -> dict[str, Any]:
+        """``GenerateContentBatchOutput``: the responses file, or the inline responses (left out of a list's
+        view, as the live ``batches.list`` leaves them out: get the batch to read them)."""
+        if not self.inline:
+            return {"responsesFile": self.output_file} if self.output_file else {}
+        responses = self.inlined_responses() if full else []
+        return {"inlinedResponses": {"inlinedResponses": responses} if responses else {}}
+
+    def to_api(self, full: bool = True) -> dict[str, Any]:
+        """The batch as the long-running ``Operation`` the API answers with (``full=False``: as listed)."""
         metadata: dict[str, Any] = {
             "@type": METADATA_TYPE,
             "model": self.model,
             "displayName": self.display_name or "",
-            "inputConfig": {"fileName": self.input_file},
             "createTime": rfc3339(self.created_at),
             "updateTime": rfc3339(self.updated_at or self.created_at),
             "batchStats": self.stats(),
             "state": self.state,
             "name": f"batches/{self.id}",
         }
+        if not self.inline:  # the live API does not echo inline requests back
+            metadata["inputConfig"] = {"fileName": self.input_file}
         if self.end_at is not None:
             metadata["endTime"] = rfc3339(self.end_at)
-        if self.output_file:
-            metadata["output"] = {"responsesFile": self.output_file}
+        output = self._output(full) if self.has_output else {}
+        if output:
+            metadata["output"] = output
         operation: dict[str, Any] = {"name": f"batches/{self.id}", "metadata": metadata, "done": self.ended}
         if self.state == "BATCH_STATE_FAILED":
             operation["error"] = status_object(400, self.invalid or "The batch failed.")
         elif self.ended:
-            operation["response"] = {"@type": OUTPUT_TYPE, **({"responsesFile": self.output_file}
-                                                               if self.output_file else {})}
+            operation["response"] = {"@type": OUTPUT_TYPE, **output}
         return operation
 
     def output_lines(self) -> bytes:
@@ -165,6 +218,56 @@ class GeminiBatch:
         return cls(**data)
 
 
+def _contents_problem(request: dict[str, Any]) -> Optional[str]:
+    contents = request.get("contents")
+    return None if isinstance(contents, list) and contents else "`request.contents` must not be empty."
+
+
+def request_key(request: dict[str, Any]) -> str:
+    """The identity of an inline request without a ``metadata.key``: a digest of the request itself, so a
+    request sent again in a later batch is the same request (``line_errors``, the ledger's ``custom_id``)."""
+    canonical = json.dumps(request, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return "request-" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+
+
+def parse_inline(config: Any) -> tuple[list[dict[str, Any]], Optional[str]]:
+    """The requests of ``inputConfig.requests`` (``{"requests": [{"request", "metadata"?}]}``) and why the batch
+    will fail (as a file's ``parse_input``); a body that is not that shape is a 400 at once, as the API's JSON
+    parsing answers it. Each request's key (its identity for line errors and the ledger) is ``metadata.key``
+    when that is a string, else ``request_key``."""
+    where = "batch.input_config.requests"
+    items = config.get("requests") if isinstance(config, dict) else None
+    if not isinstance(config, dict) or not isinstance(items, list):
+        raise GoogleError(400, f"Invalid JSON payload received. `{where}` must be an object with a `requests` list.")
+    requests: list[dict[str, Any]] = []
+    invalid: Optional[str] = None
+    for number, item in enumerate(items):
+        at = f"{where}.requests[{number}]"
+        if not isinstance(item, dict):
+            raise GoogleError(400, f"Invalid JSON payload received. `{at}` must be an object.")
+        unknown = sorted(set(item) - {"request", "metadata"})
+        if unknown:
+            raise GoogleError(400, f"Invalid JSON payload received. Unknown name \"{unknown[0]}\" at '{at}': "
+                                   "Cannot find field.")
+        request, metadata = item.get("request"), item.get("metadata")
+        if not isinstance(request, dict):
+            raise GoogleError(400, f"Invalid JSON payload received. `{at}.request` must be an object.")
+        if metadata is not None and not isinstance(metadata, dict):
+            raise GoogleError(400, f"Invalid JSON payload received. `{at}.metadata` must be an object.")
+        problem = _contents_problem(request)
+        if problem is not None and invalid is None:
+            invalid = f"Inline request {number}: {problem}"
+        key = metadata.get("key") if isinstance(metadata, dict) else None
+        entry: dict[str, Any] = {"key": key if isinstance(key, str) and key else request_key(request),
+                                 "request": request}
+        if metadata is not None:
+            entry["metadata"] = metadata
+        requests.append(entry)
+    if not requests:
+        raise GoogleError(400, f"`{where}.requests` must not be empty.")
+    return requests, invalid
+
+
 def parse_input(data: bytes) -> tuple[list[dict[str, Any]], Optional[str]]:
     """The requests of an input file, and why it is invalid (None when every line is a request)."""
     requests: list[dict[str, Any]] = []
@@ -183,9 +286,9 @@ def parse_input(data: bytes) -> tuple[list[dict[str, Any]], Optional[str]]:
             return requests, f"Line {number} of the input file has no `key`."
         if key in seen:
             return requests, f"Line {number}: duplicate key {key!r}."
-        contents = obj["request"].get("contents")
-        if not isinstance(contents, list) or not contents:
-            return requests, f"Line {number}: `request.contents` must not be empty."
+        problem = _contents_problem(obj["request"])
+        if problem is not None:
+            return requests, f"Line {number}: {problem}"
         seen.add(key)
         requests.append({"key": key, "request": obj["request"]})
     if not requests:
@@ -211,6 +314,7 @@ class GeminiService:
 
     # files -------------------------------------------------------------------------------------------------
     def add_file(self, stored: GeminiFile) -> GeminiFile:
+        stored.sha256 = sha256_hash(stored.data)
         self.files[stored.id] = stored
         if self.store is not None:
             self.store.write_blob(BLOB_PREFIX + stored.id, stored.data)
@@ -230,11 +334,26 @@ class GeminiService:
     # batches -----------------------------------------------------------------------------------------------
     def create(self, model: str, display_name: Optional[str], file_name: str, scenario: Scenario,
                clock: Callable[[], float], account: str = DEFAULT_ACCOUNT, scale: float = 1.0) -> GeminiBatch:
-        """A new batch (PENDING), created once its input has been read (``clock()`` is read then). One whose
-        input parses holds its prompt tokens for ``account`` until it ends; past the server's
-        ``quota_enqueued_tokens`` the create is a 429 RESOURCE_EXHAUSTED instead."""
+        """A new batch (PENDING) of an uploaded JSONL file, created once its input has been read (``clock()``
+        is read then). One whose input parses holds its prompt tokens for ``account`` until it ends; past the
+        server's ``quota_enqueued_tokens`` the create is a 429 RESOURCE_EXHAUSTED instead."""
         stored = self.get_file(file_name.removeprefix("files/"))
         requests, invalid = parse_input(stored.data)
+        return self._create(model, display_name, f"files/{stored.id}", requests, invalid, stored.data, scenario,
+                            clock, account, scale)
+
+    def create_inline(self, model: str, display_name: Optional[str], config: Any, scenario: Scenario,
+                      clock: Callable[[], float], account: str = DEFAULT_ACCOUNT,
+                      scale: float = 1.0) -> GeminiBatch:
+        """A new batch of inline requests (``inputConfig.requests``): as ``create``, answered in the operation."""
+        requests, invalid = parse_inline(config)
+        seed = json.dumps([r["request"] for r in requests], sort_keys=True).encode("utf-8")
+        return self._create(model, display_name, "", requests, invalid, seed, scenario, clock, account, scale,
+                            inline=True)
+
+    def _create(self, model: str, display_name: Optional[str], input_file: str, requests: list[dict[str, Any]],
+                invalid: Optional[str], seed: bytes, scenario: Scenario, clock: Callable[[], float], account: str,
+                scale: float, inline: bool = False) -> GeminiBatch:
         if scenario.name == "fail_validation":
             invalid = f"Line {scenario.param('lines')[0]} was rejected (sandbox scenario fail_validation)."
         name = model.removeprefix("models/")
@@ -243,8 +362,8 @@ class GeminiService:
         tokens, now = sum(int(r.get("prompt_tokens", 0)) for r in requests), clock()
         if invalid is None:
             self._check_quota(scenario, account, name, tokens, now, scale)
-        batch = GeminiBatch(gemini_id(), display_name, model, f"files/{stored.id}", now, scenario, requests,
-                            output_order(stored.data, len(requests)), invalid, account=account)
+        batch = GeminiBatch(gemini_id(), display_name, model, input_file, now, scenario, requests,
+                            output_order(seed, len(requests)), invalid, account=account, inline=inline)
         self.batches[batch.id] = batch
         if invalid is None:
             self.book.hold("gemini", f"batches/{batch.id}", account, {name: Load(tokens, len(requests), 1)}, now)
@@ -339,11 +458,12 @@ class GeminiService:
         batch.state, batch.end_at = state, at
         self.book.release("gemini", f"batches/{batch.id}", at)
         if state in ("BATCH_STATE_FAILED", "BATCH_STATE_EXPIRED"):
-            return  # no responses file, nothing billed
-        output = batch.output_lines()
-        stored = self.add_file(GeminiFile(gemini_id(), f"batch-{batch.id}", "application/jsonl", at, len(output),
-                                          "GENERATED", output))
-        batch.output_file = f"files/{stored.id}"
+            return  # no responses, nothing billed
+        if not batch.inline:  # the live API names the responses file after the batch: files/batch-<batch id>
+            output = batch.output_lines()
+            stored = self.add_file(GeminiFile(f"batch-{batch.id}", f"batch-{batch.id}", "application/jsonl", at,
+                                              len(output), "GENERATED", output))
+            batch.output_file = f"files/{stored.id}"
         self.bill([{"provider": "gemini", "batch_id": f"batches/{batch.id}", "custom_id": r.key,
                     "model": batch.model.removeprefix("models/"), "input_tokens": r.prompt_tokens,
                     "cached_tokens": r.cached_tokens, "output_tokens": r.output_tokens, "billed_at": at}
@@ -360,5 +480,7 @@ class GeminiService:
             stored = GeminiFile(**item)
             if self.store is not None:
                 stored.data = self.store.read_blob(BLOB_PREFIX + stored.id)
+            if not stored.sha256:  # saved before the hash was kept
+                stored.sha256 = sha256_hash(stored.data)
             self.files[stored.id] = stored
         self.batches = {b["id"]: GeminiBatch.from_json(b) for b in saved.get("batches", [])}

@@ -1,6 +1,8 @@
 """The sandbox's Gemini API driven by the real google-genai SDK; every answer parsed with the SDK's own pydantic
 types (File, BatchJob, GenerateContentResponse, JobError), as the OpenAI side is held to OpenAI's schemas."""
 
+import base64
+import hashlib
 import io
 import json
 import time
@@ -93,8 +95,7 @@ def test_operations_and_lists_parse_with_the_sdk_and_keep_what_it_drops(admin, s
     assert [j.display_name for j in listed] == ["job:s2:1", "job:s1:1", "job:s0:1"]  # newest first
     raw = httpx2.get(f"{url}/v1/{jobs[0].name}", headers={"x-goog-api-key": "k"}).json()
     assert raw["done"] is True and raw["metadata"]["state"] == "BATCH_STATE_SUCCEEDED"
-    assert raw["metadata"]["batchStats"] == {"requestCount": "1", "successfulRequestCount": "1",
-                                             "failedRequestCount": "0", "pendingRequestCount": "0"}
+    assert raw["metadata"]["batchStats"] == {"requestCount": "1", "successfulRequestCount": "1"}  # no zeros
     assert raw["response"]["responsesFile"] == jobs[0].dest.file_name
     out = c.files.get(name=jobs[0].dest.file_name)
     assert out.source == types.FileSource.GENERATED and out.download_uri
@@ -218,3 +219,32 @@ def test_a_long_system_instruction_is_cached_from_its_second_use(admin, sandbox_
     cached = sorted(u.cached_content_token_count or 0 for u in usage.values())
     assert cached[0] == 0 and cached[1] == cached[2] > 1024  # the first request wrote the implicit cache
     assert all(u.prompt_token_count > (u.cached_content_token_count or 0) for u in usage.values())
+
+
+def test_type_urls_and_sha256_hashes_are_the_live_apis(admin, sandbox_proc):
+    """``@type`` is the live API's ``v1main`` package on /v1 and /v1beta alike (the strings captured responses of
+    real batches carry), and ``sha256Hash`` is what the Files API writes: base64 of the hex SHA-256 digest."""
+    url = sandbox_proc[1]
+    for version in ("v1", "v1beta"):
+        c = client(url, api_version=version)
+        data = jsonl(["a bug", "a billing issue"])
+        f = upload(c, data)
+        digest = base64.b64encode(hashlib.sha256(data).hexdigest().encode()).decode()
+        assert f.sha256_hash == digest and len(f.sha256_hash) == 88
+        assert c.files.get(name=f.name).sha256_hash == digest
+        job = c.batches.create(model="gemini-2.5-flash", src=f.name)
+        created = httpx2.get(f"{url}/{version}/{job.name}", headers={"x-goog-api-key": "k"}).json()
+        assert created["metadata"]["@type"] == \
+            "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatch"
+        assert created["metadata"]["inputConfig"] == {"fileName": f.name}
+        job = run(c, data)
+        ended = httpx2.get(f"{url}/{version}/{job.name}", headers={"x-goog-api-key": "k"}).json()
+        assert ended["metadata"]["@type"] == \
+            "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatch"
+        assert ended["response"] == {
+            "@type": "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatchOutput",
+            "responsesFile": job.dest.file_name}
+        assert job.dest.file_name == "files/batch-" + job.name.removeprefix("batches/")  # named as the live API names it
+        out = c.files.get(name=job.dest.file_name)
+        output = c.files.download(file=job.dest.file_name)
+        assert out.sha256_hash == base64.b64encode(hashlib.sha256(output).hexdigest().encode()).decode()
