@@ -83,6 +83,36 @@ def test_embeddings_job_end_to_end(sandbox, instance, resources, home, make_job,
     assert by_pair[(1, 6)] > by_pair[(1, 3)]
 
 
+SHORT = [{"ticket_id": f"S{i}", "subject": "s", "body": f"refund {i} please"} for i in range(40)]
+
+
+@pytest.mark.parametrize("backend", ["openai_batch", "online"])
+@pytest.mark.parametrize("rows", ["short", "tickets"])
+def test_the_quote_prices_embeddings_at_what_the_sandbox_bills(sandbox, instance, resources, home, make_job,
+                                                              backend, rows):
+    """The first quote, made before anything is sent (nothing measured to calibrate on), lands within 3% of what
+    the sandbox's ledger bills: the input text alone (cl100k_base, no chat framing: 4 tokens of a 40-row job of
+    4-token texts were quoted as 11), no output, at the embedding price (half on the batch API), and its stored
+    figure keeps its digits (a $0.0000016 bill was quoted $0.000004: 2.5x)."""
+    spec = _embedding_job(make_job, backend, rows=SHORT if rows == "short" else None)
+    report = run_job(spec, instance, resources)
+    assert report["complete"] and report["dead_lettered"] == 0
+    store = Store(home)
+    quotes = sorted(store.list_files(f"{JobPaths(spec.name).root}/quotes", suffix=".json"))
+    first = store.read_json(quotes[0])
+    assert first["calibration"]["items_measured"] == 0 and first["pending_requests"] == report["unique_requests"]
+    billed = [e for e in sandbox.ledger() if e["model"] == "text-embedding-3-small"]
+    assert len(billed) == report["unique_requests"] and all(e["output_tokens"] == 0 for e in billed)
+    tokens = sum(e["input_tokens"] for e in billed)
+    usd = tokens * PRICE_PER_TOKEN[backend]
+    assert first["passes"]["first"]["input_tokens"] == pytest.approx(tokens, rel=0.03)
+    assert first["passes"]["first"]["cost_expected"] == pytest.approx(usd, rel=0.03)
+    assert first["est_cost_usd"]["expected"] == pytest.approx(usd, rel=0.03)
+    assert first["est_cost_usd"]["low"] <= usd * 1.03 and first["est_cost_usd"]["high"] >= usd
+    # what the job recorded is what was billed
+    assert float(read_results(store, spec.name)["cost_usd"].sum()) == pytest.approx(usd, rel=1e-6)
+
+
 @pytest.mark.parametrize("backend", ["openai_batch", "online"])
 @pytest.mark.parametrize(("marker", "message"), [("bad_dimension", f"{DIMS - 1} dimensions"),
                                                  ("nan_vector", "non-finite"), ("zero_vector", "norm 0")])

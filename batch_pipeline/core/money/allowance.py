@@ -13,6 +13,7 @@ import polars as pl
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.money.cost import Price, PriceTable
+from batch_pipeline.core.money.usd import usd_figure
 from batch_pipeline.core.route.plan import RouteBook, candidate_for, routed_variant
 from batch_pipeline.core.spec.job import AUTO_BACKEND, JobSpec
 from batch_pipeline.core.state.fallback import fallback_variant, handed_over
@@ -99,7 +100,7 @@ def _routed(spec: JobSpec, store, prices: PriceTable, items, results, states, ma
         for key in _SUMMED + ("cost_expected", "cost_high"):
             if key in base["passes"][name]:
                 base["passes"][name][key] = sum(q["passes"][name].get(key, 0) for _, q in parts.values())
-    base["est_cost_usd"] = {k: round(sum(q["est_cost_usd"][k] for _, q in parts.values()), 6)
+    base["est_cost_usd"] = {k: usd_figure(sum(q["est_cost_usd"][k] for _, q in parts.values()))
                             for k in ("low", "expected", "high")}
     base["pending_requests"] = sum(q["pending_requests"] for _, q in parts.values())
     base["probe_requests"] = sum(q["probe_requests"] for _, q in parts.values())
@@ -116,5 +117,8 @@ def _add_fallback(spec: JobSpec, store, prices: PriceTable, quote: dict, items, 
     allowance = {k: fq["passes"]["first"][f"cost_{k}"] * share for k in ("low", "expected", "high")}
     quote["passes"]["fallback"] = {"model": fb.model, "backend": fb.backend.name, "share": round(share, 4),
                                    "measured_on": tried, "requests_expected": round(fq["pending_requests"] * share, 1),
+                                   # the fallback's own count of a request (its tokenizer, the prompt's prefix)
+                                   "input_tokens_per_request": round(fq["passes"]["first"]["input_tokens"]
+                                                                     / max(fq["pending_requests"], 1), 1),
                                    **{f"cost_{k}": v for k, v in allowance.items()}}
-    quote["est_cost_usd"] = {k: round(v + allowance[k], 6) for k, v in quote["est_cost_usd"].items()}
+    quote["est_cost_usd"] = {k: usd_figure(v + allowance[k]) for k, v in quote["est_cost_usd"].items()}

@@ -4,8 +4,9 @@ The manifest stores ``est_input_tokens`` (user bytes / 4 plus a fixed system-and
 tokenizing every prompt of a 10M-item job at each quote would take minutes. So the user part is rescaled by
 tokenizer tokens per estimated token, measured on a sample of pending prompts (up to ``SAMPLE_ITEMS`` from up to
 ``SAMPLE_SHARDS`` shards spread over the pending ones, the lowest request IDs of each: a hash order, so an
-unbiased draw), and the fixed part is counted exactly: the system message, the output schema (billed as input)
-and the framing (4 tokens per message, 3 to prime the reply).
+unbiased draw), and the fixed part is counted exactly: the system message and the few-shot examples, the output
+schema (billed as input) and the framing (4 tokens per message, each example its own, 3 to prime the reply). An
+embeddings request is its input text alone: no messages, so no framing (and no system prompt or schema).
 """
 
 import json
@@ -80,8 +81,10 @@ def request_tokens(spec: JobSpec, sample: pl.DataFrame, counter: TokenCounter | 
     schema = schema_text(spec)
     system_tokens = counter.count([system])[0] if system else 0
     schema_tokens = counter.count([schema])[0] if schema else 0
-    fixed_tokens = ((system_tokens + MESSAGE_OVERHEAD_TOKENS if system else 0) + MESSAGE_OVERHEAD_TOKENS
-                    + REQUEST_OVERHEAD_TOKENS + schema_tokens)
+    messages = (1 if spec.prompt.system else 0) + len(spec.prompt.examples) + 1  # system, examples, the row's
+    fixed_tokens = system_tokens + messages * MESSAGE_OVERHEAD_TOKENS + REQUEST_OVERHEAD_TOKENS + schema_tokens
+    if spec.output.embedding is not None:  # the text alone is billed: no chat framing (no system, no schema)
+        fixed_tokens = 0
     fixed_estimated = fixed_request_tokens(len(system.encode()))
     per_estimated = 1.0
     if sample.height:

@@ -19,7 +19,7 @@ from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.manifest.upstream import PassShare, ShareSource, UpstreamTable, chain, downstream_specs
 from batch_pipeline.core.money.cost import BYTES_PER_TOKEN, PriceTable, fixed_request_tokens
 from batch_pipeline.core.money.estimate import schema_text
-from batch_pipeline.core.money.usd import format_usd
+from batch_pipeline.core.money.usd import format_usd, usd_figure
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
@@ -44,7 +44,7 @@ class PassQuote:
 
     def as_dict(self) -> dict:
         out = asdict(self)
-        out["cost_expected"], out["cost_high"] = round(self.cost_expected, 6), round(self.cost_high, 6)
+        out["cost_expected"], out["cost_high"] = usd_figure(self.cost_expected), usd_figure(self.cost_high)
         return out
 
 
@@ -81,9 +81,9 @@ def cascade_quote(spec: JobSpec, store: Store, prices: PriceTable, items: pl.Dat
                                 s.source.value, s.measured_on, math.ceil(requests), expected, high,
                                 priced_from=f"{spec.name}'s items"))
     return {"passes": [p.as_dict() for p in passes],
-            "total": {"expected": round(sum(p.cost_expected for p in passes), 6),
-                      "high": round(sum(p.cost_high for p in passes), 6),
-                      "spent_usd": round(sum(p.spent_usd for p in passes), 6)},
+            "total": {"expected": usd_figure(sum(p.cost_expected for p in passes)),
+                      "high": usd_figure(sum(p.cost_high for p in passes)),
+                      "spent_usd": usd_figure(sum(p.spent_usd for p in passes))},
             "left_out": left_out}
 
 
@@ -111,7 +111,7 @@ def _user_tokens(spec: JobSpec, items: pl.DataFrame) -> float:
     """The mean row content of this job's items in tokens (the estimate less its system and framing part)."""
     if items.height == 0 or "est_input_tokens" not in items.columns:
         return 0.0
-    fixed = fixed_request_tokens(len(spec.prompt.system.encode()))
+    fixed = fixed_request_tokens(len(spec.prompt.prefix_text.encode()))  # as the manifest counted it
     return max(float(items["est_input_tokens"].mean() or 0.0) - fixed, 0.0)  # type: ignore[arg-type]
 
 
@@ -120,7 +120,7 @@ def price_pass(spec: JobSpec, prices: PriceTable, requests: float, user_tokens: 
     price = prices.lookup(spec.backend.name, spec.model)
     literal = sum(len(part) for part, *_ in _template_parts(spec.prompt.template))
     schema = schema_text(spec)
-    per_request = (user_tokens + fixed_request_tokens(len(spec.prompt.system.encode()))
+    per_request = (user_tokens + fixed_request_tokens(len(spec.prompt.prefix_text.encode()))
                    + (literal + len(schema or "")) / BYTES_PER_TOKEN)
     batch = spec.backend.name.endswith("_batch")
     tokens_in = requests * per_request

@@ -32,7 +32,7 @@ from batch_pipeline.core.money.cost import BYTES_PER_TOKEN, Price, PriceTable, e
 from batch_pipeline.core.money.estimate import RequestTokens, prompt_sample, request_tokens, token_calibration
 from batch_pipeline.core.money.passes import cascade_quote
 from batch_pipeline.core.money.tokenizers import counter_for
-from batch_pipeline.core.money.usd import format_usd
+from batch_pipeline.core.money.usd import format_usd, usd_figure
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.quality.golden import GoldenProbes, canary_passed
 from batch_pipeline.core.manifest.upstream import job_inputs
@@ -97,20 +97,23 @@ def calibration(items: pl.DataFrame, results: pl.DataFrame, per_request_extra: i
 def cache_prefix_tokens(spec: JobSpec, price: Price, tokens: RequestTokens | None = None) -> int:
     """Tokens of the prefix every request shares and the provider caches: the system prompt; where cache writes
     are billed (Anthropic) the tools before it too (the output schema), as the breakpoint on the system block
-    caches both. 0 without a system prompt (nothing is marked cacheable). ``tokens``: counted by the model's
+    caches both; the few-shot examples after it are part of the prefix (Anthropic's breakpoint follows the last
+    one). 0 without a system prompt or examples (nothing is marked cacheable). ``tokens``: counted by the model's
     tokenizer (else bytes / 4)."""
-    if not spec.prompt.system:
+    prefix = spec.prompt.prefix_text
+    if not prefix:
         return 0
     if tokens is not None:
         return tokens.system_tokens + (tokens.schema_tokens if price.writes_cache else 0)
-    system = math.ceil(len(spec.prompt.system.encode()) / BYTES_PER_TOKEN)
+    system = math.ceil(len(prefix.encode()) / BYTES_PER_TOKEN)
     return system + (schema_tokens(spec) if price.writes_cache else 0)
 
 
 def probe_estimates(spec: JobSpec, probes: pl.DataFrame) -> pl.DataFrame:
     """Probes (with user_prompt) and their estimated input tokens, counted like the manifest counts an item's
-    (``est_input_tokens``: the rendered prompt and the system prompt; the schema is added per request)."""
-    system_bytes = len(spec.prompt.system.encode())
+    (``est_input_tokens``: the rendered prompt, the system prompt and the examples; the schema is added per
+    request)."""
+    system_bytes = len(spec.prompt.prefix_text.encode())
     return probes.with_columns(estimate_request_tokens(pl.col("user_prompt").str.len_bytes(), system_bytes)
                                .cast(pl.Int64).alias("est_input_tokens"))
 
@@ -251,8 +254,8 @@ def make_quote(spec: JobSpec, store, prices: PriceTable, items: pl.DataFrame | N
         # multi-pass jobs: every pass of the cascade (core/money/passes.py); None for a one-pass job
         "cascade": cascade_quote(spec, store, prices, items, {"requests": n, "cost_expected": total["expected"],
                                                              "cost_high": total["high"]}),
-        "est_cost_usd": {k: round(v, 6) for k, v in total.items()},
-        "spent_usd": round(spent, 6), "budget_usd": spec.budget_usd,
+        "est_cost_usd": {k: usd_figure(v) for k, v in total.items()},
+        "spent_usd": usd_figure(spent), "budget_usd": spec.budget_usd,
         "within_budget": spec.budget_usd is None or spent + total["high"] <= spec.budget_usd,
         "components": components, "fingerprint": _sha(components),
         "created_at": now.isoformat(), "expires_at": (now + QUOTE_TTL).isoformat(),

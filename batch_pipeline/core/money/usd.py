@@ -17,3 +17,10 @@ def format_usd(amount: float) -> str:
         whole, frac = text.split(".")
         text = f"{whole}.{frac.rstrip('0').ljust(2, '0')}"
     return f"{sign}${text}"
+
+
+def usd_figure(amount: float) -> float:
+    """A stored dollar figure (quotes): 6 significant digits below a dollar, so a sub-cent quote keeps its digits
+    (0.0000016, not 0.000002: rounded to 6 decimals a 40-row embeddings job read 25% high), 6 decimals from a
+    dollar up."""
+    return float(f"{amount:.6g}") if abs(amount) < 1 else round(amount, 6)
