@@ -246,7 +246,8 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
     def shard_results(context: dg.AssetExecutionContext, store: StoreResource,
                       prices: PricesResource) -> dg.MaterializeResult:
         driver = shard_driver(context, spec, store, prices)
-        if driver.stream:
+        if driver.stream and spec.fallback is None:  # a stream backend wrote its results while the shard ran; a
+            # fallback may still hold a batch of the shard (a stream primary with a batch fallback): it is collected
             return dg.MaterializeResult(metadata={"results": dg.MetadataValue.text("written while the shard ran")})
         last_log = [0.0]
 
@@ -375,14 +376,20 @@ def comparison_asset(spec: JobSpec, manifest: dg.AssetsDefinition) -> dg.AssetsD
               kinds={"python"},
               description="The remaining work's request plan quoted on every backend of cost_compare, and the "
                           "self-hosted break-even utilisation; made with the manifest, before anything is spent "
-                          "(`batch-pipeline quote --compare` prices the whole job too). Fails on a backend or model "
-                          "with no price row: add it to data/prices.yaml or drop it from cost_compare.")
+                          "(`batch-pipeline quote --compare` prices the whole job too). A backend or model with no "
+                          "price row is named in its metadata (add it to data/prices.yaml or drop it from "
+                          "cost_compare); the job goes on.")
     def backend_comparison(context: dg.AssetExecutionContext, store: StoreResource,
                            prices: PricesResource) -> dg.MaterializeResult:
         st = store.get()
         state = JobState.load(spec, st)
-        rows = _clean_failure(lambda: compare_backends(spec, st, prices.get(), spec.cost_compare or CostCompareSpec(),
-                                                       state.items, state.results, state.states))
+        try:  # informational: a backend it cannot price is named, and the job goes on
+            rows = compare_backends(spec, st, prices.get(), spec.cost_compare or CostCompareSpec(), state.items,
+                                    state.results, state.states)
+        except BatchPipelineError as exc:
+            context.log.warning(f"backend comparison not made: {exc}")
+            st.write_json(f"{paths.root}/backend_comparison.json", {"error": str(exc)})
+            return dg.MaterializeResult(metadata={"comparison": dg.MetadataValue.text(f"not made: {exc}")})
         st.write_json(f"{paths.root}/backend_comparison.json", rows)
         return dg.MaterializeResult(metadata={"comparison": md_table(pl.DataFrame(rows), limit=20)})
 
