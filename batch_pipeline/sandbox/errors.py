@@ -39,3 +39,15 @@ def bad_request(message: str, *, param: str | None = None, code: str | None = No
 def not_found(kind: str, object_id: str) -> ApiError:
     """404 for an unknown object id."""
     return ApiError(404, f"No such {kind} object: {object_id}", param="id", code="not_found")
+
+
+class InjectedError(ApiError):
+    """The ``http_error`` scenario's answer, in whatever envelope the endpoint's provider uses: ``type`` and
+    ``code`` are given only when the scenario names them (each provider's converter picks its own default for
+    the status: ``as_anthropic``, ``as_bedrock``, ``as_google``)."""
+
+    def __init__(self, status: int, message: str, *, type: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        default = "server_error" if status >= 500 else "invalid_request_error"
+        super().__init__(status, message, type=type or default, code=code, headers=headers)
+        self.given_type = type

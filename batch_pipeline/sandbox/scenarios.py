@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batch_pipeline.sandbox.anthropic.errors import AnthropicError
-from batch_pipeline.sandbox.errors import ApiError
+from batch_pipeline.sandbox.errors import ApiError, InjectedError
 from batch_pipeline.sandbox.ids import stable_fraction
 
 ENDPOINTS = (
@@ -88,6 +88,11 @@ SCENARIO_PARAMS: dict[str, dict[str, Any]] = {
     "unknown_model": {},
     "no_credit": {},
     "access_denied": {},  # Bedrock: every call answers 403 AccessDeniedException
+    # any HTTP error on the endpoints in ``on``, in each provider's envelope: ``code`` is OpenAI's error.code, Azure's
+    # code, Anthropic's error.details.error_code, Bedrock's exception name, Google's ErrorInfo reason; ``type`` is
+    # OpenAI's error.type, Anthropic's error.type, Google's status name (each defaults to the status's own)
+    "http_error": {"status": 500, "code": "", "type": "", "message": "", "times": 1, "on": list(ENDPOINTS),
+                   "retry_after_ms": 0},
     "skew_labels": {"label": "other"},
     "wrong_labels": {"share": 1.0},
 }
@@ -170,6 +175,8 @@ def make_scenario(name: str | None, params: dict[str, Any] | None = None) -> Sce
             raise ValueError(f"param {key} must be >= 1")
         if key in QUOTA_PARAMS and (value < 0 or not float(value).is_integer()):
             raise ValueError(f"param {key} must be a whole number >= 0 (0: off)")
+    if name == "http_error" and not 400 <= merged["status"] <= 599:
+        raise ValueError("param status must be an HTTP error status (400-599)")
     bad_endpoints = sorted(set(merged.get("on", [])) - set(ENDPOINTS) - {"*"})
     if bad_endpoints:
         raise ValueError(f"unknown endpoints in 'on': {bad_endpoints}; known: {list(ENDPOINTS)}")
@@ -198,7 +205,7 @@ def scenario_from_metadata(metadata: dict[str, str] | None) -> Scenario | None:
 
 def endpoint_fault(scenario: Scenario, endpoint: str, counts: dict[str, int], scope: str) -> ApiError | None:
     """The injected 429/500 for this call, if the scenario still owes one (counts are updated)."""
-    if scenario.name not in ("rate_limit", "server_error"):
+    if scenario.name not in ("rate_limit", "server_error", "http_error"):
         return None
     targets = scenario.param("on")
     if endpoint not in targets and "*" not in targets:
@@ -208,6 +215,8 @@ def endpoint_fault(scenario: Scenario, endpoint: str, counts: dict[str, int], sc
     if seen >= int(scenario.param("times")):
         return None
     counts[key] = seen + 1
+    if scenario.name == "http_error":
+        return http_error(scenario)
     if scenario.name == "server_error":
         return ApiError(
             500,
@@ -222,6 +231,16 @@ def endpoint_fault(scenario: Scenario, endpoint: str, counts: dict[str, int], sc
         code="rate_limit_exceeded",
         headers={"retry-after-ms": str(delay_ms), "retry-after": str(max(1, math.ceil(delay_ms / 1000)))},
     )
+
+
+def http_error(scenario: Scenario) -> InjectedError:
+    """The ``http_error`` scenario's answer (a ``retry-after-ms`` and ``retry-after`` when ``retry_after_ms`` > 0)."""
+    status, delay_ms = int(scenario.param("status")), int(scenario.param("retry_after_ms"))
+    headers = ({"retry-after-ms": str(delay_ms), "retry-after": str(max(1, math.ceil(delay_ms / 1000)))}
+               if delay_ms > 0 else {})
+    message = str(scenario.param("message")) or f"Injected HTTP {status} (sandbox scenario http_error)."
+    return InjectedError(status, message, type=str(scenario.param("type")) or None,
+                         code=str(scenario.param("code")) or None, headers=headers)
 
 
 UNKNOWN_MODEL_PREFIX = "unknown-"

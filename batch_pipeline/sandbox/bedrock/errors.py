@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from batch_pipeline.sandbox.errors import ApiError
+from batch_pipeline.sandbox.errors import ApiError, InjectedError
 
 STATUS_TYPES = {400: "ValidationException", 403: "AccessDeniedException", 404: "ResourceNotFoundException",
                 405: "UnknownOperationException", 409: "ConflictException", 413: "ValidationException",
@@ -27,6 +27,11 @@ class BedrockError(ApiError):
         return {"message": self.message}
 
 
+def injected_type(status: int) -> str:
+    """The exception a status is named by (a client error the service model does not list is a validation)."""
+    return STATUS_TYPES.get(status, "ValidationException" if status < 500 else "InternalServerException")
+
+
 def validation(message: str) -> BedrockError:
     return BedrockError(400, message, type="ValidationException")
 
@@ -35,6 +40,8 @@ def as_bedrock(exc: ApiError) -> BedrockError:
     """The same error in Bedrock's shape (headers such as ``retry-after`` are kept)."""
     if isinstance(exc, BedrockError):
         return exc
+    if isinstance(exc, InjectedError):  # the http_error scenario: its code is the exception's name
+        return BedrockError(exc.status, exc.message, type=exc.code or injected_type(exc.status), headers=exc.headers)
     message = exc.message
     if exc.status == 429:
         message = "Too many requests, please wait before trying again. (" + exc.message + ")"
