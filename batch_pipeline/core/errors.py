@@ -5,9 +5,15 @@
   retried up to the per-item budget and then dead-lettered.
 - ``SystemicError``: nothing will succeed until a human fixes something (bad key, unknown model, no credit);
   the job stops once, and no item's budget is spent on it.
+- ``QuotaError`` (a ``TransientError``): the account's queue is full; the shard waits for room.
+
+Which class a provider's answer is decides one table, ``core/error_table.py``; ``provider_error`` builds the
+exception for its decision and ``classify_line_error`` asks it about a batch's failed line.
 """
 
 from enum import StrEnum
+
+from batch_pipeline.core.error_table import Decision, Family, Kind, Where, decide, quota_codes, stop_codes
 
 
 class ErrorClass(StrEnum):
@@ -83,28 +89,31 @@ class StaleAttemptError(BatchPipelineError):
     """An attempt whose fencing token is no longer current tried to record an outcome."""
 
 
-# Batch output line error codes and HTTP statuses -> error class. Unknown codes are transient only when
-# the HTTP status says so; everything else per-item is poison (retried within the item's budget).
-_TRANSIENT_LINE_CODES = frozenset(
-    {"batch_expired", "batch_cancelled", "request_timeout", "server_error", "rate_limit_exceeded", "timeout",
-     "connection_error", "overloaded_error", "api_error"}
-)
-# The one table of systemic codes (the key, model or account is wrong: no retry can fix it), for SDK errors and for
-# the lines of a batch's output and error files alike.
-SYSTEMIC_CODES = frozenset({"invalid_api_key", "model_not_found", "insufficient_quota", "billing_hard_limit_reached",
-                            "account_deactivated", "unsupported_country_region_territory", "invalid_organization"})
+# The systemic codes a stop can carry that are ours (the key, model or account is wrong: no retry can fix it); the
+# rows that give them, and every other provider answer, are the one table in core/error_table.py.
+SYSTEMIC_CODES = stop_codes()
 
 
 # A provider batch that failed with one of these codes was refused for capacity, not for anything in it.
-QUOTA_BATCH_CODES = frozenset({"token_limit_exceeded"})
+QUOTA_BATCH_CODES = quota_codes(Family.OPENAI)
 
 
-def classify_line_error(code: str | None, status_code: int | None = None) -> ErrorClass:
-    """Class of one failed request line inside a provider batch."""
-    if code in SYSTEMIC_CODES or status_code in (401, 403):
-        return ErrorClass.SYSTEMIC
-    if code in _TRANSIENT_LINE_CODES:
-        return ErrorClass.TRANSIENT
-    if status_code is not None and (status_code == 429 or status_code >= 500 or status_code == 408):
-        return ErrorClass.TRANSIENT
-    return ErrorClass.POISON
+def classify_line_error(code: str | None, status_code: int | None = None, message: str | None = None) -> ErrorClass:
+    """Class of one failed request line inside a provider batch (the table's rows, any family: a line names none)."""
+    kind = decide(None, status_code, code, message or "", where=Where.LINE).kind
+    return ErrorClass.SYSTEMIC if kind == Kind.SYSTEMIC else ErrorClass.POISON if kind == Kind.POISON \
+        else ErrorClass.TRANSIENT
+
+
+def provider_error(decision: Decision, message: str, *, code: str | None = None, retry_after_s: float | None = None,
+                   dimension: str | None = None, limit: int | None = None) -> BatchPipelineError:
+    """The exception for a provider's answer the table decided (``message`` already redacted): a stop carries the
+    row's code (else the provider's) and the row's advice; a quota refusal needs the ``dimension`` it refuses."""
+    if decision.kind == Kind.SYSTEMIC:
+        advice = f" ({decision.advice})" if decision.advice else ""
+        return SystemicError(message + advice, code=decision.stop or code)
+    if decision.kind == Kind.QUOTA and dimension is not None:
+        return QuotaError(message, dimension=dimension, limit=limit, code=code, retry_after_s=retry_after_s)
+    if decision.kind == Kind.POISON:
+        return PoisonItemError(message)
+    return TransientError(message, code=code, retry_after_s=retry_after_s)

@@ -238,6 +238,7 @@ def _with_errors(raw: pa.Table, answered: pa.Array, v: Verdicts) -> Verdicts:
     cs = raw.column("error_code").combine_chunks().filter(errored).to_pylist()
     ms = raw.column("error_message").combine_chunks().filter(errored).to_pylist()
     return Verdicts(v.status, v.parsed_output,
-                    _scatter(v.error_class, errored, [classify_line_error(c, h).value for c, h in zip(cs, hs)]),
+                    _scatter(v.error_class, errored, [classify_line_error(c, h, m).value
+                                                    for c, h, m in zip(cs, hs, ms)]),
                     _scatter(v.error_code, errored, [c or (f"http_{h}" if h else "no_response") for c, h in zip(cs, hs)]),
                     _scatter(v.error_message, errored, [m or "no response for this request" for m in ms]))
