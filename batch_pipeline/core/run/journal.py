@@ -39,6 +39,13 @@ def journal_rel(job: str, shard_id: str, attempt: int) -> str:
     return f"{JobPaths(job).root}/journal/{shard_id}/attempt-{attempt:04d}"
 
 
+def _plain(value: Any) -> Any:
+    """An embeddings row's vector (a NumPy array) as the list ``replay`` reads back."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"a journal row holds {type(value).__name__}, which JSON cannot hold")
+
+
 class AnswerJournal:
     """One attempt's journal, open for appending (thread-safe); ``close`` waits for the last commit."""
 
@@ -61,7 +68,7 @@ class AnswerJournal:
 
     def append(self, row: Sequence[Any]) -> None:
         """Make one finished answer durable; returns once it is on disk (raises if the journal cannot write)."""
-        line = json.dumps(list(row), ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+        line = json.dumps(list(row), ensure_ascii=False, separators=(",", ":"), default=_plain).encode() + b"\n"
         with self._cond:
             if self._error is not None:
                 raise self._error
