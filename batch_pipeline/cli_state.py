@@ -28,7 +28,7 @@ def status(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
     from batch_pipeline.core.publish.tables import JobState
     from batch_pipeline.core.run.control import JobControl
     from batch_pipeline.core.state.view import load_view
-    from batch_pipeline.executors.registry import batch_minimum, capacity_ledgers
+    from batch_pipeline.executors.registry import batch_minimums, capacity_ledgers
 
     store = _store(args)
     if not Manifest(spec.name, store).shard_ids():
@@ -36,7 +36,7 @@ def status(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
                       f"(`batch-pipeline run {spec.source_path or spec.name}`)")
         return ExitCode.BAD_INPUT
     ledgers = capacity_ledgers(store, spec.backend, spec.model)
-    view = load_view(spec, store, min_batch=batch_minimum(spec.backend), capacity=ledgers)
+    view = load_view(spec, store, **batch_minimums(spec), capacity=ledgers)
     plan = view.plan()
     by_state: dict[str, int] = {}
     for state in plan.states.values():

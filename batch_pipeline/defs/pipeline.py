@@ -27,7 +27,7 @@ from batch_pipeline.defs.assets import SHARDS_TAG, asset_key, shards_partitions
 from batch_pipeline.defs.build import build_definitions
 from batch_pipeline.defs.jobs import PUBLISH_ASSETS
 from batch_pipeline.defs.sensors import batch_poller
-from batch_pipeline.executors.registry import batch_minimum, capacity_ledgers, create_executor
+from batch_pipeline.executors.registry import batch_minimums, capacity_ledgers, create_executor
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def run_job(spec: JobSpec, instance: dg.DagsterInstance, resources: dict | None 
     max_passes = spec.retries.per_item + 2  # expired/cancelled items do not spend their budget
     queue = QueueLoop(spec, store, stage)
     while True:
-        plan = load_view(spec, store, min_batch=batch_minimum(spec.backend), capacity=queue.ledgers,
+        plan = load_view(spec, store, **batch_minimums(spec), capacity=queue.ledgers,
                          batch_ended=queue.poller if queue.bound else None).plan()
         log.info("job %s: plan: %s", spec.name, plan.describe())
         if plan.stopped:

@@ -10,9 +10,9 @@ from batch_pipeline.core.run.runner import ShardRunner
 from batch_pipeline.core.spec.job import BackendSpec, JobSpec
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.state.execute import ShardDriver, ShardWaits
-from batch_pipeline.core.state.fallback import Stage, fallback_variant
+from batch_pipeline.core.state.fallback import Stage, fallback_may_use_tail, fallback_tail_variant, fallback_variant
 from batch_pipeline.defs.resources import PricesResource, StoreResource
-from batch_pipeline.executors.registry import create_executor
+from batch_pipeline.executors.registry import batch_minimums, create_executor
 
 
 def shard_runner(spec: JobSpec, store: StoreResource, prices: PricesResource, backend: BackendSpec | None = None,
@@ -61,6 +61,10 @@ def shard_driver(context, spec: JobSpec, store: StoreResource, prices: PricesRes
     tail = (lambda: shard_runner(spec, store, prices, spec.tail.backend)) if spec.tail is not None else None
     fallback = (lambda: shard_runner(fallback_variant(spec), store, prices, stage=Stage.FALLBACK)) \
         if spec.fallback is not None else None
+    # the fallback's items below its backend's minimum per batch: the fallback model on the tail backend
+    fallback_tail = (lambda: shard_runner(fallback_tail_variant(spec), store, prices, stage=Stage.FALLBACK)) \
+        if fallback_may_use_tail(spec) else None
+    minimums = batch_minimums(spec)
     if spec.route is not None:  # backend: auto: each shard's runner is built for the backend its route names
         book = RouteBook(store.get(), spec.name)
 
@@ -71,6 +75,8 @@ def shard_driver(context, spec: JobSpec, store: StoreResource, prices: PricesRes
                                  + (f": {choice.reason}" if choice else ": quote the job first (it routes the shards)"))
             return shard_runner(routed_variant(spec, candidate_for(spec, choice).backend, choice.model), store, prices)
 
-        return ShardDriver(spec, store.get(), None, tail, say=context.log.info, fallback=fallback, router=routed)
+        return ShardDriver(spec, store.get(), None, tail, say=context.log.info, fallback=fallback, router=routed,
+                           fallback_tail=fallback_tail, fallback_min_batch=minimums["fallback_min_batch"])
     return ShardDriver(spec, store.get(), shard_runner(spec, store, prices), tail, say=context.log.info,
-                       fallback=fallback)
+                       fallback=fallback, fallback_tail=fallback_tail,
+                       fallback_min_batch=minimums["fallback_min_batch"])

@@ -26,7 +26,7 @@ from batch_pipeline.core.state.view import load_view
 from batch_pipeline.defs.assets import SHARDS_TAG, shards_partitions
 from batch_pipeline.defs.jobs import job_names
 from batch_pipeline.defs.resources import StoreResource
-from batch_pipeline.executors.registry import batch_minimum, capacity_ledgers, create_executor
+from batch_pipeline.executors.registry import batch_minimums, capacity_ledgers, create_executor
 
 IN_FLIGHT = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
              dg.DagsterRunStatus.STARTED]
@@ -170,7 +170,7 @@ def build_shard_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
         busy = bool(in_flight) or any(_in_flight(instance, names[j]) for j in ("quote", "publish"))
 
         view = load_view(spec, st, in_flight=in_flight, busy=busy, batch_ended=batch_poller(spec),
-                         min_batch=batch_minimum(spec.backend),
+                         **batch_minimums(spec),
                          capacity=capacity_ledgers(st, spec.backend, spec.model))
         plan = view.plan()
         attempts = {s.shard_id: s.attempts for s in view.summaries}

@@ -11,7 +11,8 @@ from batch_pipeline.core.ledger.ceilings import Ceilings
 from batch_pipeline.core.run.lease import default_ttl
 from batch_pipeline.core.run.executor import BatchExecutor, StreamExecutor
 from batch_pipeline.core.route.plan import BackendProfile
-from batch_pipeline.core.spec.job import AUTO_BACKEND, BackendSpec
+from batch_pipeline.core.spec.job import AUTO_BACKEND, BackendSpec, JobSpec
+from batch_pipeline.core.state.fallback import fallback_backend
 from batch_pipeline.core.spec.quota import QuotaSpec
 from batch_pipeline.core.store import Store
 from batch_pipeline.executors.accounts import AccountSpread
@@ -69,6 +70,13 @@ def batch_minimum(backend: BackendSpec) -> int:
     cls = executor_class(backend.name)
     minimum = getattr(cls, "min_requests", None)
     return 0 if minimum is None else int(minimum(_settings(cls, backend)))
+
+
+def batch_minimums(spec: JobSpec) -> dict[str, int]:
+    """The job's backend's and its fallback's backend's minimum requests per batch, as ``load_view`` takes them."""
+    fallback = fallback_backend(spec)
+    return {"min_batch": batch_minimum(spec.backend),
+            "fallback_min_batch": batch_minimum(fallback) if fallback is not None else 0}
 
 
 def capacity_of(backend: BackendSpec, model: str) -> list[tuple[CapacityScope, QuotaSpec]]:

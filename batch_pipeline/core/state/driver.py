@@ -15,7 +15,7 @@ its plan (or ``shard_step`` for one shard) and never re-derive it. The rules, in
 | intent without a submission                       | RESOLVE     |                                |
 | canary pending, this is the canary shard          | CANARY      |                                |
 | canary pending, any other shard                   | -           | waits for the canary           |
-| only items handed to the fallback are left        | SUBMIT (fb) |                                |
+| only items handed to the fallback are left        | SUBMIT (fb) | below the fallback's minimum   |
 | new or retryable, deadline near, tail configured  | RESCUE      |                                |
 | new or retryable, quote stale                     | REQUOTE     | waits for a fresh quote        |
 | new or retryable, fewer than the backend's minimum| RESCUE      | below the minimum (no tail)    |
@@ -27,7 +27,10 @@ items go there (the canary too, ``Step.tail``), without one the shard waits and 
 
 The fallback (``fallback:``, core/state/fallback.py) answers the items the primary gave up on once the primary has
 nothing left to send in the shard (``Step.fallback``); the primary's rules (rescue, minimum) count only the
-primary's own pending items.
+primary's own pending items. The fallback's backend has its own minimum (``JobFacts.fallback_min_batch``, e.g. a
+Bedrock fallback's records per job): below it the items go to the tail backend with the fallback model
+(``Step.tail``, when the tail's rows can be told from the primary's: another model), else the shard waits and says
+why.
 
 When every shard is settled and nothing is in flight, the plan is PUBLISH.
 """
@@ -74,7 +77,7 @@ class Step:
     action: Action
     shard_id: str | None
     reason: str
-    tail: bool = False  # a CANARY that runs on the tail backend (below the batch minimum)
+    tail: bool = False  # a CANARY (or a fallback SUBMIT) that runs on the tail backend (below the batch minimum)
     fallback: bool = False  # a SUBMIT of the items handed to the fallback model
 
 
@@ -105,6 +108,8 @@ class JobFacts:
     ended: frozenset[str] = frozenset()       # submitted shards whose batch the provider has ended
     busy: bool = False                        # any run of the job in flight (holds publishing back)
     min_batch: int = 0                        # items a batch of the backend needs at least (0: no minimum)
+    fallback_min_batch: int = 0               # the same of the fallback's backend
+    fallback_tail: bool = False               # the tail backend may answer with the fallback model (another model)
     room: Room | None = None                  # the account queue's free capacity (None: the backend has none)
     needs: dict[str, Need] = field(default_factory=dict)  # what each shard's next batch would hold in the queue
     held: dict[str, str] = field(default_factory=dict)  # shards held for a human (results lost at the provider)
@@ -184,7 +189,7 @@ def shard_step(s: ShardSummary, facts: JobFacts) -> Step | Wait | None:
             return Wait(WaitKind.QUOTE, "waits for a fresh quote")
         why = "the canary runs first, alone" if not s.canary_done else \
             "the canary has no verdict yet: it runs again (what is still pending in its sample)"
-        small = _below_minimum(min(canary.size or s.expected, _pending(s)), facts)
+        small = _below_minimum(min(canary.size or s.expected, _pending(s)), facts.min_batch)
         if small is None:
             return Step(Action.CANARY, s.shard_id, why)
         return Step(Action.CANARY, s.shard_id, f"{why}; {small}: on the tail backend", tail=True) \
@@ -192,13 +197,21 @@ def shard_step(s: ShardSummary, facts: JobFacts) -> Step | Wait | None:
     if s.fallback_pending and _pending(s) <= s.fallback_pending:
         if not facts.quote_fresh:
             return Wait(WaitKind.QUOTE, "waits for a fresh quote")
-        return Step(Action.SUBMIT, s.shard_id, f"{s.fallback_pending} item(s) the primary could not answer: to the "
-                                               "fallback model", fallback=True)
+        what = f"{s.fallback_pending} item(s) the primary could not answer"
+        small = _below_minimum(s.fallback_pending, facts.fallback_min_batch, "the fallback backend's")
+        if small is None:
+            return Step(Action.SUBMIT, s.shard_id, f"{what}: to the fallback model", fallback=True)
+        if facts.fallback_tail:
+            return Step(Action.SUBMIT, s.shard_id, f"{what}: {small}: to the fallback model on the tail backend",
+                        fallback=True, tail=True)
+        return Wait(WaitKind.BELOW_MINIMUM, f"{what} for the fallback model: {small}; they wait (a `tail:` backend "
+                                            "with a price for the fallback model answers them online; or a fallback "
+                                            "backend without a minimum)")
     if rescue:
         return Step(Action.RESCUE, s.shard_id, "deadline near: the shard goes to the tail backend")
     if not facts.quote_fresh:
         return Wait(WaitKind.QUOTE, "waits for a fresh quote")
-    small = _below_minimum(_pending(s) - s.fallback_pending, facts)
+    small = _below_minimum(_pending(s) - s.fallback_pending, facts.min_batch)
     if small is not None:
         return Step(Action.RESCUE, s.shard_id, f"{small}: the shard goes to the tail backend") if facts.has_tail \
             else Wait(WaitKind.BELOW_MINIMUM, f"{small}{_NO_TAIL}")
@@ -215,11 +228,11 @@ def _pending(s: ShardSummary) -> int:
     return s.expected if s.state == ShardState.NEW else s.retryable
 
 
-def _below_minimum(sending: int, facts: JobFacts) -> str | None:
-    """Why ``sending`` items cannot be one batch of the backend, or None when they can."""
-    if not facts.min_batch or sending >= facts.min_batch:
+def _below_minimum(sending: int, minimum: int, whose: str = "the backend's") -> str | None:
+    """Why ``sending`` items cannot be one batch of a backend whose minimum is ``minimum``, or None when they can."""
+    if not minimum or sending >= minimum:
         return None
-    return f"{sending} item(s), below the backend's minimum of {facts.min_batch} per batch"
+    return f"{sending} item(s), below {whose} minimum of {minimum} per batch"
 
 
 def _canary_need(need: Need, size: int, s: ShardSummary) -> Need:

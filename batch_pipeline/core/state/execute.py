@@ -51,10 +51,13 @@ class ShardDriver:
     def __init__(self, spec: JobSpec, store: Store, runner: ShardRunner | None,
                  tail: Callable[[], ShardRunner] | None = None, say: Callable[[str], None] | None = None,
                  fallback: Callable[[], ShardRunner] | None = None,
-                 router: Callable[[str], ShardRunner] | None = None):
+                 router: Callable[[str], ShardRunner] | None = None,
+                 fallback_tail: Callable[[], ShardRunner] | None = None, fallback_min_batch: int = 0):
         """``router`` (``backend: auto``): the runner of a shard's routed backend, asked per shard (``runner`` is
-        then None until the first shard is taken up)."""
+        then None until the first shard is taken up). ``fallback_tail``: the fallback model on the tail backend,
+        for the fallback's items below its backend's minimum per batch (``fallback_min_batch``)."""
         self.spec, self.store, self.tail, self.fallback, self.router = spec, store, tail, fallback, router
+        self.fallback_tail, self.fallback_min_batch = fallback_tail, fallback_min_batch
         self._fallback_runner: ShardRunner | None = None
         self._routed: dict[str, ShardRunner] = {}
         self.say = say or log.info
@@ -77,7 +80,7 @@ class ShardDriver:
         self._use(self._routed.setdefault(key, runner))
 
     def _step(self, shard_id: str) -> Step | Wait | None:
-        summary, facts = load_shard(self.spec, self.store, shard_id, self.min_batch)
+        summary, facts = load_shard(self.spec, self.store, shard_id, self.min_batch, self.fallback_min_batch)
         return shard_step(summary, facts)
 
     def _tail(self) -> ShardRunner:
@@ -141,6 +144,10 @@ class ShardDriver:
                      f"{online.rows} items sent to the tail backend")
             return report
         if step.fallback:
+            if step.tail:  # below the fallback backend's minimum: the fallback model on the tail backend
+                if self.fallback_tail is None:
+                    raise ShardWaits(f"job {self.spec.name} has no tail backend for the fallback model")
+                return self._send(self.fallback_tail(), shard_id, report)
             return self._send(self._fallback(), shard_id, report)
         only = self._canary_ids(shard_id) if step.action == Action.CANARY else None
         canary = step.action == Action.CANARY
@@ -187,9 +194,9 @@ class ShardDriver:
         runner = self._collector(shard_id)
         if isinstance(runner.executor, StreamExecutor):
             return report
-        try:
-            out = runner.collect(shard_id, poll_interval_s=self._poll_interval(), on_status=on_status,
-                                      cancel_when=lambda: deadline_near(self.spec))
+        try:  # at the collecting backend's own pace (a stream primary's fallback batch, say)
+            out = runner.collect(shard_id, poll_interval_s=float(getattr(runner.executor, "poll_interval_s", 2.0)),
+                                 on_status=on_status, cancel_when=lambda: deadline_near(self.spec))
         except JobPaused as exc:
             return ShardReport(shard_id, "paused", notes=[str(exc)])
         report.results, report.succeeded, report.collected = out.rows, out.succeeded, len(out.attempts)

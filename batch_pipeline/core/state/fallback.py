@@ -38,12 +38,25 @@ def fallback_variant(spec: JobSpec) -> JobSpec:
     return spec.model_copy(update={"model": spec.fallback.model, "backend": fallback_backend(spec)})
 
 
+def fallback_may_use_tail(spec: JobSpec) -> bool:
+    """The fallback's items below its backend's batch minimum may go to the tail backend with the fallback model:
+    there is a tail, and its rows are told from the primary's tail rows by their model."""
+    return spec.fallback is not None and spec.tail is not None and spec.fallback.model != spec.model
+
+
+def fallback_tail_variant(spec: JobSpec) -> JobSpec:
+    """The fallback as the tail backend runs it (below the fallback backend's batch minimum)."""
+    assert spec.tail is not None
+    return fallback_variant(spec).model_copy(update={"backend": spec.tail.backend})
+
+
 def is_fallback_row(spec: JobSpec) -> pl.Expr:
-    """Result rows answered (or failed) by the fallback."""
+    """Result rows answered (or failed) by the fallback: on its backend, or on the tail (``fallback_may_use_tail``)."""
     backend = fallback_backend(spec)
     if backend is None or spec.fallback is None:
         return pl.lit(False)
-    return (pl.col("model") == spec.fallback.model) & (pl.col("backend") == backend.name)
+    names = [backend.name, *([spec.tail.backend.name] if fallback_may_use_tail(spec) and spec.tail else [])]
+    return (pl.col("model") == spec.fallback.model) & pl.col("backend").is_in(names)
 
 
 def handed_over(states: pl.DataFrame) -> pl.Series:

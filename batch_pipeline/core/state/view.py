@@ -15,6 +15,7 @@ from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.run.rescue import deadline_near
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.state.driver import CanaryStatus, JobFacts, Plan, next_steps
+from batch_pipeline.core.state.fallback import fallback_may_use_tail
 from batch_pipeline.core.state.machine import ShardState
 from batch_pipeline.core.state.summary import ShardSummaries, ShardSummary
 from batch_pipeline.core.store import Store
@@ -51,14 +52,17 @@ class JobView:
 
 
 def load_facts(spec: JobSpec, store: Store, shard_ids: list[str], *, in_flight: frozenset[str] = frozenset(),
-               ended: frozenset[str] = frozenset(), busy: bool = False, min_batch: int = 0) -> JobFacts:
-    """``min_batch``: the backend's minimum requests per batch (``executors.registry.batch_minimum``)."""
+               ended: frozenset[str] = frozenset(), busy: bool = False, min_batch: int = 0,
+               fallback_min_batch: int = 0) -> JobFacts:
+    """``min_batch``, ``fallback_min_batch``: the job's backend's and the fallback's backend's minimum requests
+    per batch (``executors.registry.batch_minimums``)."""
     stop = JobControl(store, spec.name).current()
     return JobFacts(
         canary=canary_status(spec, store, shard_ids), stopped=stop["reason"] if stop else None,
         paused=paused(store, spec.name) is not None, quote_fresh=quote_fresh(store, spec.name),
         deadline_near=deadline_near(spec), has_tail=spec.tail is not None, in_flight=in_flight, ended=ended,
-        busy=busy, min_batch=min_batch, held=JobControl(store, spec.name).shard_holds())
+        busy=busy, min_batch=min_batch, held=JobControl(store, spec.name).shard_holds(),
+        fallback_min_batch=fallback_min_batch, fallback_tail=fallback_may_use_tail(spec))
 
 
 def capacity_facts(spec: JobSpec, store: Store, ledgers: list[CapacityLedger],
@@ -78,7 +82,7 @@ def capacity_facts(spec: JobSpec, store: Store, ledgers: list[CapacityLedger],
 
 def load_view(spec: JobSpec, store: Store, *, in_flight: frozenset[str] = frozenset(), busy: bool = False,
               batch_ended: Callable[[list[ShardSummary]], set[str]] | None = None, min_batch: int = 0,
-              capacity: list[CapacityLedger] | None = None) -> JobView:
+              fallback_min_batch: int = 0, capacity: list[CapacityLedger] | None = None) -> JobView:
     """``batch_ended`` asks the provider which of the submitted shards have ended (the sensor polls them, at most
     a bounded number per tick; the CLI collects inline). ``capacity``: the ledger of the account's queue, so the
     plan says which shards wait for room."""
@@ -87,14 +91,15 @@ def load_view(spec: JobSpec, store: Store, *, in_flight: frozenset[str] = frozen
     stopped = JobControl(store, spec.name).current() is not None
     ended = frozenset(batch_ended(submitted)) if batch_ended is not None and submitted and not stopped else frozenset()
     facts = load_facts(spec, store, [s.shard_id for s in summaries], in_flight=in_flight, ended=ended, busy=busy,
-                       min_batch=min_batch)
+                       min_batch=min_batch, fallback_min_batch=fallback_min_batch)
     room, needs = capacity_facts(spec, store, capacity or [], summaries)
     if room is not None:
         facts = replace(facts, room=room, needs=needs)
     return JobView(summaries, facts)
 
 
-def load_shard(spec: JobSpec, store: Store, shard_id: str, min_batch: int = 0) -> tuple[ShardSummary, JobFacts]:
+def load_shard(spec: JobSpec, store: Store, shard_id: str, min_batch: int = 0,
+               fallback_min_batch: int = 0) -> tuple[ShardSummary, JobFacts]:
     """One shard's summary and the job's facts: what a shard run needs to take its step, without reading every
     other shard's summary."""
     summaries = ShardSummaries(spec, store)
@@ -102,4 +107,4 @@ def load_shard(spec: JobSpec, store: Store, shard_id: str, min_batch: int = 0) -
     if shard_id not in shard_ids:
         raise ConfigError(f"shard {shard_id} is not in the manifest of job {spec.name}")
     summary = summaries.read(shard_id) or summaries.refresh(shard_id)
-    return summary, load_facts(spec, store, shard_ids, min_batch=min_batch)
+    return summary, load_facts(spec, store, shard_ids, min_batch=min_batch, fallback_min_batch=fallback_min_batch)

@@ -52,3 +52,31 @@ def test_a_canary_sample_below_the_minimum_runs_on_the_tail_or_waits():
 def test_open_batches_are_never_affected():
     s = ShardSummary("s00002", ShardState.INTENT, expected=5)
     assert shard_step(s, JobFacts(canary=PASSED, min_batch=100)).action == Action.RESOLVE
+
+
+def handed_over(n: int, of: int = 40) -> ShardSummary:
+    """A collected shard whose primary gave ``n`` items up: they are the fallback's, and nothing else is left."""
+    return ShardSummary("s00002", ShardState.COLLECTED, expected=of, valid=of - n, missing=n, attempts=2,
+                        fallback_pending=n)
+
+
+def test_the_fallback_backends_own_minimum_holds_its_batch_back():
+    # a Bedrock fallback (100 records per job) with 7 items handed over: never a batch of 7
+    facts = JobFacts(canary=PASSED, min_batch=0, fallback_min_batch=100)
+    step = shard_step(handed_over(7), facts)
+    assert isinstance(step, Wait) and step.kind == WaitKind.BELOW_MINIMUM
+    assert "7 item(s) the primary could not answer for the fallback model" in step.reason
+    assert "below the fallback backend's minimum of 100 per batch" in step.reason
+    # the primary's own minimum does not apply to the fallback's batch, nor the fallback's to the primary's
+    assert shard_step(handed_over(7), JobFacts(canary=PASSED, min_batch=100)).fallback
+    assert shard_step(shard("s00002", ShardState.NEW, 40), facts).action == Action.SUBMIT
+    # at the minimum: a batch of its own
+    assert shard_step(handed_over(100, of=500), facts).fallback and not shard_step(handed_over(100, of=500), facts).tail
+
+
+def test_below_it_the_fallback_model_answers_on_the_tail_backend_when_there_is_one():
+    facts = JobFacts(canary=PASSED, fallback_min_batch=100, has_tail=True, fallback_tail=True)
+    step = shard_step(handed_over(7), facts)
+    assert step.action == Action.SUBMIT and step.fallback and step.tail
+    assert step.reason.endswith("below the fallback backend's minimum of 100 per batch: to the fallback model on "
+                                "the tail backend")
