@@ -103,7 +103,9 @@ def test_a_messages_job_on_openai_batch_sends_system_examples_then_the_turns_in_
                                                                                      instance, resources, home,
                                                                                      tmp_path):
     admin, state = state_sandbox
-    spec = messages_job(make_job, tmp_path)
+    # retention keep: the uploaded input files stay at the provider, so the test can read what was sent
+    spec = messages_job(make_job, tmp_path, backend={"name": "openai_batch",
+                                                     "settings": {"sandbox": True, "retention": "keep"}})
     keys = check_job(spec, run_job(spec, instance, resources), home, admin)
     seen: dict[str, list[dict]] = {}
     for blob in (state / "files").iterdir():  # the batch input files the executor uploaded, as the sandbox keeps them
@@ -122,7 +124,7 @@ def test_a_messages_job_on_anthropic_batch_sends_system_examples_then_the_turns_
                                                                                         tmp_path):
     admin, state = state_sandbox
     spec = messages_job(make_job, tmp_path, model="claude-haiku-4-5",
-                        backend={"name": "anthropic_batch", "settings": {"sandbox": True}})
+                        backend={"name": "anthropic_batch", "settings": {"sandbox": True, "retention": "keep"}})
     keys = check_job(spec, run_job(spec, instance, resources), home, admin)
     saved = json.loads((state / "state.json").read_text())
     seen = {r["custom_id"]: r["params"] for b in saved["anthropic_batches"] for r in b["requests"]}
