@@ -242,18 +242,26 @@ ROWS: tuple[Row, ...] = (
     Row((Family.BEDROCK,), None, "ServiceUnavailableException", T, "503: Bedrock is unavailable"),
     Row((Family.BEDROCK,), None, "RequestTimeout", T, "a request that timed out"),
     Row((Family.BEDROCK,), None, "RequestTimeoutException", T, "a request that timed out"),
-    # -- the codes of batch lines and of our own transports --------------------------------------------------------
-    *(Row(ANY, None, code, T, why) for code, why in (
-        ("batch_expired", "OpenAI and Anthropic: the batch's window ended before this request ran"),
-        ("batch_cancelled", "OpenAI and Anthropic: the batch was cancelled before this request ran"),
-        ("request_timeout", "OpenAI: the request timed out inside the batch"),
-        ("server_error", "OpenAI: 500 'The server had an error while processing your request'"),
-        ("rate_limit_exceeded", "OpenAI: 429 'Rate limit reached'"),
-        ("api_error", "Anthropic: 500 api_error, an unexpected error inside Anthropic"),
-        ("overloaded_error", "Anthropic: 529, the API is overloaded for everyone"),
-        ("timeout_error", "Anthropic: 504, the request timed out"),
-        ("timeout", "no answer within the timeout (our transport)"),
-        ("connection_error", "no answer at all: the connection failed (our transport)"))),
+    # -- a queue refusal: after every stop above, before any transient code (OpenAI's per-hour refusal is a 429
+    # rate_limit_exceeded that names its limit; Bedrock's throttle above never is one) ----------------------------
+    Row(ANY, 429, None, Q, "429 on a create that names the account's queue (enqueued tokens, processing queue, "
+        "quota, concurrent jobs, batches per hour): nothing was created; the shard waits for room",
+        when=QUEUE_WORDS),
+    # -- the codes of batch lines and of our own transports (each its family's: Google's ErrorInfo reason
+    # RATE_LIMIT_EXCEEDED on a create that names a quota is a queue refusal, not OpenAI's rate_limit_exceeded) ----
+    *(Row(families, None, code, T, why) for families, code, why in (
+        ((*OPENAI_LIKE, Family.ANTHROPIC), "batch_expired", "OpenAI and Anthropic: the batch's window ended before "
+         "this request ran"),
+        ((*OPENAI_LIKE, Family.ANTHROPIC), "batch_cancelled", "OpenAI and Anthropic: the batch was cancelled before "
+         "this request ran"),
+        (OPENAI_LIKE, "request_timeout", "OpenAI: the request timed out inside the batch"),
+        (OPENAI_LIKE, "server_error", "OpenAI: 500 'The server had an error while processing your request'"),
+        (OPENAI_LIKE, "rate_limit_exceeded", "OpenAI: 429 'Rate limit reached'"),
+        ((Family.ANTHROPIC,), "api_error", "Anthropic: 500 api_error, an unexpected error inside Anthropic"),
+        ((Family.ANTHROPIC,), "overloaded_error", "Anthropic: 529, the API is overloaded for everyone"),
+        ((Family.ANTHROPIC,), "timeout_error", "Anthropic: 504, the request timed out"),
+        (ANY, "timeout", "no answer within the timeout (our transport)"),
+        (ANY, "connection_error", "no answer at all: the connection failed (our transport)"))),
     # -- by HTTP status, for every provider --------------------------------------------------------------------
     Row(ANY, (401, 403), None, S, "401 the credentials (OpenAI's 'Invalid Authentication', Azure's 'Access "
         "denied due to invalid subscription key'), 403 a resource or region the key may not use: a human must fix "
@@ -263,9 +271,6 @@ ROWS: tuple[Row, ...] = (
     Row(ANY, 408, None, T, "408 Request Timeout: both SDKs retry it; Bedrock's ModelTimeoutException too"),
     Row(ANY, 409, None, T, "409 Conflict: a concurrent change (both SDKs retry it; Google's ABORTED: 'retry at a "
         "higher level'); providers answer 400 for a conflict that retrying cannot settle"),
-    Row(ANY, 429, None, Q, "429 on a create that names the account's queue (enqueued tokens, processing queue, "
-        "quota, concurrent jobs, batches per hour): nothing was created; the shard waits for room",
-        when=QUEUE_WORDS),
     Row(ANY, 429, None, T, "429 Too Many Requests: a rate limit; wait as long as retry-after says"),
     Row(ANY, SERVER, None, T, "5xx: the provider's own failure (500, 502, 503, 504, Anthropic's 529); retry "
         "with backoff"),

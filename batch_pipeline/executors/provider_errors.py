@@ -1,5 +1,5 @@
-"""Pieces shared by the backends' error translation: secrets out of messages, the provider's requested wait,
-(the systemic error codes are one table in ``core/errors.py``: ``SYSTEMIC_CODES``)."""
+"""Pieces shared by the backends' error translation: secrets out of messages, the provider's requested wait, and
+``classified``: an SDK exception's status, code and message put to the one error table (``core/error_table.py``)."""
 
 import email.utils
 import random
@@ -7,7 +7,8 @@ import re
 import time
 from collections.abc import Mapping
 
-from batch_pipeline.core.errors import BatchPipelineError, QuotaError, TransientError
+from batch_pipeline.core.error_table import Family, Where, decide
+from batch_pipeline.core.errors import BatchPipelineError, provider_error
 from batch_pipeline.core.ledger.capacity import Dimension, stated_limit
 
 _KEY_LIKE = re.compile(r"\b(sk|key)-[A-Za-z0-9_\-*]{4,}")
@@ -54,22 +55,23 @@ def retry_wait_s(attempt: int, asked_s: float | None, cap_s: float = MAX_RETRY_W
     return min(wait, cap_s)
 
 
-# What a create refused for the account's queue says (as opposed to a plain rate limit, which is retried in place):
-# OpenAI "Enqueued token limit ... Limit: N", Anthropic "... processing queue ...", Google RESOURCE_EXHAUSTED
-# "... quota ...", Bedrock ServiceQuotaExceededException.
-_QUEUE_WORDS = re.compile(r"enqueued|queue|per hour|concurrent|quota|limit:", re.IGNORECASE)
-QUOTA_CODES = frozenset({"ServiceQuotaExceededException", "token_limit_exceeded"})
+def classified(family: Family, provider: str, action: str, status: int | None, code: str | None, detail: str, *,
+               shown: str | None = None, reason: str | None = None, retry_after: float | None = None,
+               where: Where = Where.CALL, dimension: Dimension | None = None,
+               secret: str | None = None) -> BatchPipelineError:
+    """What the one error table (``core/error_table.py``) makes of a provider's answer, as the exception to raise.
 
-
-def queue_refusal(error: BatchPipelineError, status: int | None, dimension: Dimension) -> QuotaError | None:
-    """The create was refused because the account's queue is full (a ``QuotaError`` for ``dimension``: the
-    runner records it, learns the limit and lets the shard wait), or None (handle ``error`` as it is)."""
-    if isinstance(error, QuotaError):
-        return error
-    if not isinstance(error, TransientError):
-        return None
-    message = str(error)
-    if error.code in QUOTA_CODES or (status == 429 and _QUEUE_WORDS.search(message)):
-        return QuotaError(message, dimension=dimension.value, limit=stated_limit(message), code=error.code,
-                          retry_after_s=error.retry_after_s)
-    return None
+    The adapter gives what its SDK's exception carries: the HTTP status (None: no answer), the provider's code
+    (``reason``: a second one, Google's ErrorInfo reason or Anthropic's ``details.error_code``), the message and
+    the requested wait. The message reads ``"<provider> <action> failed: HTTP <status> <shown>: <detail>"``
+    (``shown`` defaults to the code), secrets redacted, and a stop ends with the row's advice; ``where`` is
+    ``CREATE`` for the call that creates a batch, whose refusal for the account's queue is a ``QuotaError`` for
+    ``dimension``."""
+    label = code if shown is None else shown
+    head = (f"HTTP {status} {label or ''}".rstrip() + ": ") if status is not None else ""
+    message = redact(f"{provider} {action} failed: {head}{detail}", secret)
+    if not detail:
+        message = message.rstrip(": ")
+    decision = decide(family, status, code, detail, reason=reason, where=where)
+    return provider_error(decision, message, code=code, retry_after_s=retry_after,
+                          dimension=dimension.value if dimension is not None else None, limit=stated_limit(message))

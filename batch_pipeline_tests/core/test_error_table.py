@@ -126,6 +126,21 @@ def test_x_should_retry_decides_between_transient_and_poison_never_a_stop():
     assert decide(Family.OPENAI, 401, "invalid_api_key", where=Where.REQUEST, should_retry=True).kind == Kind.SYSTEMIC
 
 
+def test_one_providers_code_is_never_read_as_anothers():
+    """Google's ErrorInfo reason RATE_LIMIT_EXCEEDED is not OpenAI's rate_limit_exceeded: a create refused for
+    the project's concurrent jobs waits for room (a QuotaError), it is not retried in place."""
+    full = "Quota exceeded for aiplatform.googleapis.com/concurrent_batch_prediction_jobs. Limit: 1"
+    for family in (Family.GEMINI, Family.VERTEX):
+        assert decide(family, 429, "resource_exhausted", full, reason="RATE_LIMIT_EXCEEDED",
+                      where=Where.CREATE).kind == Kind.QUOTA
+    # OpenAI's own refusal of a create past the batches per hour is a 429 rate_limit_exceeded that names its limit
+    per_hour = "Rate limit reached for batch creation: 2 batches were created in the past hour. Limit: 2 batches"
+    assert decide(Family.OPENAI, 429, "rate_limit_exceeded", per_hour, where=Where.CREATE).kind == Kind.QUOTA
+    assert decide(Family.OPENAI, 429, "rate_limit_exceeded", "Rate limit reached", where=Where.CREATE).kind == \
+        Kind.TRANSIENT
+    assert decide(Family.BEDROCK, 500, "server_error").row.families != et.OPENAI_LIKE
+
+
 def test_codes_match_case_insensitively_on_the_code_or_the_reason():
     assert decide(Family.GEMINI, 400, "invalid_argument", reason="API_KEY_INVALID").stop == "invalid_api_key"
     assert decide(Family.ANTHROPIC, 429, "rate_limit_error", reason="enforced_spend_limit_reached").kind == Kind.SYSTEMIC

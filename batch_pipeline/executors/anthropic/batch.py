@@ -41,14 +41,15 @@ from pydantic import Field
 
 from batch_pipeline.core.ledger.capacity import Dimension
 from batch_pipeline.executors.quota import QueueCapped
-from batch_pipeline.core.errors import BatchPipelineError, ConfigError, ResultsGoneError, SystemicError, TransientError
+from batch_pipeline.core.error_table import Family, Where
+from batch_pipeline.core.errors import BatchPipelineError, ConfigError, QuotaError, ResultsGoneError, TransientError
 from batch_pipeline.core.run.executor import BatchHandle, BatchState, BatchStatus, ShardWork
 from batch_pipeline.core.run.threads import default_workers, ordered_map
 from batch_pipeline.core.spec.quota import Retention
 from batch_pipeline.executors.anthropic.format import batch_requests, parse_results_block
 from batch_pipeline.executors.endpoint import resolve_endpoint
 from batch_pipeline.executors.jsonl_blocks import iter_blocks
-from batch_pipeline.executors.provider_errors import queue_refusal, redact, retry_after_s, retry_wait_s
+from batch_pipeline.executors.provider_errors import classified, redact, retry_after_s, retry_wait_s
 from batch_pipeline.executors.settings import BatchProviderSettings
 
 log = logging.getLogger(__name__)
@@ -69,25 +70,19 @@ class AnthropicBatchSettings(BatchProviderSettings):
     find_clock_skew_s: float = Field(default=120, ge=0, description="tolerated gap between our clock and theirs")
 
 
-def translate(exc: Exception, action: str, secret: str | None = None) -> BatchPipelineError:
-    """SDK exception -> our error class (after the SDK's own retries were spent); secrets redacted."""
+def translate(exc: Exception, action: str, secret: str | None = None, *, where: Where = Where.CALL,
+              dimension: Dimension | None = None) -> BatchPipelineError:
+    """SDK exception -> our error class (after the SDK's own retries were spent), by the one error table; secrets
+    redacted. ``where=CREATE`` (with the ``dimension`` it fills) for the batch create."""
     if isinstance(exc, anthropic.APIStatusError):
         kind = exc.type or "error"
         detail = exc.api_message or str(exc.message)
-        msg = redact(f"Anthropic {action} failed: HTTP {exc.status_code} {kind}: {detail}", secret)
-        lowered = detail.lower()
-        if isinstance(exc, anthropic.AuthenticationError | anthropic.PermissionDeniedError):
-            return SystemicError(msg + " (check the API key and its workspace; then re-run to resume)", code=kind)
-        if exc.status_code == 402 or kind == "billing_error" or "credit balance" in lowered:
-            return SystemicError(msg + " (the account has no credit left; add credit, then re-run to resume)",
-                                 code="credit_balance_too_low")
-        if exc.status_code == 404 and "model" in lowered:
-            return SystemicError(msg + " (unknown model: check `model` in the job spec)", code="model_not_found")
-        if exc.status_code in (408, 409, 429) or exc.status_code >= 500:
-            return TransientError(msg, code=kind, retry_after_s=retry_after_s(getattr(exc.response, "headers", None)))
-        return SystemicError(msg, code=kind)
+        return classified(Family.ANTHROPIC, "Anthropic", action, exc.status_code, kind, detail,
+                          reason=exc.error_code, retry_after=retry_after_s(getattr(exc.response, "headers", None)),
+                          where=where, dimension=dimension, secret=secret)
     if isinstance(exc, anthropic.APIConnectionError):
-        return TransientError(redact(f"Anthropic {action} failed: {type(exc).__name__}: {exc}", secret))
+        return classified(Family.ANTHROPIC, "Anthropic", action, None, "connection_error",
+                          f"{type(exc).__name__}: {exc}", where=where, dimension=dimension, secret=secret)
     return BatchPipelineError(redact(f"Anthropic {action} failed: {exc}", secret))
 
 
@@ -137,10 +132,10 @@ class AnthropicBatchExecutor(QueueCapped):
                 batch = self._create_client.messages.batches.create(requests=requests)  # type: ignore[arg-type]
                 return BatchHandle(self.name, batch.id, work.key)
             except anthropic.AnthropicError as exc:
-                error = translate(exc, "batch create", self.client.api_key)
-                refused = queue_refusal(error, getattr(exc, "status_code", None), Dimension.REQUESTS)
-                if refused is not None:  # the account's processing queue is full: nothing was created
-                    raise refused from None
+                error = translate(exc, "batch create", self.client.api_key, where=Where.CREATE,
+                                  dimension=Dimension.REQUESTS)
+                if isinstance(error, QuotaError):  # the account's processing queue is full: nothing was created
+                    raise error from None
                 if not isinstance(error, TransientError) or attempt == self.settings.max_retries:
                     raise error from None
                 if not isinstance(exc, anthropic.RateLimitError):  # the create may have happened anyway

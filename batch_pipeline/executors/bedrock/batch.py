@@ -26,7 +26,8 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, 
 
 from batch_pipeline.core.ledger.capacity import Dimension
 from batch_pipeline.executors.quota import QueueCapped
-from batch_pipeline.core.errors import BatchPipelineError, ConfigError, SystemicError, TransientError
+from batch_pipeline.core.error_table import Family, Where
+from batch_pipeline.core.errors import BatchPipelineError, ConfigError, QuotaError, SystemicError, TransientError
 from batch_pipeline.core.run.executor import BatchHandle, BatchState, BatchStatus, ShardWork
 from batch_pipeline.core.run.threads import default_workers
 from batch_pipeline.core.spec.quota import Retention
@@ -35,7 +36,7 @@ from batch_pipeline.executors.bedrock.sandbox import SANDBOX_CREDENTIALS, sandbo
 from batch_pipeline.executors.bedrock.settings import SANDBOX_ROLE_ARN, BedrockBatchSettings, S3Location
 from batch_pipeline.executors.endpoint import resolve_endpoint
 from batch_pipeline.executors.jsonl_blocks import parse_stream
-from batch_pipeline.executors.provider_errors import queue_refusal, redact, retry_after_s, retry_wait_s
+from batch_pipeline.executors.provider_errors import classified, redact, retry_after_s, retry_wait_s
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +54,6 @@ STATUS_MAP = {
     "Stopping": BatchState.CANCELLING,
     "Stopped": BatchState.CANCELLED,
 }
-TRANSIENT_CODES = frozenset({"ThrottlingException", "TooManyRequestsException", "InternalServerException",
-                             "ServiceUnavailableException", "ServiceQuotaExceededException", "ConflictException",
-                             "RequestTimeout", "RequestTimeoutException"})
-AUTH_CODES = frozenset({"AccessDeniedException", "UnrecognizedClientException", "InvalidSignatureException",
-                        "ExpiredTokenException", "MissingAuthenticationTokenException", "InvalidClientTokenId",
-                        "SignatureDoesNotMatch", "InvalidAccessKeyId", "AccessDenied"})
-
-
 def job_name(key: str) -> str:
     """The job's name from the attempt key ``job:shard:attempt`` (Bedrock allows [a-zA-Z0-9+-.], 63 chars)."""
     return key.replace("_", "-").replace(":", "-")[:63]
@@ -71,26 +64,22 @@ def request_token(key: str) -> str:
     return "bp" + hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
-def translate(exc: Exception, action: str) -> BatchPipelineError:
-    """botocore exception -> our error class (after the SDK's own retries were spent); credentials redacted."""
+def translate(exc: Exception, action: str, *, where: Where = Where.CALL,
+              dimension: Dimension | None = None) -> BatchPipelineError:
+    """botocore exception -> our error class (after the SDK's own retries were spent), by the one error table;
+    credentials redacted. ``where=CREATE`` (with the ``dimension`` it fills) for the job create."""
     if isinstance(exc, ClientError):
         error = exc.response.get("Error") or {}
         meta = exc.response.get("ResponseMetadata") or {}
         code, status = str(error.get("Code") or "error"), int(meta.get("HTTPStatusCode") or 0)
-        msg = redact(f"Bedrock {action} failed: HTTP {status} {code}: {error.get('Message') or ''}").rstrip(": ")
-        if code in AUTH_CODES or status in (401, 403):
-            return SystemicError(msg + " (check the AWS credentials, the role_arn and model access in the Bedrock "
-                                       "console; then re-run to resume)", code="access_denied")
-        if code in TRANSIENT_CODES or status == 429 or status >= 500:
-            return TransientError(msg, code=code, retry_after_s=retry_after_s(meta.get("HTTPHeaders")))
-        if "model identifier" in msg or "model" in code.lower():
-            return SystemicError(msg + " (unknown model: check `model` in the job spec)", code="model_not_found")
-        return SystemicError(msg, code=code)
+        return classified(Family.BEDROCK, "Bedrock", action, status, code, str(error.get("Message") or ""),
+                          retry_after=retry_after_s(meta.get("HTTPHeaders")), where=where, dimension=dimension)
     if isinstance(exc, NoCredentialsError | PartialCredentialsError):
         return SystemicError(f"Bedrock {action} failed: no AWS credentials in the standard chain (environment, "
                              "profile, instance or pod role)", code="access_denied")
     if isinstance(exc, BotoCoreError):
-        return TransientError(redact(f"Bedrock {action} failed: {type(exc).__name__}: {exc}"))
+        return classified(Family.BEDROCK, "Bedrock", action, None, "connection_error", f"{type(exc).__name__}: {exc}",
+                          where=where, dimension=dimension)
     return BatchPipelineError(redact(f"Bedrock {action} failed: {exc}"))
 
 
@@ -182,10 +171,9 @@ class BedrockBatchExecutor(QueueCapped):
                 arn = self.client.create_model_invocation_job(**request)["jobArn"]
                 return BatchHandle(self.name, arn, work.key, f"s3://{source.bucket}/{input_key}")
             except (ClientError, BotoCoreError) as exc:
-                error = translate(exc, "job create")
-                refused = queue_refusal(error, None, Dimension.JOBS)
-                if refused is not None:  # ServiceQuotaExceededException: the model's job quota is full
-                    raise refused from None
+                error = translate(exc, "job create", where=Where.CREATE, dimension=Dimension.JOBS)
+                if isinstance(error, QuotaError):  # ServiceQuotaExceededException: the model's job quota is full
+                    raise error from None
                 if not isinstance(error, TransientError) or attempt == self.settings.max_retries:
                     raise error from None
                 wait = retry_wait_s(attempt, error.retry_after_s or None)

@@ -35,6 +35,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from batch_pipeline.core.error_table import Family, reason_stops
 from batch_pipeline.core.quality.validate import choice_schema
 from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA, ItemShape, RequestPlan
 from batch_pipeline.executors.jsonl_blocks import (RESULT_BLOCK_BYTES, extract_block, json_paths_sql, parse_stream,
@@ -45,9 +46,9 @@ GEMINI_ROLES = {"user": "user", "assistant": "model"}  # a Content's role: the m
 FINISH_REASONS = {"STOP": "stop", "MAX_TOKENS": "length"}
 REFUSAL_REASONS = frozenset({"SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "LANGUAGE",
                              "IMAGE_SAFETY", "IMAGE_PROHIBITED_CONTENT", "IMAGE_RECITATION"})
-# google.rpc.ErrorInfo reasons that no retry can fix -> our systemic codes (core/errors.SYSTEMIC_CODES)
-SYSTEMIC_REASONS = {"API_KEY_INVALID": "invalid_api_key", "API_KEY_EXPIRED": "invalid_api_key",
-                    "BILLING_DISABLED": "insufficient_quota", "CONSUMER_SUSPENDED": "account_deactivated"}
+# google.rpc.ErrorInfo reasons that no retry can fix -> our systemic codes: the error table's rows
+# (core/error_table.py), so a failed line carries the same code the same answer to a call stops with
+SYSTEMIC_REASONS = reason_stops(Family.GEMINI)
 ERROR_INFO = "type.googleapis.com/google.rpc.ErrorInfo"
 # google.rpc.Code -> (name, the HTTP status the same error has online); a Status in a line carries the number
 RPC_CODES = {1: ("CANCELLED", 499), 2: ("UNKNOWN", 500), 3: ("INVALID_ARGUMENT", 400), 4: ("DEADLINE_EXCEEDED", 504),

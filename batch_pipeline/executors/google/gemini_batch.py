@@ -33,14 +33,14 @@ from pydantic import Field
 
 from batch_pipeline.core.ledger.capacity import Dimension
 from batch_pipeline.executors.quota import QueueCapped
-from batch_pipeline.core.errors import BatchPipelineError, ConfigError, SystemicError, TransientError
+from batch_pipeline.core.error_table import Family, Where
+from batch_pipeline.core.errors import BatchPipelineError, ConfigError, QuotaError, SystemicError, TransientError
 from batch_pipeline.core.run.executor import BatchHandle, BatchState, BatchStatus, ShardWork
 from batch_pipeline.core.run.threads import default_workers
 from batch_pipeline.core.spec.quota import Retention
 from batch_pipeline.executors.endpoint import resolve_endpoint
-from batch_pipeline.executors.google.format import (ERROR_INFO, SYSTEMIC_REASONS, contents_writer,
-                                                    parse_result_stream, request_template)
-from batch_pipeline.executors.provider_errors import queue_refusal, redact, retry_after_s, retry_wait_s
+from batch_pipeline.executors.google.format import ERROR_INFO, contents_writer, parse_result_stream, request_template
+from batch_pipeline.executors.provider_errors import classified, redact, retry_after_s, retry_wait_s
 from batch_pipeline.executors.settings import BatchProviderSettings
 
 log = logging.getLogger(__name__)
@@ -93,26 +93,19 @@ def _retry_delay(exc: genai_errors.APIError) -> float | None:
     return retry_after_s({k.lower(): v for k, v in headers.items()}) if headers is not None else None
 
 
-def translate(exc: Exception, action: str, secret: str | None = None) -> BatchPipelineError:
-    """SDK exception -> our error class; secrets redacted."""
+def translate(exc: Exception, action: str, secret: str | None = None, *, where: Where = Where.CALL,
+              dimension: Dimension | None = None) -> BatchPipelineError:
+    """SDK exception -> our error class, by the one error table; secrets redacted. ``where=CREATE`` (with the
+    ``dimension`` it fills) for the batch create."""
     if isinstance(exc, genai_errors.APIError):
-        code = exc.code or 0
         reason = next((d.get("reason") for d in _details(exc) if d.get("@type") == ERROR_INFO), None)
         status = exc.status or ""
-        msg = redact(f"Gemini {action} failed: HTTP {code} {status}: {exc.message}", secret)
-        if isinstance(reason, str) and reason in SYSTEMIC_REASONS:
-            return SystemicError(msg + " (check the API key and the project's billing; then re-run to resume)",
-                                 code=SYSTEMIC_REASONS[reason])
-        if code in (401, 403):
-            return SystemicError(msg + " (check the API key and its project; then re-run to resume)",
-                                 code="permission_denied")
-        if code == 404 and "model" in (exc.message or "").lower():
-            return SystemicError(msg + " (unknown model: check `model` in the job spec)", code="model_not_found")
-        if code in (408, 409, 429) or code >= 500:
-            return TransientError(msg, code=status.lower() or None, retry_after_s=_retry_delay(exc))
-        return SystemicError(msg, code=status.lower() or None)
+        return classified(Family.GEMINI, "Gemini", action, exc.code or 0, status.lower() or None, exc.message or "",
+                          shown=status, reason=reason if isinstance(reason, str) else None,
+                          retry_after=_retry_delay(exc), where=where, dimension=dimension, secret=secret)
     if isinstance(exc, httpx2.TransportError):
-        return TransientError(redact(f"Gemini {action} failed: {type(exc).__name__}: {exc}", secret))
+        return classified(Family.GEMINI, "Gemini", action, None, "connection_error", f"{type(exc).__name__}: {exc}",
+                          where=where, dimension=dimension, secret=secret)
     if isinstance(exc, ValueError | KeyError) and action == "file upload":  # the upload session broke
         return TransientError(redact(f"Gemini {action} failed: {exc}", secret))
     return BatchPipelineError(redact(f"Gemini {action} failed: {type(exc).__name__}: {exc}", secret))
@@ -218,10 +211,9 @@ class GeminiBatchExecutor(QueueCapped):
                                                  config={"display_name": work.key})
                 return BatchHandle(self.name, str(job.name), work.key, file_name)
             except (genai_errors.APIError, httpx2.TransportError) as exc:
-                error = translate(exc, "batch create", self._key)
-                refused = queue_refusal(error, getattr(exc, "code", None), Dimension.TOKENS)
-                if refused is not None:  # RESOURCE_EXHAUSTED: the model's enqueued tokens are spent
-                    raise refused from None
+                error = translate(exc, "batch create", self._key, where=Where.CREATE, dimension=Dimension.TOKENS)
+                if isinstance(error, QuotaError):  # RESOURCE_EXHAUSTED: the model's enqueued tokens are spent
+                    raise error from None
                 if not isinstance(error, TransientError):
                     raise error from None
                 if not (isinstance(exc, genai_errors.APIError) and exc.code == 429):

@@ -37,15 +37,17 @@ from pydantic import Field, model_validator
 
 from batch_pipeline.core.ledger.capacity import Dimension
 from batch_pipeline.executors.quota import QueueCapped
-from batch_pipeline.core.errors import BatchPipelineError, ConfigError, SystemicError, TransientError
+from batch_pipeline.core.error_table import Family, Where
+from batch_pipeline.core.errors import BatchPipelineError, ConfigError, QuotaError, SystemicError, TransientError
 from batch_pipeline.core.run.executor import BatchHandle, BatchState, BatchStatus, ShardWork
 from batch_pipeline.core.run.threads import default_workers
 from batch_pipeline.core.spec.quota import Retention
 from batch_pipeline.executors.endpoint import SANDBOX_URL_ENV, resolve_endpoint
+from batch_pipeline.executors.google.format import ERROR_INFO
 from batch_pipeline.executors.google.gcs import AttemptObjects, Gcs, parse_gs_uri, sandbox_emulator_url
 from batch_pipeline.executors.google.vertex_lines import content_index, parse_predictions_block, request_lines
 from batch_pipeline.executors.jsonl_blocks import parse_stream
-from batch_pipeline.executors.provider_errors import queue_refusal, redact, retry_after_s, retry_wait_s
+from batch_pipeline.executors.provider_errors import classified, redact, retry_after_s, retry_wait_s
 from batch_pipeline.executors.settings import BatchProviderSettings
 
 log = logging.getLogger(__name__)
@@ -98,27 +100,25 @@ class VertexBatchSettings(BatchProviderSettings):
         return self
 
 
-def translate(exc: Exception, action: str, secret: str | None = None) -> BatchPipelineError:
-    """SDK exception -> our error class; secrets redacted."""
+def translate(exc: Exception, action: str, secret: str | None = None, *, where: Where = Where.CALL,
+              dimension: Dimension | None = None) -> BatchPipelineError:
+    """SDK exception -> our error class, by the one error table; secrets redacted. ``where=CREATE`` (with the
+    ``dimension`` it fills) for the batch job create."""
     if isinstance(exc, genai_errors.APIError):
         status = exc.status or ""
         detail = exc.message or str(exc.details)
-        msg = redact(f"Vertex AI {action} failed: HTTP {exc.code} {status}: {detail}", secret)
-        lowered = detail.lower()
         headers = getattr(exc.response, "headers", None) if exc.response is not None else None
         wait = retry_after_s(headers) if headers is not None else None
-        if "billing" in lowered and exc.code in (403, 429):
-            return SystemicError(msg + " (billing is not enabled on the project)", code="insufficient_quota")
-        if exc.code in (401, 403) or status in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
-            return SystemicError(msg + " (check the Google credentials, the project and its IAM roles; then re-run "
-                                       "to resume)", code=(status or "permission_denied").lower())
-        if exc.code == 404 and "model" in lowered:
-            return SystemicError(msg + " (unknown model: check `model` in the job spec)", code="model_not_found")
-        if exc.code in (408, 409, 429) or exc.code >= 500:
-            return TransientError(msg, code=status.lower() or None, retry_after_s=wait or retry_delay_s(exc.details))
-        return SystemicError(msg, code=status.lower() or None)
+        error = exc.details.get("error") if isinstance(exc.details, dict) else None
+        reason = next((d.get("reason") for d in (error or {}).get("details") or []
+                       if isinstance(d, dict) and d.get("@type") == ERROR_INFO), None)
+        return classified(Family.VERTEX, "Vertex AI", action, exc.code, status.lower() or None, detail, shown=status,
+                          reason=reason if isinstance(reason, str) else None,
+                          retry_after=wait or retry_delay_s(exc.details), where=where, dimension=dimension,
+                          secret=secret)
     if isinstance(exc, _TRANSPORT_ERRORS):
-        return TransientError(redact(f"Vertex AI {action} failed: {type(exc).__name__}: {exc}", secret))
+        return classified(Family.VERTEX, "Vertex AI", action, None, "connection_error",
+                          f"{type(exc).__name__}: {exc}", where=where, dimension=dimension, secret=secret)
     return BatchPipelineError(redact(f"Vertex AI {action} failed: {type(exc).__name__}: {exc}", secret))
 
 
@@ -206,10 +206,9 @@ class VertexBatchExecutor(QueueCapped):
                 job = self.client.batches.create(model=work.plan.model, src=objects.input_uri, config=config)
                 return BatchHandle(self.name, str(job.name), work.key, objects.input_uri)
             except (genai_errors.APIError, *_TRANSPORT_ERRORS) as exc:
-                error = translate(exc, "batch job create", self._token)
-                refused = queue_refusal(error, getattr(exc, "code", None), Dimension.JOBS)
-                if refused is not None:  # RESOURCE_EXHAUSTED: the project's concurrent jobs are all running
-                    raise refused from None
+                error = translate(exc, "batch job create", self._token, where=Where.CREATE, dimension=Dimension.JOBS)
+                if isinstance(error, QuotaError):  # RESOURCE_EXHAUSTED: the project's concurrent jobs are all running
+                    raise error from None
                 if not isinstance(error, TransientError):
                     raise error from None
                 if not (isinstance(exc, genai_errors.APIError) and exc.code == 429):  # a 429 created nothing

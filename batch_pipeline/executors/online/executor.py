@@ -24,7 +24,8 @@ from typing import Any, Literal
 import pyarrow as pa
 from pydantic import Field
 
-from batch_pipeline.core.errors import SYSTEMIC_CODES, ConfigError, SystemicError
+from batch_pipeline.core.error_table import Family, Where, decide
+from batch_pipeline.core.errors import ConfigError, SystemicError
 from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA, ShardWork
 from batch_pipeline.executors.online.embeddings import (EMBEDDINGS_PATH, EmbeddingBodyBuilder, embedding_success_row,
                                                         rows_table)
@@ -38,7 +39,6 @@ from batch_pipeline.executors.settings import ProviderSettings
 log = logging.getLogger(__name__)
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
-RETRY_STATUSES = frozenset({408, 409, 429})
 
 
 class OnlineSettings(ProviderSettings):
@@ -71,30 +71,30 @@ class Outcome:
 
 
 def classify(reply: Reply) -> Outcome:
-    """Sort one reply into ok / poison / transient / systemic (the provider's ``x-should-retry`` wins)."""
-    if reply.status is None:
-        return Outcome("transient", None, reply.failure or "connection_error", reply.detail, "")
+    """Sort one reply into ok / poison / transient / systemic by the one error table (``core/error_table.py``; the
+    provider's ``x-should-retry`` decides between transient and poison)."""
+    if reply.status is None:  # no answer: the table's row for our transport's failure (timeout, connection_error)
+        failure = reply.failure or "connection_error"
+        decision = decide(Family.OPENAI, None, failure, reply.detail, where=Where.REQUEST)
+        return Outcome(decision.kind.value, None, failure, reply.detail, "")
     text = reply.body.decode("utf-8", "replace")
     if reply.status == 200:
         return Outcome("ok", 200, None, "", text)
-    code, message = None, text[:500]
+    code, kind, message = None, None, text[:500]
     try:
         error = json.loads(text).get("error")
         if isinstance(error, dict):
-            code = error.get("code") or error.get("type")
+            kind = error.get("type") if isinstance(error.get("type"), str) else None
+            code = str(error["code"]) if error.get("code") is not None else kind
             message = str(error.get("message") or message)
         elif isinstance(error, str):
             message = error
     except (ValueError, AttributeError):
         pass
-    status = reply.status
-    if status in (401, 403) or code in SYSTEMIC_CODES or status == 404:
-        return Outcome("systemic", status, code or f"http_{status}", message, text)
     should_retry = reply.headers.get("x-should-retry")
-    retry = status in RETRY_STATUSES or status >= 500
-    if should_retry in ("true", "false"):
-        retry = should_retry == "true"
-    return Outcome("transient" if retry else "poison", status, code or f"http_{status}", message, text)
+    decision = decide(Family.OPENAI, reply.status, code, message, reason=kind, where=Where.REQUEST,
+                      should_retry={"true": True, "false": False}.get(should_retry or ""))
+    return Outcome(decision.kind.value, reply.status, decision.stop or code or f"http_{reply.status}", message, text)
 
 
 _COLUMNS = RAW_RESULT_SCHEMA.names

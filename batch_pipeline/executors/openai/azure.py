@@ -12,6 +12,7 @@ import os
 import openai
 from pydantic import Field
 
+from batch_pipeline.core.error_table import Family
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.run.executor import ShardWork
 from batch_pipeline.executors.endpoint import resolve_endpoint
@@ -39,6 +40,7 @@ class AzureOpenAIBatchSettings(OpenAIBatchSettings):
 class AzureOpenAIBatchExecutor(OpenAIBatchExecutor):
     name = "azure_openai_batch"
     provider = "Azure OpenAI"
+    family = Family.AZURE  # its rows of the error table (DeploymentNotFound, content_filter)
     chat_url = AZURE_CHAT_URL
     embeddings_url = None  # embeddings jobs through Azure's batch API are not offered yet
     settings_model = AzureOpenAIBatchSettings

@@ -17,8 +17,9 @@ import pyarrow as pa
 
 from batch_pipeline.core.ledger.capacity import Dimension
 from batch_pipeline.executors.quota import QueueCapped
-from batch_pipeline.core.errors import (SYSTEMIC_CODES, BatchPipelineError, ConfigError, ResultsGoneError,
-                                        SystemicError, TransientError)
+from batch_pipeline.core.error_table import Family, Where
+from batch_pipeline.core.errors import (BatchPipelineError, ConfigError, QuotaError, ResultsGoneError, SystemicError,
+                                        TransientError)
 from batch_pipeline.core.run.executor import BatchHandle, BatchState, BatchStatus, ShardWork
 from batch_pipeline.core.run.threads import default_workers
 from batch_pipeline.core.spec.quota import Retention
@@ -26,7 +27,7 @@ from batch_pipeline.executors.endpoint import resolve_endpoint
 from batch_pipeline.executors.openai.embeddings import (EMBEDDINGS_URL, embedding_request_lines, is_embedding,
                                                        parse_embedding_stream)
 from batch_pipeline.executors.openai.format import CHAT_URL, parse_output_stream, request_lines
-from batch_pipeline.executors.provider_errors import queue_refusal, redact, retry_after_s
+from batch_pipeline.executors.provider_errors import classified, redact, retry_after_s
 from batch_pipeline.executors.settings import BatchProviderSettings
 
 log = logging.getLogger(__name__)
@@ -51,21 +52,23 @@ class OpenAIBatchSettings(BatchProviderSettings):
     completion_window: str = "24h"
 
 
-def translate(exc: Exception, action: str, secret: str | None = None, provider: str = "OpenAI") -> BatchPipelineError:
-    """SDK exception -> our error class (after the SDK's own retries were spent); secrets redacted."""
+def translate(exc: Exception, action: str, secret: str | None = None, provider: str = "OpenAI", *,
+              family: Family = Family.OPENAI, where: Where = Where.CALL,
+              dimension: Dimension | None = None) -> BatchPipelineError:
+    """SDK exception -> our error class (after the SDK's own retries were spent), by the one error table; secrets
+    redacted. ``where=CREATE`` (with the ``dimension`` it fills) for the batch create."""
     if isinstance(exc, openai.APIStatusError):
-        code = None
-        if isinstance(exc.body, dict):
-            code = exc.body.get("code") or (exc.body.get("error") or {}).get("code")
-        msg = redact(f"{provider} {action} failed: HTTP {exc.status_code} {code or ''}: {exc.message}", secret)
-        msg = msg.replace("  ", " ")
-        if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError) or code in SYSTEMIC_CODES:
-            return SystemicError(msg + " (check the API key, model and account; then re-run to resume)", code=code)
-        if exc.status_code in (408, 409, 429) or exc.status_code >= 500:
-            return TransientError(msg, code=code, retry_after_s=retry_after_s(exc.response.headers if exc.response is not None else None))
-        return SystemicError(msg, code=code)
+        body = exc.body if isinstance(exc.body, dict) else {}
+        inner = body.get("error") if isinstance(body.get("error"), dict) else {}
+        code, kind = body.get("code") or inner.get("code"), body.get("type") or inner.get("type")
+        code = str(code) if code is not None else None
+        headers = exc.response.headers if exc.response is not None else None
+        detail = body.get("message") or inner.get("message") or exc.message
+        return classified(family, provider, action, exc.status_code, code, str(detail), reason=kind,
+                          retry_after=retry_after_s(headers), where=where, dimension=dimension, secret=secret)
     if isinstance(exc, openai.APIConnectionError | openai.APITimeoutError):
-        return TransientError(redact(f"{provider} {action} failed: {type(exc).__name__}: {exc}", secret))
+        return classified(family, provider, action, None, "connection_error", f"{type(exc).__name__}: {exc}",
+                          where=where, dimension=dimension, secret=secret)
     return BatchPipelineError(redact(f"{provider} {action} failed: {exc}", secret))
 
 
@@ -102,8 +105,12 @@ class OpenAIBatchExecutor(QueueCapped):
     def _request_lines(self, work: ShardWork) -> bytes:
         return request_lines(work)
 
-    def _translate(self, exc: Exception, action: str) -> BatchPipelineError:
-        return translate(exc, action, self.secret, self.provider)
+    family = Family.OPENAI
+
+    def _translate(self, exc: Exception, action: str, where: Where = Where.CALL,
+                   dimension: Dimension | None = None) -> BatchPipelineError:
+        return translate(exc, action, self.secret, self.provider, family=self.family, where=where,
+                         dimension=dimension)
 
     def _call(self, action: str, fn, *args, **kwargs):
         try:
@@ -142,10 +149,9 @@ class OpenAIBatchExecutor(QueueCapped):
                                completion_window=self.settings.completion_window, metadata=metadata)
                 return BatchHandle(self.name, batch.id, work.key, file_id)
             except openai.OpenAIError as error:
-                exc = self._translate(error, "batch create")
-                refused = queue_refusal(exc, getattr(error, "status_code", None), Dimension.PER_HOUR)
-                if refused is not None:  # the account's creates per hour are spent: nothing was created
-                    raise refused from None
+                exc = self._translate(error, "batch create", Where.CREATE, Dimension.PER_HOUR)
+                if isinstance(exc, QuotaError):  # the account's creates per hour are spent: nothing was created
+                    raise exc from None
                 if not isinstance(exc, TransientError):
                     raise exc from None
                 if not isinstance(error, openai.RateLimitError):  # a 429 created nothing; anything else may have
