@@ -87,6 +87,10 @@ TROUBLES: tuple[Trouble, ...] = (
             "`batch-pipeline quote <job>` (or `batch-pipeline run <job>`, which quotes again)"),
     Trouble(TroubleKind.WAIT, "below_minimum", "fewer items than a batch of the backend needs, and no tail backend",
             "add a `tail:` backend to the spec (it sends such shards online), then `batch-pipeline run <job>`"),
+    Trouble(TroubleKind.WAIT, "quota", "the provider account's queue has no room for the shard's batch now "
+            "(enqueued tokens or requests, open jobs, creates per hour; the figures are in the reason)",
+            "nothing: it is sent when a batch ends; to go faster raise `backend.settings.quota` to the account's "
+            "real limit or add `backend.settings.accounts` (docs/quotas.md)"),
     # -- checks ------------------------------------------------------------------------------------------
     Trouble(TroubleKind.BLOCKING_CHECK, "quote_within_budget", "spent + the quote's high estimate passes "
             "`budget_usd`: nothing is submitted", "raise `budget_usd` (or shrink the input), then "
