@@ -24,6 +24,7 @@ refused, the one it stated, else the load in flight at the refusal; a learned-fr
 
 import logging
 import re
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -200,9 +201,17 @@ class CapacityLedger:
         return max(made, default=0), made, bound, released
 
     def _holding(self, number: int, bound: bool) -> Holding | None:
-        record = self.store.read_json(self._rel(number))
+        record = None
+        for _ in range(50):  # created, then written: a record being written reads empty for an instant; wait for it
+            try:
+                record = self.store.read_json(self._rel(number))
+            except ValueError:
+                record = None
+            if isinstance(record, dict) and "job" in record:
+                break
+            time.sleep(0.01)
         if not isinstance(record, dict) or "job" not in record:
-            return None
+            return None  # torn for half a second: its writer died between create and write
         at = _parse_time(record.get("at")) or datetime.now(UTC)
         holding = Holding(number, record["job"], record["shard_id"], int(record["attempt"]),
                           Need(int(record.get("tokens", 0)), int(record.get("requests", 0)), int(record.get("jobs", 1))),
