@@ -13,6 +13,7 @@ A job is named by its spec's path or by its name. Exit codes: 0 done, 1 a bug, 2
 """
 
 import argparse
+import fcntl
 import logging
 import os
 import shutil
@@ -57,13 +58,37 @@ console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 errors = Console(stderr=True, soft_wrap=True, highlight=False)  # stops and errors: one line each, on stderr
 
 
+@contextmanager
+def _home_lock(home: Path):
+    """One process at a time sets up a DAGSTER_HOME: two runs started together on a fresh one both created its
+    sqlite tables, and one failed ("table alembic_version already exists")."""
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / ".batch_pipeline.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def _dagster_home() -> Path:
     home = Path(os.environ.get("DAGSTER_HOME") or Path.cwd() / ".dagster_home").resolve()
-    home.mkdir(parents=True, exist_ok=True)
-    if not (home / "dagster.yaml").exists() and (PROJECT_ROOT / "dagster.yaml").exists():
-        shutil.copy(PROJECT_ROOT / "dagster.yaml", home / "dagster.yaml")
+    with _home_lock(home):
+        if not (home / "dagster.yaml").exists() and (PROJECT_ROOT / "dagster.yaml").exists():
+            shutil.copy(PROJECT_ROOT / "dagster.yaml", home / "dagster.yaml")
     os.environ["DAGSTER_HOME"] = str(home)
     return home
+
+
+def _dagster_instance():
+    """The instance of $DAGSTER_HOME, its storages made under the home's lock (see `_home_lock`)."""
+    import dagster as dg
+
+    with _home_lock(_dagster_home()):
+        instance = dg.DagsterInstance.get()
+        for storage in (instance.run_storage, instance.event_log_storage, instance.schedule_storage):
+            assert storage is not None  # built now, under the lock
+    return instance
 
 
 def _needs_sandbox(spec: JobSpec) -> bool:
@@ -290,7 +315,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     log = HeldStderr(active=logging.getLevelName(args.log_level.upper()) in (logging.WARNING, logging.ERROR),
                      expected=(dg.Failure, JobPaused, KeyboardInterrupt))
     try:
-        with log, term, _sandbox_if_needed(spec), dg.DagsterInstance.get() as instance, \
+        with log, term, _sandbox_if_needed(spec), _dagster_instance() as instance, \
                 _Progress(spec, store) as progress:
             report = run_job(spec, instance, resources, log_level=args.log_level, on_stage=progress.set_stage)
     except dg.Failure as exc:

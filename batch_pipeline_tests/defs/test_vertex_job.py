@@ -49,7 +49,7 @@ def vresources(resources, prices) -> dict:
 
 
 def spec_for(make_job, **overrides):
-    return make_job(backend=BACKEND, model=MODEL, **overrides)
+    return make_job(**{"backend": BACKEND, "model": MODEL, **overrides})
 
 
 def jobs_listed(admin) -> int:
@@ -154,7 +154,9 @@ def test_the_plain_sandbox_starts_its_own_gcs_emulator_and_tells_the_executor(sa
     monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
     monkeypatch.delenv("BATCH_PIPELINE_SANDBOX_GCS_URL", raising=False)
     spec = spec_for(make_job, rows=[{"ticket_id": f"T{i}", "subject": "s", "body": f"My invoice {i} was charged twice."}
-                                    for i in range(20)], canary={"max_failure_rate": 1.0})
+                                    for i in range(20)], canary={"max_failure_rate": 1.0},
+                    # retention keep: a collected job's GCS objects would be deleted, and the test reads them
+                    backend={**BACKEND, "settings": {**BACKEND["settings"], "retention": "keep"}})
     report = run_job(spec, instance, vresources)
     assert report["complete"] and report["succeeded"] == 20
     import json
