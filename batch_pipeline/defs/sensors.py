@@ -30,6 +30,9 @@ from batch_pipeline.executors.registry import batch_minimums, capacity_ledgers, 
 
 IN_FLIGHT = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
              dg.DagsterRunStatus.STARTED]
+FAILED = [dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
+ENDED = [dg.DagsterRunStatus.SUCCESS, *FAILED]
+STEP_TAG = "batch_pipeline/step"  # the run job and what it does: its run key without the ``:rN`` of a repeat
 RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
 INTERVAL_S = Settings.from_env().sensor_interval_s
 
@@ -46,19 +49,32 @@ def _in_flight(instance: dg.DagsterInstance, job_name: str, partition: str | Non
     return bool(runs)
 
 
-def _failed_runs(instance: dg.DagsterInstance, job_name: str, run_key_prefix: str, partition: str) -> int:
-    """Runs of this job and shard that failed for the same step (their run key starts with the prefix): the
-    next request gets a new key, or Dagster would skip it as already done."""
-    runs = instance.get_runs(dg.RunsFilter(job_name=job_name, tags={"dagster/partition": partition},
-                                           statuses=[dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]))
-    return sum(1 for r in runs if str(r.tags.get("dagster/run_key", "")).startswith(run_key_prefix))
+def _ended_runs(instance: dg.DagsterInstance, job_name: str, step: str) -> list[dg.DagsterRun]:
+    """Runs of this job that ended for the same step (their ``STEP_TAG``), failed or not. The next request for the
+    step gets a new run key (``step:rN``): a run that ended without moving the shard (a submit whose room another
+    job took first) would otherwise be asked for again under its own key, which Dagster skips as done, and the
+    shard would wait forever."""
+    return list(instance.get_runs(dg.RunsFilter(tags={STEP_TAG: _step_tag(job_name, step)}, statuses=ENDED)))
+
+
+def _step_tag(job_name: str, step: str) -> str:
+    return f"{job_name}/{step}"
+
+
+def _failures(runs: list[dg.DagsterRun]) -> int:
+    return sum(1 for r in runs if r.status in FAILED)
+
+
+def _run_key(step: str, ended: list[dg.DagsterRun]) -> str:
+    return f"{step}:r{len(ended)}" if ended else step
 
 
 def _keyed_request(instance, job_name: str, shard: str, key: str) -> dg.RunRequest | None:
-    failures = _failed_runs(instance, job_name, key, shard)
-    if failures >= MAX_FAILED_RUNS:
+    ended = _ended_runs(instance, job_name, key)
+    if _failures(ended) >= MAX_FAILED_RUNS:
         return None
-    return dg.RunRequest(job_name=job_name, partition_key=shard, run_key=f"{key}:r{failures}" if failures else key)
+    return dg.RunRequest(job_name=job_name, partition_key=shard, run_key=_run_key(key, ended),
+                         tags={STEP_TAG: _step_tag(job_name, key)})
 
 
 def _step_key(step: Step, attempts: dict[str, int]) -> str:
@@ -81,23 +97,18 @@ def _shard_requests(instance, stage: str, job_name: str, steps: list[Step], atte
     for r in ranges:
         if len(requests) >= limit:
             break
-        run_key = f"{stage}:{r.start}..{r.end}:{r.digest(keys[s] for s in r.shards)}"
-        if r.single or _range_failed(instance, job_name, run_key):
+        step = f"{stage}:{r.start}..{r.end}:{r.digest(keys[s] for s in r.shards)}"
+        ended = [] if r.single else _ended_runs(instance, job_name, step)
+        if r.single or _failures(ended):
             for shard in r.shards:  # alone, or again shard by shard after the range failed
                 request = _keyed_request(instance, job_name, shard, keys[shard])
                 requests.extend([request] if request is not None else [])
                 stuck.extend([] if request is not None else [shard])
             continue
-        requests.append(dg.RunRequest(job_name=job_name, run_key=run_key,
-                                      tags={RANGE_START: r.start, RANGE_END: r.end, SHARDS_TAG: ",".join(r.shards)}))
+        requests.append(dg.RunRequest(job_name=job_name, run_key=_run_key(step, ended),
+                                      tags={RANGE_START: r.start, RANGE_END: r.end, SHARDS_TAG: ",".join(r.shards),
+                                            STEP_TAG: _step_tag(job_name, step)}))
     return requests, stuck
-
-
-def _range_failed(instance: dg.DagsterInstance, job_name: str, run_key: str) -> bool:
-    runs = instance.get_runs(dg.RunsFilter(job_name=job_name, tags={"dagster/run_key": run_key},
-                                           statuses=[dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]),
-                             limit=1)
-    return bool(runs)
 
 
 def input_fingerprint(spec: JobSpec) -> str:

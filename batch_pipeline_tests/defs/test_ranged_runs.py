@@ -10,7 +10,7 @@ from batch_pipeline.core.state.view import load_view
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.assets import SHARDS_TAG
 from batch_pipeline.defs.jobs import build_jobs
-from batch_pipeline.defs.sensors import MAX_RUNS_PER_TICK, RANGE_END, RANGE_START, build_shard_sensor
+from batch_pipeline.defs.sensors import MAX_RUNS_PER_TICK, RANGE_END, RANGE_START, STEP_TAG, build_shard_sensor
 
 from .conftest import batch_creates
 from .test_sensors import _execute, _requests, moved
@@ -74,11 +74,17 @@ def test_a_failed_range_is_asked_again_shard_by_shard_and_a_shard_that_keeps_fai
     _add_run(instance, submit, dg.DagsterRunStatus.FAILURE, {**ranged.tags, "dagster/run_key": ranged.run_key})
     singles = _tick(driver, instance, resources)
     assert [(r.partition_key, r.run_key) for r in singles] == [(s, f"submit:{s}:1") for s in moved(ranged)]
+    assert all(r.tags[STEP_TAG] == f"{submit}/{r.run_key}" for r in singles)
     for n in range(3):  # s00003 fails alone three times: the others go on, it waits for a human
         key = "submit:s00003:1" + (f":r{n}" if n else "")
-        _add_run(instance, submit, dg.DagsterRunStatus.FAILURE, {"dagster/partition": "s00003", "dagster/run_key": key})
+        _add_run(instance, submit, dg.DagsterRunStatus.FAILURE,
+                 {"dagster/partition": "s00003", "dagster/run_key": key, STEP_TAG: f"{submit}/submit:s00003:1"})
+    # s00002's run ended well without sending (another job took the queue's room first): asked again, a new key
+    _add_run(instance, submit, dg.DagsterRunStatus.SUCCESS,
+             {"dagster/partition": "s00002", "dagster/run_key": "submit:s00002:1", STEP_TAG: f"{submit}/submit:s00002:1"})
     again = _tick(driver, instance, resources)
-    assert [r.partition_key for r in again] == ["s00002", "s00004"]
+    assert [(r.partition_key, r.run_key) for r in again] == [("s00002", "submit:s00002:1:r1"),
+                                                             ("s00004", "submit:s00004:1")]
     for shard in ("s00002", "s00004"):  # once those run, nothing moves, and the tick says why s00003 waits
         _add_run(instance, submit, dg.DagsterRunStatus.STARTED, {"dagster/partition": shard})
     skipped = driver(dg.build_sensor_context(instance=instance, resources=resources))

@@ -27,10 +27,15 @@ def _requests(result) -> list[dg.RunRequest]:
 def _execute(spec, instance, resources, request: dg.RunRequest, default_stage: str) -> None:
     """Run what a sensor asked for, in-process, as the daemon would (same assets, same partition)."""
     stage = (request.job_name or f"{spec.name}_{default_stage}").removeprefix(f"{spec.name}_")
+    tags = dict(request.tags)
+    if request.run_key:  # the daemon skips a request whose run key its sensor already ran: so must the test, loudly
+        by = {"dagster/run_key": request.run_key, "test/run_job": request.job_name or default_stage}
+        assert not instance.get_runs(dg.RunsFilter(tags=by), limit=1), \
+            f"run key {request.run_key} was asked for again: the daemon would skip it as done"
+        tags.update(by)
     defs = build_definitions([spec], resources)
     dg.materialize([*defs.assets, *defs.asset_checks], selection=[asset_key(spec, n) for n in STAGE_ASSETS[stage]],
-                   partition_key=request.partition_key, instance=instance, resources=defs.resources,
-                   tags=request.tags)
+                   partition_key=request.partition_key, instance=instance, resources=defs.resources, tags=tags)
 
 
 def test_new_data_sensor_fires_once_per_change(make_job, instance, tmp_path):
