@@ -47,7 +47,7 @@ def cmd_quote(args: argparse.Namespace, console: Console) -> int:
     from batch_pipeline.core.route.plan import route_pending
     from batch_pipeline.core.spec.job import CostCompareSpec
     from batch_pipeline.core.spec.settings import Settings
-    from batch_pipeline.executors.registry import route_profile
+    from batch_pipeline.executors.registry import route_profile, route_queues
 
     spec = resolve_job(args.job, args.home)
     store = store_for(args.home)
@@ -56,7 +56,8 @@ def cmd_quote(args: argparse.Namespace, console: Console) -> int:
         console.print(f"manifest built: {summary.new_requests} requests in {len(summary.new_shards)} shards")
     prices = load_prices(Settings.from_env().prices)
     state = JobState.load(spec, store)
-    routes = route_pending(spec, store, prices, route_profile, state.items, state.states)  # backend: auto
+    routes = route_pending(spec, store, prices, route_profile, state.items, state.states,  # backend: auto
+                           queues=route_queues(store))
     if not args.compare:
         q = make_quote(spec, store, prices, state.items, state.results, state.states)
         est = q["est_cost_usd"]

@@ -31,7 +31,7 @@ from batch_pipeline.defs.metadata import (md_table, money_json, per_shard_meta, 
                                           provider_ceilings, spec_labels, table_meta)
 from batch_pipeline.defs.runners import executor_for, shard_driver
 from batch_pipeline.defs.resources import PricesResource, StoreResource
-from batch_pipeline.executors.registry import account_pool, batch_limits, route_profile
+from batch_pipeline.executors.registry import account_pool, batch_limits, route_profile, route_queues
 
 PASS_MONEY = ("cost_low", "cost_expected", "cost_high")  # the amounts of a quote's passes
 SENDS = ("submit", "resolve", "rescue", "canary")  # what a shard's submit phase did when it moved
@@ -154,7 +154,8 @@ def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.
     def quote(context: dg.AssetExecutionContext, store: StoreResource, prices: PricesResource) -> dg.MaterializeResult:
         st = store.get()
         state = JobState.load(spec, st)
-        routes = route_pending(spec, st, prices.get(), route_profile, state.items, state.states)  # backend: auto
+        routes = route_pending(spec, st, prices.get(), route_profile, state.items, state.states,  # backend: auto
+                               queues=route_queues(st))
         q = make_quote(spec, st, prices.get(), state.items, state.results, state.states)
         if routes:
             context.log.info("routes: " + "; ".join(f"{c.shard_id} -> {c.backend}/{c.model} ({c.reason})"

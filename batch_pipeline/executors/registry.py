@@ -1,6 +1,7 @@
 """Backend name -> executor class: a static table. Each class states its own ``name``, ``settings_model`` and
 per-batch limits, so this module only lists them; no executor imports the registry (no import circle)."""
 
+from datetime import timedelta
 from typing import Any
 
 from pydantic import ValidationError
@@ -8,9 +9,10 @@ from pydantic import ValidationError
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.ledger.capacity import CapacityLedger, CapacityScope
 from batch_pipeline.core.ledger.ceilings import Ceilings
+from batch_pipeline.core.ledger.queue_clock import QueueClock
 from batch_pipeline.core.run.lease import default_ttl
 from batch_pipeline.core.run.executor import BatchExecutor, StreamExecutor
-from batch_pipeline.core.route.plan import BackendProfile
+from batch_pipeline.core.route.plan import BackendProfile, Queues
 from batch_pipeline.core.spec.job import AUTO_BACKEND, BackendSpec, JobSpec
 from batch_pipeline.core.state.fallback import fallback_backend
 from batch_pipeline.core.spec.quota import QuotaSpec
@@ -120,6 +122,20 @@ def batch_ceilings(backend: BackendSpec) -> Ceilings | None:
         return None
     cls = executor_class(backend.name)
     return cls.ceilings(_settings(cls, backend)) if issubclass(cls, QueueCapped) else None
+
+
+def route_queues(store: Store) -> Queues:
+    """The router's view of a candidate's account queues on this home (``core/ledger/queue_clock.py``): their
+    ledgers as they stand, and the window by which a batch in them ends at the latest."""
+    def queues(backend: BackendSpec, model: str) -> QueueClock | None:
+        ledgers = capacity_ledgers(store, backend, model)
+        if not ledgers:
+            return None
+        ceilings = batch_ceilings(backend)
+        window = ceilings.window if ceilings is not None and ceilings.window is not None \
+            else timedelta(hours=route_profile(backend).turnaround_h or 24)
+        return QueueClock([ledger.snapshot(sweep=False) for ledger in ledgers], window)
+    return queues
 
 
 def route_profile(backend: BackendSpec) -> BackendProfile:

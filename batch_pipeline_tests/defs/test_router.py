@@ -116,3 +116,37 @@ def test_the_sensors_drive_a_routed_job_polling_each_batch_at_its_own_backend(sa
     online = [e for e in sandbox.ledger() if e.get("mode") == "online"]
     assert len(set(batch_ids)) == len(batch_ids) and len(batch_ids) + len(online) == 35  # each paid once
     assert set(report["cost_by_backend"]) == {"openai_batch", "online"}
+
+
+def test_a_full_queue_loses_its_shards_to_the_next_cheapest_only_when_waiting_would_miss_the_deadline(
+        make_job, home, capsys):
+    """OpenAI's batch is the cheapest, but another job holds all of the account's queue (its quota configured): with
+    no deadline the shards wait for it; with a deadline 30 h away (room within 24 h, then a 24 h window) they go to
+    the next cheapest, and the route says why. Quoted only: nothing is sent."""
+    from datetime import UTC, datetime, timedelta
+
+    from batch_pipeline.cli import main
+    from batch_pipeline.core.ledger.capacity import Need
+    from batch_pipeline.core.spec.job import BackendSpec
+    from batch_pipeline.executors.registry import capacity_ledgers
+
+    openai = {"name": "openai_batch", "settings": {**SANDBOX, "quota": {"enqueued_tokens": 5_000}}}
+    route = {**ROUTE, "candidates": [{"backend": openai}, ROUTE["candidates"][2]]}
+    store = Store(home)
+    for deadline in (None, datetime.now(UTC) + timedelta(hours=30)):
+        spec = make_job(rows=rows(35), backend={"name": "auto"}, route=route, canary_first=False, deadline=deadline)
+        [ledger] = capacity_ledgers(store, BackendSpec.model_validate(openai), spec.model)
+        if not ledger.snapshot().holdings:
+            assert ledger.reserve("another_team", "s00001", 1, Need(5_000, 500, 1)) is not None
+        assert main(["quote", spec.source_path, "--home", str(home)]) == 0
+        capsys.readouterr()
+        book = RouteBook(store, spec.name)
+        for shard in ("s00001", "s00002", "s00003"):  # the 4th is tiny: online either way
+            choice = book.get(shard)
+            assert choice is not None
+            if deadline is None:
+                assert (choice.backend, choice.rule) == ("openai_batch", "cheapest"), choice
+                continue
+            rest = {k: v for k, v in choice.costs.items() if not k.startswith("openai_batch")}
+            assert f"{choice.backend}/{choice.model}" == min(rest, key=rest.__getitem__), choice
+            assert choice.rule == "queue_full" and "its queue is full (room within 24.0 h)" in choice.reason, choice

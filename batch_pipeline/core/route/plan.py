@@ -13,6 +13,8 @@ from datetime import UTC, datetime
 import polars as pl
 
 from batch_pipeline.core.errors import ConfigError
+from batch_pipeline.core.ledger.capacity import Need
+from batch_pipeline.core.ledger.queue_clock import QueueClock
 from batch_pipeline.core.money.cost import PriceTable
 from batch_pipeline.core.route.rules import Candidate, RouteChoice, ShardFacts, choose
 from batch_pipeline.core.spec.job import BackendSpec, JobSpec, RouteCandidate
@@ -32,6 +34,7 @@ class BackendProfile:
 
 
 Profile = Callable[[BackendSpec], BackendProfile]
+Queues = Callable[[BackendSpec, str], QueueClock | None]  # a candidate's account queues (None: it has none)
 
 
 def candidates(spec: JobSpec) -> list[RouteCandidate]:
@@ -74,17 +77,36 @@ def shard_costs(spec: JobSpec, prices: PriceTable, profile: BackendProfile, back
 
 
 def route_shard(spec: JobSpec, prices: PriceTable, profile: Profile, shard_id: str, items: int,
-                input_tokens: float, now: datetime | None = None) -> RouteChoice:
+                input_tokens: float, now: datetime | None = None,
+                clocks: dict[str, QueueClock | None] | None = None) -> RouteChoice:
+    """The shard's route; ``clocks`` (candidate label -> its queues) weighs a full queue against the deadline, and
+    the chosen queue takes the shard's place, so the next shard of the plan waits behind it."""
     assert spec.route is not None
     cands = []
+    need = Need(int(input_tokens), items, 1)
     for c in candidates(spec):
         p = profile(c.backend)
         model = c.model or spec.model
+        label = f"{c.backend.name}/{model}"
+        clock = (clocks or {}).get(label)
         cands.append(Candidate(c.backend.name, model, p.self_hosted, p.batch, p.min_requests, p.max_requests,
-                               p.turnaround_h, shard_costs(spec, prices, p, c.backend, model, input_tokens, items)))
+                               p.turnaround_h, shard_costs(spec, prices, p, c.backend, model, input_tokens, items),
+                               clock.hours_until_room(need, now) if clock is not None else 0.0))
     facts = ShardFacts(shard_id, items, spec.route.data_may_leave, spec.route.min_batch_items,
                        hours_to_deadline(spec, now))
-    return choose(cands, facts)
+    choice = choose(cands, facts)
+    chosen = (clocks or {}).get(f"{choice.backend}/{choice.model}")
+    if chosen is not None:
+        chosen.take(need, now)
+    return choice
+
+
+def queue_clocks(spec: JobSpec, queues: Queues | None) -> dict[str, QueueClock | None]:
+    """Each candidate's account queues as they stand now, read once per plan."""
+    if queues is None or spec.route is None:
+        return {}
+    return {f"{c.backend.name}/{c.model or spec.model}": queues(c.backend, c.model or spec.model)
+            for c in candidates(spec)}
 
 
 class RouteBook:
@@ -103,25 +125,28 @@ class RouteBook:
 
 
 def plan_routes(spec: JobSpec, store: Store, prices: PriceTable, profile: Profile, pending: pl.DataFrame,
-                attempted: set[str], now: datetime | None = None) -> dict[str, RouteChoice]:
+                attempted: set[str], now: datetime | None = None,
+                queues: Queues | None = None) -> dict[str, RouteChoice]:
     """Route every shard with pending items (``pending``: request_id, shard_id, est_input_tokens); shards in
     ``attempted`` keep the route they have."""
     book = RouteBook(store, spec.name)
     out: dict[str, RouteChoice] = {}
     if pending.height == 0:
         return out
+    clocks = queue_clocks(spec, queues)
     per_shard = pending.group_by("shard_id").agg(pl.len().alias("n"), pl.col("est_input_tokens").sum().alias("t"))
     for shard_id, n, tokens in per_shard.sort("shard_id").iter_rows():
         kept = book.get(shard_id) if shard_id in attempted else None
         if kept is None:
-            kept = route_shard(spec, prices, profile, shard_id, n, float(tokens or 0), now)
+            kept = route_shard(spec, prices, profile, shard_id, n, float(tokens or 0), now, clocks)
             book.put(kept)
         out[shard_id] = kept
     return out
 
 
 def route_pending(spec: JobSpec, store: Store, prices: PriceTable, profile: Profile, items: pl.DataFrame,
-                  states: pl.DataFrame | None, now: datetime | None = None) -> dict[str, RouteChoice]:
+                  states: pl.DataFrame | None, now: datetime | None = None,
+                  queues: Queues | None = None) -> dict[str, RouteChoice]:
     """Route the job's shards with pending work before it is quoted (``items``: request_id, shard_id,
     est_input_tokens; ``states``: the item states, with attempts). Nothing for a job that is not routed."""
     if spec.route is None:
@@ -139,4 +164,4 @@ def route_pending(spec: JobSpec, store: Store, prices: PriceTable, profile: Prof
         index = pl.from_arrow(Manifest(spec.name, store).item_index(["request_id", "shard_id", "est_input_tokens"]))
         assert isinstance(index, pl.DataFrame)
         pending = index.join(pending.select("request_id"), on="request_id", how="semi")
-    return plan_routes(spec, store, prices, profile, pending, attempted, now)
+    return plan_routes(spec, store, prices, profile, pending, attempted, now, queues)

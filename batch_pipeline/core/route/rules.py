@@ -13,6 +13,8 @@ cheapest was not taken), else ``cheapest``.
 | provider_minimum | a provider batch, and the shard sends fewer than its minimum (Bedrock's records)   |
 | provider_limit   | a provider batch, and the shard sends more than its maximum per batch              |
 | deadline         | its turnaround (a batch's completion window) ends after the deadline               |
+| queue_full       | its account queue is full, and the wait for room plus its window ends after the    |
+|                  | deadline (without a deadline a full queue is waited for: it never loses the shard) |
 | (then) cheapest  | the lowest estimated cost for the shard among the rest                             |
 """
 
@@ -30,6 +32,7 @@ class Candidate:
     max_requests: int | None = None     # per batch (None: no limit)
     turnaround_h: float = 0.0           # worst case until the results are in (a batch's completion window)
     cost_usd: float | None = None       # estimated for this shard (None: no price known)
+    queue_wait_h: float = 0.0           # until its account queue surely has room for the shard (0: room now)
 
     @property
     def label(self) -> str:
@@ -43,6 +46,14 @@ class ShardFacts:
     data_may_leave: bool = True
     min_batch_items: int = 0
     hours_to_deadline: float | None = None
+
+
+def _queue_full(c: Candidate, f: ShardFacts) -> str | None:
+    if f.hours_to_deadline is None or not c.queue_wait_h or c.queue_wait_h + c.turnaround_h <= f.hours_to_deadline:
+        return None
+    wait = "no room in sight" if c.queue_wait_h == float("inf") else f"room within {c.queue_wait_h:.1f} h"
+    return (f"its queue is full ({wait}), and with its {c.turnaround_h:g} h window that ends after the deadline "
+            f"{f.hours_to_deadline:.1f} h away")
 
 
 @dataclass(frozen=True)
@@ -63,6 +74,7 @@ RULES: tuple[Rule, ...] = (
     Rule("deadline", lambda c, f: f"the deadline is {f.hours_to_deadline:.1f} h away, {c.backend}'s window is "
          f"{c.turnaround_h:g} h" if f.hours_to_deadline is not None and c.turnaround_h > f.hours_to_deadline
          else None),
+    Rule("queue_full", _queue_full),
 )
 CHEAPEST = "cheapest"
 
