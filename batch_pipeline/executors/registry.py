@@ -1,7 +1,10 @@
-"""Backend name -> executor class: a static table. Each class states its own ``name``, ``settings_model`` and
-per-batch limits, so this module only lists them; no executor imports the registry (no import circle)."""
+"""Backend name -> executor class: a static table, imported on first use. Each class states its own ``name``,
+``settings_model`` and per-batch limits, so this module only lists them; no executor imports the registry (no
+import circle)."""
 
 from datetime import timedelta
+from functools import cache
+from importlib import import_module
 from typing import Any
 
 from pydantic import ValidationError
@@ -18,42 +21,38 @@ from batch_pipeline.core.state.fallback import fallback_backend
 from batch_pipeline.core.spec.quota import QuotaSpec
 from batch_pipeline.core.store import Store
 from batch_pipeline.executors.accounts import AccountSpread
-from batch_pipeline.executors.anthropic.batch import AnthropicBatchExecutor
-from batch_pipeline.executors.google.gemini_batch import GeminiBatchExecutor
-from batch_pipeline.executors.google.vertex_batch import VertexBatchExecutor
-from batch_pipeline.executors.bedrock.batch import BedrockBatchExecutor
-from batch_pipeline.executors.online.executor import OnlineExecutor
-from batch_pipeline.executors.openai.azure import AzureOpenAIBatchExecutor
-from batch_pipeline.executors.openai.batch import OpenAIBatchExecutor
 from batch_pipeline.executors.quota import QueueCapped
-from batch_pipeline.executors.vllm.offline import VllmOfflineExecutor
 
 Executor = BatchExecutor | StreamExecutor
 
-EXECUTOR_CLASSES: tuple[type[Any], ...] = (
-    OpenAIBatchExecutor,
-    AzureOpenAIBatchExecutor,
-    AnthropicBatchExecutor,
-    GeminiBatchExecutor,
-    VertexBatchExecutor,
-    BedrockBatchExecutor,
-    OnlineExecutor,
-    VllmOfflineExecutor,
-)
-EXECUTORS: dict[str, type[Any]] = {cls.name: cls for cls in EXECUTOR_CLASSES}
-if len(EXECUTORS) != len(EXECUTOR_CLASSES):
-    raise RuntimeError("two executor classes state the same name")
+# backend name -> "module:Class", imported when a job names it: each provider SDK costs 0.3-2.3 s to import
+# (anthropic's types alone ~2 s), and a process that runs one backend pays for that one only
+EXECUTORS: dict[str, str] = {
+    "openai_batch": "batch_pipeline.executors.openai.batch:OpenAIBatchExecutor",
+    "azure_openai_batch": "batch_pipeline.executors.openai.azure:AzureOpenAIBatchExecutor",
+    "anthropic_batch": "batch_pipeline.executors.anthropic.batch:AnthropicBatchExecutor",
+    "gemini_batch": "batch_pipeline.executors.google.gemini_batch:GeminiBatchExecutor",
+    "vertex_batch": "batch_pipeline.executors.google.vertex_batch:VertexBatchExecutor",
+    "bedrock_batch": "batch_pipeline.executors.bedrock.batch:BedrockBatchExecutor",
+    "online": "batch_pipeline.executors.online.executor:OnlineExecutor",
+    "vllm": "batch_pipeline.executors.vllm.offline:VllmOfflineExecutor",
+}
 
 
 def names() -> list[str]:
     return sorted(EXECUTORS)
 
 
+@cache
 def executor_class(name: str) -> type[Any]:
     try:
-        return EXECUTORS[name]
+        module, attr = EXECUTORS[name].split(":")
     except KeyError:
         raise ConfigError(f"backend.name {name!r} is not a known executor; known: {names()}") from None
+    cls = getattr(import_module(module), attr)
+    if cls.name != name:
+        raise RuntimeError(f"{EXECUTORS[name]} states the name {cls.name!r}, listed as {name!r}")
+    return cls
 
 
 def batch_limits(name: str) -> tuple[int | None, int | None]:

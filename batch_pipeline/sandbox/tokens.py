@@ -15,43 +15,23 @@ Answers (output tokens, ``max_tokens`` truncation) keep one token per word run o
 
 from __future__ import annotations
 
-import base64
-import gzip
-import hashlib
 import json
 import math
 import re
-from functools import cache
-from importlib import resources
 from collections.abc import Callable
 from typing import Any
 
-import bpe_openai.data
 import tiktoken
+
+from batch_pipeline.bpe import encoding
 
 TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 PER_MESSAGE_TOKENS = 4  # role and separators, per message
 REPLY_PRIMING_TOKENS = 3  # the assistant turn every chat request opens (OpenAI's counting)
 
-_BPE = {  # encoding -> (tiktoken's published SHA-256 of the rank file, its split pattern)
-    "o200k_base": ("446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d", "|".join([
-        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-        r"""\p{N}{1,3}""", r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""", r"""\s*[\r\n]+""", r"""\s+(?!\S)""", r"""\s+"""])),
-    "cl100k_base": ("223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
-                    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""),
-}
-
-
-@cache
 def bpe(name: str) -> tiktoken.Encoding:
-    """A tiktoken encoding from the rank file bundled in ``bpe-openai`` (hash-checked, never downloaded)."""
-    digest, pattern = _BPE[name]
-    raw = gzip.decompress(resources.files(bpe_openai.data).joinpath(f"{name}.tiktoken.gz").read_bytes())
-    if hashlib.sha256(raw).hexdigest() != digest:
-        raise RuntimeError(f"the bundled {name} ranks do not match tiktoken's published hash")
-    ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in raw.splitlines() if line)}
-    return tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
+    """The same encoding the pipeline quotes with (``batch_pipeline.bpe``, hash-checked, never downloaded)."""
+    return encoding(name)
 
 
 def _bpe_count(name: str, scale: float = 1.0) -> Callable[[str], int]:

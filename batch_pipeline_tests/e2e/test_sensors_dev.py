@@ -10,6 +10,11 @@ sandbox's billing ledger are checked.
 
 The code location is the product's with one change, the in-process executor (see IN_PROCESS_LOCATION); the
 job spec is the demo's on 2 shards of 20, without golden probes (`quality: null`).
+
+The instance is a real Postgres, as the Helm deployment keeps it: DAGSTER_HOME's dagster.yaml has `storage:
+postgres` in the chart's shape (password from `$DAGSTER_PG_PASSWORD`). The UI-launched flow (`test_dagster_dev`)
+runs on the default SQLite instance, so each storage gets one whole `dagster dev` flow (the two flows used to run
+on both: four `dagster dev`s for two flows).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import yaml
 
 from batch_pipeline.core.spec.paths import JobPaths
 
+from ..defs.postgres import PASSWORD_ENV, postgres_dagster_home
 from .conftest import JOB, LOCATION, REPOSITORY, SMALL, DagsterDev, Project, run_dagster_dev, write_project
 from .test_dagster_dev import ROWS, TERMINAL, failure_report
 
@@ -123,15 +129,17 @@ def make_sensor_project(root: Path) -> Project:
 
 
 @pytest.fixture(scope="module")
-def sensor_project(tmp_path_factory) -> Project:
-    return make_sensor_project(tmp_path_factory.mktemp("e2e_sensors"))
+def sensor_project(tmp_path_factory, postgres) -> Project:
+    project = make_sensor_project(tmp_path_factory.mktemp("e2e_sensors"))
+    postgres_dagster_home(project.dagster_home, postgres, postgres.create_database("e2e_sensors"))
+    return project
 
 
 @pytest.fixture(scope="module")
-def sensor_dev(sandbox_proc, sensor_project: Project) -> Iterator[DagsterDev]:
+def sensor_dev(sandbox_proc, sensor_project: Project, postgres) -> Iterator[DagsterDev]:
     _, sandbox_url = sandbox_proc
-    with run_dagster_dev(sandbox_url, sensor_project, {"BATCH_PIPELINE_SENSOR_INTERVAL_S": str(INTERVAL_S)},
-                         workspace=sensor_project.root / "workspace.yaml") as dev:
+    env = {"BATCH_PIPELINE_SENSOR_INTERVAL_S": str(INTERVAL_S), PASSWORD_ENV: postgres.password}
+    with run_dagster_dev(sandbox_url, sensor_project, env, workspace=sensor_project.root / "workspace.yaml") as dev:
         yield dev
 
 
@@ -285,3 +293,15 @@ def test_dropped_file_runs_the_job_through_the_sensors(sensor_dev: DagsterDev):
     assert len(billed) == ROWS and set(billed.values()) == {1}, billed.most_common(3)
     assert set(billed) == set(table["request_id"].to_list())
     print(f"file dropped -> publish succeeded in {flow_s:.1f} s, {len(runs)} runs")
+
+
+def test_the_runs_are_in_postgres(sensor_dev: DagsterDev, postgres):
+    """Runs after the flow above (tests run in file order): the instance's run table in Postgres holds them, and
+    nothing was written to a SQLite file in DAGSTER_HOME."""
+    conn = postgres.connect("e2e_sensors")
+    with conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM runs")
+        (runs,) = cur.fetchone()
+    conn.close()
+    assert runs >= 6, runs
+    assert not list(sensor_dev.project.dagster_home.rglob("*.db")), list(sensor_dev.project.dagster_home.rglob("*"))

@@ -10,12 +10,34 @@ from batch_pipeline.core.store import Store
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.spec.job import BackendSpec
 from batch_pipeline.core.spec.loading import parse_spec
-from batch_pipeline.executors.registry import EXECUTOR_CLASSES, EXECUTORS, batch_limits, create_executor
+from batch_pipeline.executors.registry import EXECUTORS, batch_limits, create_executor, executor_class
+
+SDKS = ("openai", "anthropic", "google.genai", "boto3", "bpe_openai")
+# what `batch-pipeline run` and a code location load before any job is named
+LOADED = """
+import json, sys
+import batch_pipeline.cli, batch_pipeline.defs.pipeline, batch_pipeline.defs.sensors
+from batch_pipeline.executors.registry import executor_class
+before = sorted(m for m in sys.modules if m.split(".")[0] in {s.split(".")[0] for s in json.loads(sys.argv[1])})
+executor_class("anthropic_batch")
+print(json.dumps({"before": before, "after": "anthropic" in sys.modules}))
+"""
+
+
+def test_a_process_imports_the_sdk_of_the_backend_it_runs_only():
+    """Each SDK costs 0.3-2.3 s to import (anthropic ~2 s); before the table was lazy, every CLI run and code
+    location paid ~5 s for all of them."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", LOADED, json.dumps(SDKS)], capture_output=True, text=True, check=True)
+    seen = json.loads(out.stdout)
+    assert seen["before"] == [] and seen["after"] is True, seen
 
 
 def test_every_registered_class_states_its_own_name_settings_and_limits():
-    assert len(set(EXECUTORS)) == len(EXECUTOR_CLASSES)
-    for name, cls in EXECUTORS.items():
+    for name in EXECUTORS:
+        cls = executor_class(name)
         assert cls.name == name and cls.settings_model.model_config.get("extra") == "forbid", name
         batch_api = hasattr(cls, "submit")
         required = ("submit", "poll", "fetch", "cancel", "find") if batch_api else ("run",)

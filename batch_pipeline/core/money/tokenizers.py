@@ -11,31 +11,19 @@ characters" per token for Gemini), and the quote calibrates that on the canary's
 name the table does not know keeps the old UTF-8 bytes / 4.
 """
 
-import base64
-import gzip
-import hashlib
 import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import cache, lru_cache
-from importlib import resources
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol
 
-import bpe_openai.data
 import tiktoken
 
+from batch_pipeline import bpe
 from batch_pipeline.core.errors import ConfigError
 
-_BPE = {  # encoding -> (tiktoken's published SHA-256 of the rank file, its split pattern, as in tiktoken_ext)
-    "o200k_base": ("446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d", "|".join([
-        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-        r"""\p{N}{1,3}""", r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""", r"""\s*[\r\n]+""", r"""\s+(?!\S)""", r"""\s+"""])),
-    "cl100k_base": ("223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
-                    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""),
-}
 CLAUDE_CHARS_PER_TOKEN = 3.5  # Anthropic's documented average for English
 GEMINI_CHARS_PER_TOKEN = 4.0  # Google's documented average for Gemini
 BYTES_PER_TOKEN = 4.0
@@ -48,15 +36,12 @@ class TokenCounter(Protocol):
     def count(self, texts: Sequence[str]) -> list[int]: ...
 
 
-@cache
 def bpe_encoding(name: str) -> tiktoken.Encoding:
-    """A tiktoken encoding from the rank file bundled in ``bpe-openai`` (hash-checked, never downloaded)."""
-    digest, pattern = _BPE[name]
-    raw = gzip.decompress(resources.files(bpe_openai.data).joinpath(f"{name}.tiktoken.gz").read_bytes())
-    if hashlib.sha256(raw).hexdigest() != digest:
-        raise ConfigError(f"the bundled {name} ranks do not match tiktoken's published hash; reinstall bpe-openai")
-    ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in raw.splitlines() if line)}
-    return tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
+    """A tiktoken encoding from the rank file bundled in ``bpe-openai`` (``batch_pipeline.bpe``)."""
+    try:
+        return bpe.encoding(name)
+    except bpe.BundledRanksError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 @dataclass(frozen=True)

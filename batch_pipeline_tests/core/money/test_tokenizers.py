@@ -10,7 +10,8 @@ import pytest
 import tiktoken_ext.openai_public
 
 from batch_pipeline.core.money.estimate import prompt_sample, request_tokens, schema_text
-from batch_pipeline.core.money.tokenizers import (_BPE, CLAUDE_CHARS_PER_TOKEN, GEMINI_CHARS_PER_TOKEN, BpeCounter,
+from batch_pipeline.bpe import BPE
+from batch_pipeline.core.money.tokenizers import (CLAUDE_CHARS_PER_TOKEN, GEMINI_CHARS_PER_TOKEN, BpeCounter,
                                                   DensityCounter, TokenizerFileCounter, counter_for, family)
 from batch_pipeline.core.spec.loading import parse_spec
 
@@ -37,7 +38,7 @@ def test_o200k_is_exact_offline_and_agrees_with_an_independent_implementation():
     assert counter_for("gpt-4o-mini").exact and counter_for("gpt-4o-mini").name == "o200k_base"
     # the ranks are the ones tiktoken would download: its own published hashes
     source = inspect.getsource(tiktoken_ext.openai_public)
-    assert all(digest in source for digest, _ in _BPE.values())
+    assert all(digest in source for digest, _ in BPE.values())
 
 
 def test_claude_and_gemini_use_the_documented_density():
