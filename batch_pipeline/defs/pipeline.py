@@ -138,6 +138,7 @@ class QueueLoop:
     one poll interval when neither moved, so the queue is refilled the moment a batch ends."""
 
     IDLE_LIMIT = 5  # turns with the queue empty of everyone's batches and still nothing admitted
+    REQUOTE_S = 60.0  # a sending turn re-quotes first when its last quote is older (the driver re-quotes stale ones)
 
     def __init__(self, spec: JobSpec, store, stage: Callable[[str], None]):
         self.spec, self.store, self.stage = spec, store, stage
@@ -147,6 +148,7 @@ class QueueLoop:
         self.idle = 0
         self.said = 0.0
         self.poll_s = _poll_interval(spec)
+        self.quoted: float | None = None  # monotonic time of this loop's last quote
 
     def step(self, plan, run: Callable[[list[str], ShardRange], object], order: list[str], span: int) -> bool:
         """One turn; False when the plan has other work for the ordinary pass (the canary, a re-quote)."""
@@ -154,7 +156,9 @@ class QueueLoop:
         send = plan.shards(Action.SUBMIT, Action.RESOLVE, Action.RESCUE)
         collect = plan.shards(Action.COLLECT)
         if send:
-            run(["quote"], None)  # every submission spends against a fresh quote
+            if self.quoted is None or time.monotonic() - self.quoted > self.REQUOTE_S:
+                run(["quote"], None)  # every submission spends against a quote of the last minute
+                self.quoted = time.monotonic()
             for r in shard_ranges(order, send, span):
                 run(["submissions"], r)
         for r in shard_ranges(order, collect, span):
