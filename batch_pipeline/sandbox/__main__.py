@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from typing import Optional, Sequence
 
 from batch_pipeline.sandbox.bedrock.s3 import S3_URL_ENV
@@ -56,7 +57,7 @@ def parse_params(items: Sequence[str]) -> dict[str, str]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run the sandbox until SIGTERM/SIGINT."""
+    """Run the sandbox until SIGTERM/SIGINT (served on a thread; the main thread waits for the signal)."""
     parser = _parser()
     args = parser.parse_args(argv)
     try:
@@ -70,21 +71,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error(str(exc))
     if args.s3_url:
         os.environ[S3_URL_ENV] = args.s3_url  # read when the Bedrock jobs' S3 is set up
-    # the handlers are in place before the port listens: a signal that comes the moment it does (a loaded machine
-    # makes that window wide) stops it cleanly too, never with a traceback or the default SIGTERM exit
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    # the handlers only set an event, and are in place before the port listens: a signal that comes at any moment
+    # (a loaded machine makes the window before serving wide) stops it cleanly, never with a traceback
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
     server = None
     try:
         server = SandboxServer(args.port, args.host, scenario=scenario, state_dir=args.state_dir, verbose=args.verbose)
+        server.start()
         print(f"{READY_PREFIX}{server.url}", flush=True)
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
+        while not stop.wait(0.5):
+            pass
     finally:
         if server is not None:
             server.stop()
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

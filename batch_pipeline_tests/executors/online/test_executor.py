@@ -354,7 +354,9 @@ def test_an_interrupt_raised_inside_the_run_keeps_every_finished_row(admin):
     """As a SIGTERM does under Dagster: the interrupt is raised in the main thread while it waits inside run()."""
     import _thread
 
-    ex = executor(concurrency=4, rpm=600, flush_every=1000, flush_interval_s=600)
+    # 100 requests at 120 rpm take ~50 s: the interrupt (after ~1.5 s) lands inside the run even when a loaded
+    # machine starves the interrupting thread (at 600 rpm the run once ended first, in 9 s)
+    ex = executor(concurrency=4, rpm=120, flush_every=1000, flush_interval_s=600)
     shard, other = work(100), work(3)
     other.key = "online_job:s00002:1"
     assert pa.concat_tables(list(ex.run(other))).num_rows == 3  # a run that ended keeps nothing back
