@@ -2,6 +2,7 @@
 
 import json
 import statistics
+import signal
 import threading
 import time
 from collections import defaultdict
@@ -368,10 +369,16 @@ def test_an_interrupt_raised_inside_the_run_keeps_every_finished_row(admin):
             time.sleep(0.02)
         _thread.interrupt_main()
 
+    # interrupt_main() does nothing unless Python handles SIGINT: an earlier test in this worker process (Dagster's
+    # interrupt handling around a run) can leave another handler there, and then the run was never interrupted
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Thread(target=interrupt_once_answers_are_in, daemon=True)
     timer.start()
-    with pytest.raises(KeyboardInterrupt):
-        next(ex.run(shard))  # nothing is flushed by size or time: only the interrupt ends this wait
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            next(ex.run(shard))  # nothing is flushed by size or time: only the interrupt ends this wait
+    finally:
+        signal.signal(signal.SIGINT, previous)
     timer.join()
     sent = len(chat_log(admin))
     kept = ex.take_unflushed(shard.key)
