@@ -27,6 +27,7 @@ def status(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
     from batch_pipeline.core.manifest.shards import Manifest
     from batch_pipeline.core.publish.tables import JobState
     from batch_pipeline.core.run.control import JobControl
+    from batch_pipeline.core.state.machine import ShardState
     from batch_pipeline.core.state.view import load_view
     from batch_pipeline.executors.registry import batch_minimums, capacity_ledgers
 
@@ -42,7 +43,7 @@ def status(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
     for state in plan.states.values():
         by_state[state.value] = by_state.get(state.value, 0) + 1
     # every shard with --all; otherwise the ones not settled (a 10,000-shard table takes seconds to draw)
-    shown = [s for s in view.summaries if args.all or plan.states[s.shard_id].value != "settled"]
+    shown = [s for s in view.summaries if args.all or plan.states[s.shard_id] != ShardState.SETTLED]
     table = Table(title=f"job {spec.name}: {len(view.summaries)} shards ({store.root}): "
                         + ", ".join(f"{n} {state}" for state, n in sorted(by_state.items())))
     for col in ("shard", "state", *COUNTS, "attempts", "spend ($)", "balanced", "next"):

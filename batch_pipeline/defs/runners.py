@@ -46,7 +46,7 @@ def probe_hook(spec: JobSpec, st):
 
     def extra(shard_id: str, attempt: int):
         shard_probes = probes.for_shard(shard_id, manifest.shard_items(shard_id, ["request_id"]).num_rows,
-                                        canary=shard_id == manifest.shard_ids()[0])
+                                        canary=shard_id == manifest.canary_shard_id())
         answered = read_results(st, spec.name, shard_id, ["request_id"])
         if answered.join(shard_probes.select("request_id"), on="request_id", how="semi").height:
             return None

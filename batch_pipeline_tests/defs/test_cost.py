@@ -13,7 +13,7 @@ from batch_pipeline.core.money.cost import load_prices
 from batch_pipeline.core.money.tokenizers import counter_for
 from batch_pipeline.core.manifest.shards import Manifest, build_manifest
 from batch_pipeline.core.publish.tables import JobState
-from batch_pipeline.core.money.quote import QuoteRefused, make_quote, verify_quote
+from batch_pipeline.core.money.quote import QuoteRefused, make_quote, quote_current, verify_quote
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.assets import asset_key
 from batch_pipeline.defs.build import build_definitions
@@ -66,6 +66,28 @@ def test_calibrated_quote_matches_billed_tokens_within_5_percent(sandbox, make_j
     assert quote["passes"]["first"]["input_tokens"] == pytest.approx(billed_input, rel=0.05)
     billed_output = sum(e["output_tokens"] for e in rest)
     assert quote["passes"]["first"]["output_tokens_expected"] == pytest.approx(billed_output, rel=0.05)
+
+
+def test_the_driver_and_a_submission_judge_a_quote_by_one_freshness_rule(make_job, home):
+    """Before, the driver re-quoted 2 min before expiry while a submission still spent on the quote until it expired:
+    two cut-offs for one quote. Now a quote in its last 2 min is stale to both."""
+    from batch_pipeline.core.spec.paths import JobPaths
+    from batch_pipeline.core.state.view import quote_fresh
+
+    spec = make_job()
+    store = Store(home)
+    build_manifest(spec, store)
+    quote = quote_for(spec, store)
+    store.write_json(JobPaths(spec.name).quote, quote)
+    expires = datetime.fromisoformat(quote["expires_at"])
+    for before, current in ((timedelta(minutes=3), True), (timedelta(minutes=1), False), (-timedelta(minutes=1), False)):
+        now = expires - before
+        assert quote_current(quote, now) is current and quote_fresh(store, spec.name, now) is current, before
+        if current:
+            assert verify_quote(spec, store, PRICES, quote, now=now) is quote
+        else:
+            with pytest.raises(QuoteRefused, match="quote again"):
+                verify_quote(spec, store, PRICES, quote, now=now)
 
 
 def test_changed_input_or_prompt_or_time_makes_the_old_quote_unacceptable(make_job, home, tmp_path):

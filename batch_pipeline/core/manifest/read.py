@@ -6,6 +6,8 @@ any appends since), so ``rows()`` answers every source row of the current input 
 having re-read or re-written the rows of files that did not change.
 """
 
+from collections.abc import Sequence
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -25,6 +27,12 @@ REJECT_SCHEMA = pa.schema([
     ("source", pa.string()), ("line", pa.int64()), ("field", pa.string()), ("kind", pa.string()),
     ("reason", pa.string()), ("raw", pa.string()),
 ])
+
+
+def canary_of(shard_ids: Sequence[str]) -> str | None:
+    """The canary shard: the first in shard order. The one place that says which (the view, the quote and the
+    shard runs ask it)."""
+    return shard_ids[0] if shard_ids else None
 
 
 class Manifest:
@@ -47,6 +55,10 @@ class Manifest:
 
     def shard_ids(self) -> list[str]:
         return sorted(s for g in self.generations() for s in g["new_shards"])
+
+    def canary_shard_id(self) -> str | None:
+        """The canary shard (``canary_of``)."""
+        return canary_of(self.shard_ids())
 
     def max_shard_number(self) -> int:
         return max((int(s[1:]) for s in self.shard_ids()), default=0)

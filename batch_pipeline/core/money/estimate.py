@@ -11,12 +11,17 @@ embeddings request is its input text alone: no messages, so no framing (and no s
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import polars as pl
 
 from batch_pipeline.core.manifest.shards import Manifest
-from batch_pipeline.core.money.cost import MESSAGE_OVERHEAD_TOKENS, REQUEST_OVERHEAD_TOKENS, fixed_request_tokens
+from batch_pipeline.core.money.cost import (
+    MESSAGE_OVERHEAD_TOKENS,
+    REQUEST_OVERHEAD_TOKENS,
+    fixed_request_tokens,
+)
 from batch_pipeline.core.money.tokenizers import TokenCounter, counter_for
 from batch_pipeline.core.quality.validate import choice_schema
 from batch_pipeline.core.spec.job import JobSpec
@@ -95,13 +100,21 @@ def request_tokens(spec: JobSpec, sample: pl.DataFrame, counter: TokenCounter | 
                          schema_tokens, sample.height)
 
 
-def token_calibration(items: pl.DataFrame, results: pl.DataFrame, model: RequestTokens) -> tuple[float, int]:
-    """Measured / tokenizer-estimated input tokens over items with a billed answer; (1.0, 0) until then."""
+def measured_ratio(items: pl.DataFrame, results: pl.DataFrame,
+                   estimate: Callable[[float, int], float]) -> tuple[float, int]:
+    """Measured / estimated input tokens over the items with a billed answer, and how many: (1.0, 0) until then.
+    ``estimate(bytes-or-tokens estimated, requests)`` turns the items' ``est_input_tokens`` into the estimate to
+    compare with (the one place the ratio, and its guard against an estimate of 0, is computed)."""
     if results.height == 0 or "input_tokens" not in results.columns:
         return 1.0, 0
     measured = results.filter(pl.col("input_tokens") > 0).group_by("request_id").agg(pl.col("input_tokens").first())
     joined = measured.join(items.select("request_id", "est_input_tokens"), on="request_id")
     if joined.height == 0:
         return 1.0, 0
-    estimated = model.tokens(float(joined["est_input_tokens"].sum()), joined.height)
+    estimated = estimate(float(joined["est_input_tokens"].sum()), joined.height)
     return float(joined["input_tokens"].sum()) / max(estimated, 1.0), joined.height
+
+
+def token_calibration(items: pl.DataFrame, results: pl.DataFrame, model: RequestTokens) -> tuple[float, int]:
+    """Measured / tokenizer-estimated input tokens (``measured_ratio``)."""
+    return measured_ratio(items, results, model.tokens)

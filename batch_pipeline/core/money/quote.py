@@ -28,21 +28,33 @@ from datetime import UTC, datetime, timedelta
 
 import polars as pl
 
-from batch_pipeline.core.money.cost import BYTES_PER_TOKEN, Price, PriceTable, estimate_request_tokens
-from batch_pipeline.core.money.estimate import RequestTokens, prompt_sample, request_tokens, token_calibration
+from batch_pipeline.core.errors import ConfigError
+from batch_pipeline.core.manifest.shards import Manifest
+from batch_pipeline.core.manifest.upstream import job_inputs
+from batch_pipeline.core.money.cost import (
+    BYTES_PER_TOKEN,
+    Price,
+    PriceTable,
+    estimate_request_tokens,
+)
+from batch_pipeline.core.money.estimate import (
+    RequestTokens,
+    measured_ratio,
+    prompt_sample,
+    request_tokens,
+    token_calibration,
+)
 from batch_pipeline.core.money.passes import cascade_quote
 from batch_pipeline.core.money.tokenizers import counter_for
 from batch_pipeline.core.money.usd import format_usd, usd_figure
-from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.quality.golden import GoldenProbes, canary_passed
-from batch_pipeline.core.manifest.upstream import job_inputs
-from batch_pipeline.core.manifest.shards import Manifest
-from batch_pipeline.core.state.reconcile import DEAD, VALID
+from batch_pipeline.core.quality.validate import choice_schema
 from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.spec.job import AUTO_BACKEND, JobSpec
-from batch_pipeline.core.quality.validate import choice_schema
+from batch_pipeline.core.state.reconcile import DEAD, VALID
 
 QUOTE_TTL = timedelta(minutes=30)
+QUOTE_MARGIN = timedelta(minutes=2)  # a quote this close to expiry is re-made before spending on it
 DEFAULT_RETRY_SHARE = 0.02  # expected share of items retried before anything is measured
 UNCALIBRATED_MARGIN = 1.25  # token estimates are bytes/4 until usage is measured
 
@@ -83,15 +95,8 @@ def schema_tokens(spec: JobSpec) -> int:
 
 def calibration(items: pl.DataFrame, results: pl.DataFrame, per_request_extra: int = 0) -> tuple[float, int]:
     """Measured / estimated input tokens (estimate incl. the per-request schema) over items with a billed
-    answer; 1.0 until something is measured."""
-    if results.height == 0 or "input_tokens" not in results.columns:
-        return 1.0, 0
-    measured = results.filter(pl.col("input_tokens") > 0).group_by("request_id").agg(pl.col("input_tokens").first())
-    joined = measured.join(items.select("request_id", "est_input_tokens"), on="request_id")
-    if joined.height == 0:
-        return 1.0, 0
-    estimated = float(joined["est_input_tokens"].sum()) + per_request_extra * joined.height
-    return float(joined["input_tokens"].sum()) / estimated, joined.height
+    answer; 1.0 until something is measured (``estimate.measured_ratio``)."""
+    return measured_ratio(items, results, lambda estimated, n: estimated + per_request_extra * n)
 
 
 def cache_prefix_tokens(spec: JobSpec, price: Price, tokens: RequestTokens | None = None) -> int:
@@ -190,7 +195,7 @@ def make_quote(spec: JobSpec, store, prices: PriceTable, items: pl.DataFrame | N
     # the cache: the prefix's share of the input, the first write of each batch, what was measured
     prefix = cache_prefix_tokens(spec, price, model)
     pending_by_shard = dict(pending.group_by("shard_id").len().iter_rows()) if n else {}
-    canary_shard = manifest.shard_ids()[0] if pending_by_shard else None
+    canary_shard = manifest.canary_shard_id() if pending_by_shard else None
     write_batches = len(pending_by_shard) if price.writes_cache and prefix else 0
     if write_batches and canary_passed(spec, store) is None \
             and pending_by_shard.get(canary_shard, 0) > spec.canary.size:
@@ -267,13 +272,21 @@ def _measured_retry_share(results: pl.DataFrame) -> float:
     return float(per_item["failed"].mean() or 0.0)
 
 
+def quote_current(quote: dict | None, now: datetime | None = None) -> bool:
+    """The one freshness rule: a quote is spent on until ``QUOTE_MARGIN`` before it expires. The driver re-quotes
+    from then on, and a submission refuses it, so the two never disagree about the same quote."""
+    now = now or datetime.now(UTC)
+    return bool(quote) and datetime.fromisoformat(quote["expires_at"]) > now + QUOTE_MARGIN
+
+
 def verify_quote(spec: JobSpec, store, prices: PriceTable, quote: dict | None, now: datetime | None = None) -> dict:
     """Refuse spend on a missing, expired, changed or over-budget quote; say exactly why."""
     if quote is None:
         raise QuoteRefused(f"job {spec.name} has no quote; materialize {spec.name}/quote first")
     now = now or datetime.now(UTC)
-    if datetime.fromisoformat(quote["expires_at"]) < now:
-        raise QuoteRefused(f"job {spec.name}: the quote expired at {quote['expires_at']}; quote again "
+    if not quote_current(quote, now):
+        raise QuoteRefused(f"job {spec.name}: the quote expired at {quote['expires_at']} (or is in its last "
+                           f"{QUOTE_MARGIN.seconds // 60} min, when nothing is spent on it); quote again "
                            f"(materialize {spec.name}/quote) before spending")
     from batch_pipeline.core.money.allowance import quote_price
 

@@ -23,10 +23,10 @@ import tiktoken
 
 from batch_pipeline import bpe
 from batch_pipeline.core.errors import ConfigError
+from batch_pipeline.core.money.cost import BYTES_PER_TOKEN
 
 CLAUDE_CHARS_PER_TOKEN = 3.5  # Anthropic's documented average for English
 GEMINI_CHARS_PER_TOKEN = 4.0  # Google's documented average for Gemini
-BYTES_PER_TOKEN = 4.0
 
 
 class TokenCounter(Protocol):
@@ -80,7 +80,9 @@ class TokenizerFileCounter:
         object.__setattr__(self, "name", f"tokenizer.json ({Path(self.path).parent.name or self.path})")
 
     def count(self, texts: Sequence[str]) -> list[int]:
-        from tokenizers import Tokenizer  # imported only when an open model has a local tokenizer file
+        from tokenizers import (
+            Tokenizer,  # imported only when an open model has a local tokenizer file
+        )
 
         tok = _tokenizer_file(self.path, Tokenizer)
         return [len(e.ids) for e in tok.encode_batch(list(texts), add_special_tokens=False)]

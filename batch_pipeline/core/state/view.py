@@ -2,40 +2,39 @@
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 
+from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.ledger.admission import Room
 from batch_pipeline.core.ledger.capacity import CapacityLedger, Need
+from batch_pipeline.core.manifest.read import canary_of
+from batch_pipeline.core.manifest.shards import Manifest
+from batch_pipeline.core.money.quote import quote_current
+from batch_pipeline.core.quality.golden import canary_passed
 from batch_pipeline.core.run.admission import TokenCounts
 from batch_pipeline.core.run.control import JobControl
-from batch_pipeline.core.errors import ConfigError
-from batch_pipeline.core.quality.golden import canary_passed
-from batch_pipeline.core.manifest.shards import Manifest
-from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.run.rescue import deadline_near
 from batch_pipeline.core.spec.job import JobSpec
+from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.state.driver import CanaryStatus, JobFacts, Plan, next_steps
 from batch_pipeline.core.state.fallback import fallback_may_use_tail
 from batch_pipeline.core.state.machine import ShardState
 from batch_pipeline.core.state.summary import ShardSummaries, ShardSummary
 from batch_pipeline.core.store import Store
 
-QUOTE_MARGIN = timedelta(minutes=2)  # a quote this close to expiry is re-made before spending on it
-
 
 def canary_status(spec: JobSpec, store: Store, shard_ids: list[str]) -> CanaryStatus:
-    if not spec.canary_first or not shard_ids:
+    canary = canary_of(shard_ids)
+    if not spec.canary_first or canary is None:
         return CanaryStatus(None)
     verdict = canary_passed(spec, store)
     if verdict is None:
-        return CanaryStatus(shard_ids[0], size=spec.canary.size)
-    return CanaryStatus(shard_ids[0], verdict.passed, verdict.reason, size=spec.canary.size)
+        return CanaryStatus(canary, size=spec.canary.size)
+    return CanaryStatus(canary, verdict.passed, verdict.reason, size=spec.canary.size)
 
 
 def quote_fresh(store: Store, job: str, now: datetime | None = None) -> bool:
-    quote = store.read_json(JobPaths(job).quote)
-    now = now or datetime.now(UTC)
-    return bool(quote) and datetime.fromisoformat(quote["expires_at"]) > now + QUOTE_MARGIN
+    return quote_current(store.read_json(JobPaths(job).quote), now)
 
 
 def paused(store: Store, job: str) -> dict | None:
