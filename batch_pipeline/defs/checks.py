@@ -28,7 +28,7 @@ def check_description(name: str, job: str = "<job>") -> str:
     return f"Fails when {row.meaning}. Fix: {row.fix.replace('<job>', job)}."
 
 
-def validated_schema(spec: JobSpec) -> pa.DataFrameSchema:
+def validated_frame_schema(spec: JobSpec) -> pa.DataFrameSchema:
     output_checks = [pa.Check.isin(spec.output.choice)] if spec.output.choice else []
     return pa.DataFrameSchema(
         {
@@ -66,7 +66,7 @@ def build_result_checks(spec: JobSpec, results_asset: dg.AssetsDefinition) -> dg
         key = results_asset.key
         # 1. schema
         try:
-            validated_schema(spec).validate(frame, lazy=True)
+            validated_frame_schema(spec).validate(frame, lazy=True)
             yield dg.AssetCheckResult(check_name="validated_schema", asset_key=key, passed=True,
                                       metadata={"rows": dg.MetadataValue.int(len(frame))})
         except pa.errors.SchemaErrors as exc:

@@ -167,7 +167,8 @@ def _first_line(exc: Exception) -> str:
     return str(exc).strip().splitlines()[0]
 
 
-def validated_schema() -> pa.Schema:
+def upstream_table_schema() -> pa.Schema:
+    """The upstream job's validated table's columns (``publish.validated.VALIDATED_SCHEMA``)."""
     from batch_pipeline.core.publish.validated import (
         VALIDATED_SCHEMA,  # publish imports the manifest
     )
@@ -179,7 +180,7 @@ def checked_condition(spec: JobSpec, upstream: JobSpec | None = None) -> str:
     """``condition_sql`` checked against the validated columns (no upstream table needed)."""
     upstream = upstream or upstream_spec(spec)
     condition = condition_sql(spec, upstream)
-    check_condition(spec, condition, validated_schema())
+    check_condition(spec, condition, upstream_table_schema())
     return condition
 
 
@@ -309,7 +310,7 @@ class UpstreamTable:
 
     def _answers(self) -> pl.DataFrame:
         """The upstream's latest valid answer per request so far, as rows of the validated columns."""
-        schema = validated_schema()
+        schema = upstream_table_schema()
         got = read_results(self.store, self.upstream.name, columns=["request_id", "attempt", "status",
                                                                     "parsed_output", "model", "prompt_version"])
         if got.height == 0:

@@ -24,6 +24,7 @@ class Reconciled(StrEnum):
 
 VALID, INVALID, MISSING, DEAD = (s.value for s in Reconciled)  # plain strings for Polars expressions
 STATES = (VALID, INVALID, MISSING, DEAD)
+RETRYABLE = (INVALID, MISSING)  # what a shard's next attempt sends again (the one place that says so)
 NO_BUDGET_CODES = ("batch_expired", "batch_cancelled")  # the provider never tried the item
 
 

@@ -19,7 +19,7 @@ from batch_pipeline.core.quality.golden import GoldenProbes
 from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.state.fallback import Stage, is_fallback_row, staged_item_states
-from batch_pipeline.core.state.reconcile import DEAD, INVALID, MISSING, VALID
+from batch_pipeline.core.state.reconcile import DEAD, INVALID, MISSING, RETRYABLE, VALID
 from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.money.retry_cap import RetryCosts, retry_costs
 from batch_pipeline.core.spec.job import JobSpec
@@ -128,7 +128,7 @@ def shard_item_states(spec: JobSpec, store: Store, shard_id: str, results: pl.Da
 def _stage_counts(states: pl.DataFrame) -> dict[str, int]:
     """The fallback stage's retryable (pending) and answered (valid) items."""
     fb = states.filter(pl.col("stage") == Stage.FALLBACK.value)
-    return {"pending": fb.filter(pl.col("state").is_in([INVALID, MISSING])).height,
+    return {"pending": fb.filter(pl.col("state").is_in(RETRYABLE)).height,
             "valid": fb.filter(pl.col("state") == VALID).height}
 
 
@@ -170,9 +170,9 @@ class ShardSummaries:
         opened = _open_attempt(attempts)
         closed = [a for a in attempts if not a.open]
         collected = [a for a in closed if "collected" in a.records]
-        retryable = counts.get(INVALID, 0) + counts.get(MISSING, 0)
+        retryable = sum(counts.get(state, 0) for state in RETRYABLE)
         pending = with_est if not attempts else with_est.join(
-            states.filter(pl.col("state").is_in([INVALID, MISSING])).select("request_id"), on="request_id", how="semi")
+            states.filter(pl.col("state").is_in(RETRYABLE)).select("request_id"), on="request_id", how="semi")
         return ShardSummary(
             shard_id=shard_id, state=derive_state(opened, len(attempts), retryable), expected=items.height,
             valid=counts.get(VALID, 0), invalid=counts.get(INVALID, 0), missing=counts.get(MISSING, 0),
