@@ -23,14 +23,13 @@ if TYPE_CHECKING:
 
 Problem = tuple[tuple[str | int, ...], str, Any]  # (the field's path in the spec, what is wrong and why, its value)
 
-# the backends whose executors send embeddings requests (openai/embeddings.py, online/embeddings.py, vllm/embed.py)
-EMBEDDING_BACKENDS = ("openai_batch", "online", "vllm")
+# the backends whose executors send embeddings requests (openai/embeddings.py, google/embed_format.py,
+# online/embeddings.py, vllm/embed.py)
+EMBEDDING_BACKENDS = ("openai_batch", "gemini_batch", "online", "vllm")
 WHY_NO_EMBEDDINGS = {
     "azure_openai_batch": "embeddings through Azure's batch API are not offered yet (its batch deployments take "
                           "chat completions here)",
     "anthropic_batch": "Anthropic has no embeddings API",
-    "gemini_batch": "Gemini batch embeddings (models/M:asyncBatchEmbedContent) are not implemented yet: the "
-                    "sandbox does not serve them, so no test could prove them",
     "vertex_batch": "Vertex batch prediction of embedding models is not implemented (google-genai's "
                     "batches.create_embeddings is Gemini Developer API only)",
     "bedrock_batch": "the Bedrock executor sends Claude messages only",

@@ -6,6 +6,10 @@ crash between "Google accepted the batch" and "we recorded its name" is repaired
 the display name, never by creating again. Every ``JobState`` the SDK can return is mapped explicitly (an unknown
 one is an error). Results are the ``responsesFile`` (one line per request, matched on ``key``).
 
+An embeddings job (``output.embedding``) sends ``EmbedContentRequest`` lines (``embed_format.py``) through
+``batches.create_embeddings`` (``models/M:asyncBatchEmbedContent``); its batch is then polled, fetched, cancelled,
+found and discarded as any other, and its responses file yields the vector rows.
+
 Expiry: a batch not finished within 48 h ends ``EXPIRED`` with **no results at all** (OpenAI and Anthropic keep
 the finished part). ``fetch`` then yields nothing and the runner sends every item of the attempt again in the
 next one; no item's budget is spent on it.
@@ -21,6 +25,7 @@ import os
 import queue
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -39,7 +44,9 @@ from batch_pipeline.core.run.executor import BatchHandle, BatchState, BatchStatu
 from batch_pipeline.core.run.threads import default_workers
 from batch_pipeline.core.spec.quota import Retention
 from batch_pipeline.executors.endpoint import resolve_endpoint
-from batch_pipeline.executors.google.format import ERROR_INFO, contents_writer, parse_result_stream, request_template
+from batch_pipeline.executors.google.embed_format import embed_input_file, parse_any_stream
+from batch_pipeline.executors.google.format import ERROR_INFO, contents_writer, request_template
+from batch_pipeline.executors.openai.embeddings import is_embedding
 from batch_pipeline.executors.provider_errors import classified, redact, retry_after_s, retry_wait_s
 from batch_pipeline.executors.settings import BatchProviderSettings
 
@@ -194,21 +201,31 @@ class GeminiBatchExecutor(QueueCapped):
         if work.items.num_rows > self.max_requests_per_batch:
             raise ConfigError(f"shard {work.shard_id} has {work.items.num_rows} requests; gemini_batch sends at "
                               f"most {self.max_requests_per_batch} per batch (lower shards.max_requests)")
-        data = input_file(work)
+        embed = is_embedding(work.plan)
+        data = embed_input_file(work) if embed else input_file(work)
         if len(data) > self.max_bytes_per_batch:
             raise ConfigError(f"shard {work.shard_id} input is {len(data)} bytes; gemini_batch sends at most "
                               f"{self.max_bytes_per_batch} per batch (lower shards.max_bytes)")
         uploaded = self._call("file upload", lambda: self.client.files.upload(
             file=io.BytesIO(data), config={"mime_type": INPUT_MIME, "display_name": work.key}))
-        return self._create_once(work, uploaded.name)
+        return self._create_once(work, uploaded.name, embed)
 
-    def _create_once(self, work: ShardWork, file_name: str) -> BatchHandle:
+    def _create(self, model: str, file_name: str, key: str, embed: bool) -> types.BatchJob:
+        """``batches.create``, or for an embeddings job ``batches.create_embeddings`` (experimental in the SDK,
+        which warns on every call; its ``src`` must name the file as ``file_name``: a bare string is refused)."""
+        if not embed:
+            return self.client.batches.create(model=model, src=file_name, config={"display_name": key})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", genai_errors.ExperimentalWarning)
+            return self.client.batches.create_embeddings(model=model, src={"file_name": file_name},
+                                                         config={"display_name": key})
+
+    def _create_once(self, work: ShardWork, file_name: str, embed: bool = False) -> BatchHandle:
         """Create without blind retries: a create that failed in transit may have succeeded, so before each
         retry the batch is looked up by its display name (a 429 created nothing)."""
         for attempt in range(self.settings.max_retries + 1):
             try:
-                job = self.client.batches.create(model=work.plan.model, src=file_name,
-                                                 config={"display_name": work.key})
+                job = self._create(work.plan.model, file_name, work.key, embed)
                 return BatchHandle(self.name, str(job.name), work.key, file_name)
             except (genai_errors.APIError, httpx2.TransportError) as exc:
                 error = translate(exc, "batch create", self._key, where=Where.CREATE, dimension=Dimension.TOKENS)
@@ -256,7 +273,8 @@ class GeminiBatchExecutor(QueueCapped):
             if job.state == S.JOB_STATE_EXPIRED:
                 log.warning("Gemini batch %s expired: it returns no results; every item goes again", handle.batch_id)
             return
-        yield from parse_result_stream(self._download(dest.file_name), self.parse_workers)
+        # a generated or an embeddings responses file: each block says which (the BatchJob does not)
+        yield from parse_any_stream(self._download(dest.file_name), self.parse_workers)
 
     def _download(self, file_name: str) -> Iterator[bytes]:
         """The file's bytes as they arrive: ``files.download`` writes into a bounded queue on its own thread."""

@@ -4,6 +4,8 @@
 ``x-goog-api-key`` header, which is how these requests are told apart from OpenAI's on the same ``/v1/files``
 and ``/v1/batches`` paths (``is_gemini_request``). Every version prefix the SDK may use is served (``v1``, the
 3.x default; ``v1beta`` with ``GOOGLE_GENAI_API_VERSION=beta``; ``v1alpha``). Errors are Google's envelope.
+Embeddings batches (``models/M:asyncBatchEmbedContent``, ``batches.create_embeddings``) are created here too and
+then read, listed, cancelled and deleted through the same batch routes.
 """
 
 from __future__ import annotations
@@ -97,6 +99,8 @@ class GeminiApi:
         router.add("GET", "/{version}/files/{file_id}", "gemini_get_file", self.get_file)
         router.add("DELETE", "/{version}/files/{file_id}", "gemini_delete_file", self.delete_file)
         router.add("POST", "/{version}/models/{model}:batchGenerateContent", "gemini_create", self.create)
+        router.add("POST", "/{version}/models/{model}:asyncBatchEmbedContent", "gemini_create",
+                   self.create_embeddings)
         router.add("POST", "/{version}/batches/{batch_id}:cancel", "gemini_cancel", self.cancel)
         router.add("GET", "/{version}/batches", "gemini_list", self.list)
         router.add("GET", "/{version}/batches/{batch_id}", "gemini_get", self.get)
@@ -199,6 +203,14 @@ class GeminiApi:
         """``batchGenerateContent`` of an uploaded file (``inputConfig.fileName``) or of inline requests
         (``inputConfig.requests.requests``, what ``batches.create(src=[...])`` sends); a body over the API's
         20 MiB payload limit is its 400 INVALID_ARGUMENT."""
+        return self._create(request, embed=False)
+
+    def create_embeddings(self, request: Request) -> Response:
+        """``asyncBatchEmbedContent``: as ``create``, of ``EmbedContentRequest`` s (the SDK's
+        ``create_embeddings`` names the file ``inputConfig.file_name``, the proto name, which is read too)."""
+        return self._create(request, embed=True)
+
+    def _create(self, request: Request, embed: bool) -> Response:
         _version(request)
         if len(request.body) > MAX_INLINE_BYTES:
             raise GoogleError(400, f"Request payload size exceeds the limit: {MAX_INLINE_BYTES} bytes.")
@@ -207,7 +219,7 @@ class GeminiApi:
         if not isinstance(batch, dict):
             raise GoogleError(400, "`batch` is required.")
         config = batch.get("inputConfig") if isinstance(batch.get("inputConfig"), dict) else {}
-        file_name = config.get("fileName")
+        file_name = config.get("fileName", config.get("file_name"))
         inline = "requests" in config
         if inline and file_name is not None:
             raise GoogleError(400, "batch.inputConfig takes one source: fileName or requests, not both.")
@@ -221,8 +233,8 @@ class GeminiApi:
             raise fault
         args = (self.state.scenario, self.state.clock.now, account_of(request, "gemini"),
                 clock_scale(self.state.clock))
-        record = (self.gemini.create_inline(model, display, config["requests"], *args) if inline
-                  else self.gemini.create(model, display, file_name, *args))
+        record = (self.gemini.create_inline(model, display, config["requests"], *args, embed=embed) if inline
+                  else self.gemini.create(model, display, file_name, *args, embed=embed))
         return Response(payload=record.to_api(), batch_id=record.id)
 
     def get(self, request: Request) -> Response:

@@ -12,6 +12,10 @@ A batch of inline requests (``inputConfig.requests.requests``, what ``batches.cr
 same lifecycle, quota and billing; its answers come back in the operation itself
 (``output.inlinedResponses.inlinedResponses``, in input order, each ``{"response"|"error", "metadata"}``) instead
 of a responses file.
+
+An embeddings batch (``asyncBatchEmbedContent``: ``EmbedContentRequest`` lines, ``sandbox/google/gemini_embed.py``)
+has the same lifecycle, quota, files and billing (input tokens only); its operation carries the
+``EmbedContentBatch`` type URLs.
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ from typing import Any, Callable, Optional
 
 from batch_pipeline.sandbox.batches import lines_due, output_order
 from batch_pipeline.sandbox.google.errors import RETRY_INFO, GoogleError, status_object
+from batch_pipeline.sandbox.google.gemini_embed import (EMBED_METADATA_TYPE, EMBED_OUTPUT_TYPE, GeminiEmbedder,
+                                                        embed_problem, embed_tokens)
+from batch_pipeline.sandbox.google.gemini_inputs import contents_problem, parse_inline, parse_input
 from batch_pipeline.sandbox.google.responder import GeminiAnswer, GeminiResponder, prompt_tokens
 from batch_pipeline.sandbox.ids import new_id
 from batch_pipeline.sandbox.persistence import StateDir
@@ -116,6 +123,7 @@ class GeminiBatch:
     output_file: Optional[str] = None
     account: str = DEFAULT_ACCOUNT  # the key that created it: whose enqueued tokens it counts against
     inline: bool = False  # built from inline requests: answered in the operation, not in a responses file
+    embed: bool = False  # an asyncBatchEmbedContent batch: EmbedContentRequests, answered with vectors
 
     def duration(self, key: str) -> float:
         return float(self.scenario.param(key))
@@ -176,7 +184,7 @@ class GeminiBatch:
     def to_api(self, full: bool = True) -> dict[str, Any]:
         """The batch as the long-running ``Operation`` the API answers with (``full=False``: as listed)."""
         metadata: dict[str, Any] = {
-            "@type": METADATA_TYPE,
+            "@type": EMBED_METADATA_TYPE if self.embed else METADATA_TYPE,
             "model": self.model,
             "displayName": self.display_name or "",
             "createTime": rfc3339(self.created_at),
@@ -196,7 +204,7 @@ class GeminiBatch:
         if self.state == "BATCH_STATE_FAILED":
             operation["error"] = status_object(400, self.invalid or "The batch failed.")
         elif self.ended:
-            operation["response"] = {"@type": OUTPUT_TYPE, **output}
+            operation["response"] = {"@type": EMBED_OUTPUT_TYPE if self.embed else OUTPUT_TYPE, **output}
         return operation
 
     def output_lines(self) -> bytes:
@@ -218,90 +226,13 @@ class GeminiBatch:
         return cls(**data)
 
 
-def _contents_problem(request: dict[str, Any]) -> Optional[str]:
-    contents = request.get("contents")
-    return None if isinstance(contents, list) and contents else "`request.contents` must not be empty."
-
-
-def request_key(request: dict[str, Any]) -> str:
-    """The identity of an inline request without a ``metadata.key``: a digest of the request itself, so a
-    request sent again in a later batch is the same request (``line_errors``, the ledger's ``custom_id``)."""
-    canonical = json.dumps(request, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return "request-" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
-
-
-def parse_inline(config: Any) -> tuple[list[dict[str, Any]], Optional[str]]:
-    """The requests of ``inputConfig.requests`` (``{"requests": [{"request", "metadata"?}]}``) and why the batch
-    will fail (as a file's ``parse_input``); a body that is not that shape is a 400 at once, as the API's JSON
-    parsing answers it. Each request's key (its identity for line errors and the ledger) is ``metadata.key``
-    when that is a string, else ``request_key``."""
-    where = "batch.input_config.requests"
-    items = config.get("requests") if isinstance(config, dict) else None
-    if not isinstance(config, dict) or not isinstance(items, list):
-        raise GoogleError(400, f"Invalid JSON payload received. `{where}` must be an object with a `requests` list.")
-    requests: list[dict[str, Any]] = []
-    invalid: Optional[str] = None
-    for number, item in enumerate(items):
-        at = f"{where}.requests[{number}]"
-        if not isinstance(item, dict):
-            raise GoogleError(400, f"Invalid JSON payload received. `{at}` must be an object.")
-        unknown = sorted(set(item) - {"request", "metadata"})
-        if unknown:
-            raise GoogleError(400, f"Invalid JSON payload received. Unknown name \"{unknown[0]}\" at '{at}': "
-                                   "Cannot find field.")
-        request, metadata = item.get("request"), item.get("metadata")
-        if not isinstance(request, dict):
-            raise GoogleError(400, f"Invalid JSON payload received. `{at}.request` must be an object.")
-        if metadata is not None and not isinstance(metadata, dict):
-            raise GoogleError(400, f"Invalid JSON payload received. `{at}.metadata` must be an object.")
-        problem = _contents_problem(request)
-        if problem is not None and invalid is None:
-            invalid = f"Inline request {number}: {problem}"
-        key = metadata.get("key") if isinstance(metadata, dict) else None
-        entry: dict[str, Any] = {"key": key if isinstance(key, str) and key else request_key(request),
-                                 "request": request}
-        if metadata is not None:
-            entry["metadata"] = metadata
-        requests.append(entry)
-    if not requests:
-        raise GoogleError(400, f"`{where}.requests` must not be empty.")
-    return requests, invalid
-
-
-def parse_input(data: bytes) -> tuple[list[dict[str, Any]], Optional[str]]:
-    """The requests of an input file, and why it is invalid (None when every line is a request)."""
-    requests: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    for number, line in enumerate(data.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError as exc:
-            return requests, f"Invalid JSON in the input file at line {number}: {exc}"
-        if not isinstance(obj, dict) or not isinstance(obj.get("request"), dict):
-            return requests, f"Line {number} of the input file has no `request` object."
-        key = obj.get("key")
-        if not isinstance(key, str) or not key:
-            return requests, f"Line {number} of the input file has no `key`."
-        if key in seen:
-            return requests, f"Line {number}: duplicate key {key!r}."
-        problem = _contents_problem(obj["request"])
-        if problem is not None:
-            return requests, f"Line {number}: {problem}"
-        seen.add(key)
-        requests.append({"key": key, "request": obj["request"]})
-    if not requests:
-        return requests, "The input file holds no requests."
-    return requests, None
-
-
 class GeminiService:
     """Files and batches of the Gemini API on one sandbox (callers hold the state lock)."""
 
     def __init__(self, responder: GeminiResponder, bill: Bill, store: Optional[StateDir],
                  load: Optional[LoadBook] = None) -> None:
         self.responder = responder
+        self.embedder = GeminiEmbedder(responder.seen_keys)
         self.bill = bill
         self.store = store
         self.book = load if load is not None else LoadBook()
@@ -333,37 +264,41 @@ class GeminiService:
 
     # batches -----------------------------------------------------------------------------------------------
     def create(self, model: str, display_name: Optional[str], file_name: str, scenario: Scenario,
-               clock: Callable[[], float], account: str = DEFAULT_ACCOUNT, scale: float = 1.0) -> GeminiBatch:
+               clock: Callable[[], float], account: str = DEFAULT_ACCOUNT, scale: float = 1.0,
+               embed: bool = False) -> GeminiBatch:
         """A new batch (PENDING) of an uploaded JSONL file, created once its input has been read (``clock()``
         is read then). One whose input parses holds its prompt tokens for ``account`` until it ends; past the
-        server's ``quota_enqueued_tokens`` the create is a 429 RESOURCE_EXHAUSTED instead."""
+        server's ``quota_enqueued_tokens`` the create is a 429 RESOURCE_EXHAUSTED instead. ``embed``: the
+        lines are ``EmbedContentRequest`` s (``asyncBatchEmbedContent``)."""
         stored = self.get_file(file_name.removeprefix("files/"))
-        requests, invalid = parse_input(stored.data)
+        requests, invalid = parse_input(stored.data, embed_problem if embed else contents_problem)
         return self._create(model, display_name, f"files/{stored.id}", requests, invalid, stored.data, scenario,
-                            clock, account, scale)
+                            clock, account, scale, embed=embed)
 
     def create_inline(self, model: str, display_name: Optional[str], config: Any, scenario: Scenario,
                       clock: Callable[[], float], account: str = DEFAULT_ACCOUNT,
-                      scale: float = 1.0) -> GeminiBatch:
+                      scale: float = 1.0, embed: bool = False) -> GeminiBatch:
         """A new batch of inline requests (``inputConfig.requests``): as ``create``, answered in the operation."""
-        requests, invalid = parse_inline(config)
+        requests, invalid = parse_inline(config, embed_problem if embed else contents_problem)
         seed = json.dumps([r["request"] for r in requests], sort_keys=True).encode("utf-8")
         return self._create(model, display_name, "", requests, invalid, seed, scenario, clock, account, scale,
-                            inline=True)
+                            inline=True, embed=embed)
 
     def _create(self, model: str, display_name: Optional[str], input_file: str, requests: list[dict[str, Any]],
                 invalid: Optional[str], seed: bytes, scenario: Scenario, clock: Callable[[], float], account: str,
-                scale: float, inline: bool = False) -> GeminiBatch:
+                scale: float, inline: bool = False, embed: bool = False) -> GeminiBatch:
         if scenario.name == "fail_validation":
             invalid = f"Line {scenario.param('lines')[0]} was rejected (sandbox scenario fail_validation)."
         name = model.removeprefix("models/")
+        count = embed_tokens if embed else prompt_tokens
         for item in requests if invalid is None else []:
-            item["prompt_tokens"] = prompt_tokens(model, item["request"])
+            item["prompt_tokens"] = count(model, item["request"])
         tokens, now = sum(int(r.get("prompt_tokens", 0)) for r in requests), clock()
         if invalid is None:
             self._check_quota(scenario, account, name, tokens, now, scale)
         batch = GeminiBatch(gemini_id(), display_name, model, input_file, now, scenario, requests,
-                            output_order(seed, len(requests)), invalid, account=account, inline=inline)
+                            output_order(seed, len(requests)), invalid, account=account, inline=inline,
+                            embed=embed)
         self.batches[batch.id] = batch
         if invalid is None:
             self.book.hold("gemini", f"batches/{batch.id}", account, {name: Load(tokens, len(requests), 1)}, now)
@@ -451,6 +386,10 @@ class GeminiService:
         due = lines_due(batch, batch.start, at)
         while len(batch.results) < due:
             item = batch.requests[batch.order[len(batch.results)]]
+            if batch.embed:
+                batch.results.append(self.embedder.answer(item["key"], batch.model, item["request"], batch.scenario,
+                                                          item.get("prompt_tokens")))
+                continue
             batch.results.append(self.responder.answer(item["key"], batch.model, item["request"], batch.scenario,
                                                        batch.id, item.get("prompt_tokens")))
 

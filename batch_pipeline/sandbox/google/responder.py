@@ -111,6 +111,15 @@ def prompt_tokens(model: str, request: dict[str, Any]) -> int:
         input_tokens(json.dumps(schema), model) if isinstance(schema, dict) else 0)
 
 
+def line_error(key: str, model: str, scenario: Scenario) -> GeminiAnswer:
+    """The failed answer the ``line_errors`` scenario gives (its ``code``), for generate and embed requests."""
+    code, message, reason = LINE_ERRORS.get(str(scenario.params.get("code", "server_error")),
+                                            LINE_ERRORS["server_error"])
+    details = [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": reason,
+                "domain": "googleapis.com"}] if reason else None
+    return GeminiAnswer(key, model, error=status_object(code, message, details))
+
+
 class GeminiResponder:
     """Answers requests; remembers how often each key was seen (``line_errors``) and which prefixes are cached."""
 
@@ -131,11 +140,7 @@ class GeminiResponder:
             return GeminiAnswer(key, model, error=status_object(
                 400, "The input token count exceeds the maximum number of tokens allowed (sandbox marker poison)."))
         if scenario.line_error_due(key, sightings):
-            code, message, reason = LINE_ERRORS.get(str(scenario.params.get("code", "server_error")),
-                                                    LINE_ERRORS["server_error"])
-            details = [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": reason,
-                        "domain": "googleapis.com"}] if reason else None
-            return GeminiAnswer(key, model, error=status_object(code, message, details))
+            return line_error(key, model, scenario)
         system = system_text(request)
         config = request.get("generationConfig") if isinstance(request.get("generationConfig"), dict) else {}
         prompt = prompt_tokens(model, request) if prompt is None else prompt

@@ -136,20 +136,29 @@ def test_the_same_embedding_model_on_another_backend_may_fall_back(tmp_path):
 
 
 @pytest.mark.parametrize(("backend", "extra", "field", "refused"), [
-    ("gemini_batch", "", "backend.name", "gemini_batch"),
+    ("vertex_batch", "", "backend.name", "vertex_batch"),
     ("anthropic_batch", "", "backend.name", "anthropic_batch"),
     ("azure_openai_batch", "", "backend.name", "azure_openai_batch"),
     ("openai_batch", "tail: {backend: {name: bedrock_batch}}\n", "tail.backend.name", "bedrock_batch"),
     ("openai_batch", "fallback: {model: text-embedding-3-small, backend: {name: vertex_batch}}\n",
      "fallback.backend.name", "vertex_batch"),
-    ("auto", "route: {candidates: [{backend: {name: openai_batch}}, {backend: {name: gemini_batch}}]}\n",
-     "route.candidates.1.backend.name", "gemini_batch"),
+    ("auto", "route: {candidates: [{backend: {name: openai_batch}}, {backend: {name: anthropic_batch}}]}\n",
+     "route.candidates.1.backend.name", "anthropic_batch"),
 ])
 def test_an_embeddings_job_on_a_backend_that_does_not_embed_is_refused(tmp_path, backend, extra, field, refused):
     text = EMBED.replace("backend: {name: openai_batch}", f"backend: {{name: {backend}}}") + extra
     line = problem(refusal(tmp_path, text), field)
     assert f"{refused} does not run embeddings jobs" in line and WHY_NO_EMBEDDINGS[refused] in line
-    assert "the backends that do: openai_batch, online, vllm" in line
+    assert "the backends that do: openai_batch, gemini_batch, online, vllm" in line
+
+
+def test_an_embeddings_job_on_gemini_batch_loads(tmp_path):
+    """Gemini batch embeddings (asyncBatchEmbedContent) are served, by the sandbox too: no refusal any more."""
+    text = EMBED.replace("backend: {name: openai_batch}", "backend: {name: gemini_batch}").replace(
+        "text-embedding-3-small", "gemini-embedding-001")
+    spec = load_spec(write(tmp_path, text))
+    assert spec.backend.name == "gemini_batch" and spec.output.embedding is not None
+    assert "gemini_batch" in EMBEDDING_BACKENDS and "gemini_batch" not in WHY_NO_EMBEDDINGS
 
 
 def test_the_embedding_backends_are_the_executors_that_embed():

@@ -1,0 +1,98 @@
+"""The requests of a Gemini batch: an uploaded JSONL file's lines, or inline requests (``inputConfig.requests``).
+
+Shared by both kinds of batch: ``problem_of`` says why one request cannot be answered (a
+``GenerateContentRequest`` without ``contents``, an ``EmbedContentRequest`` without text), which fails the
+batch as the API fails it, naming the line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Any, Optional
+
+from batch_pipeline.sandbox.google.errors import GoogleError
+
+Problem = Callable[[dict[str, Any]], Optional[str]]
+
+
+def contents_problem(request: dict[str, Any]) -> Optional[str]:
+    """Why a ``GenerateContentRequest`` cannot be answered (None when it can)."""
+    contents = request.get("contents")
+    return None if isinstance(contents, list) and contents else "`request.contents` must not be empty."
+
+
+def request_key(request: dict[str, Any]) -> str:
+    """The identity of an inline request without a ``metadata.key``: a digest of the request itself, so a
+    request sent again in a later batch is the same request (``line_errors``, the ledger's ``custom_id``)."""
+    canonical = json.dumps(request, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return "request-" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+
+
+def parse_inline(config: Any,
+                 problem_of: Problem = contents_problem) -> tuple[list[dict[str, Any]], Optional[str]]:
+    """The requests of ``inputConfig.requests`` (``{"requests": [{"request", "metadata"?}]}``) and why the batch
+    will fail (as a file's ``parse_input``); a body that is not that shape is a 400 at once, as the API's JSON
+    parsing answers it. Each request's key (its identity for line errors and the ledger) is ``metadata.key``
+    when that is a string, else ``request_key``."""
+    where = "batch.input_config.requests"
+    items = config.get("requests") if isinstance(config, dict) else None
+    if not isinstance(config, dict) or not isinstance(items, list):
+        raise GoogleError(400, f"Invalid JSON payload received. `{where}` must be an object with a `requests` list.")
+    requests: list[dict[str, Any]] = []
+    invalid: Optional[str] = None
+    for number, item in enumerate(items):
+        at = f"{where}.requests[{number}]"
+        if not isinstance(item, dict):
+            raise GoogleError(400, f"Invalid JSON payload received. `{at}` must be an object.")
+        unknown = sorted(set(item) - {"request", "metadata"})
+        if unknown:
+            raise GoogleError(400, f"Invalid JSON payload received. Unknown name \"{unknown[0]}\" at '{at}': "
+                                   "Cannot find field.")
+        request, metadata = item.get("request"), item.get("metadata")
+        if not isinstance(request, dict):
+            raise GoogleError(400, f"Invalid JSON payload received. `{at}.request` must be an object.")
+        if metadata is not None and not isinstance(metadata, dict):
+            raise GoogleError(400, f"Invalid JSON payload received. `{at}.metadata` must be an object.")
+        problem = problem_of(request)
+        if problem is not None and invalid is None:
+            invalid = f"Inline request {number}: {problem}"
+        key = metadata.get("key") if isinstance(metadata, dict) else None
+        entry: dict[str, Any] = {"key": key if isinstance(key, str) and key else request_key(request),
+                                 "request": request}
+        if metadata is not None:
+            entry["metadata"] = metadata
+        requests.append(entry)
+    if not requests:
+        raise GoogleError(400, f"`{where}.requests` must not be empty.")
+    return requests, invalid
+
+
+def parse_input(data: bytes,
+                problem_of: Problem = contents_problem) -> tuple[list[dict[str, Any]], Optional[str]]:
+    """The requests of an input file, and why it is invalid (None when every line is a request)."""
+    requests: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for number, line in enumerate(data.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            return requests, f"Invalid JSON in the input file at line {number}: {exc}"
+        if not isinstance(obj, dict) or not isinstance(obj.get("request"), dict):
+            return requests, f"Line {number} of the input file has no `request` object."
+        key = obj.get("key")
+        if not isinstance(key, str) or not key:
+            return requests, f"Line {number} of the input file has no `key`."
+        if key in seen:
+            return requests, f"Line {number}: duplicate key {key!r}."
+        problem = problem_of(obj["request"])
+        if problem is not None:
+            return requests, f"Line {number}: {problem}"
+        seen.add(key)
+        requests.append({"key": key, "request": obj["request"]})
+    if not requests:
+        return requests, "The input file holds no requests."
+    return requests, None
