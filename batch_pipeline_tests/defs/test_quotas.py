@@ -2,6 +2,8 @@
 sandbox's enqueued-token cap: admitted while it fits, waiting while it does not, learning the cap from the
 refusal when none was configured, and never paying twice."""
 
+import threading
+import time
 from collections import Counter
 
 import polars as pl
@@ -61,6 +63,18 @@ def refusals(home, spec) -> list[dict]:
     return out
 
 
+def _thaw_after_creates(sandbox, creates: int, timeout_s: float = 120.0) -> None:
+    """Let the sandbox clock run once ``creates`` batch creates arrived (or after ``timeout_s``: the job then
+    fails the test's assertions, not hangs)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        made = [r for r in sandbox.requests() if r["method"] == "POST" and r["path"] == "/v1/batches"]
+        if len(made) >= creates:
+            break
+        time.sleep(0.1)
+    sandbox.clock(freeze=False)
+
+
 _SIZES: dict[str, int] = {}  # the sandbox's count of each shard, measured once per module (the same rows and spec)
 
 
@@ -89,13 +103,26 @@ def test_a_configured_cap_is_never_passed_and_never_refuses(sandbox, make_job, i
     assert peak_tokens(sandbox) > shard_max  # more than one batch was in the queue at once: it was kept filled
     ledger = CapacityLedger(Store(home), CapacityScope("openai_batch", "OPENAI_API_KEY", spec.model))
     assert ledger.snapshot().holdings == ()  # every reservation was released when its batch ended
+    # released when a poll saw the batch end, before its collection: the same plan sent a waiting shard
+    store = Store(home)
+    whys = [store.read_json(p)["why"] for p in store.list_files(ledger.dir, suffix=".released.json")]
+    assert "the provider ended the batch" in whys, Counter(whys)
 
 
 def test_an_unconfigured_cap_is_learned_from_the_refusal_and_the_job_still_finishes(sandbox, make_job, instance,
                                                                                     resources, home, cap):
     sandbox.set_scenario("normal", quota_enqueued_tokens=cap, in_progress_s=1.0)
-    spec = make_job(shards=SHARDS)
-    report = run_job(spec, instance, resources)
+    spec = make_job(shards=SHARDS, canary_first=False)  # no canary: every shard is offered at once
+    # the provider's clock stands still until more batches were created than the cap holds: on a loaded machine the
+    # creates came slower than a batch ends (1 s), the queue never filled, and nothing was refused
+    sandbox.clock(freeze=True)
+    thaw = threading.Thread(target=_thaw_after_creates, args=(sandbox, 5), daemon=True)
+    thaw.start()
+    try:
+        report = run_job(spec, instance, resources)
+    finally:
+        thaw.join(timeout=1)
+        sandbox.clock(freeze=False)
     assert report["complete"] and report["succeeded"] == 40  # no job stop
     assert_billed_once(spec, home, sandbox)
     refused = refusals(home, spec)

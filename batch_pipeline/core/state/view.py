@@ -79,6 +79,17 @@ def capacity_facts(spec: JobSpec, store: Store, ledgers: list[CapacityLedger],
     return Room(snapshots), needs
 
 
+def release_ended(spec: JobSpec, ledgers: list[CapacityLedger], submitted: list[ShardSummary],
+                  ended: frozenset[str]) -> None:
+    """A batch the provider has ended no longer counts in its queue: its place is released as soon as a poll sees
+    it, before its results are collected, so the same plan already sends a waiting shard into the room (the
+    collection's own release finds it released: idempotent)."""
+    for s in submitted:
+        if s.shard_id in ended and s.open is not None:
+            for ledger in ledgers:
+                ledger.release_attempt(spec.name, s.shard_id, s.open.number, "the provider ended the batch")
+
+
 def load_view(spec: JobSpec, store: Store, *, in_flight: frozenset[str] = frozenset(), busy: bool = False,
               batch_ended: Callable[[list[ShardSummary]], set[str]] | None = None, min_batch: int = 0,
               fallback_min_batch: int = 0, capacity: list[CapacityLedger] | None = None) -> JobView:
@@ -91,6 +102,7 @@ def load_view(spec: JobSpec, store: Store, *, in_flight: frozenset[str] = frozen
     ended = frozenset(batch_ended(submitted)) if batch_ended is not None and submitted and not stopped else frozenset()
     facts = load_facts(spec, store, [s.shard_id for s in summaries], in_flight=in_flight, ended=ended, busy=busy,
                        min_batch=min_batch, fallback_min_batch=fallback_min_batch)
+    release_ended(spec, capacity or [], submitted, ended)
     room, needs = capacity_facts(spec, store, capacity or [], summaries)
     if room is not None:
         facts = replace(facts, room=room, needs=needs)
