@@ -6,7 +6,7 @@ import base64
 import gzip
 import hashlib
 from functools import cache
-from importlib.util import find_spec
+from importlib import resources
 from pathlib import Path
 
 import tiktoken
@@ -26,12 +26,13 @@ class BundledRanksError(RuntimeError):
 
 
 def _data_dir() -> Path:
-    """``bpe_openai/data``, found without importing the package (its ``__init__`` costs ~0.8 s: a process that
+    """``bpe_openai/data``, imported on first use only (the package's ``__init__`` costs ~0.8 s: a process that
     never counts tokens should not pay it)."""
-    spec = find_spec("bpe_openai")
-    if spec is None or not spec.submodule_search_locations:
-        raise BundledRanksError("the bpe-openai package is not installed; reinstall batch-pipeline")
-    return Path(next(iter(spec.submodule_search_locations))) / "data"
+    try:
+        import bpe_openai.data
+    except ImportError:
+        raise BundledRanksError("the bpe-openai package is not installed; reinstall batch-pipeline") from None
+    return Path(str(resources.files(bpe_openai.data)))
 
 
 @cache
