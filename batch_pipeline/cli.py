@@ -13,10 +13,8 @@ A job is named by its spec's path or by its name. Exit codes: 0 done, 1 a bug, 2
 """
 
 import argparse
-import fcntl
 import logging
 import os
-import shutil
 import signal
 import socket
 import sys
@@ -35,6 +33,8 @@ from rich.progress import (
 )
 from rich.progress import Progress as RichProgress
 
+from batch_pipeline.cli_home import dagster_home as _dagster_home
+from batch_pipeline.cli_home import dagster_instance as _dagster_instance
 from batch_pipeline.cli_jobs import remember_spec, resolve_job
 from batch_pipeline.cli_outputs import add_output_commands, print_summary
 from batch_pipeline.cli_quote import add_quote_command
@@ -56,39 +56,6 @@ SANDBOX_URL_ENV = "BATCH_PIPELINE_SANDBOX_URL"
 # messages keep paths and fields on one line; tables get room when the output is not a terminal (CI logs, pipes)
 console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 errors = Console(stderr=True, soft_wrap=True, highlight=False)  # stops and errors: one line each, on stderr
-
-
-@contextmanager
-def _home_lock(home: Path):
-    """One process at a time sets up a DAGSTER_HOME: two runs started together on a fresh one both created its
-    sqlite tables, and one failed ("table alembic_version already exists")."""
-    home.mkdir(parents=True, exist_ok=True)
-    with open(home / ".batch_pipeline.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def _dagster_home() -> Path:
-    home = Path(os.environ.get("DAGSTER_HOME") or Path.cwd() / ".dagster_home").resolve()
-    with _home_lock(home):
-        if not (home / "dagster.yaml").exists() and (PROJECT_ROOT / "dagster.yaml").exists():
-            shutil.copy(PROJECT_ROOT / "dagster.yaml", home / "dagster.yaml")
-    os.environ["DAGSTER_HOME"] = str(home)
-    return home
-
-
-def _dagster_instance():
-    """The instance of $DAGSTER_HOME, its storages made under the home's lock (see `_home_lock`)."""
-    import dagster as dg
-
-    with _home_lock(_dagster_home()):
-        instance = dg.DagsterInstance.get()
-        for storage in (instance.run_storage, instance.event_log_storage, instance.schedule_storage):
-            assert storage is not None  # built now, under the lock
-    return instance
 
 
 def _needs_sandbox(spec: JobSpec) -> bool:
