@@ -104,9 +104,15 @@ class _Progress:
         self.spec, self.store, self.stage = spec, store, "starting"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._bars = RichProgress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                  TextColumn("{task.fields[count]}"), TextColumn("{task.fields[rate]}"),
-                                  TextColumn("{task.fields[eta]}"), console=console)
+        self._bars = RichProgress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[count]}"),
+            TextColumn("{task.fields[rate]}"),
+            TextColumn("{task.fields[eta]}"),
+            console=console,
+        )
         self._status = self._bars.add_task("starting", total=None, count="", rate="", eta="")
         self._tasks: dict[int, TaskID] = {}
 
@@ -145,8 +151,9 @@ class _Progress:
 
     def _finish(self, task: TaskID, meter: progress.Meter) -> None:
         f = meter.figures()
-        self._bars.update(task, completed=f.done, total=f.total if f.total is not None else f.done,
-                          **bar_fields(f, final=True))
+        self._bars.update(
+            task, completed=f.done, total=f.total if f.total is not None else f.done, **bar_fields(f, final=True)
+        )
         self._bars.stop_task(task)
 
     def set_stage(self, stage: str) -> None:
@@ -233,8 +240,11 @@ class _TermAsInterrupt:
 
 
 def _interrupted(spec_arg: str) -> int:
-    console.print(f"interrupted: finished results were stored; resume with `batch-pipeline run {spec_arg}`",
-                  markup=False, highlight=False)
+    console.print(
+        f"interrupted: finished results were stored; resume with `batch-pipeline run {spec_arg}`",
+        markup=False,
+        highlight=False,
+    )
     return ExitCode.INTERRUPTED
 
 
@@ -274,16 +284,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         console.print(f"[yellow]resuming: the job was stopped at {stopped['at']}: {stopped['reason']}[/yellow]")
     released = control.release_holds()
     if released:
-        console.print(f"[yellow]resuming: shard(s) {', '.join(released)} were held (results lost at the provider); "
-                      "their items are sent again[/yellow]")
+        console.print(
+            f"[yellow]resuming: shard(s) {', '.join(released)} were held (results lost at the provider); "
+            "their items are sent again[/yellow]"
+        )
     started = time.perf_counter()
     term = _TermAsInterrupt()  # SIGTERM: a stream shard stores what finished, then we exit 143 (no traceback)
     # Dagster's console log (stack traces included) is shown for bugs only; a verbose level shows it live
-    log = HeldStderr(active=logging.getLevelName(args.log_level.upper()) in (logging.WARNING, logging.ERROR),
-                     expected=(dg.Failure, JobPaused, KeyboardInterrupt))
+    log = HeldStderr(
+        active=logging.getLevelName(args.log_level.upper()) in (logging.WARNING, logging.ERROR),
+        expected=(dg.Failure, JobPaused, KeyboardInterrupt),
+    )
     try:
-        with log, term, _sandbox_if_needed(spec), _dagster_instance() as instance, \
-                _Progress(spec, store) as progress:
+        with log, term, _sandbox_if_needed(spec), _dagster_instance() as instance, _Progress(spec, store) as progress:
             report = run_job(spec, instance, resources, log_level=args.log_level, on_stage=progress.set_stage)
     except dg.Failure as exc:
         if term.received:
@@ -300,8 +313,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             return exit_code
         log.release()  # not a stop the job decided: a bug; Dagster's log above has the stack trace
         errors.print(f"job {spec.name} failed: {one_line(exc.description or 'run failed')}", markup=False)
-        errors.print(f"this looks like a bug (the stack trace is above and in the Dagster run log); once fixed, "
-                     f"`batch-pipeline resume {spec.name}` continues where it stopped")
+        errors.print(
+            f"this looks like a bug (the stack trace is above and in the Dagster run log); once fixed, "
+            f"`batch-pipeline resume {spec.name}` continues where it stopped"
+        )
         return ExitCode.BUG
     except JobPaused as exc:
         log.discard()
@@ -324,8 +339,12 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     from batch_pipeline.sandbox.__main__ import main as sandbox_main
 
     argv = ["--port", str(args.port), "--host", args.host]
-    for flag, value in (("--scenario", args.scenario), ("--scenario-params", args.scenario_params),
-                        ("--state-dir", args.state_dir), ("--s3-url", args.s3_url)):
+    for flag, value in (
+        ("--scenario", args.scenario),
+        ("--scenario-params", args.scenario_params),
+        ("--state-dir", args.state_dir),
+        ("--s3-url", args.s3_url),
+    ):
         if value:
             argv += [flag, value]
     for item in args.param:
@@ -341,8 +360,21 @@ def cmd_dev(args: argparse.Namespace) -> int:
     os.environ["BATCH_PIPELINE_HOME"] = Settings.from_env().home
     with term_as_interrupt(), _sandbox_if_needed(None, force=not os.environ.get(SANDBOX_URL_ENV)):
         console.print(f"dagster dev on http://127.0.0.1:{args.port} (DAGSTER_HOME={home})")
-        dagster = start_in_session([sys.executable, "-m", "dagster", "dev", "-h", "127.0.0.1", "-p", str(args.port),
-                                    "-w", str(PROJECT_ROOT / "workspace.yaml")], cwd=PROJECT_ROOT)
+        dagster = start_in_session(
+            [
+                sys.executable,
+                "-m",
+                "dagster",
+                "dev",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(args.port),
+                "-w",
+                str(PROJECT_ROOT / "workspace.yaml"),
+            ],
+            cwd=PROJECT_ROOT,
+        )
         try:
             return dagster.wait()
         except KeyboardInterrupt:
@@ -355,8 +387,9 @@ def cmd_dev(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="batch-pipeline", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="batch-pipeline", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", help="run a job spec end to end through Dagster")
     p.add_argument("spec", help="path to a job spec YAML, or a job name in data/jobs/")
@@ -375,8 +408,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--scenario", help="server-wide scenario (see batch_pipeline/sandbox/README.md)")
     p.add_argument("--scenario-params", help="JSON object of scenario params")
-    p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                   help="a scenario param, repeatable (e.g. --param quota_enqueued_tokens=2000000)")
+    p.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a scenario param, repeatable (e.g. --param quota_enqueued_tokens=2000000)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="127.0.0.1 or localhost")
     p.add_argument("--state-dir", help="persist the sandbox's state here")
     p.add_argument("--s3-url", help="the S3 endpoint Bedrock jobs use (default: a moto server it starts)")

@@ -37,10 +37,13 @@ def resolve_job(arg: str, home: str | None) -> JobSpec:
     in_jobs = Settings.from_env().jobs / f"{arg}.yaml"
     if in_jobs.is_file():
         return load_spec(in_jobs)
-    where = (f"the spec recorded by its last run ({store.uri(JobPaths(arg).spec_source)}"
-             + (f" names {recorded_path}, which is gone)" if recorded_path else ": none)"))
-    raise ConfigError(f"no job {arg!r}: looked at {where} and in the jobs folder ({in_jobs}: not found); "
-                      f"pass the spec's path, or run it once with `batch-pipeline run PATH`")
+    where = f"the spec recorded by its last run ({store.uri(JobPaths(arg).spec_source)}" + (
+        f" names {recorded_path}, which is gone)" if recorded_path else ": none)"
+    )
+    raise ConfigError(
+        f"no job {arg!r}: looked at {where} and in the jobs folder ({in_jobs}: not found); "
+        f"pass the spec's path, or run it once with `batch-pipeline run PATH`"
+    )
 
 
 def remember_spec(spec: JobSpec, store: Store) -> None:

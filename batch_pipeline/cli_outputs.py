@@ -80,14 +80,20 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
     store, paths = store_for(args.home), JobPaths(spec.name)
     validated = _read(store, paths.validated)
     if validated is None:
-        console.print(f"job {spec.name}: no validated table in {store.root} yet; run it first "
-                      f"(`batch-pipeline run {spec.source_path or spec.name}`)")
+        console.print(
+            f"job {spec.name}: no validated table in {store.root} yet; run it first "
+            f"(`batch-pipeline run {spec.source_path or spec.name}`)"
+        )
         return ExitCode.BAD_INPUT
     fmt = EXPORTS[args.format]
     out = Path(args.out) if args.out else Path.cwd() / f"{spec.name}{fmt.suffix}"
     written = fmt.write(validated, _read(store, paths.dead_letters), out)
-    console.print(f"job {spec.name}: {validated.height} validated rows exported as {args.format} to {written[0]}"
-                  + (f"; dead letters to {written[1]}" if len(written) > 1 else ""), markup=False, highlight=False)
+    console.print(
+        f"job {spec.name}: {validated.height} validated rows exported as {args.format} to {written[0]}"
+        + (f"; dead letters to {written[1]}" if len(written) > 1 else ""),
+        markup=False,
+        highlight=False,
+    )
     return ExitCode.DONE
 
 
@@ -103,8 +109,10 @@ def print_summary(report: dict, console: Console) -> None:
         table.add_row(label, _value(key, value))
     quoted = (report.get("quoted_vs_actual") or {}).get("quoted_usd")
     if quoted:
-        table.add_row("quoted before the run (USD)",
-                      f"{format_usd(quoted['expected'])} expected, {format_usd(quoted['high'])} high")
+        table.add_row(
+            "quoted before the run (USD)",
+            f"{format_usd(quoted['expected'])} expected, {format_usd(quoted['high'])} high",
+        )
     golden = report.get("golden_accuracy_by_shard") or []
     if golden:
         correct, probes = sum(g["correct"] for g in golden), sum(g["probes"] for g in golden)
@@ -123,8 +131,10 @@ def print_summary(report: dict, console: Console) -> None:
         table.add_row("DuckDB (remote Parquet)", duckdb_remote_query(validated))
     console.print(table)
     if not report.get("complete"):
-        console.print(f"[yellow]not complete: {report.get('missing')} missing, {report.get('invalid')} invalid; "
-                      "run again to resume[/yellow]")
+        console.print(
+            f"[yellow]not complete: {report.get('missing')} missing, {report.get('invalid')} invalid; "
+            "run again to resume[/yellow]"
+        )
 
 
 def _value(key: str, value) -> str:
@@ -136,10 +146,12 @@ def _value(key: str, value) -> str:
 
 def duckdb_remote_query(uri: str) -> str:
     """How to query a table on object storage with DuckDB's httpfs (credentials from the usual AWS chain)."""
-    return (f"no local DuckDB file on a remote home; query the Parquet in place: duckdb -c \"INSTALL httpfs; "
-            f"LOAD httpfs; CREATE SECRET (TYPE s3, PROVIDER credential_chain); "
-            f"SELECT * FROM read_parquet('{uri}') LIMIT 10\" (set ENDPOINT/URL_STYLE in the secret for a "
-            f"non-AWS S3)")
+    return (
+        f'no local DuckDB file on a remote home; query the Parquet in place: duckdb -c "INSTALL httpfs; '
+        f"LOAD httpfs; CREATE SECRET (TYPE s3, PROVIDER credential_chain); "
+        f"SELECT * FROM read_parquet('{uri}') LIMIT 10\" (set ENDPOINT/URL_STYLE in the secret for a "
+        f"non-AWS S3)"
+    )
 
 
 def cmd_report(args: argparse.Namespace, console: Console) -> int:
@@ -147,15 +159,20 @@ def cmd_report(args: argparse.Namespace, console: Console) -> int:
     store, paths = store_for(args.home), JobPaths(spec.name)
     report = store.read_json(paths.report)
     if report is None:
-        console.print(f"job {spec.name}: no report in {store.root} yet; run it first "
-                      f"(`batch-pipeline run {spec.source_path or spec.name}`)")
+        console.print(
+            f"job {spec.name}: no report in {store.root} yet; run it first "
+            f"(`batch-pipeline run {spec.source_path or spec.name}`)"
+        )
         return ExitCode.BAD_INPUT
     print_summary(report, console)
     by_attempt = report.get("cost_by_attempt") or {}
     if by_attempt:
-        console.print("cost by attempt (USD): " + ", ".join(
-            f"{k} {format_usd(v)}" if isinstance(v, float) else f"{k} {v}" for k, v in by_attempt.items()),
-            markup=False, highlight=False)
+        console.print(
+            "cost by attempt (USD): "
+            + ", ".join(f"{k} {format_usd(v)}" if isinstance(v, float) else f"{k} {v}" for k, v in by_attempt.items()),
+            markup=False,
+            highlight=False,
+        )
     png = store.uri(paths.report_png) if store.exists(paths.report_png) else "none (the report asset writes it)"
     console.print(f"plot (spend over time): {png}", markup=False, highlight=False)
     return ExitCode.DONE

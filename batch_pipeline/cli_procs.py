@@ -24,7 +24,7 @@ def _stat(pid: int) -> tuple[int, int] | None:
         text = (PROC / str(pid) / "stat").read_text()
     except OSError:
         return None
-    fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp session ...
+    fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp session ...
     return int(fields[1]), int(fields[3])
 
 
@@ -57,7 +57,7 @@ def _zombie(pid: int) -> bool:
         text = (PROC / str(pid) / "stat").read_text()
     except OSError:
         return False
-    return text[text.rindex(")") + 2:].split()[0] == "Z"
+    return text[text.rindex(")") + 2 :].split()[0] == "Z"
 
 
 def _signal(pids: set[int], sig: signal.Signals) -> None:

@@ -13,16 +13,30 @@ from batch_pipeline.cli_jobs import resolve_job, store_for
 from batch_pipeline.cli_stops import ExitCode
 from batch_pipeline.core.money.usd import format_usd
 
-COLUMNS = ["backend", "model", "requests", "cost_expected_usd", "cost_high_usd", "cost_per_million_items_usd",
-           "tokenizer", "checked", "gpu_hours", "break_even_utilisation"]
+COLUMNS = [
+    "backend",
+    "model",
+    "requests",
+    "cost_expected_usd",
+    "cost_high_usd",
+    "cost_per_million_items_usd",
+    "tokenizer",
+    "checked",
+    "gpu_hours",
+    "break_even_utilisation",
+]
 
 
 def _compare_table(title: str, rows: list[dict]) -> Table:
     table = Table(title=title)
     for c in COLUMNS:  # backend and model names are never cut: the other columns wrap instead
         width = max((len(str(r.get(c) or "")) for r in rows), default=0) if c in ("backend", "model") else None
-        table.add_column(c.removesuffix("_usd").replace("_", " "), justify="right", min_width=width,  # "$" in cells
-                         no_wrap=width is not None)
+        table.add_column(
+            c.removesuffix("_usd").replace("_", " "),
+            justify="right",
+            min_width=width,  # "$" in cells
+            no_wrap=width is not None,
+        )
     for r in rows:
         table.add_row(*[_cell(c, r.get(c)) for c in COLUMNS])
     return table
@@ -56,21 +70,34 @@ def cmd_quote(args: argparse.Namespace, console: Console) -> int:
         console.print(f"manifest built: {summary.new_requests} requests in {len(summary.new_shards)} shards")
     prices = load_prices(Settings.from_env().prices)
     state = JobState.load(spec, store)
-    routes = route_pending(spec, store, prices, route_profile, state.items, state.states,  # backend: auto
-                           queues=route_queues(store))
+    routes = route_pending(
+        spec,
+        store,
+        prices,
+        route_profile,
+        state.items,
+        state.states,  # backend: auto
+        queues=route_queues(store),
+    )
     if not args.compare:
         q = make_quote(spec, store, prices, state.items, state.results, state.states)
         est = q["est_cost_usd"]
-        console.print(f"job {spec.name}: {q['pending_requests']} requests on {spec.backend.name}/{spec.model}: "
-                      f"{format_usd(est['low'])} low, {format_usd(est['expected'])} expected, "
-                      f"{format_usd(est['high'])} high (budget {format_usd(spec.budget_usd)}; within: "
-                      f"{q['within_budget']})", markup=False, highlight=False)
+        console.print(
+            f"job {spec.name}: {q['pending_requests']} requests on {spec.backend.name}/{spec.model}: "
+            f"{format_usd(est['low'])} low, {format_usd(est['expected'])} expected, "
+            f"{format_usd(est['high'])} high (budget {format_usd(spec.budget_usd)}; within: "
+            f"{q['within_budget']})",
+            markup=False,
+            highlight=False,
+        )
         return ExitCode.DONE
     compare = spec.cost_compare or CostCompareSpec()
-    whole = compare_backends(spec, store, prices, compare, state.items, state.results, state.states,
-                             every_priced=True, whole_job=True)
-    remaining = compare_backends(spec, store, prices, compare, state.items, state.results, state.states,
-                                 every_priced=True)
+    whole = compare_backends(
+        spec, store, prices, compare, state.items, state.results, state.states, every_priced=True, whole_job=True
+    )
+    remaining = compare_backends(
+        spec, store, prices, compare, state.items, state.results, state.states, every_priced=True
+    )
     total, left = whole[0]["requests"], remaining[0]["requests"]
     if left == total:
         note = "nothing done yet: all of it remains"
@@ -80,16 +107,24 @@ def cmd_quote(args: argparse.Namespace, console: Console) -> int:
         note = f"{total - left} done, {left} remain (priced below)"
     console.print(_compare_table(f"job {spec.name}: the whole job ({total} requests) on each backend ({note})", whole))
     if 0 < left < total:
-        console.print(_compare_table(f"job {spec.name}: the remaining work ({left} of {total} requests) on each "
-                                     f"backend", remaining))
+        console.print(
+            _compare_table(
+                f"job {spec.name}: the remaining work ({left} of {total} requests) on each backend", remaining
+            )
+        )
     if routes:  # backend: auto: each shard's choice, why, and what each candidate would cost for it
         labels = sorted({k for c in routes.values() for k in c.costs})
         route_table = Table(title=f"job {spec.name}: the route (backend: auto)")
         for c in ["shard", "chosen", "rule", "reason", *[f"{k} ($)" for k in labels]]:
             route_table.add_column(c)
         for c in routes.values():
-            route_table.add_row(c.shard_id, f"{c.backend}/{c.model}", c.rule, c.reason,
-                                *["-" if c.costs.get(k) is None else format_usd(c.costs[k]) for k in labels])
+            route_table.add_row(
+                c.shard_id,
+                f"{c.backend}/{c.model}",
+                c.rule,
+                c.reason,
+                *["-" if c.costs.get(k) is None else format_usd(c.costs[k]) for k in labels],
+            )
         console.print(route_table)
     return ExitCode.DONE
 
@@ -97,8 +132,11 @@ def cmd_quote(args: argparse.Namespace, console: Console) -> int:
 def add_quote_command(sub, console: Console) -> None:
     p = sub.add_parser("quote", help="price a job before any spend (no request is sent)")
     p.add_argument("job", help="job name or spec path")
-    p.add_argument("--compare", action="store_true",
-                   help="the whole job, and the remaining work if any, on every backend (cost_compare, then every "
-                        "priced model), and self-hosted")
+    p.add_argument(
+        "--compare",
+        action="store_true",
+        help="the whole job, and the remaining work if any, on every backend (cost_compare, then every "
+        "priced model), and self-hosted",
+    )
     p.add_argument("--home")
     p.set_defaults(fn=lambda args: cmd_quote(args, console))

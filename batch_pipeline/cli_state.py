@@ -33,8 +33,10 @@ def status(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
 
     store = _store(args)
     if not Manifest(spec.name, store).shard_ids():
-        console.print(f"job {spec.name}: no manifest in {store.root} yet; run it first "
-                      f"(`batch-pipeline run {spec.source_path or spec.name}`)")
+        console.print(
+            f"job {spec.name}: no manifest in {store.root} yet; run it first "
+            f"(`batch-pipeline run {spec.source_path or spec.name}`)"
+        )
         return ExitCode.BAD_INPUT
     ledgers = capacity_ledgers(store, spec.backend, spec.model)
     view = load_view(spec, store, **batch_minimums(spec), capacity=ledgers)
@@ -44,8 +46,10 @@ def status(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
         by_state[state.value] = by_state.get(state.value, 0) + 1
     # every shard with --all; otherwise the ones not settled (a 10,000-shard table takes seconds to draw)
     shown = [s for s in view.summaries if args.all or plan.states[s.shard_id] != ShardState.SETTLED]
-    table = Table(title=f"job {spec.name}: {len(view.summaries)} shards ({store.root}): "
-                        + ", ".join(f"{n} {state}" for state, n in sorted(by_state.items())))
+    table = Table(
+        title=f"job {spec.name}: {len(view.summaries)} shards ({store.root}): "
+        + ", ".join(f"{n} {state}" for state, n in sorted(by_state.items()))
+    )
     for col in ("shard", "state", *COUNTS, "attempts", "spend ($)", "balanced", "next"):
         table.add_column(col, justify="right")
     totals = dict.fromkeys(COUNTS, 0)
@@ -54,23 +58,41 @@ def status(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
             totals[c] += getattr(s, c)
     steps = {step.shard_id: step.action.value for step in plan.steps if step.shard_id}
     stopped = JobControl(store, spec.name).current() is not None
-    waiting = {k: "job stopped (below)" if stopped and w.startswith("job stopped") else w
-               for k, w in plan.waiting.items()}
+    waiting = {
+        k: "job stopped (below)" if stopped and w.startswith("job stopped") else w for k, w in plan.waiting.items()
+    }
     for s in shown:
-        table.add_row(s.shard_id, plan.states[s.shard_id].value, *[str(getattr(s, c)) for c in COUNTS],
-                      str(s.attempts), f"{s.spend_usd:.6f}", str(s.balanced),
-                      steps.get(s.shard_id) or waiting.get(s.shard_id, ""))
+        table.add_row(
+            s.shard_id,
+            plan.states[s.shard_id].value,
+            *[str(getattr(s, c)) for c in COUNTS],
+            str(s.attempts),
+            f"{s.spend_usd:.6f}",
+            str(s.balanced),
+            steps.get(s.shard_id) or waiting.get(s.shard_id, ""),
+        )
     if len(shown) < len(view.summaries):
         table.add_row(f"({len(view.summaries) - len(shown)} settled shards: --all shows them)", *[""] * 10)
     balanced = totals["expected"] == sum(totals[c] for c in COUNTS[1:])
-    table.add_row("total", "", *[str(totals[c]) for c in COUNTS], "",
-                  f"{sum(s.spend_usd for s in view.summaries):.6f}", str(balanced), "", style="bold")
+    table.add_row(
+        "total",
+        "",
+        *[str(totals[c]) for c in COUNTS],
+        "",
+        f"{sum(s.spend_usd for s in view.summaries):.6f}",
+        str(balanced),
+        "",
+        style="bold",
+    )
     console.print(table)
     bound = sum(s.possibly_billed_usd for s in view.summaries)
     if bound:  # a hard kill left requests in flight: billed, maybe, with no answer stored
         recorded = sum(s.spend_usd for s in view.summaries)
-        console.print(f"spend: ${recorded:.6f} recorded, up to ${recorded + bound:.6f} with ${bound:.6f} possibly "
-                      "billed for requests in flight at a kill (sent, no answer stored)", markup=False)
+        console.print(
+            f"spend: ${recorded:.6f} recorded, up to ${recorded + bound:.6f} with ${bound:.6f} possibly "
+            "billed for requests in flight at a kill (sent, no answer stored)",
+            markup=False,
+        )
     _queue_lines(spec, view, ledgers, store, console)
     control = JobControl(store, spec.name)
     stop, held = control.current(), control.paused()
@@ -105,8 +127,10 @@ def published(spec: JobSpec, store, summaries) -> str | None:
     if any(datetime.fromisoformat(s.updated_at) > when for s in summaries):
         return None
     table = (report.get("outputs") or {}).get("validated") or "the validated table"
-    return (f"done: published at {when.isoformat(timespec='seconds')}: {report.get('succeeded', 0)} answered, "
-            f"{report.get('dead_lettered', 0)} dead-lettered, in {table}; nothing left to send")
+    return (
+        f"done: published at {when.isoformat(timespec='seconds')}: {report.get('succeeded', 0)} answered, "
+        f"{report.get('dead_lettered', 0)} dead-lettered, in {table}; nothing left to send"
+    )
 
 
 def _queue_lines(spec: JobSpec, view, ledgers, store, console: Console) -> None:
@@ -124,8 +148,11 @@ def _queue_lines(spec: JobSpec, view, ledgers, store, console: Console) -> None:
     ages = open_batch_ages(opened, batch_ceilings(spec.backend), spec.source_path or spec.name)
     if ages:
         oldest = ages[0]
-        console.print(f"open batches: {len(ages)}, the oldest {oldest.batch_id} ({oldest.shard_id}) "
-                      f"{oldest.age.total_seconds() / 3600:.1f} h old", markup=False)
+        console.print(
+            f"open batches: {len(ages)}, the oldest {oldest.batch_id} ({oldest.shard_id}) "
+            f"{oldest.age.total_seconds() / 3600:.1f} h old",
+            markup=False,
+        )
     for age in ages:
         if age.warning:
             console.print(f"[yellow]warning: {age.warning}[/yellow]")
@@ -137,8 +164,10 @@ def pause(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
     from batch_pipeline.core.run.control import JobControl
 
     JobControl(_store(args), spec.name).pause(args.reason)
-    console.print(f"job {spec.name} paused: running stream shards store what finished and return, open provider "
-                  f"batches keep running, sensors launch nothing. Continue with `batch-pipeline resume {spec.name}`.")
+    console.print(
+        f"job {spec.name} paused: running stream shards store what finished and return, open provider "
+        f"batches keep running, sensors launch nothing. Continue with `batch-pipeline resume {spec.name}`."
+    )
     return 0
 
 
@@ -152,15 +181,19 @@ def replay(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
     chosen = select_dead_letters(state.states.filter(state.states["state"] == "dead_lettered"), args.code, args.kind)
     if chosen.height == 0:
         known = dead_letters(state)["last_error_code"].value_counts().rows()
-        console.print(f"job {spec.name}: no dead letters match (code={args.code}, kind={args.kind}); "
-                      f"dead letters by code: {dict(known) or 'none'}")
+        console.print(
+            f"job {spec.name}: no dead letters match (code={args.code}, kind={args.kind}); "
+            f"dead letters by code: {dict(known) or 'none'}"
+        )
         return ExitCode.BAD_INPUT
     record = Replays(store, spec.name).record(chosen, args.code, args.kind, args.max_tokens)
     summaries = ShardSummaries(spec, store)
     for shard in record.shards:
         summaries.refresh(shard)
-    console.print(f"job {spec.name}: replay {record.number}: {record.items} dead letter(s) in {len(record.shards)} "
-                  f"shard(s) have a fresh budget; `batch-pipeline run {spec.source_path or spec.name}` sends them")
+    console.print(
+        f"job {spec.name}: replay {record.number}: {record.items} dead letter(s) in {len(record.shards)} "
+        f"shard(s) have a fresh budget; `batch-pipeline run {spec.source_path or spec.name}` sends them"
+    )
     return 0
 
 

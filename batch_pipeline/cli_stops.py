@@ -36,11 +36,15 @@ class Advice:
 
 # stops the command line names that are not rows of the troubleshooting table (core/troubleshooting.py)
 CLI_STOPS: dict[str, Advice] = {
-    "check_failed": Advice("a blocking quality check failed: the validated table was not published",
-                           "see `batch-pipeline report <job>` and `batch-pipeline status <job> --check`; fix what "
-                           "the check names, then `batch-pipeline resume <job>`"),
-    "bad_input": Advice("a job spec, setting or input file is wrong (the message names it)",
-                        "correct what the message names, then `batch-pipeline resume <job>`"),
+    "check_failed": Advice(
+        "a blocking quality check failed: the validated table was not published",
+        "see `batch-pipeline report <job>` and `batch-pipeline status <job> --check`; fix what "
+        "the check names, then `batch-pipeline resume <job>`",
+    ),
+    "bad_input": Advice(
+        "a job spec, setting or input file is wrong (the message names it)",
+        "correct what the message names, then `batch-pipeline resume <job>`",
+    ),
 }
 
 

@@ -20,8 +20,14 @@ import pytest
 from batch_pipeline.sandbox import SandboxAdmin, start_sandbox_process, stop_sandbox_process
 
 EMULATOR = Path(sys.executable).with_name("gcp-storage-emulator")
-GOOGLE_ENV = ("GOOGLE_CLOUD_PROJECT", "GOOGLE_CLOUD_LOCATION", "GOOGLE_APPLICATION_CREDENTIALS",
-              "GOOGLE_GENAI_API_VERSION", "GOOGLE_API_KEY", "GEMINI_API_KEY")
+GOOGLE_ENV = (
+    "GOOGLE_CLOUD_PROJECT",
+    "GOOGLE_CLOUD_LOCATION",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "GOOGLE_GENAI_API_VERSION",
+    "GOOGLE_API_KEY",
+    "GEMINI_API_KEY",
+)
 
 
 def _free_port() -> int:
@@ -33,8 +39,11 @@ def _free_port() -> int:
 def start_gcs_emulator(timeout: float = 20.0) -> tuple[subprocess.Popen[bytes], str]:
     """``gcp-storage-emulator start --in-memory`` on a free loopback port; returns (process, URL) once it answers."""
     port = _free_port()
-    proc = subprocess.Popen([str(EMULATOR), "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory",
-                             "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [str(EMULATOR), "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory", "-q"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -95,8 +104,11 @@ def vertex_sandbox(vertex_sandbox_proc, gcs_emulator: str, monkeypatch) -> Sandb
 
 def vertex_creates(admin: SandboxAdmin) -> int:
     """Batch prediction jobs the sandbox created (accepted POSTs to the collection)."""
-    return sum(1 for r in admin.requests() if r["method"] == "POST" and r["path"].endswith("/batchPredictionJobs")
-               and r["status"] == 200)
+    return sum(
+        1
+        for r in admin.requests()
+        if r["method"] == "POST" and r["path"].endswith("/batchPredictionJobs") and r["status"] == 200
+    )
 
 
 def emulator_env(url: str) -> dict[str, str]:

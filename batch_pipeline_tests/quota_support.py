@@ -32,8 +32,9 @@ MODEL = "gpt-4o-mini"
 ACCOUNT = "OPENAI_API_KEY"  # the ledger's name of the account: the key's variable (no `account:` in the specs)
 
 
-def write_spec(root: Path, name: str, max_requests: int, *, version: str = "v1", cap: int | None = None,
-               **overrides) -> JobSpec:
+def write_spec(
+    root: Path, name: str, max_requests: int, *, version: str = "v1", cap: int | None = None, **overrides
+) -> JobSpec:
     """``root/jobs/<name>.yaml``: the demo's spec on the 40 small tickets (``root/in``), ``max_requests`` a shard,
     no golden probes, the account's queue cap ``cap`` (enqueued tokens) when given, then ``overrides``. ``version``
     is the prompt version: two jobs on the same rows with different versions have different request IDs, so the
@@ -47,9 +48,14 @@ def write_spec(root: Path, name: str, max_requests: int, *, version: str = "v1",
     settings: dict = {"sandbox": True}
     if cap is not None:
         settings["quota"] = {"enqueued_tokens": cap}
-    spec.update(name=name, input={**spec["input"], "path": str(inputs / "*.jsonl")},
-                prompt={**spec["prompt"], "version": version}, shards={"max_requests": max_requests},
-                backend={"name": "openai_batch", "settings": settings}, **overrides)
+    spec.update(
+        name=name,
+        input={**spec["input"], "path": str(inputs / "*.jsonl")},
+        prompt={**spec["prompt"], "version": version},
+        shards={"max_requests": max_requests},
+        backend={"name": "openai_batch", "settings": settings},
+        **overrides,
+    )
     path = root / "jobs" / f"{name}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(spec))
@@ -74,8 +80,14 @@ class Sizes:
         with pytest.MonkeyPatch.context() as mp, dg.DagsterInstance.ephemeral() as instance:
             mp.setenv("BATCH_PIPELINE_SANDBOX_URL", sandbox_url)
             spec = write_spec(root / "one", "probe", ROWS)  # one shard, one batch: the canary is the whole job
-            report = run_job(spec, instance, {"store": StoreResource(root=str(root / "one" / "home")),
-                                              "prices": PricesResource(path=str(REPO / "data" / "prices.yaml"))})
+            report = run_job(
+                spec,
+                instance,
+                {
+                    "store": StoreResource(root=str(root / "one" / "home")),
+                    "prices": PricesResource(path=str(REPO / "data" / "prices.yaml")),
+                },
+            )
             assert report["complete"], report
         tokens = {e["custom_id"]: int(e["input_tokens"]) for e in admin.ledger()}
         admin.reset()
@@ -120,9 +132,14 @@ def reservations(home: Path) -> list[dict]:
     for rel in sorted(store.list_files(held, suffix=".json")):
         stem = rel.rsplit("/", 1)[1].removeprefix("r-").removesuffix(".json")
         if stem.isdigit():
-            out.append({**store.read_json(rel), "number": int(stem),
-                        "bound": store.read_json(f"{held}/r-{stem}.bound.json"),
-                        "released": store.read_json(f"{held}/r-{stem}.released.json")})
+            out.append(
+                {
+                    **store.read_json(rel),
+                    "number": int(stem),
+                    "bound": store.read_json(f"{held}/r-{stem}.bound.json"),
+                    "released": store.read_json(f"{held}/r-{stem}.released.json"),
+                }
+            )
     return out
 
 
@@ -176,8 +193,9 @@ def assert_within_cap(sandbox: SandboxAdmin, cap: int) -> list[dict]:
     return events
 
 
-def assert_queue_shared(sandbox: SandboxAdmin, home: Path, specs: list[JobSpec], cap: int,
-                        together: bool = True) -> None:
+def assert_queue_shared(
+    sandbox: SandboxAdmin, home: Path, specs: list[JobSpec], cap: int, together: bool = True
+) -> None:
     """``assert_within_cap``; every batch in the queue is one of the jobs' (by their attempt logs), and (when
     ``together``) batches of every pair of jobs were in it at the same time."""
     events = assert_within_cap(sandbox, cap)
@@ -189,6 +207,6 @@ def assert_queue_shared(sandbox: SandboxAdmin, home: Path, specs: list[JobSpec],
         return
     by_job = {spec.name: [queued[b] for b, job in owner.items() if job == spec.name] for spec in specs}
     for i, a in enumerate(specs):
-        for b in specs[i + 1:]:
+        for b in specs[i + 1 :]:
             together = sum(1 for a0, a1 in by_job[a.name] for b0, b1 in by_job[b.name] if a0 < b1 and b0 < a1)
             assert together, f"jobs {a.name} and {b.name} never had batches in the queue at the same time"

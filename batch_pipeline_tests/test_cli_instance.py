@@ -12,8 +12,12 @@ MAKE_INSTANCE = "from batch_pipeline.cli import _dagster_instance; _dagster_inst
 def test_processes_starting_together_on_a_fresh_dagster_home_all_get_its_instance(tmp_path):
     home = tmp_path / "dagster_home"
     env = {**os.environ, "DAGSTER_HOME": str(home)}
-    procs = [subprocess.Popen([sys.executable, "-c", MAKE_INSTANCE], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for _ in range(6)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", MAKE_INSTANCE], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        for _ in range(6)
+    ]
     outputs = [p.communicate(timeout=240)[0] for p in procs]
     failed = [out for p, out in zip(procs, outputs) if p.returncode != 0]
     assert not failed, failed[0][-2000:]

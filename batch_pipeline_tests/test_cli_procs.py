@@ -38,8 +38,13 @@ def _wait(predicate, timeout: float, what: str, proc: subprocess.Popen) -> None:
 def _start(args: list[str], tmp_path: Path) -> subprocess.Popen:
     env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dh"), "BATCH_PIPELINE_HOME": str(tmp_path / "home")}
     env.pop("BATCH_PIPELINE_SANDBOX_URL", None)
-    return subprocess.Popen([sys.executable, "-m", "batch_pipeline.cli", *args], env=env, cwd=tmp_path,
-                            stdout=open(tmp_path / "out.txt", "w"), stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "batch_pipeline.cli", *args],
+        env=env,
+        cwd=tmp_path,
+        stdout=open(tmp_path / "out.txt", "w"),
+        stderr=subprocess.STDOUT,
+    )
 
 
 def _stop_and_check(proc: subprocess.Popen, ports: list[int], sig: signal.Signals, timeout: float = 60) -> None:

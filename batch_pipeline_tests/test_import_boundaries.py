@@ -17,8 +17,14 @@ import pytest
 import batch_pipeline
 
 PACKAGE_DIR = Path(batch_pipeline.__file__).resolve().parent
-CORE_FORBIDDEN = ["dagster", "batch_pipeline.executors", "batch_pipeline.defs", "batch_pipeline.sandbox",
-                  "openai", "anthropic"]
+CORE_FORBIDDEN = [
+    "dagster",
+    "batch_pipeline.executors",
+    "batch_pipeline.defs",
+    "batch_pipeline.sandbox",
+    "openai",
+    "anthropic",
+]
 SANDBOX_FORBIDDEN = ["batch_pipeline.core", "batch_pipeline.executors", "batch_pipeline.defs", "dagster"]
 
 PROBE = r"""
@@ -45,8 +51,13 @@ print(json.dumps(report))
 
 
 def probe(package: str, forbidden: list[str]) -> dict:
-    proc = subprocess.run([sys.executable, "-c", PROBE, package, json.dumps(forbidden)],
-                          capture_output=True, text=True, timeout=120, cwd=PACKAGE_DIR.parent)
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, package, json.dumps(forbidden)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=PACKAGE_DIR.parent,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -125,8 +136,7 @@ def _runtime_requirements() -> set[str]:
     import tomllib
 
     project = tomllib.loads((PACKAGE_DIR.parent / "pyproject.toml").read_text())["project"]
-    return {re.split(r"[<>=!~\[; ]", req, maxsplit=1)[0].lower().replace("_", "-")
-            for req in project["dependencies"]}
+    return {re.split(r"[<>=!~\[; ]", req, maxsplit=1)[0].lower().replace("_", "-") for req in project["dependencies"]}
 
 
 def test_core_third_party_imports_are_runtime_dependencies():

@@ -12,14 +12,22 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 # the patterns are assembled, so that this file does not name them itself
 WORK, SHARED, HOME = "/" + "work/", "shared", "~" + "/"
-OUTSIDE = re.compile(r"(?<![\w.])(" + "|".join([re.escape(WORK), r"\.\./" + SHARED + r"\b", "/" + SHARED + "/specs",
-                                              re.escape(HOME)]) + ")")
+OUTSIDE = re.compile(
+    r"(?<![\w.])("
+    + "|".join([re.escape(WORK), r"\.\./" + SHARED + r"\b", "/" + SHARED + "/specs", re.escape(HOME)])
+    + ")"
+)
 CHECKED = (".py", ".sh", ".yaml", ".yml", ".toml", ".json", ".cfg", ".ini")
 
 
 def tracked_files() -> list[Path]:
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                         capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     return [REPO / f for f in out if f.endswith(CHECKED) and (REPO / f).is_file()]
 
 

@@ -88,14 +88,18 @@ def raw_payload_expr():
     its ``request_id`` and ``label`` columns: the ~850-byte ``raw_payload`` the store keeps."""
     import polars as pl
 
-    return pl.format('{{"id": "batch_req_{}", "custom_id": "{}", "response": {{"status_code": 200, "request_id": '
-                     '"req_{}", "body": {{"id": "chatcmpl-x", "object": "chat.completion", "model": '
-                     '"gpt-4o-mini-2024-07-18", "choices": [{{"index": 0, "message": {{"role": "assistant", '
-                     '"content": "{{\\"label\\": \\"{}\\"}}", "refusal": null}}, "finish_reason": "stop"}}], '
-                     '"usage": {{"prompt_tokens": 231, "completion_tokens": 7, "total_tokens": 238}}}}}}, '
-                     '"error": null}}',
-                     pl.col("request_id").str.slice(0, 24), "request_id", pl.col("request_id").str.slice(32, 32),
-                     "label").alias("raw_payload")
+    return pl.format(
+        '{{"id": "batch_req_{}", "custom_id": "{}", "response": {{"status_code": 200, "request_id": '
+        '"req_{}", "body": {{"id": "chatcmpl-x", "object": "chat.completion", "model": '
+        '"gpt-4o-mini-2024-07-18", "choices": [{{"index": 0, "message": {{"role": "assistant", '
+        '"content": "{{\\"label\\": \\"{}\\"}}", "refusal": null}}, "finish_reason": "stop"}}], '
+        '"usage": {{"prompt_tokens": 231, "completion_tokens": 7, "total_tokens": 238}}}}}}, '
+        '"error": null}}',
+        pl.col("request_id").str.slice(0, 24),
+        "request_id",
+        pl.col("request_id").str.slice(32, 32),
+        "label",
+    ).alias("raw_payload")
 
 
 def compare_ingest(bench: str, path: Path, lines: int, good: int, repeat: int, target: float = 300_000) -> dict:
@@ -118,17 +122,22 @@ def compare_ingest(bench: str, path: Path, lines: int, good: int, repeat: int, t
             finally:
                 shutil.rmtree(work, ignore_errors=True)
             r["lines_per_s"] = lines / r["seconds"]
-            print(f"  {variant:10s} {r['seconds']:6.2f} s (cpu {r['cpu_s']:.2f} s)  {r['lines_per_s']:>10,.0f} lines/s"
-                  f"  load {load():.1f}  peak RSS {r['peak_rss_mb']:,.0f} MB"
-                  + (f"  succeeded {r['succeeded']:,}" if r["succeeded"] is not None else ""), flush=True)
+            print(
+                f"  {variant:10s} {r['seconds']:6.2f} s (cpu {r['cpu_s']:.2f} s)  {r['lines_per_s']:>10,.0f} lines/s"
+                f"  load {load():.1f}  peak RSS {r['peak_rss_mb']:,.0f} MB"
+                + (f"  succeeded {r['succeeded']:,}" if r["succeeded"] is not None else ""),
+                flush=True,
+            )
             checks.append((f"{variant}: rows == lines", r["rows"] == lines))
             if variant == "ours":
                 checks.append(("ours: succeeded == generated good labels", r["succeeded"] == good))
             if variant not in best or r["seconds"] < best[variant]["seconds"]:
                 best[variant] = r
     ratio = best["reference"]["seconds"] / best["ours"]["seconds"]
-    print(f"  best: ours {best['ours']['lines_per_s']:,.0f} lines/s, reference "
-          f"{best['reference']['lines_per_s']:,.0f}; ratio {ratio:.2f}x")
+    print(
+        f"  best: ours {best['ours']['lines_per_s']:,.0f} lines/s, reference "
+        f"{best['reference']['lines_per_s']:,.0f}; ratio {ratio:.2f}x"
+    )
     checks.append((f"ours >= {target / 1000:.0f}k lines/s", best["ours"]["lines_per_s"] >= target))
     for name, ok in checks:
         print(f"  [{'ok' if ok else 'MISS'}] {name}")

@@ -70,8 +70,9 @@ IN_FLIGHT_RUNS = 20
 
 def _spec(home: str) -> str:
     """driver_bench's job spec on the online sandbox backend (no provider polls in a tick)."""
-    text = driver_bench.SPEC_YAML.format(job=driver_bench.JOB, home=home, budget=driver_bench.BUDGET,
-                                         canary=driver_bench.CANARY_SIZE)
+    text = driver_bench.SPEC_YAML.format(
+        job=driver_bench.JOB, home=home, budget=driver_bench.BUDGET, canary=driver_bench.CANARY_SIZE
+    )
     text = text.replace("backend:\n  name: openai_batch\n", "backend:\n  name: online\n  settings: {sandbox: true}\n")
     path = Path(home) / "scale_job.yaml"
     path.write_text(text)
@@ -141,10 +142,14 @@ def add_partitions(instance, spec, shard_ids: list[str], reference_keys: int) ->
     ref = time.perf_counter() - t
     got, times, keys = _best(lambda: instance.get_dynamic_partitions(name), 3)
     assert keys == shard_ids
-    return {"add_all_s": round(ours, 3), "reference_one_by_one_s": round(ref, 3), "reference_keys": len(ref_keys),
-            "reference_projected_s": round(ref * len(shard_ids) / max(1, len(ref_keys)), 1),
-            "ratio": round(ref * len(shard_ids) / max(1, len(ref_keys)) / ours, 1),
-            "get_dynamic_partitions_s": round(got, 4)}
+    return {
+        "add_all_s": round(ours, 3),
+        "reference_one_by_one_s": round(ref, 3),
+        "reference_keys": len(ref_keys),
+        "reference_projected_s": round(ref * len(shard_ids) / max(1, len(ref_keys)), 1),
+        "ratio": round(ref * len(shard_ids) / max(1, len(ref_keys)) / ours, 1),
+        "get_dynamic_partitions_s": round(got, 4),
+    }
 
 
 def history(instance, spec, shard_ids: list[str], span: int, materialize_span: int, materialized: int) -> dict:
@@ -160,15 +165,30 @@ def history(instance, spec, shard_ids: list[str], span: int, materialize_span: i
     runs = 0
     for stage in ("submit", "collect"):
         for r in ranges:
-            tags = {RANGE_START: r.start, RANGE_END: r.end, SHARDS_TAG: ",".join(r.shards),
-                    "dagster/run_key": f"{stage}:{r.start}..{r.end}:{r.digest()}"}
-            instance.add_run(dg.DagsterRun(job_name=f"{spec.name}_{stage}", run_id=str(uuid.uuid4()),
-                                           status=dg.DagsterRunStatus.SUCCESS, tags=tags))
+            tags = {
+                RANGE_START: r.start,
+                RANGE_END: r.end,
+                SHARDS_TAG: ",".join(r.shards),
+                "dagster/run_key": f"{stage}:{r.start}..{r.end}:{r.digest()}",
+            }
+            instance.add_run(
+                dg.DagsterRun(
+                    job_name=f"{spec.name}_{stage}",
+                    run_id=str(uuid.uuid4()),
+                    status=dg.DagsterRunStatus.SUCCESS,
+                    tags=tags,
+                )
+            )
             runs += 1
     for r in ranges[:IN_FLIGHT_RUNS]:
-        instance.add_run(dg.DagsterRun(job_name=f"{spec.name}_collect", run_id=str(uuid.uuid4()),
-                                       status=dg.DagsterRunStatus.STARTED,
-                                       tags={RANGE_START: r.start, RANGE_END: r.end, SHARDS_TAG: r.shards[0]}))
+        instance.add_run(
+            dg.DagsterRun(
+                job_name=f"{spec.name}_collect",
+                run_id=str(uuid.uuid4()),
+                status=dg.DagsterRunStatus.STARTED,
+                tags={RANGE_START: r.start, RANGE_END: r.end, SHARDS_TAG: r.shards[0]},
+            )
+        )
     runs_s = time.perf_counter() - t
     shards = shards_partitions(spec)
 
@@ -183,12 +203,18 @@ def history(instance, spec, shard_ids: list[str], span: int, materialize_span: i
     done = shard_ids[:materialized]
     t = time.perf_counter()
     for r in shard_ranges(done, done, materialize_span):
-        result = dg.materialize(assets, instance=instance, tags={RANGE_START: r.start, RANGE_END: r.end},
-                                raise_on_error=True)
+        result = dg.materialize(
+            assets, instance=instance, tags={RANGE_START: r.start, RANGE_END: r.end}, raise_on_error=True
+        )
         assert result.success
     seconds = time.perf_counter() - t
-    return {"runs_added": runs + IN_FLIGHT_RUNS, "add_runs_s": round(runs_s, 2), "materialized": len(done),
-            "materialize_s": round(seconds, 1), "per_shard_ms": round(1000 * seconds / max(1, len(done)), 1)}
+    return {
+        "runs_added": runs + IN_FLIGHT_RUNS,
+        "add_runs_s": round(runs_s, 2),
+        "materialized": len(done),
+        "materialize_s": round(seconds, 1),
+        "per_shard_ms": round(1000 * seconds / max(1, len(done)), 1),
+    }
 
 
 def tick(instance, spec, home: str, repeat: int) -> dict:
@@ -205,10 +231,13 @@ def tick(instance, spec, home: str, repeat: int) -> dict:
 
     best, times, out = _best(once, repeat)
     requests = [] if isinstance(out, dg.SkipReason) else list(out)
-    moved = sum(len(r.tags.get("batch_pipeline/shards", "").split(",")) if not r.partition_key else 1
-                for r in requests)
-    return {"tick_s": round(best, 3), "runs": [round(x, 3) for x in times], "run_requests": len(requests),
-            "shards_moved": moved}
+    moved = sum(len(r.tags.get("batch_pipeline/shards", "").split(",")) if not r.partition_key else 1 for r in requests)
+    return {
+        "tick_s": round(best, 3),
+        "runs": [round(x, 3) for x in times],
+        "run_requests": len(requests),
+        "shards_moved": moved,
+    }
 
 
 def status(spec, home: str, repeat: int) -> dict:
@@ -226,16 +255,39 @@ def webserver(dagster_home: Path, spec_path: str, store_home: str, env: dict[str
     root.mkdir(exist_ok=True)
     (root / "location.py").write_text(
         "from batch_pipeline.core.spec.loading import load_spec\nfrom batch_pipeline.defs.build import build_definitions\n"
-        f"defs = build_definitions([load_spec({spec_path!r})])\n")
+        f"defs = build_definitions([load_spec({spec_path!r})])\n"
+    )
     (root / "workspace.yaml").write_text(
-        "load_from:\n  - python_file: {relative_path: location.py, attribute: defs, location_name: scale}\n")
+        "load_from:\n  - python_file: {relative_path: location.py, attribute: defs, location_name: scale}\n"
+    )
     port = _free_port()
-    full_env = {**os.environ, **env, "DAGSTER_HOME": str(dagster_home), "BATCH_PIPELINE_HOME": store_home,
-                "PYTHONPATH": str(HERE.parent), "DAGSTER_DISABLE_TELEMETRY": "1"}
+    full_env = {
+        **os.environ,
+        **env,
+        "DAGSTER_HOME": str(dagster_home),
+        "BATCH_PIPELINE_HOME": store_home,
+        "PYTHONPATH": str(HERE.parent),
+        "DAGSTER_DISABLE_TELEMETRY": "1",
+    }
     log = (root / "webserver.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "dagster_webserver", "-h", "127.0.0.1", "-p", str(port),
-                             "-w", str(root / "workspace.yaml")], env=full_env, cwd=root, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dagster_webserver",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "-w",
+            str(root / "workspace.yaml"),
+        ],
+        env=full_env,
+        cwd=root,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     gql = GraphQL(f"http://127.0.0.1:{port}/graphql", timeout=300)
     try:
         deadline = time.monotonic() + 180
@@ -270,8 +322,14 @@ def asset_page(gql, spec, repeat: int) -> dict:
     best, times, out = _best(lambda: gql(ASSET_PAGE, key=key), repeat)
     stats = out["assetNodeOrError"]["partitionStats"]
     list_best, _, nodes = _best(lambda: gql(ASSET_LIST), repeat)
-    return {"asset_page_first_s": round(cold, 3), "asset_page_s": round(best, 3), "runs": [round(x, 3) for x in times],
-            "partition_stats": stats, "asset_list_s": round(list_best, 3), "assets": len(nodes["assetNodes"])}
+    return {
+        "asset_page_first_s": round(cold, 3),
+        "asset_page_s": round(best, 3),
+        "runs": [round(x, 3) for x in times],
+        "partition_stats": stats,
+        "asset_list_s": round(list_best, 3),
+        "assets": len(nodes["assetNodes"]),
+    }
 
 
 def main() -> int:
@@ -283,8 +341,12 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--span", type=int, default=50, help="shards per run of the simulated history")
     ap.add_argument("--materialize-span", type=int, default=500)
-    ap.add_argument("--materialized", type=int, default=500, help="shards whose submissions get materialized by "
-                                                                    "ranged runs (each costs ~2 event writes)")
+    ap.add_argument(
+        "--materialized",
+        type=int,
+        default=500,
+        help="shards whose submissions get materialized by ranged runs (each costs ~2 event writes)",
+    )
     ap.add_argument("--reference-keys", type=int, default=300)
     args = ap.parse_args()
 
@@ -303,14 +365,13 @@ def main() -> int:
     print(f"status: {out['status']}", flush=True)
     root = Path(tempfile.mkdtemp(prefix="dagster_scale_"))
     storages = [s for s in args.storage.split(",") if s]
-    with (postgres_server(durable=True) if "postgres" in storages else _nothing()) as pg:
+    with postgres_server(durable=True) if "postgres" in storages else _nothing() as pg:
         for storage in storages:
             fig: dict = {"load_before": round(load(), 1)}
             with instance_for(storage, root, pg) as (instance, dagster_home, env):
                 fig["partitions"] = add_partitions(instance, spec, shard_ids, args.reference_keys)
                 print(f"[{storage}] partitions: {fig['partitions']}", flush=True)
-                fig["history"] = history(instance, spec, shard_ids, args.span, args.materialize_span,
-                                         args.materialized)
+                fig["history"] = history(instance, spec, shard_ids, args.span, args.materialize_span, args.materialized)
                 print(f"[{storage}] history: {fig['history']}", flush=True)
                 fig["tick"] = tick(instance, spec, home, args.repeat)
                 print(f"[{storage}] tick: {fig['tick']}", flush=True)

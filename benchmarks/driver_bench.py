@@ -72,8 +72,8 @@ CANARY_SIZE = 300
 LABELS = ["billing", "bug", "feature_request", "account", "other"]
 KINDS = ("settled", "collected", "submitted", "intent", "new")
 MIX = {"settled": 0.85, "collected": 0.08, "submitted": 0.05, "intent": 0.01, "new": 0.01}
-P_FAIL = (0.04, 0.20, 0.50)      # per try, by the failures the item already spent
-P_MISSING_FIRST = 0.01           # collected shards: first-try items with no result row at all
+P_FAIL = (0.04, 0.20, 0.50)  # per try, by the failures the item already spent
+P_MISSING_FIRST = 0.01  # collected shards: first-try items with no result row at all
 SPEC_YAML = """\
 name: {job}
 input:
@@ -95,10 +95,56 @@ retries: {{per_item: {budget}}}
 canary_first: true
 canary: {{size: {canary}}}
 """
-WORDS = ["the", "invoice", "was", "charged", "twice", "after", "I", "upgraded", "my", "plan", "and", "app", "crashes",
-         "when", "open", "settings", "please", "add", "dark", "mode", "export", "to", "csv", "login", "fails", "with",
-         "error", "500", "since", "yesterday", "account", "locked", "refund", "request", "for", "order", "café",
-         "déjà", "vu", "naïve", "résumé", "straße", "dashboard", "is", "slow", "load", "on", "mobile"]
+WORDS = [
+    "the",
+    "invoice",
+    "was",
+    "charged",
+    "twice",
+    "after",
+    "I",
+    "upgraded",
+    "my",
+    "plan",
+    "and",
+    "app",
+    "crashes",
+    "when",
+    "open",
+    "settings",
+    "please",
+    "add",
+    "dark",
+    "mode",
+    "export",
+    "to",
+    "csv",
+    "login",
+    "fails",
+    "with",
+    "error",
+    "500",
+    "since",
+    "yesterday",
+    "account",
+    "locked",
+    "refund",
+    "request",
+    "for",
+    "order",
+    "café",
+    "déjà",
+    "vu",
+    "naïve",
+    "résumé",
+    "straße",
+    "dashboard",
+    "is",
+    "slow",
+    "load",
+    "on",
+    "mobile",
+]
 
 
 # -- build (spawned workers) ----------------------------------------------------------------------
@@ -106,26 +152,33 @@ def _prompts(rng, n: int) -> list[str]:
     base = " ".join(WORDS[i] for i in rng.integers(0, len(WORDS), 800))
     starts = rng.integers(0, len(base) - 1300, n)
     lengths = rng.integers(200, 1200, n)
-    return [base[s:s + n_] for s, n_ in zip(starts.tolist(), lengths.tolist())]
+    return [base[s : s + n_] for s, n_ in zip(starts.tolist(), lengths.tolist())]
 
 
 def _items_table(rng, sid: str, n: int, first_line: int):
     import polars as pl
 
-    from batch_pipeline.core.money.cost import estimate_request_tokens
     from batch_pipeline.core.manifest.shards import ITEM_SCHEMA, length_bucket
+    from batch_pipeline.core.money.cost import estimate_request_tokens
 
     raw = rng.bytes(32 * n)
-    ids = sorted(raw[i * 32:(i + 1) * 32].hex() for i in range(n))
+    ids = sorted(raw[i * 32 : (i + 1) * 32].hex() for i in range(n))
     frame = pl.DataFrame({"request_id": ids, "user_prompt": _prompts(rng, n)})
     frame = frame.with_columns(pl.col("user_prompt").str.len_bytes().cast(pl.Int32).alias("request_bytes"))
-    frame = frame.with_columns(estimate_request_tokens(pl.col("request_bytes"), 25).cast(pl.Int32)
-                               .alias("est_input_tokens"))
+    frame = frame.with_columns(
+        estimate_request_tokens(pl.col("request_bytes"), 25).cast(pl.Int32).alias("est_input_tokens")
+    )
     frame = frame.select(
-        "request_id", pl.lit(sid).alias("shard_id"), "user_prompt", "est_input_tokens",
-        length_bucket(pl.col("est_input_tokens")).alias("length_bucket"), "request_bytes",
+        "request_id",
+        pl.lit(sid).alias("shard_id"),
+        "user_prompt",
+        "est_input_tokens",
+        length_bucket(pl.col("est_input_tokens")).alias("length_bucket"),
+        "request_bytes",
         pl.lit("input.jsonl").alias("source"),
-        (pl.int_range(pl.len(), dtype=pl.Int64) + first_line).alias("line"), pl.lit(1, pl.Int32).alias("generation"))
+        (pl.int_range(pl.len(), dtype=pl.Int64) + first_line).alias("line"),
+        pl.lit(1, pl.Int32).alias("generation"),
+    )
     return frame.to_arrow().cast(ITEM_SCHEMA)
 
 
@@ -137,25 +190,49 @@ def _result_part(ids, outcome, labels, sid: str, attempt: int, now: datetime):
 
     ok, inv, err = pl.col("o") == 0, pl.col("o") == 1, pl.col("o") == 2
     frame = pl.DataFrame({"request_id": ids, "o": outcome, "label": labels}).select(
-        "request_id", pl.lit(sid).alias("shard_id"), pl.lit(attempt, pl.Int32).alias("attempt"),
-        pl.lit("openai_batch").alias("backend"), pl.lit("batch").alias("pricing"),
-        pl.lit("gpt-4o-mini").alias("model"), pl.lit("v1").alias("prompt_version"),
-        pl.when(ok).then(pl.lit("succeeded")).when(inv).then(pl.lit("invalid")).otherwise(pl.lit("errored"))
+        "request_id",
+        pl.lit(sid).alias("shard_id"),
+        pl.lit(attempt, pl.Int32).alias("attempt"),
+        pl.lit("openai_batch").alias("backend"),
+        pl.lit("batch").alias("pricing"),
+        pl.lit("gpt-4o-mini").alias("model"),
+        pl.lit("v1").alias("prompt_version"),
+        pl.when(ok)
+        .then(pl.lit("succeeded"))
+        .when(inv)
+        .then(pl.lit("invalid"))
+        .otherwise(pl.lit("errored"))
         .alias("status"),
-        pl.when(err).then(None).when(inv).then(pl.lit('{"label": "spam"}'))
-        .otherwise(pl.format('{{"label": "{}"}}', "label")).alias("output_text"),
+        pl.when(err)
+        .then(None)
+        .when(inv)
+        .then(pl.lit('{"label": "spam"}'))
+        .otherwise(pl.format('{{"label": "{}"}}', "label"))
+        .alias("output_text"),
         pl.when(ok).then(pl.col("label")).otherwise(None).alias("parsed_output"),
         pl.when(err).then(None).otherwise(pl.lit("stop")).alias("finish_reason"),
         pl.when(err).then(0).otherwise(231).cast(pl.Int64).alias("input_tokens"),
         pl.lit(0, pl.Int64).alias("cached_tokens"),
         pl.when(err).then(0).otherwise(7).cast(pl.Int64).alias("output_tokens"),
         pl.when(err).then(0.0).otherwise(0.0000215).alias("cost_usd"),
-        pl.when(ok).then(None).when(inv).then(pl.lit("invalid_output")).otherwise(pl.lit("transient"))
+        pl.when(ok)
+        .then(None)
+        .when(inv)
+        .then(pl.lit("invalid_output"))
+        .otherwise(pl.lit("transient"))
         .alias("error_class"),
-        pl.when(ok).then(None).when(inv).then(pl.lit("contract_violation")).otherwise(pl.lit("server_error"))
+        pl.when(ok)
+        .then(None)
+        .when(inv)
+        .then(pl.lit("contract_violation"))
+        .otherwise(pl.lit("server_error"))
         .alias("error_code"),
-        pl.when(ok).then(None).when(inv).then(pl.lit("output '{\"label\": \"spam\"}' is not one of the allowed labels"))
-        .otherwise(pl.lit("The server had an error while processing your request.")).alias("error_message"),
+        pl.when(ok)
+        .then(None)
+        .when(inv)
+        .then(pl.lit('output \'{"label": "spam"}\' is not one of the allowed labels'))
+        .otherwise(pl.lit("The server had an error while processing your request."))
+        .alias("error_message"),
         pl.lit(f"batch_{sid}_{attempt}").alias("provider_batch_id"),
         pl.format("req_{}", pl.col("request_id").str.slice(0, 32)).alias("provider_request_id"),
         raw_payload_expr(),
@@ -166,8 +243,9 @@ def _result_part(ids, outcome, labels, sid: str, attempt: int, now: datetime):
     table = frame.to_arrow()
     missing = [f for f in RESULT_SCHEMA if f.name not in table.column_names]  # columns added to the schema since
     for f in missing:
-        table = table.append_column(f.name, pa.repeat(pa.scalar(0 if pa.types.is_integer(f.type) else None, f.type),
-                                                      table.num_rows))
+        table = table.append_column(
+            f.name, pa.repeat(pa.scalar(0 if pa.types.is_integer(f.type) else None, f.type), table.num_rows)
+        )
     return table.select(RESULT_SCHEMA.names).cast(RESULT_SCHEMA)
 
 
@@ -183,10 +261,10 @@ def _build_shard(store, spec, summaries, number: int, n: int, kind: str, first_l
     import numpy as np
     import polars as pl
 
-    from batch_pipeline.core.run.attempts import AttemptLog
     from batch_pipeline.core.manifest.shards import shard_name
-    from batch_pipeline.core.spec.paths import JobPaths
+    from batch_pipeline.core.run.attempts import AttemptLog
     from batch_pipeline.core.run.results import write_results
+    from batch_pipeline.core.spec.paths import JobPaths
 
     rng = np.random.default_rng([seed, number])
     sid = shard_name(number)
@@ -206,12 +284,28 @@ def _build_shard(store, spec, summaries, number: int, n: int, kind: str, first_l
         nonlocal attempt, rows
         attempt += 1
         key = f"{spec.name}:{sid}:{attempt}"
-        assert log_.create_intent(attempt, {"key": key, "backend": "openai_batch", "lease_token": f"bench-{sid}",
-                                            "request_ids": ids.gather(members).to_list(), "requests": len(members),
-                                            "canary": canary})
+        assert log_.create_intent(
+            attempt,
+            {
+                "key": key,
+                "backend": "openai_batch",
+                "lease_token": f"bench-{sid}",
+                "request_ids": ids.gather(members).to_list(),
+                "requests": len(members),
+                "canary": canary,
+            },
+        )
         if submit:
-            log_.record(attempt, "submitted", {"backend": "openai_batch", "batch_id": f"batch_{sid}_{attempt}",
-                                               "key": key, "input_file_id": f"file_{sid}_{attempt}"})
+            log_.record(
+                attempt,
+                "submitted",
+                {
+                    "backend": "openai_batch",
+                    "batch_id": f"batch_{sid}_{attempt}",
+                    "key": key,
+                    "input_file_id": f"file_{sid}_{attempt}",
+                },
+            )
         if not collect:
             return
         outcome = _try(rng, failures[members])
@@ -222,10 +316,17 @@ def _build_shard(store, spec, summaries, number: int, n: int, kind: str, first_l
         rows += part.num_rows
         ok[answered[outcome == 0]] = True
         failures[answered[outcome != 0]] += 1
-        log_.record(attempt, "collected", {"state": "completed", "rows": part.num_rows,
-                                           "succeeded": int((outcome == 0).sum()), "systemic": 0,
-                                           "provider_counts": {"total": len(members), "completed": part.num_rows,
-                                                               "failed": 0}})
+        log_.record(
+            attempt,
+            "collected",
+            {
+                "state": "completed",
+                "rows": part.num_rows,
+                "succeeded": int((outcome == 0).sum()),
+                "systemic": 0,
+                "provider_counts": {"total": len(members), "completed": part.num_rows, "failed": 0},
+            },
+        )
 
     def retryable():
         return np.nonzero(~ok & (failures < BUDGET))[0]
@@ -248,12 +349,25 @@ def _build_shard(store, spec, summaries, number: int, n: int, kind: str, first_l
     elif kind == "intent":
         run(everything, submit=False, collect=False)
     summary = summaries.refresh(sid)
-    want = {"canary": "settled", "settled": "settled", "collected": "collected" if len(retryable()) else "settled",
-            "submitted": "submitted", "intent": "intent", "new": "new"}[kind]
+    want = {
+        "canary": "settled",
+        "settled": "settled",
+        "collected": "collected" if len(retryable()) else "settled",
+        "submitted": "submitted",
+        "intent": "intent",
+        "new": "new",
+    }[kind]
     if summary.state.value != want or not summary.balanced or summary.expected != n:
         raise AssertionError(f"shard {sid} built as {kind}: summary says {summary.as_dict()}")
-    return {"state": summary.state.value, "valid": summary.valid, "invalid": summary.invalid,
-            "missing": summary.missing, "dead_lettered": summary.dead_lettered, "rows": rows, "attempts": attempt}
+    return {
+        "state": summary.state.value,
+        "valid": summary.valid,
+        "invalid": summary.invalid,
+        "missing": summary.missing,
+        "dead_lettered": summary.dead_lettered,
+        "rows": rows,
+        "attempts": attempt,
+    }
 
 
 def build_chunk(home: str, spec_path: str, tasks: list[tuple[int, int, str, int]], seed: int) -> dict:
@@ -276,10 +390,10 @@ def build_chunk(home: str, spec_path: str, tasks: list[tuple[int, int, str, int]
 def build(home: str, spec_path: str, shards: int, items: int, seed: int, workers: int) -> dict:
     import numpy as np
 
-    from batch_pipeline.core.quality.golden import CanaryVerdict
     from batch_pipeline.core.manifest.shards import ManifestSummary, shard_name
-    from batch_pipeline.core.spec.paths import JobPaths
+    from batch_pipeline.core.quality.golden import CanaryVerdict
     from batch_pipeline.core.spec.loading import load_spec
+    from batch_pipeline.core.spec.paths import JobPaths
     from batch_pipeline.core.store import Store
 
     started = time.perf_counter()
@@ -291,11 +405,10 @@ def build(home: str, spec_path: str, shards: int, items: int, seed: int, workers
     sizes = [items // shards + (1 if i < items % shards else 0) for i in range(shards)]
     firsts = np.concatenate([[1], np.cumsum(sizes)[:-1] + 1]).tolist()
     tasks = [(i + 1, sizes[i], kinds[i], int(firsts[i])) for i in range(shards)]
-    chunks = [tasks[i:i + 100] for i in range(0, shards, 100)]
+    chunks = [tasks[i : i + 100] for i in range(0, shards, 100)]
     import multiprocessing as mp
 
-    totals: dict = {"states": {}, "valid": 0, "invalid": 0, "missing": 0, "dead_lettered": 0, "rows": 0,
-                    "attempts": 0}
+    totals: dict = {"states": {}, "valid": 0, "invalid": 0, "missing": 0, "dead_lettered": 0, "rows": 0, "attempts": 0}
     done = 0
     with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
         futures = [pool.submit(build_chunk, home, spec_path, c, seed) for c in chunks]
@@ -307,17 +420,34 @@ def build(home: str, spec_path: str, shards: int, items: int, seed: int, workers
                 totals[k] += r[k]
             done += 1
             if done % max(1, len(chunks) // 10) == 0:
-                print(f"  built {min(done * 100, shards):,} / {shards:,} shards  {time.perf_counter() - started:6.1f} s", flush=True)
+                print(
+                    f"  built {min(done * 100, shards):,} / {shards:,} shards  {time.perf_counter() - started:6.1f} s",
+                    flush=True,
+                )
     paths = JobPaths(spec.name)
     names = [shard_name(i + 1) for i in range(shards)]
-    store.write_json(paths.generation(1), ManifestSummary(
-        job=spec.name, generation=1, input_files=1, input_rows=items, accepted_rows=items, unique_requests=items,
-        new_requests=items, shards_total=shards, new_shards=names).as_dict())
-    store.write_json(paths.canary_verdict, CanaryVerdict(names[0], True, 0, 1.0, 1.0, 1.0, CANARY_SIZE, 0.0,
-                                                         "passed").as_dict())
+    store.write_json(
+        paths.generation(1),
+        ManifestSummary(
+            job=spec.name,
+            generation=1,
+            input_files=1,
+            input_rows=items,
+            accepted_rows=items,
+            unique_requests=items,
+            new_requests=items,
+            shards_total=shards,
+            new_shards=names,
+        ).as_dict(),
+    )
+    store.write_json(
+        paths.canary_verdict, CanaryVerdict(names[0], True, 0, 1.0, 1.0, 1.0, CANARY_SIZE, 0.0, "passed").as_dict()
+    )
     now = datetime.now(UTC)
-    store.write_json(paths.quote, {"job": spec.name, "created_at": now.isoformat(),
-                                   "expires_at": (now + timedelta(days=365)).isoformat()})
+    store.write_json(
+        paths.quote,
+        {"job": spec.name, "created_at": now.isoformat(), "expires_at": (now + timedelta(days=365)).isoformat()},
+    )
     totals["build_seconds"] = round(time.perf_counter() - started, 1)
     return totals
 
@@ -335,8 +465,13 @@ def tick(spec, store):
     from batch_pipeline.core.state.driver import Action
     from batch_pipeline.core.state.view import load_view
 
-    run_jobs = {Action.CANARY: "submit", Action.SUBMIT: "submit", Action.RESOLVE: "submit", Action.RESCUE: "submit",
-                Action.COLLECT: "collect"}
+    run_jobs = {
+        Action.CANARY: "submit",
+        Action.SUBMIT: "submit",
+        Action.RESOLVE: "submit",
+        Action.RESCUE: "submit",
+        Action.COLLECT: "collect",
+    }
     shard_ids = Manifest(spec.name, store).shard_ids()
     if not shard_ids:
         return None
@@ -350,7 +485,9 @@ def tick(spec, store):
         elif step.action == Action.PUBLISH:
             requests.append(("publish", f"publish:{sum(s.valid + s.dead_lettered for s in view.summaries)}"))
         else:
-            requests.append((run_jobs[step.action], f"{step.action.value}:{step.shard_id}:{attempts[step.shard_id] + 1}"))
+            requests.append(
+                (run_jobs[step.action], f"{step.action.value}:{step.shard_id}:{attempts[step.shard_id] + 1}")
+            )
     return plan, requests, plan.describe()
 
 
@@ -366,8 +503,8 @@ def old(spec, store):
 
 
 def old_status(spec, store):
-    from batch_pipeline.core.publish.tables import JobState
     from batch_pipeline.core.publish.report import shard_table
+    from batch_pipeline.core.publish.tables import JobState
 
     state = JobState.load(spec, store)
     rows = shard_table(state)
@@ -398,8 +535,14 @@ def status_all(spec, store):
     return _status(spec, store, every_row=True)
 
 
-VARIANTS = {"driver": driver, "tick": tick, "status": status, "status_all": status_all,
-            "old": old, "old_status": old_status}
+VARIANTS = {
+    "driver": driver,
+    "tick": tick,
+    "status": status,
+    "status_all": status_all,
+    "old": old,
+    "old_status": old_status,
+}
 OLD = ("old", "old_status")
 
 
@@ -443,10 +586,20 @@ def _check_old(name: str, out, spec, store) -> dict[str, bool]:
     state = out[0]
     summaries = ShardSummaries(spec, store).all()
     per_shard = counts_by_shard(state.states)
-    checks = {"per-shard counts of the summaries == the full read's": all(
-        per_shard[s.shard_id].as_dict() == {"expected": s.expected, "valid": s.valid, "invalid": s.invalid,
-                                            "missing": s.missing, "dead_lettered": s.dead_lettered}
-        for s in summaries) and len(per_shard) == len(summaries)}
+    checks = {
+        "per-shard counts of the summaries == the full read's": all(
+            per_shard[s.shard_id].as_dict()
+            == {
+                "expected": s.expected,
+                "valid": s.valid,
+                "invalid": s.invalid,
+                "missing": s.missing,
+                "dead_lettered": s.dead_lettered,
+            }
+            for s in summaries
+        )
+        and len(per_shard) == len(summaries)
+    }
     if name == "old":
         unsettled = sorted(s.shard_id for s in summaries if s.state.value != "settled")
         checks["old retryable shards == the summaries' unsettled shards"] = out[1] == unsettled
@@ -490,8 +643,8 @@ def breakdown(home: str, spec_path: str, times: int) -> dict[str, float]:
     the summaries are read on ``ordered_map``'s pool threads, so the steps are timed one by one, serially."""
     import json as _json
 
-    from batch_pipeline.core.run.control import JobControl
     from batch_pipeline.core.manifest.shards import Manifest
+    from batch_pipeline.core.run.control import JobControl
     from batch_pipeline.core.spec.paths import JobPaths
     from batch_pipeline.core.state.driver import next_steps
     from batch_pipeline.core.state.summary import ShardSummaries, ShardSummary
@@ -519,13 +672,23 @@ def breakdown(home: str, spec_path: str, times: int) -> dict[str, float]:
         raw = timed("read_bytes of every summary, serial", lambda: [store.read_bytes(r) for r in rels])
         dicts = timed("json.loads of every summary", lambda r: [_json.loads(x) for x in r], raw)
         timed("ShardSummary.from_dict of every summary", lambda ds: [ShardSummary.from_dict(d) for d in ds], dicts)
-        timed("ShardSummaries.read of every summary, serial (what workers=1 would do)",
-              lambda: [ShardSummaries(spec, store).read(x) for x in ids])
-        summaries = timed("ShardSummaries.all() (read + parse on 4 pool threads, as load_view does)",
-                          lambda: ShardSummaries(spec, store).all())
-        timed("job facts (stop, pause, canary verdict, quote)", lambda: (
-            JobControl(store, spec.name).current(), canary_status(spec, store, ids), paused(store, spec.name),
-            quote_fresh(store, spec.name)))
+        timed(
+            "ShardSummaries.read of every summary, serial (what workers=1 would do)",
+            lambda: [ShardSummaries(spec, store).read(x) for x in ids],
+        )
+        summaries = timed(
+            "ShardSummaries.all() (read + parse on 4 pool threads, as load_view does)",
+            lambda: ShardSummaries(spec, store).all(),
+        )
+        timed(
+            "job facts (stop, pause, canary verdict, quote)",
+            lambda: (
+                JobControl(store, spec.name).current(),
+                canary_status(spec, store, ids),
+                paused(store, spec.name),
+                quote_fresh(store, spec.name),
+            ),
+        )
         facts = load_view(spec, store).facts
         plan = timed("next_steps (the rules over every summary)", next_steps, summaries, facts)
         timed("plan.describe()", plan.describe)
@@ -581,13 +744,22 @@ def main() -> int:
     ap.add_argument("--home", help="store root to build in (kept, and reused while shards/items/seed match)")
     ap.add_argument("--rebuild", action="store_true", help="build again even if --home holds a matching store")
     ap.add_argument("--build-workers", type=int, default=2)
-    ap.add_argument("--old-max-items", type=int, default=None,
-                    help="skip the old full-read variants above this many items")
-    ap.add_argument("--old-in-process-max-items", type=int, default=2_000_000,
-                    help="above this many items the old variants run only once, in their watched children "
-                         "(their peak RSS is GBs; this process keeps timing the driver)")
-    ap.add_argument("--min-free-gb", type=float, default=2.0,
-                    help="kill a variant's child when the machine's available memory falls below this")
+    ap.add_argument(
+        "--old-max-items", type=int, default=None, help="skip the old full-read variants above this many items"
+    )
+    ap.add_argument(
+        "--old-in-process-max-items",
+        type=int,
+        default=2_000_000,
+        help="above this many items the old variants run only once, in their watched children "
+        "(their peak RSS is GBs; this process keeps timing the driver)",
+    )
+    ap.add_argument(
+        "--min-free-gb",
+        type=float,
+        default=2.0,
+        help="kill a variant's child when the machine's available memory falls below this",
+    )
     ap.add_argument("--no-children", action="store_true", help="skip the per-variant children (peak RSS)")
     ap.add_argument("--profile", action="store_true", help="also cProfile one driver decision and one tick")
     args = ap.parse_args()
@@ -603,19 +775,28 @@ def main() -> int:
         if meta is None or meta.get("params") != params or args.rebuild:
             shutil.rmtree(Path(home) / "jobs" / JOB, ignore_errors=True)
             Path(spec_path).write_text(SPEC_YAML.format(job=JOB, home=home, budget=BUDGET, canary=CANARY_SIZE))
-            print(f"building {args.shards:,} shards / {args.items:,} items in {home} "
-                  f"({args.build_workers} workers)", flush=True)
-            meta = {"params": params, "build": build(home, spec_path, args.shards, args.items, args.seed,
-                                                     args.build_workers)}
+            print(
+                f"building {args.shards:,} shards / {args.items:,} items in {home} ({args.build_workers} workers)",
+                flush=True,
+            )
+            meta = {
+                "params": params,
+                "build": build(home, spec_path, args.shards, args.items, args.seed, args.build_workers),
+            }
             meta_path.write_text(json.dumps(meta, indent=1))
         b = meta["build"]
         du = sum(f.stat().st_size for f in (Path(home) / "jobs" / JOB).rglob("*") if f.is_file())
-        print(f"store: {args.shards:,} shards, {args.items:,} items, {b['rows']:,} result rows, {b['attempts']:,} "
-              f"attempts, {du / 2**30:.2f} GiB; shard states {b['states']}; items valid {b['valid']:,} invalid "
-              f"{b['invalid']:,} missing {b['missing']:,} dead {b['dead_lettered']:,}; built in "
-              f"{b['build_seconds']} s (summaries by ShardSummaries.refresh)", flush=True)
+        print(
+            f"store: {args.shards:,} shards, {args.items:,} items, {b['rows']:,} result rows, {b['attempts']:,} "
+            f"attempts, {du / 2**30:.2f} GiB; shard states {b['states']}; items valid {b['valid']:,} invalid "
+            f"{b['invalid']:,} missing {b['missing']:,} dead {b['dead_lettered']:,}; built in "
+            f"{b['build_seconds']} s (summaries by ShardSummaries.refresh)",
+            flush=True,
+        )
 
-        variants = [v for v in VARIANTS if v not in OLD or args.old_max_items is None or args.items <= args.old_max_items]
+        variants = [
+            v for v in VARIANTS if v not in OLD or args.old_max_items is None or args.items <= args.old_max_items
+        ]
         in_process = [v for v in variants if v not in OLD or args.items <= args.old_in_process_max_items]
         _imports()
         secs: dict[str, list[float]] = {v: [] for v in in_process}
@@ -636,10 +817,17 @@ def main() -> int:
         n_requests = len(last["tick"][1])
         last.clear()
         print(f"plan: {plan.describe()}")
-        out = {"params": params, "build": b, "store_bytes": du, "date": date.today().isoformat(),
-               "cpus": os.cpu_count(), "in_process": {v: {"best_s": min(x), "all_s": [round(y, 4) for y in x]}
-                                                      for v, x in secs.items()},
-               "plan_steps": steps, "plan": plan.describe(), "tick_requests": n_requests}
+        out = {
+            "params": params,
+            "build": b,
+            "store_bytes": du,
+            "date": date.today().isoformat(),
+            "cpus": os.cpu_count(),
+            "in_process": {v: {"best_s": min(x), "all_s": [round(y, 4) for y in x]} for v, x in secs.items()},
+            "plan_steps": steps,
+            "plan": plan.describe(),
+            "tick_requests": n_requests,
+        }
 
         # ShardSummaries.refresh of one shard (the cost of each record write during a collection)
         from batch_pipeline.core.run.attempts import AttemptLog
@@ -650,8 +838,13 @@ def main() -> int:
             if sid == "s00001":
                 continue
             n = len(AttemptLog(store, JOB, sid).all())
-            kind = "collected (1 attempt)" if st.value == "collected" and n == 1 else \
-                "settled (3 attempts)" if st.value == "settled" and n == 3 else None
+            kind = (
+                "collected (1 attempt)"
+                if st.value == "collected" and n == 1
+                else "settled (3 attempts)"
+                if st.value == "settled" and n == 3
+                else None
+            )
             if kind and kind not in by_kind:
                 by_kind[kind] = sid
             if len(by_kind) == 2:
@@ -662,8 +855,10 @@ def main() -> int:
             r = time_refresh(home, spec_path, sid, max(10, args.repeat))
             med = sorted(r)[len(r) // 2]
             out["refresh"][kind] = {"shard": sid, "best_s": min(r), "median_s": med}
-            print(f"  ShardSummaries.refresh, {kind}, shard {sid} ({args.items // args.shards:,} items): "
-                  f"best {min(r) * 1000:.1f} ms, median {med * 1000:.1f} ms over {len(r)}")
+            print(
+                f"  ShardSummaries.refresh, {kind}, shard {sid} ({args.items // args.shards:,} items): "
+                f"best {min(r) * 1000:.1f} ms, median {med * 1000:.1f} ms over {len(r)}"
+            )
 
         parts = breakdown(home, spec_path, args.repeat)
         out["breakdown"] = parts
@@ -678,11 +873,16 @@ def main() -> int:
                 r = children[v] = _watched_child(v, home, spec_path, args.min_free_gb)
                 if "error" in r:
                     why = "killed by the memory watchdog" if r["killed"] else r["error"].splitlines()[0]
-                    print(f"  {v:12s} FAILED: {why} (machine's available memory fell to {r['min_available_gb']:.1f} GB)")
+                    print(
+                        f"  {v:12s} FAILED: {why} (machine's available memory fell to {r['min_available_gb']:.1f} GB)"
+                    )
                     continue
-                print(f"  {v:12s} {min(r['seconds']):8.3f} s  peak RSS {r['peak_rss_mb']:8,.0f} MB "
-                      f"(after imports {r['rss_after_imports_mb']:,.0f} MB; machine's available memory fell to "
-                      f"{r['min_available_gb']:.1f} GB)  load {load():.1f}", flush=True)
+                print(
+                    f"  {v:12s} {min(r['seconds']):8.3f} s  peak RSS {r['peak_rss_mb']:8,.0f} MB "
+                    f"(after imports {r['rss_after_imports_mb']:,.0f} MB; machine's available memory fell to "
+                    f"{r['min_available_gb']:.1f} GB)  load {load():.1f}",
+                    flush=True,
+                )
             out["children"] = children
 
         best = {v: (min(x), f"best of {args.repeat}, in process") for v, x in secs.items()}
@@ -711,13 +911,17 @@ def main() -> int:
                 print(f"\n-- cProfile of one {v} call (main thread only: the summary reads run on pool threads) --")
                 print(profile_driver(home, spec_path, v))
         goal = 2.0
-        checks = [(f"driver decision < {goal} s", best["driver"][0] < goal),
-                  (f"sensor tick (no Dagster, no provider polls) < {goal} s", best["tick"][0] < goal)]
+        checks = [
+            (f"driver decision < {goal} s", best["driver"][0] < goal),
+            (f"sensor tick (no Dagster, no provider polls) < {goal} s", best["tick"][0] < goal),
+        ]
         if "old_status" in best:
-            checks.append((f"`status` as it was (full read, table not rendered) < {goal} s",
-                           best["old_status"][0] < goal))
-        checks.append((f"`status` (summaries, rows for the shards not settled, rendered) < {goal} s",
-                       best["status"][0] < goal))
+            checks.append(
+                (f"`status` as it was (full read, table not rendered) < {goal} s", best["old_status"][0] < goal)
+            )
+        checks.append(
+            (f"`status` (summaries, rows for the shards not settled, rendered) < {goal} s", best["status"][0] < goal)
+        )
         for v in OLD:
             for what, ok in children.get(v, {}).get("checks", {}).items():
                 checks.append((f"{v}: {what}", ok))

@@ -60,10 +60,23 @@ def reference(path: Path, out: Path) -> float:
         for line in src:
             row = json.loads(line)
             rid = hashlib.sha256(f"v1|gpt-4o-mini|{row['body']}".encode()).hexdigest()
-            dst.write(json.dumps({"custom_id": rid, "method": "POST", "url": "/v1/chat/completions",
-                                  "body": {"model": "gpt-4o-mini", "messages": [
-                                      {"role": "system", "content": SYSTEM},
-                                      {"role": "user", "content": "Text:\n" + row["body"]}]}}) + "\n")
+            dst.write(
+                json.dumps(
+                    {
+                        "custom_id": rid,
+                        "method": "POST",
+                        "url": "/v1/chat/completions",
+                        "body": {
+                            "model": "gpt-4o-mini",
+                            "messages": [
+                                {"role": "system", "content": SYSTEM},
+                                {"role": "user", "content": "Text:\n" + row["body"]},
+                            ],
+                        },
+                    }
+                )
+                + "\n"
+            )
     return time.perf_counter() - start
 
 
@@ -82,12 +95,22 @@ def main(argv: list[str] | None = None) -> int:
         spec_path = jobs / "e2e.yaml"
         spec_path.write_text(yaml.safe_dump(job_spec("e2e", path, args.shard), sort_keys=False))
         sandbox, url = start_sandbox_process(0)
-        env = {**os.environ, "BATCH_PIPELINE_SANDBOX_URL": url, "BATCH_PIPELINE_HOME": str(home),
-               "DAGSTER_HOME": str(Path(tmp) / "dagster"), "BATCH_PIPELINE_JOBS": str(jobs)}
+        env = {
+            **os.environ,
+            "BATCH_PIPELINE_SANDBOX_URL": url,
+            "BATCH_PIPELINE_HOME": str(home),
+            "DAGSTER_HOME": str(Path(tmp) / "dagster"),
+            "BATCH_PIPELINE_JOBS": str(jobs),
+        }
         Path(env["DAGSTER_HOME"]).mkdir()
         start = time.perf_counter()
-        run = subprocess.Popen([sys.executable, "-m", "batch_pipeline.cli", "run", str(spec_path)], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        run = subprocess.Popen(
+            [sys.executable, "-m", "batch_pipeline.cli", "run", str(spec_path)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         output = run.stdout.read() if run.stdout else ""
         code, run_cpu, run_rss = wait_child(run)
         wall = time.perf_counter() - start
@@ -100,14 +123,22 @@ def main(argv: list[str] | None = None) -> int:
         print(output[-3000:])
         return 1
     items = report.get("succeeded", 0)
-    print(f"  wall {wall:.1f} s   {items / wall:,.0f} items/s   succeeded {items:,}   complete {report.get('complete')}")
-    print(f"  run process: peak RSS {run_rss:,.0f} MB, CPU {run_cpu:.1f} s = {run_cpu / max(items, 1) * 1e6:.1f} us/item")
+    print(
+        f"  wall {wall:.1f} s   {items / wall:,.0f} items/s   succeeded {items:,}   complete {report.get('complete')}"
+    )
+    print(
+        f"  run process: peak RSS {run_rss:,.0f} MB, CPU {run_cpu:.1f} s = {run_cpu / max(items, 1) * 1e6:.1f} us/item"
+    )
     print(f"  sandbox:     peak RSS {sandbox_rss:,.0f} MB, CPU {sandbox_cpu:.1f} s (excluded from the control plane)")
     if ref_s is not None:
-        print(f"  reference (read + hash + write a request line per row): {ref_s:.1f} s; "
-              f"the run's CPU is {run_cpu / ref_s:.2f}x it")
-    print(f"  goals: 1M items < 5 min {'met' if wall < 300 or args.rows < 1_000_000 else 'NOT met'}, "
-          f"run RSS < 2 GB {'met' if run_rss < 2048 else 'NOT met'}")
+        print(
+            f"  reference (read + hash + write a request line per row): {ref_s:.1f} s; "
+            f"the run's CPU is {run_cpu / ref_s:.2f}x it"
+        )
+    print(
+        f"  goals: 1M items < 5 min {'met' if wall < 300 or args.rows < 1_000_000 else 'NOT met'}, "
+        f"run RSS < 2 GB {'met' if run_rss < 2048 else 'NOT met'}"
+    )
     return 0
 
 

@@ -56,9 +56,12 @@ def _link_tree(src: Path, dst: Path) -> None:
 def _report(label: str, r: dict, rows: int) -> None:
     s = r["summary"]
     files = ", ".join(f"{len(v)} {k}" for k, v in s["files"].items())
-    print(f"  {label}: {r['seconds']:7.1f} s (cpu {r['cpu_s']:6.1f} s)  {rows / r['seconds']:>9,.0f} rows/s of new "
-          f"data  peak RSS {r['peak_rss_mb']:6,.0f} MB  load {r['load_after']:.1f}  files: {files}; rows read "
-          f"{s['input_rows']:,}, new items {s['new_requests']:,}, spilled {s['spilled']}", flush=True)
+    print(
+        f"  {label}: {r['seconds']:7.1f} s (cpu {r['cpu_s']:6.1f} s)  {rows / r['seconds']:>9,.0f} rows/s of new "
+        f"data  peak RSS {r['peak_rss_mb']:6,.0f} MB  load {r['load_after']:.1f}  files: {files}; rows read "
+        f"{s['input_rows']:,}, new items {s['new_requests']:,}, spilled {s['spilled']}",
+        flush=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,8 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     base = OUT / f"incremental-{args.rows}"
     gen1_dir = base / "gen1"
     results: dict[str, dict] = {}
-    print(f"incremental manifest: {args.rows:,} rows, then +{args.new_rows:,} in a new file "
-          f"(shards of {args.shard:,}):", flush=True)
+    print(
+        f"incremental manifest: {args.rows:,} rows, then +{args.new_rows:,} in a new file (shards of {args.shard:,}):",
+        flush=True,
+    )
     inputs = gen1_dir / "in"  # one input folder: a later generation must see the same file URIs
     spec_text = SPEC_YAML.format(job=JOB, path=str(inputs / "*.jsonl"), shard=args.shard)
     day1 = inputs / "day-001.jsonl"
@@ -103,14 +108,22 @@ def main(argv: list[str] | None = None) -> int:
             r = run_in_child("benchmarks.incremental_bench:generation", str(work))
             r["load_after"] = load()
             results[name] = r
-            _report(f"generation {name[-1]} ({'+' + format(args.new_rows, ',') + ' rows' if name == 'gen2' else 'no change'})"
-                    .ljust(27), r, args.new_rows)
+            _report(
+                f"generation {name[-1]} ({'+' + format(args.new_rows, ',') + ' rows' if name == 'gen2' else 'no change'})".ljust(
+                    27
+                ),
+                r,
+                args.new_rows,
+            )
     finally:
         day1.unlink(missing_ok=True)
     g1, g2, g3 = (results[k]["summary"] for k in ("gen1", "gen2", "gen3"))
     checks = [
         ("gen 1: unique == generator's", g1["unique_requests"] == big_meta["unique"]),
-        ("gen 2: the old file skipped, the new one read", (len(g2["files"]["skipped"]), len(g2["files"]["read"])) == (1, 1)),
+        (
+            "gen 2: the old file skipped, the new one read",
+            (len(g2["files"]["skipped"]), len(g2["files"]["read"])) == (1, 1),
+        ),
         ("gen 2: rows read == new rows", g2["input_rows"] == args.new_rows),
         ("gen 2: new items == the new file's unique rows", g2["new_requests"] == new_meta["unique"]),
         ("gen 2: earlier shards kept", g2["shards_total"] == g1["shards_total"] + len(g2["new_shards"])),
@@ -121,9 +134,20 @@ def main(argv: list[str] | None = None) -> int:
     for name, ok in checks:
         print(f"  [{'ok' if ok else 'MISS'}] {name}")
     OUT.mkdir(exist_ok=True)
-    (OUT / f"incremental_bench-{args.rows}-{args.new_rows}.json").write_text(json.dumps(
-        {"rows": args.rows, "new_rows": args.new_rows, "date": date.today().isoformat(), "cpus": os.cpu_count(),
-         **results, "checks": dict(checks)}, indent=1, default=str))
+    (OUT / f"incremental_bench-{args.rows}-{args.new_rows}.json").write_text(
+        json.dumps(
+            {
+                "rows": args.rows,
+                "new_rows": args.new_rows,
+                "date": date.today().isoformat(),
+                "cpus": os.cpu_count(),
+                **results,
+                "checks": dict(checks),
+            },
+            indent=1,
+            default=str,
+        )
+    )
     return 0 if all(ok for _, ok in checks) else 1
 
 

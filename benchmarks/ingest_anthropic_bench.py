@@ -38,14 +38,23 @@ if str(HERE.parent) not in sys.path:
 from benchmarks._harness import OUT, cpu_s, load, maxrss_mb, run_in_child  # noqa: E402
 from benchmarks.ingest_bench import JOB, LABELS, _setup_ours  # noqa: E402
 
-MIX = (("ok", 0.97), ("truncated", 0.975), ("bad_label", 0.98), ("overloaded", 0.99), ("invalid", 0.995),
-       ("expired", 1.0))
+MIX = (
+    ("ok", 0.97),
+    ("truncated", 0.975),
+    ("bad_label", 0.98),
+    ("overloaded", 0.99),
+    ("invalid", 0.995),
+    ("expired", 1.0),
+)
 
 
 def generate(lines: int, seed: int) -> tuple[Path, dict]:
     import numpy as np
 
-    path, meta_path = OUT / f"anthropic-results-{lines}-seed{seed}.jsonl", OUT / f"anthropic-results-{lines}-seed{seed}.json"
+    path, meta_path = (
+        OUT / f"anthropic-results-{lines}-seed{seed}.jsonl",
+        OUT / f"anthropic-results-{lines}-seed{seed}.json",
+    )
     if path.exists() and meta_path.exists():
         return path, json.loads(meta_path.read_text())
     rng = np.random.default_rng(seed)
@@ -56,24 +65,41 @@ def generate(lines: int, seed: int) -> tuple[Path, dict]:
     OUT.mkdir(exist_ok=True)
     out: list[str] = []
     for i in range(lines):
-        h = raw[i * 64:(i + 1) * 64].hex()
+        h = raw[i * 64 : (i + 1) * 64].hex()
         name = next(n for n, upper in MIX if kind[i] < upper)
         counts[name] += 1
         if name in ("overloaded", "invalid"):
-            typ, msg = (("overloaded_error", "Overloaded") if name == "overloaded" else
-                        ("invalid_request_error", "prompt is too long: 210000 tokens > 200000 maximum"))
+            typ, msg = (
+                ("overloaded_error", "Overloaded")
+                if name == "overloaded"
+                else ("invalid_request_error", "prompt is too long: 210000 tokens > 200000 maximum")
+            )
             result = {"type": "errored", "error": {"type": "error", "error": {"type": typ, "message": msg}}}
         elif name == "expired":
             result = {"type": "expired"}
         else:
             tool_input = {} if name == "truncated" else {"label": "spam" if name == "bad_label" else LABELS[label[i]]}
-            result = {"type": "succeeded", "message": {
-                "id": f"msg_{h[64:88]}", "type": "message", "role": "assistant", "model": "claude-haiku-4-5",
-                "content": [{"type": "tool_use", "id": f"toolu_{h[88:112]}", "name": "answer", "input": tool_input}],
-                "stop_reason": "max_tokens" if name == "truncated" else "tool_use", "stop_sequence": None,
-                "usage": {"input_tokens": prompt[i], "output_tokens": 3 if name == "truncated" else 12,
-                          "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached[i],
-                          "service_tier": "batch"}}}
+            result = {
+                "type": "succeeded",
+                "message": {
+                    "id": f"msg_{h[64:88]}",
+                    "type": "message",
+                    "role": "assistant",
+                    "model": "claude-haiku-4-5",
+                    "content": [
+                        {"type": "tool_use", "id": f"toolu_{h[88:112]}", "name": "answer", "input": tool_input}
+                    ],
+                    "stop_reason": "max_tokens" if name == "truncated" else "tool_use",
+                    "stop_sequence": None,
+                    "usage": {
+                        "input_tokens": prompt[i],
+                        "output_tokens": 3 if name == "truncated" else 12,
+                        "cache_creation_input_tokens": 0,
+                        "cache_read_input_tokens": cached[i],
+                        "service_tier": "batch",
+                    },
+                },
+            }
         out.append(json.dumps({"custom_id": h[:64], "result": result}))
     tmp = path.with_suffix(".tmp")
     tmp.write_text("\n".join(out) + "\n")
@@ -102,17 +128,34 @@ def reference(path: str, out_dir: str) -> dict:
             usage = message.get("usage") or {}
             block = (message.get("content") or [{}])[0]
             error = (result.get("error") or {}).get("error") or {}
-            text = dumps(block["input"], separators=(",", ":")) if block.get("type") == "tool_use" else block.get("text")
-            values = (obj.get("custom_id"), 200 if result.get("type") == "succeeded" else None, text,
-                      message.get("stop_reason"), usage.get("input_tokens"), usage.get("cache_read_input_tokens"),
-                      usage.get("output_tokens"), error.get("type") or result.get("type"), error.get("message"),
-                      message.get("id"), line.decode("utf-8").rstrip("\n"))
+            text = (
+                dumps(block["input"], separators=(",", ":")) if block.get("type") == "tool_use" else block.get("text")
+            )
+            values = (
+                obj.get("custom_id"),
+                200 if result.get("type") == "succeeded" else None,
+                text,
+                message.get("stop_reason"),
+                usage.get("input_tokens"),
+                usage.get("cache_read_input_tokens"),
+                usage.get("output_tokens"),
+                error.get("type") or result.get("type"),
+                error.get("message"),
+                message.get("id"),
+                line.decode("utf-8").rstrip("\n"),
+            )
             for add, value in zip(append, values):
                 add(value)
     table = pa.table(cols, schema=RAW_RESULT_SCHEMA)
     pq.write_table(table, os.path.join(out_dir, "results.parquet"), compression="zstd")
-    return {"variant": "reference", "seconds": time.perf_counter() - started, "cpu_s": cpu_s() - cpu0,
-            "rows": table.num_rows, "succeeded": None, "peak_rss_mb": maxrss_mb()}
+    return {
+        "variant": "reference",
+        "seconds": time.perf_counter() - started,
+        "cpu_s": cpu_s() - cpu0,
+        "rows": table.num_rows,
+        "succeeded": None,
+        "peak_rss_mb": maxrss_mb(),
+    }
 
 
 def ours(path: str, work: str) -> dict:
@@ -121,8 +164,8 @@ def ours(path: str, work: str) -> dict:
 
     from batch_pipeline.core.run.executor import ShardWork
     from batch_pipeline.core.run.results import build_results, new_part, write_part, write_payload
-    from batch_pipeline.core.store import BackgroundWrites
     from batch_pipeline.core.run.threads import default_workers, ordered_map
+    from batch_pipeline.core.store import BackgroundWrites
     from batch_pipeline.executors.anthropic.format import parse_results_block
     from batch_pipeline.executors.jsonl_blocks import iter_blocks
 
@@ -138,13 +181,27 @@ def ours(path: str, work: str) -> dict:
             flush += 1
             rel = new_part(JOB, "s00001", 1, flush)
             payload = writes.submit(write_payload, store, JOB, rel, 1, raw)
-            table = build_results(raw, work_, backend="anthropic_batch", pricing="batch", prompt_version="v1",
-                                  price=price, provider_batch_id="msgbatch_bench")
+            table = build_results(
+                raw,
+                work_,
+                backend="anthropic_batch",
+                pricing="batch",
+                prompt_version="v1",
+                price=price,
+                provider_batch_id="msgbatch_bench",
+            )
             writes.submit(write_part, store, rel, table, payload)
             rows += table.num_rows
             succeeded += pc.sum(pc.equal(table.column("status"), "succeeded")).as_py() or 0
-    return {"variant": "ours", "seconds": time.perf_counter() - started, "cpu_s": cpu_s() - cpu0, "rows": rows,
-            "succeeded": succeeded, "blocks": flush, "peak_rss_mb": maxrss_mb()}
+    return {
+        "variant": "ours",
+        "seconds": time.perf_counter() - started,
+        "cpu_s": cpu_s() - cpu0,
+        "rows": rows,
+        "succeeded": succeeded,
+        "blocks": flush,
+        "peak_rss_mb": maxrss_mb(),
+    }
 
 
 class _StubExecutor:
@@ -166,7 +223,7 @@ class _StubExecutor:
         from batch_pipeline.executors.jsonl_blocks import iter_blocks
 
         data = self.by_batch[handle.batch_id]
-        chunks = (data[i:i + (1 << 20)] for i in range(0, len(data), 1 << 20))
+        chunks = (data[i : i + (1 << 20)] for i in range(0, len(data), 1 << 20))
         yield from ordered_map(parse_results_block, iter_blocks(chunks), default_workers())
 
     def submit(self, work):
@@ -194,11 +251,14 @@ def ours_runner(path: str, work: str, shard_lines: int = 5000) -> dict:
     attempts = []
     for s in range(0, len(lines), shard_lines):
         sid = f"s{s // shard_lines + 1:05d}"
-        chunk = lines[s:s + shard_lines]
+        chunk = lines[s : s + shard_lines]
         by_batch[f"msgbatch_{sid}"] = b"".join(chunk)
-        attempts.append((Attempt(1, {"intent": {"key": f"{JOB}:{sid}:1",
-                                                "request_ids": [ln[15:79].decode() for ln in chunk]}}),
-                         BatchHandle("anthropic_batch", f"msgbatch_{sid}", f"{JOB}:{sid}:1")))
+        attempts.append(
+            (
+                Attempt(1, {"intent": {"key": f"{JOB}:{sid}:1", "request_ids": [ln[15:79].decode() for ln in chunk]}}),
+                BatchHandle("anthropic_batch", f"msgbatch_{sid}", f"{JOB}:{sid}:1"),
+            )
+        )
     del lines
     runner = ShardRunner(spec, store, _StubExecutor(by_batch), price)
     cpu0, started = cpu_s(), time.perf_counter()
@@ -207,8 +267,15 @@ def ours_runner(path: str, work: str, shard_lines: int = 5000) -> dict:
         r, k, _systemic = runner._ingest(attempt, handle)
         rows += r
         ok += k
-    return {"variant": "ours_runner", "seconds": time.perf_counter() - started, "cpu_s": cpu_s() - cpu0,
-            "rows": rows, "succeeded": ok, "shards": len(attempts), "peak_rss_mb": maxrss_mb()}
+    return {
+        "variant": "ours_runner",
+        "seconds": time.perf_counter() - started,
+        "cpu_s": cpu_s() - cpu0,
+        "rows": rows,
+        "succeeded": ok,
+        "shards": len(attempts),
+        "peak_rss_mb": maxrss_mb(),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,8 +286,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shard-lines", type=int, default=5000, help="lines per shard for ours_runner")
     args = ap.parse_args(argv)
     path, meta = generate(args.lines, args.seed)
-    print(f"anthropic ingest: {args.lines:,} lines, {meta['bytes'] / 2**20:,.0f} MiB; mix "
-          + ", ".join(f"{name} {meta[name]:,}" for name, _ in MIX), flush=True)
+    print(
+        f"anthropic ingest: {args.lines:,} lines, {meta['bytes'] / 2**20:,.0f} MiB; mix "
+        + ", ".join(f"{name} {meta[name]:,}" for name, _ in MIX),
+        flush=True,
+    )
     with open(path, "rb") as f:  # warm the page cache
         while f.read(64 * 2**20):
             pass
@@ -238,17 +308,24 @@ def main(argv: list[str] | None = None) -> int:
             r["lines_per_s"] = args.lines / r["seconds"]
             r["load"] = load()
             runs[variant].append(r)
-            print(f"  {variant:11s} {r['seconds']:6.2f} s (cpu {r['cpu_s']:.2f} s)  {r['lines_per_s']:>10,.0f} "
-                  f"lines/s  load {r['load']:.1f}  peak RSS {r['peak_rss_mb']:,.0f} MB"
-                  + (f"  succeeded {r['succeeded']:,}" if r["succeeded"] is not None else ""), flush=True)
+            print(
+                f"  {variant:11s} {r['seconds']:6.2f} s (cpu {r['cpu_s']:.2f} s)  {r['lines_per_s']:>10,.0f} "
+                f"lines/s  load {r['load']:.1f}  peak RSS {r['peak_rss_mb']:,.0f} MB"
+                + (f"  succeeded {r['succeeded']:,}" if r["succeeded"] is not None else ""),
+                flush=True,
+            )
             checks.append((f"{variant}: rows == lines", r["rows"] == args.lines))
             if variant != "reference":
                 checks.append((f"{variant}: succeeded == generated good labels", r["succeeded"] == meta["ok"]))
     summary: dict[str, dict] = {}
     for v, rs in runs.items():
         rates = [r["lines_per_s"] for r in rs]
-        summary[v] = {"best_lines_per_s": max(rates), "median_lines_per_s": statistics.median(rates),
-                      "all_lines_per_s": rates, "loads": [r["load"] for r in rs]}
+        summary[v] = {
+            "best_lines_per_s": max(rates),
+            "median_lines_per_s": statistics.median(rates),
+            "all_lines_per_s": rates,
+            "loads": [r["load"] for r in rs],
+        }
     print(f"  best / median of {args.repeat} (lines/s), ratio to the reference's best / median:")
     for v, r in summary.items():
         ratio = ""
@@ -262,8 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     checks = list(dict(checks).items())  # one line per check (each repeat checked the same)
     for name, ok in checks:
         print(f"  [{'ok' if ok else 'MISS'}] {name}")
-    (OUT / f"ingest_anthropic_bench-{args.lines}.json").write_text(json.dumps(
-        {"meta": meta, "summary": summary, "runs": runs, "checks": dict(checks)}, indent=1, default=str))
+    (OUT / f"ingest_anthropic_bench-{args.lines}.json").write_text(
+        json.dumps({"meta": meta, "summary": summary, "runs": runs, "checks": dict(checks)}, indent=1, default=str)
+    )
     return 0
 
 

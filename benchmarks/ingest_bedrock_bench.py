@@ -33,19 +33,42 @@ if str(HERE.parent) not in sys.path:
 from benchmarks._harness import OUT, compare_ingest, cpu_s, maxrss_mb  # noqa: E402
 from benchmarks.ingest_bench import JOB, LABELS, _setup_ours  # noqa: E402
 
-MIX = (("ok", 0.97), ("truncated", 0.975), ("bad_label", 0.98), ("server", 0.99), ("invalid", 0.995),
-       ("throttled", 1.0))
-ERRORS = {"server": (500, "Internal server error"), "invalid": (400, "Input is too long for requested model."),
-          "throttled": (429, "Too many requests, please wait before trying again.")}
-WORDS = ("invoice charge refund login password crash error screen export feature please account billing "
-         "app sync payment upgrade team workspace report slow broken cannot help thanks urgent").split()
-MODEL_INPUT = {"anthropic_version": "bedrock-2023-05-31", "max_tokens": 16, "temperature": 0.0,
-               "system": "You label customer support tickets. Answer with exactly one label from the allowed set.",
-               "tools": [{"name": "answer", "description": "Give the answer in the required structure.",
-                          "input_schema": {"type": "object", "properties": {"label": {"type": "string",
-                                                                                      "enum": LABELS}},
-                                           "required": ["label"], "additionalProperties": False}}],
-               "tool_choice": {"type": "tool", "name": "answer"}}
+MIX = (
+    ("ok", 0.97),
+    ("truncated", 0.975),
+    ("bad_label", 0.98),
+    ("server", 0.99),
+    ("invalid", 0.995),
+    ("throttled", 1.0),
+)
+ERRORS = {
+    "server": (500, "Internal server error"),
+    "invalid": (400, "Input is too long for requested model."),
+    "throttled": (429, "Too many requests, please wait before trying again."),
+}
+WORDS = (
+    "invoice charge refund login password crash error screen export feature please account billing "
+    "app sync payment upgrade team workspace report slow broken cannot help thanks urgent"
+).split()
+MODEL_INPUT = {
+    "anthropic_version": "bedrock-2023-05-31",
+    "max_tokens": 16,
+    "temperature": 0.0,
+    "system": "You label customer support tickets. Answer with exactly one label from the allowed set.",
+    "tools": [
+        {
+            "name": "answer",
+            "description": "Give the answer in the required structure.",
+            "input_schema": {
+                "type": "object",
+                "properties": {"label": {"type": "string", "enum": LABELS}},
+                "required": ["label"],
+                "additionalProperties": False,
+            },
+        }
+    ],
+    "tool_choice": {"type": "tool", "name": "answer"},
+}
 
 
 def generate(lines: int, seed: int) -> tuple[Path, dict]:
@@ -63,10 +86,10 @@ def generate(lines: int, seed: int) -> tuple[Path, dict]:
     frame = json.dumps(MODEL_INPUT, separators=(",", ":"))[:-1]
     out: list[str] = []
     for i in range(lines):
-        h = raw[i * 48:(i + 1) * 48].hex()
+        h = raw[i * 48 : (i + 1) * 48].hex()
         name = next(n for n, upper in MIX if kind[i] < upper)
         counts[name] += 1
-        prompt = " ".join(WORDS[w] for w in words[i * 45:i * 45 + length[i]])
+        prompt = " ".join(WORDS[w] for w in words[i * 45 : i * 45 + length[i]])
         model_input = frame + ',"messages":[{"role":"user","content":' + json.dumps(prompt) + "}]}"
         if name in ERRORS:
             code, message = ERRORS[name]
@@ -74,12 +97,16 @@ def generate(lines: int, seed: int) -> tuple[Path, dict]:
             out.append(f'{{"recordId":"{h[:64]}","modelInput":{model_input},"error":{tail}}}')
             continue
         tool_input = {} if name == "truncated" else {"label": "spam" if name == "bad_label" else LABELS[label[i]]}
-        output = {"id": f"msg_bdrk_{h[64:88]}", "type": "message", "role": "assistant",
-                  "model": "claude-3-5-haiku-20241022",
-                  "content": [{"type": "tool_use", "id": f"toolu_bdrk_{h[72:96]}", "name": "answer",
-                               "input": tool_input}],
-                  "stop_reason": "max_tokens" if name == "truncated" else "tool_use", "stop_sequence": None,
-                  "usage": {"input_tokens": 380 + length[i], "output_tokens": 3 if name == "truncated" else 12}}
+        output = {
+            "id": f"msg_bdrk_{h[64:88]}",
+            "type": "message",
+            "role": "assistant",
+            "model": "claude-3-5-haiku-20241022",
+            "content": [{"type": "tool_use", "id": f"toolu_bdrk_{h[72:96]}", "name": "answer", "input": tool_input}],
+            "stop_reason": "max_tokens" if name == "truncated" else "tool_use",
+            "stop_sequence": None,
+            "usage": {"input_tokens": 380 + length[i], "output_tokens": 3 if name == "truncated" else 12},
+        }
         out.append(f'{{"recordId":"{h[:64]}","modelInput":{model_input},"modelOutput":{json.dumps(output)}}}')
     tmp = path.with_suffix(".tmp")
     tmp.write_text("\n".join(out) + "\n")
@@ -107,17 +134,34 @@ def reference(path: str, out_dir: str) -> dict:
             usage = output.get("usage") or {}
             block = (output.get("content") or [{}])[0]
             error = obj.get("error") or {}
-            text = dumps(block["input"], separators=(",", ":")) if block.get("type") == "tool_use" else block.get("text")
-            values = (obj.get("recordId"), 200 if output else error.get("errorCode"), text, output.get("stop_reason"),
-                      usage.get("input_tokens"), usage.get("cache_read_input_tokens", 0 if output else None),
-                      usage.get("output_tokens"), None if output else str(error.get("errorCode")),
-                      error.get("errorMessage"), output.get("id"), line.decode("utf-8").rstrip("\n"))
+            text = (
+                dumps(block["input"], separators=(",", ":")) if block.get("type") == "tool_use" else block.get("text")
+            )
+            values = (
+                obj.get("recordId"),
+                200 if output else error.get("errorCode"),
+                text,
+                output.get("stop_reason"),
+                usage.get("input_tokens"),
+                usage.get("cache_read_input_tokens", 0 if output else None),
+                usage.get("output_tokens"),
+                None if output else str(error.get("errorCode")),
+                error.get("errorMessage"),
+                output.get("id"),
+                line.decode("utf-8").rstrip("\n"),
+            )
             for add, value in zip(append, values):
                 add(value)
     table = pa.table(cols, schema=RAW_RESULT_SCHEMA)
     pq.write_table(table, os.path.join(out_dir, "results.parquet"), compression="zstd")
-    return {"variant": "reference", "seconds": time.perf_counter() - started, "cpu_s": cpu_s() - cpu0,
-            "rows": table.num_rows, "succeeded": None, "peak_rss_mb": maxrss_mb()}
+    return {
+        "variant": "reference",
+        "seconds": time.perf_counter() - started,
+        "cpu_s": cpu_s() - cpu0,
+        "rows": table.num_rows,
+        "succeeded": None,
+        "peak_rss_mb": maxrss_mb(),
+    }
 
 
 def ours(path: str, work: str) -> dict:
@@ -139,14 +183,28 @@ def ours(path: str, work: str) -> dict:
     rows = succeeded = flush = 0
     with BackgroundWrites(depth=2) as writes, open(path, "rb") as f:
         for raw in parse_stream(parse_output_block, iter(lambda: f.read(1 << 20), b""), default_workers()):
-            table = build_results(raw, work_, backend="bedrock_batch", pricing="batch", prompt_version="v1",
-                                  price=price, provider_batch_id="arn:aws:bedrock:bench")
+            table = build_results(
+                raw,
+                work_,
+                backend="bedrock_batch",
+                pricing="batch",
+                prompt_version="v1",
+                price=price,
+                provider_batch_id="arn:aws:bedrock:bench",
+            )
             flush += 1
             writes.submit(write_results, store, JOB, "s00001", 1, flush, table)
             rows += table.num_rows
             succeeded += pc.sum(pc.equal(table.column("status"), "succeeded")).as_py() or 0
-    return {"variant": "ours", "seconds": time.perf_counter() - started, "cpu_s": cpu_s() - cpu0, "rows": rows,
-            "succeeded": succeeded, "blocks": flush, "peak_rss_mb": maxrss_mb()}
+    return {
+        "variant": "ours",
+        "seconds": time.perf_counter() - started,
+        "cpu_s": cpu_s() - cpu0,
+        "rows": rows,
+        "succeeded": succeeded,
+        "blocks": flush,
+        "peak_rss_mb": maxrss_mb(),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,11 +214,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=2, help="runs of each variant, alternating; the best is compared")
     args = ap.parse_args(argv)
     path, meta = generate(args.lines, args.seed)
-    print(f"bedrock ingest: {args.lines:,} lines, {meta['bytes'] / 2**20:,.0f} MiB; mix "
-          + ", ".join(f"{name} {meta[name]:,}" for name, _ in MIX), flush=True)
+    print(
+        f"bedrock ingest: {args.lines:,} lines, {meta['bytes'] / 2**20:,.0f} MiB; mix "
+        + ", ".join(f"{name} {meta[name]:,}" for name, _ in MIX),
+        flush=True,
+    )
     result = compare_ingest("ingest_bedrock_bench", path, args.lines, meta["ok"], args.repeat)
-    (OUT / f"ingest_bedrock_bench-{args.lines}.json").write_text(json.dumps(
-        {"meta": meta, **result}, indent=1, default=str))
+    (OUT / f"ingest_bedrock_bench-{args.lines}.json").write_text(
+        json.dumps({"meta": meta, **result}, indent=1, default=str)
+    )
     return 0
 
 

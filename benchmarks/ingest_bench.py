@@ -67,8 +67,13 @@ sampling: {temperature: 0, max_tokens: 16}
 output:
   choice: [billing, bug, feature_request, account, other]
 """
-PRICE = {"input_per_mtok": 0.15, "cached_input_per_mtok": 0.075, "output_per_mtok": 0.6, "batch_discount": 0.5,
-         "checked": "2026-01-01"}
+PRICE = {
+    "input_per_mtok": 0.15,
+    "cached_input_per_mtok": 0.075,
+    "output_per_mtok": 0.6,
+    "batch_discount": 0.5,
+    "checked": "2026-01-01",
+}
 
 
 # -- input generation -------------------------------------------------------------------------------
@@ -98,7 +103,7 @@ def generate(lines: int, seed: int) -> dict:
         bo: list[str] = []
         be: list[str] = []
         for i in range(lines):
-            b = raw[i * 64:(i + 1) * 64].hex()
+            b = raw[i * 64 : (i + 1) * 64].hex()
             rid, line_id, req_id, cmpl = b[:64], b[64:88], b[88:120], b[32:61]
             k = kind[i]
             head = f'{{"id": "batch_req_{line_id}", "custom_id": "{rid}", '
@@ -122,23 +127,38 @@ def generate(lines: int, seed: int) -> dict:
                     f'"total_tokens": {p + comp}, "prompt_tokens_details": {{"cached_tokens": {cached[i]}, '
                     f'"audio_tokens": 0}}, "completion_tokens_details": {{"reasoning_tokens": 0, "audio_tokens": 0, '
                     f'"accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0}}}}, "service_tier": '
-                    f'"default", "system_fingerprint": "fp_b376dfbbd5"}}}}, "error": null}}\n')
+                    f'"default", "system_fingerprint": "fp_b376dfbbd5"}}}}, "error": null}}\n'
+                )
             elif k < 0.995:
                 if k < 0.99:
-                    status, msg, typ, code = 500, "The server had an error processing your request.", "server_error", \
-                        "server_error"
+                    status, msg, typ, code = (
+                        500,
+                        "The server had an error processing your request.",
+                        "server_error",
+                        "server_error",
+                    )
                     counts["http_500"] += 1
                 else:
-                    status, msg, typ, code = 400, ("This model's maximum context length is 128000 tokens. However, "
-                                                   "your messages resulted in 131072 tokens."), \
-                        "invalid_request_error", "context_length_exceeded"
+                    status, msg, typ, code = (
+                        400,
+                        (
+                            "This model's maximum context length is 128000 tokens. However, "
+                            "your messages resulted in 131072 tokens."
+                        ),
+                        "invalid_request_error",
+                        "context_length_exceeded",
+                    )
                     counts["http_400"] += 1
-                be.append(f'{head}"response": {{"status_code": {status}, "request_id": "req_{req_id}", "body": '
-                          f'{{"error": {{"message": "{msg}", "type": "{typ}", "param": null, "code": "{code}"}}}}}}, '
-                          f'"error": null}}\n')
+                be.append(
+                    f'{head}"response": {{"status_code": {status}, "request_id": "req_{req_id}", "body": '
+                    f'{{"error": {{"message": "{msg}", "type": "{typ}", "param": null, "code": "{code}"}}}}}}, '
+                    f'"error": null}}\n'
+                )
             else:
-                be.append(f'{head}"response": null, "error": {{"code": "batch_expired", "message": "This request '
-                          f'could not be executed before the completion window expired."}}}}\n')
+                be.append(
+                    f'{head}"response": null, "error": {{"code": "batch_expired", "message": "This request '
+                    f'could not be executed before the completion window expired."}}}}\n'
+                )
                 counts["expired"] += 1
             if len(bo) >= 20000:
                 fo.write("".join(bo))
@@ -150,8 +170,13 @@ def generate(lines: int, seed: int) -> dict:
         fe.write("".join(be))
     os.replace(tmp_out, out_path)
     os.replace(tmp_err, err_path)
-    meta = {"lines": lines, "seed": seed, **counts, "bytes": out_path.stat().st_size + err_path.stat().st_size,
-            "seconds": round(time.perf_counter() - started, 2)}
+    meta = {
+        "lines": lines,
+        "seed": seed,
+        **counts,
+        "bytes": out_path.stat().st_size + err_path.stat().st_size,
+        "seconds": round(time.perf_counter() - started, 2),
+    }
     meta_path.write_text(json.dumps(meta, indent=1))
     return meta
 
@@ -163,7 +188,7 @@ def request_ids_of(files: list[str]) -> list[str]:
         with open(p, "rb") as f:
             for line in f:
                 i = line.index(b'"custom_id": "') + 14
-                out.append(line[i:i + 64].decode())
+                out.append(line[i : i + 64].decode())
     return out
 
 
@@ -171,18 +196,19 @@ def request_ids_of(files: list[str]) -> list[str]:
 def reference(files: list[str], out_dir: str) -> dict:
     import json as _json
 
+    import pandas  # noqa: F401 - pa.table() imports it on first use; not part of the throughput
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA
 
-    import pandas  # noqa: F401 - pa.table() imports it on first use; not part of the throughput
     rss_before = maxrss_mb()
     cpu0 = cpu_s()
     started = time.perf_counter()
     cols: dict[str, list] = {name: [] for name in RAW_RESULT_SCHEMA.names}
     (rid, http, text, finish, in_tok, cached, out_tok, code, message, preq, raw) = (
-        cols[n].append for n in RAW_RESULT_SCHEMA.names)
+        cols[n].append for n in RAW_RESULT_SCHEMA.names
+    )
     loads = _json.loads
     lines = 0
     for path in files:
@@ -212,17 +238,25 @@ def reference(files: list[str], out_dir: str) -> dict:
     table = pa.table(cols, schema=RAW_RESULT_SCHEMA)
     pq.write_table(table, os.path.join(out_dir, "results.parquet"), compression="zstd")
     seconds = time.perf_counter() - started
-    return {"variant": "reference", "seconds": seconds, "cpu_s": cpu_s() - cpu0, "lines": lines,
-            "rows": table.num_rows, "peak_rss_mb": maxrss_mb(), "rss_after_imports_mb": rss_before}
+    return {
+        "variant": "reference",
+        "seconds": seconds,
+        "cpu_s": cpu_s() - cpu0,
+        "lines": lines,
+        "rows": table.num_rows,
+        "peak_rss_mb": maxrss_mb(),
+        "rss_after_imports_mb": rss_before,
+    }
 
 
 def _setup_ours(work: str):
+    import pandas  # noqa: F401 - pyarrow imports it on its first Python-value conversion; not throughput
+
     from batch_pipeline.core.money.cost import Price
     from batch_pipeline.core.run.executor import RequestPlan
     from batch_pipeline.core.spec.loading import parse_spec
     from batch_pipeline.core.store import Store
 
-    import pandas  # noqa: F401 - pyarrow imports it on its first Python-value conversion; not throughput
     spec = parse_spec(SPEC_YAML)
     return spec, RequestPlan.from_spec(spec), Price.model_validate(PRICE), Store(Path(work) / "store")
 
@@ -233,12 +267,12 @@ def ours(files: list[str], work: str, sections: bool, profile: bool) -> dict:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from batch_pipeline.core.run import results as results_mod
     from batch_pipeline.core.quality import validate as validate_mod
+    from batch_pipeline.core.run import results as results_mod
     from batch_pipeline.core.run.executor import ShardWork
     from batch_pipeline.core.run.results import build_results, new_part, write_part, write_payload
-    from batch_pipeline.core.store import BackgroundWrites
     from batch_pipeline.core.run.threads import default_workers, ordered_map
+    from batch_pipeline.core.store import BackgroundWrites
     from batch_pipeline.executors.jsonl_blocks import iter_blocks
     from batch_pipeline.executors.openai.format import parse_output_block
 
@@ -262,6 +296,7 @@ def ours(files: list[str], work: str, sections: bool, profile: bool) -> dict:
                 return inner(*a, **kw)
             finally:
                 add("  of which validate()", time.perf_counter() - t0, time.thread_time() - c0)
+
         results_mod.validate = timed_validate
 
     def write_raw(rel: str, raw) -> None:
@@ -272,8 +307,7 @@ def ours(files: list[str], work: str, sections: bool, profile: bool) -> dict:
     def write(rel: str, table, after) -> None:
         t0, c0 = time.perf_counter(), time.thread_time()
         write_part(store, rel, table, after)
-        add("[writer] write_part (result part, after its payload)", time.perf_counter() - t0,
-            time.thread_time() - c0)
+        add("[writer] write_part (result part, after its payload)", time.perf_counter() - t0, time.thread_time() - c0)
 
     prof = None
     if profile:
@@ -310,8 +344,15 @@ def ours(files: list[str], work: str, sections: bool, profile: bool) -> dict:
                     rel = new_part(JOB, "s00001", 1, flush)
                     payload = writes.submit(write_raw, rel, raw)
                     t = tick("BackgroundWrites.submit payload (waits while 4 writes are queued)", t)
-                    table = build_results(raw, work_, backend="openai_batch", pricing="batch", prompt_version="v1",
-                                          price=price, provider_batch_id="batch_bench")
+                    table = build_results(
+                        raw,
+                        work_,
+                        backend="openai_batch",
+                        pricing="batch",
+                        prompt_version="v1",
+                        price=price,
+                        provider_batch_id="batch_bench",
+                    )
                     t = tick("build_results", t)
                     writes.submit(write, rel, table, payload)
                     t = tick("BackgroundWrites.submit result part", t)
@@ -324,9 +365,18 @@ def ours(files: list[str], work: str, sections: bool, profile: bool) -> dict:
     if prof:
         prof.disable()
     seconds = time.perf_counter() - started
-    out = {"variant": "ours", "parse_workers": workers, "seconds": seconds, "cpu_s": cpu_s() - cpu0, "lines": lines, "rows": rows,
-           "succeeded": succeeded,
-           "blocks": flush, "peak_rss_mb": maxrss_mb(), "rss_after_imports_mb": rss_before}
+    out = {
+        "variant": "ours",
+        "parse_workers": workers,
+        "seconds": seconds,
+        "cpu_s": cpu_s() - cpu0,
+        "lines": lines,
+        "rows": rows,
+        "succeeded": succeeded,
+        "blocks": flush,
+        "peak_rss_mb": maxrss_mb(),
+        "rss_after_imports_mb": rss_before,
+    }
     if sections:
         out["sections"] = secs
         out["sections_thread_cpu"] = thread_cpu
@@ -360,11 +410,11 @@ class _StubExecutor:
         data = self.by_batch[handle.batch_id]
         workers = default_workers()
         if not self.split:  # as the executor does: 1 MiB chunks, the file's size from its content-length
-            chunks = (data[i:i + (1 << 20)] for i in range(0, len(data), 1 << 20))
+            chunks = (data[i : i + (1 << 20)] for i in range(0, len(data), 1 << 20))
             yield from parse_output_stream(chunks, workers, total_bytes=len(data))
             return
         step = 1 << 18
-        chunks = (data[i:i + step] for i in range(0, len(data), step))
+        chunks = (data[i : i + step] for i in range(0, len(data), step))
         yield from parse_output_stream(chunks, workers, block_bytes=min(16 << 20, -(-len(data) // workers)))
 
     def submit(self, work):
@@ -395,11 +445,15 @@ def ours_runner(files: list[str], work: str, shard_lines: int = SHARD, split: bo
     attempts = []
     for s in range(0, len(lines), shard_lines):
         sid = f"s{s // shard_lines + 1:05d}"
-        chunk = lines[s:s + shard_lines]
-        rids = [ln[ln.index(b'"custom_id": "') + 14:][:64].decode() for ln in chunk]
+        chunk = lines[s : s + shard_lines]
+        rids = [ln[ln.index(b'"custom_id": "') + 14 :][:64].decode() for ln in chunk]
         by_batch[f"batch_{sid}"] = b"".join(chunk)
-        attempts.append((Attempt(1, {"intent": {"key": f"{JOB}:{sid}:1", "request_ids": rids}}),
-                         BatchHandle("openai_batch", f"batch_{sid}", f"{JOB}:{sid}:1")))
+        attempts.append(
+            (
+                Attempt(1, {"intent": {"key": f"{JOB}:{sid}:1", "request_ids": rids}}),
+                BatchHandle("openai_batch", f"batch_{sid}", f"{JOB}:{sid}:1"),
+            )
+        )
     n_lines = len(lines)
     del lines
     runner = ShardRunner(spec, store, _StubExecutor(by_batch, split), price)
@@ -412,9 +466,17 @@ def ours_runner(files: list[str], work: str, shard_lines: int = SHARD, split: bo
         rows += r
         ok += k
     seconds = time.perf_counter() - started
-    return {"variant": "ours_runner_split" if split else "ours_runner", "seconds": seconds, "cpu_s": cpu_s() - cpu0, "lines": n_lines, "rows": rows,
-            "succeeded": ok,
-            "shards": len(attempts), "peak_rss_mb": maxrss_mb(), "rss_after_imports_mb": rss_before}
+    return {
+        "variant": "ours_runner_split" if split else "ours_runner",
+        "seconds": seconds,
+        "cpu_s": cpu_s() - cpu0,
+        "lines": n_lines,
+        "rows": rows,
+        "succeeded": ok,
+        "shards": len(attempts),
+        "peak_rss_mb": maxrss_mb(),
+        "rss_after_imports_mb": rss_before,
+    }
 
 
 # -- breakdown: the steps one by one, and the alternatives measured for them ---------------------------------
@@ -426,9 +488,9 @@ def breakdown(files: list[str], reps: int = 3) -> dict:
     import pyarrow.json as pajson
     import pyarrow.parquet as pq
 
+    from batch_pipeline.core.quality.validate import validate
     from batch_pipeline.core.run.executor import ShardWork
     from batch_pipeline.core.run.results import PART_OPTIONS, build_results
-    from batch_pipeline.core.quality.validate import validate
     from batch_pipeline.executors.jsonl_blocks import iter_blocks, lines_array
     from batch_pipeline.executors.openai.format import OUTPUT_LINE_SCHEMA, _parse_lines, parse_output_block
 
@@ -449,36 +511,69 @@ def breakdown(files: list[str], reps: int = 3) -> dict:
         print(f"    {out[label]:6.2f} s ({min(cpus) / lines * 1e6:5.2f} CPU s) per 1M lines  {label}", flush=True)
         return value
 
-    print("  breakdown (wall and process CPU seconds per 1M lines, best of %d):" % reps)
-    chunks = [data[i:i + (1 << 20)] for i in range(0, len(data), 1 << 20)]
+    print(f"  breakdown (wall and process CPU seconds per 1M lines, best of {reps}):")
+    chunks = [data[i : i + (1 << 20)] for i in range(0, len(data), 1 << 20)]
     blocks = best("iter_blocks over 1 MiB chunks", lambda: list(iter_blocks(iter(chunks))))
-    raws = best("parse_output_block (core: DuckDB json_extract_string + lines from the block buffer)",
-                lambda: [parse_output_block(b) for b in blocks])
-    best("  of which the lines array (numpy newlines, one copy without them; DuckDB checks UTF-8)",
-         lambda: [lines_array(b) for b in blocks])
-    old = best("alt: the per-line path (split/strip/join, Arrow's JSON reader, decode per line)",
-               lambda: [_parse_lines(b) for b in blocks], times=1)
+    raws = best(
+        "parse_output_block (core: DuckDB json_extract_string + lines from the block buffer)",
+        lambda: [parse_output_block(b) for b in blocks],
+    )
+    best(
+        "  of which the lines array (numpy newlines, one copy without them; DuckDB checks UTF-8)",
+        lambda: [lines_array(b) for b in blocks],
+    )
+    old = best(
+        "alt: the per-line path (split/strip/join, Arrow's JSON reader, decode per line)",
+        lambda: [_parse_lines(b) for b in blocks],
+        times=1,
+    )
     same = all(a.equals(b) for a, b in zip(raws, old))
     print(f"           identical tables: {same}")
     out["parse_identical_to_per_line_path"] = same
     opts = pajson.ParseOptions(explicit_schema=OUTPUT_LINE_SCHEMA, unexpected_field_behavior="ignore")
-    best("alt: pajson.read_json(OUTPUT_LINE_SCHEMA) alone", lambda: [pajson.read_json(io.BytesIO(b), parse_options=opts)
-                                                                     for b in blocks])
+    best(
+        "alt: pajson.read_json(OUTPUT_LINE_SCHEMA) alone",
+        lambda: [pajson.read_json(io.BytesIO(b), parse_options=opts) for b in blocks],
+    )
     schema = pl.from_arrow(pa.Table.from_batches([], schema=OUTPUT_LINE_SCHEMA)).schema
     first = blocks[:2]
-    best("alt: pl.read_ndjson(nested schema) alone (2 blocks)", lambda: [pl.read_ndjson(b, schema=schema) for b in first],
-         lines=sum(b.count(b"\n") for b in first), times=1)
+    best(
+        "alt: pl.read_ndjson(nested schema) alone (2 blocks)",
+        lambda: [pl.read_ndjson(b, schema=schema) for b in first],
+        lines=sum(b.count(b"\n") for b in first),
+        times=1,
+    )
     scratch = tempfile.mkdtemp(prefix="ingest_bd-")
     spec, plan, price, _ = _setup_ours(scratch)
     shutil.rmtree(scratch, ignore_errors=True)
-    best("validate (core: column-wise, Python only for unsettled and error rows)",
-         lambda: [validate(r, spec.output) for r in raws])
+    best(
+        "validate (core: column-wise, Python only for unsettled and error rows)",
+        lambda: [validate(r, spec.output) for r in raws],
+    )
     work = ShardWork(JOB, "s00001", 1, "k", plan, pa.table({"request_id": pa.array([], pa.string())}))
-    tables = best("build_results (includes validate)",
-                  lambda: [build_results(r, work, backend="openai_batch", pricing="batch", prompt_version="v1",
-                                         price=price, provider_batch_id="b") for r in raws])
-    for kw in (PART_OPTIONS, {"compression": "zstd"}, {"compression": "zstd", "compression_level": -1},
-               {"compression": "snappy"}, {"compression": "lz4"}, {"compression": "none"}):
+    tables = best(
+        "build_results (includes validate)",
+        lambda: [
+            build_results(
+                r,
+                work,
+                backend="openai_batch",
+                pricing="batch",
+                prompt_version="v1",
+                price=price,
+                provider_batch_id="b",
+            )
+            for r in raws
+        ],
+    )
+    for kw in (
+        PART_OPTIONS,
+        {"compression": "zstd"},
+        {"compression": "zstd", "compression_level": -1},
+        {"compression": "snappy"},
+        {"compression": "lz4"},
+        {"compression": "none"},
+    ):
         sizes: list[int] = []
 
         def write(kw=kw, sizes=sizes):
@@ -487,9 +582,13 @@ def breakdown(files: list[str], reps: int = 3) -> dict:
                 buf = pa.BufferOutputStream()
                 pq.write_table(t, buf, **kw)
                 sizes.append(buf.getvalue().size)
-        label = ("pq.write_table PART_OPTIONS (core: raw_payload LZ4, the rest zstd; no dictionary or statistics for "
-                 "the all-distinct columns)" if kw is PART_OPTIONS else
-                 "pq.write_table " + ", ".join(f"{k}={v}" for k, v in kw.items()))
+
+        label = (
+            "pq.write_table PART_OPTIONS (core: raw_payload LZ4, the rest zstd; no dictionary or statistics for "
+            "the all-distinct columns)"
+            if kw is PART_OPTIONS
+            else "pq.write_table " + ", ".join(f"{k}={v}" for k, v in kw.items())
+        )
         best(label, write)
         out[f"MiB per 1M lines: {label}"] = sum(sizes) / n * 1e6 / 2**20
         print(f"           {sum(sizes) / n * 1e6 / 2**20:,.0f} MiB per 1M lines")
@@ -505,18 +604,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", action="store_true", help="cProfile our path (slows Python code)")
     ap.add_argument("--only", choices=list(VARIANTS), action="append")
     ap.add_argument("--repeat", type=int, default=5, help="runs of each variant, interleaved (best and median)")
-    ap.add_argument("--shard-lines", type=int, default=SHARD,
-                    help="lines per shard for ours_runner (default 5,000; OpenAI allows up to 50,000 per batch)")
-    ap.add_argument("--breakdown", action="store_true",
-                    help="time the steps of parse_output_block/validate/write and candidate replacements")
+    ap.add_argument(
+        "--shard-lines",
+        type=int,
+        default=SHARD,
+        help="lines per shard for ours_runner (default 5,000; OpenAI allows up to 50,000 per batch)",
+    )
+    ap.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="time the steps of parse_output_block/validate/write and candidate replacements",
+    )
     args = ap.parse_args(argv)
     t = time.perf_counter()
     meta = generate(args.lines, args.seed)
     out_path, err_path, _ = paths_for(args.lines, args.seed)
     files = [str(out_path), str(err_path)]
-    print(f"ingest: {args.lines:,} lines, {meta['bytes'] / 2**20:,.0f} MiB ({time.perf_counter() - t:.1f}s to "
-          f"generate/load); mix {', '.join(f'{k} {meta[k]:,}' for k in MIX_KEYS)}",
-          flush=True)
+    print(
+        f"ingest: {args.lines:,} lines, {meta['bytes'] / 2**20:,.0f} MiB ({time.perf_counter() - t:.1f}s to "
+        f"generate/load); mix {', '.join(f'{k} {meta[k]:,}' for k in MIX_KEYS)}",
+        flush=True,
+    )
     for p in files:  # warm the page cache
         with open(p, "rb") as f:
             while f.read(64 * 2**20):
@@ -534,15 +642,19 @@ def main(argv: list[str] | None = None) -> int:
                 elif v == "ours":
                     r = run_in_child("benchmarks.ingest_bench:ours", files, str(d), args.sections, args.profile)
                 else:
-                    r = run_in_child("benchmarks.ingest_bench:ours_runner", files, str(d), args.shard_lines,
-                                     v == "ours_runner_split")
+                    r = run_in_child(
+                        "benchmarks.ingest_bench:ours_runner", files, str(d), args.shard_lines, v == "ours_runner_split"
+                    )
                 r["lines_per_s"] = r["lines"] / r["seconds"]
                 r["load"] = load()
                 runs[v].append(r)
-                print(f"  {v:17s} {r['lines']:>9,} lines  {r['seconds']:6.2f} s (cpu {r['cpu_s']:.2f} s)  "
-                      f"{r['lines_per_s']:>10,.0f} lines/s  load {r['load']:.1f}  "
-                      f"peak RSS {r['peak_rss_mb']:6,.0f} MB (after setup {r['rss_after_imports_mb']:,.0f} MB)"
-                      + (f"  succeeded {r['succeeded']:,}" if "succeeded" in r else ""), flush=True)
+                print(
+                    f"  {v:17s} {r['lines']:>9,} lines  {r['seconds']:6.2f} s (cpu {r['cpu_s']:.2f} s)  "
+                    f"{r['lines_per_s']:>10,.0f} lines/s  load {r['load']:.1f}  "
+                    f"peak RSS {r['peak_rss_mb']:6,.0f} MB (after setup {r['rss_after_imports_mb']:,.0f} MB)"
+                    + (f"  succeeded {r['succeeded']:,}" if "succeeded" in r else ""),
+                    flush=True,
+                )
                 shutil.rmtree(d, ignore_errors=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -550,14 +662,23 @@ def main(argv: list[str] | None = None) -> int:
     for v, rs in runs.items():
         rates = sorted(r["lines_per_s"] for r in rs)
         best = max(rs, key=lambda r: r["lines_per_s"])
-        res[v] = {**best, "best_lines_per_s": rates[-1], "median_lines_per_s": statistics.median(rates),
-                  "all_lines_per_s": [r["lines_per_s"] for r in rs], "loads": [r["load"] for r in rs]}
+        res[v] = {
+            **best,
+            "best_lines_per_s": rates[-1],
+            "median_lines_per_s": statistics.median(rates),
+            "all_lines_per_s": [r["lines_per_s"] for r in rs],
+            "loads": [r["load"] for r in rs],
+        }
     checks = []
     for v, rs in runs.items():
         checks.append((f"{v}: rows == lines ({args.lines:,}) in every run", all(r["rows"] == args.lines for r in rs)))
         if "succeeded" in rs[0]:
-            checks.append((f"{v}: succeeded == generated good labels ({meta['ok']:,}) in every run",
-                           all(r["succeeded"] == meta["ok"] for r in rs)))
+            checks.append(
+                (
+                    f"{v}: succeeded == generated good labels ({meta['ok']:,}) in every run",
+                    all(r["succeeded"] == meta["ok"] for r in rs),
+                )
+            )
     print(f"  best / median of {args.repeat} (lines/s), ratio to the reference's best / median:")
     for v, r in res.items():
         ratio = ""
@@ -574,18 +695,30 @@ def main(argv: list[str] | None = None) -> int:
     if args.sections and "ours" in res:
         total = res["ours"]["seconds"]
         tcpu = res["ours"]["sections_thread_cpu"]
-        print(f"  ours, time by step (of {total:.2f} s wall, {res['ours']['cpu_s']:.2f} s CPU in all threads; "
-              "thread CPU = the calling thread's own, [writer] runs beside the main thread):")
+        print(
+            f"  ours, time by step (of {total:.2f} s wall, {res['ours']['cpu_s']:.2f} s CPU in all threads; "
+            "thread CPU = the calling thread's own, [writer] runs beside the main thread):"
+        )
         for name, s in sorted(res["ours"]["sections"].items(), key=lambda kv: -kv[1]):
             print(f"    {s:7.3f} s {100 * s / total:5.1f}%  thread CPU {tcpu[name]:6.3f} s  {name}")
     if args.profile and "ours" in res:
         print(res["ours"]["profile"])
     bd = breakdown(files) if args.breakdown else None
     OUT.mkdir(exist_ok=True)
-    (OUT / f"ingest_bench-{args.lines}.json").write_text(json.dumps(
-        {"date": date.today().isoformat(), "load_at_end": load(), "meta": meta, "results": res, "checks": dict(checks),
-         "breakdown_s_per_1m_lines": bd}, indent=1,
-        default=str))
+    (OUT / f"ingest_bench-{args.lines}.json").write_text(
+        json.dumps(
+            {
+                "date": date.today().isoformat(),
+                "load_at_end": load(),
+                "meta": meta,
+                "results": res,
+                "checks": dict(checks),
+                "breakdown_s_per_1m_lines": bd,
+            },
+            indent=1,
+            default=str,
+        )
+    )
     return 0 if all(ok for _, ok in checks) else 1
 
 

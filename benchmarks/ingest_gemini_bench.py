@@ -31,8 +31,14 @@ if str(HERE.parent) not in sys.path:
 from benchmarks._harness import OUT, compare_ingest, cpu_s, maxrss_mb  # noqa: E402
 from benchmarks.ingest_bench import JOB, LABELS, _setup_ours  # noqa: E402
 
-MIX = (("ok", 0.97), ("truncated", 0.975), ("bad_label", 0.98), ("refused", 0.985), ("internal", 0.995),
-       ("invalid", 1.0))
+MIX = (
+    ("ok", 0.97),
+    ("truncated", 0.975),
+    ("bad_label", 0.98),
+    ("refused", 0.985),
+    ("internal", 0.995),
+    ("invalid", 1.0),
+)
 
 
 def generate(lines: int, seed: int) -> tuple[Path, dict]:
@@ -49,31 +55,61 @@ def generate(lines: int, seed: int) -> tuple[Path, dict]:
     OUT.mkdir(exist_ok=True)
     out: list[str] = []
     for i in range(lines):
-        h = raw[i * 64:(i + 1) * 64].hex()
+        h = raw[i * 64 : (i + 1) * 64].hex()
         name = next(n for n, upper in MIX if kind[i] < upper)
         counts[name] += 1
         if name in ("internal", "invalid"):
-            error = ({"code": 13, "message": "Internal error encountered."} if name == "internal" else
-                     {"code": 3, "message": "The input token count (1048577) exceeds the maximum number of tokens "
-                                            "allowed (1048576)."})
+            error = (
+                {"code": 13, "message": "Internal error encountered."}
+                if name == "internal"
+                else {
+                    "code": 3,
+                    "message": "The input token count (1048577) exceeds the maximum number of tokens "
+                    "allowed (1048576).",
+                }
+            )
             out.append(json.dumps({"key": h[:64], "error": error}))
             continue
-        usage = {"promptTokenCount": prompt[i] + cached[i], "candidatesTokenCount": 3 if name == "truncated" else 9,
-                 "totalTokenCount": prompt[i] + cached[i] + 9,
-                 "promptTokensDetails": [{"modality": "TEXT", "tokenCount": prompt[i] + cached[i]}]}
+        usage = {
+            "promptTokenCount": prompt[i] + cached[i],
+            "candidatesTokenCount": 3 if name == "truncated" else 9,
+            "totalTokenCount": prompt[i] + cached[i] + 9,
+            "promptTokensDetails": [{"modality": "TEXT", "tokenCount": prompt[i] + cached[i]}],
+        }
         if cached[i]:
             usage["cachedContentTokenCount"] = cached[i]
         if name == "refused":
-            candidate = {"finishReason": "SAFETY", "index": 0, "safetyRatings": [
-                {"category": "HARM_CATEGORY_DANGEROUS_CONTENT", "probability": "HIGH", "blocked": True}]}
+            candidate = {
+                "finishReason": "SAFETY",
+                "index": 0,
+                "safetyRatings": [
+                    {"category": "HARM_CATEGORY_DANGEROUS_CONTENT", "probability": "HIGH", "blocked": True}
+                ],
+            }
         else:
-            text = ('{"label": "bu' if name == "truncated" else
-                    json.dumps({"label": "spam" if name == "bad_label" else LABELS[label[i]]}))
-            candidate = {"content": {"role": "model", "parts": [{"text": text}]},
-                         "finishReason": "MAX_TOKENS" if name == "truncated" else "STOP", "index": 0}
-        out.append(json.dumps({"key": h[:64], "response": {"candidates": [candidate], "usageMetadata": usage,
-                                                           "modelVersion": "gemini-2.5-flash",
-                                                           "responseId": h[64:86]}}))
+            text = (
+                '{"label": "bu'
+                if name == "truncated"
+                else json.dumps({"label": "spam" if name == "bad_label" else LABELS[label[i]]})
+            )
+            candidate = {
+                "content": {"role": "model", "parts": [{"text": text}]},
+                "finishReason": "MAX_TOKENS" if name == "truncated" else "STOP",
+                "index": 0,
+            }
+        out.append(
+            json.dumps(
+                {
+                    "key": h[:64],
+                    "response": {
+                        "candidates": [candidate],
+                        "usageMetadata": usage,
+                        "modelVersion": "gemini-2.5-flash",
+                        "responseId": h[64:86],
+                    },
+                }
+            )
+        )
     tmp = path.with_suffix(".tmp")
     tmp.write_text("\n".join(out) + "\n")
     os.replace(tmp, path)
@@ -98,23 +134,46 @@ def reference(path: str, out_dir: str) -> dict:
             obj = loads(line)
             response, error = obj.get("response"), obj.get("error")
             if error is not None:
-                values = (obj.get("key"), 500 if error.get("code") == 13 else 400, None, None, None, None, None,
-                          str(error.get("code")), error.get("message"), None)
+                values = (
+                    obj.get("key"),
+                    500 if error.get("code") == 13 else 400,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    str(error.get("code")),
+                    error.get("message"),
+                    None,
+                )
             else:
                 candidate = (response.get("candidates") or [{}])[0]
                 parts = (candidate.get("content") or {}).get("parts") or []
                 usage = response.get("usageMetadata") or {}
-                values = (obj.get("key"), 200, "".join(p.get("text", "") for p in parts) or None,
-                          candidate.get("finishReason"), usage.get("promptTokenCount"),
-                          usage.get("cachedContentTokenCount", 0),
-                          usage.get("candidatesTokenCount", 0) + usage.get("thoughtsTokenCount", 0), None, None,
-                          response.get("responseId"))
+                values = (
+                    obj.get("key"),
+                    200,
+                    "".join(p.get("text", "") for p in parts) or None,
+                    candidate.get("finishReason"),
+                    usage.get("promptTokenCount"),
+                    usage.get("cachedContentTokenCount", 0),
+                    usage.get("candidatesTokenCount", 0) + usage.get("thoughtsTokenCount", 0),
+                    None,
+                    None,
+                    response.get("responseId"),
+                )
             for add, value in zip(append, (*values, line.decode("utf-8").rstrip("\n"))):
                 add(value)
     table = pa.table(cols, schema=RAW_RESULT_SCHEMA)
     pq.write_table(table, os.path.join(out_dir, "results.parquet"), compression="zstd")
-    return {"variant": "reference", "seconds": time.perf_counter() - started, "cpu_s": cpu_s() - cpu0,
-            "rows": table.num_rows, "succeeded": None, "peak_rss_mb": maxrss_mb()}
+    return {
+        "variant": "reference",
+        "seconds": time.perf_counter() - started,
+        "cpu_s": cpu_s() - cpu0,
+        "rows": table.num_rows,
+        "succeeded": None,
+        "peak_rss_mb": maxrss_mb(),
+    }
 
 
 def ours(path: str, work: str) -> dict:
@@ -135,14 +194,28 @@ def ours(path: str, work: str) -> dict:
     rows = succeeded = flush = 0
     with BackgroundWrites(depth=2) as writes, open(path, "rb") as f:
         for raw in parse_result_stream(iter(lambda: f.read(1 << 20), b""), default_workers()):
-            table = build_results(raw, work_, backend="gemini_batch", pricing="batch", prompt_version="v1",
-                                  price=price, provider_batch_id="batches/bench")
+            table = build_results(
+                raw,
+                work_,
+                backend="gemini_batch",
+                pricing="batch",
+                prompt_version="v1",
+                price=price,
+                provider_batch_id="batches/bench",
+            )
             flush += 1
             writes.submit(write_results, store, JOB, "s00001", 1, flush, table)
             rows += table.num_rows
             succeeded += pc.sum(pc.equal(table.column("status"), "succeeded")).as_py() or 0
-    return {"variant": "ours", "seconds": time.perf_counter() - started, "cpu_s": cpu_s() - cpu0, "rows": rows,
-            "succeeded": succeeded, "blocks": flush, "peak_rss_mb": maxrss_mb()}
+    return {
+        "variant": "ours",
+        "seconds": time.perf_counter() - started,
+        "cpu_s": cpu_s() - cpu0,
+        "rows": rows,
+        "succeeded": succeeded,
+        "blocks": flush,
+        "peak_rss_mb": maxrss_mb(),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,11 +225,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=2, help="runs of each variant, alternating; the best is compared")
     args = ap.parse_args(argv)
     path, meta = generate(args.lines, args.seed)
-    print(f"gemini ingest: {args.lines:,} lines, {meta['bytes'] / 2**20:,.0f} MiB; mix "
-          + ", ".join(f"{name} {meta[name]:,}" for name, _ in MIX), flush=True)
+    print(
+        f"gemini ingest: {args.lines:,} lines, {meta['bytes'] / 2**20:,.0f} MiB; mix "
+        + ", ".join(f"{name} {meta[name]:,}" for name, _ in MIX),
+        flush=True,
+    )
     result = compare_ingest("ingest_gemini_bench", path, args.lines, meta["ok"], args.repeat)
-    (OUT / f"ingest_gemini_bench-{args.lines}.json").write_text(json.dumps(
-        {"meta": meta, **result}, indent=1, default=str))
+    (OUT / f"ingest_gemini_bench-{args.lines}.json").write_text(
+        json.dumps({"meta": meta, **result}, indent=1, default=str)
+    )
     return 0
 
 

@@ -19,10 +19,17 @@ from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA
 from batch_pipeline.core.run.journal import AnswerJournal
 from batch_pipeline.core.store import Store
 
-PAYLOAD = json.dumps({"id": "chatcmpl-x", "object": "chat.completion", "model": "gpt-4o-mini",
-                      "choices": [{"index": 0, "message": {"role": "assistant", "content": "{\"label\":\"billing\"}"},
-                                   "finish_reason": "stop"}],
-                      "usage": {"prompt_tokens": 230, "completion_tokens": 6, "total_tokens": 236}})
+PAYLOAD = json.dumps(
+    {
+        "id": "chatcmpl-x",
+        "object": "chat.completion",
+        "model": "gpt-4o-mini",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": '{"label":"billing"}'}, "finish_reason": "stop"}
+        ],
+        "usage": {"prompt_tokens": 230, "completion_tokens": 6, "total_tokens": 236},
+    }
+)
 
 
 def row(i: int) -> tuple:
@@ -60,9 +67,10 @@ class IpcJournal:
                     return
                 group, self.pending = self.pending, []
             cols = list(zip(*group, strict=True))
-            batch = pa.RecordBatch.from_arrays([pa.array(c, type=f.type) for c, f in zip(cols, RAW_RESULT_SCHEMA,
-                                                                                          strict=True)],
-                                               schema=RAW_RESULT_SCHEMA)
+            batch = pa.RecordBatch.from_arrays(
+                [pa.array(c, type=f.type) for c, f in zip(cols, RAW_RESULT_SCHEMA, strict=True)],
+                schema=RAW_RESULT_SCHEMA,
+            )
             self.writer.write_batch(batch)
             self.sink.flush()
             os.fsync(self.sink.fileno())
@@ -125,8 +133,10 @@ def main() -> None:
                     size[name] = path.stat().st_size
                 best[name] = min(best[name], wall)
     for name in ("jsonl", "ipc"):
-        print(f"{name:6s} {args.answers / best[name]:>10,.0f} answers/s   {size[name] / args.answers:>6.0f} B/answer   "
-              f"(best of {args.repeat}, {args.workers} workers, an fsync per group commit)")
+        print(
+            f"{name:6s} {args.answers / best[name]:>10,.0f} answers/s   {size[name] / args.answers:>6.0f} B/answer   "
+            f"(best of {args.repeat}, {args.workers} workers, an fsync per group commit)"
+        )
     print(f"jsonl / ipc throughput: {best['ipc'] / best['jsonl']:.2f}x")
 
 

@@ -32,10 +32,59 @@ SHORT_BODY = (200, 420)  # ~300 characters: 100M rows in ~35 GB
 GEN_CHUNK = 1_000_000
 POOL_CHARS = 8 * 2**20
 
-_SYLLABLES = ("ka", "ro", "mi", "ten", "sa", "lu", "dor", "ve", "qui", "an", "pel", "is", "ok", "ba", "ne", "tri",
-              "gor", "fa", "zen", "ur", "mo", "chi", "el", "wa", "pro", "st", "ex", "ly", "ing", "ed")
-_EXTRA_WORDS = ("café", "naïve", "façade", "über", "déjà", "señor", "Zürich", "crème", "coöperate", "résumé",
-                "refund", "invoice", "password", "login", "crash", "error", "feature", "export", "billing")
+_SYLLABLES = (
+    "ka",
+    "ro",
+    "mi",
+    "ten",
+    "sa",
+    "lu",
+    "dor",
+    "ve",
+    "qui",
+    "an",
+    "pel",
+    "is",
+    "ok",
+    "ba",
+    "ne",
+    "tri",
+    "gor",
+    "fa",
+    "zen",
+    "ur",
+    "mo",
+    "chi",
+    "el",
+    "wa",
+    "pro",
+    "st",
+    "ex",
+    "ly",
+    "ing",
+    "ed",
+)
+_EXTRA_WORDS = (
+    "café",
+    "naïve",
+    "façade",
+    "über",
+    "déjà",
+    "señor",
+    "Zürich",
+    "crème",
+    "coöperate",
+    "résumé",
+    "refund",
+    "invoice",
+    "password",
+    "login",
+    "crash",
+    "error",
+    "feature",
+    "export",
+    "billing",
+)
 _PUNCT = ("", "", "", "", "", "", ",", ".", "?", "!", ":")
 
 
@@ -62,17 +111,17 @@ def _pool(rng: random.Random) -> str:
 
 def _variant(body: str, kind: int, rng: random.Random) -> str:
     """A whitespace variant of ``body`` that normalises back to ``body``."""
-    if kind == 0:    # some spaces become tabs
+    if kind == 0:  # some spaces become tabs
         return body.replace(" ", "\t", rng.randint(1, 20))
-    if kind == 1:    # non-breaking spaces
+    if kind == 1:  # non-breaking spaces
         return body.replace(" ", "\xa0", rng.randint(1, 20))
-    if kind == 2:    # a line separator inside, a paragraph separator at the end
+    if kind == 2:  # a line separator inside, a paragraph separator at the end
         return body.replace(" ", "\u2028", rng.randint(1, 3)) + "\u2029"
-    if kind == 3:    # double spaces
+    if kind == 3:  # double spaces
         return body.replace(" ", "  ", rng.randint(1, 8))
-    if kind == 4:    # trailing newlines
+    if kind == 4:  # trailing newlines
         return body + "\n\n"
-    return "\n \t" + body.replace(" ", " \r\n ", 2) + " \n"   # leading junk, CRLF runs, trailing
+    return "\n \t" + body.replace(" ", " \r\n ", 2) + " \n"  # leading junk, CRLF runs, trailing
 
 
 def generate(rows: int, seed: int, path: Path, start: int = 0, short: bool = False) -> dict:
@@ -82,7 +131,7 @@ def generate(rows: int, seed: int, path: Path, start: int = 0, short: bool = Fal
     rng = random.Random(seed + start)
     pool = _pool(rng)
     npr = np.random.default_rng(seed + start)
-    lo, hi = (SHORT_BODY if short else (MIN_BODY, MAX_BODY))
+    lo, hi = SHORT_BODY if short else (MIN_BODY, MAX_BODY)
     # originals as (pool start, pool end, row number): 16 bytes each, for duplicates to refer to
     orig_s = np.empty(rows, dtype=np.int32)
     orig_e = np.empty(rows, dtype=np.int32)
@@ -96,7 +145,7 @@ def generate(rows: int, seed: int, path: Path, start: int = 0, short: bool = Fal
     with open(tmp, "w", encoding="utf-8", newline="\n") as out:
         for chunk in range(0, rows, GEN_CHUNK):
             n = min(GEN_CHUNK, rows - chunk)
-            lengths = npr.integers(lo + 12, hi - 24, size=n).tolist()   # room for the cut and " ref <n>"
+            lengths = npr.integers(lo + 12, hi - 24, size=n).tolist()  # room for the cut and " ref <n>"
             starts = npr.integers(0, len(pool) - hi - 64, size=n).tolist()
             dup_mask = (npr.random(n) < DUP_SHARE).tolist()
             if chunk == 0:
@@ -108,7 +157,7 @@ def generate(rows: int, seed: int, path: Path, start: int = 0, short: bool = Fal
                 i = chunk + j
                 if dup_mask[j]:
                     k = int(dup_of_frac[j] * originals)
-                    src = f"{pool[orig_s[k]:orig_e[k]]} ref {orig_i[k]}"
+                    src = f"{pool[orig_s[k] : orig_e[k]]} ref {orig_i[k]}"
                     body = _variant(src, dup_kind[j], rng)
                     duplicates += 1
                     buf.append(f'{{"id":"r{start + i:09d}","body":{dumps(body, ensure_ascii=False)}}}\n')
@@ -124,15 +173,23 @@ def generate(rows: int, seed: int, path: Path, start: int = 0, short: bool = Fal
                     buf.clear()
             out.write("".join(buf))
     os.replace(tmp, path)
-    meta = {"rows": rows, "seed": seed, "start": start, "short": short, "duplicates": duplicates,
-            "unique": rows - duplicates, "bytes": path.stat().st_size,
-            "seconds": round(time.perf_counter() - started, 2)}
+    meta = {
+        "rows": rows,
+        "seed": seed,
+        "start": start,
+        "short": short,
+        "duplicates": duplicates,
+        "unique": rows - duplicates,
+        "bytes": path.stat().st_size,
+        "seconds": round(time.perf_counter() - started, 2),
+    }
     path.with_suffix(".json").write_text(json.dumps(meta, indent=1))
     return meta
 
 
-def ensure_rows(rows: int, seed: int = 7, path: Path | None = None, start: int = 0,
-                short: bool = False) -> tuple[Path, dict]:
+def ensure_rows(
+    rows: int, seed: int = 7, path: Path | None = None, start: int = 0, short: bool = False
+) -> tuple[Path, dict]:
     """The cached file for (rows, seed, start, short), generating it first (in this process) if needed; plus its
     counts."""
     cached = cache_path(rows, seed, start, short)
@@ -160,8 +217,20 @@ def rows_file(rows: int, seed: int = 7, start: int = 0, short: bool = False) -> 
     cached = cache_path(rows, seed, start, short)
     meta_path = cached.with_suffix(".json")
     if not (cached.exists() and meta_path.exists()):
-        subprocess.run([sys.executable, str(Path(__file__).resolve()), "--rows", str(rows), "--seed", str(seed),
-                        "--start", str(start), *(["--short"] if short else [])], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--rows",
+                str(rows),
+                "--seed",
+                str(seed),
+                "--start",
+                str(start),
+                *(["--short"] if short else []),
+            ],
+            check=True,
+        )
     return cached, json.loads(meta_path.read_text())
 
 
@@ -175,8 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     t = time.perf_counter()
     path, meta = ensure_rows(args.rows, args.seed, args.out, args.start, args.short)
-    print(f"{path}: {meta['rows']:,} rows, {meta['duplicates']:,} whitespace duplicates, "
-          f"{meta['bytes'] / 2**20:,.0f} MiB ({time.perf_counter() - t:.1f}s, generated in {meta['seconds']}s)")
+    print(
+        f"{path}: {meta['rows']:,} rows, {meta['duplicates']:,} whitespace duplicates, "
+        f"{meta['bytes'] / 2**20:,.0f} MiB ({time.perf_counter() - t:.1f}s, generated in {meta['seconds']}s)"
+    )
     return 0
 
 

@@ -63,7 +63,7 @@ def _digest(ids: list[str]) -> str:
     ids.sort()
     h = hashlib.sha256()
     for i in range(0, len(ids), 100_000):
-        h.update("\n".join(ids[i:i + 100_000]).encode())
+        h.update("\n".join(ids[i : i + 100_000]).encode())
         h.update(b"\n")
     return h.hexdigest()[:16]
 
@@ -112,8 +112,11 @@ def reference(path: str, out_dir: str, prefix: bytes) -> dict:
             if rid in seen:
                 continue
             seen.add(rid)
-            buf.append(dumps({"request_id": rid, "key": row.get("id"), "line": lineno, "user_prompt": text},
-                             ensure_ascii=False))
+            buf.append(
+                dumps(
+                    {"request_id": rid, "key": row.get("id"), "line": lineno, "user_prompt": text}, ensure_ascii=False
+                )
+            )
             if len(buf) >= SHARD_SIZE:
                 flush()
     if buf:
@@ -121,10 +124,18 @@ def reference(path: str, out_dir: str, prefix: bytes) -> dict:
     seconds = time.perf_counter() - started
     cpu = cpu_s() - cpu0
     rss = maxrss_mb()
-    return {"variant": "reference", "seconds": seconds, "cpu_s": cpu, "rows": rows, "unique": len(seen),
-            "shards": shards,
-            "rejected": rejected, "peak_rss_mb": rss, "rss_after_imports_mb": rss_before,
-            "digest": _digest(list(seen))}
+    return {
+        "variant": "reference",
+        "seconds": seconds,
+        "cpu_s": cpu,
+        "rows": rows,
+        "unique": len(seen),
+        "shards": shards,
+        "rejected": rejected,
+        "peak_rss_mb": rss,
+        "rss_after_imports_mb": rss_before,
+        "digest": _digest(list(seen)),
+    }
 
 
 def _install_section_timers(totals: dict[str, float]) -> None:
@@ -135,7 +146,8 @@ def _install_section_timers(totals: dict[str, float]) -> None:
     background writer thread are labelled ``[writer]``: their wall time overlaps the main thread's.
     """
     from batch_pipeline.core import store
-    from batch_pipeline.core.manifest import deal, ids, prepare, shards as manifest
+    from batch_pipeline.core.manifest import deal, ids, prepare
+    from batch_pipeline.core.manifest import shards as manifest
 
     def add(label, wall, cpu):
         totals[f"wall|{label}"] = totals.get(f"wall|{label}", 0.0) + wall
@@ -151,6 +163,7 @@ def _install_section_timers(totals: dict[str, float]) -> None:
                 return fn(*a, **kw)
             finally:
                 add(label, time.perf_counter() - t, time.thread_time() - c)
+
         setattr(owner, name, wrapper)
 
     def timed_gen(owner, name, label):
@@ -167,6 +180,7 @@ def _install_section_timers(totals: dict[str, float]) -> None:
                     return
                 add(label, time.perf_counter() - t, time.thread_time() - c)
                 yield item
+
         setattr(owner, name, wrapper)
 
     timed(manifest, "_count_rows", "_count_rows (head of the input, to size the window)")
@@ -178,8 +192,11 @@ def _install_section_timers(totals: dict[str, float]) -> None:
     timed(manifest.Dedup, "offer", "Dedup.offer (sets, or the spill buffer)")
     timed(manifest.IdIndex, "ensure", "IdIndex.ensure (index files of earlier generations)")
     timed(manifest.Dedup, "finish", "Dedup.finish (hash ranges against the index, when spilled)")
-    timed(store.BackgroundWrites, "submit",
-          "BackgroundWrites.submit (rows and shards to the writers; waits while they are behind)")
+    timed(
+        store.BackgroundWrites,
+        "submit",
+        "BackgroundWrites.submit (rows and shards to the writers; waits while they are behind)",
+    )
     timed(store.BackgroundWrites, "close", "BackgroundWrites.close (drain at the end)")
     from contextlib import contextmanager
 
@@ -194,8 +211,11 @@ def _install_section_timers(totals: dict[str, float]) -> None:
             try:
                 return self._inner.write_table(*a, **kw)
             finally:
-                add("[writer] rows table: ParquetWriter.write_table (zstd)", time.perf_counter() - t,
-                    time.thread_time() - c)
+                add(
+                    "[writer] rows table: ParquetWriter.write_table (zstd)",
+                    time.perf_counter() - t,
+                    time.thread_time() - c,
+                )
 
         def __getattr__(self, name):
             return getattr(self._inner, name)
@@ -229,7 +249,9 @@ def ours(path: str, work: str, sections: bool, profile: bool, dedup_budget_mb: i
     started = time.perf_counter()
     if prof:
         prof.enable()
-    summary = build_manifest(spec, store, dedup_budget_bytes=None if dedup_budget_mb is None else dedup_budget_mb * 2**20)
+    summary = build_manifest(
+        spec, store, dedup_budget_bytes=None if dedup_budget_mb is None else dedup_budget_mb * 2**20
+    )
     if prof:
         prof.disable()
     seconds = time.perf_counter() - started
@@ -240,11 +262,22 @@ def ours(path: str, work: str, sections: bool, profile: bool, dedup_budget_mb: i
     import pyarrow.compute as pc
 
     largest = pc.max(pc.value_counts(index.column("shard_id")).field("counts")).as_py() if index.num_rows else 0
-    out = {"variant": "ours", "cpu_s": cpu, "largest_shard": largest, "seconds": seconds, "rows": summary.input_rows,
-           "unique": summary.unique_requests,
-           "shards": summary.shards_total, "rejected": summary.rejected_rows, "peak_rss_mb": rss,
-           "rss_after_imports_mb": rss_before, "digest": _digest(ids), "items_in_shards": len(ids),
-           "duplicates_collapsed": summary.duplicates_collapsed, "spilled": summary.spilled}
+    out = {
+        "variant": "ours",
+        "cpu_s": cpu,
+        "largest_shard": largest,
+        "seconds": seconds,
+        "rows": summary.input_rows,
+        "unique": summary.unique_requests,
+        "shards": summary.shards_total,
+        "rejected": summary.rejected_rows,
+        "peak_rss_mb": rss,
+        "rss_after_imports_mb": rss_before,
+        "digest": _digest(ids),
+        "items_in_shards": len(ids),
+        "duplicates_collapsed": summary.duplicates_collapsed,
+        "spilled": summary.spilled,
+    }
     if sections:
         out["sections"] = totals
     if prof:
@@ -258,12 +291,19 @@ def ours(path: str, work: str, sections: bool, profile: bool, dedup_budget_mb: i
 
 
 # -- driver ---------------------------------------------------------------------------------------
-def bench(rows: int, seed: int, sections: bool, profile: bool, variants: list[str], repeat: int = 1,
-          short: bool = False, dedup_budget_mb: int | None = None) -> dict:
-    from benchmarks.make_rows import rows_file
-
+def bench(
+    rows: int,
+    seed: int,
+    sections: bool,
+    profile: bool,
+    variants: list[str],
+    repeat: int = 1,
+    short: bool = False,
+    dedup_budget_mb: int | None = None,
+) -> dict:
     from batch_pipeline.core.manifest import ids
     from batch_pipeline.core.spec.loading import load_spec
+    from benchmarks.make_rows import rows_file
 
     path, meta = rows_file(rows, seed, short=short)  # generated (once) by a separate process
     with open(path, "rb") as f:  # warm the page cache so neither variant pays the first read
@@ -277,7 +317,7 @@ def bench(rows: int, seed: int, sections: bool, profile: bool, variants: list[st
         prefix = ids.id_prefix(spec.prompt.version, spec.model, spec.settings_fingerprint())
         results: dict[str, dict] = {}
         runs: dict[str, list[dict]] = {v: [] for v in variants}
-        for rep in range(repeat):
+        for _ in range(repeat):
             for v in variants:
                 if v == "reference":
                     ref_dir = Path(work) / "reference"
@@ -286,27 +326,40 @@ def bench(rows: int, seed: int, sections: bool, profile: bool, variants: list[st
                     r = run_in_child("benchmarks.manifest_bench:reference", str(path), str(ref_dir), prefix)
                 else:
                     shutil.rmtree(Path(work) / "store", ignore_errors=True)
-                    r = run_in_child("benchmarks.manifest_bench:ours", str(path), work, sections, profile,
-                                     dedup_budget_mb)
+                    r = run_in_child(
+                        "benchmarks.manifest_bench:ours", str(path), work, sections, profile, dedup_budget_mb
+                    )
                 r["load_after"] = load()
                 runs[v].append(r)
-                print(f"  {v:9s} {rows:>9,} rows  {r['seconds']:6.1f} s (cpu {r['cpu_s']:5.1f} s)  "
-                      f"{rows / r['seconds']:>7,.0f} rows/s  load {r['load_after']:.1f}  "
-                      f"peak RSS {r['peak_rss_mb']:7,.0f} MB (after imports {r['rss_after_imports_mb']:,.0f} MB)  "
-                      f"unique {r['unique']:,}" + (f"  spilled {r['spilled']}" if "spilled" in r else ""), flush=True)
+                print(
+                    f"  {v:9s} {rows:>9,} rows  {r['seconds']:6.1f} s (cpu {r['cpu_s']:5.1f} s)  "
+                    f"{rows / r['seconds']:>7,.0f} rows/s  load {r['load_after']:.1f}  "
+                    f"peak RSS {r['peak_rss_mb']:7,.0f} MB (after imports {r['rss_after_imports_mb']:,.0f} MB)  "
+                    f"unique {r['unique']:,}" + (f"  spilled {r['spilled']}" if "spilled" in r else ""),
+                    flush=True,
+                )
         for v, rs in runs.items():  # report the fastest run; keep every time and the largest peak RSS
             results[v] = dict(min(rs, key=lambda x: x["seconds"]))
             results[v]["all_seconds"] = [round(x["seconds"], 2) for x in rs]
             results[v]["peak_rss_mb"] = max(x["peak_rss_mb"] for x in rs)
         if repeat > 1:
             for v, r in results.items():
-                print(f"  best of {repeat}: {v:9s} {r['seconds']:6.1f} s  {rows / r['seconds']:>7,.0f} rows/s  "
-                      f"(all: {r['all_seconds']})  max peak RSS {r['peak_rss_mb']:,.0f} MB")
+                print(
+                    f"  best of {repeat}: {v:9s} {r['seconds']:6.1f} s  {rows / r['seconds']:>7,.0f} rows/s  "
+                    f"(all: {r['all_seconds']})  max peak RSS {r['peak_rss_mb']:,.0f} MB"
+                )
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    out = {"rows": rows, "seed": seed, "input_bytes": meta["bytes"], "expected_unique": meta["unique"],
-           "date": date.today().isoformat(), "cpus": os.cpu_count(), "load_at_end": load(),
-           **{k: v for k, v in results.items()}}
+    out = {
+        "rows": rows,
+        "seed": seed,
+        "input_bytes": meta["bytes"],
+        "expected_unique": meta["unique"],
+        "date": date.today().isoformat(),
+        "cpus": os.cpu_count(),
+        "load_at_end": load(),
+        **{k: v for k, v in results.items()},
+    }
     for r in results.values():
         r["rows_per_s"] = rows / r["seconds"]
     checks = []
@@ -323,12 +376,20 @@ def bench(rows: int, seed: int, sections: bool, profile: bool, variants: list[st
         ours_r = results["ours"]
         checks.append(("ours: items in shards == unique", ours_r["items_in_shards"] == ours_r["unique"]))
         checks.append((f"ours: no shard above {SHARD_SIZE}", results["ours"]["largest_shard"] <= SHARD_SIZE))
-        checks.append(("ours: duplicates_collapsed == accepted - unique",
-                       ours_r["duplicates_collapsed"] == ours_r["rows"] - ours_r["rejected"] - ours_r["unique"]))
+        checks.append(
+            (
+                "ours: duplicates_collapsed == accepted - unique",
+                ours_r["duplicates_collapsed"] == ours_r["rows"] - ours_r["rejected"] - ours_r["unique"],
+            )
+        )
         if rows == 2_000_000:
             checks.append(("ours peak RSS < 1.5 GB", results["ours"]["peak_rss_mb"] < 1536))
-        checks.append(("ours peak RSS < 4 GB (a 4 GB pod, shards.manifest_memory_mb default)",
-                       results["ours"]["peak_rss_mb"] < 4096))
+        checks.append(
+            (
+                "ours peak RSS < 4 GB (a 4 GB pod, shards.manifest_memory_mb default)",
+                results["ours"]["peak_rss_mb"] < 4096,
+            )
+        )
     out["checks"] = {name: ok for name, ok in checks}
     for name, ok in checks:
         print(f"  [{'ok' if ok else 'MISS'}] {name}")
@@ -337,8 +398,10 @@ def bench(rows: int, seed: int, sections: bool, profile: bool, variants: list[st
         sec = r["sections"]
         labels = sorted({k.split("|", 1)[1] for k in sec}, key=lambda k: -sec[f"wall|{k}"])
         total = r["seconds"]
-        print(f"  ours, time by section (of {total:.1f} s wall, {r['cpu_s']:.1f} s CPU in all threads; "
-              "thread CPU = the calling thread's own):")
+        print(
+            f"  ours, time by section (of {total:.1f} s wall, {r['cpu_s']:.1f} s CPU in all threads; "
+            "thread CPU = the calling thread's own):"
+        )
         print(f"    {'wall s':>7} {'share':>6} {'thread CPU s':>12}  section")
         main_wall = 0.0
         for name in labels:
@@ -347,8 +410,10 @@ def bench(rows: int, seed: int, sections: bool, profile: bool, variants: list[st
                 main_wall += w
             print(f"    {w:7.2f} {100 * w / total:5.1f}% {c:12.2f}  {name}")
         rest = total - main_wall
-        print(f"    {rest:7.2f} {100 * rest / total:5.1f}% {'':>12}  rest of build() on the main thread: dedup/dealing "
-              "loop, to_list(), Series, partition_by")
+        print(
+            f"    {rest:7.2f} {100 * rest / total:5.1f}% {'':>12}  rest of build() on the main thread: dedup/dealing "
+            "loop, to_list(), Series, partition_by"
+        )
     if profile and "ours" in results:
         print(results["ours"]["profile"])
     return out
@@ -361,9 +426,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=["reference", "ours"], help="run one variant")
     ap.add_argument("--sections", action="store_true", help="time the phases of build_manifest")
     ap.add_argument("--repeat", type=int, default=1, help="runs per variant (alternating); the fastest is reported")
-    ap.add_argument("--dedup-budget-mb", type=int, default=None,
-                    help="ours: the dedup's memory before it spills (default: half of shards.manifest_memory_mb); "
-                         "0 spills from the start, a large value keeps every ID in memory")
+    ap.add_argument(
+        "--dedup-budget-mb",
+        type=int,
+        default=None,
+        help="ours: the dedup's memory before it spills (default: half of shards.manifest_memory_mb); "
+        "0 spills from the start, a large value keeps every ID in memory",
+    )
     ap.add_argument("--short", action="store_true", help="~300-character rows (make_rows --short), e.g. for 100M")
     ap.add_argument("--profile", action="store_true", help="cProfile build_manifest (slows Python code)")
     args = ap.parse_args(argv)
@@ -371,14 +440,19 @@ def main(argv: list[str] | None = None) -> int:
     all_out = []
     for rows in args.rows or [1_000_000]:
         print(f"manifest build, {rows:,} rows (seed {args.seed}):", flush=True)
-        out = bench(rows, args.seed, args.sections, args.profile, variants, args.repeat, args.short,
-                    args.dedup_budget_mb)
+        out = bench(
+            rows, args.seed, args.sections, args.profile, variants, args.repeat, args.short, args.dedup_budget_mb
+        )
         all_out.append(out)
         OUT.mkdir(exist_ok=True)
-        tag = (f"-{args.only}" if args.only else "") + ("-short" if args.short else "") + \
-            (f"-dedup{args.dedup_budget_mb}" if args.dedup_budget_mb is not None else "")
+        tag = (
+            (f"-{args.only}" if args.only else "")
+            + ("-short" if args.short else "")
+            + (f"-dedup{args.dedup_budget_mb}" if args.dedup_budget_mb is not None else "")
+        )
         (OUT / f"manifest_bench-{rows}{tag}.json").write_text(
-            json.dumps({k: v for k, v in out.items()}, indent=1, default=str))
+            json.dumps({k: v for k, v in out.items()}, indent=1, default=str)
+        )
     return 0 if all(all(o["checks"].values()) for o in all_out) else 1
 
 

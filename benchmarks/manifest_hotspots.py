@@ -80,9 +80,10 @@ def dedup_alternatives(n: int, probes: int) -> None:
     rng = np.random.default_rng(5)
     raw = rng.integers(0, 2**63, size=(n, 4), dtype=np.int64)
     hex_ids = [bytes(r).hex() for r in raw.view(np.uint8).reshape(n, 32)]
-    probe = hex_ids[: probes // 2] + [bytes(r).hex() for r in
-                                      rng.integers(0, 2**63, size=(probes - probes // 2, 4), dtype=np.int64)
-                                      .view(np.uint8).reshape(-1, 32)]
+    probe = hex_ids[: probes // 2] + [
+        bytes(r).hex()
+        for r in rng.integers(0, 2**63, size=(probes - probes // 2, 4), dtype=np.int64).view(np.uint8).reshape(-1, 32)
+    ]
     print(f"dedup structures, {n:,} IDs, {len(probe):,} probes (half hits):")
 
     def measure(label, build, lookup):
@@ -100,17 +101,29 @@ def dedup_alternatives(n: int, probes: int) -> None:
         gc.collect()
 
     # the in-memory path makes each ID string as it hashes: build from new strings, so their memory counts
-    measure("Python set of 64-char str (the in-memory path)", lambda: {(h + " ")[:-1] for h in hex_ids},
-            lambda s: sum(1 for p in probe if p in s))
-    measure("Python set of 32-byte digests", lambda: {bytes.fromhex(h) for h in hex_ids},
-            lambda s: sum(1 for p in probe if bytes.fromhex(p) in s))
-    measure("Polars String column + anti/semi join per block of 10k probes",
-            lambda: pl.DataFrame({"request_id": hex_ids}),
-            lambda f: sum(f.join(pl.DataFrame({"request_id": probe[i:i + 10_000]}), on="request_id", how="semi")
-                          .height for i in range(0, len(probe), 10_000)))
-    measure("Polars join, all probes at once (the per-range spill decision)",
-            lambda: pl.DataFrame({"request_id": hex_ids}),
-            lambda f: f.join(pl.DataFrame({"request_id": probe}), on="request_id", how="semi").height)
+    measure(
+        "Python set of 64-char str (the in-memory path)",
+        lambda: {(h + " ")[:-1] for h in hex_ids},
+        lambda s: sum(1 for p in probe if p in s),
+    )
+    measure(
+        "Python set of 32-byte digests",
+        lambda: {bytes.fromhex(h) for h in hex_ids},
+        lambda s: sum(1 for p in probe if bytes.fromhex(p) in s),
+    )
+    measure(
+        "Polars String column + anti/semi join per block of 10k probes",
+        lambda: pl.DataFrame({"request_id": hex_ids}),
+        lambda f: sum(
+            f.join(pl.DataFrame({"request_id": probe[i : i + 10_000]}), on="request_id", how="semi").height
+            for i in range(0, len(probe), 10_000)
+        ),
+    )
+    measure(
+        "Polars join, all probes at once (the per-range spill decision)",
+        lambda: pl.DataFrame({"request_id": hex_ids}),
+        lambda f: f.join(pl.DataFrame({"request_id": probe}), on="request_id", how="semi").height,
+    )
     import duckdb
 
     def duck_build():
@@ -144,8 +157,11 @@ def dedup_alternatives(n: int, probes: int) -> None:
                 hits += part.join(by_range[p], on="request_id", how="semi").height
             return hits
 
-        measure(f"sorted Parquet index on disk ({size / n:.0f} B/ID on disk), 256 ranges read in order (IdIndex)",
-                lambda: None, from_disk)
+        measure(
+            f"sorted Parquet index on disk ({size / n:.0f} B/ID on disk), 256 ranges read in order (IdIndex)",
+            lambda: None,
+            from_disk,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,45 +179,92 @@ def main(argv: list[str] | None = None) -> int:
     blocks = blocks_of(path, args.rows)
     n = sum(b.count(b"\n") for b in blocks)
     mb = sum(len(b) for b in blocks) / 2**20
-    print(f"{n:,} rows in {len(blocks)} blocks of ~8 MB ({mb:,.0f} MiB), pyarrow {pa.__version__}, "
-          f"polars {pl.__version__}")
+    print(
+        f"{n:,} rows in {len(blocks)} blocks of ~8 MB ({mb:,.0f} MiB), pyarrow {pa.__version__}, "
+        f"polars {pl.__version__}"
+    )
     r: dict[str, float] = {}
     fields = ["body"]
     schema = pa.schema([("body", pa.string()), ("id", pa.string())])
     options = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
 
     print("read (inputs._jsonl_block):")
-    frames = timeit("core _jsonl_block (no blank lines: Arrow read_json on the block as is, from_arrow)",
-                    lambda: [_jsonl_block("f", b, 1, fields, "id", options).frame for b in blocks], n, r)
-    timeit("  of which pajson.read_json alone",
-           lambda: [pajson.read_json(io.BytesIO(b), parse_options=options) for b in blocks], n, r)
-    timeit("was: split/strip/join of lines in Python before the parse",
-           lambda: [b"\n".join([ln for ln in b.split(b"\n") if ln.strip()]) for b in blocks], n, r)
-    timeit("alt: pl.read_ndjson(block, schema)",
-           lambda: [pl.read_ndjson(io.BytesIO(b), schema={"id": pl.String, "body": pl.String}) for b in blocks], n, r)
-    timeit("alt: pajson.read_json, block_size 8 MB (one parse task per block)",
-           lambda: [pajson.read_json(io.BytesIO(b), parse_options=options,
-                                     read_options=pajson.ReadOptions(block_size=len(b) + 1)) for b in blocks], n, r)
+    frames = timeit(
+        "core _jsonl_block (no blank lines: Arrow read_json on the block as is, from_arrow)",
+        lambda: [_jsonl_block("f", b, 1, fields, "id", options).frame for b in blocks],
+        n,
+        r,
+    )
+    timeit(
+        "  of which pajson.read_json alone",
+        lambda: [pajson.read_json(io.BytesIO(b), parse_options=options) for b in blocks],
+        n,
+        r,
+    )
+    timeit(
+        "was: split/strip/join of lines in Python before the parse",
+        lambda: [b"\n".join([ln for ln in b.split(b"\n") if ln.strip()]) for b in blocks],
+        n,
+        r,
+    )
+    timeit(
+        "alt: pl.read_ndjson(block, schema)",
+        lambda: [pl.read_ndjson(io.BytesIO(b), schema={"id": pl.String, "body": pl.String}) for b in blocks],
+        n,
+        r,
+    )
+    timeit(
+        "alt: pajson.read_json, block_size 8 MB (one parse task per block)",
+        lambda: [
+            pajson.read_json(
+                io.BytesIO(b), parse_options=options, read_options=pajson.ReadOptions(block_size=len(b) + 1)
+            )
+            for b in blocks
+        ],
+        n,
+        r,
+    )
 
     print("normalise (_prepare):")
     norm = [pl.col("body").str.replace_all(ids.ABNORMAL_WHITESPACE, " ").str.strip_chars(ids.WHITESPACE_CHARS)]
-    normed = timeit("core: manifest.normalise_fields (literal searches flag rows, regex on those, strip)",
-                    lambda: [normalise_fields(f, ["body"]) for f in frames], n, r)
-    was = timeit("was: str.replace_all(ABNORMAL_WHITESPACE) + strip_chars on every row",
-                 lambda: [f.with_columns(norm) for f in frames], n, r)
+    normed = timeit(
+        "core: manifest.normalise_fields (literal searches flag rows, regex on those, strip)",
+        lambda: [normalise_fields(f, ["body"]) for f in frames],
+        n,
+        r,
+    )
+    was = timeit(
+        "was: str.replace_all(ABNORMAL_WHITESPACE) + strip_chars on every row",
+        lambda: [f.with_columns(norm) for f in frames],
+        n,
+        r,
+    )
     assert all(a.equals(b) for a, b in zip(normed, was))
-    timeit("  of which str.contains(ABNORMAL_WHITESPACE) (the scan alone)",
-           lambda: [f.select(pl.col("body").str.contains(ids.ABNORMAL_WHITESPACE).sum()) for f in frames], n, r)
+    timeit(
+        "  of which str.contains(ABNORMAL_WHITESPACE) (the scan alone)",
+        lambda: [f.select(pl.col("body").str.contains(ids.ABNORMAL_WHITESPACE).sum()) for f in frames],
+        n,
+        r,
+    )
     ascii_ws = "[\\t\\n\\x0b\\x0c\\r ]"
-    timeit("  scan with an ASCII-only class, for comparison (not equivalent)",
-           lambda: [f.select(pl.col("body").str.contains(f"{ascii_ws}{{2,}}|[\\t\\n\\x0b\\x0c\\r]").sum())
-                    for f in frames], n, r)
+    timeit(
+        "  scan with an ASCII-only class, for comparison (not equivalent)",
+        lambda: [
+            f.select(pl.col("body").str.contains(f"{ascii_ws}{{2,}}|[\\t\\n\\x0b\\x0c\\r]").sum()) for f in frames
+        ],
+        n,
+        r,
+    )
 
     print("request IDs:")
     prompts = [f["body"] for f in normed]
     lists = timeit("was: Series.to_list() (Arrow -> Python str)", lambda: [s.to_list() for s in prompts], n, r)
-    timeit("was: ids.request_ids(prefix, list[str]) (encode + sha256 + hexdigest)",
-           lambda: [ids.request_ids(PREFIX, x) for x in lists], n, r)
+    timeit(
+        "was: ids.request_ids(prefix, list[str]) (encode + sha256 + hexdigest)",
+        lambda: [ids.request_ids(PREFIX, x) for x in lists],
+        n,
+        r,
+    )
 
     def bin_lists():
         return [s.cast(pl.Binary).to_list() for s in prompts]
@@ -218,8 +281,12 @@ def main(argv: list[str] | None = None) -> int:
             append(h.hexdigest())
         return out
 
-    timeit("core: ids.request_ids(prefix, list[bytes]) (sha256 over the bytes, no encode)",
-           lambda: [ids.request_ids(PREFIX, x) for x in blists], n, r)
+    timeit(
+        "core: ids.request_ids(prefix, list[bytes]) (sha256 over the bytes, no encode)",
+        lambda: [ids.request_ids(PREFIX, x) for x in blists],
+        n,
+        r,
+    )
     timeit("same, inline replica", lambda: [hash_bytes(x) for x in blists], n, r)
 
     def hash_buffers():
@@ -233,19 +300,20 @@ def main(argv: list[str] | None = None) -> int:
                 arr = arr.combine_chunks()
             arr = arr.cast(pa.large_string())
             _, offs, data = arr.buffers()
-            o = np.frombuffer(offs, dtype=np.int64)[arr.offset: arr.offset + len(arr) + 1].tolist()
+            o = np.frombuffer(offs, dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1].tolist()
             mv = memoryview(data)
             out = []
             append = out.append
             for i in range(len(arr)):
                 h = base.copy()
-                h.update(mv[o[i]:o[i + 1]])
+                h.update(mv[o[i] : o[i + 1]])
                 append(h.hexdigest())
             out_all.append(out)
         return out_all
 
-    timeit("alt: sha256 over memoryview slices of the Arrow buffer (no per-row objects but the hex)",
-           hash_buffers, n, r)
+    timeit(
+        "alt: sha256 over memoryview slices of the Arrow buffer (no per-row objects but the hex)", hash_buffers, n, r
+    )
     try:
         import duckdb
 
@@ -282,25 +350,45 @@ def main(argv: list[str] | None = None) -> int:
     m2 = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
     del s2
-    print(f"  set of 64-char hex str: {m1 / len(sample):.0f} B/key (+ the str objects, "
-          f"{sys.getsizeof(sample[0])} B each); set of 32-byte digests: {m2 / len(sample):.0f} B/key "
-          f"(+ {sys.getsizeof(digests[0])} B each)")
+    print(
+        f"  set of 64-char hex str: {m1 / len(sample):.0f} B/key (+ the str objects, "
+        f"{sys.getsizeof(sample[0])} B each); set of 32-byte digests: {m2 / len(sample):.0f} B/key "
+        f"(+ {sys.getsizeof(digests[0])} B each)"
+    )
 
     print("shard write (_close), per 5,000-row shard:")
     big = pl.concat([f.with_columns(pl.col("body").alias("user_prompt")) for f in normed])
     rid_col = pl.Series("request_id", [x for lst in lists for x in ids.request_ids(PREFIX, lst)])
-    big = big.with_columns(rid_col, pl.lit(60, pl.Int32).alias("est_input_tokens"),
-                           pl.lit(3, pl.Int8).alias("length_bucket"),
-                           pl.col("user_prompt").str.len_bytes().cast(pl.Int32).alias("request_bytes"),
-                           pl.lit("input.jsonl").alias("source"), pl.int_range(pl.len()).alias("_line"))
+    big = big.with_columns(
+        rid_col,
+        pl.lit(60, pl.Int32).alias("est_input_tokens"),
+        pl.lit(3, pl.Int8).alias("length_bucket"),
+        pl.col("user_prompt").str.len_bytes().cast(pl.Int32).alias("request_bytes"),
+        pl.lit("input.jsonl").alias("source"),
+        pl.int_range(pl.len()).alias("_line"),
+    )
     shards = [big.slice(i, 5000) for i in range(0, big.height, 5000)]
     parts = [[s.slice(j, 1000) for j in range(0, s.height, 1000)] for s in shards]
 
     def to_tables():
-        return [pl.concat(p).sort("request_id").select(
-            "request_id", pl.lit("s00001").alias("shard_id"), "user_prompt", "est_input_tokens", "length_bucket",
-            "request_bytes", "source", pl.col("_line").alias("line"), pl.lit(1).alias("generation"),
-        ).to_arrow().cast(ITEM_SCHEMA) for p in parts]
+        return [
+            pl.concat(p)
+            .sort("request_id")
+            .select(
+                "request_id",
+                pl.lit("s00001").alias("shard_id"),
+                "user_prompt",
+                "est_input_tokens",
+                "length_bucket",
+                "request_bytes",
+                "source",
+                pl.col("_line").alias("line"),
+                pl.lit(1).alias("generation"),
+            )
+            .to_arrow()
+            .cast(ITEM_SCHEMA)
+            for p in parts
+        ]
 
     tables = timeit("core: concat + sort + select + to_arrow + cast", to_tables, n, r)
 
@@ -309,21 +397,44 @@ def main(argv: list[str] | None = None) -> int:
             for t in tables:
                 buf = io.BytesIO()
                 pq.write_table(t, buf, **kw)
+
         return go
 
     timeit("core: pq.write_table(zstd) (dictionary on every column, statistics on)", write(compression="zstd"), n, r)
-    timeit("alt: zstd, use_dictionary only for low-cardinality columns",
-           write(compression="zstd", use_dictionary=["shard_id", "source", "length_bucket", "generation"]), n, r)
-    timeit("alt: zstd, that + no statistics for user_prompt",
-           write(compression="zstd", use_dictionary=["shard_id", "source", "length_bucket", "generation"],
-                 write_statistics=["request_id", "shard_id", "est_input_tokens", "length_bucket", "request_bytes",
-                                   "source", "line", "generation"]), n, r)
-    timeit("alt: lz4, use_dictionary only for low-cardinality columns",
-           write(compression="lz4", use_dictionary=["shard_id", "source", "length_bucket", "generation"]), n, r)
+    timeit(
+        "alt: zstd, use_dictionary only for low-cardinality columns",
+        write(compression="zstd", use_dictionary=["shard_id", "source", "length_bucket", "generation"]),
+        n,
+        r,
+    )
+    timeit(
+        "alt: zstd, that + no statistics for user_prompt",
+        write(
+            compression="zstd",
+            use_dictionary=["shard_id", "source", "length_bucket", "generation"],
+            write_statistics=[
+                "request_id",
+                "shard_id",
+                "est_input_tokens",
+                "length_bucket",
+                "request_bytes",
+                "source",
+                "line",
+                "generation",
+            ],
+        ),
+        n,
+        r,
+    )
+    timeit(
+        "alt: lz4, use_dictionary only for low-cardinality columns",
+        write(compression="lz4", use_dictionary=["shard_id", "source", "length_bucket", "generation"]),
+        n,
+        r,
+    )
     timeit("isolate: no compression, default dictionary", write(compression="none"), n, r)
     timeit("isolate: zstd, no dictionary at all", write(compression="zstd", use_dictionary=False), n, r)
-    timeit("reference point: no compression, no dictionary",
-           write(compression="none", use_dictionary=False), n, r)
+    timeit("reference point: no compression, no dictionary", write(compression="none", use_dictionary=False), n, r)
 
     print("shard write in a background thread (GIL released while encoding), overlapped with hashing:")
     from concurrent.futures import ThreadPoolExecutor

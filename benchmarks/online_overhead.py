@@ -60,8 +60,12 @@ output: {choice: [billing, bug, feature_request, account, other]}
 
 def make_work(n: int) -> ShardWork:
     plan = RequestPlan.from_spec(parse_spec(SPEC))
-    items = pa.table({"request_id": [f"{i:064x}" for i in range(n)],
-                      "user_prompt": [f"Ticket {i}: I was charged twice this month, please refund." for i in range(n)]})
+    items = pa.table(
+        {
+            "request_id": [f"{i:064x}" for i in range(n)],
+            "user_prompt": [f"Ticket {i}: I was charged twice this month, please refund." for i in range(n)],
+        }
+    )
     return ShardWork("bench", "s00001", 1, "bench:s00001:1", plan, items)
 
 
@@ -98,10 +102,12 @@ def ceiling(url: str, work: ShardWork, concurrency: int) -> None:
 
 def executor(transport: str) -> Callable[[str, ShardWork, int], None]:
     def run(url: str, work: ShardWork, concurrency: int) -> None:
-        ex = create_executor(BackendSpec(name="online", settings={"sandbox": True, "transport": transport,
-                                                                  "concurrency": concurrency}))
+        ex = create_executor(
+            BackendSpec(name="online", settings={"sandbox": True, "transport": transport, "concurrency": concurrency})
+        )
         rows = sum(t.num_rows for t in ex.run(work))  # type: ignore[union-attr]
         assert rows == work.items.num_rows
+
     return run
 
 
@@ -114,8 +120,12 @@ def asyncio_sdk(url: str, work: ShardWork, concurrency: int) -> None:
         import httpx2
 
         limits = httpx2.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="sk-sandbox", max_retries=0,
-                                    http_client=openai.DefaultAsyncHttpxClient(limits=limits))
+        client = openai.AsyncOpenAI(
+            base_url=url + "/v1",
+            api_key="sk-sandbox",
+            max_retries=0,
+            http_client=openai.DefaultAsyncHttpxClient(limits=limits),
+        )
 
         async def worker() -> None:
             for prompt in prompts:
@@ -136,8 +146,9 @@ def threads_sdk(url: str, work: ShardWork, concurrency: int) -> None:
     prompts = iter(work.items.column("user_prompt").to_pylist())
     lock = threading.Lock()
     limits = httpx2.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    client = openai.OpenAI(base_url=url + "/v1", api_key="sk-sandbox", max_retries=0,
-                           http_client=openai.DefaultHttpxClient(limits=limits))
+    client = openai.OpenAI(
+        base_url=url + "/v1", api_key="sk-sandbox", max_retries=0, http_client=openai.DefaultHttpxClient(limits=limits)
+    )
 
     def worker() -> None:
         while True:
@@ -187,39 +198,57 @@ def measure(args: argparse.Namespace) -> dict:
         stop_sandbox_process(proc)
     n = args.requests
     ceiling_wall = statistics.median(w for w, _ in runs["ceiling"])
-    result = {"requests": n, "concurrency": args.concurrency, "repeat": args.repeat, "cores": os.cpu_count(),
-              "load_1m": round(load(), 2), "variants": {}}
+    result = {
+        "requests": n,
+        "concurrency": args.concurrency,
+        "repeat": args.repeat,
+        "cores": os.cpu_count(),
+        "load_1m": round(load(), 2),
+        "variants": {},
+    }
     for name, samples in runs.items():
         wall = statistics.median(w for w, _ in samples)
         cpu = statistics.median(c for _, c in samples)
-        result["variants"][name] = {"wall_s": round(wall, 3), "requests_per_s": round(n / wall),
-                                    "client_cpu_ms_per_request": round(cpu / n * 1000, 3),
-                                    "overhead_ms_per_request": round((wall - ceiling_wall) / n * 1000, 3)}
+        result["variants"][name] = {
+            "wall_s": round(wall, 3),
+            "requests_per_s": round(n / wall),
+            "client_cpu_ms_per_request": round(cpu / n * 1000, 3),
+            "overhead_ms_per_request": round((wall - ceiling_wall) / n * 1000, 3),
+        }
     return result
 
 
 def markdown(result: dict) -> str:
-    lines = [SECTION, "",
-             f"`python benchmarks/online_overhead.py --requests {result['requests']} --repeat {result['repeat']}`: "
-             f"{result['requests']} chat completions at concurrency {result['concurrency']} against the sandbox "
-             f"(a child process) on loopback; {result['cores']} cores, load {result['load_1m']}; medians.",
-             "Overhead = (wall - ceiling wall) / requests. The ceiling is 64 bare `http.client` keep-alive "
-             "connections that read and drop each response: the sandbox's own cost.", "",
-             "| variant | requests/s | wall s | client CPU ms/request | overhead ms/request |",
-             "|---|---:|---:|---:|---:|"]
+    lines = [
+        SECTION,
+        "",
+        f"`python benchmarks/online_overhead.py --requests {result['requests']} --repeat {result['repeat']}`: "
+        f"{result['requests']} chat completions at concurrency {result['concurrency']} against the sandbox "
+        f"(a child process) on loopback; {result['cores']} cores, load {result['load_1m']}; medians.",
+        "Overhead = (wall - ceiling wall) / requests. The ceiling is 64 bare `http.client` keep-alive "
+        "connections that read and drop each response: the sandbox's own cost.",
+        "",
+        "| variant | requests/s | wall s | client CPU ms/request | overhead ms/request |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for name, v in result["variants"].items():
         overhead = "-" if name == "ceiling" else f"{v['overhead_ms_per_request']:.3f}"
-        lines.append(f"| {name} | {v['requests_per_s']} | {v['wall_s']:.2f} | "
-                     f"{v['client_cpu_ms_per_request']:.3f} | {overhead} |")
+        lines.append(
+            f"| {name} | {v['requests_per_s']} | {v['wall_s']:.2f} | "
+            f"{v['client_cpu_ms_per_request']:.3f} | {overhead} |"
+        )
     v = result["variants"]
-    lines += ["",
-              "`executor/http` is the default transport (target: overhead < 1 ms). The openai SDK costs "
-              f"{v['threads/sdk']['client_cpu_ms_per_request']:.1f} (threads) / "
-              f"{v['asyncio/sdk']['client_cpu_ms_per_request']:.1f} (asyncio) ms of client CPU per request, so "
-              "with it the client, not the endpoint, sets the pace on a small machine; `transport: sdk` is for "
-              "where its HTTP client is needed (proxies). Threads vs asyncio with the SDK, bare loops: "
-              f"{v['threads/sdk']['requests_per_s']} vs {v['asyncio/sdk']['requests_per_s']} requests/s; the "
-              "executor uses worker threads (no event loop to bridge into the runner's synchronous iterator).", ""]
+    lines += [
+        "",
+        "`executor/http` is the default transport (target: overhead < 1 ms). The openai SDK costs "
+        f"{v['threads/sdk']['client_cpu_ms_per_request']:.1f} (threads) / "
+        f"{v['asyncio/sdk']['client_cpu_ms_per_request']:.1f} (asyncio) ms of client CPU per request, so "
+        "with it the client, not the endpoint, sets the pace on a small machine; `transport: sdk` is for "
+        "where its HTTP client is needed (proxies). Threads vs asyncio with the SDK, bare loops: "
+        f"{v['threads/sdk']['requests_per_s']} vs {v['asyncio/sdk']['requests_per_s']} requests/s; the "
+        "executor uses worker threads (no event loop to bridge into the runner's synchronous iterator).",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -232,7 +261,7 @@ def write_readme(section: str) -> None:
         text = text.rstrip("\n") + "\n\n" + section
     else:
         end = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + (text[end + 1:] if end >= 0 else "")
+        text = text[:start] + section + (text[end + 1 :] if end >= 0 else "")
     path.write_text(text, encoding="utf-8")
 
 

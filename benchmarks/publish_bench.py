@@ -62,12 +62,12 @@ def _build_shards(home: str, numbers: list[int], seed: int) -> int:
     import polars as pl
     import pyarrow as pa
 
-    from benchmarks.driver_bench import _result_part
     from batch_pipeline.core.manifest.read import ITEM_SCHEMA
     from batch_pipeline.core.manifest.shards import shard_name
     from batch_pipeline.core.run.results import write_results
     from batch_pipeline.core.spec.paths import JobPaths
     from batch_pipeline.core.store import Store
+    from benchmarks.driver_bench import _result_part
 
     store, paths = Store(home), JobPaths(JOB)
     rows = 0
@@ -75,13 +75,19 @@ def _build_shards(home: str, numbers: list[int], seed: int) -> int:
         rng = np.random.default_rng(seed * 1_000_003 + number)
         sid = shard_name(number)
         raw = rng.bytes(32 * SHARD_ITEMS)
-        ids = sorted(raw[i * 32:(i + 1) * 32].hex() for i in range(SHARD_ITEMS))
+        ids = sorted(raw[i * 32 : (i + 1) * 32].hex() for i in range(SHARD_ITEMS))
         first_line = (number - 1) * SHARD_ITEMS + 1
         items = pl.DataFrame({"request_id": ids}).select(
-            "request_id", pl.lit(sid).alias("shard_id"), pl.format("ticket {}", "request_id").alias("user_prompt"),
-            pl.lit(60, pl.Int32).alias("est_input_tokens"), pl.lit(0, pl.Int8).alias("length_bucket"),
-            pl.lit(71, pl.Int32).alias("request_bytes"), pl.lit("input.jsonl").alias("source"),
-            (pl.int_range(pl.len(), dtype=pl.Int64) + first_line).alias("line"), pl.lit(1, pl.Int32).alias("generation"))
+            "request_id",
+            pl.lit(sid).alias("shard_id"),
+            pl.format("ticket {}", "request_id").alias("user_prompt"),
+            pl.lit(60, pl.Int32).alias("est_input_tokens"),
+            pl.lit(0, pl.Int8).alias("length_bucket"),
+            pl.lit(71, pl.Int32).alias("request_bytes"),
+            pl.lit("input.jsonl").alias("source"),
+            (pl.int_range(pl.len(), dtype=pl.Int64) + first_line).alias("line"),
+            pl.lit(1, pl.Int32).alias("generation"),
+        )
         store.write_table(paths.shard_items(sid), items.to_arrow().cast(ITEM_SCHEMA))
         labels = np.array(LABELS)[rng.integers(0, len(LABELS), SHARD_ITEMS)]
         pending = np.arange(SHARD_ITEMS)
@@ -91,8 +97,9 @@ def _build_shards(home: str, numbers: list[int], seed: int) -> int:
                 break
             draw = rng.random(len(pending))
             outcome = np.where(draw < p_ok, 0, np.where(draw < (1 + p_ok) / 2, 1, 2))
-            part = _result_part([ids[i] for i in pending], outcome.tolist(), labels[pending].tolist(), sid, attempt,
-                                now)
+            part = _result_part(
+                [ids[i] for i in pending], outcome.tolist(), labels[pending].tolist(), sid, attempt, now
+            )
             write_results(store, JOB, sid, attempt, 1, pa.Table.from_batches(part.to_batches(), part.schema))
             rows += len(pending)
             pending = pending[outcome != 0]
@@ -121,7 +128,7 @@ def build(items: int, seed: int, workers: int) -> tuple[Path, dict]:
     started = time.perf_counter()
     shards = items // SHARD_ITEMS
     numbers = list(range(1, shards + 1))
-    chunks = [numbers[i:i + 50] for i in range(0, shards, 50)]
+    chunks = [numbers[i : i + 50] for i in range(0, shards, 50)]
     result_rows = 0
     with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
         for n, r in enumerate(pool.map(_build_shards, [str(home)] * len(chunks), chunks, [seed] * len(chunks)), 1):
@@ -136,26 +143,58 @@ def build(items: int, seed: int, workers: int) -> tuple[Path, dict]:
     with store.parquet_writer(paths.rows(1), ROW_SCHEMA) as writer:  # every item's row, then the repeats
         for number in numbers:
             t = store.read_part(paths.shard_items(shard_name(number)), ["source", "line", "request_id"])
-            writer.write_table(pa.table({"source": t.column("source"), "line": t.column("line"),
-                                         "source_key": pa.nulls(t.num_rows, pa.string()),
-                                         "request_id": t.column("request_id")}, schema=ROW_SCHEMA))
+            writer.write_table(
+                pa.table(
+                    {
+                        "source": t.column("source"),
+                        "line": t.column("line"),
+                        "source_key": pa.nulls(t.num_rows, pa.string()),
+                        "request_id": t.column("request_id"),
+                    },
+                    schema=ROW_SCHEMA,
+                )
+            )
             source_rows += t.num_rows
             picks = rng.choice(t.num_rows, int(t.num_rows * DUPLICATE_ROWS), replace=False)
             repeats.append(t.column("request_id").combine_chunks().take(pa.array(picks)))
         rid = pa.concat_arrays(repeats).take(pa.array(rng.permutation(sum(len(r) for r in repeats))))
         n = len(rid)
-        writer.write_table(pa.table({"source": pa.array(["input.jsonl"] * n), "line": pa.array(
-            np.arange(line + 1, line + n + 1), pa.int64()), "source_key": pa.nulls(n, pa.string()),
-            "request_id": rid}, schema=ROW_SCHEMA))
+        writer.write_table(
+            pa.table(
+                {
+                    "source": pa.array(["input.jsonl"] * n),
+                    "line": pa.array(np.arange(line + 1, line + n + 1), pa.int64()),
+                    "source_key": pa.nulls(n, pa.string()),
+                    "request_id": rid,
+                },
+                schema=ROW_SCHEMA,
+            )
+        )
         source_rows += n
-    store.write_json(paths.generation(1), {
-        "job": JOB, "generation": 1, "input_files": 1, "input_rows": source_rows, "rejected_rows": 0,
-        "accepted_rows": source_rows, "unique_requests": items, "new_requests": items,
-        "duplicates_collapsed": source_rows - items, "shards_total": shards,
-        "new_shards": [shard_name(n) for n in numbers]})
-    meta = {"items": items, "shards": shards, "source_rows": source_rows, "result_rows": result_rows,
-            "bytes_on_disk": sum(p.stat().st_size for p in home.rglob("*") if p.is_file()),
-            "build_seconds": round(time.perf_counter() - started, 1)}
+    store.write_json(
+        paths.generation(1),
+        {
+            "job": JOB,
+            "generation": 1,
+            "input_files": 1,
+            "input_rows": source_rows,
+            "rejected_rows": 0,
+            "accepted_rows": source_rows,
+            "unique_requests": items,
+            "new_requests": items,
+            "duplicates_collapsed": source_rows - items,
+            "shards_total": shards,
+            "new_shards": [shard_name(n) for n in numbers],
+        },
+    )
+    meta = {
+        "items": items,
+        "shards": shards,
+        "source_rows": source_rows,
+        "result_rows": result_rows,
+        "bytes_on_disk": sum(p.stat().st_size for p in home.rglob("*") if p.is_file()),
+        "build_seconds": round(time.perf_counter() - started, 1),
+    }
     meta_path.write_text(json.dumps(meta, indent=1))
     assert pq.read_metadata(store.local_path(paths.rows(1))).num_rows == source_rows
     return home, meta
@@ -163,10 +202,11 @@ def build(items: int, seed: int, workers: int) -> tuple[Path, dict]:
 
 # -- variants (spawned children) --------------------------------------------------------------------
 def _setup(home: str):
+    import pandas  # noqa: F401 - pyarrow imports it on its first Python-value conversion; not publishing
+
     from batch_pipeline.core.spec.loading import load_spec
     from batch_pipeline.core.store import Store
 
-    import pandas  # noqa: F401 - pyarrow imports it on its first Python-value conversion; not publishing
     return load_spec(Path(home) / "job.yaml"), Store(home)
 
 
@@ -194,11 +234,19 @@ def streaming(home: str) -> dict:
     import pyarrow.parquet as pq
 
     table = pq.read_table(store.local_path(JobPaths(spec.name).staged), columns=["cost_usd", "is_duplicate"])
-    return {"variant": "streaming", "seconds": seconds, "steps": steps, "peak_rss_mb": maxrss_mb(),
-            "rss_after_imports_mb": rss0, "rows": table.num_rows, "cost": float(sum(table.column("cost_usd")
-                                                                                   .to_pylist())),
-            "duplicates": sum(table.column("is_duplicate").to_pylist()), "counts": counts.as_dict(),
-            "report_cost": report["cost_usd"], "dead_letters": state.scan.dead_letters.height}
+    return {
+        "variant": "streaming",
+        "seconds": seconds,
+        "steps": steps,
+        "peak_rss_mb": maxrss_mb(),
+        "rss_after_imports_mb": rss0,
+        "rows": table.num_rows,
+        "cost": float(sum(table.column("cost_usd").to_pylist())),
+        "duplicates": sum(table.column("is_duplicate").to_pylist()),
+        "counts": counts.as_dict(),
+        "report_cost": report["cost_usd"],
+        "dead_letters": state.scan.dead_letters.height,
+    }
 
 
 def whole_frames(home: str) -> dict:
@@ -225,9 +273,11 @@ def whole_frames(home: str) -> dict:
     valid = results.filter(pl.col("status") == "succeeded").sort("attempt").unique("request_id", keep="last")
     table = rows.join(valid.rename({"parsed_output": "output"}), on="request_id", how="inner")
     table = table.sort("source", "line").with_columns(
-        pl.col("request_id").is_first_distinct().not_().alias("is_duplicate"))
-    table = table.with_columns(pl.when(pl.col("is_duplicate")).then(0.0).otherwise(pl.col("cost_usd"))
-                               .alias("cost_usd")).select(VALIDATED_COLUMNS)
+        pl.col("request_id").is_first_distinct().not_().alias("is_duplicate")
+    )
+    table = table.with_columns(
+        pl.when(pl.col("is_duplicate")).then(0.0).otherwise(pl.col("cost_usd")).alias("cost_usd")
+    ).select(VALIDATED_COLUMNS)
     paths = JobPaths(spec.name)
     store.write_table(paths.staged, table.to_arrow())
     dead = states.filter(pl.col("state") == DEAD)
@@ -244,10 +294,19 @@ def whole_frames(home: str) -> dict:
     t = time.perf_counter()
     counts = check_invariant(items, results, states)
     steps["check"] = time.perf_counter() - t
-    return {"variant": "whole_frames", "seconds": time.perf_counter() - t0, "steps": steps, "peak_rss_mb": maxrss_mb(),
-            "rss_after_imports_mb": rss0, "rows": table.height, "cost": float(table["cost_usd"].sum()),
-            "duplicates": int(table["is_duplicate"].sum()), "counts": counts.as_dict(), "totals": totals.as_dict(),
-            "dead_letters": dead.height}
+    return {
+        "variant": "whole_frames",
+        "seconds": time.perf_counter() - t0,
+        "steps": steps,
+        "peak_rss_mb": maxrss_mb(),
+        "rss_after_imports_mb": rss0,
+        "rows": table.height,
+        "cost": float(table["cost_usd"].sum()),
+        "duplicates": int(table["is_duplicate"].sum()),
+        "counts": counts.as_dict(),
+        "totals": totals.as_dict(),
+        "dead_letters": dead.height,
+    }
 
 
 def _available_gb() -> float:
@@ -268,9 +327,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-free-gb", type=float, default=12.0, help="skip whole_frames with less memory available")
     args = ap.parse_args(argv)
     home, meta = build(args.items, args.seed, args.workers)
-    print(f"publish: {meta['items']:,} items in {meta['shards']:,} shards, {meta['source_rows']:,} source rows, "
-          f"{meta['result_rows']:,} result rows, {meta['bytes_on_disk'] / 2**30:.1f} GiB on disk "
-          f"(built in {meta['build_seconds']} s)", flush=True)
+    print(
+        f"publish: {meta['items']:,} items in {meta['shards']:,} shards, {meta['source_rows']:,} source rows, "
+        f"{meta['result_rows']:,} result rows, {meta['bytes_on_disk'] / 2**30:.1f} GiB on disk "
+        f"(built in {meta['build_seconds']} s)",
+        flush=True,
+    )
     variants = ["streaming"]
     if args.items <= args.whole_max_items and _available_gb() >= args.min_free_gb:
         variants.append("whole_frames")
@@ -282,27 +344,45 @@ def main(argv: list[str] | None = None) -> int:
             r = run_in_child(f"benchmarks.publish_bench:{v}", str(home))
             r["load"] = load()
             runs[v].append(r)
-            print(f"  {v:12s} {r['seconds']:7.1f} s  peak RSS {r['peak_rss_mb']:7,.0f} MB (after imports "
-                  f"{r['rss_after_imports_mb']:,.0f})  rows {r['rows']:,}  load {r['load']:.1f}  "
-                  + ", ".join(f"{k} {s:.1f} s" for k, s in r["steps"].items()), flush=True)
+            print(
+                f"  {v:12s} {r['seconds']:7.1f} s  peak RSS {r['peak_rss_mb']:7,.0f} MB (after imports "
+                f"{r['rss_after_imports_mb']:,.0f})  rows {r['rows']:,}  load {r['load']:.1f}  "
+                + ", ".join(f"{k} {s:.1f} s" for k, s in r["steps"].items()),
+                flush=True,
+            )
     best = {v: min(rs, key=lambda r: r["seconds"]) for v, rs in runs.items()}
-    checks = [("streaming: table rows == source rows of answered items", best["streaming"]["rows"] > 0),
-              ("streaming: counts balanced", sum(best["streaming"]["counts"][k] for k in
-                                                 ("valid", "invalid", "missing", "dead_lettered"))
-               == best["streaming"]["counts"]["expected"] == meta["items"])]
+    checks = [
+        ("streaming: table rows == source rows of answered items", best["streaming"]["rows"] > 0),
+        (
+            "streaming: counts balanced",
+            sum(best["streaming"]["counts"][k] for k in ("valid", "invalid", "missing", "dead_lettered"))
+            == best["streaming"]["counts"]["expected"]
+            == meta["items"],
+        ),
+    ]
     if "whole_frames" in best:
         s, w = best["streaming"], best["whole_frames"]
-        checks += [("same table rows", s["rows"] == w["rows"]), ("same duplicates", s["duplicates"] == w["duplicates"]),
-                   ("same table cost", abs(s["cost"] - w["cost"]) < 1e-6 * max(1.0, w["cost"])),
-                   ("same counts", s["counts"] == w["counts"]), ("same dead letters", s["dead_letters"] ==
-                                                                 w["dead_letters"])]
-        print(f"  streaming / whole_frames: wall {s['seconds'] / w['seconds']:.2f}x, peak RSS "
-              f"{s['peak_rss_mb'] / w['peak_rss_mb']:.2f}x")
+        checks += [
+            ("same table rows", s["rows"] == w["rows"]),
+            ("same duplicates", s["duplicates"] == w["duplicates"]),
+            ("same table cost", abs(s["cost"] - w["cost"]) < 1e-6 * max(1.0, w["cost"])),
+            ("same counts", s["counts"] == w["counts"]),
+            ("same dead letters", s["dead_letters"] == w["dead_letters"]),
+        ]
+        print(
+            f"  streaming / whole_frames: wall {s['seconds'] / w['seconds']:.2f}x, peak RSS "
+            f"{s['peak_rss_mb'] / w['peak_rss_mb']:.2f}x"
+        )
     for name, ok in checks:
         print(f"  [{'ok' if ok else 'MISS'}] {name}")
     OUT.mkdir(exist_ok=True)
-    (OUT / f"publish_bench-{args.items}.json").write_text(json.dumps(
-        {"date": date.today().isoformat(), "meta": meta, "runs": runs, "checks": dict(checks)}, indent=1, default=str))
+    (OUT / f"publish_bench-{args.items}.json").write_text(
+        json.dumps(
+            {"date": date.today().isoformat(), "meta": meta, "runs": runs, "checks": dict(checks)},
+            indent=1,
+            default=str,
+        )
+    )
     return 0 if all(ok for _, ok in checks) else 1
 
 

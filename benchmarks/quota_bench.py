@@ -71,14 +71,24 @@ def run_once(label: str, spec: dict, sandbox_args: list[str], log_dir: Path) -> 
         spec_path = jobs / f"{spec['name']}.yaml"
         spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
         sandbox, url = start_sandbox_process(0, args=sandbox_args)
-        env = {**os.environ, "BATCH_PIPELINE_SANDBOX_URL": url, "BATCH_PIPELINE_HOME": str(home),
-               "DAGSTER_HOME": str(dagster_home), "BATCH_PIPELINE_JOBS": str(jobs)}
+        env = {
+            **os.environ,
+            "BATCH_PIPELINE_SANDBOX_URL": url,
+            "BATCH_PIPELINE_HOME": str(home),
+            "DAGSTER_HOME": str(dagster_home),
+            "BATCH_PIPELINE_JOBS": str(jobs),
+        }
         log_path = log_dir / f"{label}.log"
         load_before = load()
         with open(log_path, "w") as log:
             start_clock, start = time.time(), time.perf_counter()
-            run = subprocess.Popen([sys.executable, "-m", "batch_pipeline.cli", "run", str(spec_path)], env=env,
-                                   stdout=log, stderr=subprocess.STDOUT, text=True)
+            run = subprocess.Popen(
+                [sys.executable, "-m", "batch_pipeline.cli", "run", str(spec_path)],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
             code, run_cpu, run_rss = wait_child(run)
             wall = time.perf_counter() - start
         ledger = SandboxAdmin(url, timeout=120).load()
@@ -89,10 +99,21 @@ def run_once(label: str, spec: dict, sandbox_args: list[str], log_dir: Path) -> 
     if code != 0:
         tail = log_path.read_text()[-3000:]
         raise RuntimeError(f"{label}: batch-pipeline run exited {code}; the log's tail ({log_path}):\n{tail}")
-    return {"label": label, "wall_s": wall, "start_clock": start_clock, "succeeded": report.get("succeeded", 0),
-            "complete": report.get("complete"), "run_cpu_s": run_cpu, "run_rss_mb": run_rss,
-            "sandbox_cpu_s": sandbox_cpu, "sandbox_rss_mb": sandbox_rss, "load_avg": [load_before, load()],
-            "load": ledger, "dagster_runs": dagster_runs, "log": str(log_path)}
+    return {
+        "label": label,
+        "wall_s": wall,
+        "start_clock": start_clock,
+        "succeeded": report.get("succeeded", 0),
+        "complete": report.get("complete"),
+        "run_cpu_s": run_cpu,
+        "run_rss_mb": run_rss,
+        "sandbox_cpu_s": sandbox_cpu,
+        "sandbox_rss_mb": sandbox_rss,
+        "load_avg": [load_before, load()],
+        "load": ledger,
+        "dagster_runs": dagster_runs,
+        "log": str(log_path),
+    }
 
 
 def run_durations(dagster_home: Path) -> dict[str, dict]:
@@ -127,8 +148,13 @@ def batches(ledger: dict) -> list[dict]:
         tokens, requests = before.get(key, (0, 0))
         before[key] = (e["tokens"], e["requests"])
         if e["event"] == "enqueue":
-            out[e["batch_id"]] = {"batch_id": e["batch_id"], "enqueue": e["t"], "release": None,
-                                  "tokens": e["tokens"] - tokens, "requests": e["requests"] - requests}
+            out[e["batch_id"]] = {
+                "batch_id": e["batch_id"],
+                "enqueue": e["t"],
+                "release": None,
+                "tokens": e["tokens"] - tokens,
+                "requests": e["requests"] - requests,
+            }
         elif e["event"] == "release" and e["batch_id"] in out:
             out[e["batch_id"]]["release"] = e["t"]
     return sorted(out.values(), key=lambda b: b["enqueue"])
@@ -156,8 +182,9 @@ def figures(ledger: dict, cap: int, canary_size: int) -> dict:
     queue_start = rest[0]["enqueue"] if rest else first
 
     def utilisation(start: float) -> float | None:
-        return held_between(ledger, start, last_enqueue) / (cap * (last_enqueue - start)) \
-            if last_enqueue > start else None
+        return (
+            held_between(ledger, start, last_enqueue) / (cap * (last_enqueue - start)) if last_enqueue > start else None
+        )
 
     mean_tokens = sum(b["tokens"] for b in rest) / len(rest)
     mean_requests = sum(b["requests"] for b in rest) / len(rest)
@@ -179,19 +206,34 @@ def figures(ledger: dict, cap: int, canary_size: int) -> dict:
     last_release = max(b["release"] for b in rest)
     queue_requests = sum(b["requests"] for b in rest)
     peak = max((p["tokens"] for p in ledger["peak"] if p["provider"] == PROVIDER), default=0)
-    return {"batches": len(bs), "canary_requests": canary["requests"] if canary else 0,
-            "utilisation": utilisation(first), "utilisation_queue": utilisation(queue_start),
-            "span_s": last_enqueue - first, "queue_span_s": last_enqueue - queue_start,
-            "canary_phase_s": queue_start - first,
-            "mean_batch_tokens": mean_tokens, "mean_batch_requests": mean_requests, "batch_duration_s": duration,
-            "ideal_items_per_s": ideal, "median_batch_tokens": full, "fit": fit, "fit_bound": fit * full / cap,
-            "refill_gap_mean_s": sum(gaps) / len(gaps) if gaps else 0.0,
-            "refill_gap_max_s": max(gaps, default=0.0), "refills": len(gaps),
-            "mean_in_flight": in_flight, "slot_wait_s": slot_wait,
-            "queue_phase_s": last_release - queue_start, "queue_requests": queue_requests,
-            "queue_items_per_s": queue_requests / (last_release - queue_start),
-            "job_tokens": sum(b["tokens"] for b in bs), "peak_tokens": peak, "refusals": ledger["refusals"],
-            "first_enqueue": first}
+    return {
+        "batches": len(bs),
+        "canary_requests": canary["requests"] if canary else 0,
+        "utilisation": utilisation(first),
+        "utilisation_queue": utilisation(queue_start),
+        "span_s": last_enqueue - first,
+        "queue_span_s": last_enqueue - queue_start,
+        "canary_phase_s": queue_start - first,
+        "mean_batch_tokens": mean_tokens,
+        "mean_batch_requests": mean_requests,
+        "batch_duration_s": duration,
+        "ideal_items_per_s": ideal,
+        "median_batch_tokens": full,
+        "fit": fit,
+        "fit_bound": fit * full / cap,
+        "refill_gap_mean_s": sum(gaps) / len(gaps) if gaps else 0.0,
+        "refill_gap_max_s": max(gaps, default=0.0),
+        "refills": len(gaps),
+        "mean_in_flight": in_flight,
+        "slot_wait_s": slot_wait,
+        "queue_phase_s": last_release - queue_start,
+        "queue_requests": queue_requests,
+        "queue_items_per_s": queue_requests / (last_release - queue_start),
+        "job_tokens": sum(b["tokens"] for b in bs),
+        "peak_tokens": peak,
+        "refusals": ledger["refusals"],
+        "first_enqueue": first,
+    }
 
 
 def sample_tokens(path: Path, sample: int, work: Path) -> tuple[float, int]:
@@ -211,11 +253,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--cap-share", type=float, default=0.10, help="the cap as a share of the job's prompt tokens")
-    ap.add_argument("--in-progress-s", type=float, default=None,
-                    help="sandbox in_progress_s, a batch's processing (default: max(5, the cap's requests / "
-                         "--cap-rate))")
-    ap.add_argument("--cap-rate", type=float, default=1_000.0,
-                    help="requests per second the cap lets through at most (sets the default in_progress_s)")
+    ap.add_argument(
+        "--in-progress-s",
+        type=float,
+        default=None,
+        help="sandbox in_progress_s, a batch's processing (default: max(5, the cap's requests / --cap-rate))",
+    )
+    ap.add_argument(
+        "--cap-rate",
+        type=float,
+        default=1_000.0,
+        help="requests per second the cap lets through at most (sets the default in_progress_s)",
+    )
     ap.add_argument("--per-cap", type=int, default=4, help="shards the cap holds at once (sizes the shards)")
     ap.add_argument("--shard", type=int, default=None, help="requests per shard (default: from --per-cap)")
     ap.add_argument("--sample", type=int, default=2_000, help="rows the sandbox counts tokens on")
@@ -238,10 +287,15 @@ def main(argv: list[str] | None = None) -> int:
     shard = args.shard or max(1, int(cap_requests / (args.per_cap * HEADROOM * 1.01)))
     if args.in_progress_s is None:
         args.in_progress_s = round(max(5.0, cap_requests / args.cap_rate), 1)
-    print(f"quota bench: {args.rows:,} rows ({unique:,} unique), shards of {shard:,}, in_progress_s "
-          f"{args.in_progress_s:g}")
-    print(f"  job tokens (sandbox's count on {counted:,} sample requests: {per_request:.1f} per request) "
-          f"~{job_tokens_est:,.0f}; cap {args.cap_share:.0%} = {cap:,} tokens", flush=True)
+    print(
+        f"quota bench: {args.rows:,} rows ({unique:,} unique), shards of {shard:,}, in_progress_s "
+        f"{args.in_progress_s:g}"
+    )
+    print(
+        f"  job tokens (sandbox's count on {counted:,} sample requests: {per_request:.1f} per request) "
+        f"~{job_tokens_est:,.0f}; cap {args.cap_share:.0%} = {cap:,} tokens",
+        flush=True,
+    )
 
     timing = ["--param", f"in_progress_s={args.in_progress_s:g}"]
     base = job_spec("quota", path, shard)
@@ -250,60 +304,87 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_uncapped:
         results["uncapped"] = run_once("uncapped", base, timing, log_dir)
         _print_run(results["uncapped"])
-    capped_spec = {**base, "backend": {**base["backend"], "settings": {**base["backend"]["settings"],
-                                                                        "quota": {"enqueued_tokens": cap}}}}
-    results["capped"] = run_once("capped", capped_spec, [*timing, "--param", f"quota_enqueued_tokens={cap}"],
-                                 log_dir)
+    capped_spec = {
+        **base,
+        "backend": {**base["backend"], "settings": {**base["backend"]["settings"], "quota": {"enqueued_tokens": cap}}},
+    }
+    results["capped"] = run_once("capped", capped_spec, [*timing, "--param", f"quota_enqueued_tokens={cap}"], log_dir)
     _print_run(results["capped"])
     fig = figures(results["capped"]["load"], cap, canary_size)
     capped = results["capped"]
     capped_rate = capped["succeeded"] / capped["wall_s"]
-    print(f"  job tokens (the capped run's ledger) {fig['job_tokens']:,}: the cap is "
-          f"{cap / fig['job_tokens']:.2%} of them; {fig['batches']} batches "
-          f"(canary {fig['canary_requests']} requests), mean {fig['mean_batch_requests']:,.0f} requests / "
-          f"{fig['mean_batch_tokens']:,.0f} tokens, {fig['batch_duration_s']:.2f} s enqueue to release")
-    print(f"  (1) utilisation {fig['utilisation']:.1%} over {fig['span_s']:.1f} s (first enqueue to last); "
-          f"{fig['utilisation_queue']:.1%} over the {fig['queue_span_s']:.1f} s after the canary "
-          f"({fig['canary_phase_s']:.1f} s alone)   target >= 90%: "
-          f"{'met' if fig['utilisation'] >= 0.9 else 'NOT met'}")
-    print(f"      bounds: {fig['fit']} median batches ({fig['median_batch_tokens']:,} tokens) fit under cap / "
-          f"{HEADROOM} = {fig['fit_bound']:.1%} of the cap; refill gap (a release to the next enqueue) mean "
-          f"{fig['refill_gap_mean_s']:.2f} s, max {fig['refill_gap_max_s']:.2f} s over {fig['refills']} releases")
-    print(f"      {fig['mean_in_flight']:.2f} batches open on average after the canary, of {fig['fit']} that fit: a "
-          f"freed slot waits {fig['slot_wait_s']:.1f} s for its next batch, against {fig['batch_duration_s']:.1f} s "
-          "of batch")
+    print(
+        f"  job tokens (the capped run's ledger) {fig['job_tokens']:,}: the cap is "
+        f"{cap / fig['job_tokens']:.2%} of them; {fig['batches']} batches "
+        f"(canary {fig['canary_requests']} requests), mean {fig['mean_batch_requests']:,.0f} requests / "
+        f"{fig['mean_batch_tokens']:,.0f} tokens, {fig['batch_duration_s']:.2f} s enqueue to release"
+    )
+    print(
+        f"  (1) utilisation {fig['utilisation']:.1%} over {fig['span_s']:.1f} s (first enqueue to last); "
+        f"{fig['utilisation_queue']:.1%} over the {fig['queue_span_s']:.1f} s after the canary "
+        f"({fig['canary_phase_s']:.1f} s alone)   target >= 90%: "
+        f"{'met' if fig['utilisation'] >= 0.9 else 'NOT met'}"
+    )
+    print(
+        f"      bounds: {fig['fit']} median batches ({fig['median_batch_tokens']:,} tokens) fit under cap / "
+        f"{HEADROOM} = {fig['fit_bound']:.1%} of the cap; refill gap (a release to the next enqueue) mean "
+        f"{fig['refill_gap_mean_s']:.2f} s, max {fig['refill_gap_max_s']:.2f} s over {fig['refills']} releases"
+    )
+    print(
+        f"      {fig['mean_in_flight']:.2f} batches open on average after the canary, of {fig['fit']} that fit: a "
+        f"freed slot waits {fig['slot_wait_s']:.1f} s for its next batch, against {fig['batch_duration_s']:.1f} s "
+        "of batch"
+    )
     print(f"  (2) items/s: capped {capped_rate:,.0f} (wall {capped['wall_s']:.1f} s)", end="")
     if "uncapped" in results:
         un = results["uncapped"]
         un_rate = un["succeeded"] / un["wall_s"]
-        print(f", uncapped {un_rate:,.0f} (wall {un['wall_s']:.1f} s): capped/uncapped {capped_rate / un_rate:.2f}x",
-              end="")
+        print(
+            f", uncapped {un_rate:,.0f} (wall {un['wall_s']:.1f} s): capped/uncapped {capped_rate / un_rate:.2f}x",
+            end="",
+        )
     ideal = fig["ideal_items_per_s"]
-    print(f"\n      queue phase {fig['queue_items_per_s']:,.0f} items/s ({fig['queue_requests']:,} requests in "
-          f"{fig['queue_phase_s']:.1f} s, first enqueue after the canary to the last release) vs ideal "
-          f"{ideal:,.0f} (cap / mean batch tokens x requests per batch / batch duration): "
-          f"{fig['queue_items_per_s'] / ideal:.1%}; whole run {capped_rate / ideal:.1%} of it")
-    print(f"  (3) refusals {fig['refusals']} (expected 0: {'ok' if fig['refusals'] == 0 else 'MISS'}); peak "
-          f"{fig['peak_tokens']:,} tokens = {fig['peak_tokens'] / cap:.1%} of the cap "
-          f"({'ok' if fig['peak_tokens'] <= cap else 'PASSED'})")
+    print(
+        f"\n      queue phase {fig['queue_items_per_s']:,.0f} items/s ({fig['queue_requests']:,} requests in "
+        f"{fig['queue_phase_s']:.1f} s, first enqueue after the canary to the last release) vs ideal "
+        f"{ideal:,.0f} (cap / mean batch tokens x requests per batch / batch duration): "
+        f"{fig['queue_items_per_s'] / ideal:.1%}; whole run {capped_rate / ideal:.1%} of it"
+    )
+    print(
+        f"  (3) refusals {fig['refusals']} (expected 0: {'ok' if fig['refusals'] == 0 else 'MISS'}); peak "
+        f"{fig['peak_tokens']:,} tokens = {fig['peak_tokens'] / cap:.1%} of the cap "
+        f"({'ok' if fig['peak_tokens'] <= cap else 'PASSED'})"
+    )
     for label, r in results.items():
-        print(f"  Dagster runs of the {label} run: " + ", ".join(
-            f"{name} {d['runs']} x {d['mean_s']:.2f} s" for name, d in sorted(r["dagster_runs"].items())))
+        print(
+            f"  Dagster runs of the {label} run: "
+            + ", ".join(f"{name} {d['runs']} x {d['mean_s']:.2f} s" for name, d in sorted(r["dagster_runs"].items()))
+        )
     print(f"  bench wall {time.perf_counter() - started:.0f} s; logs in {log_dir}")
-    out = {"rows": args.rows, "unique": unique, "shard": shard, "in_progress_s": args.in_progress_s, "cap": cap,
-           "sample_tokens_per_request": per_request, "figures": fig,
-           "runs": {k: {kk: vv for kk, vv in v.items() if kk != "load"} for k, v in results.items()},
-           "load_events": results["capped"]["load"]["events"]}
+    out = {
+        "rows": args.rows,
+        "unique": unique,
+        "shard": shard,
+        "in_progress_s": args.in_progress_s,
+        "cap": cap,
+        "sample_tokens_per_request": per_request,
+        "figures": fig,
+        "runs": {k: {kk: vv for kk, vv in v.items() if kk != "load"} for k, v in results.items()},
+        "load_events": results["capped"]["load"]["events"],
+    }
     (OUT / f"quota_bench_{args.rows}.json").write_text(json.dumps(out, indent=1))
     ok = fig["refusals"] == 0 and fig["peak_tokens"] <= cap and capped["complete"]
     return 0 if ok else 1
 
 
 def _print_run(r: dict) -> None:
-    print(f"  {r['label']:8s} wall {r['wall_s']:6.1f} s  {r['succeeded'] / r['wall_s']:>7,.0f} items/s  succeeded "
-          f"{r['succeeded']:,}  complete {r['complete']}  run CPU {r['run_cpu_s']:.1f} s / {r['run_rss_mb']:,.0f} MB"
-          f"  sandbox CPU {r['sandbox_cpu_s']:.1f} s / {r['sandbox_rss_mb']:,.0f} MB  load "
-          f"{r['load_avg'][0]:.1f}-{r['load_avg'][1]:.1f}", flush=True)
+    print(
+        f"  {r['label']:8s} wall {r['wall_s']:6.1f} s  {r['succeeded'] / r['wall_s']:>7,.0f} items/s  succeeded "
+        f"{r['succeeded']:,}  complete {r['complete']}  run CPU {r['run_cpu_s']:.1f} s / {r['run_rss_mb']:,.0f} MB"
+        f"  sandbox CPU {r['sandbox_cpu_s']:.1f} s / {r['sandbox_rss_mb']:,.0f} MB  load "
+        f"{r['load_avg'][0]:.1f}-{r['load_avg'][1]:.1f}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

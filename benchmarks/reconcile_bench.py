@@ -36,10 +36,10 @@ import polars as pl  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 from batch_pipeline.core.manifest.shards import ITEM_SCHEMA, Manifest, shard_name  # noqa: E402
-from batch_pipeline.core.spec.paths import JobPaths  # noqa: E402
-from batch_pipeline.core.state.reconcile import check_invariant, counts_by_shard, item_states  # noqa: E402
 from batch_pipeline.core.run.results import RESULT_SCHEMA, read_results, write_results  # noqa: E402
 from batch_pipeline.core.run.runner import STATE_COLUMNS  # noqa: E402
+from batch_pipeline.core.spec.paths import JobPaths  # noqa: E402
+from batch_pipeline.core.state.reconcile import check_invariant, counts_by_shard, item_states  # noqa: E402
 from batch_pipeline.core.store import Store  # noqa: E402
 from benchmarks._harness import OUT, maxrss_mb, raw_payload_expr, repeat, summary  # noqa: E402
 
@@ -48,7 +48,7 @@ BUDGET = 3
 LABELS = ["billing", "bug", "feature_request", "account", "other"]
 # per attempt: P(succeeded), P(invalid), P(errored); the rest has no result row (missing)
 ATTEMPT_MIX = {1: (0.88, 0.04, 0.06), 2: (0.70, 0.10, 0.20), 3: (0.50, 0.20, 0.30)}
-P_RETRY = {2: 0.9, 3: 0.8}   # a failed item gets a next attempt with this probability
+P_RETRY = {2: 0.9, 3: 0.8}  # a failed item gets a next attempt with this probability
 ERRORS = [  # (error_class, error_code, message, weight)
     ("transient", "batch_expired", "This request could not be executed before the completion window expired.", 3),
     ("transient", "server_error", "The server had an error while processing your request.", 2),
@@ -56,20 +56,22 @@ ERRORS = [  # (error_class, error_code, message, weight)
     ("poison", "http_400", "Invalid 'messages[1].content': string too long.", 1),
     ("systemic", "invalid_api_key", "Incorrect API key provided.", 1),
 ]
-INVALID = [("invalid_output", "contract_violation", "output '{\"label\": \"spam\"}' is not one of the allowed labels"),
-           ("invalid_output", "truncated", "output hit max_tokens (finish_reason=length)")]
+INVALID = [
+    ("invalid_output", "contract_violation", 'output \'{"label": "spam"}\' is not one of the allowed labels'),
+    ("invalid_output", "truncated", "output hit max_tokens (finish_reason=length)"),
+]
 
 
 def make_data(n_items: int, n_shards: int, seed: int) -> tuple[pl.DataFrame, pl.DataFrame]:
     rng = np.random.default_rng(seed)
     raw = rng.bytes(32 * n_items)
-    rids = [raw[i * 32:(i + 1) * 32].hex() for i in range(n_items)]
+    rids = [raw[i * 32 : (i + 1) * 32].hex() for i in range(n_items)]
     per_shard = -(-n_items // n_shards)
     shard_no = np.arange(n_items) // per_shard + 1
     names = np.array([shard_name(s) for s in range(1, n_shards + 2)])
     items = pl.DataFrame({"request_id": rids, "shard_id": names[shard_no - 1]})
     frames = []
-    active = np.ones(n_items, dtype=bool)          # items that get this attempt
+    active = np.ones(n_items, dtype=bool)  # items that get this attempt
     err_w = np.array([e[3] for e in ERRORS], float)
     err_w /= err_w.sum()
     for attempt in (1, 2, 3):
@@ -86,22 +88,29 @@ def make_data(n_items: int, n_shards: int, seed: int) -> tuple[pl.DataFrame, pl.
         code_lut = [e[1] for e in ERRORS]
         msg_lut = [e[2] for e in ERRORS]
         status_s = np.array(["succeeded", "invalid", "errored"])[st]
-        eclass = np.where(st == 0, None, np.where(st == 1, np.array([x[0] for x in INVALID])[inv],
-                                                  np.array(cls_lut)[err]))
-        ecode = np.where(st == 0, None, np.where(st == 1, np.array([x[1] for x in INVALID])[inv],
-                                                 np.array(code_lut)[err]))
-        emsg = np.where(st == 0, None, np.where(st == 1, np.array([x[2] for x in INVALID])[inv],
-                                                np.array(msg_lut)[err]))
-        frames.append(pl.DataFrame({
-            "request_id": items["request_id"].gather(idx),
-            "shard_id": items["shard_id"].gather(idx),
-            "attempt": pl.Series(np.full(len(idx), attempt, np.int32)),
-            "status": pl.Series(status_s, dtype=pl.String),
-            "error_class": pl.Series(eclass.tolist(), dtype=pl.String),
-            "error_code": pl.Series(ecode.tolist(), dtype=pl.String),
-            "error_message": pl.Series(emsg.tolist(), dtype=pl.String),
-            "label": pl.Series(np.array(LABELS)[rng.integers(0, 5, len(idx))]),
-        }))
+        eclass = np.where(
+            st == 0, None, np.where(st == 1, np.array([x[0] for x in INVALID])[inv], np.array(cls_lut)[err])
+        )
+        ecode = np.where(
+            st == 0, None, np.where(st == 1, np.array([x[1] for x in INVALID])[inv], np.array(code_lut)[err])
+        )
+        emsg = np.where(
+            st == 0, None, np.where(st == 1, np.array([x[2] for x in INVALID])[inv], np.array(msg_lut)[err])
+        )
+        frames.append(
+            pl.DataFrame(
+                {
+                    "request_id": items["request_id"].gather(idx),
+                    "shard_id": items["shard_id"].gather(idx),
+                    "attempt": pl.Series(np.full(len(idx), attempt, np.int32)),
+                    "status": pl.Series(status_s, dtype=pl.String),
+                    "error_class": pl.Series(eclass.tolist(), dtype=pl.String),
+                    "error_code": pl.Series(ecode.tolist(), dtype=pl.String),
+                    "error_message": pl.Series(emsg.tolist(), dtype=pl.String),
+                    "label": pl.Series(np.array(LABELS)[rng.integers(0, 5, len(idx))]),
+                }
+            )
+        )
         # the next attempt goes only to items that did not succeed here
         succeeded_now = np.zeros(n_items, dtype=bool)
         succeeded_now[idx[st == 0]] = True
@@ -114,18 +123,31 @@ def full_results(part: pl.DataFrame, shard_id: str, attempt: int, now: datetime)
     """RESULT_SCHEMA rows with realistic payloads for one (shard, attempt) part."""
     ok = pl.col("status") == "succeeded"
     frame = part.select(
-        "request_id", pl.lit(shard_id).alias("shard_id"), pl.col("attempt").cast(pl.Int32),
-        pl.lit("openai_batch").alias("backend"), pl.lit("batch").alias("pricing"),
-        pl.lit("gpt-4o-mini").alias("model"), pl.lit("v1").alias("prompt_version"), "status",
-        pl.when(pl.col("error_class") == "transient").then(None)
-        .otherwise(pl.format('{{"label": "{}"}}', "label")).alias("output_text"),
+        "request_id",
+        pl.lit(shard_id).alias("shard_id"),
+        pl.col("attempt").cast(pl.Int32),
+        pl.lit("openai_batch").alias("backend"),
+        pl.lit("batch").alias("pricing"),
+        pl.lit("gpt-4o-mini").alias("model"),
+        pl.lit("v1").alias("prompt_version"),
+        "status",
+        pl.when(pl.col("error_class") == "transient")
+        .then(None)
+        .otherwise(pl.format('{{"label": "{}"}}', "label"))
+        .alias("output_text"),
         pl.when(ok).then(pl.col("label")).otherwise(None).alias("parsed_output"),
-        pl.when(pl.col("error_code") == "truncated").then(pl.lit("length")).otherwise(pl.lit("stop"))
+        pl.when(pl.col("error_code") == "truncated")
+        .then(pl.lit("length"))
+        .otherwise(pl.lit("stop"))
         .alias("finish_reason"),
-        pl.lit(231, pl.Int64).alias("input_tokens"), pl.lit(0, pl.Int64).alias("cached_tokens"),
+        pl.lit(231, pl.Int64).alias("input_tokens"),
+        pl.lit(0, pl.Int64).alias("cached_tokens"),
         pl.lit(0, pl.Int64).alias("cache_write_tokens"),
-        pl.lit(7, pl.Int64).alias("output_tokens"), pl.lit(0.0000215).alias("cost_usd"),
-        "error_class", "error_code", "error_message",
+        pl.lit(7, pl.Int64).alias("output_tokens"),
+        pl.lit(0.0000215).alias("cost_usd"),
+        "error_class",
+        "error_code",
+        "error_message",
         pl.lit(f"batch_{shard_id}_{attempt}").alias("provider_batch_id"),
         pl.format("req_{}", pl.col("request_id").str.slice(0, 32)).alias("provider_request_id"),
         raw_payload_expr(),
@@ -140,12 +162,22 @@ def write_store(store: Store, items: pl.DataFrame, results: pl.DataFrame) -> dic
     shard_ids = []
     prompt = "x" * 200
     for (sid,), part in items.partition_by("shard_id", as_dict=True, maintain_order=True).items():
-        table = part.sort("request_id").select(
-            "request_id", "shard_id", pl.lit(prompt).alias("user_prompt"),
-            pl.lit(60, pl.Int32).alias("est_input_tokens"),
-            pl.lit(2, pl.Int8).alias("length_bucket"), pl.lit(200, pl.Int32).alias("request_bytes"),
-            pl.lit("input.jsonl").alias("source"), pl.lit(0, pl.Int64).alias("line"),
-            pl.lit(1, pl.Int32).alias("generation")).to_arrow().cast(ITEM_SCHEMA)
+        table = (
+            part.sort("request_id")
+            .select(
+                "request_id",
+                "shard_id",
+                pl.lit(prompt).alias("user_prompt"),
+                pl.lit(60, pl.Int32).alias("est_input_tokens"),
+                pl.lit(2, pl.Int8).alias("length_bucket"),
+                pl.lit(200, pl.Int32).alias("request_bytes"),
+                pl.lit("input.jsonl").alias("source"),
+                pl.lit(0, pl.Int64).alias("line"),
+                pl.lit(1, pl.Int32).alias("generation"),
+            )
+            .to_arrow()
+            .cast(ITEM_SCHEMA)
+        )
         store.write_table(paths.shard_items(sid), table)
         shard_ids.append(sid)
     store.write_json(paths.generation(1), {"generation": 1, "new_shards": shard_ids, "job": JOB})
@@ -173,26 +205,34 @@ def breakdown_in_memory(items: pl.DataFrame, res: pl.DataFrame, states: pl.DataF
     out = {}
     out["item_states (core: 64-bit hash key, numeric sort + sorted group_by, one join)"] = _best(
         "item_states (core: 64-bit hash key, numeric sort + sorted group_by, one join)",
-        lambda: item_states(items, res, BUDGET))
+        lambda: item_states(items, res, BUDGET),
+    )
     out["was: item_states on the ID strings"] = _best(
         "was: sort(attempt) + group_by(request_id) with 6 aggregates + join on the ID strings",
-        lambda: _item_states_by_id(items, res, BUDGET))
-    out["check: items hash n_unique"] = _best("check_invariant: n_unique of the items' ID hashes",
-                                              lambda: items.get_column("request_id").hash().n_unique())
-    out["was: items n_unique strings"] = _best("was: n_unique of the ID strings",
-                                               lambda: items.get_column("request_id").n_unique())
+        lambda: _item_states_by_id(items, res, BUDGET),
+    )
+    out["check: items hash n_unique"] = _best(
+        "check_invariant: n_unique of the items' ID hashes", lambda: items.get_column("request_id").hash().n_unique()
+    )
+    out["was: items n_unique strings"] = _best(
+        "was: n_unique of the ID strings", lambda: items.get_column("request_id").n_unique()
+    )
     out["check: anti join"] = _best(
         "check_invariant: results anti join items on the ID strings (no unique() first)",
-        lambda: res.select("request_id").join(items.select("request_id"), on="request_id", how="anti"))
+        lambda: res.select("request_id").join(items.select("request_id"), on="request_id", how="anti"),
+    )
     out["was: unique + anti join"] = _best(
         "was: results.select(request_id).unique() then the anti join",
-        lambda: res.select("request_id").unique().join(items.select("request_id"), on="request_id", how="anti"))
+        lambda: res.select("request_id").unique().join(items.select("request_id"), on="request_id", how="anti"),
+    )
     out["check: succeeded hash n_unique"] = _best(
         "check_invariant: distinct hashes of succeeded IDs",
-        lambda: res.filter(pl.col("status") == "succeeded").get_column("request_id").hash().n_unique())
+        lambda: res.filter(pl.col("status") == "succeeded").get_column("request_id").hash().n_unique(),
+    )
     out["was: succeeded unique"] = _best(
         "was: results.filter(succeeded).select(request_id).unique()",
-        lambda: res.filter(pl.col("status") == "succeeded").select("request_id").unique())
+        lambda: res.filter(pl.col("status") == "succeeded").select("request_id").unique(),
+    )
     out["check: counts_by_shard"] = _best("check_invariant: counts_by_shard(states)", lambda: counts_by_shard(states))
     return out
 
@@ -203,17 +243,23 @@ def breakdown_read(store: Store) -> dict:
     files = store.list_files(paths.results, recursive=True, suffix=".parquet")
     local = [str(store.local_path(r)) for r in files]
     out = {}
-    out["scan_parquet"] = _best(f"core: pl.scan_parquet({len(files)} parts).select(cols).collect() (parallel)",
-                                lambda: pl.scan_parquet(local).select(STATE_COLUMNS).collect())
-    out["was: read_part x parts"] = _best(f"was: read_part() of {len(files)} parts, one after another",
-                                          lambda: [store.read_part(r, STATE_COLUMNS) for r in files])
+    out["scan_parquet"] = _best(
+        f"core: pl.scan_parquet({len(files)} parts).select(cols).collect() (parallel)",
+        lambda: pl.scan_parquet(local).select(STATE_COLUMNS).collect(),
+    )
+    out["was: read_part x parts"] = _best(
+        f"was: read_part() of {len(files)} parts, one after another",
+        lambda: [store.read_part(r, STATE_COLUMNS) for r in files],
+    )
     frame = pl.scan_parquet(local).select(STATE_COLUMNS).collect()
-    out["duplicate check"] = _best("core: duplicate check on (hash(request_id), attempt) (unique() only if any)",
-                                   lambda: frame.select(pl.struct(pl.col("request_id").hash(), "attempt")
-                                                        .is_duplicated().any()).item())
+    out["duplicate check"] = _best(
+        "core: duplicate check on (hash(request_id), attempt) (unique() only if any)",
+        lambda: frame.select(pl.struct(pl.col("request_id").hash(), "attempt").is_duplicated().any()).item(),
+    )
     out["was: unique(maintain_order)"] = _best(
         "was: unique(subset=[request_id, attempt], keep='first', maintain_order=True) always",
-        lambda: frame.unique(subset=["request_id", "attempt"], keep="first", maintain_order=True))
+        lambda: frame.unique(subset=["request_id", "attempt"], keep="first", maintain_order=True),
+    )
     return out
 
 
@@ -224,15 +270,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--keep", action="store_true", help="keep the temp store (path printed)")
-    ap.add_argument("--breakdown", action="store_true",
-                    help="also time the steps inside item_states, check_invariant and read_results")
+    ap.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also time the steps inside item_states, check_invariant and read_results",
+    )
     args = ap.parse_args(argv)
     out: dict = {"items": args.items, "shards": args.shards, "date": date.today().isoformat()}
 
     t = time.perf_counter()
     items, results = make_data(args.items, args.shards, args.seed)
-    print(f"reconcile: {items.height:,} items over {args.shards} shards, {results.height:,} result rows "
-          f"(generated in {time.perf_counter() - t:.1f}s)", flush=True)
+    print(
+        f"reconcile: {items.height:,} items over {args.shards} shards, {results.height:,} result rows "
+        f"(generated in {time.perf_counter() - t:.1f}s)",
+        flush=True,
+    )
     out["result_rows"] = results.height
     state_results = results.select(STATE_COLUMNS)
 
@@ -254,8 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     secs, (states, per_shard, total) = repeat(lambda: reconcile(items, state_results), args.repeat)
     out["in_memory_s"] = min(secs)
     out["in_memory_sections_s"] = sections
-    print(f"  item_states + counts_by_shard + check_invariant: {summary(secs)}  "
-          f"({items.height / min(secs):,.0f} items/s)")
+    print(
+        f"  item_states + counts_by_shard + check_invariant: {summary(secs)}  ({items.height / min(secs):,.0f} items/s)"
+    )
     print("    " + ", ".join(f"{k} {v:.3f} s" for k, v in sections.items()))
     print(f"    job counts: {total.as_dict()}")
     assert total.balanced and total.expected == items.height
@@ -273,20 +326,27 @@ def main(argv: list[str] | None = None) -> int:
         store = Store(tmp)
         w = write_store(store, items, results)
         out.update(w)
-        print(f"  wrote {args.shards} item shards ({w['items_write_s']:.1f}s) and {w['result_parts']} result parts "
-              f"with write_results ({w['results_write_s']:.1f}s)", flush=True)
+        print(
+            f"  wrote {args.shards} item shards ({w['items_write_s']:.1f}s) and {w['result_parts']} result parts "
+            f"with write_results ({w['results_write_s']:.1f}s)",
+            flush=True,
+        )
         reps = max(1, args.repeat // 2 + 1)
         out["rss_after_write_mb"] = maxrss_mb()
         secs, rs = repeat(lambda: read_results(store, JOB, columns=STATE_COLUMNS), reps)
         out["read_results_state_cols_s"] = min(secs)
         out["rss_after_read_state_cols_mb"] = maxrss_mb()
-        print(f"  read_results(columns=STATE_COLUMNS): {summary(secs)}  ({rs.height:,} rows, "
-              f"{rs.height / min(secs):,.0f} rows/s)")
+        print(
+            f"  read_results(columns=STATE_COLUMNS): {summary(secs)}  ({rs.height:,} rows, "
+            f"{rs.height / min(secs):,.0f} rows/s)"
+        )
         assert rs.height == results.height
         secs, rf = repeat(lambda: read_results(store, JOB), reps)
         out["read_results_all_cols_s"] = min(secs)
-        print(f"  read_results(all columns):           {summary(secs)}  ({rf.height:,} rows, "
-              f"{rf.height / min(secs):,.0f} rows/s)")
+        print(
+            f"  read_results(all columns):           {summary(secs)}  ({rf.height:,} rows, "
+            f"{rf.height / min(secs):,.0f} rows/s)"
+        )
         del rf
         out["rss_after_read_all_cols_mb"] = maxrss_mb()
         if args.breakdown:
@@ -307,22 +367,28 @@ def main(argv: list[str] | None = None) -> int:
         secs, (_, _, total2) = repeat(from_store, reps)
         out["from_store_total_s"] = min(secs)
         assert total2.as_dict() == total.as_dict(), (total2, total)
-        print(f"  whole reconcile from the store (item_index + read_results + states + counts + invariant): "
-              f"{summary(secs)}")
+        print(
+            f"  whole reconcile from the store (item_index + read_results + states + counts + invariant): "
+            f"{summary(secs)}"
+        )
         if args.keep:
             print(f"  store kept at {tmp}")
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
     out["peak_rss_mb"] = maxrss_mb()
-    print("  peak RSS (MB) after: in-memory part {rss_after_in_memory_mb:,.0f}, "
-          "writing the store {rss_after_write_mb:,.0f}, "
-          "read_results(state cols) {rss_after_read_state_cols_mb:,.0f}, read_results(all cols) "
-          "{rss_after_read_all_cols_mb:,.0f}".format(**out))
+    print(
+        "  peak RSS (MB) after: in-memory part {rss_after_in_memory_mb:,.0f}, "
+        "writing the store {rss_after_write_mb:,.0f}, "
+        "read_results(state cols) {rss_after_read_state_cols_mb:,.0f}, read_results(all cols) "
+        "{rss_after_read_all_cols_mb:,.0f}".format(**out)
+    )
     met = out["in_memory_s"] < 1.0
     out["target_in_memory_lt_1s"] = met
-    print(f"  [{'ok' if met else 'MISS'}] in-memory reconcile < 1 s ({out['in_memory_s']:.3f} s); "
-          f"peak RSS {out['peak_rss_mb']:,.0f} MB")
+    print(
+        f"  [{'ok' if met else 'MISS'}] in-memory reconcile < 1 s ({out['in_memory_s']:.3f} s); "
+        f"peak RSS {out['peak_rss_mb']:,.0f} MB"
+    )
     OUT.mkdir(exist_ok=True)
     (OUT / f"reconcile_bench-{args.items}.json").write_text(json.dumps(out, indent=1, default=str))
     return 0 if met else 1

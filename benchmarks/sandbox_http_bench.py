@@ -43,11 +43,17 @@ def starlette_app():
 
     async def endpoint(request: StarletteRequest) -> StarletteResponse:
         body = await request.body()
-        ours = Request(request.method, request.url.path.rstrip("/") or "/", dict(request.query_params),
-                       {k.lower(): v for k, v in request.headers.items()}, body)
+        ours = Request(
+            request.method,
+            request.url.path.rstrip("/") or "/",
+            dict(request.query_params),
+            {k.lower(): v for k, v in request.headers.items()},
+            body,
+        )
         answer = await run_in_threadpool(sandbox.handle, ours)
-        return StarletteResponse(answer.encode(), status_code=answer.status, headers=answer.headers,
-                                 media_type=answer.content_type)
+        return StarletteResponse(
+            answer.encode(), status_code=answer.status, headers=answer.headers, media_type=answer.content_type
+        )
 
     methods = ["GET", "POST", "DELETE", "PUT", "PATCH"]
     return Starlette(routes=[Route("/{path:path}", endpoint, methods=methods)])
@@ -64,8 +70,9 @@ def serve_starlette() -> None:
     sock.close()
     config = uvicorn.Config(starlette_app(), host="127.0.0.1", port=port, log_level="warning", access_log=False)
     server = uvicorn.Server(config)
-    threading.Thread(target=lambda: (time.sleep(0.5), print(f"SANDBOX READY http://127.0.0.1:{port}", flush=True)),
-                     daemon=True).start()
+    threading.Thread(
+        target=lambda: (time.sleep(0.5), print(f"SANDBOX READY http://127.0.0.1:{port}", flush=True)), daemon=True
+    ).start()
     server.run()
 
 
@@ -88,11 +95,15 @@ def start_starlette() -> tuple[subprocess.Popen, str]:
 # -- workloads -----------------------------------------------------------------------------------------------------
 def batch_file(start: int, n: int) -> bytes:
     head = '{"custom_id":"r'
-    mid = ('","method":"POST","url":"/v1/chat/completions","body":{"model":"' + MODEL + '","max_tokens":16,'
-           '"messages":[{"role":"system","content":"Label the ticket: billing, bug or other."},'
-           '{"role":"user","content":')
-    return "".join(f"{head}{i}{mid}{json.dumps(f'Ticket {i}: my invoice was charged twice, please help')}}}]}}}}\n"
-                   for i in range(start, start + n)).encode()
+    mid = (
+        '","method":"POST","url":"/v1/chat/completions","body":{"model":"' + MODEL + '","max_tokens":16,'
+        '"messages":[{"role":"system","content":"Label the ticket: billing, bug or other."},'
+        '{"role":"user","content":'
+    )
+    return "".join(
+        f"{head}{i}{mid}{json.dumps(f'Ticket {i}: my invoice was charged twice, please help')}}}]}}}}\n"
+        for i in range(start, start + n)
+    ).encode()
 
 
 def end_to_end(url: str, requests: int) -> dict[str, float]:
@@ -104,8 +115,9 @@ def end_to_end(url: str, requests: int) -> dict[str, float]:
     ids = [client.files.create(file=(f"in{i}.jsonl", data), purpose="batch").id for i, data in enumerate(files)]
     phases["upload_s"] = time.perf_counter() - t0
     t = time.perf_counter()
-    batches = [client.batches.create(input_file_id=f, endpoint="/v1/chat/completions", completion_window="24h").id
-               for f in ids]
+    batches = [
+        client.batches.create(input_file_id=f, endpoint="/v1/chat/completions", completion_window="24h").id for f in ids
+    ]
     phases["create_s"] = time.perf_counter() - t
     t = time.perf_counter()
     outputs, polls = [], 0
@@ -149,9 +161,15 @@ def multipart_parse(lines: int, rounds: int = 5) -> dict[str, float]:
 
     data = batch_file(0, lines)
     boundary = "bench-boundary-7d1f"
-    body = (f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
             f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="in.jsonl"\r\n'
-            f"Content-Type: application/octet-stream\r\n\r\n").encode() + data + f"\r\n--{boundary}--\r\n".encode()
+            f"Content-Type: application/octet-stream\r\n\r\n"
+        ).encode()
+        + data
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
     ctype = f"multipart/form-data; boundary={boundary}"
 
     def ours() -> int:
@@ -186,8 +204,10 @@ def main() -> None:
         return
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores")
     mp = multipart_parse(PER_BATCH)
-    print(f"multipart parse of a {mp['body_mb']:.1f} MB upload: ours {mp['ours'] * 1000:.1f} ms, python-multipart "
-          f"{mp['python_multipart'] * 1000:.1f} ms (ratio {mp['python_multipart'] / mp['ours']:.2f}x)")
+    print(
+        f"multipart parse of a {mp['body_mb']:.1f} MB upload: ours {mp['ours'] * 1000:.1f} ms, python-multipart "
+        f"{mp['python_multipart'] * 1000:.1f} ms (ratio {mp['python_multipart'] / mp['ours']:.2f}x)"
+    )
     results = {}
     for name, start in (("stdlib", lambda: start_sandbox_process(port=0)), ("starlette", start_starlette)):
         proc, url = start()
@@ -198,13 +218,17 @@ def main() -> None:
         finally:
             stop_sandbox_process(proc) if name == "stdlib" else (proc.terminate(), proc.wait(10))
         results[name] = (e2e, one, many)
-        print(f"{name:9s} e2e {args.requests} requests: total {e2e['total_s']:.2f} s (upload {e2e['upload_s']:.2f}, "
-              f"create {e2e['create_s']:.2f}, poll {e2e['poll_s']:.2f} in {int(e2e['polls'])} polls, download "
-              f"{e2e['download_s']:.2f}); raw GET rate {one:.0f} req/s on 1 connection, {many:.0f} req/s on 8")
+        print(
+            f"{name:9s} e2e {args.requests} requests: total {e2e['total_s']:.2f} s (upload {e2e['upload_s']:.2f}, "
+            f"create {e2e['create_s']:.2f}, poll {e2e['poll_s']:.2f} in {int(e2e['polls'])} polls, download "
+            f"{e2e['download_s']:.2f}); raw GET rate {one:.0f} req/s on 1 connection, {many:.0f} req/s on 8"
+        )
     ref, alt = results["stdlib"], results["starlette"]
-    print(f"starlette / stdlib: e2e total {alt[0]['total_s'] / ref[0]['total_s']:.2f}x the time, upload "
-          f"{alt[0]['upload_s'] / ref[0]['upload_s']:.2f}x, download {alt[0]['download_s'] / ref[0]['download_s']:.2f}x;"
-          f" raw rate {alt[1] / ref[1]:.2f}x (1 conn), {alt[2] / ref[2]:.2f}x (8 threads)")
+    print(
+        f"starlette / stdlib: e2e total {alt[0]['total_s'] / ref[0]['total_s']:.2f}x the time, upload "
+        f"{alt[0]['upload_s'] / ref[0]['upload_s']:.2f}x, download {alt[0]['download_s'] / ref[0]['download_s']:.2f}x;"
+        f" raw rate {alt[1] / ref[1]:.2f}x (1 conn), {alt[2] / ref[2]:.2f}x (8 threads)"
+    )
 
 
 if __name__ == "__main__":

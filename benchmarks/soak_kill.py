@@ -47,8 +47,13 @@ def write_job(root: Path, items: int, seed: int, shard_size: int) -> Path:
             out.write(json.dumps({"ticket_id": f"T{i}", "subject": "ticket", "body": f"{i}: {body}"}) + "\n")
     spec = yaml.safe_load((REPO / "data" / "jobs" / "demo.yaml").read_text())
     spec.pop("quality", None)
-    spec.update(name="soak", input={**spec["input"], "path": str(inputs / "*.jsonl")}, shards={"max_requests": shard_size},
-                retries={"per_item": 3, "spend_cap_share": 1.0}, budget_usd=100)
+    spec.update(
+        name="soak",
+        input={**spec["input"], "path": str(inputs / "*.jsonl")},
+        shards={"max_requests": shard_size},
+        retries={"per_item": 3, "spend_cap_share": 1.0},
+        budget_usd=100,
+    )
     (root / "data" / "jobs").mkdir(parents=True)
     path = root / "data" / "jobs" / "soak.yaml"
     path.write_text(yaml.safe_dump(spec))
@@ -57,8 +62,12 @@ def write_job(root: Path, items: int, seed: int, shard_size: int) -> Path:
 
 def run_cli(spec_path: Path, home: Path, dagster_home: Path, url: str) -> subprocess.Popen:
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "BATCH_PIPELINE_SANDBOX_URL": url}
-    return subprocess.Popen([sys.executable, "-m", "batch_pipeline.cli", "run", str(spec_path), "--home", str(home)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-m", "batch_pipeline.cli", "run", str(spec_path), "--home", str(home)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def main() -> None:
@@ -92,8 +101,11 @@ def main() -> None:
                     run.send_signal(signal.SIGKILL)
                     run.wait()
                     killed_alive += 1
-                print(f"run {n:2d}: {'killed' if run.returncode == -signal.SIGKILL else f'exit {run.returncode}'} "
-                      f"after {wait:4.1f} s; {len(admin.ledger()):6,d} requests billed so far", flush=True)
+                print(
+                    f"run {n:2d}: {'killed' if run.returncode == -signal.SIGKILL else f'exit {run.returncode}'} "
+                    f"after {wait:4.1f} s; {len(admin.ledger()):6,d} requests billed so far",
+                    flush=True,
+                )
                 if run.returncode == 0:
                     break
             final = run_cli(spec_path, home, dagster_home, url)
@@ -105,13 +117,18 @@ def main() -> None:
             counts = state.check()
             billed = Counter(e["custom_id"] for e in admin.ledger())
             twice = sum(1 for v in billed.values() if v > 1)
-            creates = sum(1 for r in admin.requests() if r["method"] == "POST" and r["path"] == "/v1/batches"
-                          and r["status"] == 200)
+            creates = sum(
+                1
+                for r in admin.requests()
+                if r["method"] == "POST" and r["path"] == "/v1/batches" and r["status"] == 200
+            )
             rows = state.items.height
             validated = pl.read_parquet(store.read_bytes(JobPaths(spec.name).validated)).height
             lost = counts.expected - counts.valid - counts.dead_lettered
-            print(f"\nsoak: {args.items:,} rows, {rows:,} unique items, {killed_alive} SIGKILLs, final run exit "
-                  f"{final.returncode}, {wall:.0f} s in all")
+            print(
+                f"\nsoak: {args.items:,} rows, {rows:,} unique items, {killed_alive} SIGKILLs, final run exit "
+                f"{final.returncode}, {wall:.0f} s in all"
+            )
             print(f"  items lost (neither valid nor dead-lettered): {lost}")
             print(f"  requests billed twice: {twice} (of {len(billed):,} billed)")
             print(f"  valid {counts.valid:,}, dead-lettered {counts.dead_lettered:,}, batches created {creates}")

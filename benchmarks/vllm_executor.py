@@ -38,20 +38,28 @@ TOPICS = ["invoice", "refund", "password", "crash", "export", "seats", "login", 
 
 
 def system_prompt(rules: int) -> str:
-    head = ("You label customer support tickets. Answer with exactly one label from the allowed set: billing "
-            "(charges, invoices, refunds), bug (something broken), feature_request (asks for something new), "
-            "account (login, password, profile, access), other (anything else).\n")
-    return head + "".join(f"Rule {i}: read the whole ticket, the subject and the body, before you answer; when a "
-                          f"ticket is about an invoice or a charge or a refund the answer is billing; when the app "
-                          f"is broken or slow or fails the answer is bug.\n" for i in range(1, rules + 1))
+    head = (
+        "You label customer support tickets. Answer with exactly one label from the allowed set: billing "
+        "(charges, invoices, refunds), bug (something broken), feature_request (asks for something new), "
+        "account (login, password, profile, access), other (anything else).\n"
+    )
+    return head + "".join(
+        f"Rule {i}: read the whole ticket, the subject and the body, before you answer; when a "
+        f"ticket is about an invoice or a charge or a refund the answer is billing; when the app "
+        f"is broken or slow or fails the answer is bug.\n"
+        for i in range(1, rules + 1)
+    )
 
 
 def tickets(n: int, sentences: int) -> list[str]:
     out = []
     for i in range(n):
         t = TOPICS[i % len(TOPICS)]
-        body = " ".join(f"The {TOPICS[(i + k) % len(TOPICS)]} page fails since {(i * 7 + k) % 28} days for user "
-                        f"{(i * 7919 + k) % 100000}." for k in range(sentences))
+        body = " ".join(
+            f"The {TOPICS[(i + k) % len(TOPICS)]} page fails since {(i * 7 + k) % 28} days for user "
+            f"{(i * 7919 + k) % 100000}."
+            for k in range(sentences)
+        )
         out.append(f"Subject: ticket {i} about the {t}\nTicket:\n{body}")
     return out
 
@@ -64,8 +72,13 @@ def run_plain(llm, texts: list, params) -> dict:
     prompt = sum(len(o.prompt_token_ids) for o in outs)
     gen = sum(len(o.outputs[0].token_ids) for o in outs)
     cached = sum(o.num_cached_tokens or 0 for o in outs)
-    return {"wall_s": wall, "prompt_tokens": prompt, "generated_tokens": gen, "cached_tokens": cached,
-            "items": len(outs)}
+    return {
+        "wall_s": wall,
+        "prompt_tokens": prompt,
+        "generated_tokens": gen,
+        "cached_tokens": cached,
+        "items": len(outs),
+    }
 
 
 def run_executor(llm, executor, work) -> dict:
@@ -74,12 +87,27 @@ def run_executor(llm, executor, work) -> dict:
     rows = sum(t.num_rows for t in executor.run(work))
     wall = time.perf_counter() - t0
     m = executor.last_metrics
-    return {"wall_s": wall, "prompt_tokens": m["prompt_tokens"], "generated_tokens": m["generated_tokens"],
-            "cached_tokens": m["cached_tokens"], "items": rows, "engine_s": m["engine_s"], "prep_s": m["prep_s"]}
+    return {
+        "wall_s": wall,
+        "prompt_tokens": m["prompt_tokens"],
+        "generated_tokens": m["generated_tokens"],
+        "cached_tokens": m["cached_tokens"],
+        "items": rows,
+        "engine_s": m["engine_s"],
+        "prep_s": m["prep_s"],
+    }
 
 
-def compare(settings: dict, system: str, users: list[str], output: dict, max_tokens: int, rounds: int,
-            model_name: str = "bench", ignore_eos: bool = False) -> dict:
+def compare(
+    settings: dict,
+    system: str,
+    users: list[str],
+    output: dict,
+    max_tokens: int,
+    rounds: int,
+    model_name: str = "bench",
+    ignore_eos: bool = False,
+) -> dict:
     """Run both variants on one engine; return per-variant medians, the ratio and the cached share."""
     import pyarrow as pa
 
@@ -115,30 +143,45 @@ def compare(settings: dict, system: str, users: list[str], output: dict, max_tok
             r = run_plain(llm, texts if variant == "plain" else ids, params)
         r["tokens_per_s"] = (r["prompt_tokens"] + r["generated_tokens"]) / r["wall_s"]
         runs[variant].append(r)
-        print(f"  {variant:9s} {r['wall_s']:7.2f} s  {r['tokens_per_s']:9.0f} tok/s  cached "
-              f"{r['cached_tokens'] / r['prompt_tokens']:.3f}", flush=True)
+        print(
+            f"  {variant:9s} {r['wall_s']:7.2f} s  {r['tokens_per_s']:9.0f} tok/s  cached "
+            f"{r['cached_tokens'] / r['prompt_tokens']:.3f}",
+            flush=True,
+        )
     med = {v: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for v, rs in runs.items()}
     shared = len(llm.get_tokenizer()(renderer.head_tail[0], add_special_tokens=False)["input_ids"])
-    return {"engine_start_s": round(engine_start, 1), "prompts": len(users), "rounds": rounds,
-            "shared_prefix_tokens": shared,
-            "shared_prefix_share": round(shared * len(users) / med["executor"]["prompt_tokens"], 3),
-            "plain": med["plain"], "plain_ids": med["plain_ids"], "executor": med["executor"],
-            "ratio": round(med["executor"]["tokens_per_s"] / med["plain"]["tokens_per_s"], 3),
-            "ratio_vs_plain_ids": round(med["executor"]["tokens_per_s"] / med["plain_ids"]["tokens_per_s"], 3),
-            "cached_share": round(med["executor"]["cached_tokens"] / med["executor"]["prompt_tokens"], 3),
-            "runs": runs}
+    return {
+        "engine_start_s": round(engine_start, 1),
+        "prompts": len(users),
+        "rounds": rounds,
+        "shared_prefix_tokens": shared,
+        "shared_prefix_share": round(shared * len(users) / med["executor"]["prompt_tokens"], 3),
+        "plain": med["plain"],
+        "plain_ids": med["plain_ids"],
+        "executor": med["executor"],
+        "ratio": round(med["executor"]["tokens_per_s"] / med["plain"]["tokens_per_s"], 3),
+        "ratio_vs_plain_ids": round(med["executor"]["tokens_per_s"] / med["plain_ids"]["tokens_per_s"], 3),
+        "cached_share": round(med["executor"]["cached_tokens"] / med["executor"]["prompt_tokens"], 3),
+        "runs": runs,
+    }
 
 
 def report(result: dict, title: str) -> None:
     p, i, e = result["plain"], result["plain_ids"], result["executor"]
-    print(f"\n{title}: {result['prompts']} prompts, shared prefix {result['shared_prefix_tokens']} tokens "
-          f"({100 * result['shared_prefix_share']:.0f}% of prompt tokens), engine start {result['engine_start_s']} s")
+    print(
+        f"\n{title}: {result['prompts']} prompts, shared prefix {result['shared_prefix_tokens']} tokens "
+        f"({100 * result['shared_prefix_share']:.0f}% of prompt tokens), engine start {result['engine_start_s']} s"
+    )
     print(f"  plain LLM.generate  {p['tokens_per_s']:9.0f} tok/s  ({p['wall_s']:.2f} s)")
     print(f"  plain, token IDs    {i['tokens_per_s']:9.0f} tok/s  ({i['wall_s']:.2f} s)")
-    print(f"  our executor        {e['tokens_per_s']:9.0f} tok/s  ({e['wall_s']:.2f} s; engine {e['engine_s']:.2f} s, "
-          f"prep {e['prep_s']:.2f} s)")
-    print(f"  ratio {result['ratio']:.3f} (target >= 0.95; vs token IDs {result['ratio_vs_plain_ids']:.3f})   "
-          f"cached-token share {result['cached_share']:.3f} (target > 0.8)")
+    print(
+        f"  our executor        {e['tokens_per_s']:9.0f} tok/s  ({e['wall_s']:.2f} s; engine {e['engine_s']:.2f} s, "
+        f"prep {e['prep_s']:.2f} s)"
+    )
+    print(
+        f"  ratio {result['ratio']:.3f} (target >= 0.95; vs token IDs {result['ratio_vs_plain_ids']:.3f})   "
+        f"cached-token share {result['cached_share']:.3f} (target > 0.8)"
+    )
 
 
 def main() -> None:
@@ -156,10 +199,18 @@ def main() -> None:
     if args.in_process:
         prepare_in_process_threads()
     model = args.model or str(build_tiny_llama(Path(tempfile.mkdtemp()) / "tiny-llama"))
-    settings = {"model": model, "dtype": "float32", "enforce_eager": True, "max_model_len": 2048,
-                "kv_cache_memory_bytes": 512 * 2**20, "multiprocessing": not args.in_process, "flush_every": 256}
-    result = compare(settings, system_prompt(args.rules), tickets(args.prompts, args.sentences),
-                     {"choice": LABELS}, 16, args.rounds)
+    settings = {
+        "model": model,
+        "dtype": "float32",
+        "enforce_eager": True,
+        "max_model_len": 2048,
+        "kv_cache_memory_bytes": 512 * 2**20,
+        "multiprocessing": not args.in_process,
+        "flush_every": 256,
+    }
+    result = compare(
+        settings, system_prompt(args.rules), tickets(args.prompts, args.sentences), {"choice": LABELS}, 16, args.rounds
+    )
     result.update(cores=os.cpu_count(), load=round(os.getloadavg()[0], 2), in_process=args.in_process)
     report(result, "vLLM executor vs plain LLM.generate (CPU)")
     out = HERE / "out"

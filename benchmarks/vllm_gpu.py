@@ -50,14 +50,34 @@ def main() -> None:
     from batch_pipeline.models.tiny_llama import LLAMA_3_1_8B, build_tiny_llama
 
     model = build_tiny_llama(Path(tempfile.mkdtemp()) / "llama-3.1-8b-dims", weights=False, **LLAMA_3_1_8B)
-    settings = {"model": str(model), "dtype": "bfloat16", "load_format": "dummy", "max_model_len": 4096,
-                "gpu_memory_utilization": args.gpu_memory_utilization, "max_num_seqs": args.max_num_seqs,
-                "tensor_parallel_size": args.tp, "enforce_eager": args.eager, "flush_every": 256}
-    result = compare(settings, system_prompt(args.rules), tickets(args.prompts, args.sentences), {"text": {}},
-                     args.output_tokens, args.rounds, ignore_eos=True)
-    result.update(gpu=torch.cuda.get_device_name(0), gpus=args.tp, output_tokens=args.output_tokens,
-                  generated_tokens_per_s={v: round(result[v]["generated_tokens"] / result[v]["wall_s"], 1)
-                                          for v in ("plain", "plain_ids", "executor")})
+    settings = {
+        "model": str(model),
+        "dtype": "bfloat16",
+        "load_format": "dummy",
+        "max_model_len": 4096,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "max_num_seqs": args.max_num_seqs,
+        "tensor_parallel_size": args.tp,
+        "enforce_eager": args.eager,
+        "flush_every": 256,
+    }
+    result = compare(
+        settings,
+        system_prompt(args.rules),
+        tickets(args.prompts, args.sentences),
+        {"text": {}},
+        args.output_tokens,
+        args.rounds,
+        ignore_eos=True,
+    )
+    result.update(
+        gpu=torch.cuda.get_device_name(0),
+        gpus=args.tp,
+        output_tokens=args.output_tokens,
+        generated_tokens_per_s={
+            v: round(result[v]["generated_tokens"] / result[v]["wall_s"], 1) for v in ("plain", "plain_ids", "executor")
+        },
+    )
     report(result, f"vLLM executor vs plain LLM.generate ({result['gpu']}, Llama-3.1-8B dimensions, random weights)")
     print(f"  generated tokens/s: {result['generated_tokens_per_s']}")
     out = HERE / "out"

@@ -52,7 +52,7 @@ import json
 import random
 import re
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +91,7 @@ INVALID_UTF8_PLACEHOLDER = "@@INVALID_UTF8@@"
 # followed by 'u', and 0xFF are never valid UTF-8.
 INVALID_UTF8_BYTES = b"Caf\xe9 Ol\xe9, re\xe7u le \xff\xfe re\xe7u"
 
-PERIOD_START = datetime(2026, 10, 1, tzinfo=timezone.utc)
+PERIOD_START = datetime(2026, 10, 1, tzinfo=UTC)
 PERIOD_SECONDS = 31 * 24 * 3600
 
 
@@ -105,56 +105,184 @@ def normalize_ws(text: str) -> str:
 # --------------------------------------------------------------------------
 
 FIRST_NAMES = (
-    "Ana", "Ben", "Chloé", "Daniel", "Elif", "Farah", "Giulia", "Hiroshi", "Ines",
-    "Jonas", "Kwame", "Lena", "Mateo", "Nadia", "Oliver", "Priya", "Quentin", "Rosa",
-    "Sven", "Tomás", "Uma", "Victor", "Wen", "Ximena", "Yusuf", "Zoë", "Aisha",
-    "Björn", "Carlos", "Dmitri", "Emma", "Fatima", "Gareth", "Hana", "Ivan", "Julia",
-    "Kenji", "Laura", "Marek", "Noor", "Olga", "Pedro", "Rahul", "Sofia", "Thabo",
-    "Łukasz", "Mei", "Niamh", "Omar", "Pauline",
+    "Ana",
+    "Ben",
+    "Chloé",
+    "Daniel",
+    "Elif",
+    "Farah",
+    "Giulia",
+    "Hiroshi",
+    "Ines",
+    "Jonas",
+    "Kwame",
+    "Lena",
+    "Mateo",
+    "Nadia",
+    "Oliver",
+    "Priya",
+    "Quentin",
+    "Rosa",
+    "Sven",
+    "Tomás",
+    "Uma",
+    "Victor",
+    "Wen",
+    "Ximena",
+    "Yusuf",
+    "Zoë",
+    "Aisha",
+    "Björn",
+    "Carlos",
+    "Dmitri",
+    "Emma",
+    "Fatima",
+    "Gareth",
+    "Hana",
+    "Ivan",
+    "Julia",
+    "Kenji",
+    "Laura",
+    "Marek",
+    "Noor",
+    "Olga",
+    "Pedro",
+    "Rahul",
+    "Sofia",
+    "Thabo",
+    "Łukasz",
+    "Mei",
+    "Niamh",
+    "Omar",
+    "Pauline",
 )
 LAST_NAMES = (
-    "Souza", "Okafor", "Müller", "Tanaka", "Kowalski", "Nguyen", "García", "Smith",
-    "Rossi", "Haddad", "Larsen", "Petrov", "Dubois", "Chen", "Patel", "O'Brien",
-    "Schmidt", "Yılmaz", "Santos", "Kim", "Andersson", "Mensah", "Novak", "Fischer",
-    "Ibrahim", "Moreau", "Costa", "Ivanova", "Hughes", "Sato", "Jensen", "Alvarez",
+    "Souza",
+    "Okafor",
+    "Müller",
+    "Tanaka",
+    "Kowalski",
+    "Nguyen",
+    "García",
+    "Smith",
+    "Rossi",
+    "Haddad",
+    "Larsen",
+    "Petrov",
+    "Dubois",
+    "Chen",
+    "Patel",
+    "O'Brien",
+    "Schmidt",
+    "Yılmaz",
+    "Santos",
+    "Kim",
+    "Andersson",
+    "Mensah",
+    "Novak",
+    "Fischer",
+    "Ibrahim",
+    "Moreau",
+    "Costa",
+    "Ivanova",
+    "Hughes",
+    "Sato",
+    "Jensen",
+    "Alvarez",
 )
 COMPANIES = (
-    "Northwind Traders", "Acme Logistics", "Bluefin Analytics", "Cedar & Co",
-    "Driftwood Studio", "Everpeak Health", "Foxglove Retail", "Granite Labs",
-    "Harbor Legal", "Ironleaf Foods", "Juniper Schools", "Kestrel Media",
-    "Lumen Architects", "Meridian Travel", "Nimbus Robotics", "Orchard Dental",
+    "Northwind Traders",
+    "Acme Logistics",
+    "Bluefin Analytics",
+    "Cedar & Co",
+    "Driftwood Studio",
+    "Everpeak Health",
+    "Foxglove Retail",
+    "Granite Labs",
+    "Harbor Legal",
+    "Ironleaf Foods",
+    "Juniper Schools",
+    "Kestrel Media",
+    "Lumen Architects",
+    "Meridian Travel",
+    "Nimbus Robotics",
+    "Orchard Dental",
 )
 
 PLANS = ("Starter", "Team", "Pro", "Business", "Enterprise")
 MONTHS = ("August", "September", "October")
 CURRENCIES = ("USD", "EUR", "GBP")
 DEVICES = (
-    "an iPhone 15", "a Pixel 8", "a Samsung Galaxy S23", "an iPad Air",
-    "a MacBook Pro", "a Windows 11 laptop", "a Chromebook", "an Ubuntu desktop",
+    "an iPhone 15",
+    "a Pixel 8",
+    "a Samsung Galaxy S23",
+    "an iPad Air",
+    "a MacBook Pro",
+    "a Windows 11 laptop",
+    "a Chromebook",
+    "an Ubuntu desktop",
 )
 BROWSERS = ("Chrome", "Firefox", "Safari", "Edge", "Brave")
 APP_VERSIONS = ("4.12.0", "4.12.1", "4.13.0", "4.13.2", "5.0.0-beta.3", "4.11.7")
 APP_AREAS = (
-    "the reports page", "the dashboard", "the CSV export", "the invoice editor",
-    "the calendar view", "the file uploader", "the search bar", "the mobile app",
-    "the team inbox", "the settings screen", "the PDF preview", "the import wizard",
+    "the reports page",
+    "the dashboard",
+    "the CSV export",
+    "the invoice editor",
+    "the calendar view",
+    "the file uploader",
+    "the search bar",
+    "the mobile app",
+    "the team inbox",
+    "the settings screen",
+    "the PDF preview",
+    "the import wizard",
 )
 INTEGRATIONS = (
-    "Slack", "Salesforce", "HubSpot", "Zapier", "Google Sheets", "Jira", "QuickBooks",
-    "Xero", "Microsoft Teams", "Shopify", "Notion", "Zendesk",
+    "Slack",
+    "Salesforce",
+    "HubSpot",
+    "Zapier",
+    "Google Sheets",
+    "Jira",
+    "QuickBooks",
+    "Xero",
+    "Microsoft Teams",
+    "Shopify",
+    "Notion",
+    "Zendesk",
 )
 FEATURES = (
-    "a dark mode", "bulk editing of records", "custom fields on contacts",
-    "scheduled report emails", "an API endpoint for attachments",
-    "keyboard shortcuts", "recurring invoices", "a read-only guest role",
-    "two-way calendar sync", "saved search filters", "an audit log export",
-    "multi-currency price lists", "webhooks for status changes",
-    "a Gantt view for projects", "offline mode in the mobile app",
-    "single sign-on with Okta", "per-user time zones", "tags on attachments",
+    "a dark mode",
+    "bulk editing of records",
+    "custom fields on contacts",
+    "scheduled report emails",
+    "an API endpoint for attachments",
+    "keyboard shortcuts",
+    "recurring invoices",
+    "a read-only guest role",
+    "two-way calendar sync",
+    "saved search filters",
+    "an audit log export",
+    "multi-currency price lists",
+    "webhooks for status changes",
+    "a Gantt view for projects",
+    "offline mode in the mobile app",
+    "single sign-on with Okta",
+    "per-user time zones",
+    "tags on attachments",
 )
 ERROR_CODES = (
-    "ERR_500", "E1042", "SYNC_TIMEOUT", "0x80070005", "HTTP 502", "E_QUOTA_EXCEEDED",
-    "ERR_UPLOAD_ABORTED", "TOKEN_INVALID", "HTTP 429", "E2203",
+    "ERR_500",
+    "E1042",
+    "SYNC_TIMEOUT",
+    "0x80070005",
+    "HTTP 502",
+    "E_QUOTA_EXCEEDED",
+    "ERR_UPLOAD_ABORTED",
+    "TOKEN_INVALID",
+    "HTTP 429",
+    "E2203",
 )
 # (subject, sentence) pairs for the "other" category.
 OTHER_TOPICS = (
@@ -167,7 +295,10 @@ OTHER_TOPICS = (
     ("Support hours on holidays?", "I could not find your support hours for public holidays anywhere"),
     ("Where is our data hosted?", "our legal team asked in which region our data is hosted"),
     ("Stickers?", "a colleague mentioned you send stickers to community members"),
-    ("Using the product in a classroom", "I teach a course on small-business operations and want to use your product in class"),
+    (
+        "Using the product in a classroom",
+        "I teach a course on small-business operations and want to use your product in class",
+    ),
 )
 
 
@@ -176,14 +307,24 @@ OTHER_TOPICS = (
 # --------------------------------------------------------------------------
 
 GREETINGS = (
-    "Hi team,", "Hello,", "Hi there,", "Good morning,", "Dear support,",
-    "Hello support team,", "Hey folks,", "Good afternoon,",
+    "Hi team,",
+    "Hello,",
+    "Hi there,",
+    "Good morning,",
+    "Dear support,",
+    "Hello support team,",
+    "Hey folks,",
+    "Good afternoon,",
 )
 CHAT_OPENERS = ("hey, ", "hi! ", "hello - ", "hi, quick one: ", "", "")
 CLOSINGS = (
-    "Thanks in advance.", "Thank you for your help.", "Looking forward to hearing from you.",
-    "Appreciate any help.", "Let me know if you need anything else from me.",
-    "Thanks for looking into it.", "",
+    "Thanks in advance.",
+    "Thank you for your help.",
+    "Looking forward to hearing from you.",
+    "Appreciate any help.",
+    "Let me know if you need anything else from me.",
+    "Thanks for looking into it.",
+    "",
 )
 SIGNOFFS = ("Best,", "Thanks,", "Regards,", "Cheers,", "Kind regards,", "Many thanks,")
 CONTEXTS = (
@@ -195,8 +336,10 @@ CONTEXTS = (
     "This is for the {company} workspace.",
 )
 URGENCY = (
-    "This is fairly urgent for us.", "No rush, but I would like to get this sorted this week.",
-    "Our month-end close depends on this.", "It is blocking my team right now.",
+    "This is fairly urgent for us.",
+    "No rush, but I would like to get this sorted this week.",
+    "Our month-end close depends on this.",
+    "It is blocking my team right now.",
     "Whenever you get a chance is fine.",
 )
 
@@ -213,88 +356,158 @@ GENERIC_SUBJECTS: dict[str, tuple[str, ...]] = {
 # subjects that fit it.
 INTROS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
     "billing": (
-        ("I was charged twice for the {plan} plan in {month}: two payments of {amount} on the same day.",
-         ("Charged twice in {month}", "Double charge on my card", "Duplicate payment {amount}")),
-        ("Our latest invoice ({invoice}) shows {amount}, but our plan should cost less than that.",
-         ("Wrong amount on invoice {invoice}", "Invoice {invoice} looks too high")),
-        ("I downgraded from {plan} last month, yet the card on file was still billed {amount}.",
-         ("Proration after downgrade", "Still billed after downgrading from {plan}")),
-        ("We need a refund for invoice {invoice}; we cancelled before the renewal date.",
-         ("Refund request for invoice {invoice}", "Refund after cancellation")),
-        ("The invoice {invoice} is missing our VAT number, so our accountant cannot book it.",
-         ("VAT missing from invoice", "Please add our VAT number to {invoice}")),
-        ("Our card was declined on renewal and I am not sure whether the {plan} subscription is still active.",
-         ("Card declined but plan still active?", "Renewal payment failed")),
-        ("I see a charge of {amount} from you on my statement that I do not recognise.",
-         ("Billing: unexpected charge of {amount}", "Unknown charge on my statement")),
-        ("The invoices for {month} were issued in {currency} but our account is set up in a different currency.",
-         ("Invoice currency is wrong", "Invoices in {currency} instead of our currency")),
-        ("I cannot find the receipt for the {month} payment of {amount} anywhere in the billing page.",
-         ("Need a receipt for {month}", "Where can I download receipts?")),
-        ("We were billed for {seats} seats even though only {team_size} people use the account.",
-         ("Billed for {seats} seats", "Seat count on our invoice is wrong")),
+        (
+            "I was charged twice for the {plan} plan in {month}: two payments of {amount} on the same day.",
+            ("Charged twice in {month}", "Double charge on my card", "Duplicate payment {amount}"),
+        ),
+        (
+            "Our latest invoice ({invoice}) shows {amount}, but our plan should cost less than that.",
+            ("Wrong amount on invoice {invoice}", "Invoice {invoice} looks too high"),
+        ),
+        (
+            "I downgraded from {plan} last month, yet the card on file was still billed {amount}.",
+            ("Proration after downgrade", "Still billed after downgrading from {plan}"),
+        ),
+        (
+            "We need a refund for invoice {invoice}; we cancelled before the renewal date.",
+            ("Refund request for invoice {invoice}", "Refund after cancellation"),
+        ),
+        (
+            "The invoice {invoice} is missing our VAT number, so our accountant cannot book it.",
+            ("VAT missing from invoice", "Please add our VAT number to {invoice}"),
+        ),
+        (
+            "Our card was declined on renewal and I am not sure whether the {plan} subscription is still active.",
+            ("Card declined but plan still active?", "Renewal payment failed"),
+        ),
+        (
+            "I see a charge of {amount} from you on my statement that I do not recognise.",
+            ("Billing: unexpected charge of {amount}", "Unknown charge on my statement"),
+        ),
+        (
+            "The invoices for {month} were issued in {currency} but our account is set up in a different currency.",
+            ("Invoice currency is wrong", "Invoices in {currency} instead of our currency"),
+        ),
+        (
+            "I cannot find the receipt for the {month} payment of {amount} anywhere in the billing page.",
+            ("Need a receipt for {month}", "Where can I download receipts?"),
+        ),
+        (
+            "We were billed for {seats} seats even though only {team_size} people use the account.",
+            ("Billed for {seats} seats", "Seat count on our invoice is wrong"),
+        ),
     ),
     "bug": (
-        ("Since this morning {area} does not load at all; it just spins forever.",
-         ("{area_title} not loading", "{area_title} stuck on loading spinner")),
-        ("Every time I try to use {area} I get the error {error}.",
-         ("Error {error} in {area}", "Getting {error} constantly")),
-        ("The app crashes as soon as I open {area} on {device}.",
-         ("App crashes on {device_short}", "Crash when opening {area}")),
-        ("The sync with {integration} stopped working after the update to version {version}.",
-         ("Sync with {integration} broken", "{integration} sync stopped after {version}")),
-        ("When I export from {area}, the file is empty even though there is data on screen.",
-         ("Export produces empty file", "Empty export from {area}")),
-        ("Uploading a file larger than {size} MB fails with {error} at around 90%.",
-         ("Upload fails with {error}", "Large uploads failing")),
-        ("Notifications for new messages stopped arriving on {device} about {days} days ago.",
-         ("Notifications stopped working", "No push notifications on {device_short}")),
-        ("Dates in {area} are shown one day off, as if the time zone is ignored.",
-         ("Wrong dates shown in {area}", "Time zone bug in {area}")),
-        ("In {browser}, {area} freezes for several seconds after every click.",
-         ("Page freezes in {browser}", "{area_title} very slow in {browser}")),
-        ("After updating to {version}, {area} shows a blank white page.",
-         ("Bug: {area} shows blank page", "Something broke after update {version}")),
+        (
+            "Since this morning {area} does not load at all; it just spins forever.",
+            ("{area_title} not loading", "{area_title} stuck on loading spinner"),
+        ),
+        (
+            "Every time I try to use {area} I get the error {error}.",
+            ("Error {error} in {area}", "Getting {error} constantly"),
+        ),
+        (
+            "The app crashes as soon as I open {area} on {device}.",
+            ("App crashes on {device_short}", "Crash when opening {area}"),
+        ),
+        (
+            "The sync with {integration} stopped working after the update to version {version}.",
+            ("Sync with {integration} broken", "{integration} sync stopped after {version}"),
+        ),
+        (
+            "When I export from {area}, the file is empty even though there is data on screen.",
+            ("Export produces empty file", "Empty export from {area}"),
+        ),
+        (
+            "Uploading a file larger than {size} MB fails with {error} at around 90%.",
+            ("Upload fails with {error}", "Large uploads failing"),
+        ),
+        (
+            "Notifications for new messages stopped arriving on {device} about {days} days ago.",
+            ("Notifications stopped working", "No push notifications on {device_short}"),
+        ),
+        (
+            "Dates in {area} are shown one day off, as if the time zone is ignored.",
+            ("Wrong dates shown in {area}", "Time zone bug in {area}"),
+        ),
+        (
+            "In {browser}, {area} freezes for several seconds after every click.",
+            ("Page freezes in {browser}", "{area_title} very slow in {browser}"),
+        ),
+        (
+            "After updating to {version}, {area} shows a blank white page.",
+            ("Bug: {area} shows blank page", "Something broke after update {version}"),
+        ),
     ),
     "feature_request": (
-        ("It would be great if you could add {feature}.",
-         ("Feature request: {feature_short}", "Please add {feature_short}")),
-        ("Our team would really benefit from {feature}.",
-         ("Would love {feature}", "Request: {feature_short}")),
-        ("Have you considered adding {feature}? We ask ourselves this every week.",
-         ("Any plans for {feature}?", "{feature_short_cap} - on the roadmap?")),
-        ("One thing we miss compared to other tools is {feature}.",
-         ("Missing feature: {feature_short}", "Missing: {feature_short}")),
-        ("I would like to suggest {feature} for a future release.",
-         ("Suggestion: {feature_short}", "Feature suggestion")),
-        ("Could you please put {feature} on the roadmap?",
-         ("Roadmap request: {feature_short}", "Feature request: {feature_short}")),
-        ("We love the product, but {feature} would make it much better for us.",
-         ("Product feedback - {feature_short}", "Love it, one wish: {feature_short}")),
-        ("A small wish from our side: {feature}.",
-         ("Small wish: {feature_short}", "Wishlist item")),
+        (
+            "It would be great if you could add {feature}.",
+            ("Feature request: {feature_short}", "Please add {feature_short}"),
+        ),
+        ("Our team would really benefit from {feature}.", ("Would love {feature}", "Request: {feature_short}")),
+        (
+            "Have you considered adding {feature}? We ask ourselves this every week.",
+            ("Any plans for {feature}?", "{feature_short_cap} - on the roadmap?"),
+        ),
+        (
+            "One thing we miss compared to other tools is {feature}.",
+            ("Missing feature: {feature_short}", "Missing: {feature_short}"),
+        ),
+        (
+            "I would like to suggest {feature} for a future release.",
+            ("Suggestion: {feature_short}", "Feature suggestion"),
+        ),
+        (
+            "Could you please put {feature} on the roadmap?",
+            ("Roadmap request: {feature_short}", "Feature request: {feature_short}"),
+        ),
+        (
+            "We love the product, but {feature} would make it much better for us.",
+            ("Product feedback - {feature_short}", "Love it, one wish: {feature_short}"),
+        ),
+        ("A small wish from our side: {feature}.", ("Small wish: {feature_short}", "Wishlist item")),
     ),
     "account": (
-        ("I cannot log in anymore; the page says my credentials are invalid even after a reset.",
-         ("Can't log in", "Login not working")),
-        ("I requested a password reset {n} times but the email never arrives, not even in spam.",
-         ("Password reset email not arriving", "No reset email")),
-        ("I lost the phone with my authenticator app and now I cannot pass two-factor authentication.",
-         ("Lost my 2FA device", "Locked out by two-factor authentication")),
-        ("I need to change the email address on my account to my new work address.",
-         ("Change account email address", "Update my login email")),
-        ("Please delete my account and all personal data associated with it.",
-         ("Please delete my account", "Account deletion request")),
-        ("Our previous admin left {company} and we need to transfer ownership of the workspace to me.",
-         ("Transfer workspace ownership", "New owner for {company} workspace")),
-        ("My account got locked after too many login attempts and the unlock link has expired.",
-         ("Account locked after too many attempts", "Unlock link expired")),
-        ("I accidentally created two accounts and would like to merge them into one.",
-         ("Merge two accounts", "Duplicate accounts")),
-        ("I need to add a second administrator to the {company} workspace but the option is greyed out.",
-         ("Add a new admin to {company}", "Cannot add second admin")),
-        ("The name on our account is still the old company name and I cannot edit it myself.",
-         ("Update company name on account", "Rename our account")),
+        (
+            "I cannot log in anymore; the page says my credentials are invalid even after a reset.",
+            ("Can't log in", "Login not working"),
+        ),
+        (
+            "I requested a password reset {n} times but the email never arrives, not even in spam.",
+            ("Password reset email not arriving", "No reset email"),
+        ),
+        (
+            "I lost the phone with my authenticator app and now I cannot pass two-factor authentication.",
+            ("Lost my 2FA device", "Locked out by two-factor authentication"),
+        ),
+        (
+            "I need to change the email address on my account to my new work address.",
+            ("Change account email address", "Update my login email"),
+        ),
+        (
+            "Please delete my account and all personal data associated with it.",
+            ("Please delete my account", "Account deletion request"),
+        ),
+        (
+            "Our previous admin left {company} and we need to transfer ownership of the workspace to me.",
+            ("Transfer workspace ownership", "New owner for {company} workspace"),
+        ),
+        (
+            "My account got locked after too many login attempts and the unlock link has expired.",
+            ("Account locked after too many attempts", "Unlock link expired"),
+        ),
+        (
+            "I accidentally created two accounts and would like to merge them into one.",
+            ("Merge two accounts", "Duplicate accounts"),
+        ),
+        (
+            "I need to add a second administrator to the {company} workspace but the option is greyed out.",
+            ("Add a new admin to {company}", "Cannot add second admin"),
+        ),
+        (
+            "The name on our account is still the old company name and I cannot edit it myself.",
+            ("Update company name on account", "Rename our account"),
+        ),
     ),
     "other": (
         ("{topic_sentence}.", ("{topic_subject}",)),
@@ -422,6 +635,7 @@ LOG_MESSAGES = (
 # Helpers
 # --------------------------------------------------------------------------
 
+
 def _weighted(rng: random.Random, items: tuple, weights: tuple) -> Any:
     return rng.choices(items, weights=weights, k=1)[0]
 
@@ -506,7 +720,7 @@ def _compose_body(rng: random.Random, category: str, channel: str, ctx: dict[str
         if channel == "chat":
             opener = rng_chat
             return opener + (text[0].lower() + text[1:] if opener else text)
-        return f"[Phone call notes] Caller ({ctx['first']}) said: \"{text}\" Agent promised a follow-up by email."
+        return f'[Phone call notes] Caller ({ctx["first"]}) said: "{text}" Agent promised a follow-up by email.'
 
     rng_greeting = rng.choice(GREETINGS)
     rng_closing = rng.choice(CLOSINGS)
@@ -630,6 +844,7 @@ def _part_sizes(n_rows: int) -> tuple[int, int]:
 # Main entry point
 # --------------------------------------------------------------------------
 
+
 def generate(out_dir: Path, n_rows: int = 2000, seed: int = 42) -> dict:
     """Generate the sample tickets, golden set and small set under `out_dir`.
 
@@ -740,8 +955,8 @@ def generate(out_dir: Path, n_rows: int = 2000, seed: int = 42) -> dict:
                 t["body"] = rng.randint(10_000, 99_999)
             elif kind == "invalid_utf8":
                 t["body"] = t["body"].rstrip() + " " + INVALID_UTF8_PLACEHOLDER
-                rec["raw"] = _dumps(t).encode("utf-8").replace(
-                    INVALID_UTF8_PLACEHOLDER.encode("ascii"), INVALID_UTF8_BYTES
+                rec["raw"] = (
+                    _dumps(t).encode("utf-8").replace(INVALID_UTF8_PLACEHOLDER.encode("ascii"), INVALID_UTF8_BYTES)
                 )
             else:  # pragma: no cover
                 raise AssertionError(kind)
@@ -759,7 +974,7 @@ def generate(out_dir: Path, n_rows: int = 2000, seed: int = 42) -> dict:
 
     files_summary: dict[str, Any] = {}
     for part, name in enumerate(PART_FILES):
-        chunk = rows[offsets[part]: offsets[part] + sizes[part]]
+        chunk = rows[offsets[part] : offsets[part] + sizes[part]]
         path = tickets_dir / name
         with open(path, "wb") as fh:
             for rec in chunk:
@@ -809,8 +1024,12 @@ def generate(out_dir: Path, n_rows: int = 2000, seed: int = 42) -> dict:
     with open(golden_path, "wb") as fh:
         for rec in by_id(golden):
             t = rec["ticket"]
-            fh.write(_dumps({"ticket_id": t["ticket_id"], "subject": t["subject"], "body": t["body"],
-                             "label": rec["label"]}).encode("utf-8") + b"\n")
+            fh.write(
+                _dumps(
+                    {"ticket_id": t["ticket_id"], "subject": t["subject"], "body": t["body"], "label": rec["label"]}
+                ).encode("utf-8")
+                + b"\n"
+            )
     small_path = small_dir / SMALL_FILE
     with open(small_path, "wb") as fh:
         for rec in by_id(small):
@@ -857,25 +1076,36 @@ def format_summary(summary: dict) -> str:
             lines.append(f"  malformed line {m['line']:>5}: {m['kind']} ({m['ticket_id']})")
         lines.append(f"  over-long lines: {info['over_long_lines']}")
     lines.append(f"malformed lines (1-based): {summary['malformed_lines']}")
-    lines.append(f"valid rows: {summary['valid_rows']}  duplicates: {summary['duplicates']}  "
-                 f"unique bodies: {summary['unique_bodies']}")
+    lines.append(
+        f"valid rows: {summary['valid_rows']}  duplicates: {summary['duplicates']}  "
+        f"unique bodies: {summary['unique_bodies']}"
+    )
     cross = sum(
-        1 for d, o in summary["duplicate_of"].items()
-        if (int(d[1:]) > summary["rows_per_file"][PART_FILES[0]]) != (int(o[1:]) > summary["rows_per_file"][PART_FILES[0]])
+        1
+        for d, o in summary["duplicate_of"].items()
+        if (int(d[1:]) > summary["rows_per_file"][PART_FILES[0]])
+        != (int(o[1:]) > summary["rows_per_file"][PART_FILES[0]])
     )
     lines.append(f"  of which cross-file duplicates: {cross}")
-    lines.append("over-long ticket ids: " + ", ".join(
-        f"{tid} ({n} chars)" for tid, n in summary["over_long_chars"].items()))
+    lines.append(
+        "over-long ticket ids: " + ", ".join(f"{tid} ({n} chars)" for tid, n in summary["over_long_chars"].items())
+    )
     lines.append(f"labels (valid rows): {summary['labels_valid']}")
-    lines.append(f"golden: {summary['golden']['rows']} rows {summary['golden']['labels']} -> {summary['golden']['path']}")
+    lines.append(
+        f"golden: {summary['golden']['rows']} rows {summary['golden']['labels']} -> {summary['golden']['path']}"
+    )
     lines.append(f"small:  {summary['small']['rows']} rows {summary['small']['labels']} -> {summary['small']['path']}")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR,
-                        help="data root that receives samples/ and golden/ (default: repo data/)")
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=DEFAULT_OUT_DIR,
+        help="data root that receives samples/ and golden/ (default: repo data/)",
+    )
     parser.add_argument("--n-rows", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")

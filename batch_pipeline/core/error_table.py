@@ -34,26 +34,26 @@ from enum import StrEnum
 
 
 class Family(StrEnum):
-    OPENAI = "openai"        # OpenAI's Batch API and the online endpoint (any OpenAI-compatible server)
-    AZURE = "azure"          # Azure OpenAI (the same envelope; its own codes)
+    OPENAI = "openai"  # OpenAI's Batch API and the online endpoint (any OpenAI-compatible server)
+    AZURE = "azure"  # Azure OpenAI (the same envelope; its own codes)
     ANTHROPIC = "anthropic"
-    GEMINI = "gemini"        # the Gemini Developer API
-    VERTEX = "vertex"        # Vertex AI batch prediction
+    GEMINI = "gemini"  # the Gemini Developer API
+    VERTEX = "vertex"  # Vertex AI batch prediction
     BEDROCK = "bedrock"
 
 
 class Kind(StrEnum):
     TRANSIENT = "transient"  # retry with backoff (the provider's wait wins)
-    POISON = "poison"        # this item, as sent, never succeeds
-    SYSTEMIC = "systemic"    # nothing succeeds until a human fixes something: stop the job once
-    QUOTA = "quota"          # the account's queue is full: the shard waits for room (a create only)
+    POISON = "poison"  # this item, as sent, never succeeds
+    SYSTEMIC = "systemic"  # nothing succeeds until a human fixes something: stop the job once
+    QUOTA = "quota"  # the account's queue is full: the shard waits for room (a create only)
 
 
 class Where(StrEnum):
-    CALL = "call"            # a control-plane call: upload, retrieve, list, cancel, delete, download
-    CREATE = "create"        # the call that creates a batch or job
-    REQUEST = "request"      # one online request (one item)
-    LINE = "line"            # one failed line of a batch's output (one item)
+    CALL = "call"  # a control-plane call: upload, retrieve, list, cancel, delete, download
+    CREATE = "create"  # the call that creates a batch or job
+    REQUEST = "request"  # one online request (one item)
+    LINE = "line"  # one failed line of a batch's output (one item)
 
 
 EVERYWHERE = frozenset(Where)
@@ -67,14 +67,16 @@ SERVER = range(500, 600)
 # the message names the model (not "model-invocation-job", not "model_not_found")
 NAMES_MODEL = re.compile(r"\bmodels?\b(?![-_])", re.IGNORECASE)
 # the message names the endpoint: OpenAI's 404 "Invalid URL (POST /v1/...)", a server without the path
-NAMES_ENDPOINT = re.compile(r"\binvalid url\b|\b(?:unknown|unsupported|invalid) (?:url|endpoint|path)\b",
-                            re.IGNORECASE)
+NAMES_ENDPOINT = re.compile(r"\binvalid url\b|\b(?:unknown|unsupported|invalid) (?:url|endpoint|path)\b", re.IGNORECASE)
 # what a create refused for the account's queue says, as opposed to a plain rate limit: OpenAI "Enqueued token
 # limit ... Limit: N", Anthropic "... processing queue ...", Google RESOURCE_EXHAUSTED "... quota ..."
 QUEUE_WORDS = re.compile(r"enqueued|queue|per hour|concurrent|quota|limit:", re.IGNORECASE)
 # Google: the project has no billing (Gemini's free-tier "check your plan and billing details" is a rate limit)
-NO_BILLING = re.compile(r"enable billing|billing to be enabled|billing (?:is|has) not (?:been )?enabled|"
-                        r"billing (?:account )?(?:is )?disabled", re.IGNORECASE)
+NO_BILLING = re.compile(
+    r"enable billing|billing to be enabled|billing (?:is|has) not (?:been )?enabled|"
+    r"billing (?:account )?(?:is )?disabled",
+    re.IGNORECASE,
+)
 
 _RESUME = "then re-run to resume"
 OPENAI_ADVICE = f"check the API key, model and account; {_RESUME}"
@@ -91,18 +93,19 @@ SPEND_ADVICE = f"the account or workspace reached its spend limit; raise it, {_R
 
 @dataclass(frozen=True)
 class Row:
-    families: tuple[Family, ...]   # () = every family
-    status: Status                 # None = any status (or none at all)
-    code: str | None               # the provider's code, type, exception name or reason; None = any
+    families: tuple[Family, ...]  # () = every family
+    status: Status  # None = any status (or none at all)
+    code: str | None  # the provider's code, type, exception name or reason; None = any
     kind: Kind
-    why: str                       # the reason for the row, from the provider's documentation
+    why: str  # the reason for the row, from the provider's documentation
     when: re.Pattern[str] | None = None
     where: frozenset[Where] = EVERYWHERE
-    stop: str | None = None        # the code a stop carries (None: the provider's own)
-    advice: str = ""               # said after a stop's message
+    stop: str | None = None  # the code a stop carries (None: the provider's own)
+    advice: str = ""  # said after a stop's message
 
-    def matches(self, family: Family | None, status: int | None, codes: tuple[str, ...], message: str,
-                where: Where) -> bool:
+    def matches(
+        self, family: Family | None, status: int | None, codes: tuple[str, ...], message: str, where: Where
+    ) -> bool:
         return self.keyed(family, status, codes, where) and (self.when is None or bool(self.when.search(message)))
 
     def keyed(self, family: Family | None, status: int | None, codes: tuple[str, ...], where: Where) -> bool:
@@ -130,6 +133,8 @@ def _only(*where: Where) -> frozenset[Where]:
 
 T, P, S, Q = Kind.TRANSIENT, Kind.POISON, Kind.SYSTEMIC, Kind.QUOTA
 
+# one row per line, so the table reads as a table
+# fmt: off
 ROWS: tuple[Row, ...] = (
     # -- the model or the endpoint is wrong: every request would get the same answer ---------------------------
     Row(ANY, 404, None, S, "a 404 that names the model: the backend has no such model (or the key may not use "
@@ -277,6 +282,7 @@ ROWS: tuple[Row, ...] = (
     Row(ANY, None, None, P, "any other answer (another 4xx, an unknown line code): this, as sent, is refused; an "
         "item is retried within its budget, a call stops the job with the provider's message"),
 )
+# fmt: on
 
 
 @dataclass(frozen=True)
@@ -295,8 +301,15 @@ class Decision:
         return self.row.advice
 
 
-def lookup(family: Family | None, status: int | None, code: str | None = None, message: str = "", *,
-           reason: str | None = None, where: Where = Where.CALL) -> Row:
+def lookup(
+    family: Family | None,
+    status: int | None,
+    code: str | None = None,
+    message: str = "",
+    *,
+    reason: str | None = None,
+    where: Where = Where.CALL,
+) -> Row:
     """The first row that matches (the last row matches anything)."""
     codes = ((str(code).lower(),) if code else ()) + ((str(reason).lower(),) if reason else ())
     for row in _keyed(family, status, codes, where):
@@ -318,8 +331,16 @@ def _keyed(family: Family | None, status: int | None, codes: tuple[str, ...], wh
     return tuple(found)
 
 
-def decide(family: Family | None, status: int | None, code: str | None = None, message: str = "", *,
-           reason: str | None = None, where: Where = Where.CALL, should_retry: bool | None = None) -> Decision:
+def decide(
+    family: Family | None,
+    status: int | None,
+    code: str | None = None,
+    message: str = "",
+    *,
+    reason: str | None = None,
+    where: Where = Where.CALL,
+    should_retry: bool | None = None,
+) -> Decision:
     """What an answer means: its row, and the row's kind as it stands where the answer was given."""
     row = lookup(family, status, code, message, reason=reason, where=where)
     kind = row.kind
@@ -339,11 +360,15 @@ def stop_codes() -> frozenset[str]:
 
 def quota_codes(family: Family) -> frozenset[str]:
     """The codes that mean "the account's queue is full" for ``family`` whatever the status."""
-    return frozenset(row.code for row in ROWS if row.kind == Kind.QUOTA and row.code
-                     and (not row.families or family in row.families))
+    return frozenset(
+        row.code for row in ROWS if row.kind == Kind.QUOTA and row.code and (not row.families or family in row.families)
+    )
 
 
 def reason_stops(family: Family) -> dict[str, str]:
     """Google: ``ErrorInfo`` reasons (upper case) that stop the job -> the code the stop carries."""
-    return {row.code: row.stop for row in ROWS if row.kind == Kind.SYSTEMIC and row.stop and row.code
-            and row.code.isupper() and family in row.families}
+    return {
+        row.code: row.stop
+        for row in ROWS
+        if row.kind == Kind.SYSTEMIC and row.stop and row.code and row.code.isupper() and family in row.families
+    }

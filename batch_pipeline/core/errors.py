@@ -53,8 +53,15 @@ class QuotaError(TransientError):
     per hour). Never a job stop and never an item's retry: the attempt is recorded (nothing billed), the limit is
     learned (``limit``: what the provider stated, if it did) and the shard waits for room."""
 
-    def __init__(self, message: str, *, dimension: str, limit: int | None = None, code: str | None = None,
-                 retry_after_s: float | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        dimension: str,
+        limit: int | None = None,
+        code: str | None = None,
+        retry_after_s: float | None = None,
+    ):
         super().__init__(message, code=code, retry_after_s=retry_after_s)
         self.dimension = dimension  # a core.ledger.capacity.Dimension value
         self.limit = limit
@@ -101,12 +108,24 @@ QUOTA_BATCH_CODES = quota_codes(Family.OPENAI)
 def classify_line_error(code: str | None, status_code: int | None = None, message: str | None = None) -> ErrorClass:
     """Class of one failed request line inside a provider batch (the table's rows, any family: a line names none)."""
     kind = decide(None, status_code, code, message or "", where=Where.LINE).kind
-    return ErrorClass.SYSTEMIC if kind == Kind.SYSTEMIC else ErrorClass.POISON if kind == Kind.POISON \
+    return (
+        ErrorClass.SYSTEMIC
+        if kind == Kind.SYSTEMIC
+        else ErrorClass.POISON
+        if kind == Kind.POISON
         else ErrorClass.TRANSIENT
+    )
 
 
-def provider_error(decision: Decision, message: str, *, code: str | None = None, retry_after_s: float | None = None,
-                   dimension: str | None = None, limit: int | None = None) -> BatchPipelineError:
+def provider_error(
+    decision: Decision,
+    message: str,
+    *,
+    code: str | None = None,
+    retry_after_s: float | None = None,
+    dimension: str | None = None,
+    limit: int | None = None,
+) -> BatchPipelineError:
     """The exception for a provider's answer the table decided (``message`` already redacted): a stop carries the
     row's code (else the provider's) and the row's advice; a quota refusal needs the ``dimension`` it refuses."""
     if decision.kind == Kind.SYSTEMIC:

@@ -34,14 +34,21 @@ class Figures:
 
 
 class Meter:
-    def __init__(self, task: str, total: int | None = None, unit: str = "items", *,
-                 parent: "Meter | None" = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        task: str,
+        total: int | None = None,
+        unit: str = "items",
+        *,
+        parent: "Meter | None" = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.task, self.total, self.unit, self.parent, self.clock = task, total, unit, parent, clock
         self.done = 0
         self.started = clock()
         self.shown = False  # shown once work happened (its first count)
         self.from_parts = False  # a whole opened without a total: its parts' totals add up to it
-        self.note = ""      # a running figure beside the count (rows read while bytes are counted)
+        self.note = ""  # a running figure beside the count (rows read while bytes are counted)
 
     def advance(self, n: int = 1) -> None:
         self.done += n

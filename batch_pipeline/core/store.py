@@ -165,8 +165,11 @@ class Store:
 
         query = dict(part.split("=", 1) for part in self.root.partition("?")[2].split("&") if "=" in part)
         endpoint = query.get("endpoint_override")
-        client = boto3.client("s3", region_name=query.get("region"),
-                              endpoint_url=f"{query.get('scheme', 'https')}://{endpoint}" if endpoint else None)
+        client = boto3.client(
+            "s3",
+            region_name=query.get("region"),
+            endpoint_url=f"{query.get('scheme', 'https')}://{endpoint}" if endpoint else None,
+        )
         bucket, _, prefix = self.base.partition("/")
         key = f"{prefix}/{rel}" if prefix else rel
         try:

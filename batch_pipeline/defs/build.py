@@ -8,8 +8,8 @@ from pathlib import Path
 
 import dagster as dg
 
-from batch_pipeline.core.spec.settings import Settings
 from batch_pipeline.core.spec.job import JobSpec
+from batch_pipeline.core.spec.settings import Settings
 from batch_pipeline.defs.assets import build_job_assets
 from batch_pipeline.defs.evals import build_eval_defs
 from batch_pipeline.defs.jobs import build_jobs
@@ -37,5 +37,12 @@ def build_definitions(specs: list[JobSpec], resources: dict | None = None) -> dg
         # a job's input is files (a new-data sensor) or another job's table (a sensor on its publishes)
         start = build_upstream_sensor if spec.input.from_job else build_new_data_sensor
         sensors += [start(spec, job_defs), build_shard_sensor(spec, job_defs)]
-    return dg.Definitions(assets=assets, asset_checks=checks, jobs=jobs, sensors=sensors, schedules=schedules,
-                          resources=resources or default_resources(), executor=executor_from_env())
+    return dg.Definitions(
+        assets=assets,
+        asset_checks=checks,
+        jobs=jobs,
+        sensors=sensors,
+        schedules=schedules,
+        resources=resources or default_resources(),
+        executor=executor_from_env(),
+    )

@@ -7,14 +7,14 @@ import base64
 import dagster as dg
 import polars as pl
 
+from batch_pipeline.core.manifest.shards import Manifest
+from batch_pipeline.core.publish.plots import accuracy_history
+from batch_pipeline.core.publish.tables import JobState
 from batch_pipeline.core.quality.evals import load_golden, paired, run_golden, samples_needed, wilson
 from batch_pipeline.core.quality.judge import judge, stratified_sample, summarise
-from batch_pipeline.core.manifest.shards import Manifest
-from batch_pipeline.core.publish.tables import JobState
 from batch_pipeline.core.run.executor import StreamExecutor
-from batch_pipeline.core.publish.plots import accuracy_history
-from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.spec.job import JobSpec
+from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.defs.metadata import md_table, spec_labels
 from batch_pipeline.defs.resources import StoreResource
 from batch_pipeline.executors.registry import create_executor
@@ -30,33 +30,62 @@ def build_eval_defs(spec: JobSpec) -> tuple[list, list, list]:
     paths = JobPaths(spec.name)
     labels = spec_labels(spec)
 
-    @dg.asset(key=dg.AssetKey([spec.name, "eval"]), partitions_def=WEEKLY, group_name=spec.name, kinds={"python"},
-              **labels, description="Weekly golden-set accuracy (with its interval) and an optional paired "
-                                    "comparison, run inline on quality.eval_backend. Fails when that backend is a "
-                                    "batch one (name an online or self-hosted backend) or refuses the job (the "
-                                    "message says why: key, model); a low accuracy is a figure, not a failure.")
+    @dg.asset(
+        key=dg.AssetKey([spec.name, "eval"]),
+        partitions_def=WEEKLY,
+        group_name=spec.name,
+        kinds={"python"},
+        **labels,
+        description="Weekly golden-set accuracy (with its interval) and an optional paired "
+        "comparison, run inline on quality.eval_backend. Fails when that backend is a "
+        "batch one (name an online or self-hosted backend) or refuses the job (the "
+        "message says why: key, model); a low accuracy is a figure, not a failure.",
+    )
     def weekly_eval(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
         st = store.get()
         executor = create_executor(quality.eval_backend)
         if not isinstance(executor, StreamExecutor):
-            raise dg.Failure(f"quality.eval_backend {quality.eval_backend.name!r} must be an online or self-hosted "
-                             "backend (evals run inline, not through a 24-hour batch)")
+            raise dg.Failure(
+                f"quality.eval_backend {quality.eval_backend.name!r} must be an online or self-hosted "
+                "backend (evals run inline, not through a 24-hour batch)"
+            )
         golden = load_golden(spec)
         a = run_golden(spec, executor, golden, key=f"eval-{context.partition_key}")
         acc = wilson(int(a["correct"].sum()), a.height)
-        row = {"week": context.partition_key, "model": spec.model, "prompt_version": spec.prompt.version,
-               "n": a.height, "accuracy": acc.estimate, "accuracy_low": acc.low, "accuracy_high": acc.high,
-               "samples_needed": samples_needed(min(max(acc.estimate, 0.5), 0.99), quality.target_half_width)}
+        row = {
+            "week": context.partition_key,
+            "model": spec.model,
+            "prompt_version": spec.prompt.version,
+            "n": a.height,
+            "accuracy": acc.estimate,
+            "accuracy_low": acc.low,
+            "accuracy_high": acc.high,
+            "samples_needed": samples_needed(min(max(acc.estimate, 0.5), 0.99), quality.target_half_width),
+        }
         meta: dict = {}
         if quality.compare is not None:
             prompt_b = quality.compare.prompt or spec.prompt
-            b = run_golden(spec, executor, load_golden(spec, prompt_b), model=quality.compare.model,
-                           prompt=prompt_b, key=f"eval-b-{context.partition_key}")
+            b = run_golden(
+                spec,
+                executor,
+                load_golden(spec, prompt_b),
+                model=quality.compare.model,
+                prompt=prompt_b,
+                key=f"eval-b-{context.partition_key}",
+            )
             pair = paired(a.sort("row")["correct"].to_list(), b.sort("row")["correct"].to_list())
-            row.update({"b_model": quality.compare.model or spec.model, "b_prompt_version": prompt_b.version,
-                        "b_accuracy": pair.b_accuracy, "difference": pair.difference.estimate,
-                        "difference_low": pair.difference.low, "difference_high": pair.difference.high,
-                        "b_wins": pair.b_wins, "b_losses": pair.b_losses})
+            row.update(
+                {
+                    "b_model": quality.compare.model or spec.model,
+                    "b_prompt_version": prompt_b.version,
+                    "b_accuracy": pair.b_accuracy,
+                    "difference": pair.difference.estimate,
+                    "difference_low": pair.difference.low,
+                    "difference_high": pair.difference.high,
+                    "b_wins": pair.b_wins,
+                    "b_losses": pair.b_losses,
+                }
+            )
             meta["comparison"] = dg.MetadataValue.json(pair.as_dict())
         rel = f"{paths.root}/evals/history.parquet"
         old = pl.read_parquet(st.read_bytes(rel)) if st.exists(rel) else None
@@ -67,24 +96,32 @@ def build_eval_defs(spec: JobSpec) -> tuple[list, list, list]:
         st.write_table(rel, history.to_arrow())
         png = accuracy_history(history)
         st.write_bytes(f"{paths.root}/evals/history.png", png)
-        context.log.info(f"week {row['week']}: accuracy {acc.estimate:.3f} [{acc.low:.3f}, {acc.high:.3f}] on "
-                         f"{a.height} golden items ({row['samples_needed']} needed for +-{quality.target_half_width})")
-        meta.update({
-            "accuracy": dg.MetadataValue.float(acc.estimate),
-            "interval": dg.MetadataValue.text(f"[{acc.low:.3f}, {acc.high:.3f}] (95%, n={a.height})"),
-            "samples_needed": dg.MetadataValue.int(row["samples_needed"]),
-            "history": md_table(history.select("week", "n", "accuracy", "accuracy_low", "accuracy_high"), limit=60),
-            "plot": dg.MetadataValue.md(f"![history](data:image/png;base64,{base64.b64encode(png).decode()})"),
-            "plot_path": dg.MetadataValue.path(st.uri(f"{paths.root}/evals/history.png")),
-        })
+        context.log.info(
+            f"week {row['week']}: accuracy {acc.estimate:.3f} [{acc.low:.3f}, {acc.high:.3f}] on "
+            f"{a.height} golden items ({row['samples_needed']} needed for +-{quality.target_half_width})"
+        )
+        meta.update(
+            {
+                "accuracy": dg.MetadataValue.float(acc.estimate),
+                "interval": dg.MetadataValue.text(f"[{acc.low:.3f}, {acc.high:.3f}] (95%, n={a.height})"),
+                "samples_needed": dg.MetadataValue.int(row["samples_needed"]),
+                "history": md_table(history.select("week", "n", "accuracy", "accuracy_low", "accuracy_high"), limit=60),
+                "plot": dg.MetadataValue.md(f"![history](data:image/png;base64,{base64.b64encode(png).decode()})"),
+                "plot_path": dg.MetadataValue.path(st.uri(f"{paths.root}/evals/history.png")),
+            }
+        )
         return dg.MaterializeResult(metadata=meta)
 
     assets = [weekly_eval]
     if quality.judge is not None:  # graded in the same weekly run as the eval
         assets.append(build_judge_asset(spec))
-    job = dg.define_asset_job(f"{spec.name}_eval", selection=assets, partitions_def=WEEKLY, **labels,
-                              description="The weekly golden-set eval" + (" and judge sample." if len(assets) > 1
-                                                                          else "."))
+    job = dg.define_asset_job(
+        f"{spec.name}_eval",
+        selection=assets,
+        partitions_def=WEEKLY,
+        **labels,
+        description="The weekly golden-set eval" + (" and judge sample." if len(assets) > 1 else "."),
+    )
     schedule = dg.build_schedule_from_partitioned_job(job, hour_of_day=6, name=f"{spec.name}_weekly_eval")
     return assets, [job], [schedule]
 
@@ -94,50 +131,83 @@ def build_judge_asset(spec: JobSpec) -> dg.AssetsDefinition:
     cfg = spec.quality.judge
     paths = JobPaths(spec.name)
 
-    @dg.asset(key=dg.AssetKey([spec.name, "judge"]), deps=[dg.AssetKey([spec.name, "results"])], group_name=spec.name,
-              partitions_def=WEEKLY, kinds={"python"}, **spec_labels(spec),
-              description="Weekly: a stratified sample of accepted outputs graded pass/fail by a judge model, with "
-                          "the judge's agreement against the golden labels (on the golden probes). Fails when "
-                          "quality.judge.backend is a batch backend or refuses the job; a low agreement means the "
-                          "judge cannot be trusted on this task: change quality.judge.model or instructions.")
+    @dg.asset(
+        key=dg.AssetKey([spec.name, "judge"]),
+        deps=[dg.AssetKey([spec.name, "results"])],
+        group_name=spec.name,
+        partitions_def=WEEKLY,
+        kinds={"python"},
+        **spec_labels(spec),
+        description="Weekly: a stratified sample of accepted outputs graded pass/fail by a judge model, with "
+        "the judge's agreement against the golden labels (on the golden probes). Fails when "
+        "quality.judge.backend is a batch backend or refuses the job; a low agreement means the "
+        "judge cannot be trusted on this task: change quality.judge.model or instructions.",
+    )
     def judge_sample(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
         st = store.get()
         executor = create_executor(cfg.backend)
         if not isinstance(executor, StreamExecutor):
             raise dg.Failure(f"quality.judge.backend {cfg.backend.name!r} must be an online or self-hosted backend")
         state = JobState.load(spec, st)
-        items = state.items.join(pl.from_arrow(Manifest(spec.name, st).item_index(["request_id", "user_prompt"])),
-                                 on="request_id")
-        accepted = state.results.filter(pl.col("status") == "succeeded").sort("attempt") \
-            .unique("request_id", keep="last").select("request_id", pl.col("output_text").alias("answer"))
-        pool = items.join(accepted, on="request_id").select("request_id", "shard_id", "length_bucket",
-                                                             "user_prompt", "answer")
+        items = state.items.join(
+            pl.from_arrow(Manifest(spec.name, st).item_index(["request_id", "user_prompt"])), on="request_id"
+        )
+        accepted = (
+            state.results.filter(pl.col("status") == "succeeded")
+            .sort("attempt")
+            .unique("request_id", keep="last")
+            .select("request_id", pl.col("output_text").alias("answer"))
+        )
+        pool = items.join(accepted, on="request_id").select(
+            "request_id", "shard_id", "length_bucket", "user_prompt", "answer"
+        )
         sample = stratified_sample(pool, cfg.sample_size)
         truth = None
         probes = state.probe_results
         if probes is not None and probes.height:
-            known = pl.concat([pl.read_parquet(st.read_bytes(p)) for p in
-                               st.list_files(f"{paths.root}/golden/probes", suffix=".parquet")])
+            known = pl.concat(
+                [
+                    pl.read_parquet(st.read_bytes(p))
+                    for p in st.list_files(f"{paths.root}/golden/probes", suffix=".parquet")
+                ]
+            )
             answered = probes.filter(pl.col("status") != "errored").sort("attempt").unique("request_id", keep="last")
             golden = answered.join(known.select("request_id", "user_prompt", "label"), on="request_id")
             truth = golden.select("request_id", (pl.col("parsed_output") == pl.col("label")).alias("correct"))
-            sample = pl.concat([sample.select("request_id", "user_prompt", "answer"),
-                                golden.select("request_id", "user_prompt", pl.col("output_text").alias("answer"))])
-        graded = judge(spec, executor, sample.select("request_id", "user_prompt", "answer"),
-                       key=f"judge-{context.partition_key}")
+            sample = pl.concat(
+                [
+                    sample.select("request_id", "user_prompt", "answer"),
+                    golden.select("request_id", "user_prompt", pl.col("output_text").alias("answer")),
+                ]
+            )
+        graded = judge(
+            spec, executor, sample.select("request_id", "user_prompt", "answer"), key=f"judge-{context.partition_key}"
+        )
         items_graded = graded.join(pool.select("request_id"), on="request_id", how="semi")
         summary: dict = {"week": context.partition_key, **summarise(items_graded)}
         if truth is not None:
             summary.update({k: v for k, v in summarise(graded, truth).items() if k.startswith(("golden", "agree"))})
-        strata = sample.join(pool.select("request_id", "shard_id", "length_bucket"), on="request_id") \
-            .group_by("shard_id", "length_bucket").len().sort("shard_id", "length_bucket")
+        strata = (
+            sample.join(pool.select("request_id", "shard_id", "length_bucket"), on="request_id")
+            .group_by("shard_id", "length_bucket")
+            .len()
+            .sort("shard_id", "length_bucket")
+        )
         st.write_json(f"{paths.root}/judge.json", summary)
         st.write_table(f"{paths.root}/judge/verdicts.parquet", graded.to_arrow())
-        context.log.info(f"judge: pass rate {summary['pass_rate']:.3f} on {summary['judged']} sampled outputs"
-                         + (f", agreement with golden {summary['agreement']:.3f}" if "agreement" in summary else ""))
-        return dg.MaterializeResult(metadata={**{k: dg.MetadataValue.float(float(v)) if isinstance(v, float)
-                                                 else dg.MetadataValue.int(int(v)) for k, v in summary.items()
-                                                 if k != "week"},
-                                              "strata": md_table(strata, limit=100)})
+        context.log.info(
+            f"judge: pass rate {summary['pass_rate']:.3f} on {summary['judged']} sampled outputs"
+            + (f", agreement with golden {summary['agreement']:.3f}" if "agreement" in summary else "")
+        )
+        return dg.MaterializeResult(
+            metadata={
+                **{
+                    k: dg.MetadataValue.float(float(v)) if isinstance(v, float) else dg.MetadataValue.int(int(v))
+                    for k, v in summary.items()
+                    if k != "week"
+                },
+                "strata": md_table(strata, limit=100),
+            }
+        )
 
     return judge_sample

@@ -88,8 +88,10 @@ def k8s_executor_config() -> dict:
         # a name without "=value" is copied from the run pod's environment when the step is launched
         "env_vars": env_vars,
         "resources": {
-            "requests": {"cpu": _env("BATCH_PIPELINE_STEP_CPU", "500m"),
-                         "memory": _env("BATCH_PIPELINE_STEP_MEMORY", "1Gi")},
+            "requests": {
+                "cpu": _env("BATCH_PIPELINE_STEP_CPU", "500m"),
+                "memory": _env("BATCH_PIPELINE_STEP_MEMORY", "1Gi"),
+            },
             "limits": {"memory": _env("BATCH_PIPELINE_STEP_MEMORY_LIMIT", "4Gi")},
         },
         "step_k8s_config": {
@@ -123,8 +125,9 @@ def is_gpu_backend(name: str) -> bool:
     return name.startswith("vllm")
 
 
-def gpu_step_tags(gpus: int = 1, node_selector: Mapping[str, str] | None = None,
-                  model_cache_claim: str = MODEL_CACHE_CLAIM) -> dict:
+def gpu_step_tags(
+    gpus: int = 1, node_selector: Mapping[str, str] | None = None, model_cache_claim: str = MODEL_CACHE_CLAIM
+) -> dict:
     """``op_tags`` for a shard step that runs vLLM in its own pod on a GPU node.
 
     The pod gets ``gpus`` × ``nvidia.com/gpu``, CPU/memory requests, the GPU node selector and a
@@ -151,13 +154,22 @@ def gpu_step_tags(gpus: int = 1, node_selector: Mapping[str, str] | None = None,
         "container_config": container,
         "pod_spec_config": {
             "node_selector": dict(node_selector) if node_selector is not None else gpu_node_selector(),
-            "tolerations": [{"key": _env("BATCH_PIPELINE_GPU_TOLERATION_KEY", GPU_RESOURCE),
-                             "operator": "Exists", "effect": "NoSchedule"}],
+            "tolerations": [
+                {
+                    "key": _env("BATCH_PIPELINE_GPU_TOLERATION_KEY", GPU_RESOURCE),
+                    "operator": "Exists",
+                    "effect": "NoSchedule",
+                }
+            ],
             "volumes": [
-                {"name": MODEL_CACHE_VOLUME,
-                 "persistent_volume_claim": {"claim_name": model_cache_claim, "read_only": True}},
-                {"name": SHM_VOLUME,
-                 "empty_dir": {"medium": "Memory", "size_limit": _env("BATCH_PIPELINE_GPU_SHM", "8Gi")}},
+                {
+                    "name": MODEL_CACHE_VOLUME,
+                    "persistent_volume_claim": {"claim_name": model_cache_claim, "read_only": True},
+                },
+                {
+                    "name": SHM_VOLUME,
+                    "empty_dir": {"medium": "Memory", "size_limit": _env("BATCH_PIPELINE_GPU_SHM", "8Gi")},
+                },
             ],
         },
     }

@@ -48,21 +48,40 @@ def build_manifest_parts(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list
     files = input_files_partitions(spec)
     job = spec.name
 
-    @dg.asset(key=asset_key(spec, "manifest_file_part"), partitions_def=files, group_name=job, kinds={"python"},
-              description="One input file read, normalised, rendered and hashed on its own (from its old end when "
-                          "it grew), stored as prepared blocks for the merge.")
+    @dg.asset(
+        key=asset_key(spec, "manifest_file_part"),
+        partitions_def=files,
+        group_name=job,
+        kinds={"python"},
+        description="One input file read, normalised, rendered and hashed on its own (from its old end when "
+        "it grew), stored as prepared blocks for the merge.",
+    )
     def manifest_file_part(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
         record = prepare_file_part(spec, store.get(), context.partition_key, _caps(spec).max_bytes)
         if record is None:
             return dg.MaterializeResult(metadata={"prepared": False, "reason": "nothing new to read in this file"})
         context.log.info(f"{record.uri}: {sum(record.blocks_rows_in):,} rows read from byte {record.offset:,}")
-        return dg.MaterializeResult(metadata=plain({
-            "prepared": True, "source": record.uri, "from_byte": record.offset, "bytes_read": record.bytes_read,
-            "rows_read": sum(record.blocks_rows_in), "rows_prepared": sum(record.blocks_rows),
-            "blocks": len(record.blocks_rows)}))
+        return dg.MaterializeResult(
+            metadata=plain(
+                {
+                    "prepared": True,
+                    "source": record.uri,
+                    "from_byte": record.offset,
+                    "bytes_read": record.bytes_read,
+                    "rows_read": sum(record.blocks_rows_in),
+                    "rows_prepared": sum(record.blocks_rows),
+                    "blocks": len(record.blocks_rows),
+                }
+            )
+        )
 
-    @dg.asset(key=asset_key(spec, "manifest_merge"), deps=[manifest_file_part], group_name=job, kinds={"python"},
-              description="The prepared file parts dealt into new shards against the on-disk request-ID index.")
+    @dg.asset(
+        key=asset_key(spec, "manifest_merge"),
+        deps=[manifest_file_part],
+        group_name=job,
+        kinds={"python"},
+        description="The prepared file parts dealt into new shards against the on-disk request-ID index.",
+    )
     def manifest_merge(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
         st = store.get()
         parts = FileParts(spec, st)
@@ -74,15 +93,19 @@ def build_manifest_parts(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list
         missing = [s for s in Manifest(job, st).shard_ids() if s not in known]
         if missing:
             context.instance.add_dynamic_partitions(shards.name, missing)
-        context.log.info(f"manifest gen {summary.generation}: files {summary.files_line()}; {len(from_parts)} from "
-                         f"prepared parts; {summary.new_requests} new requests in {len(summary.new_shards)} shards")
-        meta = plain({k: v for k, v in summary.as_dict().items()
-                      if k not in ("new_shards", "rejects_by_reason", "files")})
+        context.log.info(
+            f"manifest gen {summary.generation}: files {summary.files_line()}; {len(from_parts)} from "
+            f"prepared parts; {summary.new_requests} new requests in {len(summary.new_shards)} shards"
+        )
+        meta = plain(
+            {k: v for k, v in summary.as_dict().items() if k not in ("new_shards", "rejects_by_reason", "files")}
+        )
         meta["input_files_by_action"] = dg.MetadataValue.text(summary.files_line())
         meta["files_from_parts"] = dg.MetadataValue.json(from_parts)
         return dg.MaterializeResult(metadata=meta)
 
-    parts_job = dg.define_asset_job(f"{job}_manifest_file_parts", selection=[manifest_file_part.key],
-                                    partitions_def=files)
+    parts_job = dg.define_asset_job(
+        f"{job}_manifest_file_parts", selection=[manifest_file_part.key], partitions_def=files
+    )
     merge_job = dg.define_asset_job(f"{job}_manifest_merge", selection=[manifest_merge.key])
     return [manifest_file_part, manifest_merge], [parts_job, merge_job]

@@ -86,16 +86,22 @@ def md_table(frame: pl.DataFrame, limit: int = 10) -> dg.MetadataValue:
 
 def column_schema(schema: pa.Schema | pl.Schema) -> dg.TableSchema:
     """The table's columns and types (and what each holds) for ``dagster/column_schema``."""
-    pairs = [(f.name, str(f.type)) for f in schema] if isinstance(schema, pa.Schema) \
+    pairs = (
+        [(f.name, str(f.type)) for f in schema]
+        if isinstance(schema, pa.Schema)
         else [(name, str(dtype)) for name, dtype in schema.items()]
-    return dg.TableSchema(columns=[dg.TableColumn(name, type_, description=COLUMN_DOCS.get(name))
-                                   for name, type_ in pairs])
+    )
+    return dg.TableSchema(
+        columns=[dg.TableColumn(name, type_, description=COLUMN_DOCS.get(name)) for name, type_ in pairs]
+    )
 
 
 def table_meta(schema: pa.Schema | pl.Schema, rows: int) -> dict[str, dg.MetadataValue]:
     """What the UI shows for a table asset: its column schema and its row count."""
-    return {"dagster/column_schema": dg.MetadataValue.table_schema(column_schema(schema)),
-            "dagster/row_count": dg.MetadataValue.int(rows)}
+    return {
+        "dagster/column_schema": dg.MetadataValue.table_schema(column_schema(schema)),
+        "dagster/row_count": dg.MetadataValue.int(rows),
+    }
 
 
 def plain(values: dict) -> dict:
@@ -135,9 +141,11 @@ def spec_labels(spec: JobSpec) -> dict:
 def progress_meta(meter: progress.Meter) -> dict[str, dg.MetadataValue]:
     """The run's share of a step as the CLI's bar shows it: count, rate, elapsed."""
     f = meter.figures()
-    return {f"progress_{f.unit}": dg.MetadataValue.int(f.done),
-            f"progress_{f.unit}_per_s": dg.MetadataValue.float(round(f.rate_per_s, 3)),
-            "progress_elapsed_s": dg.MetadataValue.float(round(f.elapsed_s, 3))}
+    return {
+        f"progress_{f.unit}": dg.MetadataValue.int(f.done),
+        f"progress_{f.unit}_per_s": dg.MetadataValue.float(round(f.rate_per_s, 3)),
+        "progress_elapsed_s": dg.MetadataValue.float(round(f.elapsed_s, 3)),
+    }
 
 
 def per_shard_meta(counts: dict[str, dict[str, int]]) -> dict[str, dg.MetadataValue]:
@@ -151,9 +159,11 @@ def per_shard_meta(counts: dict[str, dict[str, int]]) -> dict[str, dg.MetadataVa
     totals = {name: sum(c[name] for c in counts.values()) for name in names}
     rows = ["| shard | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     rows += [f"| {shard} | " + " | ".join(str(c[n]) for n in names) + " |" for shard, c in counts.items()]
-    return {"shards_in_run": dg.MetadataValue.text(", ".join(counts)),
-            **{f"run_{name}": dg.MetadataValue.int(value) for name, value in totals.items()},
-            "per_shard": dg.MetadataValue.md("\n".join(rows))}
+    return {
+        "shards_in_run": dg.MetadataValue.text(", ".join(counts)),
+        **{f"run_{name}": dg.MetadataValue.int(value) for name, value in totals.items()},
+        "per_shard": dg.MetadataValue.md("\n".join(rows)),
+    }
 
 
 def provider_ceilings(spec: JobSpec, store) -> dict:

@@ -14,11 +14,11 @@ from collections.abc import Callable
 import dagster as dg
 
 from batch_pipeline.core import progress
+from batch_pipeline.core.errors import BatchPipelineError
 from batch_pipeline.core.run.activity import Activity
 from batch_pipeline.core.run.control import JobPaused
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.settings import Settings
-from batch_pipeline.core.errors import BatchPipelineError
 from batch_pipeline.core.state.driver import Action, WaitKind
 from batch_pipeline.core.state.machine import ShardState
 from batch_pipeline.core.state.ranges import ShardRange, shard_ranges
@@ -41,9 +41,15 @@ def _quiet(level: str) -> dict:
     return {"loggers": {"console": {"config": {"log_level": level}}}}
 
 
-def run_job(spec: JobSpec, instance: dg.DagsterInstance, resources: dict | None = None, *,
-            shards_per_run: int | None = None, log_level: str = "WARNING",
-            on_stage: Callable[[str], None] | None = None) -> dict:
+def run_job(
+    spec: JobSpec,
+    instance: dg.DagsterInstance,
+    resources: dict | None = None,
+    *,
+    shards_per_run: int | None = None,
+    log_level: str = "WARNING",
+    on_stage: Callable[[str], None] | None = None,
+) -> dict:
     defs = build_definitions([spec], resources)
     graph_assets = list(defs.assets or []) + list(defs.asset_checks or [])
     resources = defs.resources
@@ -51,8 +57,15 @@ def run_job(spec: JobSpec, instance: dg.DagsterInstance, resources: dict | None 
     span = shards_per_run or Settings.from_env().shards_per_run
 
     def run(names: list[str], **kwargs) -> dg.ExecuteInProcessResult:
-        result = dg.materialize(graph_assets, selection=[asset_key(spec, n) for n in names], instance=instance,
-                                resources=resources, run_config=_quiet(log_level), raise_on_error=False, **kwargs)
+        result = dg.materialize(
+            graph_assets,
+            selection=[asset_key(spec, n) for n in names],
+            instance=instance,
+            resources=resources,
+            run_config=_quiet(log_level),
+            raise_on_error=False,
+            **kwargs,
+        )
         if not result.success:
             raise dg.Failure(_failure_message(result))
         return result
@@ -67,8 +80,13 @@ def run_job(spec: JobSpec, instance: dg.DagsterInstance, resources: dict | None 
     max_passes = spec.retries.per_item + 2  # expired/cancelled items do not spend their budget
     queue = QueueLoop(spec, store, stage)
     while True:
-        plan = load_view(spec, store, **batch_minimums(spec), capacity=queue.ledgers,
-                         batch_ended=queue.poller if queue.bound else None).plan()
+        plan = load_view(
+            spec,
+            store,
+            **batch_minimums(spec),
+            capacity=queue.ledgers,
+            batch_ended=queue.poller if queue.bound else None,
+        ).plan()
         log.info("job %s: plan: %s", spec.name, plan.describe())
         if plan.stopped:
             raise dg.Failure(f"job stopped: {plan.stopped}")
@@ -85,17 +103,21 @@ def run_job(spec: JobSpec, instance: dg.DagsterInstance, resources: dict | None 
         requotes = 0
         if plan.waiting_for(WaitKind.QUOTA) and not plan.has(Action.CANARY):
             # the account's queue is full: send what fits, collect what ended, wait on the provider in between
-            if queue.step(plan, lambda names, r: run(names, **({"tags": range_tags(r)} if r else {})),
-                          all_shards, span):
+            if queue.step(
+                plan, lambda names, r: run(names, **({"tags": range_tags(r)} if r else {})), all_shards, span
+            ):
                 continue
         canary = plan.shards(Action.CANARY)
         if canary:
             canaries += 1
             if canaries > spec.retries.per_item + 1:
-                raise dg.Failure(f"the canary shard {canary[0]} got no verdict after {canaries - 1} attempts: "
-                                 f"{plan.describe()}")
-            stage(f"canary: shard {canary[0]} ({spec.canary.size} items at most, alone)"
-                  + (f" (attempt {canaries})" if canaries > 1 else ""))
+                raise dg.Failure(
+                    f"the canary shard {canary[0]} got no verdict after {canaries - 1} attempts: {plan.describe()}"
+                )
+            stage(
+                f"canary: shard {canary[0]} ({spec.canary.size} items at most, alone)"
+                + (f" (attempt {canaries})" if canaries > 1 else "")
+            )
             run(["quote"])  # the canary spends against a fresh quote too
             did = Activity(store, spec.name, tail)
             with progress.opened("submit", 1, "shards"), progress.opened("collect", 0, "shards"):
@@ -114,10 +136,13 @@ def run_job(spec: JobSpec, instance: dg.DagsterInstance, resources: dict | None 
         did = Activity(store, spec.name, tail)
         sends = set(plan.shards(Action.SUBMIT, Action.RESOLVE, Action.RESCUE))
         # batches open now (a rescue collects its own); each batch the pass makes adds one (progress.expect)
-        open_now = [s for s in todo if s not in sends and plan.states.get(s) in (ShardState.SUBMITTED,
-                                                                                 ShardState.ENDED)]
-        with progress.opened("submit", len(sends & set(todo)), "shards"), \
-                progress.opened("collect", len(open_now), "shards"):
+        open_now = [
+            s for s in todo if s not in sends and plan.states.get(s) in (ShardState.SUBMITTED, ShardState.ENDED)
+        ]
+        with (
+            progress.opened("submit", len(sends & set(todo)), "shards"),
+            progress.opened("collect", len(open_now), "shards"),
+        ):
             for r in shard_ranges(all_shards, todo, span):  # the ranges' assets count towards the pass's bars
                 run(SHARD_ASSETS, tags=range_tags(r))
         stage(f"pass {passes} done: {did.since().describe()}")  # what it did, whatever the plan said
@@ -171,9 +196,11 @@ class QueueLoop:
         if not open_batches and not held:
             self.idle += 1
             if self.idle > self.IDLE_LIMIT:
-                raise dg.Failure(f"job {self.spec.name}: nothing it sends fits the account's queue even when the "
-                                 f"queue is empty: {plan.describe()}; raise backend.settings.quota (or lower "
-                                 "shards.max_requests) and run again")
+                raise dg.Failure(
+                    f"job {self.spec.name}: nothing it sends fits the account's queue even when the "
+                    f"queue is empty: {plan.describe()}; raise backend.settings.quota (or lower "
+                    "shards.max_requests) and run again"
+                )
         if time.monotonic() - self.said > 30:
             self.said = time.monotonic()
             self.stage(f"waiting for room in the account's queue: {plan.describe()}")

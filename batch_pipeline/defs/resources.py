@@ -1,6 +1,5 @@
 """Dagster resources: where the store lives and where prices come from (thin wrappers over core)."""
 
-
 import dagster as dg
 
 from batch_pipeline.core.money.cost import PriceTable, load_prices

@@ -15,8 +15,13 @@ from batch_pipeline.defs.resources import PricesResource, StoreResource
 from batch_pipeline.executors.registry import batch_minimums, create_executor
 
 
-def shard_runner(spec: JobSpec, store: StoreResource, prices: PricesResource, backend: BackendSpec | None = None,
-                 stage: Stage = Stage.PRIMARY) -> ShardRunner:
+def shard_runner(
+    spec: JobSpec,
+    store: StoreResource,
+    prices: PricesResource,
+    backend: BackendSpec | None = None,
+    stage: Stage = Stage.PRIMARY,
+) -> ShardRunner:
     """A shard runner whose every paid call first passes the budget guard (golden probes ride with the primary's
     submissions only)."""
     backend = backend or spec.backend
@@ -24,10 +29,19 @@ def shard_runner(spec: JobSpec, store: StoreResource, prices: PricesResource, ba
     executor = create_executor(backend)
     price = prices.get().lookup(backend.name, spec.model)
     quote = st.read_json(JobPaths(spec.name).quote) or {}
-    guard = BudgetGuard(spec, st, price, quote.get("calibration", {}).get("factor", 1.0),
-                        batch=executor.pricing == "batch")
-    return ShardRunner(spec, st, executor, price, executor.pricing, before_spend=guard.check,
-                       extra_items=probe_hook(spec, st) if stage == Stage.PRIMARY else None, stage=stage)
+    guard = BudgetGuard(
+        spec, st, price, quote.get("calibration", {}).get("factor", 1.0), batch=executor.pricing == "batch"
+    )
+    return ShardRunner(
+        spec,
+        st,
+        executor,
+        price,
+        executor.pricing,
+        before_spend=guard.check,
+        extra_items=probe_hook(spec, st) if stage == Stage.PRIMARY else None,
+        stage=stage,
+    )
 
 
 def executor_for(spec: JobSpec):
@@ -45,8 +59,11 @@ def probe_hook(spec: JobSpec, st):
     manifest = Manifest(spec.name, st)
 
     def extra(shard_id: str, attempt: int):
-        shard_probes = probes.for_shard(shard_id, manifest.shard_items(shard_id, ["request_id"]).num_rows,
-                                        canary=shard_id == manifest.canary_shard_id())
+        shard_probes = probes.for_shard(
+            shard_id,
+            manifest.shard_items(shard_id, ["request_id"]).num_rows,
+            canary=shard_id == manifest.canary_shard_id(),
+        )
         answered = read_results(st, spec.name, shard_id, ["request_id"])
         if answered.join(shard_probes.select("request_id"), on="request_id", how="semi").height:
             return None
@@ -59,11 +76,17 @@ def shard_driver(context, spec: JobSpec, store: StoreResource, prices: PricesRes
     """The shard runner and, on demand, the tail-rescue runner (the spec's online backend, interactive price) and
     the fallback model's runner."""
     tail = (lambda: shard_runner(spec, store, prices, spec.tail.backend)) if spec.tail is not None else None
-    fallback = (lambda: shard_runner(fallback_variant(spec), store, prices, stage=Stage.FALLBACK)) \
-        if spec.fallback is not None else None
+    fallback = (
+        (lambda: shard_runner(fallback_variant(spec), store, prices, stage=Stage.FALLBACK))
+        if spec.fallback is not None
+        else None
+    )
     # the fallback's items below its backend's minimum per batch: the fallback model on the tail backend
-    fallback_tail = (lambda: shard_runner(fallback_tail_variant(spec), store, prices, stage=Stage.FALLBACK)) \
-        if fallback_may_use_tail(spec) else None
+    fallback_tail = (
+        (lambda: shard_runner(fallback_tail_variant(spec), store, prices, stage=Stage.FALLBACK))
+        if fallback_may_use_tail(spec)
+        else None
+    )
     minimums = batch_minimums(spec)
     if spec.route is not None:  # backend: auto: each shard's runner is built for the backend its route names
         book = RouteBook(store.get(), spec.name)
@@ -71,12 +94,30 @@ def shard_driver(context, spec: JobSpec, store: StoreResource, prices: PricesRes
         def routed(shard_id: str) -> ShardRunner:
             choice = book.get(shard_id)
             if choice is None or choice.backend is None:
-                raise ShardWaits(f"shard {shard_id} has no route yet"
-                                 + (f": {choice.reason}" if choice else ": quote the job first (it routes the shards)"))
+                raise ShardWaits(
+                    f"shard {shard_id} has no route yet"
+                    + (f": {choice.reason}" if choice else ": quote the job first (it routes the shards)")
+                )
             return shard_runner(routed_variant(spec, candidate_for(spec, choice).backend, choice.model), store, prices)
 
-        return ShardDriver(spec, store.get(), None, tail, say=context.log.info, fallback=fallback, router=routed,
-                           fallback_tail=fallback_tail, fallback_min_batch=minimums["fallback_min_batch"])
-    return ShardDriver(spec, store.get(), shard_runner(spec, store, prices), tail, say=context.log.info,
-                       fallback=fallback, fallback_tail=fallback_tail,
-                       fallback_min_batch=minimums["fallback_min_batch"])
+        return ShardDriver(
+            spec,
+            store.get(),
+            None,
+            tail,
+            say=context.log.info,
+            fallback=fallback,
+            router=routed,
+            fallback_tail=fallback_tail,
+            fallback_min_batch=minimums["fallback_min_batch"],
+        )
+    return ShardDriver(
+        spec,
+        store.get(),
+        shard_runner(spec, store, prices),
+        tail,
+        say=context.log.info,
+        fallback=fallback,
+        fallback_tail=fallback_tail,
+        fallback_min_batch=minimums["fallback_min_batch"],
+    )

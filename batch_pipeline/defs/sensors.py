@@ -15,11 +15,11 @@ from datetime import UTC, datetime
 import dagster as dg
 
 from batch_pipeline.core.errors import TransientError
-from batch_pipeline.core.run.executor import BatchExecutor, BatchHandle
 from batch_pipeline.core.manifest.inputs import resolve_inputs
 from batch_pipeline.core.manifest.shards import Manifest
-from batch_pipeline.core.spec.settings import Settings
+from batch_pipeline.core.run.executor import BatchExecutor, BatchHandle
 from batch_pipeline.core.spec.job import JobSpec
+from batch_pipeline.core.spec.settings import Settings
 from batch_pipeline.core.state.driver import Action, Step
 from batch_pipeline.core.state.ranges import ShardRange, shard_ranges
 from batch_pipeline.core.state.view import load_view
@@ -28,8 +28,12 @@ from batch_pipeline.defs.jobs import job_names
 from batch_pipeline.defs.resources import StoreResource
 from batch_pipeline.executors.registry import batch_minimums, capacity_ledgers, create_executor
 
-IN_FLIGHT = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
-             dg.DagsterRunStatus.STARTED]
+IN_FLIGHT = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+]
 FAILED = [dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
 ENDED = [dg.DagsterRunStatus.SUCCESS, *FAILED]
 STEP_TAG = "batch_pipeline/step"  # the run job and what it does: its run key without the ``:rN`` of a repeat
@@ -73,8 +77,9 @@ def _keyed_request(instance, job_name: str, shard: str, key: str) -> dg.RunReque
     ended = _ended_runs(instance, job_name, key)
     if _failures(ended) >= MAX_FAILED_RUNS:
         return None
-    return dg.RunRequest(job_name=job_name, partition_key=shard, run_key=_run_key(key, ended),
-                         tags={STEP_TAG: _step_tag(job_name, key)})
+    return dg.RunRequest(
+        job_name=job_name, partition_key=shard, run_key=_run_key(key, ended), tags={STEP_TAG: _step_tag(job_name, key)}
+    )
 
 
 def _step_key(step: Step, attempts: dict[str, int]) -> str:
@@ -84,8 +89,16 @@ def _step_key(step: Step, attempts: dict[str, int]) -> str:
     return f"{step.action.value}:{step.shard_id}:{attempt}"
 
 
-def _shard_requests(instance, stage: str, job_name: str, steps: list[Step], attempts: dict[str, int],
-                    order: list[str], span: int, limit: int) -> tuple[list[dg.RunRequest], list[str]]:
+def _shard_requests(
+    instance,
+    stage: str,
+    job_name: str,
+    steps: list[Step],
+    attempts: dict[str, int],
+    order: list[str],
+    span: int,
+    limit: int,
+) -> tuple[list[dg.RunRequest], list[str]]:
     """The steps of one run job as at most ``limit`` runs: a single shard (the canary always) keeps its per-shard
     key; several shards go as one partition range keyed by what each does. Also returns the shards that failed
     too often."""
@@ -105,9 +118,18 @@ def _shard_requests(instance, stage: str, job_name: str, steps: list[Step], atte
                 requests.extend([request] if request is not None else [])
                 stuck.extend([] if request is not None else [shard])
             continue
-        requests.append(dg.RunRequest(job_name=job_name, run_key=_run_key(step, ended),
-                                      tags={RANGE_START: r.start, RANGE_END: r.end, SHARDS_TAG: ",".join(r.shards),
-                                            STEP_TAG: _step_tag(job_name, step)}))
+        requests.append(
+            dg.RunRequest(
+                job_name=job_name,
+                run_key=_run_key(step, ended),
+                tags={
+                    RANGE_START: r.start,
+                    RANGE_END: r.end,
+                    SHARDS_TAG: ",".join(r.shards),
+                    STEP_TAG: _step_tag(job_name, step),
+                },
+            )
+        )
     return requests, stuck
 
 
@@ -122,8 +144,12 @@ def _now_bucket() -> str:
 
 
 def build_new_data_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
-    @dg.sensor(name=f"{spec.name}_new_data", job=jobs["prepare"], minimum_interval_seconds=INTERVAL_S,
-               description=f"New or grown input files of job {spec.name} -> a manifest run.")
+    @dg.sensor(
+        name=f"{spec.name}_new_data",
+        job=jobs["prepare"],
+        minimum_interval_seconds=INTERVAL_S,
+        description=f"New or grown input files of job {spec.name} -> a manifest run.",
+    )
     def new_data(context: dg.SensorEvaluationContext):
         try:
             fingerprint = input_fingerprint(spec)
@@ -143,8 +169,12 @@ def build_upstream_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
     assert spec.input.from_job is not None
     upstream = dg.AssetKey([spec.input.from_job, "validated"])
 
-    @dg.sensor(name=f"{spec.name}_upstream", job=jobs["prepare"], minimum_interval_seconds=INTERVAL_S,
-               description=f"A new publish of {upstream.to_user_string()} -> a manifest run of job {spec.name}.")
+    @dg.sensor(
+        name=f"{spec.name}_upstream",
+        job=jobs["prepare"],
+        minimum_interval_seconds=INTERVAL_S,
+        description=f"A new publish of {upstream.to_user_string()} -> a manifest run of job {spec.name}.",
+    )
     def upstream_published(context: dg.SensorEvaluationContext):
         latest = context.instance.fetch_materializations(upstream, limit=1).records
         if not latest:
@@ -153,22 +183,32 @@ def build_upstream_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
         if storage_id == context.cursor:
             return dg.SkipReason(f"no new publish of {upstream.to_user_string()}")
         context.update_cursor(storage_id)
-        return dg.RunRequest(run_key=f"prepare:{spec.input.from_job}:{storage_id}",
-                             tags={"batch_pipeline/trigger": "upstream", "batch_pipeline/upstream": spec.input.from_job})
+        return dg.RunRequest(
+            run_key=f"prepare:{spec.input.from_job}:{storage_id}",
+            tags={"batch_pipeline/trigger": "upstream", "batch_pipeline/upstream": spec.input.from_job},
+        )
 
     return upstream_published
 
 
 def build_shard_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
     names = job_names(spec)
-    run_jobs = {Action.CANARY: "submit", Action.SUBMIT: "submit", Action.RESOLVE: "submit", Action.RESCUE: "submit",
-                Action.COLLECT: "collect"}
+    run_jobs = {
+        Action.CANARY: "submit",
+        Action.SUBMIT: "submit",
+        Action.RESOLVE: "submit",
+        Action.RESCUE: "submit",
+        Action.COLLECT: "collect",
+    }
 
-    @dg.sensor(name=f"{spec.name}_shard_driver",
-               jobs=[jobs["quote"], jobs["submit"], jobs["collect"], jobs["publish"]], minimum_interval_seconds=INTERVAL_S,
-               description=f"Drives job {spec.name}'s shards by the driver's plan: the canary first, then submit, "
-                           "resolve orphaned intents, rescue near the deadline, collect ended batches, publish when "
-                           "every item is settled.")
+    @dg.sensor(
+        name=f"{spec.name}_shard_driver",
+        jobs=[jobs["quote"], jobs["submit"], jobs["collect"], jobs["publish"]],
+        minimum_interval_seconds=INTERVAL_S,
+        description=f"Drives job {spec.name}'s shards by the driver's plan: the canary first, then submit, "
+        "resolve orphaned intents, rescue near the deadline, collect ended batches, publish when "
+        "every item is settled.",
+    )
     def shard_sensor(context: dg.SensorEvaluationContext, store: StoreResource):
         st = store.get()
         instance = context.instance
@@ -180,9 +220,15 @@ def build_shard_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
         in_flight = frozenset(_partitions_in_flight(instance, [names["submit"], names["collect"]], shard_ids))
         busy = bool(in_flight) or any(_in_flight(instance, names[j]) for j in ("quote", "publish"))
 
-        view = load_view(spec, st, in_flight=in_flight, busy=busy, batch_ended=batch_poller(spec),
-                         **batch_minimums(spec),
-                         capacity=capacity_ledgers(st, spec.backend, spec.model))
+        view = load_view(
+            spec,
+            st,
+            in_flight=in_flight,
+            busy=busy,
+            batch_ended=batch_poller(spec),
+            **batch_minimums(spec),
+            capacity=capacity_ledgers(st, spec.backend, spec.model),
+        )
         plan = view.plan()
         attempts = {s.shard_id: s.attempts for s in view.summaries}
         if plan.stopped:
@@ -206,8 +252,16 @@ def build_shard_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
             span = Settings.from_env().shards_per_run
             shard_runs: list[dg.RunRequest] = []
             for stage, steps in moves.items():
-                made, held = _shard_requests(instance, stage, names[stage], steps, attempts, order, span,
-                                             limit=MAX_RUNS_PER_TICK - len(shard_runs))
+                made, held = _shard_requests(
+                    instance,
+                    stage,
+                    names[stage],
+                    steps,
+                    attempts,
+                    order,
+                    span,
+                    limit=MAX_RUNS_PER_TICK - len(shard_runs),
+                )
                 shard_runs += made
                 stuck += held
             requests += shard_runs[:MAX_RUNS_PER_TICK]
@@ -231,8 +285,10 @@ def batch_poller(spec: JobSpec):
         for name in sorted({s.open.submitted["backend"] for s in submitted if s.open and s.open.submitted}):
             executor = create_executor(backends[name]) if name in backends else None
             if isinstance(executor, BatchExecutor):
-                ended |= ended_batches(executor, [s for s in submitted if s.open and s.open.submitted
-                                                  and s.open.submitted["backend"] == name])
+                ended |= ended_batches(
+                    executor,
+                    [s for s in submitted if s.open and s.open.submitted and s.open.submitted["backend"] == name],
+                )
         return ended
 
     return batch_ended
@@ -245,8 +301,9 @@ def ended_batches(executor: BatchExecutor, submitted, limit: int = MAX_POLLS_PER
 
     def ended(summary) -> str | None:
         try:
-            return summary.shard_id if executor.poll(BatchHandle.from_dict(summary.open.submitted)).state.ended \
-                else None
+            return (
+                summary.shard_id if executor.poll(BatchHandle.from_dict(summary.open.submitted)).state.ended else None
+            )
         except TransientError:  # a flaky poll is asked again next tick
             return None
 

@@ -26,13 +26,21 @@ class AccountSpread:
 
     def __init__(self, cls: type[Any], settings: Any):
         if len({a.label for a in settings.accounts}) != len(settings.accounts):
-            raise ConfigError(f"backend.settings.accounts of {cls.name}: two accounts have the same name "
-                              "(give each a distinct `name` or `api_key_env`)")
+            raise ConfigError(
+                f"backend.settings.accounts of {cls.name}: two accounts have the same name "
+                "(give each a distinct `name` or `api_key_env`)"
+            )
         self.cls, self.settings = cls, settings
         self.accounts: dict[str, Any] = {}
         for account in settings.accounts:
-            own = settings.model_copy(update={"api_key_env": account.api_key_env, "account": account.label,
-                                              "quota": account.quota, "accounts": []})
+            own = settings.model_copy(
+                update={
+                    "api_key_env": account.api_key_env,
+                    "account": account.label,
+                    "quota": account.quota,
+                    "accounts": [],
+                }
+            )
             self.accounts[account.label] = cls(own)
         self.first = next(iter(self.accounts.values()))
         self.name = cls.name
@@ -52,8 +60,10 @@ class AccountSpread:
         try:
             return self.accounts[account]
         except KeyError:
-            raise ConfigError(f"backend {self.name}: a batch of account {account!r} is open, but the spec's accounts "
-                              f"are {sorted(self.accounts)}; put it back until its batches are collected") from None
+            raise ConfigError(
+                f"backend {self.name}: a batch of account {account!r} is open, but the spec's accounts "
+                f"are {sorted(self.accounts)}; put it back until its batches are collected"
+            ) from None
 
     def submit(self, work: ShardWork) -> BatchHandle:
         return replace(self._of(work.account).submit(work), account=work.account or next(iter(self.accounts)))
@@ -71,8 +81,9 @@ class AccountSpread:
         executor = self._of(handle.account)
         return executor.discard(handle) if hasattr(executor, "discard") else []
 
-    def find(self, key: str, request_ids: Sequence[str] | None = None,
-             not_before: str | None = None) -> BatchHandle | None:
+    def find(
+        self, key: str, request_ids: Sequence[str] | None = None, not_before: str | None = None
+    ) -> BatchHandle | None:
         for label, executor in self.accounts.items():
             found = executor.find(key, request_ids=request_ids, not_before=not_before)
             if found is not None:

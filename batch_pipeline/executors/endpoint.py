@@ -15,8 +15,15 @@ SANDBOX_URL_ENV = "BATCH_PIPELINE_SANDBOX_URL"
 SANDBOX_KEY = "sk-sandbox"
 
 
-def resolve_endpoint(backend: str, *, sandbox: bool, base_url: str | None, api_key_env: str | None,
-                     sandbox_path: str = "", key_required: bool = True) -> tuple[str | None, str | None]:
+def resolve_endpoint(
+    backend: str,
+    *,
+    sandbox: bool,
+    base_url: str | None,
+    api_key_env: str | None,
+    sandbox_path: str = "",
+    key_required: bool = True,
+) -> tuple[str | None, str | None]:
     """(base URL, API key) for a backend; a clear ConfigError when something needed is missing."""
     api_key = os.environ.get(api_key_env) if api_key_env else None
     if sandbox:
@@ -24,7 +31,8 @@ def resolve_endpoint(backend: str, *, sandbox: bool, base_url: str | None, api_k
         if not url:
             raise ConfigError(
                 f"backend {backend} has sandbox: true but ${SANDBOX_URL_ENV} is not set; start one with "
-                "`batch-pipeline sandbox` (or use `batch-pipeline run` / `batch-pipeline dev`, which start it)")
+                "`batch-pipeline sandbox` (or use `batch-pipeline run` / `batch-pipeline dev`, which start it)"
+            )
         return url.rstrip("/") + sandbox_path, api_key or SANDBOX_KEY
     if key_required and not api_key:
         raise ConfigError(f"backend {backend} needs an API key in ${api_key_env}")

@@ -66,8 +66,13 @@ def block_bytes_for(total_bytes: int | None, workers: int, cap: int = RESULT_BLO
     return max(MIN_BLOCK_BYTES, min(cap, -(-total_bytes // workers)))
 
 
-def parse_stream(parse_block: Callable[[bytes], pa.Table], chunks: Iterable[bytes], workers: int = 1,
-                 block_bytes: int = RESULT_BLOCK_BYTES, total_bytes: int | None = None) -> Iterator[pa.Table]:
+def parse_stream(
+    parse_block: Callable[[bytes], pa.Table],
+    chunks: Iterable[bytes],
+    workers: int = 1,
+    block_bytes: int = RESULT_BLOCK_BYTES,
+    total_bytes: int | None = None,
+) -> Iterator[pa.Table]:
     """A downloaded result file, as byte chunks -> one table per block of about ``block_bytes`` (fewer when the
     file's ``total_bytes`` is known: ``block_bytes_for``), in file order; blocks are parsed on ``workers``
     threads while the next ones arrive."""

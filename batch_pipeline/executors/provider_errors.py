@@ -55,10 +55,21 @@ def retry_wait_s(attempt: int, asked_s: float | None, cap_s: float = MAX_RETRY_W
     return min(wait, cap_s)
 
 
-def classified(family: Family, provider: str, action: str, status: int | None, code: str | None, detail: str, *,
-               shown: str | None = None, reason: str | None = None, retry_after: float | None = None,
-               where: Where = Where.CALL, dimension: Dimension | None = None,
-               secret: str | None = None) -> BatchPipelineError:
+def classified(
+    family: Family,
+    provider: str,
+    action: str,
+    status: int | None,
+    code: str | None,
+    detail: str,
+    *,
+    shown: str | None = None,
+    reason: str | None = None,
+    retry_after: float | None = None,
+    where: Where = Where.CALL,
+    dimension: Dimension | None = None,
+    secret: str | None = None,
+) -> BatchPipelineError:
     """What the one error table (``core/error_table.py``) makes of a provider's answer, as the exception to raise.
 
     The adapter gives what its SDK's exception carries: the HTTP status (None: no answer), the provider's code
@@ -73,5 +84,11 @@ def classified(family: Family, provider: str, action: str, status: int | None, c
     if not detail:
         message = message.rstrip(": ")
     decision = decide(family, status, code, detail, reason=reason, where=where)
-    return provider_error(decision, message, code=code, retry_after_s=retry_after,
-                          dimension=dimension.value if dimension is not None else None, limit=stated_limit(message))
+    return provider_error(
+        decision,
+        message,
+        code=code,
+        retry_after_s=retry_after,
+        dimension=dimension.value if dimension is not None else None,
+        limit=stated_limit(message),
+    )

@@ -23,8 +23,8 @@ class QueueCapped:
 
     quota_dimensions: ClassVar[tuple[Dimension, ...]] = ()
     quota_per_model: ClassVar[bool] = True
-    window_hours: ClassVar[float | None] = 24.0      # the provider ends an open batch this long after its creation
-    retention_days: ClassVar[float | None] = None    # it deletes the results this long after ``retention_from``
+    window_hours: ClassVar[float | None] = 24.0  # the provider ends an open batch this long after its creation
+    retention_days: ClassVar[float | None] = None  # it deletes the results this long after ``retention_from``
     retention_from: ClassVar[str] = "completed"
     settings: Any
 
@@ -36,12 +36,16 @@ class QueueCapped:
             hours = float(window[:-1])
         elif isinstance(window, int | float):
             hours = float(window)
-        return Ceilings(str(getattr(cls, "name")), timedelta(hours=hours) if hours else None,
-                        timedelta(days=cls.retention_days) if cls.retention_days else None, cls.retention_from)
+        return Ceilings(
+            str(cls.name),
+            timedelta(hours=hours) if hours else None,
+            timedelta(days=cls.retention_days) if cls.retention_days else None,
+            cls.retention_from,
+        )
 
     @classmethod
     def scope_for(cls, settings: Any, model: str) -> CapacityScope:
-        return CapacityScope(str(getattr(cls, "name")), account_label(settings), model if cls.quota_per_model else "*")
+        return CapacityScope(str(cls.name), account_label(settings), model if cls.quota_per_model else "*")
 
     def capacities(self, model: str) -> list[tuple[str | None, CapacityScope, QuotaSpec]]:
         """(account name for ``ShardWork.account``, scope, quota) of each account: one here (executors/accounts.py

@@ -13,12 +13,12 @@ from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.ledger.capacity import CapacityLedger, CapacityScope
 from batch_pipeline.core.ledger.ceilings import Ceilings
 from batch_pipeline.core.ledger.queue_clock import QueueClock
-from batch_pipeline.core.run.lease import default_ttl
-from batch_pipeline.core.run.executor import BatchExecutor, StreamExecutor
 from batch_pipeline.core.route.plan import BackendProfile, Queues
+from batch_pipeline.core.run.executor import BatchExecutor, StreamExecutor
+from batch_pipeline.core.run.lease import default_ttl
 from batch_pipeline.core.spec.job import AUTO_BACKEND, BackendSpec, JobSpec
-from batch_pipeline.core.state.fallback import fallback_backend
 from batch_pipeline.core.spec.quota import QuotaSpec
+from batch_pipeline.core.state.fallback import fallback_backend
 from batch_pipeline.core.store import Store
 from batch_pipeline.executors.accounts import AccountSpread
 from batch_pipeline.executors.quota import QueueCapped
@@ -76,8 +76,10 @@ def batch_minimum(backend: BackendSpec) -> int:
 def batch_minimums(spec: JobSpec) -> dict[str, int]:
     """The job's backend's and its fallback's backend's minimum requests per batch, as ``load_view`` takes them."""
     fallback = fallback_backend(spec)
-    return {"min_batch": batch_minimum(spec.backend),
-            "fallback_min_batch": batch_minimum(fallback) if fallback is not None else 0}
+    return {
+        "min_batch": batch_minimum(spec.backend),
+        "fallback_min_batch": batch_minimum(fallback) if fallback is not None else 0,
+    }
 
 
 def capacity_of(backend: BackendSpec, model: str) -> list[tuple[CapacityScope, QuotaSpec]]:
@@ -90,8 +92,10 @@ def capacity_of(backend: BackendSpec, model: str) -> list[tuple[CapacityScope, Q
         return []
     settings = _settings(cls, backend)
     if settings.accounts:
-        return [(CapacityScope(cls.name, a.label, model if cls.quota_per_model else "*"), a.quota)
-                for a in settings.accounts]
+        return [
+            (CapacityScope(cls.name, a.label, model if cls.quota_per_model else "*"), a.quota)
+            for a in settings.accounts
+        ]
     return [(cls.scope_for(settings, model), settings.quota)]
 
 
@@ -126,14 +130,19 @@ def batch_ceilings(backend: BackendSpec) -> Ceilings | None:
 def route_queues(store: Store) -> Queues:
     """The router's view of a candidate's account queues on this home (``core/ledger/queue_clock.py``): their
     ledgers as they stand, and the window by which a batch in them ends at the latest."""
+
     def queues(backend: BackendSpec, model: str) -> QueueClock | None:
         ledgers = capacity_ledgers(store, backend, model)
         if not ledgers:
             return None
         ceilings = batch_ceilings(backend)
-        window = ceilings.window if ceilings is not None and ceilings.window is not None \
+        window = (
+            ceilings.window
+            if ceilings is not None and ceilings.window is not None
             else timedelta(hours=route_profile(backend).turnaround_h or 24)
+        )
         return QueueClock([ledger.snapshot(sweep=False) for ledger in ledgers], window)
+
     return queues
 
 
@@ -145,10 +154,13 @@ def route_profile(backend: BackendSpec) -> BackendProfile:
     settings = _settings(cls, backend)
     window = str(getattr(settings, "completion_window", "24h") or "24h")
     hours = float(window[:-1]) if window.endswith("h") and window[:-1].replace(".", "").isdigit() else 24.0
-    return BackendProfile(self_hosted=getattr(cls, "pricing", None) == "self_hosted", batch=batch,
-                          min_requests=batch_minimum(backend) if batch else 0,
-                          max_requests=getattr(cls, "max_requests_per_batch", None) if batch else None,
-                          turnaround_h=hours if batch else 0.0)
+    return BackendProfile(
+        self_hosted=getattr(cls, "pricing", None) == "self_hosted",
+        batch=batch,
+        min_requests=batch_minimum(backend) if batch else 0,
+        max_requests=getattr(cls, "max_requests_per_batch", None) if batch else None,
+        turnaround_h=hours if batch else 0.0,
+    )
 
 
 def _settings(cls: type[Any], backend: BackendSpec) -> Any:
@@ -156,8 +168,9 @@ def _settings(cls: type[Any], backend: BackendSpec) -> Any:
         return cls.settings_model.model_validate(backend.settings)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors())
-        raise ConfigError(f"backend.settings for {backend.name}: {problems} (see {cls.settings_model.__name__} in "
-                          f"{cls.__module__})") from None
+        raise ConfigError(
+            f"backend.settings for {backend.name}: {problems} (see {cls.settings_model.__name__} in {cls.__module__})"
+        ) from None
 
 
 def create_executor(backend: BackendSpec) -> Executor:

@@ -27,17 +27,26 @@ class BatchProviderSettings(ProviderSettings):
     """A provider batch API: the SDK's own retries per call, and how often an open batch is polled."""
 
     max_retries: int = Field(default=4, ge=0)
-    poll_interval_s: float | None = Field(default=None, gt=0,
-                                          description=f"default {PROVIDER_POLL_S:g} s; {SANDBOX_POLL_S:g} s on the sandbox")
+    poll_interval_s: float | None = Field(
+        default=None, gt=0, description=f"default {PROVIDER_POLL_S:g} s; {SANDBOX_POLL_S:g} s on the sandbox"
+    )
     find_scan_limit: int = Field(default=1000, gt=0, description="batches scanned when re-attaching after a crash")
-    parse_workers: int | None = Field(default=None, ge=1, le=32,
-                                      description="threads parsing a downloaded result file; default: the cores, at most 4")
+    parse_workers: int | None = Field(
+        default=None, ge=1, le=32, description="threads parsing a downloaded result file; default: the cores, at most 4"
+    )
     quota: QuotaSpec = Field(default_factory=QuotaSpec, description="the account's queue caps (docs: Provider quotas)")
-    account: str | None = Field(default=None, description="the capacity ledger's name for this account (default: "
-                                                          "api_key_env); jobs naming the same account share its queue")
-    accounts: list[AccountSpec] = Field(default_factory=list, description="several accounts: shards go to one with room")
-    retention: Retention = Field(default=Retention.DELETE, description="delete: the provider's copies of a shard's "
-                                                                       "input and results go once they are stored")
+    account: str | None = Field(
+        default=None,
+        description="the capacity ledger's name for this account (default: "
+        "api_key_env); jobs naming the same account share its queue",
+    )
+    accounts: list[AccountSpec] = Field(
+        default_factory=list, description="several accounts: shards go to one with room"
+    )
+    retention: Retention = Field(
+        default=Retention.DELETE,
+        description="delete: the provider's copies of a shard's input and results go once they are stored",
+    )
 
     def poll_interval(self) -> float:
         return self.poll_interval_s or (SANDBOX_POLL_S if self.sandbox else PROVIDER_POLL_S)

@@ -34,17 +34,52 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
 )
 
-TINY = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 2,
-        "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 2048, "max_position_embeddings": 4096,
-        "rope_theta": 10000.0}
+TINY = {
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "vocab_size": 2048,
+    "max_position_embeddings": 4096,
+    "rope_theta": 10000.0,
+}
 # Llama-3.1-8B's shapes (the GPU benchmark); its 128256-entry vocab is kept so the lm_head costs what it costs.
-LLAMA_3_1_8B = {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-                "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256, "max_position_embeddings": 131072,
-                "rope_theta": 500000.0}
+LLAMA_3_1_8B = {
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "rope_theta": 500000.0,
+}
 
 # Label words of the demo and the tests come first: each ends up a short token sequence.
-LABELS = ["billing", "bug", "feature_request", "account", "other", "positive", "negative", "neutral",
-          "urgent", "low", "high", "medium", "yes", "no", "true", "false", "null", "label", "priority"]
+LABELS = [
+    "billing",
+    "bug",
+    "feature_request",
+    "account",
+    "other",
+    "positive",
+    "negative",
+    "neutral",
+    "urgent",
+    "low",
+    "high",
+    "medium",
+    "yes",
+    "no",
+    "true",
+    "false",
+    "null",
+    "label",
+    "priority",
+]
 WORDS = """
 the a an and or but to of in on for with from by at as is are was were be been it this that these those
 i you we they he she my your our their me us them not no please thanks thank hello hi dear team support
@@ -62,7 +97,7 @@ label one only exactly set allowed answer classify classification category categ
 system user assistant json object string boolean integer array property value field schema valid
 good bad fine great terrible happy unhappy love hate like dislike fast works working worked nice
 """.split()
-PUNCT = [".", ",", "?", "!", ":", ";", "-", "(", ")", "\"", "'", "/", "{", "}", "[", "]", "_", "#", "@", "%"]
+PUNCT = [".", ",", "?", "!", ":", ";", "-", "(", ")", '"', "'", "/", "{", "}", "[", "]", "_", "#", "@", "%"]
 
 
 def corpus(lines: int = 4000) -> list[str]:
@@ -89,8 +124,13 @@ def build_tokenizer(vocab_size: int):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=min(vocab_size, 4096), min_frequency=2, show_progress=False,
-                                  special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=min(vocab_size, 4096),
+        min_frequency=2,
+        show_progress=False,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(corpus(), trainer=trainer)
     data = json.loads(tok.to_str())
     vocab = data["model"]["vocab"]
@@ -102,11 +142,24 @@ def build_tokenizer(vocab_size: int):
 
 
 def llama_config(dims: dict, bos_id: int, eos_id: int, pad_id: int) -> dict:
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-            "rms_norm_eps": 1e-5, "initializer_range": 0.02, "tie_word_embeddings": False, "attention_bias": False,
-            "mlp_bias": False, "use_cache": True, "dtype": "float32", "torch_dtype": "float32",
-            "bos_token_id": bos_id, "eos_token_id": eos_id, "pad_token_id": pad_id,
-            "transformers_version": "5.0.0", **dims}  # (an older or absent version makes transformers guess)
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-5,
+        "initializer_range": 0.02,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "use_cache": True,
+        "dtype": "float32",
+        "torch_dtype": "float32",
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_id,
+        "pad_token_id": pad_id,
+        "transformers_version": "5.0.0",
+        **dims,
+    }  # (an older or absent version makes transformers guess)
 
 
 def _weights(dims: dict, seed: int) -> dict:
@@ -150,14 +203,27 @@ def build_tiny_llama(out_dir: str | Path, seed: int = 0, *, weights: bool = True
     tok = build_tokenizer(shape["vocab_size"])
     bos, eos, pad = tok.token_to_id(BOS), tok.token_to_id(EOS), tok.token_to_id(PAD)
     tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS, "eos_token": EOS, "pad_token": PAD,
-        "add_bos_token": False, "add_eos_token": False, "clean_up_tokenization_spaces": False,
-        "model_max_length": shape["max_position_embeddings"], "chat_template": CHAT_TEMPLATE}, indent=1))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": BOS,
+                "eos_token": EOS,
+                "pad_token": PAD,
+                "add_bos_token": False,
+                "add_eos_token": False,
+                "clean_up_tokenization_spaces": False,
+                "model_max_length": shape["max_position_embeddings"],
+                "chat_template": CHAT_TEMPLATE,
+            },
+            indent=1,
+        )
+    )
     (out / "special_tokens_map.json").write_text(json.dumps({"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}))
     (out / "config.json").write_text(json.dumps(llama_config(shape, bos, eos, pad), indent=1, sort_keys=True))
-    (out / "generation_config.json").write_text(json.dumps({"bos_token_id": bos, "eos_token_id": eos,
-                                                            "pad_token_id": pad}, sort_keys=True))
+    (out / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": bos, "eos_token_id": eos, "pad_token_id": pad}, sort_keys=True)
+    )
     if weights:
         from safetensors.numpy import save_file
 

@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from batch_pipeline.sandbox.bedrock.s3 import S3_URL_ENV
 from batch_pipeline.sandbox.http_server import SandboxServer, loopback_host
@@ -36,12 +36,20 @@ def _parser() -> argparse.ArgumentParser:
         default=os.environ.get(ENV_SCENARIO_PARAMS),
         help=f"JSON object of scenario params (${ENV_SCENARIO_PARAMS})",
     )
-    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                        help="a scenario param (repeatable; over --scenario-params), coerced like scenario params, "
-                             "e.g. --param quota_enqueued_tokens=2000000")
+    parser.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a scenario param (repeatable; over --scenario-params), coerced like scenario params, "
+        "e.g. --param quota_enqueued_tokens=2000000",
+    )
     parser.add_argument("--verbose", action="store_true", help="log every request on stderr")
-    parser.add_argument("--s3-url", default=None,
-                        help=f"the S3 endpoint Bedrock jobs use (${S3_URL_ENV}; default: a moto server it starts)")
+    parser.add_argument(
+        "--s3-url",
+        default=None,
+        help=f"the S3 endpoint Bedrock jobs use (${S3_URL_ENV}; default: a moto server it starts)",
+    )
     return parser
 
 
@@ -56,7 +64,7 @@ def parse_params(items: Sequence[str]) -> dict[str, str]:
     return params
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the sandbox until SIGTERM/SIGINT (served on a thread; the main thread waits for the signal)."""
     parser = _parser()
     args = parser.parse_args(argv)
@@ -87,6 +95,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if server is not None:
             server.stop()
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

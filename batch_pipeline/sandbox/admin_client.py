@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from typing import Any, Optional
+from typing import Any
 
 
 class SandboxAdmin:
@@ -14,7 +14,7 @@ class SandboxAdmin:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
 
-    def _call(self, method: str, path: str, body: Optional[dict[str, Any]] = None) -> Any:
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         data = None if body is None else json.dumps(body).encode("utf-8")
         request = urllib.request.Request(self.base_url + path, data=data, method=method)
         request.add_header("Content-Type", "application/json")

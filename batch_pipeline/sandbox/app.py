@@ -6,14 +6,12 @@ import hashlib
 import sys
 import time
 import traceback
-from typing import Optional
 
 from batch_pipeline.sandbox.admin_api import AdminApi
 from batch_pipeline.sandbox.anthropic.api import AnthropicApi, check_anthropic_auth, is_anthropic_path
 from batch_pipeline.sandbox.anthropic.errors import as_anthropic
 from batch_pipeline.sandbox.bedrock.api import BedrockApi, check_bedrock_auth, is_bedrock_path
 from batch_pipeline.sandbox.bedrock.errors import as_bedrock
-from batch_pipeline.sandbox.openai.chat import ChatApi, request_key
 from batch_pipeline.sandbox.clock import SandboxClock
 from batch_pipeline.sandbox.errors import ApiError
 from batch_pipeline.sandbox.google.errors import as_google
@@ -22,6 +20,7 @@ from batch_pipeline.sandbox.google.vertex import VertexApi, check_vertex_auth, i
 from batch_pipeline.sandbox.ids import new_id
 from batch_pipeline.sandbox.openai.api import OpenAIApi, check_auth
 from batch_pipeline.sandbox.openai.azure import AZURE_PREFIX, azure_api, check_azure_auth, is_azure_path
+from batch_pipeline.sandbox.openai.chat import ChatApi, request_key
 from batch_pipeline.sandbox.routing import Request, Response, Router
 from batch_pipeline.sandbox.scenarios import Scenario, endpoint_fault, make_scenario, scenario_from_metadata
 from batch_pipeline.sandbox.state import SandboxState
@@ -33,7 +32,7 @@ BATCH_SCOPED_ENDPOINTS = ("retrieve_batch", "cancel_batch")
 class SandboxApp:
     """Turns a ``Request`` into a ``Response``; one lock serialises all state access."""
 
-    def __init__(self, scenario: Optional[Scenario] = None, state_dir: Optional[str] = None) -> None:
+    def __init__(self, scenario: Scenario | None = None, state_dir: str | None = None) -> None:
         self.state = SandboxState(SandboxClock(), scenario or make_scenario("normal"), state_dir)
         self.router = Router()
         OpenAIApi(self.state).register(self.router)
@@ -123,7 +122,7 @@ class SandboxApp:
             raise fault
         return route.handler(request)
 
-    def _fault(self, endpoint: str, request: Request) -> Optional[tuple[ApiError, Scenario]]:
+    def _fault(self, endpoint: str, request: Request) -> tuple[ApiError, Scenario] | None:
         """A 429/500 owed by the server-wide scenario, or by the scenario of the batch concerned."""
         counts = self.state.fault_counts
         candidates: list[tuple[Scenario, str]] = [(self.state.scenario, "server")]
@@ -145,14 +144,16 @@ class SandboxApp:
 
     def _log(self, request: Request, response: Response, request_id: str, at: float, mono: float) -> None:
         retry = request.headers.get("x-stainless-retry-count")
-        self.state.requests.append({
-            "method": request.method,
-            "path": request.path,
-            "status": response.status,
-            "at": at,
-            "monotonic": mono,
-            "retry_count": int(retry) if retry and retry.isdigit() else None,
-            "batch_id": response.batch_id or request.params.get("batch_id"),
-            "request_id": request_id,
-            "request_key": request_key(request),
-        })
+        self.state.requests.append(
+            {
+                "method": request.method,
+                "path": request.path,
+                "status": response.status,
+                "at": at,
+                "monotonic": mono,
+                "retry_count": int(retry) if retry and retry.isdigit() else None,
+                "batch_id": response.batch_id or request.params.get("batch_id"),
+                "request_id": request_id,
+                "request_key": request_key(request),
+            }
+        )

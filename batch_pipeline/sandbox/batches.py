@@ -10,8 +10,9 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 from batch_pipeline.sandbox.errors import bad_request
 from batch_pipeline.sandbox.scenarios import Scenario
@@ -46,7 +47,6 @@ def lines_due(batch: Any, start: float, at: float) -> int:
     return min(due, quota)
 
 
-
 @dataclass
 class LineResult:
     """One processed request: its status code, response body and token counts."""
@@ -69,8 +69,8 @@ class BatchRecord:
     input_file_id: str
     endpoint: str
     completion_window: str
-    metadata: Optional[dict[str, str]]
-    model: Optional[str]
+    metadata: dict[str, str] | None
+    model: str | None
     scenario: Scenario
     created_at: float
     requests: list[dict[str, Any]]
@@ -78,15 +78,15 @@ class BatchRecord:
     order: list[int]
     status: str = "validating"
     results: list[LineResult] = field(default_factory=list)
-    in_progress_at: Optional[float] = None
-    finalizing_at: Optional[float] = None
-    completed_at: Optional[float] = None
-    failed_at: Optional[float] = None
-    expired_at: Optional[float] = None
-    cancelling_at: Optional[float] = None
-    cancelled_at: Optional[float] = None
-    output_file_id: Optional[str] = None
-    error_file_id: Optional[str] = None
+    in_progress_at: float | None = None
+    finalizing_at: float | None = None
+    completed_at: float | None = None
+    failed_at: float | None = None
+    expired_at: float | None = None
+    cancelling_at: float | None = None
+    cancelled_at: float | None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
 
     @property
     def expires_at(self) -> float:
@@ -104,7 +104,7 @@ class BatchRecord:
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "BatchRecord":
+    def from_json(cls, data: dict[str, Any]) -> BatchRecord:
         """Inverse of ``to_json``."""
         data = dict(data)
         data["scenario"] = Scenario(**data["scenario"])

@@ -46,8 +46,15 @@ class InjectedError(ApiError):
     ``code`` are given only when the scenario names them (each provider's converter picks its own default for
     the status: ``as_anthropic``, ``as_bedrock``, ``as_google``)."""
 
-    def __init__(self, status: int, message: str, *, type: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         default = "server_error" if status >= 500 else "invalid_request_error"
         super().__init__(status, message, type=type or default, code=code, headers=headers)
         self.given_type = type

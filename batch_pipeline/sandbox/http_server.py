@@ -5,16 +5,16 @@ from __future__ import annotations
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Optional
 from urllib.parse import parse_qsl, urlsplit
 
-from batch_pipeline.sandbox.anthropic.api import MAX_BYTES as ANTHROPIC_MAX_BYTES, is_anthropic_path
+from batch_pipeline.sandbox.anthropic.api import MAX_BYTES as ANTHROPIC_MAX_BYTES
+from batch_pipeline.sandbox.anthropic.api import is_anthropic_path
 from batch_pipeline.sandbox.anthropic.errors import as_anthropic
 from batch_pipeline.sandbox.app import SandboxApp
 from batch_pipeline.sandbox.errors import ApiError
+from batch_pipeline.sandbox.openai.validation import MAX_BYTES
 from batch_pipeline.sandbox.routing import Request, Response
 from batch_pipeline.sandbox.scenarios import Scenario
-from batch_pipeline.sandbox.openai.validation import MAX_BYTES
 
 ALLOWED_HOSTS = {"127.0.0.1": "127.0.0.1", "localhost": "127.0.0.1"}
 MAX_BODY = max(MAX_BYTES, ANTHROPIC_MAX_BYTES) + 1024 * 1024  # the largest batch body plus framing
@@ -120,14 +120,14 @@ class SandboxServer:
         port: int = 0,
         host: str = "127.0.0.1",
         *,
-        scenario: Optional[Scenario] = None,
-        state_dir: Optional[str] = None,
+        scenario: Scenario | None = None,
+        state_dir: str | None = None,
         verbose: bool = False,
     ) -> None:
         self.app = SandboxApp(scenario, state_dir)
         handler = type("SandboxHandler", (_Handler,), {"app": self.app, "verbose": verbose})
         self._httpd = _Server((loopback_host(host), port), handler)
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
@@ -143,7 +143,7 @@ class SandboxServer:
         """Serve on the calling thread until ``stop()``."""
         self._httpd.serve_forever(poll_interval=0.2)
 
-    def start(self) -> "SandboxServer":
+    def start(self) -> SandboxServer:
         """Serve on a daemon thread; returns self."""
         self._thread = threading.Thread(target=self.serve_forever, name="sandbox-http", daemon=True)
         self._thread.start()
@@ -157,7 +157,7 @@ class SandboxServer:
             self._thread = None
         self._httpd.server_close()
 
-    def __enter__(self) -> "SandboxServer":
+    def __enter__(self) -> SandboxServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Optional
 
 from batch_pipeline.sandbox.errors import ApiError
 
@@ -17,8 +16,8 @@ class Part:
     """One form part: its field name, optional filename and content."""
 
     name: str
-    filename: Optional[str]
-    content_type: Optional[str]
+    filename: str | None
+    content_type: str | None
     data: bytes
 
 

@@ -7,8 +7,8 @@ import queue
 import subprocess
 import sys
 import threading
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
 
 READY_PREFIX = "SANDBOX READY "
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
@@ -16,7 +16,7 @@ _REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
 def start_sandbox_process(
     port: int = 0,
-    env: Optional[Mapping[str, str]] = None,
+    env: Mapping[str, str] | None = None,
     *,
     args: Sequence[str] = (),
     timeout: float = 20.0,
@@ -31,7 +31,7 @@ def start_sandbox_process(
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, child_env.get("PYTHONPATH", "")) if p)
     command = [sys.executable, "-m", "batch_pipeline.sandbox", "--port", str(port), *args]
     proc = subprocess.Popen(command, env=child_env, stdout=subprocess.PIPE, text=True)
-    lines: "queue.Queue[str]" = queue.Queue()
+    lines: queue.Queue[str] = queue.Queue()
 
     def read_first_line() -> None:
         assert proc.stdout is not None
@@ -46,7 +46,7 @@ def start_sandbox_process(
     if not line.startswith(READY_PREFIX):
         stop_sandbox_process(proc)
         raise RuntimeError(f"sandbox failed to start (exit code {proc.returncode}); first line: {line!r}")
-    return proc, line[len(READY_PREFIX):].strip()
+    return proc, line[len(READY_PREFIX) :].strip()
 
 
 def stop_sandbox_process(proc: subprocess.Popen[str], timeout: float = 5.0) -> int:

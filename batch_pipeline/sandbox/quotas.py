@@ -13,7 +13,7 @@ import math
 import re
 from collections import deque
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any
 
 from batch_pipeline.sandbox.clock import SandboxClock
 from batch_pipeline.sandbox.routing import Request
@@ -33,10 +33,10 @@ class Load:
     requests: int = 0
     jobs: int = 0
 
-    def __add__(self, other: "Load") -> "Load":
+    def __add__(self, other: Load) -> Load:
         return Load(self.tokens + other.tokens, self.requests + other.requests, self.jobs + other.jobs)
 
-    def __sub__(self, other: "Load") -> "Load":
+    def __sub__(self, other: Load) -> Load:
         return Load(self.tokens - other.tokens, self.requests - other.requests, self.jobs - other.jobs)
 
 
@@ -76,7 +76,7 @@ def clock_scale(clock: SandboxClock) -> float:
     return 1.0 if snap["frozen"] else float(snap["scale"])
 
 
-def retry_after_s(clock_seconds: float, scale: float, cap: Optional[int] = RETRY_AFTER_MAX_S) -> int:
+def retry_after_s(clock_seconds: float, scale: float, cap: int | None = RETRY_AFTER_MAX_S) -> int:
     """Whole real seconds (at least 1, at most ``cap``) until ``clock_seconds`` of sandbox time have passed:
     what a ``retry-after`` asks for."""
     wait = max(1, math.ceil(max(clock_seconds, 0.0) / scale))
@@ -97,7 +97,7 @@ class LoadBook:
         self.creates: dict[str, deque[float]] = {}  # "provider|account" -> create times of the rolling hour
 
     # reading ---------------------------------------------------------------------------------------------------
-    def enqueued(self, provider: str, account: str, model: Optional[str] = None) -> Load:
+    def enqueued(self, provider: str, account: str, model: str | None = None) -> Load:
         """The load held now for one model of an account, or for all its models (``model`` None)."""
         total = Load()
         for (p, a, m), load in self.totals.items():
@@ -137,8 +137,17 @@ class LoadBook:
             self._event(at, (provider, account, model), Load(), "refuse", batch_id)
 
     def _event(self, at: float, key: tuple[str, str, str], delta: Load, kind: str, batch_id: str) -> None:
-        self.events.append({"t": at, "provider": key[0], "account": key[1], "model": key[2], "event": kind,
-                            "batch_id": batch_id, "delta": asdict(delta)})
+        self.events.append(
+            {
+                "t": at,
+                "provider": key[0],
+                "account": key[1],
+                "model": key[2],
+                "event": kind,
+                "batch_id": batch_id,
+                "delta": asdict(delta),
+            }
+        )
 
     def creates_within_hour(self, provider: str, account: str, now: float) -> list[float]:
         """The create times of the past rolling hour, oldest first (older ones are dropped)."""
@@ -166,19 +175,33 @@ class LoadBook:
             peak = peaks.setdefault(key, {"tokens": 0, "requests": 0, "jobs": 0})
             for name, value in asdict(total).items():
                 peak[name] = max(peak[name], value)
-            out.append({"t": event["t"], "provider": key[0], "account": key[1], "model": key[2], **asdict(total),
-                        "event": event["event"], "batch_id": event["batch_id"]})
-        return {"events": out,
-                "peak": [{"provider": k[0], "account": k[1], "model": k[2], **v} for k, v in peaks.items()],
-                "refusals": sum(1 for e in self.events if e["event"] == "refuse")}
+            out.append(
+                {
+                    "t": event["t"],
+                    "provider": key[0],
+                    "account": key[1],
+                    "model": key[2],
+                    **asdict(total),
+                    "event": event["event"],
+                    "batch_id": event["batch_id"],
+                }
+            )
+        return {
+            "events": out,
+            "peak": [{"provider": k[0], "account": k[1], "model": k[2], **v} for k, v in peaks.items()],
+            "refusals": sum(1 for e in self.events if e["event"] == "refuse"),
+        }
 
     # persistence -----------------------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         """Plain JSON for the state directory."""
-        return {"holds": {k: [[p, a, m, asdict(load)] for p, a, m, load in v] for k, v in self.holds.items()},
-                "events": self.events, "creates": {k: list(v) for k, v in self.creates.items()}}
+        return {
+            "holds": {k: [[p, a, m, asdict(load)] for p, a, m, load in v] for k, v in self.holds.items()},
+            "events": self.events,
+            "creates": {k: list(v) for k, v in self.creates.items()},
+        }
 
-    def load(self, saved: Optional[dict[str, Any]]) -> None:
+    def load(self, saved: dict[str, Any] | None) -> None:
         """Restore what ``to_json`` wrote."""
         self.clear()
         saved = saved or {}

@@ -8,7 +8,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from batch_pipeline.sandbox.schema_fill import fill_schema
-from batch_pipeline.sandbox.tokens import content_text, count_tokens, message_tokens, request_input_tokens, truncate_tokens
+from batch_pipeline.sandbox.tokens import (
+    content_text,
+    count_tokens,
+    message_tokens,
+    request_input_tokens,
+    truncate_tokens,
+)
 
 MARKER_RE = re.compile(r"\[\[sandbox:(\w+)\]\]")
 SYSTEM_FINGERPRINT = "sandbox"
@@ -61,8 +67,7 @@ def cacheable_prefix(body: dict[str, Any]) -> tuple[str, int] | None:
 
 def system_text(body: dict[str, Any]) -> str:
     """The system/developer instructions of a request (label descriptions live there)."""
-    return " ".join(content_text(m.get("content")) for m in _messages(body)
-                    if m.get("role") in ("system", "developer"))
+    return " ".join(content_text(m.get("content")) for m in _messages(body) if m.get("role") in ("system", "developer"))
 
 
 def render_content(body: dict[str, Any]) -> str:
@@ -90,7 +95,12 @@ def _token_limit(body: dict[str, Any]) -> int | None:
 
 
 def chat_completion(
-    body: dict[str, Any], *, completion_id: str, created: int, cached_tokens: int, truncate: bool = False,
+    body: dict[str, Any],
+    *,
+    completion_id: str,
+    created: int,
+    cached_tokens: int,
+    truncate: bool = False,
     prompt_tokens: int | None = None,
 ) -> Completion:
     """The ChatCompletion for a request body. ``truncate`` cuts the output in half (finish_reason ``length``);

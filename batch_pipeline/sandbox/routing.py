@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Union
+from typing import Any
 
 from batch_pipeline.sandbox.errors import ApiError
 
@@ -37,10 +38,10 @@ class Response:
     """An HTTP response: a JSON value or raw bytes."""
 
     status: int = 200
-    payload: Union[dict[str, Any], list[Any], bytes, None] = None
+    payload: dict[str, Any] | list[Any] | bytes | None = None
     headers: dict[str, str] = field(default_factory=dict)
     content_type: str = "application/json"
-    batch_id: Optional[str] = None  # for the request log
+    batch_id: str | None = None  # for the request log
 
     def encode(self) -> bytes:
         """The body bytes."""

@@ -69,8 +69,13 @@ COMMON_PARAMS.update({"rpm": 1_000_000, "tpm": 1_000_000_000})
 COMMON_PARAMS["min_records"] = 100
 # Account quotas (sandbox/quotas.py), read from the server-wide scenario only; 0 = off. max_records_per_job 0 is
 # Bedrock's default maximum (50,000).
-QUOTA_PARAMS = ("quota_enqueued_tokens", "quota_batches_per_hour", "quota_enqueued_requests", "quota_concurrent_jobs",
-                "max_records_per_job")
+QUOTA_PARAMS = (
+    "quota_enqueued_tokens",
+    "quota_batches_per_hour",
+    "quota_enqueued_requests",
+    "quota_concurrent_jobs",
+    "max_records_per_job",
+)
 COMMON_PARAMS.update(dict.fromkeys(QUOTA_PARAMS, 0))
 # Retention on the sandbox clock (always on): OpenAI/Azure output and error files after the batch ended,
 # Anthropic results after the batch was created.
@@ -91,8 +96,15 @@ SCENARIO_PARAMS: dict[str, dict[str, Any]] = {
     # any HTTP error on the endpoints in ``on``, in each provider's envelope: ``code`` is OpenAI's error.code, Azure's
     # code, Anthropic's error.details.error_code, Bedrock's exception name, Google's ErrorInfo reason; ``type`` is
     # OpenAI's error.type, Anthropic's error.type, Google's status name (each defaults to the status's own)
-    "http_error": {"status": 500, "code": "", "type": "", "message": "", "times": 1, "on": list(ENDPOINTS),
-                   "retry_after_ms": 0},
+    "http_error": {
+        "status": 500,
+        "code": "",
+        "type": "",
+        "message": "",
+        "times": 1,
+        "on": list(ENDPOINTS),
+        "retry_after_ms": 0,
+    },
     "skew_labels": {"label": "other"},
     "wrong_labels": {"share": 1.0},
 }
@@ -141,8 +153,11 @@ class Scenario:
     def line_error_due(self, key: str, sightings: int) -> bool:
         """``line_errors``: the request ``key`` (a stable ``rate`` share of all keys) fails while it has been seen
         fewer than ``times`` times before."""
-        return (self.name == "line_errors" and stable_fraction("line_errors", key) < float(self.param("rate"))
-                and sightings < int(self.param("times")))
+        return (
+            self.name == "line_errors"
+            and stable_fraction("line_errors", key) < float(self.param("rate"))
+            and sightings < int(self.param("times"))
+        )
 
     def line_error(self) -> tuple[int, str, str]:
         """``line_errors``: the (HTTP status, error type, code) of a failed line; ``code`` chooses it."""
@@ -236,18 +251,30 @@ def endpoint_fault(scenario: Scenario, endpoint: str, counts: dict[str, int], sc
 def http_error(scenario: Scenario) -> InjectedError:
     """The ``http_error`` scenario's answer (a ``retry-after-ms`` and ``retry-after`` when ``retry_after_ms`` > 0)."""
     status, delay_ms = int(scenario.param("status")), int(scenario.param("retry_after_ms"))
-    headers = ({"retry-after-ms": str(delay_ms), "retry-after": str(max(1, math.ceil(delay_ms / 1000)))}
-               if delay_ms > 0 else {})
+    headers = (
+        {"retry-after-ms": str(delay_ms), "retry-after": str(max(1, math.ceil(delay_ms / 1000)))}
+        if delay_ms > 0
+        else {}
+    )
     message = str(scenario.param("message")) or f"Injected HTTP {status} (sandbox scenario http_error)."
-    return InjectedError(status, message, type=str(scenario.param("type")) or None,
-                         code=str(scenario.param("code")) or None, headers=headers)
+    return InjectedError(
+        status,
+        message,
+        type=str(scenario.param("type")) or None,
+        code=str(scenario.param("code")) or None,
+        headers=headers,
+    )
 
 
 UNKNOWN_MODEL_PREFIX = "unknown-"
-NO_CREDIT_ANTHROPIC = ("Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to "
-                       "upgrade or purchase credits.")
-NO_CREDIT_OPENAI = ("You exceeded your current quota, please check your plan and billing details. For more "
-                    "information on this error, read the docs: https://platform.openai.com/docs/guides/error-codes.")
+NO_CREDIT_ANTHROPIC = (
+    "Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to "
+    "upgrade or purchase credits."
+)
+NO_CREDIT_OPENAI = (
+    "You exceeded your current quota, please check your plan and billing details. For more "
+    "information on this error, read the docs: https://platform.openai.com/docs/guides/error-codes."
+)
 
 
 def account_fault(scenario: Scenario, models: list[str | None], provider: str = "openai") -> ApiError | None:
@@ -263,11 +290,17 @@ def account_fault(scenario: Scenario, models: list[str | None], provider: str = 
     if unknown is not None:
         if provider == "anthropic":
             return AnthropicError(404, f"model: {unknown}", type="not_found_error")
-        return ApiError(404, f"The model `{unknown}` does not exist or you do not have access to it.",
-                        code="model_not_found")
+        return ApiError(
+            404, f"The model `{unknown}` does not exist or you do not have access to it.", code="model_not_found"
+        )
     if scenario.name == "no_credit":
         if provider == "anthropic":
             return AnthropicError(400, NO_CREDIT_ANTHROPIC, type="invalid_request_error")
-        return ApiError(429, NO_CREDIT_OPENAI, type="insufficient_quota", code="insufficient_quota",
-                        headers={"x-should-retry": "false"})
+        return ApiError(
+            429,
+            NO_CREDIT_OPENAI,
+            type="insufficient_quota",
+            code="insufficient_quota",
+            headers={"x-should-retry": "false"},
+        )
     return None

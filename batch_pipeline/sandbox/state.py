@@ -7,7 +7,7 @@ import json
 import threading
 from collections import deque
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any
 
 from batch_pipeline.sandbox.anthropic.batches import AnthropicBatches
 from batch_pipeline.sandbox.anthropic.responder import AnthropicRunner
@@ -20,13 +20,19 @@ from batch_pipeline.sandbox.google.gemini_batches import GeminiService
 from batch_pipeline.sandbox.google.responder import GeminiResponder
 from batch_pipeline.sandbox.google.vertex_jobs import VertexJobs
 from batch_pipeline.sandbox.ids import new_id
-from batch_pipeline.sandbox.persistence import StateDir
 from batch_pipeline.sandbox.openai.processing import LineRunner, ledger_entries, result_lines
-from batch_pipeline.sandbox.openai.quota import (OUTPUT_PURPOSE, admit, count_prompt_tokens, load_provider,
-                                                 output_expired, output_expires_at)
+from batch_pipeline.sandbox.openai.quota import (
+    OUTPUT_PURPOSE,
+    admit,
+    count_prompt_tokens,
+    load_provider,
+    output_expired,
+    output_expires_at,
+)
+from batch_pipeline.sandbox.openai.validation import parse_input
+from batch_pipeline.sandbox.persistence import StateDir
 from batch_pipeline.sandbox.quotas import DEFAULT_ACCOUNT, LoadBook
 from batch_pipeline.sandbox.scenarios import Scenario, account_fault, scenario_from_metadata
-from batch_pipeline.sandbox.openai.validation import parse_input
 
 FILE_TTL_S = 30 * 24 * 3600
 REQUEST_LOG_LIMIT = 100_000  # the request log keeps the most recent entries only
@@ -43,10 +49,13 @@ class StoredFile:
     size: int
     data: bytes = b""
 
-    def to_api(self, scenario: Optional[Scenario] = None) -> dict[str, Any]:
+    def to_api(self, scenario: Scenario | None = None) -> dict[str, Any]:
         """The API ``OpenAIFile`` object; an output file ``expires_at`` by the scenario's ``retention_openai_s``."""
-        expires = (output_expires_at(scenario, self.purpose, self.created_at, FILE_TTL_S) if scenario is not None
-                   else int(self.created_at + FILE_TTL_S))
+        expires = (
+            output_expires_at(scenario, self.purpose, self.created_at, FILE_TTL_S)
+            if scenario is not None
+            else int(self.created_at + FILE_TTL_S)
+        )
         return {
             "id": self.id,
             "object": "file",
@@ -63,7 +72,7 @@ class StoredFile:
 class SandboxState:
     """Everything the sandbox remembers. Callers hold ``lock`` around any use."""
 
-    def __init__(self, clock: SandboxClock, scenario: Scenario, state_dir: Optional[str] = None) -> None:
+    def __init__(self, clock: SandboxClock, scenario: Scenario, state_dir: str | None = None) -> None:
         self.lock = threading.RLock()
         self.clock = clock
         self.startup_scenario = scenario
@@ -72,12 +81,15 @@ class SandboxState:
         self.seen_prompts: set[str] = set()
         self.book = LoadBook()  # enqueued load per (provider, account, model), for quotas and GET /_sandbox/load
         self.lifecycle = Lifecycle(LineRunner(self.seen_custom_ids, self.seen_prompts), self._finish)
-        self.anthropic = AnthropicBatches(AnthropicRunner(self.seen_custom_ids, self.seen_prompts), self._bill,
-                                          self.book)
-        self.bedrock = BedrockJobs(AnthropicRunner(self.seen_custom_ids, self.seen_prompts), self._bill, SandboxS3(),
-                                   self.book)
-        self.gemini = GeminiService(GeminiResponder(self.seen_custom_ids, self.seen_prompts), self._bill, self.store,
-                                    self.book)
+        self.anthropic = AnthropicBatches(
+            AnthropicRunner(self.seen_custom_ids, self.seen_prompts), self._bill, self.book
+        )
+        self.bedrock = BedrockJobs(
+            AnthropicRunner(self.seen_custom_ids, self.seen_prompts), self._bill, SandboxS3(), self.book
+        )
+        self.gemini = GeminiService(
+            GeminiResponder(self.seen_custom_ids, self.seen_prompts), self._bill, self.store, self.book
+        )
         self.vertex = VertexJobs(GeminiResponder(self.seen_custom_ids, self.seen_prompts), self._bill, load=self.book)
         self.reset(wipe_store=False)
         if self.store is not None:
@@ -132,7 +144,11 @@ class SandboxState:
 
     # batches ---------------------------------------------------------------------------------------------------
     def create_batch(
-        self, input_file: StoredFile, endpoint: str, completion_window: str, metadata: Optional[dict[str, str]],
+        self,
+        input_file: StoredFile,
+        endpoint: str,
+        completion_window: str,
+        metadata: dict[str, str] | None,
         account: str = DEFAULT_ACCOUNT,
     ) -> BatchRecord:
         """A new batch in ``validating``; its scenario comes from metadata, else the server's. A batch whose input
@@ -145,8 +161,12 @@ class SandboxState:
         errors = list(parsed.errors)
         if scenario.name == "fail_validation":
             errors += [
-                {"code": "invalid_request", "message": "Rejected by sandbox scenario fail_validation.",
-                 "param": None, "line": int(line)}
+                {
+                    "code": "invalid_request",
+                    "message": "Rejected by sandbox scenario fail_validation.",
+                    "param": None,
+                    "line": int(line),
+                }
                 for line in scenario.param("lines")
             ]
         if not errors:  # counted before the clock is read: the batch exists once its input has been read
@@ -227,21 +247,23 @@ class SandboxState:
         """Write the state to the state directory, if one was given."""
         if self.store is None:
             return
-        self.store.save({
-            "clock_now": self.clock.now(),
-            "scenario": self.scenario.to_json(),
-            "files": [{k: v for k, v in asdict(f).items() if k != "data"} for f in self.files.values()],
-            "batches": [b.to_json() for b in self.batches.values()],
-            "ledger": self.ledger,
-            "fault_counts": self.fault_counts,
-            "seen_custom_ids": self.seen_custom_ids,
-            "seen_prompts": sorted(self.seen_prompts),
-            "anthropic_batches": self.anthropic.to_json(),
-            "bedrock_jobs": self.bedrock.to_json(),
-            "gemini": self.gemini.to_json(),
-            "vertex_jobs": self.vertex.to_json(),
-            "load": self.book.to_json(),
-        })
+        self.store.save(
+            {
+                "clock_now": self.clock.now(),
+                "scenario": self.scenario.to_json(),
+                "files": [{k: v for k, v in asdict(f).items() if k != "data"} for f in self.files.values()],
+                "batches": [b.to_json() for b in self.batches.values()],
+                "ledger": self.ledger,
+                "fault_counts": self.fault_counts,
+                "seen_custom_ids": self.seen_custom_ids,
+                "seen_prompts": sorted(self.seen_prompts),
+                "anthropic_batches": self.anthropic.to_json(),
+                "bedrock_jobs": self.bedrock.to_json(),
+                "gemini": self.gemini.to_json(),
+                "vertex_jobs": self.vertex.to_json(),
+                "load": self.book.to_json(),
+            }
+        )
 
     def _load(self) -> None:
         assert self.store is not None

@@ -29,6 +29,7 @@ TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 PER_MESSAGE_TOKENS = 4  # role and separators, per message
 REPLY_PRIMING_TOKENS = 3  # the assistant turn every chat request opens (OpenAI's counting)
 
+
 def bpe(name: str) -> tiktoken.Encoding:
     """The same encoding the pipeline quotes with (``batch_pipeline.bpe``, hash-checked, never downloaded)."""
     return encoding(name)
@@ -38,6 +39,7 @@ def _bpe_count(name: str, scale: float = 1.0) -> Callable[[str], int]:
     def count(text: str) -> int:
         n = len(bpe(name).encode_ordinary(text))
         return n if scale == 1.0 else math.ceil(n * scale)
+
     return count
 
 

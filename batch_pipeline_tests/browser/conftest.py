@@ -26,12 +26,26 @@ from batch_pipeline.core.spec.loading import load_spec
 from batch_pipeline.core.store import Store
 from batch_pipeline_tests.defs.test_gate import inject
 from batch_pipeline_tests.e2e.conftest import JOB, SMALL, DagsterDev, run_dagster_dev, write_project
-from batch_pipeline_tests.e2e.test_dagster_dev import (RANGE_END, RANGE_START, RUN_STATUS, TERMINAL, failure_report,
-                                                       launch)
+from batch_pipeline_tests.e2e.test_dagster_dev import (
+    RANGE_END,
+    RANGE_START,
+    RUN_STATUS,
+    TERMINAL,
+    failure_report,
+    launch,
+)
 
 CHROMIUM = Path("/usr/bin/chromium")  # Debian's package (scripts/setup.sh installs it)
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 SAVE_ENV = "BATCH_PIPELINE_SAVE_SCREENSHOTS"
 README_SHOTS = {"asset_graph", "results"}  # the ones the README shows (docs/ui/<name>.png)
 VIEWPORT = {"width": 1600, "height": 1000}
@@ -94,17 +108,24 @@ def materialized(sandbox_proc, tmp_path_factory) -> Iterator[Materialized]:
     _, sandbox_url = sandbox_proc
     everything = {RANGE_START: SHARDS[0], RANGE_END: SHARDS[-1]}
     with run_dagster_dev(sandbox_url, project) as dev:
-        runs = run_stage(dev, {"prepare": (f"{JOB}_prepare", None, "SUCCESS"),
-                               "gate_prepare": (f"{GATE}_prepare", None, "SUCCESS")})
+        runs = run_stage(
+            dev, {"prepare": (f"{JOB}_prepare", None, "SUCCESS"), "gate_prepare": (f"{GATE}_prepare", None, "SUCCESS")}
+        )
         # the first ranged run collects the canary only (the other shards wait for its verdict); gate's one shard
         # is its canary
-        runs |= run_stage(dev, {"canary": (f"{JOB}_shards", everything, "SUCCESS"),
-                                "gate_shards": (f"{GATE}_shards", {RANGE_START: SHARDS[0], RANGE_END: SHARDS[0]},
-                                                "SUCCESS")})
+        runs |= run_stage(
+            dev,
+            {
+                "canary": (f"{JOB}_shards", everything, "SUCCESS"),
+                "gate_shards": (f"{GATE}_shards", {RANGE_START: SHARDS[0], RANGE_END: SHARDS[0]}, "SUCCESS"),
+            },
+        )
         # one truncated answer among gate's results, as a corrupted result part would hold: its publish must fail
         inject(Store(project.home), load_spec(project.jobs_dir / f"{GATE}.yaml"), FAILED_CHECK)
-        runs |= run_stage(dev, {"shards": (f"{JOB}_shards", everything, "SUCCESS"),
-                                "gate_publish": (f"{GATE}_publish", None, "FAILURE")})
+        runs |= run_stage(
+            dev,
+            {"shards": (f"{JOB}_shards", everything, "SUCCESS"), "gate_publish": (f"{GATE}_publish", None, "FAILURE")},
+        )
         runs |= run_stage(dev, {"publish": (f"{JOB}_publish", None, "SUCCESS")})
         yield Materialized(dev, f"http://127.0.0.1:{dev.port}", runs)
 
@@ -120,8 +141,12 @@ def browser(playwright: Playwright, tmp_path_factory) -> Iterator[BrowserContext
     """Headless Chromium (Debian's) in a new empty profile; Playwright launches it by path, downloads nothing."""
     assert CHROMIUM.is_file(), f"{CHROMIUM} is missing: scripts/setup.sh installs Debian's chromium package"
     context = playwright.chromium.launch_persistent_context(
-        tmp_path_factory.mktemp("chromium_profile"), executable_path=str(CHROMIUM), headless=True,
-        args=CHROMIUM_ARGS, viewport=VIEWPORT)
+        tmp_path_factory.mktemp("chromium_profile"),
+        executable_path=str(CHROMIUM),
+        headless=True,
+        args=CHROMIUM_ARGS,
+        viewport=VIEWPORT,
+    )
     try:
         yield context
     finally:
@@ -162,4 +187,3 @@ def screenshot(page: Page, tmp_path: Path):
         return path
 
     return take
-

@@ -17,10 +17,24 @@ from .conftest import FAILED_CHECK, GATE, JOB, SHARDS, Materialized
 pytestmark = pytest.mark.e2e
 
 # backend_comparison is made with the manifest (the demo's spec has cost_compare): every asset of the graph runs
-ASSETS = ["manifest", "quote", "submissions", "shard_results", "results", "validated", "dead_letters", "report",
-          "backend_comparison"]
-RESULT_CHECKS = ["validated_schema", "outputs_within_contract", "no_truncated_outputs", "reconciliation",
-                 "shard_distributions"]
+ASSETS = [
+    "manifest",
+    "quote",
+    "submissions",
+    "shard_results",
+    "results",
+    "validated",
+    "dead_letters",
+    "report",
+    "backend_comparison",
+]
+RESULT_CHECKS = [
+    "validated_schema",
+    "outputs_within_contract",
+    "no_truncated_outputs",
+    "reconciliation",
+    "shard_distributions",
+]
 PARTITIONED = {"submissions", "shard_results"}
 LABELS = {"billing", "bug", "feature_request", "account", "other"}
 ROWS = 40
@@ -46,14 +60,18 @@ def graph_node(page: Page, asset: str) -> Locator:
 def partition_detail(page: Page, shard: str) -> Locator:
     """The right-hand pane of a partition page: the selected shard's latest materialization (not the list, whose
     header counts the materialized partitions)."""
-    return alone(page, page.get_by_text("Latest materialization", exact=True),
-                 page.get_by_text(re.compile(r"^Materialized \(\d+\)$")))
+    return alone(
+        page,
+        page.get_by_text("Latest materialization", exact=True),
+        page.get_by_text(re.compile(r"^Materialized \(\d+\)$")),
+    )
 
 
 def open_page(page: Page, materialized: Materialized, path: str) -> None:
     # the first visit of an instance shows a newsletter dialog over the page: dismissed whenever it shows
-    page.add_locator_handler(page.get_by_text("Join the Dagster community"),
-                             lambda: page.get_by_role("button", name="Skip").click())
+    page.add_locator_handler(
+        page.get_by_text("Join the Dagster community"), lambda: page.get_by_role("button", name="Skip").click()
+    )
     page.goto(materialized.url + path)
 
 
@@ -121,15 +139,23 @@ def test_a_failed_blocking_check_shows_why_and_what_it_blocked(materialized, pag
 
 def test_the_runs_list_shows_every_run_with_its_job_and_status(materialized, page, screenshot):
     open_page(page, materialized, "/runs")
-    expected = {"prepare": (f"{JOB}_prepare", "Success"), "canary": (f"{JOB}_shards", "Success"),
-                "shards": (f"{JOB}_shards", "Success"), "publish": (f"{JOB}_publish", "Success"),
-                "gate_prepare": (f"{GATE}_prepare", "Success"), "gate_shards": (f"{GATE}_shards", "Success"),
-                "gate_publish": (f"{GATE}_publish", "Failure")}
+    expected = {
+        "prepare": (f"{JOB}_prepare", "Success"),
+        "canary": (f"{JOB}_shards", "Success"),
+        "shards": (f"{JOB}_shards", "Success"),
+        "publish": (f"{JOB}_publish", "Success"),
+        "gate_prepare": (f"{GATE}_prepare", "Success"),
+        "gate_shards": (f"{GATE}_shards", "Success"),
+        "gate_publish": (f"{GATE}_publish", "Failure"),
+    }
     assert set(expected) == set(materialized.runs)
     for what, (job, status) in expected.items():
         run_id = materialized.runs[what]
-        row = alone(page, page.get_by_role("link", name=f"run {run_id[:8]}"),
-                    page.get_by_role("link", name=re.compile(rf"^run (?!{run_id[:8]})")))
+        row = alone(
+            page,
+            page.get_by_role("link", name=f"run {run_id[:8]}"),
+            page.get_by_role("link", name=re.compile(rf"^run (?!{run_id[:8]})")),
+        )
         expect(row.get_by_role("link", name=job, exact=True)).to_be_visible()
         expect(row).to_contain_text(status)
     expect(page.get_by_role("link", name=re.compile(r"^run [0-9a-f]{8}$"))).to_have_count(len(expected))

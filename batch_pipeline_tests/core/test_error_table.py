@@ -8,9 +8,14 @@ import pytest
 
 from batch_pipeline.core import error_table as et
 from batch_pipeline.core.error_table import ROWS, Family, Kind, Where, decide, lookup
-from batch_pipeline.core.errors import (QuotaError, SystemicError, TransientError, classify_line_error,
-                                        provider_error)
-from batch_pipeline.core.errors import ErrorClass
+from batch_pipeline.core.errors import (
+    ErrorClass,
+    QuotaError,
+    SystemicError,
+    TransientError,
+    classify_line_error,
+    provider_error,
+)
 from batch_pipeline.core.troubleshooting import TROUBLES, TroubleKind
 
 # a message each ``when`` pattern of the table finds
@@ -35,8 +40,13 @@ def probe(row: et.Row) -> dict:
     """An answer built from the row's own key (its first family, status, code, a message its pattern finds)."""
     message = SAMPLES[row.when.pattern] if row.when is not None else ""
     where = Where.CREATE if row.kind == Kind.QUOTA else Where.CALL if Where.CALL in row.where else min(row.where)
-    return {"family": row.families[0] if row.families else Family.OPENAI, "status": _first_status(row.status),
-            "code": row.code if row.code is not None else "something_unlisted", "message": message, "where": where}
+    return {
+        "family": row.families[0] if row.families else Family.OPENAI,
+        "status": _first_status(row.status),
+        "code": row.code if row.code is not None else "something_unlisted",
+        "message": message,
+        "where": where,
+    }
 
 
 def test_every_when_pattern_has_a_sample_it_matches():
@@ -62,8 +72,9 @@ def test_every_row_says_why_and_the_last_row_takes_anything():
 
 
 def test_rows_never_repeat_a_key():
-    keys = [(row.families, row.status, (row.code or "").lower(), row.when and row.when.pattern, row.where)
-            for row in ROWS]
+    keys = [
+        (row.families, row.status, (row.code or "").lower(), row.when and row.when.pattern, row.where) for row in ROWS
+    ]
     assert len(keys) == len(set(keys))
 
 
@@ -109,8 +120,10 @@ def test_a_queue_refusal_is_a_quota_error_on_create_only():
     assert decide(Family.BEDROCK, 400, "ServiceQuotaExceededException", "").kind == Kind.TRANSIENT
     # a throttle is never a queue, whatever it says; no credit is a stop, though its message says "quota"
     assert decide(Family.BEDROCK, 429, "ThrottlingException", "quota", where=Where.CREATE).kind == Kind.TRANSIENT
-    assert decide(Family.OPENAI, 429, "insufficient_quota", "You exceeded your current quota",
-                  where=Where.CREATE).kind == Kind.SYSTEMIC
+    assert (
+        decide(Family.OPENAI, 429, "insufficient_quota", "You exceeded your current quota", where=Where.CREATE).kind
+        == Kind.SYSTEMIC
+    )
 
 
 def test_poison_is_per_item_for_a_request_or_a_line_and_stops_a_call():
@@ -131,25 +144,34 @@ def test_one_providers_code_is_never_read_as_anothers():
     the project's concurrent jobs waits for room (a QuotaError), it is not retried in place."""
     full = "Quota exceeded for aiplatform.googleapis.com/concurrent_batch_prediction_jobs. Limit: 1"
     for family in (Family.GEMINI, Family.VERTEX):
-        assert decide(family, 429, "resource_exhausted", full, reason="RATE_LIMIT_EXCEEDED",
-                      where=Where.CREATE).kind == Kind.QUOTA
+        assert (
+            decide(family, 429, "resource_exhausted", full, reason="RATE_LIMIT_EXCEEDED", where=Where.CREATE).kind
+            == Kind.QUOTA
+        )
     # OpenAI's own refusal of a create past the batches per hour is a 429 rate_limit_exceeded that names its limit
     per_hour = "Rate limit reached for batch creation: 2 batches were created in the past hour. Limit: 2 batches"
     assert decide(Family.OPENAI, 429, "rate_limit_exceeded", per_hour, where=Where.CREATE).kind == Kind.QUOTA
-    assert decide(Family.OPENAI, 429, "rate_limit_exceeded", "Rate limit reached", where=Where.CREATE).kind == \
-        Kind.TRANSIENT
+    assert (
+        decide(Family.OPENAI, 429, "rate_limit_exceeded", "Rate limit reached", where=Where.CREATE).kind
+        == Kind.TRANSIENT
+    )
     assert decide(Family.BEDROCK, 500, "server_error").row.families != et.OPENAI_LIKE
 
 
 def test_codes_match_case_insensitively_on_the_code_or_the_reason():
     assert decide(Family.GEMINI, 400, "invalid_argument", reason="API_KEY_INVALID").stop == "invalid_api_key"
-    assert decide(Family.ANTHROPIC, 429, "rate_limit_error", reason="enforced_spend_limit_reached").kind == Kind.SYSTEMIC
+    assert (
+        decide(Family.ANTHROPIC, 429, "rate_limit_error", reason="enforced_spend_limit_reached").kind == Kind.SYSTEMIC
+    )
     assert decide(Family.BEDROCK, 409, "conflictexception").kind == Kind.TRANSIENT
 
 
 # -- lines carry no family: the rows must not disagree across families ----------------------------------------------
-@pytest.mark.parametrize("index", [i for i, r in enumerate(ROWS) if Where.LINE in r.where],
-                         ids=lambda i: f"{i}:{ROWS[i].code or ROWS[i].status}")
+@pytest.mark.parametrize(
+    "index",
+    [i for i, r in enumerate(ROWS) if Where.LINE in r.where],
+    ids=lambda i: f"{i}:{ROWS[i].code or ROWS[i].status}",
+)
 def test_a_line_gets_the_class_its_own_family_would_give(index):
     row = ROWS[index]
     p = probe(row)
@@ -157,17 +179,20 @@ def test_a_line_gets_the_class_its_own_family_would_give(index):
     assert {decide(None, p["status"], p["code"], p["message"], where=Where.LINE).kind} == set(own)
 
 
-@pytest.mark.parametrize("code,status,message,expected", [
-    (None, 409, None, ErrorClass.TRANSIENT),  # was poison for lines: settled
-    ("aborted", 409, None, ErrorClass.TRANSIENT),
-    ("ModelTimeoutException", 408, None, ErrorClass.TRANSIENT),
-    ("not_found", 404, "Requested entity was not found.", ErrorClass.POISON),
-    ("not_found", 404, "models/gemini-9 is not found", ErrorClass.SYSTEMIC),
-    ("permission_denied", 403, None, ErrorClass.SYSTEMIC),
-    ("resource_exhausted", 429, "quota exceeded", ErrorClass.TRANSIENT),  # a quota word, but a line
-    ("invalid_request_error", 400, "Your credit balance is too low", ErrorClass.SYSTEMIC),
-    ("unparseable_line", None, None, ErrorClass.POISON),
-])
+@pytest.mark.parametrize(
+    "code,status,message,expected",
+    [
+        (None, 409, None, ErrorClass.TRANSIENT),  # was poison for lines: settled
+        ("aborted", 409, None, ErrorClass.TRANSIENT),
+        ("ModelTimeoutException", 408, None, ErrorClass.TRANSIENT),
+        ("not_found", 404, "Requested entity was not found.", ErrorClass.POISON),
+        ("not_found", 404, "models/gemini-9 is not found", ErrorClass.SYSTEMIC),
+        ("permission_denied", 403, None, ErrorClass.SYSTEMIC),
+        ("resource_exhausted", 429, "quota exceeded", ErrorClass.TRANSIENT),  # a quota word, but a line
+        ("invalid_request_error", 400, "Your credit balance is too low", ErrorClass.SYSTEMIC),
+        ("unparseable_line", None, None, ErrorClass.POISON),
+    ],
+)
 def test_line_classes(code, status, message, expected):
     assert classify_line_error(code, status, message) == expected
 
@@ -179,10 +204,19 @@ def test_provider_error_builds_each_class_with_the_rows_code_and_advice():
     assert str(stop).endswith("(the account has no credit left; add credit, then re-run to resume)")
     own = provider_error(decide(Family.BEDROCK, 400, "ValidationException"), "m", code="ValidationException")
     assert isinstance(own, SystemicError) and own.code == "ValidationException" and str(own) == "m"
-    refused = provider_error(decide(Family.OPENAI, 429, None, "Limit: 5 batches per hour", where=Where.CREATE),
-                             "m", code="c", retry_after_s=2.0, dimension="per_hour", limit=5)
+    refused = provider_error(
+        decide(Family.OPENAI, 429, None, "Limit: 5 batches per hour", where=Where.CREATE),
+        "m",
+        code="c",
+        retry_after_s=2.0,
+        dimension="per_hour",
+        limit=5,
+    )
     assert isinstance(refused, QuotaError) and (refused.dimension, refused.limit, refused.retry_after_s) == (
-        "per_hour", 5, 2.0)
+        "per_hour",
+        5,
+        2.0,
+    )
     wait = provider_error(decide(Family.OPENAI, 503, None), "m", code="c", retry_after_s=1.5)
     assert type(wait) is TransientError and wait.retry_after_s == 1.5 and wait.code == "c"
 

@@ -8,8 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.run.results import RESULT_SCHEMA, read_results
+from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import TMP_PREFIX, Store
 
 
@@ -28,8 +28,12 @@ def torn_copy(store: Store, src: str, dst: str, keep: int) -> None:
 def result_rows(request_ids: list[str], shard: str, attempt: int) -> pa.Table:
     n = len(request_ids)
     cols = {f.name: pa.nulls(n, f.type) for f in RESULT_SCHEMA}
-    cols.update(request_id=pa.array(request_ids), shard_id=pa.array([shard] * n),
-                attempt=pa.array([attempt] * n, pa.int32()), status=pa.array(["succeeded"] * n))
+    cols.update(
+        request_id=pa.array(request_ids),
+        shard_id=pa.array([shard] * n),
+        attempt=pa.array([attempt] * n, pa.int32()),
+        status=pa.array(["succeeded"] * n),
+    )
     return pa.table(cols, schema=RESULT_SCHEMA)
 
 
@@ -183,8 +187,9 @@ def test_read_head_gives_the_first_rows_and_the_count_without_the_rest(tmp_path)
     from batch_pipeline.core.store import Store
 
     store = Store(tmp_path)
-    store.write_table("t.parquet", pa.table({"n": list(range(1000)), "s": [str(i) for i in range(1000)]}),
-                      row_group_size=100)
+    store.write_table(
+        "t.parquet", pa.table({"n": list(range(1000)), "s": [str(i) for i in range(1000)]}), row_group_size=100
+    )
     head, rows = store.read_head("t.parquet", 10)
     assert rows == 1000 and head.column("n").to_pylist() == list(range(10)) and head.column_names == ["n", "s"]
     store.write_table("e.parquet", pa.table({"n": pa.array([], pa.int64())}))

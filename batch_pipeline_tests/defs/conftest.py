@@ -79,8 +79,7 @@ def make_job(tmp_path) -> Callable[..., JobSpec]:
         else:
             (inputs / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         spec = yaml.safe_load((REPO / "data" / "jobs" / "demo.yaml").read_text())
-        spec.update(name=name, input={**spec["input"], "path": str(inputs / "*.jsonl")},
-                    shards={"max_requests": 10})
+        spec.update(name=name, input={**spec["input"], "path": str(inputs / "*.jsonl")}, shards={"max_requests": 10})
         spec.pop("quality", None)  # golden gates only where a test asks for them (quality=...)
         for key, value in overrides.items():
             spec[key] = value
@@ -96,5 +95,6 @@ def ledger_ids(admin: SandboxAdmin) -> list[str]:
 
 
 def batch_creates(admin: SandboxAdmin) -> int:
-    return sum(1 for r in admin.requests() if r["method"] == "POST" and r["path"] == "/v1/batches"
-               and r["status"] == 200)
+    return sum(
+        1 for r in admin.requests() if r["method"] == "POST" and r["path"] == "/v1/batches" and r["status"] == 200
+    )

@@ -60,8 +60,9 @@ def _bin(name: str) -> str:
     found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), key=lambda p: int(p.split("/")[4]))
     path = found[-1] if found else shutil.which(name)
     if path is None:
-        raise RuntimeError(f"PostgreSQL's {name} is not installed: run scripts/setup.sh as root "
-                           "(apt-get install postgresql)")
+        raise RuntimeError(
+            f"PostgreSQL's {name} is not installed: run scripts/setup.sh as root (apt-get install postgresql)"
+        )
     return path
 
 
@@ -84,14 +85,46 @@ def postgres_server(durable: bool = False) -> Iterator[PostgresServer]:
         for path in (root, pwfile):
             os.chown(path, owner.pw_uid, owner.pw_gid)
     user = {"user": owner.pw_uid, "group": owner.pw_gid} if owner is not None else {}
-    subprocess.run([_bin("initdb"), "-D", str(data), "-U", USER, "--auth=scram-sha-256", f"--pwfile={pwfile}",
-                    "-E", "UTF8", "--no-sync"], check=True, capture_output=True, **user)
+    subprocess.run(
+        [
+            _bin("initdb"),
+            "-D",
+            str(data),
+            "-U",
+            USER,
+            "--auth=scram-sha-256",
+            f"--pwfile={pwfile}",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        ],
+        check=True,
+        capture_output=True,
+        **user,
+    )
     port = _free_port()
     log = (root / "server.log").open("wb")
     fast = [] if durable else ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
-    proc = subprocess.Popen([_bin("postgres"), "-D", str(data), "-p", str(port), "-h", "127.0.0.1",
-                             "-k", str(root), *fast, "-c", "max_connections=200"],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **user)
+    proc = subprocess.Popen(
+        [
+            _bin("postgres"),
+            "-D",
+            str(data),
+            "-p",
+            str(port),
+            "-h",
+            "127.0.0.1",
+            "-k",
+            str(root),
+            *fast,
+            "-c",
+            "max_connections=200",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        **user,
+    )
     server = PostgresServer(proc.pid, port, password)
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -123,8 +156,18 @@ def postgres_dagster_home(home: Path, server: PostgresServer, db: str) -> Path:
     home.mkdir(parents=True, exist_ok=True)
     existing = home / "dagster.yaml"
     config = yaml.safe_load((existing if existing.exists() else REPO / "dagster.yaml").read_text())
-    config["storage"] = {"postgres": {"postgres_db": {  # the shape the chart renders (its postgresql values)
-        "username": USER, "password": {"env": PASSWORD_ENV}, "hostname": "127.0.0.1", "db_name": db,
-        "port": server.port, "params": {}, "scheme": SCHEME}}}
+    config["storage"] = {
+        "postgres": {
+            "postgres_db": {  # the shape the chart renders (its postgresql values)
+                "username": USER,
+                "password": {"env": PASSWORD_ENV},
+                "hostname": "127.0.0.1",
+                "db_name": db,
+                "port": server.port,
+                "params": {},
+                "scheme": SCHEME,
+            }
+        }
+    }
     (home / "dagster.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     return home

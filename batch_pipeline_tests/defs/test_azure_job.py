@@ -21,8 +21,10 @@ from batch_pipeline.defs.pipeline import run_job
 
 from .conftest import ledger_ids
 
-BACKEND = {"name": "azure_openai_batch",
-           "settings": {"sandbox": True, "deployments": {"gpt-4o-mini": "demo-4o-mini-batch"}}}
+BACKEND = {
+    "name": "azure_openai_batch",
+    "settings": {"sandbox": True, "deployments": {"gpt-4o-mini": "demo-4o-mini-batch"}},
+}
 
 
 @pytest.fixture(autouse=True)
@@ -35,8 +37,9 @@ def azure_creates(admin) -> list[dict]:
     return [r for r in admin.requests() if r["method"] == "POST" and r["path"] == "/openai/batches"]
 
 
-def test_demo_job_on_azure_gives_the_validated_table_report_and_reconciliation(sandbox, instance, resources, home,
-                                                                                make_job):
+def test_demo_job_on_azure_gives_the_validated_table_report_and_reconciliation(
+    sandbox, instance, resources, home, make_job
+):
     spec = make_job(backend=BACKEND)
     report = run_job(spec, instance, resources)
     store = Store(home)
@@ -50,22 +53,26 @@ def test_demo_job_on_azure_gives_the_validated_table_report_and_reconciliation(s
     counts = check_invariant(state.items, state.results, state.states)  # raises on any gap
     assert counts.valid == unique and counts.expected == unique
     ledger = sandbox.ledger()
-    assert {e["provider"] for e in ledger} == {"azure_openai"} and {e["model"] for e in ledger} == {"demo-4o-mini-batch"}
+    assert {e["provider"] for e in ledger} == {"azure_openai"} and {e["model"] for e in ledger} == {
+        "demo-4o-mini-batch"
+    }
     billed = Counter(ledger_ids(sandbox))
     assert set(billed) == set(rows["request_id"]) and set(billed.values()) == {1}
     assert len(azure_creates(sandbox)) == len(Manifest(spec.name, store).shard_ids())
     assert not [r for r in sandbox.requests() if r["path"].startswith("/v1/batches")]
 
 
-def test_a_crash_between_create_and_record_reattaches_without_a_second_azure_batch(sandbox, sandbox_proc, make_job,
-                                                                                   home, tmp_path):
+def test_a_crash_between_create_and_record_reattaches_without_a_second_azure_batch(
+    sandbox, sandbox_proc, make_job, home, tmp_path
+):
     spec = make_job(backend=BACKEND)
     dagster_home = tmp_path / "dagster_home"
     dagster_home.mkdir()
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "BATCH_PIPELINE_SANDBOX_URL": sandbox_proc[1]}
     cmd = [sys.executable, "-m", "batch_pipeline.cli", "run", spec.source_path, "--home", str(home)]
-    crashed = subprocess.run(cmd, env={**env, "BATCH_PIPELINE_CRASH_AT": "after_create"}, capture_output=True,
-                             text=True, timeout=240)
+    crashed = subprocess.run(
+        cmd, env={**env, "BATCH_PIPELINE_CRASH_AT": "after_create"}, capture_output=True, text=True, timeout=240
+    )
     assert crashed.returncode != 0
     assert len(azure_creates(sandbox)) == 1  # the provider has the canary's batch; we never recorded it
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)

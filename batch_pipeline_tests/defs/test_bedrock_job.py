@@ -54,8 +54,9 @@ def small_job(make_job, sandbox, **overrides):
     return make_job(backend=SMALL_JOB, model=MODEL, **overrides)
 
 
-def test_demo_job_on_bedrock_gives_the_validated_table_report_and_reconciliation(sandbox, instance, resources, home,
-                                                                                  tmp_path):
+def test_demo_job_on_bedrock_gives_the_validated_table_report_and_reconciliation(
+    sandbox, instance, resources, home, tmp_path
+):
     demo = yaml.safe_load((REPO / "data" / "jobs" / "demo.yaml").read_text())
     demo.update(backend={"name": "bedrock_batch", "settings": {"sandbox": True}}, model=MODEL)
     demo["input"]["path"] = str(REPO / demo["input"]["path"])
@@ -83,8 +84,7 @@ def test_demo_job_on_bedrock_gives_the_validated_table_report_and_reconciliation
     assert all(c["status"] == 200 for c in creates(sandbox))
 
 
-def test_shards_below_the_minimum_never_reach_create_they_go_to_the_tail(sandbox, instance, resources, home,
-                                                                         make_job):
+def test_shards_below_the_minimum_never_reach_create_they_go_to_the_tail(sandbox, instance, resources, home, make_job):
     spec = make_job(backend={"name": "bedrock_batch", "settings": {"sandbox": True}}, model=MODEL, tail=TAIL)
     assert batch_minimum(spec.backend) == 100  # Bedrock's default quota; the shards hold 10
     report = run_job(spec, instance, resources)
@@ -102,21 +102,28 @@ def test_without_a_tail_a_shard_below_the_minimum_waits_and_says_why(sandbox, in
     assert not report["complete"] and creates(sandbox) == [] and sandbox.ledger() == []
     plan = load_view(spec, Store(home), min_batch=batch_minimum(spec.backend)).plan()
     canary = Manifest(spec.name, Store(home)).shard_ids()[0]
-    assert plan.waiting[canary].startswith("the canary sample has 10 item(s), below the backend's minimum of 100 "
-                                           "per batch; it waits (a `tail:` backend")
+    assert plan.waiting[canary].startswith(
+        "the canary sample has 10 item(s), below the backend's minimum of 100 per batch; it waits (a `tail:` backend"
+    )
     assert "4 shard(s) wait" not in plan.describe() and "below the backend's minimum" in plan.describe()
 
 
-def test_a_crash_between_create_and_record_reattaches_without_a_second_job(sandbox, sandbox_proc, make_job, home,
-                                                                           tmp_path, resources):
+def test_a_crash_between_create_and_record_reattaches_without_a_second_job(
+    sandbox, sandbox_proc, make_job, home, tmp_path, resources
+):
     spec = small_job(make_job, sandbox)
     dagster_home = tmp_path / "dagster_home"
     dagster_home.mkdir()
-    env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "BATCH_PIPELINE_SANDBOX_URL": sandbox_proc[1],
-           "BATCH_PIPELINE_PRICES": resources["prices"].path}
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(dagster_home),
+        "BATCH_PIPELINE_SANDBOX_URL": sandbox_proc[1],
+        "BATCH_PIPELINE_PRICES": resources["prices"].path,
+    }
     cmd = [sys.executable, "-m", "batch_pipeline.cli", "run", spec.source_path, "--home", str(home)]
-    crashed = subprocess.run(cmd, env={**env, "BATCH_PIPELINE_CRASH_AT": "after_create"}, capture_output=True,
-                             text=True, timeout=240)
+    crashed = subprocess.run(
+        cmd, env={**env, "BATCH_PIPELINE_CRASH_AT": "after_create"}, capture_output=True, text=True, timeout=240
+    )
     assert crashed.returncode != 0
     assert len(creates(sandbox)) == 1  # Bedrock has the canary's job; we never recorded it
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
@@ -127,10 +134,13 @@ def test_a_crash_between_create_and_record_reattaches_without_a_second_job(sandb
     assert len(billed) == 40 and set(billed.values()) == {1}
 
 
-@pytest.mark.parametrize(("scenario", "status", "words"), [("access_denied", 403, "AccessDeniedException"),
-                                                           ("unknown_model", 400, "model identifier is invalid")])
-def test_access_denied_or_an_unknown_model_stops_the_job_once(sandbox, instance, resources, home, make_job,
-                                                              scenario, status, words):
+@pytest.mark.parametrize(
+    ("scenario", "status", "words"),
+    [("access_denied", 403, "AccessDeniedException"), ("unknown_model", 400, "model identifier is invalid")],
+)
+def test_access_denied_or_an_unknown_model_stops_the_job_once(
+    sandbox, instance, resources, home, make_job, scenario, status, words
+):
     spec = small_job(make_job, sandbox)
     sandbox.set_scenario(scenario, min_records=10)
     with pytest.raises(dg.Failure) as failure:
@@ -148,8 +158,9 @@ def test_access_denied_or_an_unknown_model_stops_the_job_once(sandbox, instance,
 
 def test_throttling_is_honoured(sandbox, instance, resources, home, make_job):
     spec = small_job(make_job, sandbox)
-    sandbox.set_scenario("rate_limit", on=["bedrock_create", "bedrock_get", "bedrock_list"], times=2,
-                         retry_after_ms=20, min_records=10)
+    sandbox.set_scenario(
+        "rate_limit", on=["bedrock_create", "bedrock_get", "bedrock_list"], times=2, retry_after_ms=20, min_records=10
+    )
     report = run_job(spec, instance, resources)
     assert report["complete"] and report["succeeded"] == 40
     statuses = [c["status"] for c in creates(sandbox)]
@@ -157,8 +168,9 @@ def test_throttling_is_honoured(sandbox, instance, resources, home, make_job):
     assert set(Counter(ledger_ids(sandbox)).values()) == {1}
 
 
-def test_a_partially_completed_job_keeps_its_results_and_the_rest_goes_to_the_tail(sandbox, instance, resources,
-                                                                                   home, make_job):
+def test_a_partially_completed_job_keeps_its_results_and_the_rest_goes_to_the_tail(
+    sandbox, instance, resources, home, make_job
+):
     spec = small_job(make_job, sandbox, tail=TAIL)
     sandbox.set_scenario("expire", complete_share=0.5, min_records=10)
     report = run_job(spec, instance, resources)

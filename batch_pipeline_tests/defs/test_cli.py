@@ -57,16 +57,22 @@ def test_status_shows_what_waits_and_why(sandbox, instance, resources, home, mak
 
     spec = make_job()
     defs = build_definitions([spec], resources)
-    dg.materialize([*defs.assets, *defs.asset_checks], instance=instance, resources=defs.resources,
-                   selection=[dg.AssetKey([spec.name, "manifest"])])
+    dg.materialize(
+        [*defs.assets, *defs.asset_checks],
+        instance=instance,
+        resources=defs.resources,
+        selection=[dg.AssetKey([spec.name, "manifest"])],
+    )
     JobControl(Store(home), spec.name).stop("bad key", code="invalid_api_key")
     assert main(["status", spec.source_path, "--home", str(home)]) == 0
     out = capsys.readouterr().out
     assert _row(out, "s00001")[1] == "stopped" and "job stopped at" in out and "bad key" in out
     # the reason's meaning and the command that fixes it
     assert "means: the provider refused the key" in out
-    assert ("fix: export the right key in the variable `backend.settings.api_key_env` names (default "
-            f"`OPENAI_API_KEY`), then `batch-pipeline resume {spec.name}`") in out
+    assert (
+        "fix: export the right key in the variable `backend.settings.api_key_env` names (default "
+        f"`OPENAI_API_KEY`), then `batch-pipeline resume {spec.name}`"
+    ) in out
     total = _row(out, "total")
     assert total[:6] == ["total", "40", "0", "0", "40", "0"] and total[-1] == "True", total
 
@@ -93,10 +99,20 @@ def test_a_broken_unrelated_spec_does_not_break_a_run(sandbox, sandbox_proc, mak
     spec = make_job()
     jobs = tmp_path / "data" / "jobs"
     (jobs / "broken.yaml").write_text("name: Not A Valid Name\nbackend: {}\n")  # someone else's half-written job
-    env = {**os.environ, "BATCH_PIPELINE_JOBS": str(jobs), "DAGSTER_HOME": str(tmp_path / "dh"),
-           "BATCH_PIPELINE_SANDBOX_URL": sandbox_proc[1]}
-    done = subprocess.run([sys.executable, "-m", "batch_pipeline.cli", "run", spec.source_path, "--home", str(home)],
-                          env=env, capture_output=True, text=True, timeout=180, check=False)
+    env = {
+        **os.environ,
+        "BATCH_PIPELINE_JOBS": str(jobs),
+        "DAGSTER_HOME": str(tmp_path / "dh"),
+        "BATCH_PIPELINE_SANDBOX_URL": sandbox_proc[1],
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "batch_pipeline.cli", "run", spec.source_path, "--home", str(home)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     # at most a warning that it was left out of the multi-pass lookup, never an error or a stack trace
     mentions = [ln for ln in (done.stdout + done.stderr).splitlines() if "broken.yaml" in ln]
@@ -105,22 +121,36 @@ def test_a_broken_unrelated_spec_does_not_break_a_run(sandbox, sandbox_proc, mak
 
 
 def _cli(args: list[str], env: dict, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "batch_pipeline.cli", *args], env=env, capture_output=True, check=False,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "batch_pipeline.cli", *args],
+        env=env,
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_a_bad_key_prints_one_line_and_the_fix_then_a_name_finds_the_spec_run_from_a_path(
-        sandbox, sandbox_proc, make_job, home, tmp_path):
+    sandbox, sandbox_proc, make_job, home, tmp_path
+):
     spec = make_job(name="keyed")
-    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dh"), "BATCH_PIPELINE_SANDBOX_URL": sandbox_proc[1],
-           "OPENAI_API_KEY": "sk-sandbox-bad", "BATCH_PIPELINE_JOBS": str(tmp_path / "elsewhere")}
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(tmp_path / "dh"),
+        "BATCH_PIPELINE_SANDBOX_URL": sandbox_proc[1],
+        "OPENAI_API_KEY": "sk-sandbox-bad",
+        "BATCH_PIPELINE_JOBS": str(tmp_path / "elsewhere"),
+    }
     done = _cli(["run", spec.source_path, "--home", str(home)], env)
     assert done.returncode == 3, done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()
     assert "Traceback" not in done.stderr and "Stack Trace" not in done.stderr and len(lines) <= 3, done.stderr
     assert lines[0].startswith("job keyed stopped (invalid_api_key): ") and "401" in lines[0], lines
-    assert lines[1] == ("fix: export the right key in the variable `backend.settings.api_key_env` names (default "
-                        "`OPENAI_API_KEY`), then `batch-pipeline resume keyed`"), lines
+    assert lines[1] == (
+        "fix: export the right key in the variable `backend.settings.api_key_env` names (default "
+        "`OPENAI_API_KEY`), then `batch-pipeline resume keyed`"
+    ), lines
     assert "sk-sandbox-bad" not in done.stdout + done.stderr
     # the spec lives outside the jobs folder: the name finds it through the record the run left in the home
     status = _cli(["status", "keyed", "--home", str(home)], env, timeout=120)

@@ -14,8 +14,14 @@ from batch_pipeline.defs.pipeline import run_job
 from batch_pipeline.executors.openai.format import parse_output_block
 from batch_pipeline_tests.sandbox.support import validate_spec
 
-ROWS = [{"ticket_id": f"T{i}", "subject": f"case {i}",
-         "body": "My card was charged twice." if i else "[[sandbox:poison]] Broken ticket."} for i in range(12)]
+ROWS = [
+    {
+        "ticket_id": f"T{i}",
+        "subject": f"case {i}",
+        "body": "My card was charged twice." if i else "[[sandbox:poison]] Broken ticket.",
+    }
+    for i in range(12)
+]
 
 
 @pytest.fixture
@@ -45,8 +51,9 @@ def test_export_openai_batch_writes_output_and_error_files_by_name(done, home, t
         assert line["error"] is None and line["response"]["status_code"] == 200
         validate_spec("CreateChatCompletionResponse", line["response"]["body"])
     back = parse_output_block(out.read_bytes())  # reads back through our own OpenAI output parser
-    assert dict(zip(back.column("request_id").to_pylist(), back.column("output_text").to_pylist(), strict=True)) \
-        == dict(zip(validated["source_key"], validated["output_text"], strict=True))
+    assert dict(
+        zip(back.column("request_id").to_pylist(), back.column("output_text").to_pylist(), strict=True)
+    ) == dict(zip(validated["source_key"], validated["output_text"], strict=True))
     assert back.column("input_tokens").to_pylist() == validated["input_tokens"].to_list()
     dead = parse_output_block(errors.read_bytes())
     assert dead.num_rows == 1 and dead.column("error_code").to_pylist() == ["context_length_exceeded"]
@@ -96,15 +103,19 @@ def test_the_summary_of_a_remote_home_says_how_to_query_the_parquet_in_place():
 
     uri = "s3://bucket/prefix/jobs/exp/validated/exp.parquet"
     buf = io.StringIO()
-    print_summary({"job": "exp", "complete": True, "outputs": {"validated": uri, "duckdb": ""}},
-                  Console(file=buf, width=400, soft_wrap=True))
+    print_summary(
+        {"job": "exp", "complete": True, "outputs": {"validated": uri, "duckdb": ""}},
+        Console(file=buf, width=400, soft_wrap=True),
+    )
     out = buf.getvalue()
     assert "│ DuckDB file" not in out  # no empty row for a file that does not exist
     assert "INSTALL httpfs; LOAD httpfs; CREATE SECRET (TYPE s3, PROVIDER credential_chain)" in out
     assert f"SELECT * FROM read_parquet('{uri}') LIMIT 10" in out
     local = io.StringIO()
-    print_summary({"job": "exp", "complete": True, "outputs": {"validated": "/h/v.parquet", "duckdb": "/h/exp.duckdb"}},
-                  Console(file=local, width=400))
+    print_summary(
+        {"job": "exp", "complete": True, "outputs": {"validated": "/h/v.parquet", "duckdb": "/h/exp.duckdb"}},
+        Console(file=local, width=400),
+    )
     assert "/h/exp.duckdb" in local.getvalue() and "httpfs" not in local.getvalue()
 
 
@@ -112,8 +123,9 @@ def _summary_rows(out: str) -> dict[str, str]:
     return {ln.split("│")[1].strip(): ln.split("│")[2].strip() for ln in out.splitlines() if ln.count("│") == 3}
 
 
-def test_a_resumed_run_s_summary_gives_the_job_s_input_rows_and_how_many_are_new(done, instance, resources, home,
-                                                                                   capsys):
+def test_a_resumed_run_s_summary_gives_the_job_s_input_rows_and_how_many_are_new(
+    done, instance, resources, home, capsys
+):
     from pathlib import Path
 
     assert main(["report", "exp", "--home", str(home)]) == 0
@@ -126,11 +138,17 @@ def test_a_resumed_run_s_summary_gives_the_job_s_input_rows_and_how_many_are_new
     assert (again["input rows"], again["new input rows (this run)"], again["rejected rows"]) == ("12", "0", "0")
     # new data lands: a new file of two rows, one of them broken JSON
     more = Path(done.input.path).parent / "more.jsonl"
-    more.write_text(json.dumps({"ticket_id": "T99", "subject": "new", "body": "Where is my invoice?"})
-                    + '\n{"ticket_id": "T100", "body": "cut off\n')
+    more.write_text(
+        json.dumps({"ticket_id": "T99", "subject": "new", "body": "Where is my invoice?"})
+        + '\n{"ticket_id": "T100", "body": "cut off\n'
+    )
     report = run_job(done, instance, resources)
-    assert (report["input_rows"], report["new_input_rows"], report["rejected_rows"], report["unique_requests"]) \
-        == (14, 2, 1, 13), report
+    assert (report["input_rows"], report["new_input_rows"], report["rejected_rows"], report["unique_requests"]) == (
+        14,
+        2,
+        1,
+        13,
+    ), report
     assert main(["report", "exp", "--home", str(home)]) == 0
     last = _summary_rows(capsys.readouterr().out)
     assert (last["input rows"], last["new input rows (this run)"], last["rejected rows"]) == ("14", "2", "1"), last

@@ -8,8 +8,11 @@ from batch_pipeline.defs.pipeline import run_job
 
 
 def _rows(section: str, backend: str) -> list[list[str]]:
-    return [[c.strip() for c in ln.split("│") if c.strip()] for ln in section.splitlines()
-            if ln.strip("│ ").startswith(backend + " ")]
+    return [
+        [c.strip() for c in ln.split("│") if c.strip()]
+        for ln in section.splitlines()
+        if ln.strip("│ ").startswith(backend + " ")
+    ]
 
 
 def _usd(cell: str) -> float:
@@ -42,10 +45,19 @@ def test_compare_with_work_left_prices_both_and_labels_them(sandbox, instance, r
     spec = make_job(canary_first=False)
     defs = build_definitions([spec], resources)
     graph = [*defs.assets, *defs.asset_checks]
-    dg.materialize(graph, instance=instance, resources=defs.resources,
-                   selection=[dg.AssetKey([spec.name, "manifest"]), dg.AssetKey([spec.name, "quote"])])
-    dg.materialize(graph, instance=instance, resources=defs.resources, partition_key="s00001",
-                   selection=[dg.AssetKey([spec.name, "submissions"]), dg.AssetKey([spec.name, "shard_results"])])
+    dg.materialize(
+        graph,
+        instance=instance,
+        resources=defs.resources,
+        selection=[dg.AssetKey([spec.name, "manifest"]), dg.AssetKey([spec.name, "quote"])],
+    )
+    dg.materialize(
+        graph,
+        instance=instance,
+        resources=defs.resources,
+        partition_key="s00001",
+        selection=[dg.AssetKey([spec.name, "submissions"]), dg.AssetKey([spec.name, "shard_results"])],
+    )
     capsys.readouterr()
     assert main(["quote", spec.source_path, "--home", str(home), "--compare"]) == 0
     out = capsys.readouterr().out

@@ -8,12 +8,12 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from batch_pipeline.core.run.control import JobControl
-from batch_pipeline.core.money.cost import load_prices
-from batch_pipeline.core.money.tokenizers import counter_for
 from batch_pipeline.core.manifest.shards import Manifest, build_manifest
-from batch_pipeline.core.publish.tables import JobState
+from batch_pipeline.core.money.cost import load_prices
 from batch_pipeline.core.money.quote import QuoteRefused, make_quote, quote_current, verify_quote
+from batch_pipeline.core.money.tokenizers import counter_for
+from batch_pipeline.core.publish.tables import JobState
+from batch_pipeline.core.run.control import JobControl
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.assets import asset_key
 from batch_pipeline.defs.build import build_definitions
@@ -50,11 +50,20 @@ def test_calibrated_quote_matches_billed_tokens_within_5_percent(sandbox, make_j
     spec = make_job()
     defs = build_definitions([spec], resources)
     assets = [*defs.assets, *defs.asset_checks]
-    dg.materialize(assets, selection=[asset_key(spec, "manifest"), asset_key(spec, "quote")], instance=instance,
-                   resources=defs.resources)
+    dg.materialize(
+        assets,
+        selection=[asset_key(spec, "manifest"), asset_key(spec, "quote")],
+        instance=instance,
+        resources=defs.resources,
+    )
     # the first shard is the calibration sample
-    dg.materialize(assets, selection=[asset_key(spec, "submissions"), asset_key(spec, "shard_results")],
-                   partition_key="s00001", instance=instance, resources=defs.resources)
+    dg.materialize(
+        assets,
+        selection=[asset_key(spec, "submissions"), asset_key(spec, "shard_results")],
+        partition_key="s00001",
+        instance=instance,
+        resources=defs.resources,
+    )
     store = Store(home)
     quote = quote_for(spec, store)
     assert quote["calibration"]["items_measured"] == 10 and quote["pending_requests"] == 30
@@ -80,7 +89,11 @@ def test_the_driver_and_a_submission_judge_a_quote_by_one_freshness_rule(make_jo
     quote = quote_for(spec, store)
     store.write_json(JobPaths(spec.name).quote, quote)
     expires = datetime.fromisoformat(quote["expires_at"])
-    for before, current in ((timedelta(minutes=3), True), (timedelta(minutes=1), False), (-timedelta(minutes=1), False)):
+    for before, current in (
+        (timedelta(minutes=3), True),
+        (timedelta(minutes=1), False),
+        (-timedelta(minutes=1), False),
+    ):
         now = expires - before
         assert quote_current(quote, now) is current and quote_fresh(store, spec.name, now) is current, before
         if current:
@@ -116,12 +129,13 @@ def test_a_budget_below_the_quote_blocks_submission_before_any_request(sandbox, 
     assert [r for r in sandbox.requests() if r["path"].startswith("/v1/")] == []
 
 
-def test_budget_crossed_mid_run_stops_at_the_cap_and_resumes_when_raised(sandbox, make_job, instance, resources,
-                                                                         home):
+def test_budget_crossed_mid_run_stops_at_the_cap_and_resumes_when_raised(sandbox, make_job, instance, resources, home):
     """Text the documented density undercounts (Claude's ~3.5 characters per token is for English; Japanese has
     far more tokens per character): the canary shard measures it, the re-quote refuses."""
-    rows = [{"ticket_id": f"T{i}", "subject": "s", "body": "請求書の金額が二重に引き落とされました。" * 8 + f" ticket {i}"}
-            for i in range(40)]
+    rows = [
+        {"ticket_id": f"T{i}", "subject": "s", "body": "請求書の金額が二重に引き落とされました。" * 8 + f" ticket {i}"}
+        for i in range(40)
+    ]
     claude = {"backend": {"name": "anthropic_batch", "settings": {"sandbox": True}}, "model": "claude-haiku-4-5"}
     probe = make_job(rows=rows, **claude)
     store = Store(home)
@@ -145,10 +159,11 @@ def test_budget_crossed_mid_run_stops_at_the_cap_and_resumes_when_raised(sandbox
     assert len(billed) == 40 and set(billed.values()) == {1}
 
 
-def test_budget_guard_refuses_the_submission_that_would_cross_and_stops_the_job(sandbox, make_job, instance,
-                                                                             resources, home):
-    from batch_pipeline.core.money.budget import BudgetGuard
+def test_budget_guard_refuses_the_submission_that_would_cross_and_stops_the_job(
+    sandbox, make_job, instance, resources, home
+):
     from batch_pipeline.core.errors import SystemicError
+    from batch_pipeline.core.money.budget import BudgetGuard
     from batch_pipeline.core.run.runner import ShardRunner
     from batch_pipeline.executors.registry import create_executor
 
@@ -163,8 +178,9 @@ def test_budget_guard_refuses_the_submission_that_would_cross_and_stops_the_job(
     items = pl.from_arrow(runner.manifest.shard_items("s00001", ["est_input_tokens"]))
     one_shard = guard.request_cost_high(float(items["est_input_tokens"].sum()), items.height)
     tight = make_job(budget_usd=one_shard * 1.5)  # one shard fits, two do not
-    runner = ShardRunner(tight, store, create_executor(tight.backend), price,
-                         before_spend=BudgetGuard(tight, store, price).check)
+    runner = ShardRunner(
+        tight, store, create_executor(tight.backend), price, before_spend=BudgetGuard(tight, store, price).check
+    )
     runner.submit("s00001")
     with pytest.raises(SystemicError, match="budget cap"):
         runner.submit("s00002")
@@ -189,8 +205,12 @@ def test_report_explains_quoted_vs_actual_by_pass_and_plots_spend(sandbox, make_
 
 # -- golden probes: paid requests that are not items -------------------------------------------------------------
 
-QUALITY = {"golden": str(REPO / "data" / "golden" / "demo.jsonl"), "canary_min_accuracy": 0.85,
-           "golden_share": 0.1, "eval_backend": {"name": "online", "settings": {"sandbox": True}}}
+QUALITY = {
+    "golden": str(REPO / "data" / "golden" / "demo.jsonl"),
+    "canary_min_accuracy": 0.85,
+    "golden_share": 0.1,
+    "eval_backend": {"name": "online", "settings": {"sandbox": True}},
+}
 
 
 def probes_by_hand(spec, shards: list[str]) -> list[str]:
@@ -215,7 +235,9 @@ def test_the_quote_of_a_job_with_a_golden_set_is_higher_by_exactly_its_probes(ma
     build_manifest(gold, store)
     q_plain, q_gold = quote_for(plain, store), quote_for(gold, store)
     assert q_plain["pending_requests"] == q_gold["pending_requests"] == 40
-    assert q_plain["probe_requests"] == 0 and q_gold["probe_requests"] == 60 + 3 == q_gold["passes"]["probes"]["requests"]
+    assert (
+        q_plain["probe_requests"] == 0 and q_gold["probe_requests"] == 60 + 3 == q_gold["passes"]["probes"]["requests"]
+    )
     # the items' passes are the same; the probes are a pass of their own
     assert q_gold["passes"]["first"] == q_plain["passes"]["first"]
     assert q_gold["passes"]["retries"] == q_plain["passes"]["retries"]
@@ -235,20 +257,24 @@ def test_the_quote_of_a_job_with_a_golden_set_is_higher_by_exactly_its_probes(ma
     assert q_gold["est_cost_usd"]["high"] - q_plain["est_cost_usd"]["high"] == pytest.approx(high_by_hand, abs=2e-6)
 
 
-def test_the_budget_guard_refuses_a_submission_its_probes_push_over_the_budget(sandbox, make_job, instance,
-                                                                             resources, home):
-    from batch_pipeline.core.money.budget import BudgetGuard
+def test_the_budget_guard_refuses_a_submission_its_probes_push_over_the_budget(
+    sandbox, make_job, instance, resources, home
+):
     from batch_pipeline.core.errors import SystemicError
+    from batch_pipeline.core.money.budget import BudgetGuard
     from batch_pipeline.core.quality.golden import canary_sample
-    from batch_pipeline.defs.runners import shard_runner
     from batch_pipeline.defs.resources import PricesResource, StoreResource
+    from batch_pipeline.defs.runners import shard_runner
 
     store = Store(home)
     plain, gold = make_job(name="plain"), make_job(name="gold", quality=QUALITY)
     build_manifest(plain, store)
     build_manifest(gold, store)
     # a real run: a budget between the items' quote and the items' + probes' quote
-    items_high, all_high = quote_for(plain, store)["est_cost_usd"]["high"], quote_for(gold, store)["est_cost_usd"]["high"]
+    items_high, all_high = (
+        quote_for(plain, store)["est_cost_usd"]["high"],
+        quote_for(gold, store)["est_cost_usd"]["high"],
+    )
     assert all_high > items_high
     budget = (items_high + all_high) / 2
     with pytest.raises(dg.Failure, match="budget"):
@@ -278,19 +304,25 @@ def test_the_budget_guard_refuses_a_submission_its_probes_push_over_the_budget(s
     # the same budget without a golden set: the same 10 items go out
     fits = make_job(name="plain2", budget_usd=tight.budget_usd)
     build_manifest(fits, store)
-    sub = shard_runner(fits, StoreResource(root=str(home)), PricesResource(path=str(REPO / "data" / "prices.yaml"))) \
-        .submit("s00001", only=canary, canary=True)
+    sub = shard_runner(
+        fits, StoreResource(root=str(home)), PricesResource(path=str(REPO / "data" / "prices.yaml"))
+    ).submit("s00001", only=canary, canary=True)
     assert sub.requests == 10 and sub.handle is not None
 
 
 # -- Anthropic: cache writes at their real rate -------------------------------------------------------------------
 
+
 def test_an_anthropic_job_costs_what_its_ledger_tokens_cost_by_hand(sandbox, make_job, instance, resources, home):
     """A system prompt long enough to cache: the first request with it writes the cache (1.25x input), every
     later one reads it (0.1x). The job's reported cost is the sandbox ledger's tokens priced by hand."""
     system = "You label customer support tickets with one label: billing, bug, feature_request, account or other. " * 70
-    spec = make_job(name="anth", model="claude-haiku-4-5", backend={"name": "anthropic_batch", "settings": {"sandbox": True}},
-                    prompt={"version": "v1", "system": system, "template": "Subject: {subject}\nTicket:\n{body}"})
+    spec = make_job(
+        name="anth",
+        model="claude-haiku-4-5",
+        backend={"name": "anthropic_batch", "settings": {"sandbox": True}},
+        prompt={"version": "v1", "system": system, "template": "Subject: {subject}\nTicket:\n{body}"},
+    )
     store = Store(home)
     build_manifest(spec, store)
     quote = quote_for(spec, store)
@@ -334,16 +366,17 @@ def test_the_budget_guard_counts_what_a_kill_may_have_billed(sandbox, make_job, 
     items = pl.from_arrow(Manifest(spec.name, store).shard_items("s00001", ["est_input_tokens"]))
     one_shard = guard.request_cost_high(float(items["est_input_tokens"].sum()), items.height)
     tight = make_job(budget_usd=one_shard * 1.2)  # the shard fits ...
-    runner = ShardRunner(tight, store, create_executor(tight.backend), price,
-                         before_spend=BudgetGuard(tight, store, price).check)
+    runner = ShardRunner(
+        tight, store, create_executor(tight.backend), price, before_spend=BudgetGuard(tight, store, price).check
+    )
     log = AttemptLog(store, tight.name, "s00002")  # ... but a kill left an online attempt with 8 requests in flight
     log.create_intent(1, {"key": f"{tight.name}:s00002:1", "backend": "online", "request_ids": [], "requests": 8})
-    log.record(1, "abandoned", {"reason": "interrupted", "possibly_billed": 8,
-                                "possibly_billed_usd": one_shard * 0.5})
+    log.record(1, "abandoned", {"reason": "interrupted", "possibly_billed": 8, "possibly_billed_usd": one_shard * 0.5})
     with pytest.raises(SystemicError, match="budget cap"):
         runner.submit("s00001")
     assert not [r for r in sandbox.requests() if r["path"] == "/v1/batches" and r["method"] == "POST"]
     JobControl(store, tight.name).clear()
     roomy = make_job(budget_usd=one_shard * 1.6)  # room for both: sent
-    ShardRunner(roomy, store, create_executor(roomy.backend), price,
-                before_spend=BudgetGuard(roomy, store, price).check).submit("s00001")
+    ShardRunner(
+        roomy, store, create_executor(roomy.backend), price, before_spend=BudgetGuard(roomy, store, price).check
+    ).submit("s00001")

@@ -19,8 +19,13 @@ def _count(store: Store, job: str, suffix: str) -> int:
 
 def _run_cli(spec_path: str, home, dagster_home, url: str) -> subprocess.Popen:
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "BATCH_PIPELINE_SANDBOX_URL": url}
-    return subprocess.Popen([sys.executable, "-m", "batch_pipeline.cli", "run", spec_path, "--home", str(home)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "batch_pipeline.cli", "run", spec_path, "--home", str(home)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def test_sigkill_mid_collection_then_rerun_bills_each_request_once(sandbox, sandbox_proc, make_job, home, tmp_path):

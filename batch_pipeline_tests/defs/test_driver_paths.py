@@ -8,19 +8,19 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from batch_pipeline.core.run.attempts import AttemptLog
-from batch_pipeline.core.run.control import JobControl
 from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.publish.tables import JobState
+from batch_pipeline.core.run.attempts import AttemptLog
+from batch_pipeline.core.run.control import JobControl
 from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.state.machine import IllegalTransition, ShardState
 from batch_pipeline.core.state.summary import ShardSummaries
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.assets import asset_key
-from batch_pipeline.defs.runners import shard_runner
 from batch_pipeline.defs.build import build_definitions
 from batch_pipeline.defs.jobs import build_jobs
 from batch_pipeline.defs.pipeline import run_job
+from batch_pipeline.defs.runners import shard_runner
 from batch_pipeline.defs.sensors import build_shard_sensor
 
 from .conftest import batch_creates, ledger_ids
@@ -30,13 +30,20 @@ TAIL = {"backend": {"name": "online", "settings": {"sandbox": True, "concurrency
 
 def _materialize(spec, instance, resources, names, partition_key=None, tags=None):
     defs = build_definitions([spec], resources)
-    return dg.materialize([*defs.assets, *defs.asset_checks], selection=[asset_key(spec, n) for n in names],
-                          partition_key=partition_key, instance=instance, resources=defs.resources,
-                          raise_on_error=False, tags=tags)
+    return dg.materialize(
+        [*defs.assets, *defs.asset_checks],
+        selection=[asset_key(spec, n) for n in names],
+        partition_key=partition_key,
+        instance=instance,
+        resources=defs.resources,
+        raise_on_error=False,
+        tags=tags,
+    )
 
 
 def test_rescue_over_a_live_batch_cancels_it_keeps_its_results_and_sends_the_rest_online_once(
-        sandbox, make_job, instance, resources, home):
+    sandbox, make_job, instance, resources, home
+):
     far = (datetime.now(UTC) + timedelta(hours=12)).isoformat()
     spec = make_job(deadline=far, tail=TAIL, canary_first=False)
     sandbox.set_scenario("slow", in_progress_s=20.0)
@@ -69,12 +76,15 @@ def test_rescue_over_a_live_batch_cancels_it_keeps_its_results_and_sends_the_res
 
 
 def test_systemic_codes_inside_a_batch_error_file_stop_the_job_once_without_burning_budgets(
-        sandbox, make_job, instance, resources, home):
+    sandbox, make_job, instance, resources, home
+):
     spec = make_job(canary_first=False)
     sandbox.set_scenario("line_errors", rate=0.3, times=1000, code="invalid_api_key")
     with pytest.raises(dg.Failure, match="invalid_api_key") as failure:
         run_job(spec, instance, resources)
-    assert failure.value.description.count("request(s) failed with invalid_api_key") == 1  # one message, not one per line
+    assert (
+        failure.value.description.count("request(s) failed with invalid_api_key") == 1
+    )  # one message, not one per line
     store = Store(home)
     stop = JobControl(store, spec.name).current()
     assert stop["code"] == "invalid_api_key"
@@ -92,11 +102,14 @@ def test_systemic_codes_inside_a_batch_error_file_stop_the_job_once_without_burn
 
 
 def test_a_canary_without_a_golden_set_stops_a_job_whose_answers_break_the_contract(
-        sandbox, make_job, instance, resources, home):
+    sandbox, make_job, instance, resources, home
+):
     # every answer is cut off at max_tokens (finish_reason length): a structural failure, as with a max_tokens too
     # small for the answers a model really gives
-    rows = [{"ticket_id": f"T{i}", "subject": "s", "body": f"ticket {i}: wrong invoice [[sandbox:truncate]]"}
-            for i in range(120)]
+    rows = [
+        {"ticket_id": f"T{i}", "subject": "s", "body": f"ticket {i}: wrong invoice [[sandbox:truncate]]"}
+        for i in range(120)
+    ]
     spec = make_job(rows=rows, shards={"max_requests": 60}, canary={"size": 12})
     with pytest.raises(dg.Failure, match=r"canary shard s00001 failed: structural failure rate 1\.000"):
         run_job(spec, instance, resources)
@@ -113,8 +126,9 @@ def test_the_canary_sample_spreads_over_prompt_lengths(sandbox, make_job, instan
     run_job(spec, instance, resources)
     store = Store(home)
     [canary, *_] = AttemptLog(store, spec.name, "s00001").all()
-    items = pl.from_arrow(Manifest(spec.name, store).shard_items("s00001", ["request_id", "est_input_tokens"])
-                          ).sort("est_input_tokens")
+    items = pl.from_arrow(Manifest(spec.name, store).shard_items("s00001", ["request_id", "est_input_tokens"])).sort(
+        "est_input_tokens"
+    )
     ranks = sorted(items["request_id"].to_list().index(r) for r in canary.request_ids)
     assert len(ranks) == 6 and ranks[0] < 10 and ranks[-1] >= 50  # short and long prompts both ride in it
 
@@ -126,20 +140,30 @@ def test_an_orphaned_intent_does_not_stall_a_sensor_driven_job(sandbox, make_job
     assert _materialize(spec, instance, resources, ["manifest", "quote"]).success
     # what a process killed right after writing its intent leaves behind (the fault campaign does it for real)
     items = Manifest(spec.name, store).shard_items("s00002", ["request_id"]).column("request_id").to_pylist()
-    AttemptLog(store, spec.name, "s00002").create_intent(1, {"key": f"{spec.name}:s00002:1",
-                                                           "backend": "openai_batch", "request_ids": items,
-                                                           "requests": len(items), "canary": False})
+    AttemptLog(store, spec.name, "s00002").create_intent(
+        1,
+        {
+            "key": f"{spec.name}:s00002:1",
+            "backend": "openai_batch",
+            "request_ids": items,
+            "requests": len(items),
+            "canary": False,
+        },
+    )
     sensor = build_shard_sensor(spec, build_jobs(spec))
-    stages = {"submit": ["submissions"], "collect": ["shard_results"], "quote": ["quote"],
-              "publish": ["results", "validated", "dead_letters", "report"]}
+    stages = {
+        "submit": ["submissions"],
+        "collect": ["shard_results"],
+        "quote": ["quote"],
+        "publish": ["results", "validated", "dead_letters", "report"],
+    }
     published = False
     for _ in range(30):
         out = sensor(dg.build_sensor_context(instance=instance, resources=resources))
         requests = [] if isinstance(out, dg.SkipReason) else list(out)
         for request in requests:
             stage = request.job_name.removeprefix(f"{spec.name}_")
-            assert _materialize(spec, instance, resources, stages[stage], request.partition_key,
-                                request.tags).success
+            assert _materialize(spec, instance, resources, stages[stage], request.partition_key, request.tags).success
             published = published or stage == "publish"
         if published:
             break

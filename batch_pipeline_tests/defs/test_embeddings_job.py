@@ -19,27 +19,46 @@ from .conftest import ledger_ids
 
 DIMS = 64
 BACKENDS = ["openai_batch", "online", "gemini_batch"]
-MODELS = {"openai_batch": "text-embedding-3-small", "online": "text-embedding-3-small",
-          "gemini_batch": "gemini-embedding-001"}
-PRICE_PER_TOKEN = {"openai_batch": 0.02 / 1e6 * 0.5, "online": 0.02 / 1e6,  # data/prices.yaml
-                   "gemini_batch": 0.15 / 1e6 * 0.5}
+MODELS = {
+    "openai_batch": "text-embedding-3-small",
+    "online": "text-embedding-3-small",
+    "gemini_batch": "gemini-embedding-001",
+}
+PRICE_PER_TOKEN = {
+    "openai_batch": 0.02 / 1e6 * 0.5,
+    "online": 0.02 / 1e6,  # data/prices.yaml
+    "gemini_batch": 0.15 / 1e6 * 0.5,
+}
 
 
 def _rows() -> list[dict]:
-    bodies = ["My invoice was charged twice this month", "The app crashes when I open the settings screen",
-              "Please add a dark mode to the dashboard", "I cannot log in after the password reset",
-              "My invoice was charged twice this month",  # a duplicate of the first: paid once
-              "Refund the duplicate charge on my invoice", "The export button fails with an error",
-              "How do I merge two accounts into one", "The app crashes when I open the settings screen"]
+    bodies = [
+        "My invoice was charged twice this month",
+        "The app crashes when I open the settings screen",
+        "Please add a dark mode to the dashboard",
+        "I cannot log in after the password reset",
+        "My invoice was charged twice this month",  # a duplicate of the first: paid once
+        "Refund the duplicate charge on my invoice",
+        "The export button fails with an error",
+        "How do I merge two accounts into one",
+        "The app crashes when I open the settings screen",
+    ]
     return [{"ticket_id": f"T{i}", "subject": "s", "body": b} for i, b in enumerate(bodies)]
 
 
 def _embedding_job(make_job, backend: str, rows: list[dict] | None = None, **overrides):
     """The demo's spec made an embeddings job: no system prompt, and no sampling (an embeddings job takes none)."""
-    return make_job(rows=rows or _rows(), model=MODELS[backend], sampling=None,
-                    backend={"name": backend, "settings": {"sandbox": True}},
-                    prompt={"version": "e1", "template": "{body}"}, output={"embedding": {"dimensions": DIMS}},
-                    shards={"max_requests": 4}, canary={"max_failure_rate": 1.0}, **overrides)
+    return make_job(
+        rows=rows or _rows(),
+        model=MODELS[backend],
+        sampling=None,
+        backend={"name": backend, "settings": {"sandbox": True}},
+        prompt={"version": "e1", "template": "{body}"},
+        output={"embedding": {"dimensions": DIMS}},
+        shards={"max_requests": 4},
+        canary={"max_failure_rate": 1.0},
+        **overrides,
+    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -69,7 +88,8 @@ def test_embeddings_job_end_to_end(sandbox, instance, resources, home, make_job,
     results = read_results(store, spec.name)
     assert (results["output_tokens"] == 0).all() and (results["input_tokens"] > 0).all()
     assert results["cost_usd"].to_list() == pytest.approx(
-        [t * PRICE_PER_TOKEN[backend] for t in results["input_tokens"].to_list()], rel=1e-9)
+        [t * PRICE_PER_TOKEN[backend] for t in results["input_tokens"].to_list()], rel=1e-9
+    )
     assert validated["cost_usd"].sum() == pytest.approx(results["cost_usd"].sum(), abs=1e-12)
     quote = json.loads(store.read_bytes(JobPaths(spec.name).quote))
     assert quote["passes"]["first"]["output_tokens_max"] == 0
@@ -93,8 +113,9 @@ SHORT = [{"ticket_id": f"S{i}", "subject": "s", "body": f"refund {i} please"} fo
 
 @pytest.mark.parametrize("backend", ["openai_batch", "online"])  # gemini_batch: the test after this one
 @pytest.mark.parametrize("rows", ["short", "tickets"])
-def test_the_quote_prices_embeddings_at_what_the_sandbox_bills(sandbox, instance, resources, home, make_job,
-                                                              backend, rows):
+def test_the_quote_prices_embeddings_at_what_the_sandbox_bills(
+    sandbox, instance, resources, home, make_job, backend, rows
+):
     """The first quote, made before anything is sent (nothing measured to calibrate on), lands within 3% of what
     the sandbox's ledger bills: the input text alone (cl100k_base, no chat framing: 4 tokens of a 40-row job of
     4-token texts were quoted as 11), no output, at the embedding price (half on the batch API), and its stored
@@ -119,8 +140,9 @@ def test_the_quote_prices_embeddings_at_what_the_sandbox_bills(sandbox, instance
 
 
 @pytest.mark.parametrize("rows", ["short", "tickets"])
-def test_the_quote_prices_gemini_embeddings_at_what_the_sandbox_bills(sandbox, instance, resources, home, make_job,
-                                                                     rows):
+def test_the_quote_prices_gemini_embeddings_at_what_the_sandbox_bills(
+    sandbox, instance, resources, home, make_job, rows
+):
     """Gemini's tokenizer is not published, so the first quote counts ~4 characters a token (within a quarter of
     the bill, a band that holds it on uniform texts) and the canary calibrates it: the job's last quote (what was
     spent on the canary plus the calibrated estimate of the rest) lands within 3% of what the sandbox billed, each
@@ -145,8 +167,10 @@ def test_the_quote_prices_gemini_embeddings_at_what_the_sandbox_bills(sandbox, i
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize(("marker", "message"), [("bad_dimension", f"{DIMS - 1} dimensions"),
-                                                 ("nan_vector", "non-finite"), ("zero_vector", "norm 0")])
+@pytest.mark.parametrize(
+    ("marker", "message"),
+    [("bad_dimension", f"{DIMS - 1} dimensions"), ("nan_vector", "non-finite"), ("zero_vector", "norm 0")],
+)
 def test_a_bad_vector_is_invalid_and_retried(sandbox, instance, resources, home, make_job, backend, marker, message):
     """The sandbox answers the marked input wrongly the first time only: the gate rejects the vector, the item
     is retried (``retries.invalid_output``) and the second answer is published."""

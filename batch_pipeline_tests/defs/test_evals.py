@@ -20,11 +20,14 @@ def demo():
     return load_spec(REPO / "data" / "jobs" / "demo.yaml")
 
 
-@pytest.mark.parametrize("now, week", [
-    ("2026-11-30T06:00:00+00:00", "2026-11-23"),   # Monday 06:00: the week that just ended
-    ("2026-12-03T12:00:00+00:00", "2026-11-23"),   # later that week: still the last complete week
-    ("2026-12-07T06:00:00+00:00", "2026-11-30"),
-])
+@pytest.mark.parametrize(
+    "now, week",
+    [
+        ("2026-11-30T06:00:00+00:00", "2026-11-23"),  # Monday 06:00: the week that just ended
+        ("2026-12-03T12:00:00+00:00", "2026-11-23"),  # later that week: still the last complete week
+        ("2026-12-07T06:00:00+00:00", "2026-11-30"),
+    ],
+)
 def test_weekly_schedule_requests_the_last_complete_week(demo, instance, now, week):
     _, _, [schedule] = build_eval_defs(demo)
     context = dg.build_schedule_context(instance=instance, scheduled_execution_time=datetime.fromisoformat(now))
@@ -46,8 +49,9 @@ def test_eval_asset_measures_compares_and_keeps_history(sandbox, demo, instance,
     key = dg.AssetKey(["demo", "eval"])
     golden_rows = sum(1 for _ in (REPO / "data" / "golden" / "demo.jsonl").open())
     for week in ("2026-11-16", "2026-11-23", "2026-11-23"):
-        result = dg.materialize([*defs.assets], selection=[key], partition_key=week, instance=instance,
-                                resources=defs.resources)
+        result = dg.materialize(
+            [*defs.assets], selection=[key], partition_key=week, instance=instance, resources=defs.resources
+        )
         assert result.success
     store = Store(home)
     history = pl.read_parquet(store.read_bytes("jobs/demo/evals/history.parquet"))

@@ -10,28 +10,33 @@ import dagster as dg
 import polars as pl
 import pytest
 
+from batch_pipeline.core.publish.tables import JobState
 from batch_pipeline.core.run.control import JobControl
 from batch_pipeline.core.run.lease import LeaseHeldError
-from batch_pipeline.core.publish.tables import JobState
-from batch_pipeline.core.state.reconcile import DEAD
 from batch_pipeline.core.run.runner import ShardRunner
+from batch_pipeline.core.state.reconcile import DEAD
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.pipeline import run_job
 from batch_pipeline.executors.registry import create_executor
 
 from .conftest import batch_creates, ledger_ids
 
-BODIES = ["My card was charged twice for the March invoice.", "The export button crashes the app.",
-          "Please add a dark mode.", "I cannot log in after the password reset.", "Just saying hello."]
+BODIES = [
+    "My card was charged twice for the March invoice.",
+    "The export button crashes the app.",
+    "Please add a dark mode.",
+    "I cannot log in after the password reset.",
+    "Just saying hello.",
+]
 
 
 def rows(n: int) -> list[dict]:
-    return [{"ticket_id": f"T{i}", "subject": f"case {i}", "body": f"{BODIES[i % 5]} Reference {i}."}
-            for i in range(n)]
+    return [{"ticket_id": f"T{i}", "subject": f"case {i}", "body": f"{BODIES[i % 5]} Reference {i}."} for i in range(n)]
 
 
-def test_bad_key_on_a_5000_item_job_stops_once_then_resumes_after_the_fix(sandbox, instance, resources, home,
-                                                                        make_job, monkeypatch):
+def test_bad_key_on_a_5000_item_job_stops_once_then_resumes_after_the_fix(
+    sandbox, instance, resources, home, make_job, monkeypatch
+):
     spec = make_job(rows=rows(5000), shards={"max_requests": 500})
     monkeypatch.setenv("OPENAI_API_KEY", "sk-sandbox-bad")
     with pytest.raises(dg.Failure) as failure:
@@ -81,8 +86,9 @@ def test_two_concurrent_submissions_of_one_shard_make_one_batch(sandbox, home, m
     assert len(submitted) >= 1 and len({o.handle.batch_id for o in submitted}) == 1
 
 
-def test_two_concurrent_shard_runs_in_separate_processes_make_one_batch(sandbox, sandbox_proc, home, make_job,
-                                                                      tmp_path):
+def test_two_concurrent_shard_runs_in_separate_processes_make_one_batch(
+    sandbox, sandbox_proc, home, make_job, tmp_path
+):
     spec = make_job()
     from batch_pipeline.core.manifest.shards import build_manifest
 
@@ -104,8 +110,16 @@ def test_two_concurrent_shard_runs_in_separate_processes_make_one_batch(sandbox,
         "    print(json.dumps({'held': str(e)}))\n"
     )
     env = {**os.environ, "BATCH_PIPELINE_SANDBOX_URL": url}
-    procs = [subprocess.Popen([sys.executable, "-c", script, spec.source_path, str(home)], env=env, text=True,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, spec.source_path, str(home)],
+            env=env,
+            text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        for _ in range(2)
+    ]
     for p in procs:  # both are loaded and waiting; release them together
         p.stdin.write("go\n")
         p.stdin.flush()

@@ -57,4 +57,4 @@ def test_a_systemic_error_never_falls_back(sandbox, make_job, instance, resource
     results = read_results(Store(home), spec.name)
     assert "gpt-4o" not in set(results["model"])
     creates = [r for r in sandbox.requests() if r["method"] == "POST" and r["path"] == "/v1/batches"]
-    assert creates and all("gpt-4o\"" not in str(r.get("body", "")) for r in creates)
+    assert creates and all('gpt-4o"' not in str(r.get("body", "")) for r in creates)

@@ -43,9 +43,12 @@ def validated(home, job: str) -> pl.DataFrame:
 def test_a_stream_primarys_batch_fallback_is_collected(sandbox, make_job, instance, resources, home):
     # every online call answers 500: each item spends the primary's budget online (2 tries), then the fallback's
     # batch on openai_batch answers it; that batch must be collected, not left open at the provider
-    spec = make_job(backend={"name": "online", "settings": {"sandbox": True, "max_attempts_per_request": 1}},
-                    fallback={"model": "gpt-4o", "backend": {"name": "openai_batch", "settings": {"sandbox": True}}},
-                    retries=RETRIES, canary_first=False)
+    spec = make_job(
+        backend={"name": "online", "settings": {"sandbox": True, "max_attempts_per_request": 1}},
+        fallback={"model": "gpt-4o", "backend": {"name": "openai_batch", "settings": {"sandbox": True}}},
+        retries=RETRIES,
+        canary_first=False,
+    )
     sandbox.set_scenario("server_error", times=100_000, on=["chat_completions"])
     report = run_job(spec, instance, resources)
     assert report["complete"] and report["dead_lettered"] == 0 and report["succeeded"] == report["unique_requests"]
@@ -58,8 +61,9 @@ def test_a_stream_primarys_batch_fallback_is_collected(sandbox, make_job, instan
     assert batches and all(r["status"] == 200 for r in batches)
 
 
-def test_a_fallback_below_its_backends_minimum_sends_no_batch_and_the_shard_says_why(sandbox, make_job, instance,
-                                                                                    resources, home):
+def test_a_fallback_below_its_backends_minimum_sends_no_batch_and_the_shard_says_why(
+    sandbox, make_job, instance, resources, home
+):
     spec = make_job(retries=RETRIES, canary_first=False, fallback={"model": CLAUDE, "backend": BEDROCK})
     sandbox.set_scenario("line_errors", rate=0.3, times=3)  # ~30% of the items spend the primary's budget
     report = run_job(spec, instance, resources)
@@ -74,10 +78,13 @@ def test_a_fallback_below_its_backends_minimum_sends_no_batch_and_the_shard_says
         assert "below the fallback backend's minimum of 100 per batch; they wait" in why
 
 
-def test_below_the_minimum_the_fallback_model_answers_on_the_tail_backend(sandbox, make_job, instance, resources,
-                                                                         home):
-    spec = make_job(retries=RETRIES, canary_first=False, fallback={"model": CLAUDE, "backend": BEDROCK},
-                    tail={"backend": {"name": "online", "settings": {"sandbox": True}}})
+def test_below_the_minimum_the_fallback_model_answers_on_the_tail_backend(sandbox, make_job, instance, resources, home):
+    spec = make_job(
+        retries=RETRIES,
+        canary_first=False,
+        fallback={"model": CLAUDE, "backend": BEDROCK},
+        tail={"backend": {"name": "online", "settings": {"sandbox": True}}},
+    )
     sandbox.set_scenario("line_errors", rate=0.3, times=3)
     report = run_job(spec, instance, resources)
     assert bedrock_creates(sandbox) == []

@@ -17,8 +17,8 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.publish.tables import JobState
+from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.assets import asset_key
 from batch_pipeline.defs.build import build_definitions
@@ -26,8 +26,10 @@ from batch_pipeline.defs.jobs import PUBLISH_ASSETS, build_jobs
 from batch_pipeline.defs.pipeline import run_job
 from batch_pipeline.defs.sensors import build_shard_sensor
 
-TAIL = {"backend": {"name": "online", "settings": {"sandbox": True, "concurrency": 2, "flush_every": 3}},
-        "before_deadline_minutes": 60}
+TAIL = {
+    "backend": {"name": "online", "settings": {"sandbox": True, "concurrency": 2, "flush_every": 3}},
+    "before_deadline_minutes": 60,
+}
 ONLINE = {"name": "online", "settings": {"sandbox": True, "concurrency": 2, "flush_every": 3}}
 SHAPES = {
     "batch": {},
@@ -35,9 +37,16 @@ SHAPES = {
     "rescue": {"tail": TAIL},  # the deadline is set near at run time: every shard goes through the rescue path
 }
 # (crash point, job shape): every boundary where a process can die with money in flight
-CASES = [("after_intent", "batch"), ("after_create", "batch"), ("mid_collect", "batch"),
-         ("before_collected", "batch"), ("after_collected", "batch"), ("after_intent", "online"),
-         ("mid_stream", "online"), ("mid_rescue", "rescue")]
+CASES = [
+    ("after_intent", "batch"),
+    ("after_create", "batch"),
+    ("mid_collect", "batch"),
+    ("before_collected", "batch"),
+    ("after_collected", "batch"),
+    ("after_intent", "online"),
+    ("mid_stream", "online"),
+    ("mid_rescue", "rescue"),
+]
 # finished by the CLI, and the batch cases also by the sensors (stream shards run inline in either)
 RUNS = [(p, s, "cli") for p, s in CASES] + [(p, s, "sensors") for p, s in CASES if s == "batch"]
 _reference: dict[str, pl.DataFrame] = {}
@@ -55,8 +64,13 @@ def _cli(spec, home, dagster_home, url: str, crash_at: str | None) -> subprocess
     env.pop("BATCH_PIPELINE_CRASH_AT", None)
     if crash_at:
         env["BATCH_PIPELINE_CRASH_AT"] = crash_at
-    return subprocess.run([sys.executable, "-m", "batch_pipeline.cli", "run", spec.source_path, "--home", str(home)],
-                          env=env, capture_output=True, text=True, timeout=240)
+    return subprocess.run(
+        [sys.executable, "-m", "batch_pipeline.cli", "run", spec.source_path, "--home", str(home)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
 
 
 def _answers(home, job: str) -> pl.DataFrame:
@@ -85,9 +99,15 @@ def _finish_by_sensors(spec, instance, resources) -> None:
         requests = [] if isinstance(out, dg.SkipReason) else list(out)
         for request in requests:
             stage = request.job_name.removeprefix(f"{spec.name}_")
-            result = dg.materialize([*defs.assets, *defs.asset_checks], instance=instance, resources=defs.resources,
-                                    selection=[asset_key(spec, n) for n in stages[stage]],
-                                    partition_key=request.partition_key, tags=request.tags, raise_on_error=False)
+            result = dg.materialize(
+                [*defs.assets, *defs.asset_checks],
+                instance=instance,
+                resources=defs.resources,
+                selection=[asset_key(spec, n) for n in stages[stage]],
+                partition_key=request.partition_key,
+                tags=request.tags,
+                raise_on_error=False,
+            )
             assert result.success, f"{stage} {request.partition_key} failed"
             if stage == "publish":
                 return
@@ -97,7 +117,8 @@ def _finish_by_sensors(spec, instance, resources) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(("point", "shape", "finish"), RUNS, ids=["-".join(r) for r in RUNS])
 def test_a_kill_at_each_boundary_then_a_finish_bills_every_request_once(
-        point, shape, finish, sandbox, sandbox_proc, make_job, instance, resources, home, tmp_path):
+    point, shape, finish, sandbox, sandbox_proc, make_job, instance, resources, home, tmp_path
+):
     _, url = sandbox_proc
     spec = _spec(make_job, shape)
     dagster_home = tmp_path / "dagster_home"

@@ -9,8 +9,8 @@ import duckdb
 import polars as pl
 import pytest
 
-from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.run.results import read_results, write_results
+from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.assets import asset_key
 from batch_pipeline.defs.build import build_definitions
@@ -22,8 +22,9 @@ STRAY_ID = "f" * 64
 # check name -> how one succeeded result row is rewritten so that exactly this check trips (others may too)
 FAULTS = {
     "no_truncated_outputs": lambda row: row.with_columns(pl.lit("length").alias("finish_reason")),
-    "outputs_within_contract": lambda row: row.with_columns(pl.lit("not_a_label").alias("output_text"),
-                                                            pl.lit("not_a_label").alias("parsed_output")),
+    "outputs_within_contract": lambda row: row.with_columns(
+        pl.lit("not_a_label").alias("output_text"), pl.lit("not_a_label").alias("parsed_output")
+    ),
     "validated_schema": lambda row: row.with_columns(pl.lit("some-other-model").alias("model")),
     "reconciliation": lambda row: row.with_columns(pl.lit(STRAY_ID).alias("request_id")),
 }
@@ -32,8 +33,13 @@ FAULTS = {
 def publish(spec, instance, resources, names=("results", "validated")) -> dg.ExecuteInProcessResult:
     """Materialize results + validated (the blocking checks on results come with the selection)."""
     defs = build_definitions([spec], resources)
-    return dg.materialize([*defs.assets, *defs.asset_checks], selection=[asset_key(spec, n) for n in names],
-                          instance=instance, resources=defs.resources, raise_on_error=False)
+    return dg.materialize(
+        [*defs.assets, *defs.asset_checks],
+        selection=[asset_key(spec, n) for n in names],
+        instance=instance,
+        resources=defs.resources,
+        raise_on_error=False,
+    )
 
 
 def materialized(result: dg.ExecuteInProcessResult) -> set[str]:
@@ -47,8 +53,9 @@ def check_verdicts(result: dg.ExecuteInProcessResult) -> dict[str, bool]:
 def duckdb_validated(db: Path) -> pl.DataFrame:
     con = duckdb.connect(str(db), read_only=True)
     try:
-        table = con.sql("SELECT request_id, model, finish_reason, output FROM validated "
-                        "ORDER BY source, line").to_arrow_table()
+        table = con.sql(
+            "SELECT request_id, model, finish_reason, output FROM validated ORDER BY source, line"
+        ).to_arrow_table()
     finally:
         con.close()
     frame = pl.from_arrow(table)
@@ -82,8 +89,9 @@ def inject(store: Store, spec, check: str) -> str:
 
 
 @pytest.mark.parametrize("check", CHECKS)
-def test_a_failed_blocking_check_leaves_the_validated_table_untouched(sandbox, make_job, instance, resources, home,
-                                                                     check):
+def test_a_failed_blocking_check_leaves_the_validated_table_untouched(
+    sandbox, make_job, instance, resources, home, check
+):
     spec = make_job()
     store = clean_run(spec, instance, resources, home)
     paths = JobPaths(spec.name)
@@ -146,8 +154,9 @@ def test_validated_refuses_results_whose_checks_never_ran(sandbox, make_job, ins
     before = file_identity(validated)
     defs = build_definitions([spec], resources)
     # results re-staged in a run without its checks: the latest materialization is unchecked
-    staged = dg.materialize([*defs.assets], selection=[asset_key(spec, "results")], instance=instance,
-                            resources=defs.resources)
+    staged = dg.materialize(
+        [*defs.assets], selection=[asset_key(spec, "results")], instance=instance, resources=defs.resources
+    )
     assert staged.success and not staged.get_asset_check_evaluations()
     alone = publish(spec, instance, resources, names=("validated",))
     assert not alone.success

@@ -28,8 +28,13 @@ from .test_pipeline import materialize_partition, prepare
 MODEL = "gemini-2.5-flash"
 BACKEND = {"name": "gemini_batch", "settings": {"sandbox": True}}
 # used only when data/prices.yaml has no gemini_batch row for the model (another change adds the real rows)
-FALLBACK_PRICE = {"input_per_mtok": 0.30, "cached_input_per_mtok": 0.03, "output_per_mtok": 2.50,
-                  "batch_discount": 0.5, "checked": "2026-12-01"}
+FALLBACK_PRICE = {
+    "input_per_mtok": 0.30,
+    "cached_input_per_mtok": 0.03,
+    "output_per_mtok": 2.50,
+    "batch_discount": 0.5,
+    "checked": "2026-12-01",
+}
 
 
 @pytest.fixture(autouse=True)
@@ -58,12 +63,16 @@ def gemini_job(make_job, **overrides):
 
 
 def creates(admin) -> list[dict]:
-    return [r for r in admin.requests() if r["method"] == "POST" and r["path"].endswith(":batchGenerateContent")
-            and r["status"] == 200]
+    return [
+        r
+        for r in admin.requests()
+        if r["method"] == "POST" and r["path"].endswith(":batchGenerateContent") and r["status"] == 200
+    ]
 
 
-def test_demo_job_on_gemini_gives_the_validated_table_report_and_reconciliation(sandbox, instance, gemini_resources,
-                                                                                 home, make_job, prices):
+def test_demo_job_on_gemini_gives_the_validated_table_report_and_reconciliation(
+    sandbox, instance, gemini_resources, home, make_job, prices
+):
     spec = gemini_job(make_job)
     report = run_job(spec, instance, gemini_resources)
     store = Store(home)
@@ -82,15 +91,23 @@ def test_demo_job_on_gemini_gives_the_validated_table_report_and_reconciliation(
     assert set(billed) == set(rows["request_id"]) and set(billed.values()) == {1}
     price = yaml.safe_load(open(prices))["prices"]["gemini_batch"][MODEL]
     tin, cached, out = (sum(e[k] for e in ledger) for k in ("input_tokens", "cached_tokens", "output_tokens"))
-    by_hand = ((tin - cached) * price["input_per_mtok"] + cached * price["cached_input_per_mtok"]
-               + out * price["output_per_mtok"]) / 1e6 * (1 - price["batch_discount"])
+    by_hand = (
+        (
+            (tin - cached) * price["input_per_mtok"]
+            + cached * price["cached_input_per_mtok"]
+            + out * price["output_per_mtok"]
+        )
+        / 1e6
+        * (1 - price["batch_discount"])
+    )
     assert float(state.results["cost_usd"].sum()) == pytest.approx(by_hand, rel=1e-9)
     assert len(creates(sandbox)) == len(Manifest(spec.name, store).shard_ids())  # one batch per shard
     assert not [r for r in sandbox.requests() if r["path"].startswith("/v1/batches") and r["method"] == "POST"]
 
 
-def test_an_expired_gemini_batch_returns_nothing_and_every_item_goes_once_more(sandbox, instance, gemini_resources,
-                                                                               home, make_job):
+def test_an_expired_gemini_batch_returns_nothing_and_every_item_goes_once_more(
+    sandbox, instance, gemini_resources, home, make_job
+):
     spec = gemini_job(make_job)
     shards = prepare(spec, instance, gemini_resources)
     sandbox.set_scenario("expire", complete_share=0.9)  # most requests were answered: Gemini still returns none
@@ -110,15 +127,17 @@ def test_an_expired_gemini_batch_returns_nothing_and_every_item_goes_once_more(s
     assert len(billed) == states.height and set(billed.values()) == {1}
 
 
-def test_a_crash_between_create_and_record_reattaches_without_a_second_gemini_batch(sandbox, sandbox_proc, make_job,
-                                                                                    home, tmp_path, prices):
+def test_a_crash_between_create_and_record_reattaches_without_a_second_gemini_batch(
+    sandbox, sandbox_proc, make_job, home, tmp_path, prices
+):
     spec = gemini_job(make_job)
     dagster_home = tmp_path / "dagster_home"
     dagster_home.mkdir()
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "BATCH_PIPELINE_SANDBOX_URL": sandbox_proc[1]}
     cmd = [sys.executable, "-m", "batch_pipeline.cli", "run", spec.source_path, "--home", str(home)]
-    crashed = subprocess.run(cmd, env={**env, "BATCH_PIPELINE_CRASH_AT": "after_create"}, capture_output=True,
-                             text=True, timeout=240)
+    crashed = subprocess.run(
+        cmd, env={**env, "BATCH_PIPELINE_CRASH_AT": "after_create"}, capture_output=True, text=True, timeout=240
+    )
     assert crashed.returncode != 0
     assert len(creates(sandbox)) == 1  # Google has the canary's batch; we never recorded it
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)

@@ -57,8 +57,9 @@ def holdings(spec: JobSpec) -> set[str]:
     if name == "anthropic_batch":
         return {b.id for b in ex.client.messages.batches.list(limit=100)}
     if name == "gemini_batch":
-        return ({str(f.name) for f in ex.client.files.list(config={"page_size": 100})}
-                | {str(b.name) for b in ex.client.batches.list(config={"page_size": 100})})
+        return {str(f.name) for f in ex.client.files.list(config={"page_size": 100})} | {
+            str(b.name) for b in ex.client.batches.list(config={"page_size": 100})
+        }
     if name == "vertex_batch":
         prefix = f"{ex.settings.prefix}/{spec.name}/"
         return {f"gs://{ex.bucket}/{b.name}" for b in ex.gcs.client.list_blobs(ex.bucket, prefix=prefix)}
@@ -77,8 +78,12 @@ def per_attempt(provider: str) -> int:
 
 def batch_attempts(spec: JobSpec, home) -> list[Attempt]:
     store = Store(home)
-    return [a for sid in Manifest(spec.name, store).shard_ids() for a in AttemptLog(store, spec.name, sid).all()
-            if a.submitted]
+    return [
+        a
+        for sid in Manifest(spec.name, store).shard_ids()
+        for a in AttemptLog(store, spec.name, sid).all()
+        if a.submitted
+    ]
 
 
 def own_ids(attempt: Attempt) -> set[str]:
@@ -91,8 +96,9 @@ def own_ids(attempt: Attempt) -> set[str]:
 
 
 @pytest.mark.parametrize("provider", list(PROVIDERS))
-def test_after_a_job_with_retention_delete_the_provider_holds_none_of_its_data(provider, provider_sandbox, make_job,
-                                                                                instance, resources, home):
+def test_after_a_job_with_retention_delete_the_provider_holds_none_of_its_data(
+    provider, provider_sandbox, make_job, instance, resources, home
+):
     spec = job_for(make_job, provider)
     report = run_job(spec, instance, resources)
     assert report["complete"] and report["succeeded"] == 40
@@ -105,8 +111,9 @@ def test_after_a_job_with_retention_delete_the_provider_holds_none_of_its_data(p
 
 
 @pytest.mark.parametrize("provider", list(PROVIDERS))
-def test_with_retention_keep_the_provider_holds_all_of_it(provider, provider_sandbox, make_job, instance,
-                                                          resources, home):
+def test_with_retention_keep_the_provider_holds_all_of_it(
+    provider, provider_sandbox, make_job, instance, resources, home
+):
     spec = job_for(make_job, provider, retention="keep")
     report = run_job(spec, instance, resources)
     assert report["complete"] and report["succeeded"] == 40
@@ -120,7 +127,8 @@ def test_with_retention_keep_the_provider_holds_all_of_it(provider, provider_san
 
 @pytest.mark.parametrize(("provider", "finish"), [("openai", "cli"), ("anthropic", "cli"), ("openai", "sensors")])
 def test_a_kill_between_storing_and_deleting_is_cleaned_by_the_next_run_billing_nothing_twice(
-        provider, finish, provider_sandbox, vertex_sandbox_proc, make_job, resources, home, tmp_path):
+    provider, finish, provider_sandbox, vertex_sandbox_proc, make_job, resources, home, tmp_path
+):
     # a canary sample smaller than its shard, as in the fault campaign: a kill after a canary that is the whole
     # shard was collected but before it was judged leaves the job waiting on it (the driver's, not this, to fix)
     spec = job_for(make_job, provider, canary={"size": 4})
@@ -129,8 +137,9 @@ def test_a_kill_between_storing_and_deleting_is_cleaned_by_the_next_run_billing_
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "BATCH_PIPELINE_SANDBOX_URL": vertex_sandbox_proc[1]}
     env.pop("BATCH_PIPELINE_CRASH_AT", None)
     cmd = [sys.executable, "-m", "batch_pipeline.cli", "run", spec.source_path, "--home", str(home)]
-    killed = subprocess.run(cmd, env={**env, "BATCH_PIPELINE_CRASH_AT": "before_discard"}, capture_output=True,
-                            text=True, timeout=240)
+    killed = subprocess.run(
+        cmd, env={**env, "BATCH_PIPELINE_CRASH_AT": "before_discard"}, capture_output=True, text=True, timeout=240
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
     (stored,) = batch_attempts(spec, home)  # the canary's batch: its results stored, its data still there
     assert "collected" in stored.records and "discarded" not in stored.records
@@ -144,7 +153,8 @@ def test_a_kill_between_storing_and_deleting_is_cleaned_by_the_next_run_billing_
     assert holdings(spec) == set()
     attempts = batch_attempts(spec, home)
     assert all("discarded" in a.records for a in attempts)
-    assert own_ids(stored) <= set(AttemptLog(Store(home), spec.name, stored.key.split(":")[1]).all()[0]
-                                  .records["discarded"]["deleted"])  # deleted by the next run's sweep
+    assert own_ids(stored) <= set(
+        AttemptLog(Store(home), spec.name, stored.key.split(":")[1]).all()[0].records["discarded"]["deleted"]
+    )  # deleted by the next run's sweep
     billed = Counter(ledger_ids(provider_sandbox))
     assert len(billed) == 40 and set(billed.values()) == {1}

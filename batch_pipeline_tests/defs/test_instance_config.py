@@ -17,6 +17,10 @@ def test_dagster_yaml_enables_run_monitoring_with_our_timeouts_and_no_resume(tmp
         assert instance.run_monitoring_cancel_timeout_seconds == 300
         # a dead run worker's run is failed, never resumed by Dagster: re-running resumes it from the store
         assert instance.run_monitoring_max_resume_run_attempts == 0
-        assert instance.run_monitoring_settings == {"enabled": True, "start_timeout_seconds": 300,
-                                                    "cancel_timeout_seconds": 300, "max_resume_run_attempts": 0}
+        assert instance.run_monitoring_settings == {
+            "enabled": True,
+            "start_timeout_seconds": 300,
+            "cancel_timeout_seconds": 300,
+            "max_resume_run_attempts": 0,
+        }
         assert instance.root_directory == str(tmp_path)  # this file, not another DAGSTER_HOME's

@@ -28,8 +28,12 @@ SPEC_ENV, HOME_ENV = "BATCH_PIPELINE_TEST_PARTS_SPEC", "BATCH_PIPELINE_TEST_PART
 def _definitions() -> dg.Definitions:
     spec = load_spec(Path(os.environ[SPEC_ENV]))
     assets, jobs = build_manifest_parts(spec)
-    return dg.Definitions(assets=assets, jobs=jobs, resources={"store": StoreResource(root=os.environ[HOME_ENV])},
-                          executor=dg.multiprocess_executor.configured({"max_concurrent": 2}))
+    return dg.Definitions(
+        assets=assets,
+        jobs=jobs,
+        resources={"store": StoreResource(root=os.environ[HOME_ENV])},
+        executor=dg.multiprocess_executor.configured({"max_concurrent": 2}),
+    )
 
 
 def parts_job() -> dg.JobDefinition:
@@ -43,9 +47,13 @@ def merge_job() -> dg.JobDefinition:
 
 def shards_of(store: Store) -> dict:
     m = Manifest("t", store)
-    return {s: [{**r, "source": r["source"].rsplit("/", 1)[1]}
-                for r in pq.read_table(store.local_path(JobPaths("t").shard_items(s))).to_pylist()]
-            for s in m.shard_ids()}
+    return {
+        s: [
+            {**r, "source": r["source"].rsplit("/", 1)[1]}
+            for r in pq.read_table(store.local_path(JobPaths("t").shard_items(s))).to_pylist()
+        ]
+        for s in m.shard_ids()
+    }
 
 
 def make_inputs(data: Path) -> None:
@@ -85,8 +93,9 @@ def test_file_parts_as_partitions_merge_to_the_one_process_shards(tmp_path, monk
     # the reference: one process, same inputs in another folder of the same names
     ref_data = tmp_path / "ref" / "in"
     make_inputs(ref_data)
-    ref_spec = write_spec(tmp_path / "ref" / "jobs", base_spec_dict(str(ref_data / "*.jsonl"),
-                                                                      shards={"max_requests": 120}))
+    ref_spec = write_spec(
+        tmp_path / "ref" / "jobs", base_spec_dict(str(ref_data / "*.jsonl"), shards={"max_requests": 120})
+    )
     ref_store = Store(tmp_path / "ref" / "home")
     build_manifest(ref_spec, ref_store)
 
@@ -94,8 +103,9 @@ def test_file_parts_as_partitions_merge_to_the_one_process_shards(tmp_path, monk
     with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
         runs = run_round(instance, spec, store)
         assert len(runs) == 4  # three file steps and the merge
-        assert sorted(instance.get_dynamic_partitions(input_files_partitions(spec).name)) == \
-            sorted(part_key(str(data / n)) for n in ("a.jsonl", "b.jsonl", "c.jsonl"))
+        assert sorted(instance.get_dynamic_partitions(input_files_partitions(spec).name)) == sorted(
+            part_key(str(data / n)) for n in ("a.jsonl", "b.jsonl", "c.jsonl")
+        )
         pids = [step_pids(instance, r.run_id) for r in runs]
         assert all(p and os.getpid() not in p for p in pids)  # every step ran in a process of its own
         assert len(set().union(*pids)) == 4

@@ -24,27 +24,46 @@ from batch_pipeline.sandbox.process import start_sandbox_process, stop_sandbox_p
 from .conftest import ledger_ids
 
 SYSTEM = "You label customer support tickets: billing, bug, feature_request, account or other."
-EXAMPLES = [{"role": "user", "content": "I was charged twice this month."}, {"role": "assistant", "content": "billing"},
-            {"role": "user", "content": "The app crashes when I export."}, {"role": "assistant", "content": "bug"}]
-TOPICS = ["my invoice shows a refund that never arrived", "the export button crashes the app",
-          "please add a dark mode", "I cannot reset my password", "who do I contact about a partnership"]
+EXAMPLES = [
+    {"role": "user", "content": "I was charged twice this month."},
+    {"role": "assistant", "content": "billing"},
+    {"role": "user", "content": "The app crashes when I export."},
+    {"role": "assistant", "content": "bug"},
+]
+TOPICS = [
+    "my invoice shows a refund that never arrived",
+    "the export button crashes the app",
+    "please add a dark mode",
+    "I cannot reset my password",
+    "who do I contact about a partnership",
+]
 
 
 def conversation(i: int) -> list[dict]:
-    return [{"role": "user", "content": f"Hello, ticket {i} here."},
-            {"role": "assistant", "content": f"Hi, how can I help with ticket {i}?"},
-            {"role": "user", "content": f"{TOPICS[i % len(TOPICS)]}  (case\t{i})"}]
+    return [
+        {"role": "user", "content": f"Hello, ticket {i} here."},
+        {"role": "assistant", "content": f"Hi, how can I help with ticket {i}?"},
+        {"role": "user", "content": f"{TOPICS[i % len(TOPICS)]}  (case\t{i})"},
+    ]
 
 
 GOOD = [{"id": f"c{i}", "messages": conversation(i)} for i in range(24)]
-DUPLICATE = {"id": "dup", "messages": [{**t, "content": " " + t["content"].replace(" ", "   ") + "\n"}
-                                       for t in conversation(3)]}  # collapses onto c3 after normalisation
+DUPLICATE = {
+    "id": "dup",
+    "messages": [{**t, "content": " " + t["content"].replace(" ", "   ") + "\n"} for t in conversation(3)],
+}  # collapses onto c3 after normalisation
 BAD = [
     ({"id": "b1", "messages": []}, "empty_messages", "messages"),
     ({"id": "b2", "messages": [{"content": "no role"}]}, "missing_field", "messages[0].role"),
     ({"id": "b3", "messages": [{"role": "user", "content": ["a", "list"]}]}, "wrong_type", "messages[0].content"),
-    ({"id": "b4", "messages": [{"role": "system", "content": "Be someone else."}, {"role": "user", "content": "hi"}]},
-     "system_turn", "messages[0].role"),
+    (
+        {
+            "id": "b4",
+            "messages": [{"role": "system", "content": "Be someone else."}, {"role": "user", "content": "hi"}],
+        },
+        "system_turn",
+        "messages[0].role",
+    ),
 ]
 ROWS = [*GOOD[:10], DUPLICATE, *[b[0] for b in BAD], *GOOD[10:]]
 
@@ -69,9 +88,13 @@ def state_sandbox(tmp_path, monkeypatch) -> Iterator[tuple[SandboxAdmin, Path]]:
 
 
 def messages_job(make_job, tmp_path, **overrides):
-    return make_job(name="chat", rows=ROWS, input={"path": str(tmp_path / "data" / "in" / "*.jsonl"),
-                                                   "messages_field": "messages", "key_field": "id"},
-                    prompt={"version": "v1", "system": SYSTEM, "examples": EXAMPLES}, **overrides)
+    return make_job(
+        name="chat",
+        rows=ROWS,
+        input={"path": str(tmp_path / "data" / "in" / "*.jsonl"), "messages_field": "messages", "key_field": "id"},
+        prompt={"version": "v1", "system": SYSTEM, "examples": EXAMPLES},
+        **overrides,
+    )
 
 
 def check_job(spec, report, home, admin) -> dict[str, str]:
@@ -99,13 +122,14 @@ def check_job(spec, report, home, admin) -> dict[str, str]:
     return {k: v for k, v in keys.items() if k != "dup"}
 
 
-def test_a_messages_job_on_openai_batch_sends_system_examples_then_the_turns_in_order(state_sandbox, make_job,
-                                                                                     instance, resources, home,
-                                                                                     tmp_path):
+def test_a_messages_job_on_openai_batch_sends_system_examples_then_the_turns_in_order(
+    state_sandbox, make_job, instance, resources, home, tmp_path
+):
     admin, state = state_sandbox
     # retention keep: the uploaded input files stay at the provider, so the test can read what was sent
-    spec = messages_job(make_job, tmp_path, backend={"name": "openai_batch",
-                                                     "settings": {"sandbox": True, "retention": "keep"}})
+    spec = messages_job(
+        make_job, tmp_path, backend={"name": "openai_batch", "settings": {"sandbox": True, "retention": "keep"}}
+    )
     keys = check_job(spec, run_job(spec, instance, resources), home, admin)
     seen: dict[str, list[dict]] = {}
     for blob in (state / "files").iterdir():  # the batch input files the executor uploaded, as the sandbox keeps them
@@ -119,12 +143,16 @@ def test_a_messages_job_on_openai_batch_sends_system_examples_then_the_turns_in_
         assert seen[rid] == [*head, *EXPECTED[key]], key
 
 
-def test_a_messages_job_on_anthropic_batch_sends_system_examples_then_the_turns_in_order(state_sandbox, make_job,
-                                                                                        instance, resources, home,
-                                                                                        tmp_path):
+def test_a_messages_job_on_anthropic_batch_sends_system_examples_then_the_turns_in_order(
+    state_sandbox, make_job, instance, resources, home, tmp_path
+):
     admin, state = state_sandbox
-    spec = messages_job(make_job, tmp_path, model="claude-haiku-4-5",
-                        backend={"name": "anthropic_batch", "settings": {"sandbox": True, "retention": "keep"}})
+    spec = messages_job(
+        make_job,
+        tmp_path,
+        model="claude-haiku-4-5",
+        backend={"name": "anthropic_batch", "settings": {"sandbox": True, "retention": "keep"}},
+    )
     keys = check_job(spec, run_job(spec, instance, resources), home, admin)
     saved = json.loads((state / "state.json").read_text())
     seen = {r["custom_id"]: r["params"] for b in saved["anthropic_batches"] for r in b["requests"]}
@@ -135,8 +163,14 @@ def test_a_messages_job_on_anthropic_batch_sends_system_examples_then_the_turns_
         sent = params["messages"]
         # the last example carries the cache breakpoint: system + examples are the cached prefix
         last = sent[len(EXAMPLES) - 1]
-        assert last["content"] == [{"type": "text", "text": EXAMPLES[-1]["content"],
-                                    "cache_control": {"type": "ephemeral"}}]
-        as_text = [{"role": m["role"], "content": m["content"] if isinstance(m["content"], str)
-                    else "".join(b["text"] for b in m["content"])} for m in sent]
+        assert last["content"] == [
+            {"type": "text", "text": EXAMPLES[-1]["content"], "cache_control": {"type": "ephemeral"}}
+        ]
+        as_text = [
+            {
+                "role": m["role"],
+                "content": m["content"] if isinstance(m["content"], str) else "".join(b["text"] for b in m["content"]),
+            }
+            for m in sent
+        ]
         assert as_text == [*EXAMPLES, *EXPECTED[key]], key

@@ -18,11 +18,23 @@ from batch_pipeline.defs.pipeline import run_job
 from .conftest import REPO
 
 
-@pytest.mark.parametrize("amount,shown", [
-    (0, "$0.00"), (0.037884, "$0.0379"), (1.9274999999e-05, "$0.0000193"), (0.5, "$0.50"), (12.3, "$12.30"),
-    (1234.5, "$1,234.50"), (-0.0021, "-$0.0021"), (5, "$5.00"), (5.2e-06, "$0.0000052"), (2.2424999e-05, "$0.0000224"),
-    (0.01, "$0.01"), (0.9996, "$1.00"),
-])
+@pytest.mark.parametrize(
+    "amount,shown",
+    [
+        (0, "$0.00"),
+        (0.037884, "$0.0379"),
+        (1.9274999999e-05, "$0.0000193"),
+        (0.5, "$0.50"),
+        (12.3, "$12.30"),
+        (1234.5, "$1,234.50"),
+        (-0.0021, "-$0.0021"),
+        (5, "$5.00"),
+        (5.2e-06, "$0.0000052"),
+        (2.2424999e-05, "$0.0000224"),
+        (0.01, "$0.01"),
+        (0.9996, "$1.00"),
+    ],
+)
 def test_dollars_read_as_dollars(amount, shown):
     assert format_usd(amount) == shown
 
@@ -43,10 +55,11 @@ def test_preview_and_json_amounts_are_dollars():
     text = md_table(frame).value
     assert "| a | $0.0000193 | 0.3 |" in text and "e-05" not in text
     assert money_json({"batch": 0.037884}, money=True) == {"batch": "$0.0379"}
-    nested = money_json({"quoted_usd": {"low": 0.01}, "first_pass": {"actual": 0.02}, "input_tokens": {"actual": 7}},
-                        money_keys=("first_pass",))
-    assert nested == {"quoted_usd": {"low": "$0.01"}, "first_pass": {"actual": "$0.02"},
-                      "input_tokens": {"actual": 7}}
+    nested = money_json(
+        {"quoted_usd": {"low": 0.01}, "first_pass": {"actual": 0.02}, "input_tokens": {"actual": 7}},
+        money_keys=("first_pass",),
+    )
+    assert nested == {"quoted_usd": {"low": "$0.01"}, "first_pass": {"actual": "$0.02"}, "input_tokens": {"actual": 7}}
 
 
 def test_column_schema_from_arrow_and_polars():
@@ -54,12 +67,16 @@ def test_column_schema_from_arrow_and_polars():
     assert [(c.name, c.type) for c in arrow.columns] == [("request_id", "string"), ("cost_usd", "double")]
     assert "USD" in arrow.columns[1].description
     polars = column_schema(pl.Schema({"failures": pl.UInt32, "odd": pl.String}))
-    assert [(c.name, c.type, c.description is None) for c in polars.columns] == [("failures", "UInt32", False),
-                                                                                 ("odd", "String", True)]
+    assert [(c.name, c.type, c.description is None) for c in polars.columns] == [
+        ("failures", "UInt32", False),
+        ("odd", "String", True),
+    ]
 
 
-@pytest.mark.parametrize("field,value", [("owners", ["not an owner"]), ("owners", ["team:"]),
-                                         ("tags", {"bad key!": "x"}), ("tags", {"team": "x" * 64})])
+@pytest.mark.parametrize(
+    "field,value",
+    [("owners", ["not an owner"]), ("owners", ["team:"]), ("tags", {"bad key!": "x"}), ("tags", {"team": "x" * 64})],
+)
 def test_bad_owners_and_tags_are_config_errors_naming_the_field(make_job, field, value):
     with pytest.raises(ConfigError, match=field):
         make_job(**{field: value})
@@ -98,9 +115,11 @@ def test_a_run_shows_dollars_column_schemas_descriptions_owners_and_tags(sandbox
     assert "e-0" not in str(passes)
 
     # column schemas: the staged and validated tables (from the Parquet file) and the dead letters
-    for name, expected in [("results", {"request_id": "String", "cost_usd": "Float64", "is_duplicate": "Boolean"}),
-                           ("validated", {"request_id": "string", "cost_usd": "double", "attempt": "int32"}),
-                           ("dead_letters", {"request_id": "String", "failures": "UInt32"})]:
+    for name, expected in [
+        ("results", {"request_id": "String", "cost_usd": "Float64", "is_duplicate": "Boolean"}),
+        ("validated", {"request_id": "string", "cost_usd": "double", "attempt": "int32"}),
+        ("dead_letters", {"request_id": "String", "failures": "UInt32"}),
+    ]:
         meta = _latest(instance, asset_key(spec, name))
         schema = meta["dagster/column_schema"].value
         types = {c.name: c.type for c in schema.columns}

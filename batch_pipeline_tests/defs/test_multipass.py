@@ -24,16 +24,23 @@ from batch_pipeline.defs.sensors import build_new_data_sensor, build_shard_senso
 from .conftest import ledger_ids
 from .test_sensors import _execute, _requests
 
-EXTRACT_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["topic", "urgent"],
-                  "properties": {"topic": {"type": "string"}, "urgent": {"type": "boolean"}}}
+EXTRACT_SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["topic", "urgent"],
+    "properties": {"topic": {"type": "string"}, "urgent": {"type": "boolean"}},
+}
 
 
 def two_pass(make_job, where: str = "output = 'other'", template: str = "A ticket labelled {output}:\n{body}"):
     triage = make_job(name="triage")
-    extract = make_job(name="extract", input={"from_job": "triage", "where": where, "text_field": "body"},
-                       prompt={"version": "x1", "system": "Extract the ticket's topic and urgency as JSON.",
-                               "template": template},
-                       sampling={"temperature": 0, "max_tokens": 200}, output={"json_schema": EXTRACT_SCHEMA})
+    extract = make_job(
+        name="extract",
+        input={"from_job": "triage", "where": where, "text_field": "body"},
+        prompt={"version": "x1", "system": "Extract the ticket's topic and urgency as JSON.", "template": template},
+        sampling={"temperature": 0, "max_tokens": 200},
+        output={"json_schema": EXTRACT_SCHEMA},
+    )
     return triage, extract
 
 
@@ -89,8 +96,9 @@ def test_two_pass_job_end_to_end_through_materialize(sandbox, make_job, instance
     assert dg.AssetKey(["triage", "validated"]) in graph.get(dg.AssetKey(["extract", "manifest"])).parent_keys
 
 
-def test_a_changed_upstream_answer_reruns_one_downstream_request(sandbox, make_job, instance, resources, home,
-                                                                tmp_path):
+def test_a_changed_upstream_answer_reruns_one_downstream_request(
+    sandbox, make_job, instance, resources, home, tmp_path
+):
     # the second pass's template leaves the answer out: the request ID still carries it
     triage, extract = two_pass(make_job, where="output IN ('other', 'billing')", template="Ticket:\n{body}")
     store = Store(home)
@@ -121,17 +129,24 @@ def test_quote_share_of_the_second_pass_is_assumed_then_measured(sandbox, make_j
     triage, extract = two_pass(make_job)
     store = Store(home)
     defs = build_definitions([triage], resources)
-    dg.materialize([*defs.assets, *defs.asset_checks], selection=[dg.AssetKey(["triage", "manifest"]),
-                                                                  dg.AssetKey(["triage", "quote"])],
-                   instance=instance, resources=defs.resources)
+    dg.materialize(
+        [*defs.assets, *defs.asset_checks],
+        selection=[dg.AssetKey(["triage", "manifest"]), dg.AssetKey(["triage", "quote"])],
+        instance=instance,
+        resources=defs.resources,
+    )
     quote = store.read_json(JobPaths("triage").quote)
     first, second = quote["cascade"]["passes"]
     assert (first["job"], first["requests"], second["job"]) == ("triage", 40, "extract")
     assert (second["share"], second["share_source"], second["requests"]) == (0.3, "assumed", 12)
     assert second["cost_expected"] > 0 and quote["cascade"]["total"]["expected"] > quote["est_cost_usd"]["expected"]
     run_job(triage, instance, resources)
-    dg.materialize([*defs.assets, *defs.asset_checks], selection=[dg.AssetKey(["triage", "quote"])],
-                   instance=instance, resources=defs.resources)
+    dg.materialize(
+        [*defs.assets, *defs.asset_checks],
+        selection=[dg.AssetKey(["triage", "quote"])],
+        instance=instance,
+        resources=defs.resources,
+    )
     measured = store.read_json(JobPaths("triage").quote)["cascade"]["passes"][1]
     others = validated(store, "triage").filter(pl.col("output") == "other").height
     assert measured["share_source"] == "validated" and measured["measured_on"] == 40
@@ -175,7 +190,10 @@ def drive(spec, instance, resources, sensor_ctx, limit: int = 40) -> list[dg.Run
 def test_two_pass_job_through_the_sensors(sandbox, make_job, instance, resources, home):
     triage, extract = two_pass(make_job)
     store = Store(home)
-    ctx = lambda: dg.build_sensor_context(instance=instance, resources=resources)
+
+    def ctx():
+        return dg.build_sensor_context(instance=instance, resources=resources)
+
     upstream = build_upstream_sensor(extract, build_jobs(extract))
     skip = upstream(dg.build_sensor_context(instance=instance))
     assert isinstance(skip, dg.SkipReason) and "not been published" in skip.skip_message
@@ -194,8 +212,12 @@ def test_two_pass_job_through_the_sensors(sandbox, make_job, instance, resources
         _execute(triage, instance, resources, r, "collect")
     # after the canary, the quote measures the second pass's share on the answers so far
     defs = build_definitions([triage], resources)
-    dg.materialize([*defs.assets, *defs.asset_checks], selection=[dg.AssetKey(["triage", "quote"])],
-                   instance=instance, resources=defs.resources)
+    dg.materialize(
+        [*defs.assets, *defs.asset_checks],
+        selection=[dg.AssetKey(["triage", "quote"])],
+        instance=instance,
+        resources=defs.resources,
+    )
     share = store.read_json(JobPaths("triage").quote)["cascade"]["passes"][1]
     assert share["share_source"] == "canary" and 0 < share["measured_on"] < 40
     drive(triage, instance, resources, ctx)

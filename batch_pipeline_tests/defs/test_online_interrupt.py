@@ -16,32 +16,41 @@ from collections import Counter
 
 import polars as pl
 
-from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.run.results import read_results
+from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 from batch_pipeline.sandbox import SandboxAdmin
 
-ONLINE = {"name": "online", "settings": {"sandbox": True, "concurrency": 2, "flush_every": 1000,
-                                         "flush_interval_s": 600}}
+ONLINE = {
+    "name": "online",
+    "settings": {"sandbox": True, "concurrency": 2, "flush_every": 1000, "flush_interval_s": 600},
+}
 ROWS = 40
 
 
 def _run_cli(spec_path: str, home, dagster_home, url: str) -> subprocess.Popen:
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "BATCH_PIPELINE_SANDBOX_URL": url}
-    return subprocess.Popen([sys.executable, "-m", "batch_pipeline.cli", "run", spec_path, "--home", str(home)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "batch_pipeline.cli", "run", spec_path, "--home", str(home)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _collected(store: Store, job: str) -> int:
-    return len([p for p in store.list_files(f"{JobPaths(job).root}/attempts", recursive=True)
-                if p.endswith(".collected.json")])
+    return len(
+        [p for p in store.list_files(f"{JobPaths(job).root}/attempts", recursive=True) if p.endswith(".collected.json")]
+    )
 
 
 def _stored(store: Store, job: str) -> pl.DataFrame:
     """request_id, status and the provider's completion id of every stored result row."""
     results = read_results(store, job, columns=["request_id", "status", "raw_payload"])
-    return results.with_columns(pl.col("raw_payload").map_elements(lambda p: json.loads(p)["id"],
-                                                                   return_dtype=pl.String).alias("completion_id"))
+    return results.with_columns(
+        pl.col("raw_payload").map_elements(lambda p: json.loads(p)["id"], return_dtype=pl.String).alias("completion_id")
+    )
 
 
 def _billed(admin: SandboxAdmin) -> list[str]:
@@ -50,7 +59,8 @@ def _billed(admin: SandboxAdmin) -> list[str]:
 
 
 def test_sigterm_mid_online_shard_stores_what_was_billed_and_the_rerun_bills_the_rest_once(
-        sandbox, sandbox_proc, make_job, home, tmp_path):
+    sandbox, sandbox_proc, make_job, home, tmp_path
+):
     spec = make_job(backend=ONLINE, canary_first=False, shards={"max_requests": 20})
     _, url = sandbox_proc
     dagster_home = tmp_path / "dagster_home"

@@ -28,23 +28,31 @@ ONLINE = {"name": "online", "settings": {"sandbox": True, "concurrency": CONCURR
 
 
 def _rows(n: int) -> list[dict]:
-    return [{"ticket_id": f"t{i:05d}", "subject": f"Order {i}", "body": f"My invoice number {i} was charged twice"}
-            for i in range(n)]
+    return [
+        {"ticket_id": f"t{i:05d}", "subject": f"Order {i}", "body": f"My invoice number {i} was charged twice"}
+        for i in range(n)
+    ]
 
 
 def _run(spec_path: str, home, dagster_home, url: str) -> subprocess.Popen:
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "BATCH_PIPELINE_SANDBOX_URL": url}
-    return subprocess.Popen([sys.executable, "-m", "batch_pipeline.cli", "run", spec_path, "--home", str(home)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "batch_pipeline.cli", "run", spec_path, "--home", str(home)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _online(admin) -> list[dict]:
     return [e for e in admin.ledger() if e.get("mode") == "online"]
 
 
-def test_random_sigkills_of_an_online_job_repay_at_most_the_requests_in_flight(sandbox, sandbox_proc, make_job,
-                                                                               home, tmp_path):
+def test_random_sigkills_of_an_online_job_repay_at_most_the_requests_in_flight(
+    sandbox, sandbox_proc, make_job, home, tmp_path
+):
     _, url = sandbox_proc
     spec = make_job(rows=_rows(ROWS), backend=ONLINE, canary_first=False, shards={"max_requests": 100})
     dagster_home = tmp_path / "dagster_home"
@@ -73,30 +81,37 @@ def test_random_sigkills_of_an_online_job_repay_at_most_the_requests_in_flight(s
     repaid = len(billed) - len(keys)
     assert len(keys) == ROWS  # every request answered
     assert repaid <= CONCURRENCY * KILLS, (repaid, keys.most_common(5))
-    print(f"online kills: {KILLS} SIGKILLs of a {ROWS}-request job, concurrency {CONCURRENCY}: {repaid} repaid "
-          f"(bound {CONCURRENCY * KILLS}), {len(billed)} billed")
+    print(
+        f"online kills: {KILLS} SIGKILLs of a {ROWS}-request job, concurrency {CONCURRENCY}: {repaid} repaid "
+        f"(bound {CONCURRENCY * KILLS}), {len(billed)} billed"
+    )
     state = JobState.load(spec, Store(home))
     counts = state.check()
     assert counts.valid == counts.expected == ROWS
     # the report's spend range holds what the sandbox billed (at the online price of the model)
     report = yaml.safe_load((Store(home).local_path(f"jobs/{spec.name}/report.json")).read_text())
     price = load_prices(REPO / "data" / "prices.yaml").lookup("online", spec.model)
-    charged = sum(float(price.cost(e["input_tokens"], e["output_tokens"], e.get("cached_tokens") or 0, batch=False))
-                  for e in billed)
+    charged = sum(
+        float(price.cost(e["input_tokens"], e["output_tokens"], e.get("cached_tokens") or 0, batch=False))
+        for e in billed
+    )
     low, high = report["cost_range_usd"]
     assert low <= charged * 1.001 and charged <= high * 1.001 + 1e-9, (low, charged, high)
 
 
 def test_a_sigkill_of_the_online_tail_after_a_cancelled_batch_repays_at_most_the_requests_in_flight(
-        sandbox, sandbox_proc, make_job, home, tmp_path):
+    sandbox, sandbox_proc, make_job, home, tmp_path
+):
     """The tail rescue: a batch still open near the deadline is cancelled (what it finished is kept), the rest goes
     online, and that online tail is SIGKILLed mid-way; the next run finishes with at most ``concurrency`` repaid."""
     from datetime import UTC, datetime, timedelta
     from pathlib import Path
 
     _, url = sandbox_proc
-    tail = {"backend": {"name": "online", "settings": {"sandbox": True, "concurrency": CONCURRENCY}},
-            "before_deadline_minutes": 60}
+    tail = {
+        "backend": {"name": "online", "settings": {"sandbox": True, "concurrency": CONCURRENCY}},
+        "before_deadline_minutes": 60,
+    }
     far = (datetime.now(UTC) + timedelta(hours=12)).isoformat()
     spec = make_job(rows=_rows(200), canary_first=False, shards={"max_requests": 100}, deadline=far, tail=tail)
     dagster_home = tmp_path / "dagster_home"
@@ -105,8 +120,14 @@ def test_a_sigkill_of_the_online_tail_after_a_cancelled_batch_repays_at_most_the
     first = _run(spec.source_path, home, dagster_home, url)
     deadline = time.monotonic() + 120
     try:
-        while sum(1 for r in sandbox.requests() if r["method"] == "POST" and r["path"] == "/v1/batches"
-                  and r["status"] == 200) < 2:
+        while (
+            sum(
+                1
+                for r in sandbox.requests()
+                if r["method"] == "POST" and r["path"] == "/v1/batches" and r["status"] == 200
+            )
+            < 2
+        ):
             assert first.poll() is None, first.stdout.read()
             assert time.monotonic() < deadline, "the batches were never created"
             time.sleep(0.05)

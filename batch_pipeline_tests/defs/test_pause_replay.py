@@ -11,9 +11,9 @@ import dagster as dg
 import polars as pl
 
 from batch_pipeline.cli import main
+from batch_pipeline.core.publish.tables import JobState
 from batch_pipeline.core.run.attempts import AttemptLog
 from batch_pipeline.core.run.control import JobControl
-from batch_pipeline.core.publish.tables import JobState
 from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.jobs import build_jobs
@@ -40,8 +40,13 @@ def test_pause_mid_shard_then_resume_sends_nothing_twice(sandbox, sandbox_proc, 
     store = Store(home)
     sandbox.set_scenario("normal", rpm=60)  # about one online request a second: the shard is caught mid-way
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "BATCH_PIPELINE_SANDBOX_URL": url}
-    proc = subprocess.Popen([sys.executable, "-m", "batch_pipeline.cli", "run", spec.source_path, "--home", str(home)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "batch_pipeline.cli", "run", spec.source_path, "--home", str(home)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 90
         while len(_billed_online(sandbox)) < 3:
@@ -64,15 +69,23 @@ def test_pause_mid_shard_then_resume_sends_nothing_twice(sandbox, sandbox_proc, 
     with dg.DagsterInstance.ephemeral() as instance:
         from batch_pipeline.defs.resources import PricesResource, StoreResource
 
-        resources = {"store": StoreResource(root=str(home)),
-                     "prices": PricesResource(path=str(spec.input_base_dir() / "x"))}
-        tick = build_shard_sensor(spec, build_jobs(spec))(dg.build_sensor_context(instance=instance,
-                                                                                  resources=resources))
+        resources = {
+            "store": StoreResource(root=str(home)),
+            "prices": PricesResource(path=str(spec.input_base_dir() / "x")),
+        }
+        tick = build_shard_sensor(spec, build_jobs(spec))(
+            dg.build_sensor_context(instance=instance, resources=resources)
+        )
         assert isinstance(tick, dg.SkipReason) and "paused" in tick.skip_message
     # resume: the rest goes out once
     sandbox.set_scenario("normal")
-    again = subprocess.run([sys.executable, "-m", "batch_pipeline.cli", "resume", spec.source_path, "--home",
-                            str(home)], env=env, capture_output=True, text=True, timeout=180)
+    again = subprocess.run(
+        [sys.executable, "-m", "batch_pipeline.cli", "resume", spec.source_path, "--home", str(home)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert again.returncode == 0, again.stdout + again.stderr
     assert "was paused" in again.stdout
     billed = _billed_online(sandbox)
@@ -82,19 +95,31 @@ def test_pause_mid_shard_then_resume_sends_nothing_twice(sandbox, sandbox_proc, 
     assert JobControl(store, spec.name).paused() is None
 
 
-SUMMARY = {"type": "object", "properties": {"summary": {"type": "string"}}, "required": ["summary"],
-           "additionalProperties": False}
+SUMMARY = {
+    "type": "object",
+    "properties": {"summary": {"type": "string"}},
+    "required": ["summary"],
+    "additionalProperties": False,
+}
 
 
-def test_replay_with_room_to_answer_turns_truncated_dead_letters_into_answers(sandbox, make_job, instance,
-                                                                             resources, home, capsys):
+def test_replay_with_room_to_answer_turns_truncated_dead_letters_into_answers(
+    sandbox, make_job, instance, resources, home, capsys
+):
     # the sandbox answers with the first six words of the message: a one-word ticket fits in 10 tokens, a long
     # one is cut off (finish_reason length) and dead-lettered after its retry
-    rows = [{"ticket_id": f"T{i}", "subject": "s", "body": f"word{i}" if i % 2 else f"a long ticket body number {i}"}
-            for i in range(20)]
-    spec = make_job(rows=rows, prompt={"version": "v1", "system": "Summarise.", "template": "{body}"},
-                    output={"json_schema": SUMMARY}, sampling={"temperature": 0, "max_tokens": 10},
-                    canary={"max_failure_rate": 1.0}, retries={"spend_cap_share": 1.0})
+    rows = [
+        {"ticket_id": f"T{i}", "subject": "s", "body": f"word{i}" if i % 2 else f"a long ticket body number {i}"}
+        for i in range(20)
+    ]
+    spec = make_job(
+        rows=rows,
+        prompt={"version": "v1", "system": "Summarise.", "template": "{body}"},
+        output={"json_schema": SUMMARY},
+        sampling={"temperature": 0, "max_tokens": 10},
+        canary={"max_failure_rate": 1.0},
+        retries={"spend_cap_share": 1.0},
+    )
     report = run_job(spec, instance, resources)
     assert report["succeeded"] == 10 and report["dead_lettered"] == 10
     store = Store(home)

@@ -6,11 +6,11 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from batch_pipeline.core.run.attempts import AttemptLog
-from batch_pipeline.core.quality.golden import GoldenProbes
 from batch_pipeline.core.manifest.shards import Manifest
-from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.publish.tables import JobState
+from batch_pipeline.core.quality.golden import GoldenProbes
+from batch_pipeline.core.run.attempts import AttemptLog
+from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.state.reconcile import DEAD, VALID
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.assets import asset_key
@@ -22,16 +22,23 @@ from .conftest import REPO, batch_creates, ledger_ids
 
 def materialize_partition(spec, instance, resources, shard: str) -> dg.ExecuteInProcessResult:
     defs = build_definitions([spec], resources)
-    return dg.materialize([*defs.assets, *defs.asset_checks],
-                          selection=[asset_key(spec, "submissions"), asset_key(spec, "shard_results")],
-                          partition_key=shard, instance=instance, resources=defs.resources)
+    return dg.materialize(
+        [*defs.assets, *defs.asset_checks],
+        selection=[asset_key(spec, "submissions"), asset_key(spec, "shard_results")],
+        partition_key=shard,
+        instance=instance,
+        resources=defs.resources,
+    )
 
 
 def prepare(spec, instance, resources) -> list[str]:
     defs = build_definitions([spec], resources)
-    dg.materialize([*defs.assets, *defs.asset_checks],
-                   selection=[asset_key(spec, "manifest"), asset_key(spec, "quote")],
-                   instance=instance, resources=defs.resources)
+    dg.materialize(
+        [*defs.assets, *defs.asset_checks],
+        selection=[asset_key(spec, "manifest"), asset_key(spec, "quote")],
+        instance=instance,
+        resources=defs.resources,
+    )
     return instance.get_dynamic_partitions(f"{spec.name}_shards")
 
 
@@ -80,8 +87,12 @@ def test_a_spec_without_cost_compare_has_no_comparison_asset_and_every_asset_is_
         defs = build_definitions([spec])
         keys = {k for a in defs.assets for k in a.keys if k.path[0] == spec.name}
         assert (asset_key(spec, "backend_comparison") in keys) == (spec.cost_compare is not None)
-        in_jobs = {k for job in defs.resolve_all_job_defs() if job.name.startswith(f"{spec.name}_")
-                   for k in job.asset_layer.selected_asset_keys}
+        in_jobs = {
+            k
+            for job in defs.resolve_all_job_defs()
+            if job.name.startswith(f"{spec.name}_")
+            for k in job.asset_layer.selected_asset_keys
+        }
         assert keys - in_jobs == set(), keys - in_jobs  # no asset that no job (and so no run) materializes
 
 
@@ -137,12 +148,18 @@ def test_poison_item_is_dead_lettered_after_its_budget(sandbox, instance, resour
     assert states.states.filter(pl.col("state") == DEAD).height == 1
     # how often the poison request went out: the attempts that carried it
     poison_id = dead["request_id"][0]
-    carried = [a.number for shard in Manifest(spec.name, store).shard_ids()
-               for a in AttemptLog(store, spec.name, shard).all() if poison_id in a.request_ids]
+    carried = [
+        a.number
+        for shard in Manifest(spec.name, store).shard_ids()
+        for a in AttemptLog(store, spec.name, shard).all()
+        if poison_id in a.request_ids
+    ]
     assert len(carried) == sends
 
 
-def test_reconciliation_check_blocks_publishing_when_results_do_not_add_up(sandbox, instance, resources, home, make_job):
+def test_reconciliation_check_blocks_publishing_when_results_do_not_add_up(
+    sandbox, instance, resources, home, make_job
+):
     spec = make_job()
     run_job(spec, instance, resources)
     store = Store(home)
@@ -158,8 +175,13 @@ def test_reconciliation_check_blocks_publishing_when_results_do_not_add_up(sandb
 def test_publishing_before_any_manifest_fails_with_a_clear_message(sandbox, instance, resources, make_job):
     spec = make_job()
     defs = build_definitions([spec], resources)
-    result = dg.materialize([*defs.assets, *defs.asset_checks], selection=[asset_key(spec, "results")],
-                            instance=instance, resources=defs.resources, raise_on_error=False)
+    result = dg.materialize(
+        [*defs.assets, *defs.asset_checks],
+        selection=[asset_key(spec, "results")],
+        instance=instance,
+        resources=defs.resources,
+        raise_on_error=False,
+    )
     assert not result.success
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
     assert "materialize t/manifest first" in failure.step_failure_data.error.message

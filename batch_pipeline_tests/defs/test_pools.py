@@ -19,24 +19,37 @@ def test_jobs_on_one_account_share_its_pool_and_other_accounts_have_their_own(ma
     monkeypatch.setenv("BATCH_PIPELINE_SANDBOX_URL", "http://127.0.0.1:9")
     triage = make_job("triage")
     embed = make_job("embed")
-    other = make_job("other", backend={"name": "openai_batch", "settings": {"sandbox": True,
-                                                                             "api_key_env": "TEAM_B_KEY"}})
+    other = make_job(
+        "other", backend={"name": "openai_batch", "settings": {"sandbox": True, "api_key_env": "TEAM_B_KEY"}}
+    )
     named = make_job("named", backend={"name": "anthropic_batch", "settings": {"sandbox": True, "account": "shared"}})
-    assert shard_pools(triage) == {"submissions": "openai_batch/OPENAI_API_KEY",
-                                   "shard_results": "openai_batch/OPENAI_API_KEY"}
+    assert shard_pools(triage) == {
+        "submissions": "openai_batch/OPENAI_API_KEY",
+        "shard_results": "openai_batch/OPENAI_API_KEY",
+    }
     assert shard_pools(embed) == shard_pools(triage)
     assert set(shard_pools(other).values()) == {"openai_batch/TEAM_B_KEY"}
     assert set(shard_pools(named).values()) == {"anthropic_batch/shared"}
-    spread = make_job("spread", backend={"name": "openai_batch", "settings": {
-        "sandbox": True, "accounts": [{"api_key_env": "A_KEY"}, {"api_key_env": "B_KEY", "name": "team-b"}]}})
+    spread = make_job(
+        "spread",
+        backend={
+            "name": "openai_batch",
+            "settings": {
+                "sandbox": True,
+                "accounts": [{"api_key_env": "A_KEY"}, {"api_key_env": "B_KEY", "name": "team-b"}],
+            },
+        },
+    )
     assert set(shard_pools(spread).values()) == {"openai_batch/A_KEY+team-b"}
 
 
 def test_self_hosted_steps_keep_the_gpu_pool_and_online_steps_have_none(make_job):
-    assert set(shard_pools(make_job("gpu", backend={"name": "vllm", "settings": {"model_path": "/m"}})).values()) \
-        == {GPU_POOL}
-    assert set(shard_pools(make_job("web", backend={"name": "online", "settings": {"sandbox": True}})).values()) \
-        == {None}
+    assert set(shard_pools(make_job("gpu", backend={"name": "vllm", "settings": {"model_path": "/m"}})).values()) == {
+        GPU_POOL
+    }
+    assert set(shard_pools(make_job("web", backend={"name": "online", "settings": {"sandbox": True}})).values()) == {
+        None
+    }
 
 
 def test_the_instance_gives_every_pool_a_limit():

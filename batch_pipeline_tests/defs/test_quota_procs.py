@@ -29,9 +29,19 @@ from batch_pipeline.core.run.attempts import AttemptLog
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.quota import QuotaSpec
 from batch_pipeline.core.store import Store
-from batch_pipeline_tests.quota_support import (Sizes, assert_finished_once, assert_queue_shared, assert_within_cap,
-                                                at, batch_owners, ledger_of, openai_events, reservations, spans,
-                                                write_spec)
+from batch_pipeline_tests.quota_support import (
+    Sizes,
+    assert_finished_once,
+    assert_queue_shared,
+    assert_within_cap,
+    at,
+    batch_owners,
+    ledger_of,
+    openai_events,
+    reservations,
+    spans,
+    write_spec,
+)
 
 from .conftest import batch_creates
 
@@ -60,23 +70,35 @@ class Run:
 
     def __init__(self, spec: JobSpec, home: Path, dagster_home: Path, url: str, out: Path, **env: str):
         self.spec, self.out = spec, out
-        full = {**os.environ, "DAGSTER_HOME": str(dagster_home), "BATCH_PIPELINE_HOME": str(home),
-                "BATCH_PIPELINE_SANDBOX_URL": url}
-        for name in ("BATCH_PIPELINE_CRASH_AT", "BATCH_PIPELINE_CRASH_AFTER", "BATCH_PIPELINE_LEASE_TTL_S",
-                     "OPENAI_API_KEY"):
+        full = {
+            **os.environ,
+            "DAGSTER_HOME": str(dagster_home),
+            "BATCH_PIPELINE_HOME": str(home),
+            "BATCH_PIPELINE_SANDBOX_URL": url,
+        }
+        for name in (
+            "BATCH_PIPELINE_CRASH_AT",
+            "BATCH_PIPELINE_CRASH_AFTER",
+            "BATCH_PIPELINE_LEASE_TTL_S",
+            "OPENAI_API_KEY",
+        ):
             full.pop(name, None)
         full.update(env)
-        self.proc = subprocess.Popen([sys.executable, "-m", "batch_pipeline.cli", "run", spec.source_path,
-                                      "--home", str(home)], env=full, stdout=out.open("w"),
-                                     stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "batch_pipeline.cli", "run", spec.source_path, "--home", str(home)],
+            env=full,
+            stdout=out.open("w"),
+            stderr=subprocess.STDOUT,
+        )
 
     def wait(self, timeout: float = RUN_TIMEOUT_S) -> int:
         try:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError(f"{self.spec.name}: `batch-pipeline run` did not end within {timeout} s:\n"
-                                 f"{self.output()}") from None
+            raise AssertionError(
+                f"{self.spec.name}: `batch-pipeline run` did not end within {timeout} s:\n{self.output()}"
+            ) from None
 
     def output(self) -> str:
         return self.out.read_text(errors="replace")[-6000:]
@@ -104,8 +126,9 @@ def wait_until(predicate, timeout: float, what: str) -> None:
 
 
 # -- the tests -----------------------------------------------------------------------------------------------------
-def test_two_jobs_at_once_share_the_accounts_queue_without_passing_its_cap(sandbox, sandbox_proc, sizes, tmp_path,
-                                                                          runs):
+def test_two_jobs_at_once_share_the_accounts_queue_without_passing_its_cap(
+    sandbox, sandbox_proc, sizes, tmp_path, runs
+):
     _, url = sandbox_proc
     assert len(sizes.shards(SHARD_REQUESTS)) >= 8
     cap = sizes.cap(SHARD_REQUESTS)  # holds the three largest shards of one job at once
@@ -116,8 +139,11 @@ def test_two_jobs_at_once_share_the_accounts_queue_without_passing_its_cap(sandb
     # the other job out (a batch ends 1 s after its create, quicker than a loaded machine starts a process)
     sandbox.clock(freeze=True)
     runs += [Run(spec, home, dagster_home, url, tmp_path / f"{spec.name}.out") for spec in specs]
-    wait_until(lambda: set(batch_owners(home, specs).values()) == {"qa", "qb"}
-               or any(r.proc.poll() is not None for r in runs), RUN_TIMEOUT_S, "both jobs had a batch in the queue")
+    wait_until(
+        lambda: set(batch_owners(home, specs).values()) == {"qa", "qb"} or any(r.proc.poll() is not None for r in runs),
+        RUN_TIMEOUT_S,
+        "both jobs had a batch in the queue",
+    )
     sandbox.clock(freeze=False)
     for r in runs:
         assert r.wait() == 0, f"{r.spec.name} exited {r.proc.returncode}:\n{r.output()}"
@@ -129,8 +155,9 @@ def test_two_jobs_at_once_share_the_accounts_queue_without_passing_its_cap(sandb
     assert ledger_of(home).snapshot().holdings == ()  # every reservation released when its batch ended
 
 
-def test_a_run_killed_after_its_reservation_holds_no_room_past_the_hold_ttl(sandbox, sandbox_proc, sizes, tmp_path,
-                                                                          runs):
+def test_a_run_killed_after_its_reservation_holds_no_room_past_the_hold_ttl(
+    sandbox, sandbox_proc, sizes, tmp_path, runs
+):
     _, url = sandbox_proc
     shards = sizes.shards(20)  # two shards a job: the canary, then one more
     assert len(shards) == 2
@@ -140,8 +167,9 @@ def test_a_run_killed_after_its_reservation_holds_no_room_past_the_hold_ttl(sand
     qa, qb = (write_spec(tmp_path, name, 20, version=f"v1-{name}", cap=cap) for name in ("qa", "qb"))
     ttl = {"BATCH_PIPELINE_LEASE_TTL_S": str(TTL_S)}
 
-    killed = Run(qa, home, dagster_home, url, tmp_path / "qa-killed.out", BATCH_PIPELINE_CRASH_AT="after_reserve",
-                 **ttl)
+    killed = Run(
+        qa, home, dagster_home, url, tmp_path / "qa-killed.out", BATCH_PIPELINE_CRASH_AT="after_reserve", **ttl
+    )
     runs.append(killed)
     assert killed.wait() == -signal.SIGKILL, f"the run never reached after_reserve:\n{killed.output()}"
     [dead] = reservations(home)
@@ -151,8 +179,9 @@ def test_a_run_killed_after_its_reservation_holds_no_room_past_the_hold_ttl(sand
 
     # within its hold ttl the dead reservation holds its place, as every job on the home sees the ledger: no
     # other shard fits beside it (it may be a create in flight)
-    ledger = CapacityLedger(Store(home), ledger_of(home).scope, QuotaSpec(enqueued_tokens=cap),
-                            hold_ttl=timedelta(seconds=TTL_S))
+    ledger = CapacityLedger(
+        Store(home), ledger_of(home).scope, QuotaSpec(enqueued_tokens=cap), hold_ttl=timedelta(seconds=TTL_S)
+    )
     snapshot = ledger.snapshot()
     assert datetime.now(UTC) - at(dead) < timedelta(seconds=TTL_S), "raise TTL_S: the check came after the ttl"
     assert [h.number for h in snapshot.holdings] == [dead["number"]]
@@ -161,8 +190,11 @@ def test_a_run_killed_after_its_reservation_holds_no_room_past_the_hold_ttl(sand
     # another job on the same home and account gets room once the ttl has passed
     other = Run(qb, home, dagster_home, url, tmp_path / "qb.out", **ttl)
     runs.append(other)
-    wait_until(lambda: any(r["job"] == "qb" for r in reservations(home)) or other.proc.poll() is not None,
-               RUN_TIMEOUT_S, "the second job got room in the queue")
+    wait_until(
+        lambda: any(r["job"] == "qb" for r in reservations(home)) or other.proc.poll() is not None,
+        RUN_TIMEOUT_S,
+        "the second job got room in the queue",
+    )
     assert other.proc.poll() in (None, 0), other.output()
     first = next(r for r in reservations(home) if r["job"] == "qb")
     released = next(r for r in reservations(home) if r["number"] == dead["number"])["released"]
@@ -181,8 +213,9 @@ def test_a_run_killed_after_its_reservation_holds_no_room_past_the_hold_ttl(sand
     assert ledger_of(home).snapshot().holdings == ()  # the resumed run's own reservations were released too
 
 
-def test_a_run_killed_after_the_create_reattaches_and_the_ledger_ends_empty(sandbox, sandbox_proc, sizes, tmp_path,
-                                                                           runs):
+def test_a_run_killed_after_the_create_reattaches_and_the_ledger_ends_empty(
+    sandbox, sandbox_proc, sizes, tmp_path, runs
+):
     _, url = sandbox_proc
     cap = sizes.cap(SHARD_REQUESTS)
     sandbox.set_scenario("normal", quota_enqueued_tokens=cap, in_progress_s=1.0)
@@ -190,8 +223,15 @@ def test_a_run_killed_after_the_create_reattaches_and_the_ledger_ends_empty(sand
     spec = write_spec(tmp_path, "qc", SHARD_REQUESTS, cap=cap)
 
     # the third create (the canary's, then two shards of the first turn of the queue loop): created, not recorded
-    killed = Run(spec, home, dagster_home, url, tmp_path / "killed.out", BATCH_PIPELINE_CRASH_AT="after_create",
-                 BATCH_PIPELINE_CRASH_AFTER="3")
+    killed = Run(
+        spec,
+        home,
+        dagster_home,
+        url,
+        tmp_path / "killed.out",
+        BATCH_PIPELINE_CRASH_AT="after_create",
+        BATCH_PIPELINE_CRASH_AFTER="3",
+    )
     runs.append(killed)
     assert killed.wait() == -signal.SIGKILL, f"the run never reached its third create:\n{killed.output()}"
     assert batch_creates(sandbox) == 3

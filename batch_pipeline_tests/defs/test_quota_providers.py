@@ -21,10 +21,20 @@ from batch_pipeline.defs.resources import PricesResource
 
 from .conftest import REPO
 
-GOOGLE = {"input_per_mtok": 0.30, "cached_input_per_mtok": 0.03, "output_per_mtok": 2.50, "batch_discount": 0.5,
-          "checked": "2026-12-01"}
-CLAUDE = {"input_per_mtok": 0.80, "cached_input_per_mtok": 0.08, "output_per_mtok": 4.00, "batch_discount": 0.5,
-          "checked": "2026-12-01"}
+GOOGLE = {
+    "input_per_mtok": 0.30,
+    "cached_input_per_mtok": 0.03,
+    "output_per_mtok": 2.50,
+    "batch_discount": 0.5,
+    "checked": "2026-12-01",
+}
+CLAUDE = {
+    "input_per_mtok": 0.80,
+    "cached_input_per_mtok": 0.08,
+    "output_per_mtok": 4.00,
+    "batch_discount": 0.5,
+    "checked": "2026-12-01",
+}
 BEDROCK_MODEL = "anthropic.claude-3-5-haiku-20241022-v1:0"
 
 
@@ -32,9 +42,11 @@ BEDROCK_MODEL = "anthropic.claude-3-5-haiku-20241022-v1:0"
 def priced(resources, tmp_path, monkeypatch) -> dict:
     """The test resources with price rows for the Google and Bedrock models (data/prices.yaml may lack them)."""
     table = yaml.safe_load((REPO / "data" / "prices.yaml").read_text())
-    for backend, model, row in (("gemini_batch", "gemini-2.5-flash", GOOGLE), ("vertex_batch", "gemini-2.5-flash",
-                                                                                  GOOGLE),
-                                ("bedrock_batch", BEDROCK_MODEL, CLAUDE)):
+    for backend, model, row in (
+        ("gemini_batch", "gemini-2.5-flash", GOOGLE),
+        ("vertex_batch", "gemini-2.5-flash", GOOGLE),
+        ("bedrock_batch", BEDROCK_MODEL, CLAUDE),
+    ):
         table["prices"].setdefault(backend, {}).setdefault(model, row)
     path = Path(tmp_path) / "prices.yaml"
     path.write_text(yaml.safe_dump(table))
@@ -44,8 +56,13 @@ def priced(resources, tmp_path, monkeypatch) -> dict:
 
 def refused(spec, home) -> list[dict]:
     store = Store(home)
-    return [r["refused"] for shard in Manifest(spec.name, store).shard_ids()
-            for a in AttemptLog(store, spec.name, shard).all() for r in a.records.values() if "refused" in r]
+    return [
+        r["refused"]
+        for shard in Manifest(spec.name, store).shard_ids()
+        for a in AttemptLog(store, spec.name, shard).all()
+        for r in a.records.values()
+        if "refused" in r
+    ]
 
 
 def assert_finished_once(spec, home, sandbox, report) -> None:
@@ -102,8 +119,9 @@ def test_vertex_concurrent_jobs_wait_and_finish(vertex_sandbox, make_job, instan
 
 def test_bedrock_service_quota_waits_and_finishes(sandbox, make_job, instance, priced, home):
     sandbox.set_scenario("normal", min_records=10, quota_concurrent_jobs=1, in_progress_s=0.5)
-    spec = make_job(model=BEDROCK_MODEL, backend={"name": "bedrock_batch", "settings": {"sandbox": True,
-                                                                                        "min_records": 10}})
+    spec = make_job(
+        model=BEDROCK_MODEL, backend={"name": "bedrock_batch", "settings": {"sandbox": True, "min_records": 10}}
+    )
     report = run_job(spec, instance, priced)
     assert_finished_once(spec, home, sandbox, report)
     refusals = refused(spec, home)
@@ -111,16 +129,20 @@ def test_bedrock_service_quota_waits_and_finishes(sandbox, make_job, instance, p
     assert peak(sandbox, "bedrock", "jobs") == 1
 
 
-def test_a_shard_bigger_than_the_whole_cap_is_sent_in_parts_and_finishes(sandbox, make_job, instance, resources,
-                                                                         home, tmp_path):
+def test_a_shard_bigger_than_the_whole_cap_is_sent_in_parts_and_finishes(
+    sandbox, make_job, instance, resources, home, tmp_path
+):
     probe = make_job("probe", shards={"max_requests": 40}, canary_first=False)
     run_job(probe, instance, {**resources, "store": type(resources["store"])(root=str(tmp_path / "probe"))})
     whole = sum(e["input_tokens"] for e in sandbox.ledger())
     sandbox.reset()
     cap = whole * 2 // 5  # the shard's tokens are 2.5 caps
     sandbox.set_scenario("normal", quota_enqueued_tokens=cap, in_progress_s=0.3)
-    spec = make_job(shards={"max_requests": 40}, canary_first=False,
-                    backend={"name": "openai_batch", "settings": {"sandbox": True, "quota": {"enqueued_tokens": cap}}})
+    spec = make_job(
+        shards={"max_requests": 40},
+        canary_first=False,
+        backend={"name": "openai_batch", "settings": {"sandbox": True, "quota": {"enqueued_tokens": cap}}},
+    )
     assert len(Manifest(probe.name, Store(tmp_path / "probe")).shard_ids()) == 1
     report = run_job(spec, instance, resources)
     assert_finished_once(spec, home, sandbox, report)

@@ -11,7 +11,6 @@ import openai
 from rich.console import Console
 
 from batch_pipeline.cli_state import status
-
 from batch_pipeline.core.ledger.ceilings import open_batch_ages
 from batch_pipeline.core.manifest.read import Manifest
 from batch_pipeline.core.publish.tables import JobState
@@ -33,8 +32,14 @@ def submit_only(spec, instance, resources, shards: list[str]) -> None:
     assets = list(defs.assets or []) + list(defs.asset_checks or [])
 
     def run(names, **kwargs):
-        result = dg.materialize(assets, selection=[asset_key(spec, n) for n in names], instance=instance,
-                                resources=defs.resources, raise_on_error=False, **kwargs)
+        result = dg.materialize(
+            assets,
+            selection=[asset_key(spec, n) for n in names],
+            instance=instance,
+            resources=defs.resources,
+            raise_on_error=False,
+            **kwargs,
+        )
         assert result.success
 
     run(["manifest"])
@@ -53,22 +58,24 @@ def status_text(spec, home) -> str:
 def test_open_batches_are_aged_against_their_providers_ceilings(make_job, monkeypatch):
     monkeypatch.setenv("BATCH_PIPELINE_SANDBOX_URL", "http://127.0.0.1:9")
     openai = batch_ceilings(make_job("o").backend)
-    anthropic = batch_ceilings(make_job("a", backend={"name": "anthropic_batch", "settings": {"sandbox": True}},
-                                        model="claude-haiku-4-5").backend)
+    anthropic = batch_ceilings(
+        make_job(
+            "a", backend={"name": "anthropic_batch", "settings": {"sandbox": True}}, model="claude-haiku-4-5"
+        ).backend
+    )
     at = datetime(2026, 11, 1, tzinfo=UTC)
     submitted = {"batch_id": "batch_1", "at": at.isoformat()}
-    fresh, = open_batch_ages([("s00001", submitted)], openai, "j", now=at + timedelta(hours=2))
+    (fresh,) = open_batch_ages([("s00001", submitted)], openai, "j", now=at + timedelta(hours=2))
     assert fresh.warning is None and fresh.expires_at == at + timedelta(hours=24)
-    late, = open_batch_ages([("s00001", submitted)], openai, "j", now=at + timedelta(hours=20))
+    (late,) = open_batch_ages([("s00001", submitted)], openai, "j", now=at + timedelta(hours=20))
     assert "completion window" in late.warning
-    old, = open_batch_ages([("s00001", submitted)], openai, "j", now=at + timedelta(days=25))
+    (old,) = open_batch_ages([("s00001", submitted)], openai, "j", now=at + timedelta(days=25))
     assert "deletes its results 30.0 days after it completed" in old.warning and "collect it now" in old.warning
-    gone, = open_batch_ages([("s00001", submitted)], anthropic, "j", now=at + timedelta(days=29, hours=1))
+    (gone,) = open_batch_ages([("s00001", submitted)], anthropic, "j", now=at + timedelta(days=29, hours=1))
     assert "29.0 days after it was created, which has passed" in gone.warning
 
 
-def test_results_lost_to_retention_hold_their_shard_and_the_rest_finishes(sandbox, make_job, instance, resources,
-                                                                          home):
+def test_results_lost_to_retention_hold_their_shard_and_the_rest_finishes(sandbox, make_job, instance, resources, home):
     spec = make_job(canary_first=False)
     store = Store(home)
     submit_only(spec, instance, resources, shards=[])  # manifest and quote only

@@ -32,11 +32,13 @@ def shard_tokens(spec, home, sandbox) -> dict[str, int]:
 def _fresh(home):
     import dagster as dg
 
-    from batch_pipeline_tests.defs.conftest import REPO
     from batch_pipeline.defs.resources import PricesResource, StoreResource
+    from batch_pipeline_tests.defs.conftest import REPO
 
-    return dg.DagsterInstance.ephemeral(), {"store": StoreResource(root=str(home)),
-                                             "prices": PricesResource(path=str(REPO / "data" / "prices.yaml"))}
+    return dg.DagsterInstance.ephemeral(), {
+        "store": StoreResource(root=str(home)),
+        "prices": PricesResource(path=str(REPO / "data" / "prices.yaml")),
+    }
 
 
 def assert_billed_once(spec, home, sandbox) -> None:
@@ -91,8 +93,10 @@ def cap(sandbox, make_job, tmp_path) -> int:
 
 def test_a_configured_cap_is_never_passed_and_never_refuses(sandbox, make_job, instance, resources, home, cap):
     sandbox.set_scenario("normal", quota_enqueued_tokens=cap, in_progress_s=1.0)
-    spec = make_job(shards=SHARDS, backend={"name": "openai_batch",
-                                            "settings": {"sandbox": True, "quota": {"enqueued_tokens": cap}}})
+    spec = make_job(
+        shards=SHARDS,
+        backend={"name": "openai_batch", "settings": {"sandbox": True, "quota": {"enqueued_tokens": cap}}},
+    )
     report = run_job(spec, instance, resources)
     assert report["complete"] and report["succeeded"] == 40
     assert_billed_once(spec, home, sandbox)
@@ -109,8 +113,9 @@ def test_a_configured_cap_is_never_passed_and_never_refuses(sandbox, make_job, i
     assert "the provider ended the batch" in whys, Counter(whys)
 
 
-def test_an_unconfigured_cap_is_learned_from_the_refusal_and_the_job_still_finishes(sandbox, make_job, instance,
-                                                                                    resources, home, cap):
+def test_an_unconfigured_cap_is_learned_from_the_refusal_and_the_job_still_finishes(
+    sandbox, make_job, instance, resources, home, cap
+):
     sandbox.set_scenario("normal", quota_enqueued_tokens=cap, in_progress_s=1.0)
     spec = make_job(shards=SHARDS, canary_first=False)  # no canary: every shard is offered at once
     # the provider's clock stands still until more batches were created than the cap holds: on a loaded machine the
@@ -134,15 +139,25 @@ def test_an_unconfigured_cap_is_learned_from_the_refusal_and_the_job_still_finis
     assert len(refused) < 20  # learned: not every shard was refused
 
 
-def test_shards_spread_over_the_accounts_that_have_room(sandbox, make_job, instance, resources, home, cap,
-                                                        monkeypatch):
+def test_shards_spread_over_the_accounts_that_have_room(sandbox, make_job, instance, resources, home, cap, monkeypatch):
     monkeypatch.setenv("TEAM_A_KEY", "sk-team-a")
     monkeypatch.setenv("TEAM_B_KEY", "sk-team-b")
     each = cap // 2  # one account alone holds about one and a half shards
     sandbox.set_scenario("normal", quota_enqueued_tokens=each, in_progress_s=1.0)
     quota = {"enqueued_tokens": each}
-    spec = make_job(shards=SHARDS, backend={"name": "openai_batch", "settings": {"sandbox": True, "accounts": [
-        {"api_key_env": "TEAM_A_KEY", "quota": quota}, {"api_key_env": "TEAM_B_KEY", "name": "team-b", "quota": quota}]}})
+    spec = make_job(
+        shards=SHARDS,
+        backend={
+            "name": "openai_batch",
+            "settings": {
+                "sandbox": True,
+                "accounts": [
+                    {"api_key_env": "TEAM_A_KEY", "quota": quota},
+                    {"api_key_env": "TEAM_B_KEY", "name": "team-b", "quota": quota},
+                ],
+            },
+        },
+    )
     report = run_job(spec, instance, resources)
     assert report["complete"] and report["succeeded"] == 40
     assert_billed_once(spec, home, sandbox)
@@ -151,6 +166,10 @@ def test_shards_spread_over_the_accounts_that_have_room(sandbox, make_job, insta
     peaks = {p["account"]: p["tokens"] for p in load["peak"] if p["provider"] == "openai"}
     assert len(peaks) == 2 and all(0 < t <= each for t in peaks.values()), peaks  # both used, neither past its cap
     store = Store(home)
-    used = {a.submitted.get("account") for shard in Manifest(spec.name, store).shard_ids()
-            for a in AttemptLog(store, spec.name, shard).all() if a.submitted}
+    used = {
+        a.submitted.get("account")
+        for shard in Manifest(spec.name, store).shard_ids()
+        for a in AttemptLog(store, spec.name, shard).all()
+        if a.submitted
+    }
     assert used == {"TEAM_A_KEY", "team-b"}

@@ -18,22 +18,33 @@ from batch_pipeline.defs.pipeline import run_job
 
 from .conftest import REPO
 
-EXAMPLES = [{"role": "user", "content": "Subject: refund\nTicket:\nI was charged twice for my plan this month."},
-            {"role": "assistant", "content": "billing"},
-            {"role": "user", "content": "Subject: crash\nTicket:\nThe app closes whenever I open the settings page."},
-            {"role": "assistant", "content": "bug"}]
-PROMPT = {"version": "v1", "system": "Label the ticket.", "template": "Subject: {subject}\nTicket:\n{body}",
-          "examples": EXAMPLES}
-QUALITY = {"golden": str(REPO / "data" / "golden" / "demo.jsonl"), "canary_min_accuracy": 0.0,
-           "golden_share": 0.1, "eval_backend": {"name": "online", "settings": {"sandbox": True}}}
+EXAMPLES = [
+    {"role": "user", "content": "Subject: refund\nTicket:\nI was charged twice for my plan this month."},
+    {"role": "assistant", "content": "billing"},
+    {"role": "user", "content": "Subject: crash\nTicket:\nThe app closes whenever I open the settings page."},
+    {"role": "assistant", "content": "bug"},
+]
+PROMPT = {
+    "version": "v1",
+    "system": "Label the ticket.",
+    "template": "Subject: {subject}\nTicket:\n{body}",
+    "examples": EXAMPLES,
+}
+QUALITY = {
+    "golden": str(REPO / "data" / "golden" / "demo.jsonl"),
+    "canary_min_accuracy": 0.0,
+    "golden_share": 0.1,
+    "eval_backend": {"name": "online", "settings": {"sandbox": True}},
+}
 
 
 def first_quote(store: Store, job: str) -> dict:
     return store.read_json(sorted(store.list_files(f"{JobPaths(job).root}/quotes", suffix=".json"))[0])
 
 
-def test_the_probe_pass_counts_the_examples_and_the_guard_estimates_a_probe_like_an_item(sandbox, make_job, instance,
-                                                                                        resources, home):
+def test_the_probe_pass_counts_the_examples_and_the_guard_estimates_a_probe_like_an_item(
+    sandbox, make_job, instance, resources, home
+):
     spec = make_job(prompt=PROMPT, quality=QUALITY, canary_first=False)
     report = run_job(spec, instance, resources)
     assert report["complete"]
@@ -50,8 +61,9 @@ def test_the_probe_pass_counts_the_examples_and_the_guard_estimates_a_probe_like
     # of an item with the same prompt: system and examples included
     estimated = probe_estimates(spec, probes)["est_input_tokens"].to_list()
     prefix_bytes = len((PROMPT["system"] + "".join(t["content"] for t in EXAMPLES)).encode())
-    assert estimated == [math.ceil(len(p.encode()) / 4) + fixed_request_tokens(prefix_bytes)
-                         for p in probes["user_prompt"].to_list()]
+    assert estimated == [
+        math.ceil(len(p.encode()) / 4) + fixed_request_tokens(prefix_bytes) for p in probes["user_prompt"].to_list()
+    ]
     items = pl.from_arrow(manifest.item_index(["request_id", "est_input_tokens"]))
     per_item = float(items["est_input_tokens"].mean()) / (sum(billed[r] for r in items["request_id"]) / items.height)
     per_probe = sum(estimated) / probe_tokens
@@ -60,8 +72,9 @@ def test_the_probe_pass_counts_the_examples_and_the_guard_estimates_a_probe_like
 
 def test_the_fallback_pass_counts_the_examples(sandbox, make_job, instance, resources, home):
     # every item fails twice on the primary (its budget, per_item 2), then the fallback answers it
-    spec = make_job(prompt=PROMPT, fallback={"model": "gpt-4o"}, canary_first=False,
-                    retries={"per_item": 2, "spend_cap_share": 1.0})
+    spec = make_job(
+        prompt=PROMPT, fallback={"model": "gpt-4o"}, canary_first=False, retries={"per_item": 2, "spend_cap_share": 1.0}
+    )
     sandbox.set_scenario("line_errors", rate=1.0, times=2)
     report = run_job(spec, instance, resources)
     assert report["complete"] and report["fallback"]["answered"] == report["unique_requests"]

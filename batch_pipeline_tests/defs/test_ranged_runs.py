@@ -44,8 +44,9 @@ def test_a_range_run_moves_only_the_shards_it_names(sandbox, make_job, instance,
     spec = make_job()
     _past_the_canary(spec, instance, resources)
     assert batch_creates(sandbox) == 1  # the canary's
-    request = dg.RunRequest(job_name=f"{spec.name}_submit", tags={RANGE_START: "s00002", RANGE_END: "s00004",
-                                                                  SHARDS_TAG: "s00002,s00004"})
+    request = dg.RunRequest(
+        job_name=f"{spec.name}_submit", tags={RANGE_START: "s00002", RANGE_END: "s00004", SHARDS_TAG: "s00002,s00004"}
+    )
     _execute(spec, instance, resources, request, "submit")
     states = load_view(spec, Store(home)).plan().states
     assert states["s00002"] == states["s00004"] == ShardState.SUBMITTED
@@ -53,18 +54,22 @@ def test_a_range_run_moves_only_the_shards_it_names(sandbox, make_job, instance,
     assert batch_creates(sandbox) == 3  # one batch per shard moved
 
 
-def test_a_range_in_flight_holds_the_shards_it_moves_not_those_it_steps_over(sandbox, make_job, instance,
-                                                                             resources):
+def test_a_range_in_flight_holds_the_shards_it_moves_not_those_it_steps_over(sandbox, make_job, instance, resources):
     spec = make_job()
     driver = _past_the_canary(spec, instance, resources)
-    _add_run(instance, f"{spec.name}_submit", dg.DagsterRunStatus.STARTED,
-             {RANGE_START: "s00002", RANGE_END: "s00004", SHARDS_TAG: "s00002,s00004"})
+    _add_run(
+        instance,
+        f"{spec.name}_submit",
+        dg.DagsterRunStatus.STARTED,
+        {RANGE_START: "s00002", RANGE_END: "s00004", SHARDS_TAG: "s00002,s00004"},
+    )
     [request] = _tick(driver, instance, resources)
     assert request.partition_key == "s00003" and request.run_key == "submit:s00003:1"
 
 
 def test_a_failed_range_is_asked_again_shard_by_shard_and_a_shard_that_keeps_failing_waits(
-        sandbox, make_job, instance, resources):
+    sandbox, make_job, instance, resources
+):
     spec = make_job()
     driver = _past_the_canary(spec, instance, resources)
     submit = f"{spec.name}_submit"
@@ -77,14 +82,24 @@ def test_a_failed_range_is_asked_again_shard_by_shard_and_a_shard_that_keeps_fai
     assert all(r.tags[STEP_TAG] == f"{submit}/{r.run_key}" for r in singles)
     for n in range(3):  # s00003 fails alone three times: the others go on, it waits for a human
         key = "submit:s00003:1" + (f":r{n}" if n else "")
-        _add_run(instance, submit, dg.DagsterRunStatus.FAILURE,
-                 {"dagster/partition": "s00003", "dagster/run_key": key, STEP_TAG: f"{submit}/submit:s00003:1"})
+        _add_run(
+            instance,
+            submit,
+            dg.DagsterRunStatus.FAILURE,
+            {"dagster/partition": "s00003", "dagster/run_key": key, STEP_TAG: f"{submit}/submit:s00003:1"},
+        )
     # s00002's run ended well without sending (another job took the queue's room first): asked again, a new key
-    _add_run(instance, submit, dg.DagsterRunStatus.SUCCESS,
-             {"dagster/partition": "s00002", "dagster/run_key": "submit:s00002:1", STEP_TAG: f"{submit}/submit:s00002:1"})
+    _add_run(
+        instance,
+        submit,
+        dg.DagsterRunStatus.SUCCESS,
+        {"dagster/partition": "s00002", "dagster/run_key": "submit:s00002:1", STEP_TAG: f"{submit}/submit:s00002:1"},
+    )
     again = _tick(driver, instance, resources)
-    assert [(r.partition_key, r.run_key) for r in again] == [("s00002", "submit:s00002:1:r1"),
-                                                             ("s00004", "submit:s00004:1")]
+    assert [(r.partition_key, r.run_key) for r in again] == [
+        ("s00002", "submit:s00002:1:r1"),
+        ("s00004", "submit:s00004:1"),
+    ]
     for shard in ("s00002", "s00004"):  # once those run, nothing moves, and the tick says why s00003 waits
         _add_run(instance, submit, dg.DagsterRunStatus.STARTED, {"dagster/partition": shard})
     skipped = driver(dg.build_sensor_context(instance=instance, resources=resources))
@@ -92,8 +107,10 @@ def test_a_failed_range_is_asked_again_shard_by_shard_and_a_shard_that_keeps_fai
 
 
 def test_runs_per_tick_are_bounded(make_job, instance, resources, monkeypatch):
-    rows = [{"ticket_id": f"t{i}", "subject": f"subject {i}", "body": f"ticket number {i} cannot log in"}
-            for i in range(MAX_RUNS_PER_TICK + 5)]
+    rows = [
+        {"ticket_id": f"t{i}", "subject": f"subject {i}", "body": f"ticket number {i} cannot log in"}
+        for i in range(MAX_RUNS_PER_TICK + 5)
+    ]
     spec = make_job(rows=rows, shards={"max_requests": 1}, canary_first=False)
     driver = build_shard_sensor(spec, build_jobs(spec))
     _execute(spec, instance, resources, dg.RunRequest(), "prepare")

@@ -25,8 +25,10 @@ ROUTE = {
 
 
 def rows(n: int) -> list[dict]:
-    return [{"ticket_id": f"t{i}", "subject": f"Subject {i}", "body": f"My invoice number {i} was charged twice."}
-            for i in range(n)]
+    return [
+        {"ticket_id": f"t{i}", "subject": f"Subject {i}", "body": f"My invoice number {i} was charged twice."}
+        for i in range(n)
+    ]
 
 
 def test_a_routed_jobs_shards_land_where_the_table_says(sandbox, make_job, instance, resources, home):
@@ -45,7 +47,8 @@ def test_a_routed_jobs_shards_land_where_the_table_says(sandbox, make_job, insta
         want = ("online", "tiny_shard") if n < 9 else ("openai_batch", "cheapest")
         assert (choice.backend, choice.rule) == want, (shard_id, n, choice)
         assert choice.excluded["bedrock_batch/meta.llama3-1-8b-instruct-v1:0"].startswith(
-            "tiny_shard" if n < 9 else "provider_minimum")
+            "tiny_shard" if n < 9 else "provider_minimum"
+        )
         assert list(seen[shard_id]) == [choice.backend]
     assert any(n < 9 for n in sizes.values()) and any(n >= 9 for n in sizes.values())
     # the sandbox saw the batches on OpenAI only and the tiny shard's calls online; nothing on Bedrock
@@ -71,19 +74,22 @@ def test_quote_compare_shows_the_route_with_the_cost_of_each_choice(make_job, ho
     assert main(["quote", spec.source_path, "--home", str(home), "--compare"]) == 0
     out = capsys.readouterr().out
     assert "the route (backend: auto)" in out and "tiny_shard" in out and "cheapest" in out
-    route = out[out.index("the route (backend: auto)"):]
+    route = out[out.index("the route (backend: auto)") :]
     for shard in ("s00001", "s00002", "s00003", "s00004"):
         row = next((ln for ln in route.splitlines() if shard in ln), None)
         assert row is not None, route
-        assert len([c for c in row.split("│") if re.fullmatch(r"\$\d[\d.,]*", c.strip())]) == 4, row  # each candidate's cost
+        assert len([c for c in row.split("│") if re.fullmatch(r"\$\d[\d.,]*", c.strip())]) == 4, (
+            row
+        )  # each candidate's cost
     assert "bedrock_batch" in route and "online" in route
     # the comparison itself: the routed total (auto) first, each candidate after it
-    rows_ = [ln.split("│")[1].strip() for ln in out[:out.index("the route")].splitlines() if ln.startswith("│")]
+    rows_ = [ln.split("│")[1].strip() for ln in out[: out.index("the route")].splitlines() if ln.startswith("│")]
     assert rows_[:4] == ["auto", "bedrock_batch", "openai_batch", "anthropic_batch"], rows_
 
 
-def test_the_sensors_drive_a_routed_job_polling_each_batch_at_its_own_backend(sandbox, make_job, instance, resources,
-                                                                             home):
+def test_the_sensors_drive_a_routed_job_polling_each_batch_at_its_own_backend(
+    sandbox, make_job, instance, resources, home
+):
     """``backend: auto`` under the daemon: the shard sensor asks each open batch at the backend its handle names
     (the job's own backend is no executor), and the job publishes with every request paid once."""
     import time
@@ -119,7 +125,8 @@ def test_the_sensors_drive_a_routed_job_polling_each_batch_at_its_own_backend(sa
 
 
 def test_a_full_queue_loses_its_shards_to_the_next_cheapest_only_when_waiting_would_miss_the_deadline(
-        make_job, home, capsys):
+    make_job, home, capsys
+):
     """OpenAI's batch is the cheapest, but another job holds all of the account's queue (its quota configured): with
     no deadline the shards wait for it; with a deadline 30 h away (room within 24 h, then a 24 h window) they go to
     the next cheapest, and the route says why. Quoted only: nothing is sent."""

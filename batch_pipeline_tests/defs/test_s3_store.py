@@ -28,8 +28,11 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def moto_url():
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(100):
@@ -66,8 +69,9 @@ def test_job_on_s3_store_matches_local_disk(sandbox, moto_url, s3_root, make_job
     import dagster as dg
 
     with dg.DagsterInstance.ephemeral() as local_instance:
-        local_report = run_job(spec, local_instance, {"store": StoreResource(root=str(tmp_path / "local")),
-                                                      "prices": prices})
+        local_report = run_job(
+            spec, local_instance, {"store": StoreResource(root=str(tmp_path / "local")), "prices": prices}
+        )
     for key in ("unique_requests", "succeeded", "input_tokens", "output_tokens", "cost_usd", "complete"):
         assert s3_report[key] == local_report[key], key
     s3_table = pl.read_parquet(Store(s3_root).read_bytes(JobPaths("t").validated))
@@ -86,8 +90,13 @@ def test_new_data_sensor_watches_an_s3_prefix(moto_url, s3_root, make_job, insta
     body = (REPO / "data" / "samples" / "tickets_small" / "tickets.jsonl").read_bytes()
     s3.put_object(Bucket="landing", Key="tickets/day1.jsonl", Body=body)
     host = moto_url.removeprefix("http://")
-    spec = make_job(input={"path": f"s3://landing/tickets/*.jsonl?endpoint_override={host}&scheme=http",
-                           "text_field": "body", "key_field": "ticket_id"})
+    spec = make_job(
+        input={
+            "path": f"s3://landing/tickets/*.jsonl?endpoint_override={host}&scheme=http",
+            "text_field": "body",
+            "key_field": "ticket_id",
+        }
+    )
     sensor = build_new_data_sensor(spec, build_jobs(spec))
     ctx = dg_context(instance)
     first = sensor(ctx)

@@ -7,8 +7,8 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from batch_pipeline.core.run.control import JobControl
 from batch_pipeline.core.publish.tables import JobState
+from batch_pipeline.core.run.control import JobControl
 from batch_pipeline.core.state.reconcile import DEAD, VALID
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.pipeline import run_job
@@ -27,12 +27,15 @@ def assert_settled(spec, home, sandbox, *, dead: int = 0) -> None:
         assert billed.get(rid, 0) <= spec.retries.per_item
 
 
-@pytest.mark.parametrize("name, params", [
-    ("line_errors", {"rate": 0.3, "times": 1}),
-    ("rate_limit", {"times": 3, "retry_after_ms": 50, "on": ["upload_file", "create_batch", "retrieve_batch"]}),
-    ("server_error", {"times": 2, "on": ["upload_file", "create_batch", "retrieve_batch", "file_content"]}),
-    ("slow", {"in_progress_s": 0.5}),
-])
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("line_errors", {"rate": 0.3, "times": 1}),
+        ("rate_limit", {"times": 3, "retry_after_ms": 50, "on": ["upload_file", "create_batch", "retrieve_batch"]}),
+        ("server_error", {"times": 2, "on": ["upload_file", "create_batch", "retrieve_batch", "file_content"]}),
+        ("slow", {"in_progress_s": 0.5}),
+    ],
+)
 def test_transient_scenarios_complete_on_their_own(sandbox, make_job, instance, resources, home, name, params):
     spec = make_job(retries={"per_item": 3, "spend_cap_share": 0.5})
     sandbox.set_scenario(name, **params)
@@ -41,8 +44,9 @@ def test_transient_scenarios_complete_on_their_own(sandbox, make_job, instance, 
     assert_settled(spec, home, sandbox)
 
 
-def test_expiring_batches_keep_their_work_and_finish_once_the_provider_recovers(sandbox, make_job, instance,
-                                                                                 resources, home):
+def test_expiring_batches_keep_their_work_and_finish_once_the_provider_recovers(
+    sandbox, make_job, instance, resources, home
+):
     spec = make_job()
     sandbox.set_scenario("expire", complete_share=0.5)
     report = run_job(spec, instance, resources)
@@ -53,11 +57,14 @@ def test_expiring_batches_keep_their_work_and_finish_once_the_provider_recovers(
     assert_settled(spec, home, sandbox)
 
 
-@pytest.mark.parametrize("name, cause", [
-    ("fail_validation", "line 1"),
-    ("unknown_model", "model"),
-    ("no_credit", "insufficient_quota"),
-])
+@pytest.mark.parametrize(
+    "name, cause",
+    [
+        ("fail_validation", "line 1"),
+        ("unknown_model", "model"),
+        ("no_credit", "insufficient_quota"),
+    ],
+)
 def test_systemic_scenarios_stop_once_then_resume(sandbox, make_job, instance, resources, home, name, cause):
     spec = make_job()
     sandbox.set_scenario(name)

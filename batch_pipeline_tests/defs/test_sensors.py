@@ -14,8 +14,13 @@ from batch_pipeline.defs.sensors import RANGE_END, RANGE_START, build_new_data_s
 
 from .conftest import SMALL, ledger_ids
 
-STAGE_ASSETS = {"prepare": ["manifest", "quote"], "quote": ["quote"], "submit": ["submissions"], "collect": ["shard_results"],
-                "publish": PUBLISH_ASSETS}
+STAGE_ASSETS = {
+    "prepare": ["manifest", "quote"],
+    "quote": ["quote"],
+    "submit": ["submissions"],
+    "collect": ["shard_results"],
+    "publish": PUBLISH_ASSETS,
+}
 
 
 def _requests(result) -> list[dg.RunRequest]:
@@ -30,12 +35,19 @@ def _execute(spec, instance, resources, request: dg.RunRequest, default_stage: s
     tags = dict(request.tags)
     if request.run_key:  # the daemon skips a request whose run key its sensor already ran: so must the test, loudly
         by = {"dagster/run_key": request.run_key, "test/run_job": request.job_name or default_stage}
-        assert not instance.get_runs(dg.RunsFilter(tags=by), limit=1), \
+        assert not instance.get_runs(dg.RunsFilter(tags=by), limit=1), (
             f"run key {request.run_key} was asked for again: the daemon would skip it as done"
+        )
         tags.update(by)
     defs = build_definitions([spec], resources)
-    dg.materialize([*defs.assets, *defs.asset_checks], selection=[asset_key(spec, n) for n in STAGE_ASSETS[stage]],
-                   partition_key=request.partition_key, instance=instance, resources=defs.resources, tags=tags)
+    dg.materialize(
+        [*defs.assets, *defs.asset_checks],
+        selection=[asset_key(spec, n) for n in STAGE_ASSETS[stage]],
+        partition_key=request.partition_key,
+        instance=instance,
+        resources=defs.resources,
+        tags=tags,
+    )
 
 
 def test_new_data_sensor_fires_once_per_change(make_job, instance, tmp_path):
@@ -86,8 +98,9 @@ def test_dropped_file_drives_manifest_then_shards_then_publish(sandbox, make_job
     assert tick_driver() == []
     # a prepare run in flight holds every shard back
     [prepare] = _requests(new_data(dg.build_sensor_context(instance=instance)))
-    run_ = instance.add_run(dg.DagsterRun(job_name=f"{spec.name}_prepare", run_id="f" * 36,
-                                          status=dg.DagsterRunStatus.STARTED))
+    run_ = instance.add_run(
+        dg.DagsterRun(job_name=f"{spec.name}_prepare", run_id="f" * 36, status=dg.DagsterRunStatus.STARTED)
+    )
     run(prepare, "prepare")
     assert tick_driver() == [], "shards must wait while a manifest run is in flight"
     instance.report_run_canceled(run_)
@@ -101,7 +114,10 @@ def test_dropped_file_drives_manifest_then_shards_then_publish(sandbox, make_job
     [submit] = tick_driver()
     assert submit.job_name == f"{spec.name}_submit" and submit.partition_key is None
     assert (submit.tags[RANGE_START], submit.tags[RANGE_END], moved(submit)) == (
-        "s00002", "s00004", ["s00002", "s00003", "s00004"])
+        "s00002",
+        "s00004",
+        ["s00002", "s00003", "s00004"],
+    )
     assert submit.run_key.startswith("submit:s00002..s00004:")
     run(submit, "submit")
     # batches end at the provider; the driver asks for collection runs, never a second submission
@@ -113,12 +129,14 @@ def test_dropped_file_drives_manifest_then_shards_then_publish(sandbox, make_job
     assert report["complete"] and report["succeeded"] == 40
     assert sorted(set(ledger_ids(sandbox))) == sorted(ledger_ids(sandbox)) and len(ledger_ids(sandbox)) == 40
     # 4 shards: prepare, canary submit + collect, one ranged submit, one ranged collect, publish (was 10 runs)
-    assert len(runs) == 6, [(r.job_name, moved(r) if r.job_name.endswith(("_submit", "_collect")) else "")
-                            for r in runs]
+    assert len(runs) == 6, [
+        (r.job_name, moved(r) if r.job_name.endswith(("_submit", "_collect")) else "") for r in runs
+    ]
 
 
-def test_driver_skips_a_stopped_job_and_resubmits_retryable_shards(sandbox, make_job, instance, resources, home,
-                                                                   monkeypatch):
+def test_driver_skips_a_stopped_job_and_resubmits_retryable_shards(
+    sandbox, make_job, instance, resources, home, monkeypatch
+):
     spec = make_job()
     jobs = build_jobs(spec)
     driver = build_shard_sensor(spec, jobs)
@@ -132,8 +150,11 @@ def test_driver_skips_a_stopped_job_and_resubmits_retryable_shards(sandbox, make
     first = _requests(driver(dg.build_sensor_context(instance=instance, resources=resources)))
     _execute(spec, instance, resources, next(r for r in first if r.partition_key == "s00001"), "submit")
     for _ in range(100):
-        collect = [r for r in _requests(driver(dg.build_sensor_context(instance=instance, resources=resources)))
-                   if r.partition_key == "s00001" and r.job_name.endswith("_collect")]
+        collect = [
+            r
+            for r in _requests(driver(dg.build_sensor_context(instance=instance, resources=resources)))
+            if r.partition_key == "s00001" and r.job_name.endswith("_collect")
+        ]
         if collect:
             break
         time.sleep(0.1)
@@ -142,8 +163,11 @@ def test_driver_skips_a_stopped_job_and_resubmits_retryable_shards(sandbox, make
     [again] = _requests(driver(dg.build_sensor_context(instance=instance, resources=resources)))
     assert again.job_name.endswith("_submit") and moved(again) == ["s00001", "s00002", "s00003", "s00004"]
     monkeypatch.setenv("BATCH_PIPELINE_SHARDS_PER_RUN", "1")  # a shard per run: the per-shard key says the attempt
-    again = [r for r in _requests(driver(dg.build_sensor_context(instance=instance, resources=resources)))
-             if r.partition_key == "s00001"]
+    again = [
+        r
+        for r in _requests(driver(dg.build_sensor_context(instance=instance, resources=resources)))
+        if r.partition_key == "s00001"
+    ]
     assert len(again) == 1 and again[0].job_name.endswith("_submit") and again[0].run_key == "submit:s00001:2"
 
 

@@ -11,8 +11,9 @@ from batch_pipeline.defs.pipeline import run_job
 TAIL = {"backend": {"name": "online", "settings": {"sandbox": True, "concurrency": 4}}, "before_deadline_minutes": 60}
 
 
-def test_expired_batch_tail_completes_online_and_its_cost_is_reported_apart(sandbox, make_job, instance,
-                                                                           resources, home):
+def test_expired_batch_tail_completes_online_and_its_cost_is_reported_apart(
+    sandbox, make_job, instance, resources, home
+):
     deadline = (datetime.now(UTC) + timedelta(hours=6)).isoformat()
     spec = make_job(deadline=deadline, tail=TAIL)
     sandbox.set_scenario("expire", complete_share=0.5)
@@ -24,8 +25,9 @@ def test_expired_batch_tail_completes_online_and_its_cost_is_reported_apart(sand
     assert set(results.filter(pl.col("pricing") == "online")["backend"]) == {"online"}
     assert report["cost_by_pricing"]["online"] > 0 and report["cost_by_pricing"]["batch"] > 0
     # online rows are priced at the interactive rate: twice the batch price per token here
-    per_token = results.group_by("pricing").agg((pl.col("cost_usd").sum() /
-                                                 (pl.col("input_tokens") + pl.col("output_tokens")).sum()).alias("r"))
+    per_token = results.group_by("pricing").agg(
+        (pl.col("cost_usd").sum() / (pl.col("input_tokens") + pl.col("output_tokens")).sum()).alias("r")
+    )
     rates = dict(per_token.iter_rows())
     assert 1.5 < rates["online"] / rates["batch"] < 2.5
     # billed once: every batch success once, and one online call per rescued item

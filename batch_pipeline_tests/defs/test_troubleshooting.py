@@ -55,8 +55,10 @@ def rows(kind: TroubleKind) -> set[str]:
 
 
 def test_the_scanner_finds_literal_codes_and_ignores_computed_ones():
-    src = ("raise SystemicError('x', code='budget')\ncontrol.stop(reason, code='retry_cap')\n"
-           "raise SystemicError('y', code=exc.code)\nother(code='not_a_stop')\n")
+    src = (
+        "raise SystemicError('x', code='budget')\ncontrol.stop(reason, code='retry_cap')\n"
+        "raise SystemicError('y', code=exc.code)\nother(code='not_a_stop')\n"
+    )
     assert literal_stop_codes(src) == {"budget", "retry_cap"}
 
 
@@ -88,11 +90,19 @@ def test_readme_shows_the_table_rendered_from_the_code():
     section = readme.split(START, 1)[1].split(END, 1)[0].strip("\n") + "\n"
     assert section == render_markdown(), (
         "README's troubleshooting table is stale: paste `python -m batch_pipeline.core.troubleshooting` between "
-        "the markers")
+        "the markers"
+    )
 
 
-@pytest.mark.parametrize("code,expected", [("budget", "budget"), ("unauthenticated", OTHER_PROVIDER_CODE),
-                                           (None, OTHER_PROVIDER_CODE), ("paused", OTHER_PROVIDER_CODE)])
+@pytest.mark.parametrize(
+    "code,expected",
+    [
+        ("budget", "budget"),
+        ("unauthenticated", OTHER_PROVIDER_CODE),
+        (None, OTHER_PROVIDER_CODE),
+        ("paused", OTHER_PROVIDER_CODE),
+    ],
+)
 def test_for_stop_falls_back_to_the_provider_row(code, expected):
     assert for_stop(code).name == expected
 

@@ -30,8 +30,13 @@ from .test_pipeline import materialize_partition, prepare
 BACKEND = {"name": "vertex_batch", "settings": {"sandbox": True}}
 MODEL = "gemini-2.5-flash"
 # a price row for the test (data/prices.yaml is another helper's): Gemini 2.5 Flash on Vertex, USD per MTok
-PRICE = {"input_per_mtok": 0.30, "cached_input_per_mtok": 0.03, "output_per_mtok": 2.50, "batch_discount": 0.5,
-         "checked": "2026-12-01"}
+PRICE = {
+    "input_per_mtok": 0.30,
+    "cached_input_per_mtok": 0.03,
+    "output_per_mtok": 2.50,
+    "batch_discount": 0.5,
+    "checked": "2026-12-01",
+}
 
 
 @pytest.fixture
@@ -57,13 +62,19 @@ def jobs_listed(admin) -> int:
     from google import genai
     from google.oauth2.credentials import Credentials
 
-    client = genai.Client(vertexai=True, project="sandbox-project", location="us-central1",
-                          credentials=Credentials(token="t"), http_options={"base_url": admin.base_url})
+    client = genai.Client(
+        vertexai=True,
+        project="sandbox-project",
+        location="us-central1",
+        credentials=Credentials(token="t"),
+        http_options={"base_url": admin.base_url},
+    )
     return len(list(client.batches.list(config={"page_size": 100})))
 
 
-def test_demo_job_on_vertex_gives_the_validated_table_report_and_reconciliation(vertex_sandbox, instance, vresources,
-                                                                                home, make_job):
+def test_demo_job_on_vertex_gives_the_validated_table_report_and_reconciliation(
+    vertex_sandbox, instance, vresources, home, make_job
+):
     spec = spec_for(make_job)
     report = run_job(spec, instance, vresources)
     store = Store(home)
@@ -88,8 +99,9 @@ def test_demo_job_on_vertex_gives_the_validated_table_report_and_reconciliation(
     assert again["complete"] and vertex_creates(vertex_sandbox) == shards
 
 
-def test_partially_succeeded_keeps_what_came_back_and_the_rest_goes_in_the_next_attempt(vertex_sandbox, instance,
-                                                                                       vresources, home, make_job):
+def test_partially_succeeded_keeps_what_came_back_and_the_rest_goes_in_the_next_attempt(
+    vertex_sandbox, instance, vresources, home, make_job
+):
     spec = spec_for(make_job)
     shards = prepare(spec, instance, vresources)
     vertex_sandbox.set_scenario("partial", complete_share=0.5)
@@ -107,16 +119,22 @@ def test_partially_succeeded_keeps_what_came_back_and_the_rest_goes_in_the_next_
     assert len(billed) == states.height and set(billed.values()) == {1}
 
 
-def test_a_crash_between_create_and_record_reattaches_without_a_second_job(vertex_sandbox, vertex_sandbox_proc,
-                                                                           make_job, home, tmp_path, prices):
+def test_a_crash_between_create_and_record_reattaches_without_a_second_job(
+    vertex_sandbox, vertex_sandbox_proc, make_job, home, tmp_path, prices
+):
     spec = spec_for(make_job)
     dagster_home = tmp_path / "dagster_home"
     dagster_home.mkdir()
-    env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "BATCH_PIPELINE_SANDBOX_URL": vertex_sandbox_proc[1],
-           "BATCH_PIPELINE_PRICES": str(prices)}
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(dagster_home),
+        "BATCH_PIPELINE_SANDBOX_URL": vertex_sandbox_proc[1],
+        "BATCH_PIPELINE_PRICES": str(prices),
+    }
     cmd = [sys.executable, "-m", "batch_pipeline.cli", "run", spec.source_path, "--home", str(home)]
-    crashed = subprocess.run(cmd, env={**env, "BATCH_PIPELINE_CRASH_AT": "after_create"}, capture_output=True,
-                             text=True, timeout=240)
+    crashed = subprocess.run(
+        cmd, env={**env, "BATCH_PIPELINE_CRASH_AT": "after_create"}, capture_output=True, text=True, timeout=240
+    )
     assert crashed.returncode != 0, crashed.stdout + crashed.stderr
     assert vertex_creates(vertex_sandbox) == 1 == jobs_listed(vertex_sandbox)  # created, never recorded
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
@@ -127,8 +145,9 @@ def test_a_crash_between_create_and_record_reattaches_without_a_second_job(verte
     assert len(billed) == 40 and set(billed.values()) == {1}
 
 
-def test_permission_denied_stops_the_job_once_and_it_resumes_after_the_fix(vertex_sandbox, instance, vresources,
-                                                                           home, make_job, monkeypatch):
+def test_permission_denied_stops_the_job_once_and_it_resumes_after_the_fix(
+    vertex_sandbox, instance, vresources, home, make_job, monkeypatch
+):
     spec = spec_for(make_job)
     monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "denied-project")
     with pytest.raises(dg.Failure) as failure:
@@ -147,25 +166,31 @@ def test_permission_denied_stops_the_job_once_and_it_resumes_after_the_fix(verte
     assert report["complete"] and report["dead_lettered"] == 0
 
 
-def test_the_plain_sandbox_starts_its_own_gcs_emulator_and_tells_the_executor(sandbox, instance, vresources, home,
-                                                                              make_job, monkeypatch):
+def test_the_plain_sandbox_starts_its_own_gcs_emulator_and_tells_the_executor(
+    sandbox, instance, vresources, home, make_job, monkeypatch
+):
     """No $STORAGE_EMULATOR_HOST anywhere (as in `batch-pipeline run` on a fresh machine): the sandbox starts an
     in-memory emulator on first use, the executor asks it where (GET /_sandbox/gcs), and both use the same one."""
     monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
     monkeypatch.delenv("BATCH_PIPELINE_SANDBOX_GCS_URL", raising=False)
-    spec = spec_for(make_job, rows=[{"ticket_id": f"T{i}", "subject": "s", "body": f"My invoice {i} was charged twice."}
-                                    for i in range(20)], canary={"max_failure_rate": 1.0},
-                    # retention keep: a collected job's GCS objects would be deleted, and the test reads them
-                    backend={**BACKEND, "settings": {**BACKEND["settings"], "retention": "keep"}})
+    spec = spec_for(
+        make_job,
+        rows=[{"ticket_id": f"T{i}", "subject": "s", "body": f"My invoice {i} was charged twice."} for i in range(20)],
+        canary={"max_failure_rate": 1.0},
+        # retention keep: a collected job's GCS objects would be deleted, and the test reads them
+        backend={**BACKEND, "settings": {**BACKEND["settings"], "retention": "keep"}},
+    )
     report = run_job(spec, instance, vresources)
     assert report["complete"] and report["succeeded"] == 20
     import json
     import urllib.request
+
     with urllib.request.urlopen(sandbox.base_url + "/_sandbox/gcs") as answer:
         url = json.loads(answer.read())["gcs_endpoint_url"]
     assert url.startswith("http://127.0.0.1:")
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
+
     client = storage.Client(project="sandbox", credentials=AnonymousCredentials(), client_options={"api_endpoint": url})
     names = [b.name for b in client.list_blobs("batch-pipeline-sandbox")]
     assert any(n.endswith("input.jsonl") for n in names) and any("predictions" in n for n in names)

@@ -167,8 +167,9 @@ def _stop(proc: subprocess.Popen, seen: dict[int, psutil.Process]) -> list[str]:
     except subprocess.TimeoutExpired:
         pass
     # its children share the deadline to finish their own shutdown
-    _, still = psutil.wait_procs([p for p in seen.values() if p.is_running()],
-                                 timeout=max(deadline - time.monotonic(), 0.1))
+    _, still = psutil.wait_procs(
+        [p for p in seen.values() if p.is_running()], timeout=max(deadline - time.monotonic(), 0.1)
+    )
     killed = _alive({p.pid: p for p in still}) + ([f"{proc.pid} dagster dev"] if proc.poll() is None else [])
     if killed:
         try:
@@ -186,8 +187,12 @@ def _stop(proc: subprocess.Popen, seen: dict[int, psutil.Process]) -> list[str]:
 
 
 @contextmanager
-def run_dagster_dev(sandbox_url: str, project: Project, extra_env: dict[str, str] | None = None,
-                    workspace: Path = REPO / "workspace.yaml") -> Iterator[DagsterDev]:
+def run_dagster_dev(
+    sandbox_url: str,
+    project: Project,
+    extra_env: dict[str, str] | None = None,
+    workspace: Path = REPO / "workspace.yaml",
+) -> Iterator[DagsterDev]:
     """`python -m dagster dev` on a free loopback port, on `project` (environment + `extra_env`, code locations
     from `workspace`); yields once GraphQL answers. On exit: stopped by PID, and fails if any process it
     spawned is still alive."""
@@ -207,9 +212,13 @@ def run_dagster_dev(sandbox_url: str, project: Project, extra_env: dict[str, str
     log_path = project.root / "dagster_dev.log"
     log = log_path.open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dagster", "dev", "-h", "127.0.0.1", "-p", str(port),
-         "-w", str(workspace)],
-        env=env, cwd=project.root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [sys.executable, "-m", "dagster", "dev", "-h", "127.0.0.1", "-p", str(port), "-w", str(workspace)],
+        env=env,
+        cwd=project.root,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     seen: dict[int, psutil.Process] = {}
     dev = DagsterDev(proc, port, GraphQL(f"http://127.0.0.1:{port}/graphql"), log_path, admin, project, seen)
     try:
@@ -223,8 +232,9 @@ def run_dagster_dev(sandbox_url: str, project: Project, extra_env: dict[str, str
             except (requests.RequestException, AssertionError, ValueError):
                 pass
             if time.monotonic() > deadline:
-                raise AssertionError(f"dagster dev did not answer GraphQL within {STARTUP_TIMEOUT_S} s:\n"
-                                     f"{dev.log_tail()}")
+                raise AssertionError(
+                    f"dagster dev did not answer GraphQL within {STARTUP_TIMEOUT_S} s:\n{dev.log_tail()}"
+                )
             time.sleep(0.25)
         yield dev
     finally:
@@ -232,12 +242,14 @@ def run_dagster_dev(sandbox_url: str, project: Project, extra_env: dict[str, str
         killed = _stop(proc, seen)
         log.close()
     if killed:
-        warnings.warn(f"dagster dev did not shut down on SIGTERM within {STOP_TIMEOUT_S} s; SIGKILLed: {killed}",
-                      stacklevel=1)
+        warnings.warn(
+            f"dagster dev did not shut down on SIGTERM within {STOP_TIMEOUT_S} s; SIGKILLed: {killed}", stacklevel=1
+        )
     late = {pid: q for pid, q in _with_dagster_home(project.dagster_home).items() if pid not in seen}
     if late:  # spawned while it shut down (its proxy manager restarts a code server that exits): stopped by PID
-        warnings.warn(f"dagster dev started processes during its shutdown; stopped by PID: {_alive(late)}",
-                      stacklevel=1)
+        warnings.warn(
+            f"dagster dev started processes during its shutdown; stopped by PID: {_alive(late)}", stacklevel=1
+        )
         for q in late.values():
             try:
                 q.terminate()

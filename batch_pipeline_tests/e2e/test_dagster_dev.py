@@ -22,8 +22,17 @@ pytestmark = pytest.mark.e2e
 
 RANGE_START = "dagster/asset_partition_range_start"
 RANGE_END = "dagster/asset_partition_range_end"
-ASSETS = ["manifest", "quote", "submissions", "shard_results", "results", "validated", "dead_letters", "report",
-          "backend_comparison"]
+ASSETS = [
+    "manifest",
+    "quote",
+    "submissions",
+    "shard_results",
+    "results",
+    "validated",
+    "dead_letters",
+    "report",
+    "backend_comparison",
+]
 RESULT_CHECKS = {"validated_schema", "outputs_within_contract", "no_truncated_outputs", "reconciliation"}
 SHARDS = ["s00001", "s00002", "s00003", "s00004"]
 ROWS = 40
@@ -190,9 +199,11 @@ def failure_report(dev: DagsterDev, run_id: str) -> str:
 
 
 def launch(dev: DagsterDev, job_name: str, tags: dict[str, str] | None = None) -> str:
-    params = {"selector": {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY, "jobName": job_name},
-              "runConfigData": RUN_CONFIG,
-              "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in (tags or {}).items()]}}
+    params = {
+        "selector": {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY, "jobName": job_name},
+        "runConfigData": RUN_CONFIG,
+        "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in (tags or {}).items()]},
+    }
     out = dev.gql(LAUNCH_RUN, params=params)["launchRun"]
     assert out["__typename"] == "LaunchRunSuccess", f"launching {job_name}: {out}"
     return out["run"]["runId"]
@@ -210,8 +221,10 @@ def wait_for_run(dev: DagsterDev, run_id: str, job_name: str, timeout: float = R
             break
         time.sleep(0.25)
     else:
-        raise AssertionError(f"run {job_name} ({run_id}) still {status} after {timeout} s:\n"
-                             f"{failure_report(dev, run_id)}\n--- dagster dev log ---\n{dev.log_tail()}")
+        raise AssertionError(
+            f"run {job_name} ({run_id}) still {status} after {timeout} s:\n"
+            f"{failure_report(dev, run_id)}\n--- dagster dev log ---\n{dev.log_tail()}"
+        )
     assert status == "SUCCESS", f"run {job_name} ({run_id}) ended {status}:\n{failure_report(dev, run_id)}"
     return status
 
@@ -259,7 +272,11 @@ def test_dagster_dev_runs_a_job_over_graphql(dagster_dev: DagsterDev):
     assert set(by_id) == {prepare, canary, shards, publish}
     assert {r["status"] for r in by_id.values()} == {"SUCCESS"}
     assert [by_id[r]["jobName"] for r in (prepare, canary, shards, publish)] == [
-        f"{JOB}_prepare", f"{JOB}_shards", f"{JOB}_shards", f"{JOB}_publish"]
+        f"{JOB}_prepare",
+        f"{JOB}_shards",
+        f"{JOB}_shards",
+        f"{JOB}_publish",
+    ]
     shard_tags = {t["key"]: t["value"] for t in by_id[shards]["tags"]}
     assert shard_tags[RANGE_START] == SHARDS[0] and shard_tags[RANGE_END] == SHARDS[-1]
 

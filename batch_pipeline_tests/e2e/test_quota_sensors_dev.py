@@ -33,25 +33,40 @@ import yaml
 
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.paths import JobPaths
-from batch_pipeline_tests.quota_support import (ROWS, Sizes, assert_finished_once, assert_queue_shared, ledger_of,
-                                                write_spec)
+from batch_pipeline_tests.quota_support import (
+    ROWS,
+    Sizes,
+    assert_finished_once,
+    assert_queue_shared,
+    ledger_of,
+    write_spec,
+)
 
 from .conftest import REPO, DagsterDev, Project, run_dagster_dev
 from .test_dagster_dev import TERMINAL, failure_report
-from .test_sensors_dev import (DEQUEUE_INTERVAL_S, IN_PROCESS_LOCATION, REPO_SELECTOR, SENSORS, all_runs,
-                               start_sensor, ticks)
+from .test_sensors_dev import (
+    DEQUEUE_INTERVAL_S,
+    IN_PROCESS_LOCATION,
+    REPO_SELECTOR,
+    SENSORS,
+    all_runs,
+    start_sensor,
+    ticks,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]  # the bounds below, not the global 300 s
 
 INTERVAL_S = 2
-SHARD_REQUESTS = 10      # 40 rows: 4 shards a job, 8 through a queue that holds 3
-IN_PROGRESS_S = 2.0      # a batch stays in the queue this long (sandbox clock): the drivers see it full
+SHARD_REQUESTS = 10  # 40 rows: 4 shards a job, 8 through a queue that holds 3
+IN_PROGRESS_S = 2.0  # a batch stays in the queue this long (sandbox clock): the drivers see it full
 JOBS = ("qa", "qb")
 FLOW_TIMEOUT_S = 1500.0  # a bound, not a timing: ~15 runs, each its own run worker, on a loaded 2-core machine
 # the shard driver's skip reason for a shard that waits for room: the figures, who holds the queue, which queue
-QUOTA_REASON = re.compile(r"wait: (quota: (?P<used>[\d.]+[kM]?) of (?P<limit>[\d.]+[kM]?) enqueued tokens in use by "
-                          r"\d+ batch\(es\) \(jobs? [a-z_, ]+\) on openai_batch account OPENAI_API_KEY, model "
-                          r"gpt-4o-mini; sent when a batch ends and frees room)")
+QUOTA_REASON = re.compile(
+    r"wait: (quota: (?P<used>[\d.]+[kM]?) of (?P<limit>[\d.]+[kM]?) enqueued tokens in use by "
+    r"\d+ batch\(es\) \(jobs? [a-z_, ]+\) on openai_batch account OPENAI_API_KEY, model "
+    r"gpt-4o-mini; sent when a batch ends and frees room)"
+)
 
 # the daemon's line for a run request whose run key already ran (Dagster 1.13)
 SKIPPED = re.compile(r"already completed with run keys: \[(.*?)\]")
@@ -71,8 +86,7 @@ def quota_project(sandbox_proc, tmp_path_factory) -> tuple[Project, list[JobSpec
     _, url = sandbox_proc
     cap = Sizes.probe(url, tmp_path_factory.mktemp("probe")).cap(SHARD_REQUESTS)
     root = tmp_path_factory.mktemp("e2e_quota")
-    specs = [write_spec(root, name, SHARD_REQUESTS, version=f"v1-{name}", cap=cap, canary_first=False)
-             for name in JOBS]
+    specs = [write_spec(root, name, SHARD_REQUESTS, version=f"v1-{name}", cap=cap, canary_first=False) for name in JOBS]
     dagster_home = root / "dagster_home"
     dagster_home.mkdir()
     config = yaml.safe_load((REPO / "dagster.yaml").read_text())
@@ -81,8 +95,21 @@ def quota_project(sandbox_proc, tmp_path_factory) -> tuple[Project, list[JobSpec
     home = root / "home"
     home.mkdir()
     (root / "in_process_location.py").write_text(IN_PROCESS_LOCATION)
-    (root / "workspace.yaml").write_text(yaml.safe_dump({"load_from": [{"python_file": {
-        "relative_path": "in_process_location.py", "attribute": "defs", "location_name": "batch_pipeline"}}]}))
+    (root / "workspace.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "load_from": [
+                    {
+                        "python_file": {
+                            "relative_path": "in_process_location.py",
+                            "attribute": "defs",
+                            "location_name": "batch_pipeline",
+                        }
+                    }
+                ]
+            }
+        )
+    )
     return Project(root, root / "jobs", Path(specs[0].source_path), dagster_home, home), specs, cap
 
 
@@ -90,8 +117,9 @@ def quota_project(sandbox_proc, tmp_path_factory) -> tuple[Project, list[JobSpec
 def quota_dev(sandbox_proc, quota_project) -> Iterator[DagsterDev]:
     _, url = sandbox_proc
     project, _, _ = quota_project
-    with run_dagster_dev(url, project, {"BATCH_PIPELINE_SENSOR_INTERVAL_S": str(INTERVAL_S)},
-                         workspace=project.root / "workspace.yaml") as dev:
+    with run_dagster_dev(
+        url, project, {"BATCH_PIPELINE_SENSOR_INTERVAL_S": str(INTERVAL_S)}, workspace=project.root / "workspace.yaml"
+    ) as dev:
         yield dev
 
 
@@ -101,8 +129,11 @@ def selectors(dev: DagsterDev) -> dict[str, dict[str, str]]:
     found = {}
     for s in out["results"]:
         origin = s["sensorState"]["repositoryOrigin"]
-        found[s["name"]] = {"repositoryLocationName": origin["repositoryLocationName"],
-                            "repositoryName": origin["repositoryName"], "sensorName": s["name"]}
+        found[s["name"]] = {
+            "repositoryLocationName": origin["repositoryLocationName"],
+            "repositoryName": origin["repositoryName"],
+            "sensorName": s["name"],
+        }
     expected = {f"{job}_{kind}" for job in JOBS for kind in ("new_data", "shard_driver")}
     assert set(found) == expected, sorted(found)
     return found
@@ -115,13 +146,20 @@ def skipped_steps(dev: DagsterDev) -> Counter[str]:
         text = dev.log_path.read_text(errors="replace")
     except OSError:
         return Counter()
-    return Counter(key for keys in SKIPPED.findall(text) for key in json.loads(f"[{keys}]")
-                   if key.split(":", 1)[0] in ("submit", "collect", "canary"))
+    return Counter(
+        key
+        for keys in SKIPPED.findall(text)
+        for key in json.loads(f"[{keys}]")
+        if key.split(":", 1)[0] in ("submit", "collect", "canary")
+    )
 
 
 def describe(runs: list[dict[str, Any]], reasons: dict[str, list[str]], dev: DagsterDev) -> str:
-    lines = [f"{r['jobName']} {r['tags'].get('dagster/partition', '') or r['tags'].get('batch_pipeline/shards', '')} "
-             f"{r['status']}" for r in runs]
+    lines = [
+        f"{r['jobName']} {r['tags'].get('dagster/partition', '') or r['tags'].get('batch_pipeline/shards', '')} "
+        f"{r['status']}"
+        for r in runs
+    ]
     for name, seen in reasons.items():
         lines += [f"tick {name}: {why}" for why in seen[-5:]]
     return "\n".join(lines) + f"\n--- dagster dev log ---\n{dev.log_tail(2500)}"
@@ -148,18 +186,26 @@ def test_two_jobs_on_one_account_finish_through_the_sensors_inside_the_cap(quota
                     reasons[name].append(why)
         runs = all_runs(dev)
         failed = [r for r in runs if r["status"] in TERMINAL - {"SUCCESS"}]
-        assert not failed, "\n\n".join(f"run {r['jobName']} ({r['runId']}) ended {r['status']}:\n"
-                                       f"{failure_report(dev, r['runId'])}" for r in failed) \
-            + "\n\n" + describe(runs, reasons, dev)
+        assert not failed, (
+            "\n\n".join(
+                f"run {r['jobName']} ({r['runId']}) ended {r['status']}:\n{failure_report(dev, r['runId'])}"
+                for r in failed
+            )
+            + "\n\n"
+            + describe(runs, reasons, dev)
+        )
         done = {r["jobName"] for r in runs if r["jobName"] in publish and r["status"] == "SUCCESS"}
         if done == publish:
             break
-        assert time.monotonic() < deadline, f"not both jobs published within {FLOW_TIMEOUT_S} s:\n" \
-            + describe(runs, reasons, dev)
+        assert time.monotonic() < deadline, f"not both jobs published within {FLOW_TIMEOUT_S} s:\n" + describe(
+            runs, reasons, dev
+        )
         stuck = [key for key, n in skipped_steps(dev).items() if n >= STUCK_SKIPS]
-        assert not stuck, (f"the shard driver asks for {stuck} again and again, and Dagster skips them as already "
-                           "run: a step whose run sent nothing (its shard found no room) needs a new run key\n"
-                           + describe(runs, reasons, dev))
+        assert not stuck, (
+            f"the shard driver asks for {stuck} again and again, and Dagster skips them as already "
+            "run: a step whose run sent nothing (its shard found no room) needs a new run key\n"
+            + describe(runs, reasons, dev)
+        )
         time.sleep(0.5)
 
     # both validated tables published, every item of both jobs valid, none stopped, each request billed once
@@ -178,4 +224,3 @@ def test_two_jobs_on_one_account_finish_through_the_sensors_inside_the_cap(quota
     said = [m for seen in reasons.values() for why in seen for m in QUOTA_REASON.finditer(why)]
     for m in said:  # the limit is the configured cap; what is in use is within it
         assert abs(figure(m["limit"]) - cap) <= 0.05 * cap and figure(m["used"]) <= figure(m["limit"]), m.group(1)
-

@@ -53,13 +53,13 @@ REPO_SELECTOR = {"repositoryLocationName": LOCATION, "repositoryName": REPOSITOR
 # the runs the sensors request carry no run config, and the default multiprocess executor spends a process
 # spawn and a full import (~3-5 s here) per step, which alone doubles the time of the flow. Each run still
 # gets its own run worker launched by the code server; only its steps share that process.
-IN_PROCESS_LOCATION = '''
+IN_PROCESS_LOCATION = """
 import dagster as dg
 
 import batch_pipeline.definitions as product
 
 defs = dg.Definitions.merge(product.defs, dg.Definitions(executor=dg.in_process_executor))
-'''
+"""
 
 SENSORS = """
 query Sensors($repo: RepositorySelector!) {
@@ -123,8 +123,21 @@ def make_sensor_project(root: Path) -> Project:
     config["run_queue"] = {"dequeue_interval_seconds": DEQUEUE_INTERVAL_S}
     instance_yaml.write_text(yaml.safe_dump(config, sort_keys=False))
     (root / "in_process_location.py").write_text(IN_PROCESS_LOCATION)
-    (root / "workspace.yaml").write_text(yaml.safe_dump({"load_from": [{"python_file": {
-        "relative_path": "in_process_location.py", "attribute": "defs", "location_name": LOCATION}}]}))
+    (root / "workspace.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "load_from": [
+                    {
+                        "python_file": {
+                            "relative_path": "in_process_location.py",
+                            "attribute": "defs",
+                            "location_name": LOCATION,
+                        }
+                    }
+                ]
+            }
+        )
+    )
     return project
 
 
@@ -150,8 +163,11 @@ def sensor_selectors(dev: DagsterDev) -> dict[str, dict[str, str]]:
     selectors = {}
     for s in out["results"]:
         origin = s["sensorState"]["repositoryOrigin"]
-        selectors[s["name"]] = {"repositoryLocationName": origin["repositoryLocationName"],
-                                "repositoryName": origin["repositoryName"], "sensorName": s["name"]}
+        selectors[s["name"]] = {
+            "repositoryLocationName": origin["repositoryLocationName"],
+            "repositoryName": origin["repositoryName"],
+            "sensorName": s["name"],
+        }
         assert s["minIntervalSeconds"] == INTERVAL_S, s  # the env var reached the code server
         assert s["sensorState"]["status"] == "STOPPED", s  # nothing runs until started
     targets = {s["name"]: {t["pipelineName"] for t in s["targets"]} for s in out["results"]}
@@ -181,8 +197,11 @@ def all_runs(dev: DagsterDev) -> list[dict[str, Any]]:
 
 def history(dev: DagsterDev, selectors: dict[str, dict[str, str]], runs: list[dict[str, Any]]) -> str:
     """The runs and the latest sensor ticks, for an assertion message."""
-    lines = [f"{r['jobName']} {r['tags'].get('dagster/partition', '')} {r['status']} "
-             f"created={r['creationTime']} start={r['startTime']} end={r['endTime']}" for r in runs]
+    lines = [
+        f"{r['jobName']} {r['tags'].get('dagster/partition', '')} {r['status']} "
+        f"created={r['creationTime']} start={r['startTime']} end={r['endTime']}"
+        for r in runs
+    ]
     for name in (NEW_DATA, DRIVER):
         for t in ticks(dev, selectors[name]):
             lines.append(f"tick {name} {t['status']} {t['skipReason'] or ''} {t['error'] or ''} {t['runKeys']}")
@@ -197,14 +216,22 @@ def wait_for_publish(dev: DagsterDev, selectors: dict[str, dict[str, str]]) -> l
         runs = all_runs(dev)
         failed = [r for r in runs if r["status"] in TERMINAL - {"SUCCESS"}]
         if failed:
-            raise AssertionError("\n\n".join(f"run {r['jobName']} {r['tags'].get('dagster/partition', '')} "
-                                             f"({r['runId']}) ended {r['status']}:\n{failure_report(dev, r['runId'])}"
-                                             for r in failed) + "\n\n" + history(dev, selectors, runs))
+            raise AssertionError(
+                "\n\n".join(
+                    f"run {r['jobName']} {r['tags'].get('dagster/partition', '')} "
+                    f"({r['runId']}) ended {r['status']}:\n{failure_report(dev, r['runId'])}"
+                    for r in failed
+                )
+                + "\n\n"
+                + history(dev, selectors, runs)
+            )
         if any(r["jobName"] == PUBLISH and r["status"] == "SUCCESS" for r in runs):
             return runs
         if time.monotonic() > deadline:
-            raise AssertionError(f"no successful {PUBLISH} run {FLOW_TIMEOUT_S} s after the file was dropped:\n"
-                                 + history(dev, selectors, runs))
+            raise AssertionError(
+                f"no successful {PUBLISH} run {FLOW_TIMEOUT_S} s after the file was dropped:\n"
+                + history(dev, selectors, runs)
+            )
         time.sleep(0.5)
 
 
@@ -272,14 +299,18 @@ def test_dropped_file_runs_the_job_through_the_sensors(sensor_dev: DagsterDev):
     # nothing of a shard (nor a re-quote, nor publish) was created or started before the manifest run ended
     for r in driven:
         assert created_after(r, prepare["endTime"]), (
-            f"{r['jobName']} {r['tags'].get('dagster/partition', '')} began before the manifest run ended", context)
+            f"{r['jobName']} {r['tags'].get('dagster/partition', '')} began before the manifest run ended",
+            context,
+        )
     # the canary shard was submitted alone and collected before any other shard was submitted
     canary, *others = SHARDS
     [canary_collect] = [r for r in by_job[COLLECT] if r["tags"]["dagster/partition"] == canary]
     for r in by_job[SUBMIT]:
         if r["tags"]["dagster/partition"] in others:
             assert created_after(r, canary_collect["startTime"]), (
-                f"{r['tags']['dagster/partition']} submitted before the canary {canary} was collected", context)
+                f"{r['tags']['dagster/partition']} submitted before the canary {canary} was collected",
+                context,
+            )
 
     # the validated table in the store ($BATCH_PIPELINE_HOME)
     validated = project.home / JobPaths(JOB).validated

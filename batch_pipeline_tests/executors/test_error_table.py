@@ -31,8 +31,13 @@ from batch_pipeline.sandbox.google.errors import STATUS_NAMES as GOOGLE_NAMES
 
 BACKENDS = {  # family -> (backend, model, settings, create endpoint, items)
     Family.OPENAI: ("openai_batch", "gpt-4o-mini", {}, "create_batch", 4),
-    Family.AZURE: ("azure_openai_batch", "gpt-4o-mini", {"deployments": {"gpt-4o-mini": "labels-batch"}},
-                   "create_batch", 4),
+    Family.AZURE: (
+        "azure_openai_batch",
+        "gpt-4o-mini",
+        {"deployments": {"gpt-4o-mini": "labels-batch"}},
+        "create_batch",
+        4,
+    ),
     Family.ANTHROPIC: ("anthropic_batch", "claude-sonnet-4-5", {}, "anthropic_create", 4),
     Family.GEMINI: ("gemini_batch", "gemini-2.5-flash", {}, "gemini_create", 4),
     Family.VERTEX: ("vertex_batch", "gemini-2.5-flash", {}, "vertex_create", 4),
@@ -62,9 +67,13 @@ GENERIC: list[tuple[int, str | None, str | None, str, str, str | None]] = [
 ]
 # Bedrock says a full queue as ServiceQuotaExceededException: a 429 is its throttle whatever it says
 GENERIC_EXCEPTIONS = {(Family.BEDROCK, 429, QUEUE_429): T}
-STOPS_BY_STATUS = {(Family.GEMINI, 401): "permission_denied", (Family.GEMINI, 403): "permission_denied",
-                   (Family.BEDROCK, 401): "access_denied", (Family.BEDROCK, 403): "access_denied",
-                   (Family.ANTHROPIC, 402): "credit_balance_too_low"}
+STOPS_BY_STATUS = {
+    (Family.GEMINI, 401): "permission_denied",
+    (Family.GEMINI, 403): "permission_denied",
+    (Family.BEDROCK, 401): "access_denied",
+    (Family.BEDROCK, 403): "access_denied",
+    (Family.ANTHROPIC, 402): "credit_balance_too_low",
+}
 # each provider's documented codes
 SPECIFIC: dict[Family, list[tuple[int, str | None, str | None, str, str, str | None]]] = {
     Family.OPENAI: [
@@ -80,12 +89,18 @@ SPECIFIC: dict[Family, list[tuple[int, str | None, str | None, str, str, str | N
         (400, "context_length_exceeded", None, "", S, None),
         (500, "server_error", "server_error", "", T, None),
         (429, "rate_limit_exceeded", "requests", RATE_429, T, None),
-        (429, "rate_limit_exceeded", "rate_limit_exceeded", "Rate limit reached for batch creation in organization "
-         "org-1: 2 batches were created in the past hour. Limit: 2 batches per hour.", Q, None),
+        (
+            429,
+            "rate_limit_exceeded",
+            "rate_limit_exceeded",
+            "Rate limit reached for batch creation in organization "
+            "org-1: 2 batches were created in the past hour. Limit: 2 batches per hour.",
+            Q,
+            None,
+        ),
     ],
     Family.AZURE: [
-        (404, "DeploymentNotFound", None, "The API deployment for this resource does not exist.", S,
-         "model_not_found"),
+        (404, "DeploymentNotFound", None, "The API deployment for this resource does not exist.", S, "model_not_found"),
         (400, "content_filter", None, "The response was filtered", S, None),
         (429, "insufficient_quota", "insufficient_quota", "You exceeded your current quota", S, "insufficient_quota"),
         (400, "token_limit_exceeded", None, "", Q, None),
@@ -126,10 +141,19 @@ SPECIFIC: dict[Family, list[tuple[int, str | None, str | None, str, str, str | N
     ],
     Family.BEDROCK: [
         (403, "AccessDeniedException", None, "INVALID_PAYMENT_INSTRUMENT", S, "access_denied"),
-        *((403, name, None, "", S, "access_denied") for name in (
-            "UnrecognizedClientException", "InvalidSignatureException", "ExpiredTokenException",
-            "MissingAuthenticationTokenException", "InvalidClientTokenId", "SignatureDoesNotMatch",
-            "InvalidAccessKeyId", "AccessDenied")),
+        *(
+            (403, name, None, "", S, "access_denied")
+            for name in (
+                "UnrecognizedClientException",
+                "InvalidSignatureException",
+                "ExpiredTokenException",
+                "MissingAuthenticationTokenException",
+                "InvalidClientTokenId",
+                "SignatureDoesNotMatch",
+                "InvalidAccessKeyId",
+                "AccessDenied",
+            )
+        ),
         (400, "ServiceQuotaExceededException", None, "You have 2 batch inference jobs in progress", Q, None),
         (400, "ValidationException", None, "The provided model identifier is invalid.", S, "model_not_found"),
         (400, "ValidationException", None, "records below the minimum", S, None),
@@ -175,8 +199,17 @@ def cases() -> list[tuple[Family, int, str | None, str | None, str, str, str | N
     for family in BACKENDS:
         for status, code, type_, message, expected, stop in GENERIC:
             expected = GENERIC_EXCEPTIONS.get((family, status, message), expected)
-            found.append((family, status, code, type_, message, expected,
-                          stop or (STOPS_BY_STATUS.get((family, status)) if expected == S else None)))
+            found.append(
+                (
+                    family,
+                    status,
+                    code,
+                    type_,
+                    message,
+                    expected,
+                    stop or (STOPS_BY_STATUS.get((family, status)) if expected == S else None),
+                )
+            )
         found += [(family, *case) for case in SPECIFIC[family]]
     return found
 
@@ -189,8 +222,9 @@ def case_id(case: tuple[Any, ...]) -> str:
     return f"{family.value}-{status}-{code or type_ or (message[:18] if message else 'plain')}"
 
 
-def answer_as_sent(family: Family, status: int, code: str | None, type_: str | None,
-                   message: str) -> tuple[str | None, str | None, str]:
+def answer_as_sent(
+    family: Family, status: int, code: str | None, type_: str | None, message: str
+) -> tuple[str | None, str | None, str]:
     """(code, reason, message) as the sandbox sends them and the adapter must read them off the SDK's exception."""
     message = message or f"Injected HTTP {status} (sandbox scenario http_error)."
     if family in (Family.OPENAI, Family.AZURE):
@@ -202,8 +236,7 @@ def answer_as_sent(family: Family, status: int, code: str | None, type_: str | N
     return code or bedrock_type(status), None, message
 
 
-def row_named(family: Family, status: int, code: str | None, type_: str | None, message: str,
-              where: Where) -> et.Row:
+def row_named(family: Family, status: int, code: str | None, type_: str | None, message: str, where: Where) -> et.Row:
     sent, reason, text = answer_as_sent(family, status, code, type_, message)
     return lookup(family, status, sent, text, reason=reason, where=where)
 
@@ -212,8 +245,15 @@ def row_named(family: Family, status: int, code: str | None, type_: str | None, 
 def sandbox(vertex_sandbox, monkeypatch):
     """The sandbox (with its GCS emulator for Vertex), no real key of any provider in reach, and every row the
     table is asked for recorded."""
-    for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AZURE_OPENAI_API_KEY", "AZURE_OPENAI_AD_TOKEN",
-                 "AZURE_OPENAI_ENDPOINT", "OPENAI_API_VERSION", "GOOGLE_GEMINI_BASE_URL"):
+    for name in (
+        "OPENAI_API_KEY",
+        "ANTHROPIC_API_KEY",
+        "AZURE_OPENAI_API_KEY",
+        "AZURE_OPENAI_AD_TOKEN",
+        "AZURE_OPENAI_ENDPOINT",
+        "OPENAI_API_VERSION",
+        "GOOGLE_GEMINI_BASE_URL",
+    ):
         monkeypatch.delenv(name, raising=False)
     asked: list[et.Row] = []
     real = et.lookup
@@ -239,8 +279,12 @@ backend: {{name: {backend}, settings: {{sandbox: true}}}}
 sampling: {{max_tokens: 16}}
 output: {{choice: [billing, bug, other]}}
 """)
-    items = pa.table({"request_id": [f"{i:064x}" for i in range(n)],
-                      "user_prompt": [f"ticket {i}: my invoice is wrong" for i in range(n)]})
+    items = pa.table(
+        {
+            "request_id": [f"{i:064x}" for i in range(n)],
+            "user_prompt": [f"ticket {i}: my invoice is wrong" for i in range(n)],
+        }
+    )
     return ShardWork("et", "s00001", 1, "et:s00001:1", RequestPlan.from_spec(spec), items)
 
 
@@ -259,8 +303,9 @@ def check(error: BaseException, expected: str, stop: str | None, row_code: str |
 def test_a_create_refused_so_raises_the_rows_class_through_the_real_sdk(sandbox, case):
     family, status, code, type_, message, expected, stop = case
     backend, _, settings, endpoint, _ = BACKENDS[family]
-    sandbox.set_scenario("http_error", status=status, code=code or "", type=type_ or "", message=message,
-                         times=1000, on=[endpoint])
+    sandbox.set_scenario(
+        "http_error", status=status, code=code or "", type=type_ or "", message=message, times=1000, on=[endpoint]
+    )
     executor = create_executor(BackendSpec(name=backend, settings={"sandbox": True, "max_retries": 0, **settings}))
     sandbox.asked.clear()
     with pytest.raises(Exception) as raised:
@@ -276,8 +321,15 @@ def test_a_create_refused_so_raises_the_rows_class_through_the_real_sdk(sandbox,
 @pytest.mark.parametrize("case", ONLINE, ids=lambda c: case_id((Family.OPENAI, *c)))
 def test_an_online_request_answered_so_is_classified_by_the_row_through_the_real_sdk(sandbox, case):
     status, code, type_, message, expected, stop = case
-    sandbox.set_scenario("http_error", status=status, code=code or "", type=type_ or "", message=message,
-                         times=1000, on=["chat_completions"])
+    sandbox.set_scenario(
+        "http_error",
+        status=status,
+        code=code or "",
+        type=type_ or "",
+        message=message,
+        times=1000,
+        on=["chat_completions"],
+    )
     transport = SdkTransport(sandbox.base_url + "/v1", "sk-sandbox", 10, 1, BodyBuilder(work(Family.OPENAI).plan, {}))
     try:
         sandbox.asked.clear()
@@ -311,5 +363,6 @@ def test_the_cases_expect_what_the_table_says():
     for case in ONLINE:
         status, code, type_, message, expected, _ = case
         sent, reason, text = answer_as_sent(Family.OPENAI, status, code, type_, message)
-        assert kinds[et.decide(Family.OPENAI, status, sent, text, reason=reason, where=Where.REQUEST).kind] == \
-            expected, case
+        assert (
+            kinds[et.decide(Family.OPENAI, status, sent, text, reason=reason, where=Where.REQUEST).kind] == expected
+        ), case

@@ -2,8 +2,13 @@
 
 import pyarrow as pa
 
-from batch_pipeline.executors.jsonl_blocks import (MIN_BLOCK_BYTES, RESULT_BLOCK_BYTES, block_bytes_for, iter_blocks,
-                                                   parse_stream)
+from batch_pipeline.executors.jsonl_blocks import (
+    MIN_BLOCK_BYTES,
+    RESULT_BLOCK_BYTES,
+    block_bytes_for,
+    iter_blocks,
+    parse_stream,
+)
 
 
 def test_a_known_size_is_cut_into_one_block_per_worker_within_the_bounds():
@@ -17,7 +22,7 @@ def test_a_known_size_is_cut_into_one_block_per_worker_within_the_bounds():
 def test_parse_stream_gives_each_worker_a_block_and_keeps_every_line_in_order():
     lines = [b'{"n": %d, "pad": "%s"}' % (i, b"x" * 400) for i in range(10_000)]  # ~4.3 MB
     data = b"\n".join(lines) + b"\n"
-    chunks = [data[i:i + (1 << 20)] for i in range(0, len(data), 1 << 20)]
+    chunks = [data[i : i + (1 << 20)] for i in range(0, len(data), 1 << 20)]
     assert len(list(iter_blocks(iter(chunks)))) == 1  # the old cut: one block for the whole file
 
     def parse(block: bytes) -> pa.Table:

@@ -5,11 +5,11 @@ import json
 import pyarrow.compute as pc
 import pytest
 
-from batch_pipeline.core.manifest.shards import Manifest, ShardCaps, build_manifest
-from batch_pipeline.core.store import Store
 from batch_pipeline.core.errors import ConfigError
+from batch_pipeline.core.manifest.shards import Manifest, ShardCaps, build_manifest
 from batch_pipeline.core.spec.job import BackendSpec
 from batch_pipeline.core.spec.loading import parse_spec
+from batch_pipeline.core.store import Store
 from batch_pipeline.executors.registry import EXECUTORS, batch_limits, create_executor, executor_class
 
 SDKS = ("openai", "anthropic", "google.genai", "boto3", "bpe_openai")

@@ -24,22 +24,43 @@ from batch_pipeline.executors.openai.format import chat_messages
 from batch_pipeline.executors.openai.format import request_lines as openai_lines
 
 SYSTEM = "Label the ticket: billing, bug or other."
-EXAMPLES = [{"role": "user", "content": "charged twice"}, {"role": "assistant", "content": "billing"},
-            {"role": "user", "content": "crash on export"}, {"role": "assistant", "content": "bug"}]
-ROWS = [{"id": "a", "messages": [{"role": "user", "content": "Ünïcode  ticket"}]},
-        {"id": "b", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello!"},
-                                 {"role": "user", "content": "my \"card\"\nwas charged\ttwice"}]},
-        {"id": "c", "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "new feature?"}]}]
-EXPECTED = {"a": [("user", "Ünïcode ticket")],
-            "b": [("user", "hi"), ("assistant", "Hello!"), ("user", 'my "card" was charged twice')],
-            "c": [("user", "new feature?")]}
+EXAMPLES = [
+    {"role": "user", "content": "charged twice"},
+    {"role": "assistant", "content": "billing"},
+    {"role": "user", "content": "crash on export"},
+    {"role": "assistant", "content": "bug"},
+]
+ROWS = [
+    {"id": "a", "messages": [{"role": "user", "content": "Ünïcode  ticket"}]},
+    {
+        "id": "b",
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "Hello!"},
+            {"role": "user", "content": 'my "card"\nwas charged\ttwice'},
+        ],
+    },
+    {"id": "c", "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "new feature?"}]},
+]
+EXPECTED = {
+    "a": [("user", "Ünïcode ticket")],
+    "b": [("user", "hi"), ("assistant", "Hello!"), ("user", 'my "card" was charged twice')],
+    "c": [("user", "new feature?")],
+}
 
 
 def spec_for(path, backend: str, examples=EXAMPLES) -> JobSpec:
-    return JobSpec.model_validate({
-        "name": "chat", "input": {"path": str(path), "messages_field": "messages", "key_field": "id"},
-        "prompt": {"version": "v1", "system": SYSTEM, "examples": examples}, "model": "claude-haiku-4-5",
-        "backend": {"name": backend}, "sampling": {"max_tokens": 16}, "output": {"choice": ["billing", "bug", "other"]}})
+    return JobSpec.model_validate(
+        {
+            "name": "chat",
+            "input": {"path": str(path), "messages_field": "messages", "key_field": "id"},
+            "prompt": {"version": "v1", "system": SYSTEM, "examples": examples},
+            "model": "claude-haiku-4-5",
+            "backend": {"name": backend},
+            "sampling": {"max_tokens": 16},
+            "output": {"choice": ["billing", "bug", "other"]},
+        }
+    )
 
 
 def manifest_work(tmp_path, backend: str, examples=EXAMPLES) -> tuple[ShardWork, dict[str, str]]:
@@ -79,12 +100,17 @@ def online_view(work):
 def anthropic_view(work):
     requests, size = batch_requests(work)
     assert size >= len(json.dumps({"requests": requests}))
-    return {r["custom_id"]: [("system", text_of(r["params"]["system"]))] +
-            [(m["role"], text_of(m["content"])) for m in r["params"]["messages"]] for r in requests}
+    return {
+        r["custom_id"]: [("system", text_of(r["params"]["system"]))]
+        + [(m["role"], text_of(m["content"])) for m in r["params"]["messages"]]
+        for r in requests
+    }
 
 
 def bedrock_view(work):
-    claude = dataclasses.replace(work, plan=dataclasses.replace(work.plan, model="anthropic.claude-3-5-haiku-20241022-v1:0"))
+    claude = dataclasses.replace(
+        work, plan=dataclasses.replace(work.plan, model="anthropic.claude-3-5-haiku-20241022-v1:0")
+    )
     out = {}
     for line in bedrock_lines(claude).decode().splitlines():
         obj = json.loads(line)
@@ -107,7 +133,7 @@ def gemini_view(work):
     for line in gemini_file(work).decode().splitlines():
         obj = json.loads(line)
         out[obj["key"]] = gemini_request(obj["request"])
-    for rid, prompt in zip(work.items["request_id"].to_pylist(), work.items["user_prompt"].to_pylist()):
+    for prompt in work.items["user_prompt"].to_pylist():
         assert generate_content_request(work.plan, prompt)["contents"] == contents(work.plan, prompt)
     return out
 
@@ -120,8 +146,14 @@ def vertex_view(work):
     return out
 
 
-VIEWS = {"openai_batch": openai_view, "online": online_view, "anthropic_batch": anthropic_view,
-         "bedrock_batch": bedrock_view, "gemini_batch": gemini_view, "vertex_batch": vertex_view}
+VIEWS = {
+    "openai_batch": openai_view,
+    "online": online_view,
+    "anthropic_batch": anthropic_view,
+    "bedrock_batch": bedrock_view,
+    "gemini_batch": gemini_view,
+    "vertex_batch": vertex_view,
+}
 
 
 def test_the_same_rows_give_the_same_ids_whichever_backend_the_job_names(tmp_path):
@@ -142,11 +174,19 @@ def test_every_request_builder_sends_system_examples_then_the_turns_in_order(bac
 
 def test_the_examples_are_byte_identical_in_every_request_line(tmp_path):
     work, _ = manifest_work(tmp_path, "openai_batch")
-    for lines in (openai_lines(work), bedrock_lines(dataclasses.replace(work, plan=dataclasses.replace(
-            work.plan, model="anthropic.claude-3-5-haiku-20241022-v1:0"))), gemini_file(work), vertex_lines(work)):
+    for lines in (
+        openai_lines(work),
+        bedrock_lines(
+            dataclasses.replace(
+                work, plan=dataclasses.replace(work.plan, model="anthropic.claude-3-5-haiku-20241022-v1:0")
+            )
+        ),
+        gemini_file(work),
+        vertex_lines(work),
+    ):
         text = lines.decode().splitlines()
         starts = [line.index("charged twice") - 40 for line in text]  # the examples, from the first one's opening
-        spans = {line[at:line.index('"bug"', at) + 5] for line, at in zip(text, starts)}
+        spans = {line[at : line.index('"bug"', at) + 5] for line, at in zip(text, starts)}
         assert len(text) == 3 and len(spans) == 1 and "crash on export" in spans.pop()
 
 
@@ -154,8 +194,13 @@ RID = "ab" * 32
 
 
 def test_a_text_job_with_examples_sends_them_before_its_one_user_message(tmp_path):
-    plan = RequestPlan("gpt-4o-mini", SYSTEM, spec_for(tmp_path, "openai_batch").sampling,
-                       spec_for(tmp_path, "openai_batch").output, examples=(("user", "q"), ("assistant", "bug")))
+    plan = RequestPlan(
+        "gpt-4o-mini",
+        SYSTEM,
+        spec_for(tmp_path, "openai_batch").sampling,
+        spec_for(tmp_path, "openai_batch").output,
+        examples=(("user", "q"), ("assistant", "bug")),
+    )
     work = ShardWork("t", "s", 1, "k", plan, pa.table({"request_id": [RID], "user_prompt": ['say "hi"\n']}))
     expected = [("system", SYSTEM), ("user", "q"), ("assistant", "bug"), ("user", 'say "hi"\n')]
     for backend in ("openai_batch", "online", "anthropic_batch", "bedrock_batch", "gemini_batch", "vertex_batch"):

@@ -47,8 +47,9 @@ def by_kind(docs: list[dict], kind: str) -> dict:
 
 
 # -- the step Job of a shard asset -------------------------------------------------------------------
-def shard_job(op_tags: dict | None, pool: str | None, executor_def: dg.ExecutorDefinition
-              ) -> tuple[dict[str, str], str | None, dict]:
+def shard_job(
+    op_tags: dict | None, pool: str | None, executor_def: dg.ExecutorDefinition
+) -> tuple[dict[str, str], str | None, dict]:
     """A one-asset job with ``executor_def``: (step tags, step pool, resolved executor config)."""
 
     @dg.asset(name="shard_results", op_tags=op_tags, pool=pool)
@@ -78,13 +79,20 @@ def render_step_job(step_tags: dict[str, str], executor_config: dict) -> dict:
         run_k8s_config=UserDefinedDagsterK8sConfig.from_dict(executor_config.get("step_k8s_config", {})),
     )
     context = executor_context.merge(K8sContainerContext(run_k8s_config=get_user_defined_k8s_config(step_tags)))
-    job_config = DagsterK8sJobConfig(job_image=DUMMY_IMAGE, dagster_home="/opt/dagster/dagster_home",
-                                     instance_config_map="dagster-instance",
-                                     postgres_password_secret="dagster-postgresql-secret")
-    job = construct_dagster_k8s_job(job_config, args=["dagster", "api", "execute_step"],
-                                    job_name="dagster-step-0123456789abcdef", component="step_worker",
-                                    user_defined_k8s_config=context.run_k8s_config,
-                                    labels={"dagster/op": "shard_results"})
+    job_config = DagsterK8sJobConfig(
+        job_image=DUMMY_IMAGE,
+        dagster_home="/opt/dagster/dagster_home",
+        instance_config_map="dagster-instance",
+        postgres_password_secret="dagster-postgresql-secret",
+    )
+    job = construct_dagster_k8s_job(
+        job_config,
+        args=["dagster", "api", "execute_step"],
+        job_name="dagster-step-0123456789abcdef",
+        component="step_worker",
+        user_defined_k8s_config=context.run_k8s_config,
+        labels={"dagster/op": "shard_results"},
+    )
     rendered = kubernetes.client.ApiClient().sanitize_for_serialization(job)
     rendered["metadata"]["namespace"] = context.namespace
     return rendered
@@ -99,8 +107,10 @@ def gpu_problems(job: dict, *, gpus: int = 1, claim: str = "batch-pipeline-model
         problems.append(f"no nvidia.com/gpu limit of {gpus}")
     if not pod.get("nodeSelector"):
         problems.append("no node selector")
-    if not any(t.get("key") == "nvidia.com/gpu" and t.get("operator") == "Exists" and t.get("effect") == "NoSchedule"
-               for t in pod.get("tolerations") or []):
+    if not any(
+        t.get("key") == "nvidia.com/gpu" and t.get("operator") == "Exists" and t.get("effect") == "NoSchedule"
+        for t in pod.get("tolerations") or []
+    ):
         problems.append("no toleration for the nvidia.com/gpu taint")
     volumes = {v["name"]: v for v in pod.get("volumes") or []}
     cache = [name for name, v in volumes.items() if v.get("persistentVolumeClaim", {}).get("claimName") == claim]
@@ -144,8 +154,12 @@ def values_validator(schema: dict) -> jsonschema.Draft202012Validator:
     """A validator of Helm values against the chart schema, offline: its Kubernetes references point to
     kubernetes-json-schema's ``_definitions.json``; they resolve to the strict definitions that
     kubernetes-validate ships (``#/definitions/X`` there is ``#/$defs/X`` here)."""
-    defs_path = (Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
-                 / f"v{K8S_VERSION}.0-local-strict" / "_definitions.json")
+    defs_path = (
+        Path(kubernetes_validate.__file__).parent
+        / "kubernetes-json-schema"
+        / f"v{K8S_VERSION}.0-local-strict"
+        / "_definitions.json"
+    )
     k8s_defs = json.loads(defs_path.read_text())["$defs"]
     k8s_doc = Resource.from_contents({"$defs": k8s_defs, "definitions": k8s_defs}, default_specification=DRAFT202012)
     uris = _external_refs(schema, set())
@@ -194,16 +208,21 @@ def undeclared_keys(value: Any, node: dict, schema: dict, path: str = "") -> lis
         arrays = [b for b in branches if "items" in b]
         if not arrays:
             return []
-        return [bad for i, item in enumerate(value)
-                for bad in undeclared_keys(item, arrays[0]["items"], schema, f"{path}[{i}]")]
+        return [
+            bad
+            for i, item in enumerate(value)
+            for bad in undeclared_keys(item, arrays[0]["items"], schema, f"{path}[{i}]")
+        ]
     return []
 
 
 def values_problems(values: dict, schema: dict | None = None) -> list[str]:
     """Every schema error and every undeclared key of ``values`` (empty: the chart accepts it)."""
     schema = schema or chart_schema()
-    errors = [f"{'.'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}"
-              for e in values_validator(schema).iter_errors(values)]
+    errors = [
+        f"{'.'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}"
+        for e in values_validator(schema).iter_errors(values)
+    ]
     return errors + [f"{key}: not a key of the chart" for key in undeclared_keys(values, schema, schema)]
 
 

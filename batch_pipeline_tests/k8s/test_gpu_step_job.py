@@ -57,9 +57,12 @@ def test_a_step_without_gpu_tags_fails_the_gpu_check():
     tags, pool, executor_config = shard_job(None, None, k8s_executor())
     job = render_step_job(tags, executor_config)
     assert pool is None
-    assert gpu_problems(job) == ["no nvidia.com/gpu limit of 1", "no node selector",
-                                 "no toleration for the nvidia.com/gpu taint",
-                                 "no volume of the PVC batch-pipeline-model-cache"]
+    assert gpu_problems(job) == [
+        "no nvidia.com/gpu limit of 1",
+        "no node selector",
+        "no toleration for the nvidia.com/gpu taint",
+        "no volume of the PVC batch-pipeline-model-cache",
+    ]
     # the executor's defaults still apply: CPU/memory requests, no GPU
     [container] = job["spec"]["template"]["spec"]["containers"]
     assert container["resources"] == {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
@@ -105,8 +108,17 @@ def test_a_misspelled_field_in_the_tag_is_rejected_like_the_executor_would():
         get_user_defined_k8s_config({K8S_CONFIG_TAG: json.dumps(config)})
 
 
-@pytest.mark.parametrize(("name", "gpu"), [("vllm_offline", True), ("vllm", True), ("vllm_cpu", True),
-                                           ("openai_batch", False), ("anthropic_batch", False),
-                                           ("online", False), ("my_vllm", False)])
+@pytest.mark.parametrize(
+    ("name", "gpu"),
+    [
+        ("vllm_offline", True),
+        ("vllm", True),
+        ("vllm_cpu", True),
+        ("openai_batch", False),
+        ("anthropic_batch", False),
+        ("online", False),
+        ("my_vllm", False),
+    ],
+)
 def test_is_gpu_backend(name, gpu):
     assert is_gpu_backend(name) is gpu

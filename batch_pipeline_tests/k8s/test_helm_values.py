@@ -37,31 +37,47 @@ def test_fixture_is_the_chart_schema_with_its_provenance():
     schema = chart_schema()
     assert schema["title"] == "DagsterHelmValues"
     assert {"runLauncher", "dagster-user-deployments", "postgresql", "dagsterDaemon", "concurrency"} <= set(
-        schema["properties"])
+        schema["properties"]
+    )
 
 
 def test_values_name_only_chart_keys_with_valid_values(values):
     assert values_problems(values) == []
 
 
-@pytest.mark.parametrize(("path", "change", "expected"), [
-    # top level: the chart schema itself allows unknown keys here; our key check does not
-    (["runLauncher"], rename("runLaucher"), "runLaucher: not a key of the chart"),
-    # a user deployment: open in the schema too
-    (["dagster-user-deployments", "deployments", 0, "envSecrets"], rename("envSecret"),
-     "dagster-user-deployments.deployments[0].envSecret: not a key of the chart"),
-    (["dagster-user-deployments", "deployments", 0, "dagsterApiGrpcArgs"], replace("--module-name x"),
-     "dagster-user-deployments.deployments.0.dagsterApiGrpcArgs"),
-    # closed objects of the chart
-    (["concurrency", "pools", "defaultLimit"], rename("defaultLimt"), "defaultLimt"),
-    (["concurrency", "pools", "defaultLimit"], replace("one"), "concurrency.pools.defaultLimit"),
-    (["runLauncher", "type"], replace("K8sLauncher"), "runLauncher.type"),
-    # Kubernetes objects inside the values, checked against the Kubernetes definitions
-    (["runLauncher", "config", "k8sRunLauncher", "envSecrets"], replace([{"nam": "x"}]),
-     "runLauncher.config.k8sRunLauncher"),
-    (["dagster-user-deployments", "deployments", 0, "resources"], replace({"limit": {"cpu": "1"}}),
-     "dagster-user-deployments.deployments.0.resources"),
-])
+@pytest.mark.parametrize(
+    ("path", "change", "expected"),
+    [
+        # top level: the chart schema itself allows unknown keys here; our key check does not
+        (["runLauncher"], rename("runLaucher"), "runLaucher: not a key of the chart"),
+        # a user deployment: open in the schema too
+        (
+            ["dagster-user-deployments", "deployments", 0, "envSecrets"],
+            rename("envSecret"),
+            "dagster-user-deployments.deployments[0].envSecret: not a key of the chart",
+        ),
+        (
+            ["dagster-user-deployments", "deployments", 0, "dagsterApiGrpcArgs"],
+            replace("--module-name x"),
+            "dagster-user-deployments.deployments.0.dagsterApiGrpcArgs",
+        ),
+        # closed objects of the chart
+        (["concurrency", "pools", "defaultLimit"], rename("defaultLimt"), "defaultLimt"),
+        (["concurrency", "pools", "defaultLimit"], replace("one"), "concurrency.pools.defaultLimit"),
+        (["runLauncher", "type"], replace("K8sLauncher"), "runLauncher.type"),
+        # Kubernetes objects inside the values, checked against the Kubernetes definitions
+        (
+            ["runLauncher", "config", "k8sRunLauncher", "envSecrets"],
+            replace([{"nam": "x"}]),
+            "runLauncher.config.k8sRunLauncher",
+        ),
+        (
+            ["dagster-user-deployments", "deployments", 0, "resources"],
+            replace({"limit": {"cpu": "1"}}),
+            "dagster-user-deployments.deployments.0.resources",
+        ),
+    ],
+)
 def test_a_wrong_key_or_value_is_caught(values, path, change, expected):
     problems = values_problems(mutated(values, path, change))
     assert problems and any(expected in p for p in problems), problems
@@ -109,8 +125,10 @@ def test_secrets_store_and_gpu_settings_agree_with_the_rest(values):
     assert env["BATCH_PIPELINE_EXECUTOR"] == "k8s"
     assert env["BATCH_PIPELINE_K8S_ENV_SECRETS"].split(",") == list(DEFAULT_ENV_SECRETS)
     server = by_kind(load_docs(K8S_DIR / "vllm-server.yaml"), "Deployment")
-    assert parse_node_selector(env["BATCH_PIPELINE_GPU_NODE_SELECTOR"]) == server["spec"]["template"]["spec"][
-        "nodeSelector"]
+    assert (
+        parse_node_selector(env["BATCH_PIPELINE_GPU_NODE_SELECTOR"])
+        == server["spec"]["template"]["spec"]["nodeSelector"]
+    )
 
 
 # -- the instance config the chart renders from these values, checked by dagster 1.13 itself ---------
@@ -122,27 +140,43 @@ def rendered_instance(values: dict) -> dict:
     coordinator = daemon.get("runCoordinator", {})
     qrc = coordinator.get("config", {}).get("queuedRunCoordinator", {}) or {}
     if daemon.get("enabled") and coordinator.get("enabled") and coordinator.get("type") == "QueuedRunCoordinator":
-        names = {"maxConcurrentRuns": "max_concurrent_runs", "tagConcurrencyLimits": "tag_concurrency_limits",
-                 "dequeueIntervalSeconds": "dequeue_interval_seconds", "dequeueUseThreads": "dequeue_use_threads",
-                 "dequeueNumWorkers": "dequeue_num_workers"}
+        names = {
+            "maxConcurrentRuns": "max_concurrent_runs",
+            "tagConcurrencyLimits": "tag_concurrency_limits",
+            "dequeueIntervalSeconds": "dequeue_interval_seconds",
+            "dequeueUseThreads": "dequeue_use_threads",
+            "dequeueNumWorkers": "dequeue_num_workers",
+        }
         config = {names[k]: v for k, v in qrc.items() if k in names and v is not None}
-        out["run_coordinator"] = {"module": "dagster.core.run_coordinator", "class": "QueuedRunCoordinator",
-                                  **({"config": config} if config else {})}
+        out["run_coordinator"] = {
+            "module": "dagster.core.run_coordinator",
+            "class": "QueuedRunCoordinator",
+            **({"config": config} if config else {}),
+        }
     concurrency = values.get("concurrency", {})
     if concurrency.get("enabled"):
         pools, runs = concurrency.get("pools", {}), concurrency.get("runs", {})
         if runs.get("maxConcurrentRuns") is not None and qrc.get("maxConcurrentRuns") is not None:
-            raise ValueError("chart fails: both concurrency.runs.maxConcurrentRuns and "
-                             "queuedRunCoordinator.maxConcurrentRuns")
+            raise ValueError(
+                "chart fails: both concurrency.runs.maxConcurrentRuns and queuedRunCoordinator.maxConcurrentRuns"
+            )
         section: dict = {}
-        pool_names = {"defaultLimit": "default_limit", "granularity": "granularity",
-                      "opGranularityRunBuffer": "op_granularity_run_buffer"}
+        pool_names = {
+            "defaultLimit": "default_limit",
+            "granularity": "granularity",
+            "opGranularityRunBuffer": "op_granularity_run_buffer",
+        }
         if any(pools.get(k) is not None for k in pool_names):
             section["pools"] = {v: pools[k] for k, v in pool_names.items() if pools.get(k) is not None}
         if runs.get("maxConcurrentRuns") is not None or runs.get("tagConcurrencyLimits"):
-            section["runs"] = {k: v for k, v in (("max_concurrent_runs", runs.get("maxConcurrentRuns")),
-                                                 ("tag_concurrency_limits", runs.get("tagConcurrencyLimits")))
-                               if v is not None and v != []}
+            section["runs"] = {
+                k: v
+                for k, v in (
+                    ("max_concurrent_runs", runs.get("maxConcurrentRuns")),
+                    ("tag_concurrency_limits", runs.get("tagConcurrencyLimits")),
+                )
+                if v is not None and v != []
+            }
         out["concurrency"] = section
     if "telemetry" in values:
         out["telemetry"] = {"enabled": values["telemetry"]["enabled"]}
@@ -162,9 +196,17 @@ def test_rendered_instance_config_is_accepted_by_dagster(values, tmp_path):
 
 
 def test_run_limits_in_two_places_are_caught(values, tmp_path):
-    both = mutated(values, ["dagsterDaemon", "runCoordinator"],
-                   replace({"enabled": True, "type": "QueuedRunCoordinator",
-                            "config": {"queuedRunCoordinator": {"maxConcurrentRuns": 4}}}))
+    both = mutated(
+        values,
+        ["dagsterDaemon", "runCoordinator"],
+        replace(
+            {
+                "enabled": True,
+                "type": "QueuedRunCoordinator",
+                "config": {"queuedRunCoordinator": {"maxConcurrentRuns": 4}},
+            }
+        ),
+    )
     assert values_problems(both) == []  # the schema alone does not see it
     with pytest.raises(ValueError, match="both"):
         rendered_instance(both)

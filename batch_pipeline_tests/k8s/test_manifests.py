@@ -19,12 +19,17 @@ def test_manifest_validates_against_kubernetes_schemas(path):
         assert validate_k8s(doc) == "1.30", doc["metadata"]["name"]
 
 
-@pytest.mark.parametrize(("where", "change"), [
-    (["spec", "template", "spec"], lambda d: d.__setitem__("nodeSelecter", d.pop("nodeSelector"))),
-    (["spec"], lambda d: d.__setitem__("replicas", "one")),
-    (["spec", "template", "spec", "containers", 0, "readinessProbe", "httpGet"],
-     lambda d: d.__setitem__("paht", d.pop("path"))),
-])
+@pytest.mark.parametrize(
+    ("where", "change"),
+    [
+        (["spec", "template", "spec"], lambda d: d.__setitem__("nodeSelecter", d.pop("nodeSelector"))),
+        (["spec"], lambda d: d.__setitem__("replicas", "one")),
+        (
+            ["spec", "template", "spec", "containers", 0, "readinessProbe", "httpGet"],
+            lambda d: d.__setitem__("paht", d.pop("path")),
+        ),
+    ],
+)
 def test_validation_catches_a_broken_manifest(where, change):
     deployment = copy.deepcopy(by_kind(load_docs(K8S_DIR / "vllm-server.yaml"), "Deployment"))
     node = deployment

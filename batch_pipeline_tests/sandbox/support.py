@@ -5,9 +5,10 @@ from __future__ import annotations
 import copy
 import json
 import time
-from functools import lru_cache
+from collections.abc import Callable
+from functools import cache
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import jsonschema
 import openai
@@ -33,13 +34,13 @@ def _nullable_optionals(node: Any) -> Any:
     return out
 
 
-@lru_cache(maxsize=None)
+@cache
 def _components() -> dict[str, Any]:
     spec = json.loads(SPEC_PATH.read_text(encoding="utf-8"))
     return _nullable_optionals(copy.deepcopy(spec["components"]))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _validator(schema_name: str) -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator({"$ref": f"#/components/schemas/{schema_name}", "components": _components()})
 
@@ -50,7 +51,7 @@ def validate_spec(schema_name: str, instance: Any) -> None:
 
 
 def chat_line(
-    custom_id: str, text: str, *, model: str = MODEL, system: Optional[str] = None, **body: Any
+    custom_id: str, text: str, *, model: str = MODEL, system: str | None = None, **body: Any
 ) -> dict[str, Any]:
     """One batch input line for /v1/chat/completions."""
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
@@ -74,7 +75,7 @@ def upload(client: openai.OpenAI, lines: list[Any]) -> str:
     return raw.parse().id
 
 
-def submit(client: openai.OpenAI, lines: list[Any], metadata: Optional[dict[str, str]] = None) -> dict[str, Any]:
+def submit(client: openai.OpenAI, lines: list[Any], metadata: dict[str, str] | None = None) -> dict[str, Any]:
     """Upload and create a batch; returns the raw Batch JSON (checked against the spec)."""
     file_id = upload(client, lines)
     raw = client.batches.with_raw_response.create(
@@ -97,7 +98,7 @@ def wait_for(
     batch_id: str,
     statuses: tuple[str, ...] = TERMINAL,
     timeout: float = 10.0,
-    seen: Optional[Callable[[dict[str, Any]], None]] = None,
+    seen: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Poll until the batch reaches one of ``statuses``; ``seen`` receives every polled object."""
     deadline = time.monotonic() + timeout
@@ -112,7 +113,7 @@ def wait_for(
         time.sleep(0.02)
 
 
-def read_jsonl(client: openai.OpenAI, file_id: Optional[str]) -> list[dict[str, Any]]:
+def read_jsonl(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
     """The lines of an output or error file ([] when there is no file)."""
     if file_id is None:
         return []

@@ -33,28 +33,54 @@ def help_flags(main: Callable[[list[str]], Any], argv: list[str], capsys: pytest
 
 def test_the_cli_offers_every_flag_of_the_sandbox_module(capsys):
     module = help_flags(sandbox_main, [], capsys)
-    assert {"--port", "--host", "--state-dir", "--scenario", "--scenario-params", "--param", "--verbose",
-            "--s3-url"} <= module
+    assert {
+        "--port",
+        "--host",
+        "--state-dir",
+        "--scenario",
+        "--scenario-params",
+        "--param",
+        "--verbose",
+        "--s3-url",
+    } <= module
     assert module <= help_flags(cli_main, ["sandbox"], capsys)
 
 
 def start_cli(*args: str, state_dir: Path) -> tuple[subprocess.Popen[str], str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BATCH_PIPELINE_SANDBOX_")}
-    proc = subprocess.Popen([sys.executable, "-m", "batch_pipeline.cli", "sandbox", "--port", "0", *args,
-                             "--state-dir", str(state_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=REPO, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "batch_pipeline.cli", "sandbox", "--port", "0", *args, "--state-dir", str(state_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=env,
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline()  # the READY line, or EOF when it exits
     if not line.startswith(READY_PREFIX):
         stop_sandbox_process(proc)
         raise AssertionError(f"no READY line: {line!r}; stderr: {proc.stderr.read() if proc.stderr else ''}")
-    return proc, line[len(READY_PREFIX):].strip()
+    return proc, line[len(READY_PREFIX) :].strip()
 
 
 def test_params_and_flags_reach_the_sandbox(tmp_path):
-    proc, url = start_cli("--host", "localhost", "--scenario", "slow", "--scenario-params", '{"in_progress_s": 2}',
-                          "--param", "quota_enqueued_tokens=2000000", "--param", "retention_openai_s=60",
-                          "--param", "in_progress_s=5", "--verbose", state_dir=tmp_path)
+    proc, url = start_cli(
+        "--host",
+        "localhost",
+        "--scenario",
+        "slow",
+        "--scenario-params",
+        '{"in_progress_s": 2}',
+        "--param",
+        "quota_enqueued_tokens=2000000",
+        "--param",
+        "retention_openai_s=60",
+        "--param",
+        "in_progress_s=5",
+        "--verbose",
+        state_dir=tmp_path,
+    )
     try:
         assert url.startswith("http://127.0.0.1:")  # localhost is served on the loopback address
         SandboxAdmin(url).clock(freeze=True)  # a change: written to the state directory
@@ -70,13 +96,16 @@ def test_params_and_flags_reach_the_sandbox(tmp_path):
         assert proc.stderr is not None and "GET /_sandbox/scenario" in proc.stderr.read()  # --verbose reached it
 
 
-@pytest.mark.parametrize(("args", "says"), [
-    (["--param", "quota_enqueued_tokens=lots"], "quota_enqueued_tokens must be a number"),
-    (["--param", "quota_concurrent_jobs=-1"], "quota_concurrent_jobs must be a whole number"),
-    (["--param", "no_such_param=1"], "unknown params"),
-    (["--param", "missing-equals"], "expected KEY=VALUE"),
-    (["--host", "0.0.0.0"], "127.0.0.1"),  # --host reaches the sandbox, which refuses anything but loopback
-])
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--param", "quota_enqueued_tokens=lots"], "quota_enqueued_tokens must be a number"),
+        (["--param", "quota_concurrent_jobs=-1"], "quota_concurrent_jobs must be a whole number"),
+        (["--param", "no_such_param=1"], "unknown params"),
+        (["--param", "missing-equals"], "expected KEY=VALUE"),
+        (["--host", "0.0.0.0"], "127.0.0.1"),  # --host reaches the sandbox, which refuses anything but loopback
+    ],
+)
 def test_a_bad_flag_stops_it_with_an_error(args, says, capsys):
     with pytest.raises(SystemExit) as done:
         cli_main(["sandbox", "--port", "0", *args])  # the sandbox's parser refuses it before anything listens

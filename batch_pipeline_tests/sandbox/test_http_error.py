@@ -13,8 +13,9 @@ import pytest
 from batch_pipeline.sandbox import SandboxAdmin
 from batch_pipeline.sandbox.scenarios import make_scenario
 
-SIGV4 = ("AWS4-HMAC-SHA256 Credential=AKIDSANDBOX/20260101/us-east-1/bedrock/aws4_request, SignedHeaders=host, "
-         "Signature=00")
+SIGV4 = (
+    "AWS4-HMAC-SHA256 Credential=AKIDSANDBOX/20260101/us-east-1/bedrock/aws4_request, SignedHeaders=host, Signature=00"
+)
 CALLS = {  # provider -> (path, headers) of a GET on its list endpoint
     "openai": ("/v1/batches", {"Authorization": "Bearer sk-sandbox"}),
     "anthropic": ("/v1/messages/batches", {"x-api-key": "sk-sandbox", "anthropic-version": "2023-06-01"}),
@@ -22,8 +23,13 @@ CALLS = {  # provider -> (path, headers) of a GET on its list endpoint
     "gemini": ("/v1beta/batches", {"x-goog-api-key": "sk-sandbox"}),
     "vertex": ("/v1beta1/projects/p/locations/us-central1/batchPredictionJobs", {"Authorization": "Bearer t"}),
 }
-ENDPOINT = {"openai": "list_batches", "anthropic": "anthropic_list", "bedrock": "bedrock_list",
-            "gemini": "gemini_list", "vertex": "vertex_list"}
+ENDPOINT = {
+    "openai": "list_batches",
+    "anthropic": "anthropic_list",
+    "bedrock": "bedrock_list",
+    "gemini": "gemini_list",
+    "vertex": "vertex_list",
+}
 
 
 def get(url: str, provider: str) -> tuple[int, dict[str, str], Any]:
@@ -36,32 +42,53 @@ def get(url: str, provider: str) -> tuple[int, dict[str, str], Any]:
 
 
 def test_each_provider_gets_the_error_in_its_own_envelope(sandbox_url: str, admin: SandboxAdmin) -> None:
-    admin.set_scenario("http_error", status=429, code="enforced_spend_limit_reached", message="spent",
-                       on=list(ENDPOINT.values()))
+    admin.set_scenario(
+        "http_error", status=429, code="enforced_spend_limit_reached", message="spent", on=list(ENDPOINT.values())
+    )
     status, _, body = get(sandbox_url, "anthropic")
-    assert status == 429 and body == {"type": "error", "error": {
-        "type": "rate_limit_error", "message": "spent", "details": {"error_code": "enforced_spend_limit_reached"}}}
+    assert status == 429 and body == {
+        "type": "error",
+        "error": {
+            "type": "rate_limit_error",
+            "message": "spent",
+            "details": {"error_code": "enforced_spend_limit_reached"},
+        },
+    }
     status, _, body = get(sandbox_url, "openai")
-    assert status == 429 and body["error"] == {"message": "spent", "type": "invalid_request_error", "param": None,
-                                               "code": "enforced_spend_limit_reached"}
+    assert status == 429 and body["error"] == {
+        "message": "spent",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "enforced_spend_limit_reached",
+    }
 
-    admin.set_scenario("http_error", status=400, code="ServiceQuotaExceededException", message="full",
-                       on=["bedrock_list"])
+    admin.set_scenario(
+        "http_error", status=400, code="ServiceQuotaExceededException", message="full", on=["bedrock_list"]
+    )
     status, headers, body = get(sandbox_url, "bedrock")
-    assert status == 400 and headers["x-amzn-errortype"] == "ServiceQuotaExceededException" and body == {
-        "message": "full"}
+    assert (
+        status == 400 and headers["x-amzn-errortype"] == "ServiceQuotaExceededException" and body == {"message": "full"}
+    )
 
-    admin.set_scenario("http_error", status=403, code="BILLING_DISABLED", type="PERMISSION_DENIED", message="pay",
-                       on=["gemini_list", "vertex_list"])
+    admin.set_scenario(
+        "http_error",
+        status=403,
+        code="BILLING_DISABLED",
+        type="PERMISSION_DENIED",
+        message="pay",
+        on=["gemini_list", "vertex_list"],
+    )
     for provider in ("gemini", "vertex"):
         status, _, body = get(sandbox_url, provider)
         assert status == 403 and body["error"]["status"] == "PERMISSION_DENIED", provider
         assert body["error"]["message"] == "pay" and [d["reason"] for d in body["error"]["details"]] == [
-            "BILLING_DISABLED"]
+            "BILLING_DISABLED"
+        ]
 
 
-def test_the_defaults_follow_the_status_and_a_wait_is_said_each_providers_way(sandbox_url: str,
-                                                                              admin: SandboxAdmin) -> None:
+def test_the_defaults_follow_the_status_and_a_wait_is_said_each_providers_way(
+    sandbox_url: str, admin: SandboxAdmin
+) -> None:
     admin.set_scenario("http_error", status=503, retry_after_ms=1500, on=list(ENDPOINT.values()))
     status, headers, body = get(sandbox_url, "openai")
     assert status == 503 and body["error"]["type"] == "server_error" and body["error"]["code"] is None

@@ -29,7 +29,10 @@ def test_round_trip_objects_match_the_openapi_schemas(client: openai.OpenAI, adm
     assert final["model"] == MODEL
     assert final["error_file_id"] is None
     assert (
-        final["created_at"] <= final["in_progress_at"] <= final["finalizing_at"] <= final["completed_at"]
+        final["created_at"]
+        <= final["in_progress_at"]
+        <= final["finalizing_at"]
+        <= final["completed_at"]
         < final["expires_at"]
     )
 
@@ -52,8 +55,8 @@ def test_round_trip_objects_match_the_openapi_schemas(client: openai.OpenAI, adm
         assert message_content(line).startswith("Sandbox reply to: Summarise item number")
 
     usage = final["usage"]
-    assert usage["input_tokens"] == sum(l["response"]["body"]["usage"]["prompt_tokens"] for l in output)
-    assert usage["output_tokens"] == sum(l["response"]["body"]["usage"]["completion_tokens"] for l in output)
+    assert usage["input_tokens"] == sum(ln["response"]["body"]["usage"]["prompt_tokens"] for ln in output)
+    assert usage["output_tokens"] == sum(ln["response"]["body"]["usage"]["completion_tokens"] for ln in output)
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
 
     listing = json.loads(client.files.with_raw_response.list().text)
@@ -135,7 +138,7 @@ def test_long_system_prompt_is_cached_after_first_sight(client: openai.OpenAI, a
     lines = [chat_line(f"c{i}", f"question {i}", system=system) for i in range(4)]
     lines.append(chat_line("short", "no long prefix", system="Be brief."))
     batch = wait_for(client, submit(client, lines)["id"])
-    output = {l["custom_id"]: l["response"]["body"]["usage"] for l in read_jsonl(client, batch["output_file_id"])}
+    output = {ln["custom_id"]: ln["response"]["body"]["usage"] for ln in read_jsonl(client, batch["output_file_id"])}
     cached = sorted(output[f"c{i}"]["prompt_tokens_details"]["cached_tokens"] for i in range(4))
     assert cached == [0, prefix, prefix, prefix]
     assert output["short"]["prompt_tokens_details"]["cached_tokens"] == 0

@@ -14,10 +14,22 @@ def test_a_batch_that_completes_has_answered_every_line(admin, sandbox_proc, spa
     _, url = sandbox_proc
     admin.set_scenario("normal", in_progress_s=span)
     client = openai.OpenAI(base_url=url + "/v1", api_key="sk-sandbox")
-    lines = "".join(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
-                                "body": {"model": "gpt-4o-mini", "max_tokens": 5,
-                                         "messages": [{"role": "user", "content": f"hello {i}"}]}}) + "\n"
-                    for i in range(3))
+    lines = "".join(
+        json.dumps(
+            {
+                "custom_id": f"r{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "model": "gpt-4o-mini",
+                    "max_tokens": 5,
+                    "messages": [{"role": "user", "content": f"hello {i}"}],
+                },
+            }
+        )
+        + "\n"
+        for i in range(3)
+    )
     file = client.files.create(file=("in.jsonl", lines.encode()), purpose="batch")
     batch = client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
     deadline = time.monotonic() + 60

@@ -41,7 +41,9 @@ def test_only_loopback_is_accepted() -> None:
         SandboxServer(port=0, host="0.0.0.0")
     cli = subprocess.run(
         [sys.executable, "-m", "batch_pipeline.sandbox", "--host", "0.0.0.0"],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert cli.returncode == 2 and "loopback" in cli.stderr and cli.stdout == ""
 
@@ -75,10 +77,18 @@ def test_pick_label_prefers_text_then_words_then_hash() -> None:
         {"type": "integer", "exclusiveMinimum": 10, "exclusiveMaximum": 12},
         {"type": "number", "minimum": -2.5, "maximum": -1},
         {"type": ["null", "boolean"]},
-        {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
-                   {"properties": {"b": {"const": 7}}, "required": ["b"]}]},
-        {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}, "maxItems": 0}},
-         "required": ["kids"], "additionalProperties": False},
+        {
+            "allOf": [
+                {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                {"properties": {"b": {"const": 7}}, "required": ["b"]},
+            ]
+        },
+        {
+            "type": "object",
+            "properties": {"kids": {"type": "array", "items": {"$ref": "#"}, "maxItems": 0}},
+            "required": ["kids"],
+            "additionalProperties": False,
+        },
         {"type": "string", "format": "date-time", "maxLength": 30},
     ],
 )

@@ -56,11 +56,11 @@ def test_expiry_via_the_clock_keeps_partial_results(client: openai.OpenAI, admin
 
     output = read_jsonl(client, expired["output_file_id"])
     errors = read_jsonl(client, expired["error_file_id"])
-    assert len(output) == done and all(l["response"]["status_code"] == 200 for l in output)
+    assert len(output) == done and all(ln["response"]["status_code"] == 200 for ln in output)
     assert {e["error"]["code"] for e in errors} == {"batch_expired"}
     assert all(e["response"] is None for e in errors)
-    assert sorted(l["custom_id"] for l in output + errors) == sorted(l["custom_id"] for l in lines)
-    assert sorted(e["custom_id"] for e in admin.ledger()) == sorted(l["custom_id"] for l in output)
+    assert sorted(ln["custom_id"] for ln in output + errors) == sorted(ln["custom_id"] for ln in lines)
+    assert sorted(e["custom_id"] for e in admin.ledger()) == sorted(ln["custom_id"] for ln in output)
 
 
 def test_expire_scenario_keeps_the_complete_share(client: openai.OpenAI, admin: SandboxAdmin) -> None:

@@ -56,21 +56,37 @@ SMALL = REPO / "data" / "samples" / "tickets_small" / "tickets.jsonl"
 MODEL = "tiny-llama"
 LABELS = ["billing", "bug", "feature_request", "account", "other"]
 # Long enough (about 400 tokens) to fill several 128-token KV blocks that every request shares.
-SYSTEM = ("You label customer support tickets. Answer with exactly one label from the allowed set: billing "
-          "(charges, invoices, refunds), bug (something broken), feature_request (asks for something new), account "
-          "(login, password, profile, access), other (anything else).\n"
-          + "".join(f"Rule {i}: read the whole ticket, the subject and the body, before you answer; when a ticket "
-                    f"is about an invoice or a charge or a refund the answer is billing; when the app is broken or "
-                    f"slow or fails the answer is bug.\n" for i in range(1, 9)))
-PRICES = {"prices": {
-    # self-hosted: paid by the GPU hour, not per token
-    "vllm": {MODEL: {"input_per_mtok": 0.0, "output_per_mtok": 0.0, "checked": "2026-11-30"}},
-    "online": {MODEL: {"input_per_mtok": 0.01, "cached_input_per_mtok": 0.0, "output_per_mtok": 0.02,
-                       "checked": "2026-11-30"}},
-}}
-JSON_SCHEMA = {"type": "object", "properties": {"label": {"type": "string", "enum": LABELS},
-                                                "urgent": {"type": "boolean"}},
-               "required": ["label", "urgent"], "additionalProperties": False}
+SYSTEM = (
+    "You label customer support tickets. Answer with exactly one label from the allowed set: billing "
+    "(charges, invoices, refunds), bug (something broken), feature_request (asks for something new), account "
+    "(login, password, profile, access), other (anything else).\n"
+    + "".join(
+        f"Rule {i}: read the whole ticket, the subject and the body, before you answer; when a ticket "
+        f"is about an invoice or a charge or a refund the answer is billing; when the app is broken or "
+        f"slow or fails the answer is bug.\n"
+        for i in range(1, 9)
+    )
+)
+PRICES = {
+    "prices": {
+        # self-hosted: paid by the GPU hour, not per token
+        "vllm": {MODEL: {"input_per_mtok": 0.0, "output_per_mtok": 0.0, "checked": "2026-11-30"}},
+        "online": {
+            MODEL: {
+                "input_per_mtok": 0.01,
+                "cached_input_per_mtok": 0.0,
+                "output_per_mtok": 0.02,
+                "checked": "2026-11-30",
+            }
+        },
+    }
+}
+JSON_SCHEMA = {
+    "type": "object",
+    "properties": {"label": {"type": "string", "enum": LABELS}, "urgent": {"type": "boolean"}},
+    "required": ["label", "urgent"],
+    "additionalProperties": False,
+}
 
 
 @pytest.fixture(scope="session")
@@ -87,8 +103,16 @@ def prices_file(tmp_path_factory) -> Path:
 
 def engine_settings(model_dir: Path, **overrides) -> dict:
     """vLLM settings for this machine (2 cores): small KV cache, eager, everything in one process."""
-    return {"model": str(model_dir), "dtype": "float32", "enforce_eager": True, "max_model_len": 1024,
-            "kv_cache_memory_bytes": 256 * 2**20, "multiprocessing": False, "flush_every": 4, **overrides}
+    return {
+        "model": str(model_dir),
+        "dtype": "float32",
+        "enforce_eager": True,
+        "max_model_len": 1024,
+        "kv_cache_memory_bytes": 256 * 2**20,
+        "multiprocessing": False,
+        "flush_every": 4,
+        **overrides,
+    }
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -123,12 +147,24 @@ def write_job(root: Path, name: str, backend: dict, rows: list[dict] | None = No
         shutil.copy(SMALL, inputs / "rows.jsonl")
     else:
         (inputs / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    spec = {"name": name, "input": {"path": str(inputs / "*.jsonl"), "text_field": "body", "key_field": "ticket_id",
-                                    "max_input_tokens": 4000},
-            "prompt": {"version": "v1", "system": SYSTEM, "template": "Subject: {subject}\nTicket:\n{body}"},
-            "model": MODEL, "backend": backend, "sampling": {"temperature": 0, "max_tokens": 16},
-            "output": {"choice": LABELS}, "shards": {"max_requests": 10}, "retries": {"per_item": 3},
-            "budget_usd": 1, **overrides}
+    spec = {
+        "name": name,
+        "input": {
+            "path": str(inputs / "*.jsonl"),
+            "text_field": "body",
+            "key_field": "ticket_id",
+            "max_input_tokens": 4000,
+        },
+        "prompt": {"version": "v1", "system": SYSTEM, "template": "Subject: {subject}\nTicket:\n{body}"},
+        "model": MODEL,
+        "backend": backend,
+        "sampling": {"temperature": 0, "max_tokens": 16},
+        "output": {"choice": LABELS},
+        "shards": {"max_requests": 10},
+        "retries": {"per_item": 3},
+        "budget_usd": 1,
+        **overrides,
+    }
     path = data / "jobs" / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return load_spec(path)
@@ -161,8 +197,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def stop_process(proc: subprocess.Popen, timeout: float = 30.0,
-                 family: "list[psutil.Process]" = ()) -> int:
+def stop_process(proc: subprocess.Popen, timeout: float = 30.0, family: "list[psutil.Process]" = ()) -> int:
     """SIGTERM to the process (by PID), then SIGKILL to its session and to each known descendant left.
 
     ``family`` holds psutil handles taken while the processes ran: psutil checks a handle's creation time
@@ -221,8 +256,13 @@ def python_env(**extra: str) -> dict:
     return env
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str, proc: subprocess.Popen | None = None,
-             interval: float = 0.2) -> None:
+def wait_for(
+    predicate: Callable[[], bool],
+    timeout: float,
+    what: str,
+    proc: subprocess.Popen | None = None,
+    interval: float = 0.2,
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():

@@ -17,22 +17,33 @@ from .conftest import LABELS, SYSTEM
 
 EXAMPLES = []
 for i, label in enumerate(LABELS * 3):
-    EXAMPLES += [{"role": "user", "content": f"Example ticket {i}: " + f"the customer writes about {label} " * 12},
-                 {"role": "assistant", "content": label}]
+    EXAMPLES += [
+        {"role": "user", "content": f"Example ticket {i}: " + f"the customer writes about {label} " * 12},
+        {"role": "assistant", "content": label},
+    ]
 
 
 def rows(n: int) -> list[dict]:
-    return [{"id": f"c{i}", "messages": [{"role": "user", "content": f"hello, ticket {i}"},
-                                         {"role": "assistant", "content": "How can I help?"},
-                                         {"role": "user", "content": f"my invoice {i} is wrong"}]} for i in range(n)]
+    return [
+        {
+            "id": f"c{i}",
+            "messages": [
+                {"role": "user", "content": f"hello, ticket {i}"},
+                {"role": "assistant", "content": "How can I help?"},
+                {"role": "user", "content": f"my invoice {i} is wrong"},
+            ],
+        }
+        for i in range(n)
+    ]
 
 
 def test_the_renderer_gives_the_chat_templates_own_tokens_for_examples_and_turns(tiny_model):
     from transformers import AutoTokenizer  # the vLLM tier's venv only (the module loads without it)
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
-    plan = RequestPlan("m", SYSTEM, None, None, examples=tuple((t["role"], t["content"]) for t in EXAMPLES[:4]),
-                       shape=ItemShape.TURNS)
+    plan = RequestPlan(
+        "m", SYSTEM, None, None, examples=tuple((t["role"], t["content"]) for t in EXAMPLES[:4]), shape=ItemShape.TURNS
+    )
     prompts = [json.dumps(r["messages"], separators=(",", ":")) for r in rows(3)]
     got = PromptRenderer.for_plan(tokenizer, plan).token_ids(prompts)
     for ids, row in zip(got, rows(3), strict=True):
@@ -46,12 +57,21 @@ def test_the_renderer_gives_the_chat_templates_own_tokens_for_examples_and_turns
             at = text.index(f"{m['role']}<|end_header_id|>\n\n{m['content']}<|eot_id|>", at) + 1
 
 
-def test_a_messages_job_keeps_the_cached_share_above_0_8_with_the_examples_in_the_prefix(make_job, instance,
-                                                                                          resources, home):
-    spec = make_job("vchat", rows=rows(20), settings={"max_model_len": 4096},
-                    input={"path": str(home.parent / "data" / "in" / "vchat" / "*.jsonl"),
-                           "messages_field": "messages", "key_field": "id", "max_input_tokens": 4000},
-                    prompt={"version": "v1", "system": SYSTEM, "examples": EXAMPLES})
+def test_a_messages_job_keeps_the_cached_share_above_0_8_with_the_examples_in_the_prefix(
+    make_job, instance, resources, home
+):
+    spec = make_job(
+        "vchat",
+        rows=rows(20),
+        settings={"max_model_len": 4096},
+        input={
+            "path": str(home.parent / "data" / "in" / "vchat" / "*.jsonl"),
+            "messages_field": "messages",
+            "key_field": "id",
+            "max_input_tokens": 4000,
+        },
+        prompt={"version": "v1", "system": SYSTEM, "examples": EXAMPLES},
+    )
     report = run_job(spec, instance, resources)
     assert report["complete"] and report["succeeded"] == 20
     results = read_results(Store(home), "vchat")

@@ -8,12 +8,12 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
+from batch_pipeline.core.manifest.shards import build_manifest
 from batch_pipeline.core.run.control import JobControl
 from batch_pipeline.core.run.executor import RequestPlan, ShardWork
-from batch_pipeline.core.manifest.shards import build_manifest
-from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.run.runner import ShardRunner
+from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.pipeline import run_job
 from batch_pipeline.executors.registry import create_executor
@@ -44,8 +44,9 @@ def test_choice_job_gives_valid_labels_and_hits_the_prefix_cache(make_job, insta
     assert (results["cached_tokens"] >= 256).sum() >= 36
     assert (results["cached_tokens"] < results["input_tokens"]).all()
     # flushed every 4 items: a shard of 10 wrote parts of 4, 4 and 2
-    parts = Store(home).list_files(f"{JobPaths('vchoice').results}/{results['shard_id'][0]}", recursive=True,
-                                   suffix=".parquet")
+    parts = Store(home).list_files(
+        f"{JobPaths('vchoice').results}/{results['shard_id'][0]}", recursive=True, suffix=".parquet"
+    )
     assert len(parts) == 3
 
 
@@ -65,9 +66,16 @@ def test_length_finish_is_retried_then_dead_lettered(make_job, instance, resourc
     # max_tokens 3 cannot fit {"label":"bug","urgent":false} (about 9 tokens): the spec would not load, so it is
     # loaded with 40 and shrunk afterwards (conftest.truncating). No canary: with one, a job that truncates
     # everything stops after the canary (the next test); this one is about the retry path of every item.
-    spec = truncating(make_job("vlength", output={"json_schema": JSON_SCHEMA},
-                               sampling={"temperature": 0, "max_tokens": 40},
-                               retries={"per_item": 2, "spend_cap_share": 1.0}, canary_first=False), 3)
+    spec = truncating(
+        make_job(
+            "vlength",
+            output={"json_schema": JSON_SCHEMA},
+            sampling={"temperature": 0, "max_tokens": 40},
+            retries={"per_item": 2, "spend_cap_share": 1.0},
+            canary_first=False,
+        ),
+        3,
+    )
     report = run_job(spec, instance, resources)
     assert report["succeeded"] == 0 and report["dead_lettered"] == 40 and report["complete"]
     results = read_results(Store(home), "vlength")
@@ -83,8 +91,15 @@ def test_length_finish_is_retried_then_dead_lettered(make_job, instance, resourc
 def test_a_truncating_canary_stops_the_job_before_the_other_shards(make_job, instance, resources, home):
     # the same truncating spec with the default canary: only the first shard's sample (its 10 items) is sent,
     # once; every answer is cut off, so the structural failure rate (1.0) is over canary.max_failure_rate
-    spec = truncating(make_job("vcanary", output={"json_schema": JSON_SCHEMA},
-                               sampling={"temperature": 0, "max_tokens": 40}, retries={"per_item": 2}), 3)
+    spec = truncating(
+        make_job(
+            "vcanary",
+            output={"json_schema": JSON_SCHEMA},
+            sampling={"temperature": 0, "max_tokens": 40},
+            retries={"per_item": 2},
+        ),
+        3,
+    )
     with pytest.raises(dg.Failure, match="canary"):
         run_job(spec, instance, resources)
     store = Store(home)

@@ -17,12 +17,23 @@ import polars as pl
 import psutil
 import pytest
 
-from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.run.results import read_results
+from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.pipeline import run_job
 
-from .conftest import JSON_SCHEMA, LABELS, MODEL, PY, family_of, free_port, processes_left, python_env, stop_process, write_job
+from .conftest import (
+    JSON_SCHEMA,
+    LABELS,
+    MODEL,
+    PY,
+    family_of,
+    free_port,
+    processes_left,
+    python_env,
+    stop_process,
+    write_job,
+)
 
 STARTUP_TIMEOUT_S = 240
 
@@ -39,11 +50,32 @@ def _healthy(url: str) -> bool:
 def vllm_server(tiny_model, tmp_path_factory) -> Iterator[str]:
     port = free_port()
     log_path = tmp_path_factory.mktemp("vllm-server") / "server.log"
-    argv = [PY, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model), "--served-model-name", MODEL,
-            "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
-            "--max-model-len", "1024", "--kv-cache-memory-bytes", str(256 * 2**20), "--enable-prefix-caching",
-            "--enable-prompt-tokens-details", "--distributed-executor-backend", "uni",
-            "--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})]
+    argv = [
+        PY,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(tiny_model),
+        "--served-model-name",
+        MODEL,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        "1024",
+        "--kv-cache-memory-bytes",
+        str(256 * 2**20),
+        "--enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+        "--distributed-executor-backend",
+        "uni",
+        "--structured-outputs-config",
+        json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
+    ]
     env = python_env(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     with open(log_path, "w") as log:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -53,8 +85,9 @@ def vllm_server(tiny_model, tmp_path_factory) -> Iterator[str]:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while not _healthy(url):
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"vLLM server did not come up (exit {proc.poll()}):\n"
-                                     + log_path.read_text()[-4000:])
+                raise AssertionError(
+                    f"vLLM server did not come up (exit {proc.poll()}):\n" + log_path.read_text()[-4000:]
+                )
             time.sleep(0.5)
         yield url
     finally:
@@ -68,8 +101,10 @@ def vllm_server(tiny_model, tmp_path_factory) -> Iterator[str]:
 
 
 def _online(url: str, **extra) -> dict:
-    return {"name": "online", "settings": {"base_url": f"{url}/v1", "api_key_env": None, "concurrency": 4,
-                                           "flush_every": 8, **extra}}
+    return {
+        "name": "online",
+        "settings": {"base_url": f"{url}/v1", "api_key_env": None, "concurrency": 4, "flush_every": 8, **extra},
+    }
 
 
 def test_choice_job_through_the_server_with_response_format(vllm_server, tmp_path, instance, resources, home):
@@ -96,8 +131,13 @@ def test_choice_job_with_vllm_structured_outputs_in_extra_body(vllm_server, tmp_
 
 def test_json_schema_job_with_vllm_structured_outputs(vllm_server, tmp_path, instance, resources, home):
     extra = {"response_format": None, "structured_outputs": {"json": JSON_SCHEMA}}
-    spec = write_job(tmp_path, "vonline_json", _online(vllm_server, extra_body=extra),
-                     output={"json_schema": JSON_SCHEMA}, sampling={"temperature": 0, "max_tokens": 40})
+    spec = write_job(
+        tmp_path,
+        "vonline_json",
+        _online(vllm_server, extra_body=extra),
+        output={"json_schema": JSON_SCHEMA},
+        sampling={"temperature": 0, "max_tokens": 40},
+    )
     report = run_job(spec, instance, resources)
     assert report["complete"] and report["succeeded"] == 40
     table = pl.read_parquet(Store(home).local_path(JobPaths("vonline_json").validated))

@@ -6,11 +6,11 @@ import subprocess
 
 import polars as pl
 
-from batch_pipeline.core.run.executor import RequestPlan, ShardWork
 from batch_pipeline.core.manifest.shards import Manifest, build_manifest
+from batch_pipeline.core.quality.validate import validate
+from batch_pipeline.core.run.executor import RequestPlan, ShardWork
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
-from batch_pipeline.core.quality.validate import validate
 from batch_pipeline.defs.pipeline import run_job
 from batch_pipeline.executors.openai.export import export_openai_batch_errors, export_openai_batch_output
 from batch_pipeline.executors.openai.format import parse_output_block, request_lines
@@ -28,14 +28,35 @@ def test_vllm_run_batch_runs_our_request_file_and_its_output_ingests(make_job, h
     items = manifest.shard_items(shard, ["request_id", "user_prompt"])
     work = ShardWork(spec.name, shard, 1, f"{spec.name}:{shard}:1", RequestPlan.from_spec(spec), items)
     (tmp_path / "in.jsonl").write_bytes(request_lines(work))
-    argv = [PY, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(tmp_path / "in.jsonl"),
-            "-o", str(tmp_path / "out.jsonl"), "--model", str(tiny_model), "--served-model-name", MODEL,
-            "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024",
-            "--kv-cache-memory-bytes", str(256 * 2**20), "--enable-prefix-caching", "--enable-prompt-tokens-details",
-            "--distributed-executor-backend", "uni",
-            "--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})]
-    proc = subprocess.run(argv, env=python_env(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"), capture_output=True,
-                          text=True, timeout=300)
+    argv = [
+        PY,
+        "-m",
+        "vllm.entrypoints.openai.run_batch",
+        "-i",
+        str(tmp_path / "in.jsonl"),
+        "-o",
+        str(tmp_path / "out.jsonl"),
+        "--model",
+        str(tiny_model),
+        "--served-model-name",
+        MODEL,
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        "1024",
+        "--kv-cache-memory-bytes",
+        str(256 * 2**20),
+        "--enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+        "--distributed-executor-backend",
+        "uni",
+        "--structured-outputs-config",
+        json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
+    ]
+    proc = subprocess.run(
+        argv, env=python_env(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"), capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     raw = parse_output_block((tmp_path / "out.jsonl").read_bytes())
     assert sorted(raw.column("request_id").to_pylist()) == sorted(work.request_ids)
@@ -69,9 +90,16 @@ def test_dead_letters_export_as_an_openai_batch_error_file(make_job, instance, r
     # every item truncated (max_tokens 2), so every item is a dead letter. The spec loads with a max_tokens that
     # fits the contract and is shrunk afterwards (conftest.truncating); no canary, which would stop the job
     # after the first shard's sample instead of dead-lettering all 40
-    spec = truncating(make_job("vexporterr", output={"json_schema": JSON_SCHEMA},
-                               sampling={"temperature": 0, "max_tokens": 40}, retries={"per_item": 1},
-                               canary_first=False), 2)
+    spec = truncating(
+        make_job(
+            "vexporterr",
+            output={"json_schema": JSON_SCHEMA},
+            sampling={"temperature": 0, "max_tokens": 40},
+            retries={"per_item": 1},
+            canary_first=False,
+        ),
+        2,
+    )
     assert run_job(spec, instance, resources)["dead_lettered"] == 40
     dead = pl.read_parquet(Store(home).local_path(JobPaths(spec.name).dead_letters))
     path = tmp_path / "errors.jsonl"

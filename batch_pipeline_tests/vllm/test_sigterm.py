@@ -16,9 +16,9 @@ import polars as pl
 
 from batch_pipeline.core.run.attempts import AttemptLog
 from batch_pipeline.core.run.lease import current_token
-from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.spec.job import CanarySpec
+from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 
 from .conftest import PY, engine_settings, python_env, stop_process, wait_for, write_job
@@ -29,16 +29,28 @@ TOPICS = ["invoice", "refund", "password", "crash", "export", "seats", "login", 
 
 
 def _rows() -> list[dict]:
-    return [{"ticket_id": f"T{i:05d}", "subject": f"Ticket {i} about the {TOPICS[i % 8]}",
-             "body": f"Hello team, ticket number {i}: the {TOPICS[i % 8]} page fails since {i % 28} days. "
-                     f"Please help, thanks {i * 7919 % 100000}."} for i in range(ROWS)]
+    return [
+        {
+            "ticket_id": f"T{i:05d}",
+            "subject": f"Ticket {i} about the {TOPICS[i % 8]}",
+            "body": f"Hello team, ticket number {i}: the {TOPICS[i % 8]} page fails since {i % 28} days. "
+            f"Please help, thanks {i * 7919 % 100000}.",
+        }
+        for i in range(ROWS)
+    ]
 
 
 def _cli(spec_path: str, home, tmp_path, prices_file) -> subprocess.Popen:
     env = python_env(DAGSTER_HOME=str(tmp_path / "dagster_home"), BATCH_PIPELINE_PRICES=str(prices_file))
     (tmp_path / "dagster_home").mkdir(exist_ok=True)
-    return subprocess.Popen([PY, "-m", "batch_pipeline.cli", "run", spec_path, "--home", str(home)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [PY, "-m", "batch_pipeline.cli", "run", spec_path, "--home", str(home)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def test_sigterm_flushes_releases_the_lease_and_the_rerun_sends_only_the_rest(tmp_path, tiny_model, prices_file):
@@ -50,8 +62,13 @@ def test_sigterm_flushes_releases_the_lease_and_the_rerun_sends_only_the_rest(tm
     paths = JobPaths(spec.name)
     proc = _cli(spec.source_path, home, tmp_path, prices_file)
     try:
-        wait_for(lambda: len(store.list_files(paths.results, recursive=True, suffix=".parquet")) >= 3, 240,
-                 "three flushed parts", proc, interval=0.05)
+        wait_for(
+            lambda: len(store.list_files(paths.results, recursive=True, suffix=".parquet")) >= 3,
+            240,
+            "three flushed parts",
+            proc,
+            interval=0.05,
+        )
         proc.send_signal(signal.SIGTERM)
         sent = time.monotonic()
         out, _ = proc.communicate(timeout=60)

@@ -24,15 +24,22 @@ def test_shapes_tokenizer_and_chat_template(tiny_model):
     from transformers import AutoTokenizer  # installed with vLLM
 
     config = json.loads((tiny_model / "config.json").read_text())
-    assert (config["hidden_size"], config["num_hidden_layers"], config["head_dim"], config["vocab_size"]) == \
-        (128, 2, 64, 2048)
+    assert (config["hidden_size"], config["num_hidden_layers"], config["head_dim"], config["vocab_size"]) == (
+        128,
+        2,
+        64,
+        2048,
+    )
     tok = AutoTokenizer.from_pretrained(tiny_model)
     assert len(tok) == 2048  # every id the model can sample decodes
     for label in LABELS:
         ids = tok(label, add_special_tokens=False)["input_ids"]
         assert tok.decode(ids) == label and len(ids) <= 3
-    text = tok.apply_chat_template([{"role": "system", "content": "SYSTEM"}, {"role": "user", "content": "USER"}],
-                                   tokenize=False, add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "system", "content": "SYSTEM"}, {"role": "user", "content": "USER"}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     assert text.startswith("<|begin_of_text|>") and text.index("SYSTEM") < text.index("USER")
     assert text.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
     assert tok.eos_token == "<|eot_id|>" and tok.eos_token_id == config["eos_token_id"]

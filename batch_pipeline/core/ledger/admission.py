@@ -73,14 +73,19 @@ class Room:
         if partial is not None:  # the part that fits fills the splittable dimensions of that account
             snap, taken = self.snapshots[partial], self.taken[partial]
             fill = {d: max(snap.limits.values.get(d, 0) - snap.in_use(d), 0) for d in SPLITTABLE}
-            self.taken[partial] = Need(max(taken.tokens, fill[Dimension.TOKENS]) if need.tokens else taken.tokens,
-                                       max(taken.requests, fill[Dimension.REQUESTS]) if need.requests
-                                       else taken.requests, taken.jobs + need.jobs)
+            self.taken[partial] = Need(
+                max(taken.tokens, fill[Dimension.TOKENS]) if need.tokens else taken.tokens,
+                max(taken.requests, fill[Dimension.REQUESTS]) if need.requests else taken.requests,
+                taken.jobs + need.jobs,
+            )
             self.admitted += 1
             return None
         self.waiting += 1
-        return "quota: " + "; ".join(snap.describe(dim) for snap, dim in zip(self.snapshots, blocked, strict=True)) \
+        return (
+            "quota: "
+            + "; ".join(snap.describe(dim) for snap, dim in zip(self.snapshots, blocked, strict=True))
             + "; sent when a batch ends and frees room"
+        )
 
 
 def fitting_prefix(snapshot: Snapshot, tokens: np.ndarray) -> int:

@@ -38,25 +38,33 @@ log = logging.getLogger(__name__)
 
 ROOT = "capacity"
 DEFAULT_HOLD_TTL = timedelta(minutes=15)
-INTENT_GRACE = timedelta(minutes=2)   # a reservation is followed by its intent within moments
-RISE = 1.05                            # a limit learned from the load rises this much per clean submission
+INTENT_GRACE = timedelta(minutes=2)  # a reservation is followed by its intent within moments
+RISE = 1.05  # a limit learned from the load rises this much per clean submission
 MAX_RACES = 50
 
 
 class Dimension(StrEnum):
-    TOKENS = "tokens"        # enqueued prompt tokens (OpenAI, Azure, Gemini)
-    REQUESTS = "requests"    # requests waiting (Anthropic)
-    JOBS = "jobs"            # batch jobs submitted or running (Vertex, Bedrock)
-    PER_HOUR = "per_hour"    # batch creates per rolling hour (OpenAI)
+    TOKENS = "tokens"  # enqueued prompt tokens (OpenAI, Azure, Gemini)
+    REQUESTS = "requests"  # requests waiting (Anthropic)
+    JOBS = "jobs"  # batch jobs submitted or running (Vertex, Bedrock)
+    PER_HOUR = "per_hour"  # batch creates per rolling hour (OpenAI)
 
     @property
     def label(self) -> str:
-        return {"tokens": "enqueued tokens", "requests": "enqueued requests", "jobs": "open batch jobs",
-                "per_hour": "batch creates in the last hour"}[self.value]
+        return {
+            "tokens": "enqueued tokens",
+            "requests": "enqueued requests",
+            "jobs": "open batch jobs",
+            "per_hour": "batch creates in the last hour",
+        }[self.value]
 
 
-QUOTA_FIELDS = {Dimension.TOKENS: "enqueued_tokens", Dimension.REQUESTS: "enqueued_requests",
-                Dimension.JOBS: "concurrent_jobs", Dimension.PER_HOUR: "batches_per_hour"}
+QUOTA_FIELDS = {
+    Dimension.TOKENS: "enqueued_tokens",
+    Dimension.REQUESTS: "enqueued_requests",
+    Dimension.JOBS: "concurrent_jobs",
+    Dimension.PER_HOUR: "batches_per_hour",
+}
 
 
 @dataclass(frozen=True)
@@ -87,8 +95,12 @@ class Need:
     jobs: int = 1
 
     def get(self, dim: Dimension) -> int:
-        return {Dimension.TOKENS: self.tokens, Dimension.REQUESTS: self.requests, Dimension.JOBS: self.jobs,
-                Dimension.PER_HOUR: self.jobs}[dim]
+        return {
+            Dimension.TOKENS: self.tokens,
+            Dimension.REQUESTS: self.requests,
+            Dimension.JOBS: self.jobs,
+            Dimension.PER_HOUR: self.jobs,
+        }[dim]
 
     def __add__(self, other: "Need") -> "Need":
         return Need(self.tokens + other.tokens, self.requests + other.requests, self.jobs + other.jobs)
@@ -152,12 +164,18 @@ class Snapshot:
     def describe(self, dim: Dimension | None = None) -> str:
         """e.g. "1.9M of 2.0M enqueued tokens in use by 3 batches (jobs triage, embed)"."""
         dims = [dim] if dim is not None else list(self.limits.values)
-        parts = [f"{_short(self.in_use(d))} of {_short(self.limits.values[d])} {d.label}"
-                 + (" (learned from a refusal)" if self.limits.sources.get(d, "").startswith("learned") else "")
-                 for d in dims if d in self.limits.values]
+        parts = [
+            f"{_short(self.in_use(d))} of {_short(self.limits.values[d])} {d.label}"
+            + (" (learned from a refusal)" if self.limits.sources.get(d, "").startswith("learned") else "")
+            for d in dims
+            if d in self.limits.values
+        ]
         jobs = sorted({h.job for h in self.holdings})
-        held = f" in use by {len(self.holdings)} batch(es) (job{'s' if len(jobs) > 1 else ''} {', '.join(jobs)})" \
-            if self.holdings else ""
+        held = (
+            f" in use by {len(self.holdings)} batch(es) (job{'s' if len(jobs) > 1 else ''} {', '.join(jobs)})"
+            if self.holdings
+            else ""
+        )
         return f"{'; '.join(parts) or 'no limit'}{held} on {self.scope.describe()}"
 
 
@@ -176,8 +194,9 @@ def _parse_time(value: object) -> datetime | None:
 
 
 class CapacityLedger:
-    def __init__(self, store: Store, scope: CapacityScope, quota: QuotaSpec | None = None,
-                 hold_ttl: timedelta = DEFAULT_HOLD_TTL):
+    def __init__(
+        self, store: Store, scope: CapacityScope, quota: QuotaSpec | None = None, hold_ttl: timedelta = DEFAULT_HOLD_TTL
+    ):
         self.store, self.scope, self.quota, self.hold_ttl = store, scope, quota or QuotaSpec(), hold_ttl
         self.dir = f"{scope.rel}/held"
 
@@ -213,9 +232,14 @@ class CapacityLedger:
         if not isinstance(record, dict) or "job" not in record:
             return None  # torn for half a second: its writer died between create and write
         at = _parse_time(record.get("at")) or datetime.now(UTC)
-        holding = Holding(number, record["job"], record["shard_id"], int(record["attempt"]),
-                          Need(int(record.get("tokens", 0)), int(record.get("requests", 0)), int(record.get("jobs", 1))),
-                          at)
+        holding = Holding(
+            number,
+            record["job"],
+            record["shard_id"],
+            int(record["attempt"]),
+            Need(int(record.get("tokens", 0)), int(record.get("requests", 0)), int(record.get("jobs", 1))),
+            at,
+        )
         if bound:
             b = self.store.read_json(self._rel(number, ".bound")) or {}
             holding = replace(holding, batch_id=b.get("batch_id"), bound_at=_parse_time(b.get("at")))
@@ -232,7 +256,9 @@ class CapacityLedger:
                 return None  # accepted and recorded; the bind was interrupted: it holds until the batch ends
             if now - h.at > self.hold_ttl:
                 return f"never bound to a batch within {self.hold_ttl}"
-            if now - h.at > INTENT_GRACE and not self.store.exists(paths.attempt_event(h.shard_id, h.attempt, "intent")):
+            if now - h.at > INTENT_GRACE and not self.store.exists(
+                paths.attempt_event(h.shard_id, h.attempt, "intent")
+            ):
                 return "no intent followed it"
         return None
 
@@ -290,19 +316,29 @@ class CapacityLedger:
             if not force and not snap.fits(need):
                 return None
             now = datetime.now(UTC)
-            record = {"job": job, "shard_id": shard_id, "attempt": attempt, "tokens": need.tokens,
-                      "requests": need.requests, "jobs": need.jobs, "at": now.isoformat(), "forced": force}
+            record = {
+                "job": job,
+                "shard_id": shard_id,
+                "attempt": attempt,
+                "tokens": need.tokens,
+                "requests": need.requests,
+                "jobs": need.jobs,
+                "at": now.isoformat(),
+                "forced": force,
+            }
             if self.store.create_json_exclusive(self._rel(top + 1), record):
                 return Holding(top + 1, job, shard_id, attempt, need, now)
         raise RuntimeError(f"capacity ledger {self.scope.rel}: lost {MAX_RACES} races for a reservation number")
 
     def bind(self, number: int, batch_id: str) -> None:
-        self.store.create_json_exclusive(self._rel(number, ".bound"),
-                                         {"batch_id": batch_id, "at": datetime.now(UTC).isoformat()})
+        self.store.create_json_exclusive(
+            self._rel(number, ".bound"), {"batch_id": batch_id, "at": datetime.now(UTC).isoformat()}
+        )
 
     def release(self, number: int, why: str) -> None:
-        if self.store.create_json_exclusive(self._rel(number, ".released"),
-                                            {"why": why, "at": datetime.now(UTC).isoformat()}):
+        if self.store.create_json_exclusive(
+            self._rel(number, ".released"), {"why": why, "at": datetime.now(UTC).isoformat()}
+        ):
             log.info("capacity %s: reservation %d released (%s)", self.scope.rel, number, why)
 
     def release_attempt(self, job: str, shard_id: str, attempt: int, why: str) -> None:
@@ -320,12 +356,21 @@ class CapacityLedger:
         configured = getattr(self.quota, QUOTA_FIELDS[dim])
         if configured is not None:
             admitted = min(admitted, configured)
-        learned[dim.value] = {"admitted": admitted, "stated": stated, "load": load,
-                              "source": "stated by the provider" if stated else "load at the refusal",
-                              "at": datetime.now(UTC).isoformat()}
+        learned[dim.value] = {
+            "admitted": admitted,
+            "stated": stated,
+            "load": load,
+            "source": "stated by the provider" if stated else "load at the refusal",
+            "at": datetime.now(UTC).isoformat(),
+        }
         self.store.write_json(f"{self.scope.rel}/learned.json", learned)
-        log.warning("capacity %s: the provider refused at %s %s; admitting %d from now on", self.scope.rel,
-                    load, dim.label, admitted)
+        log.warning(
+            "capacity %s: the provider refused at %s %s; admitting %d from now on",
+            self.scope.rel,
+            load,
+            dim.label,
+            admitted,
+        )
         return admitted
 
     def clean_submission(self) -> None:

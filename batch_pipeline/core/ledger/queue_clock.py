@@ -31,7 +31,7 @@ class QueueClock:
             return 0.0
         closing = sorted(snap.holdings, key=lambda h: h.bound_at or h.at)
         for n, h in enumerate(closing):
-            rest = Snapshot(snap.scope, snap.limits, tuple(closing[n + 1:]), snap.created_last_hour)
+            rest = Snapshot(snap.scope, snap.limits, tuple(closing[n + 1 :]), snap.created_last_hour)
             if decide(rest, need, taken)[0] != Verdict.WAIT:
                 ends = (h.bound_at or h.at) + self.window
                 return max((ends - now).total_seconds(), 0.0) / 3600

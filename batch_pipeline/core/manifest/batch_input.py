@@ -22,13 +22,18 @@ CHAT_URL = "/v1/chat/completions"
 BLOCK_LINES = 50_000
 
 
-def _flatten(obj: object, expect_system: str | None, expect_model: str | None,
-             messages_field: str | None = None) -> tuple[dict | None, str, str]:
+def _flatten(
+    obj: object, expect_system: str | None, expect_model: str | None, messages_field: str | None = None
+) -> tuple[dict | None, str, str]:
     """(row, reject kind, reason): row is None when the line is rejected."""
     if not isinstance(obj, dict):
         return None, "not_object", f"expected a JSON object, got {json_type(obj)}"
     if obj.get("method") != "POST" or obj.get("url") != CHAT_URL:
-        return None, "unsupported_request", f"only POST {CHAT_URL} is supported, got {obj.get('method')} {obj.get('url')}"
+        return (
+            None,
+            "unsupported_request",
+            f"only POST {CHAT_URL} is supported, got {obj.get('method')} {obj.get('url')}",
+        )
     custom_id, body = obj.get("custom_id"), obj.get("body")
     if not isinstance(custom_id, str) or not custom_id or not isinstance(body, dict):
         return None, "missing_field", "a line needs a string custom_id and an object body"
@@ -42,10 +47,18 @@ def _flatten(obj: object, expect_system: str | None, expect_model: str | None,
         system = messages[0].get("content")
         messages = messages[1:]
     if len(messages) > 1:
-        return None, "unsupported_messages", ("a multi-turn line: set input.messages_field: messages (and no "
-                                              "template) to import its turns")
-    if len(messages) != 1 or not isinstance(messages[0], dict) or messages[0].get("role") != "user" \
-            or not isinstance(messages[0].get("content"), str) or not isinstance(system, str):
+        return (
+            None,
+            "unsupported_messages",
+            ("a multi-turn line: set input.messages_field: messages (and no template) to import its turns"),
+        )
+    if (
+        len(messages) != 1
+        or not isinstance(messages[0], dict)
+        or messages[0].get("role") != "user"
+        or not isinstance(messages[0].get("content"), str)
+        or not isinstance(system, str)
+    ):
         return None, "unsupported_messages", "expected an optional system message and one user message, as text"
     if expect_system is not None and system.strip() != expect_system.strip():
         return None, "system_mismatch", "the system message differs from prompt.system of the job spec"
@@ -55,8 +68,9 @@ def _flatten(obj: object, expect_system: str | None, expect_model: str | None,
     return {"custom_id": custom_id, "system": system, "user": messages[0]["content"]}, "", ""
 
 
-def _turns_row(custom_id: str, messages: list, model: object, expect_system: str | None, expect_model: str | None,
-               field: str) -> tuple[dict | None, str, str]:
+def _turns_row(
+    custom_id: str, messages: list, model: object, expect_system: str | None, expect_model: str | None, field: str
+) -> tuple[dict | None, str, str]:
     """A multi-turn line: a leading system (or developer) message must be the spec's system prompt (the
     ``canonical_turns`` rule), as must its absence."""
     first = messages[0]
@@ -74,26 +88,41 @@ def _turns_row(custom_id: str, messages: list, model: object, expect_system: str
     return {"custom_id": custom_id, field: turns}, "", ""
 
 
-def read_openai_batch(f: InputFile, fields: list[str], key_field: str | None, expect_system: str | None = None,
-                      expect_model: str | None = None, messages_field: str | None = None) -> Iterator[RowBatch]:
+def read_openai_batch(
+    f: InputFile,
+    fields: list[str],
+    key_field: str | None,
+    expect_system: str | None = None,
+    expect_model: str | None = None,
+    messages_field: str | None = None,
+) -> Iterator[RowBatch]:
     rows: list[dict] = []
     rejects: list[Reject] = []
     with f.fs.open_input_stream(f.path) as stream:
         lines = stream.read().split(b"\n")
     for start in range(0, len(lines), BLOCK_LINES):
-        for offset, raw in enumerate(lines[start:start + BLOCK_LINES]):
+        for offset, raw in enumerate(lines[start : start + BLOCK_LINES]):
             line = start + offset + 1
             if not raw.strip():
                 continue
             try:
                 obj = json.loads(raw)
             except UnicodeDecodeError as exc:
-                rejects.append(Reject(f.uri, line, "", "bad_utf8", f"not valid UTF-8 (byte {exc.start})",
-                                      raw[:200].decode("utf-8", "replace")))
+                rejects.append(
+                    Reject(
+                        f.uri,
+                        line,
+                        "",
+                        "bad_utf8",
+                        f"not valid UTF-8 (byte {exc.start})",
+                        raw[:200].decode("utf-8", "replace"),
+                    )
+                )
                 continue
             except json.JSONDecodeError as exc:
-                rejects.append(Reject(f.uri, line, "", "bad_json", json_reason(exc),
-                                      raw[:200].decode("utf-8", "replace")))
+                rejects.append(
+                    Reject(f.uri, line, "", "bad_json", json_reason(exc), raw[:200].decode("utf-8", "replace"))
+                )
                 continue
             row, kind, reason = _flatten(obj, expect_system, expect_model, messages_field)
             if row is None:

@@ -35,8 +35,18 @@ class _OpenShard:
 class Dealer:
     """The open-shard window of one generation; ``deal`` one block at a time, ``close`` at the end."""
 
-    def __init__(self, store: Store, shard_path: Callable[[str], str], gen: int, first_shard: int, window: int,
-                 max_requests: int, max_bytes: int, line_overhead: int, writes: BackgroundWrites):
+    def __init__(
+        self,
+        store: Store,
+        shard_path: Callable[[str], str],
+        gen: int,
+        first_shard: int,
+        window: int,
+        max_requests: int,
+        max_bytes: int,
+        line_overhead: int,
+        writes: BackgroundWrites,
+    ):
         self.store, self.shard_path, self.gen = store, shard_path, gen
         self.window, self.max_requests, self.max_bytes = window, max_requests, max_bytes
         self.line_overhead, self.writes = line_overhead, writes
@@ -67,7 +77,7 @@ class Dealer:
             while at < len(mine):
                 shard = open_shards[slot]
                 room = max_requests - shard.count
-                fits = np.flatnonzero(shard.bytes + np.cumsum(sizes[mine[at:at + max(room, 0)]]) > max_bytes)
+                fits = np.flatnonzero(shard.bytes + np.cumsum(sizes[mine[at : at + max(room, 0)]]) > max_bytes)
                 take = min(room, len(mine) - at, int(fits[0]) if len(fits) else room)
                 if take <= 0:
                     full.append(shard)  # closed once this block's rows are in it
@@ -75,7 +85,7 @@ class Dealer:
                     self.next_shard += 1
                     shard = open_shards[slot]
                     take = 1  # a fresh shard always takes the next row
-                rows = mine[at:at + take]
+                rows = mine[at : at + take]
                 shard.count += take
                 shard.bytes += int(sizes[rows].sum())
                 assign[order[rows]] = shard.number
@@ -105,10 +115,21 @@ class Dealer:
 
     def _write_shard(self, sid: str, frames: list[pl.DataFrame]) -> None:
         frame = pl.concat(frames).sort("request_id")
-        table = frame.select(
-            "request_id", pl.lit(sid).alias("shard_id"), "user_prompt", "est_input_tokens", "length_bucket",
-            "request_bytes", "source", pl.col(LINE).alias("line"), pl.lit(self.gen).alias("generation"),
-        ).to_arrow().cast(ITEM_SCHEMA)
+        table = (
+            frame.select(
+                "request_id",
+                pl.lit(sid).alias("shard_id"),
+                "user_prompt",
+                "est_input_tokens",
+                "length_bucket",
+                "request_bytes",
+                "source",
+                pl.col(LINE).alias("line"),
+                pl.lit(self.gen).alias("generation"),
+            )
+            .to_arrow()
+            .cast(ITEM_SCHEMA)
+        )
         self.store.write_table(self.shard_path(sid), table, **SHARD_PARQUET)
         self.written[sid] = table.num_rows
 
@@ -120,8 +141,12 @@ def _stratified_order(frame: pl.DataFrame, keep: np.ndarray) -> np.ndarray:
         frame.select("request_id", "length_bucket")
         .with_row_index("_i")
         .filter(pl.Series(keep, dtype=pl.Boolean))
-        .with_columns(((pl.col("request_id").rank("ordinal").over("length_bucket").cast(pl.Float64) - 0.5)
-                       / pl.len().over("length_bucket").cast(pl.Float64)).alias("_key"))
+        .with_columns(
+            (
+                (pl.col("request_id").rank("ordinal").over("length_bucket").cast(pl.Float64) - 0.5)
+                / pl.len().over("length_bucket").cast(pl.Float64)
+            ).alias("_key")
+        )
         .sort("_key", "length_bucket", "_i")
     )
     return order.get_column("_i").to_numpy()

@@ -26,11 +26,11 @@ from batch_pipeline.core.manifest.index import IdIndex
 
 log = logging.getLogger(__name__)
 
-SET_BYTES_PER_ID = 200     # a 64-character str in a set: ~175 B measured, plus the table's growth when it resizes
+SET_BYTES_PER_ID = 200  # a 64-character str in a set: ~175 B measured, plus the table's growth when it resizes
 SET_BYTES_PER_SHARED = 50  # a set slot for an ID object another set already holds
-PREFIX_CHARS = 2           # 256 hash ranges
+PREFIX_CHARS = 2  # 256 hash ranges
 SPILL_FLUSH_ROWS = 500_000  # keys buffered before they are written to their range files
-FRESH, REUSED = -1, -2     # sequence numbers of keys decided before the switch (fresh: dealt; reused: prior)
+FRESH, REUSED = -1, -2  # sequence numbers of keys decided before the switch (fresh: dealt; reused: prior)
 KEY_SCHEMA = pa.schema([("request_id", pa.string()), ("seq", pa.int64())])
 _KEY_FRAME = {"request_id": pl.String, "seq": pl.Int64}
 
@@ -69,8 +69,15 @@ class Dedup:
             if self._in_memory_bytes() > self.budget:
                 self._switch()
             return keep
-        self._buffer.append(pl.DataFrame({"request_id": rids, "seq": np.arange(
-            self.deferred_rows, self.deferred_rows + len(rids), dtype=np.int64)}, schema=_KEY_FRAME))
+        self._buffer.append(
+            pl.DataFrame(
+                {
+                    "request_id": rids,
+                    "seq": np.arange(self.deferred_rows, self.deferred_rows + len(rids), dtype=np.int64),
+                },
+                schema=_KEY_FRAME,
+            )
+        )
         self.deferred_rows += len(rids)
         self._buffered += len(rids)
         if self._buffered >= SPILL_FLUSH_ROWS:
@@ -94,14 +101,16 @@ class Dedup:
 
     def _switch(self) -> None:
         """Past the bound: the IDs decided so far go to the range files (marked), the sets are dropped."""
-        log.info("manifest dedup: %d IDs in memory exceed %d MB; spilling to hash ranges",
-                 len(self.prior) + len(self.fresh), self.budget // 2**20)
+        log.info(
+            "manifest dedup: %d IDs in memory exceed %d MB; spilling to hash ranges",
+            len(self.prior) + len(self.fresh),
+            self.budget // 2**20,
+        )
         self._open_spill()
         for ids, mark in ((self.fresh, FRESH), (self.reused, REUSED)):
             it = iter(ids)
             while chunk := list(itertools.islice(it, SPILL_FLUSH_ROWS)):  # in slices: no second copy of the set
-                self._buffer.append(pl.DataFrame({"request_id": chunk, "seq": [mark] * len(chunk)},
-                                                 schema=_KEY_FRAME))
+                self._buffer.append(pl.DataFrame({"request_id": chunk, "seq": [mark] * len(chunk)}, schema=_KEY_FRAME))
                 self._flush()
         self.fresh, self.prior, self.reused = set(), set(), set()
         self.spilling = True
@@ -194,8 +203,7 @@ class BlockSpool:
     def append(self, frame: pl.DataFrame) -> None:
         table = frame.to_arrow()
         if self._writer is None:
-            self._writer = ipc.new_file(str(self._path), table.schema,
-                                        options=ipc.IpcWriteOptions(compression="lz4"))
+            self._writer = ipc.new_file(str(self._path), table.schema, options=ipc.IpcWriteOptions(compression="lz4"))
         for batch in table.combine_chunks().to_batches(max_chunksize=table.num_rows or 1):
             self._writer.write_batch(batch)
         self.blocks += 1

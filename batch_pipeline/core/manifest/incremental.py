@@ -17,10 +17,10 @@ DIGEST_BYTES = 64 * 1024  # head and tail windows checked to call a grown file a
 
 
 class FileAction(str, Enum):
-    READ = "read"          # first seen: read whole
-    SKIPPED = "skipped"    # identity unchanged: nothing read
+    READ = "read"  # first seen: read whole
+    SKIPPED = "skipped"  # identity unchanged: nothing read
     APPENDED = "appended"  # grew, same head and tail of the part read before: read from the old end
-    REREAD = "reread"      # changed otherwise: read whole again, its rows replace the earlier ones
+    REREAD = "reread"  # changed otherwise: read whole again, its rows replace the earlier ones
 
 
 @dataclass
@@ -31,9 +31,9 @@ class FileState:
     size: int
     mtime_ns: int | None
     format: str
-    bytes_read: int        # offset just past the last newline read (the next append starts here)
-    lines: int             # lines up to ``bytes_read``: the next append's first line is ``lines + 1``
-    ends_clean: bool       # the read part ended with a newline (else a later append is read as a rewrite)
+    bytes_read: int  # offset just past the last newline read (the next append starts here)
+    lines: int  # lines up to ``bytes_read``: the next append's first line is ``lines + 1``
+    ends_clean: bool  # the read part ended with a newline (else a later append is read as a rewrite)
     head_digest: str
     tail_digest: str
     row_generations: list[int] = field(default_factory=list)  # generations whose rows parts hold its live rows
@@ -102,8 +102,9 @@ def _is_append(f: InputFile, state: FileState) -> bool:
     bytes as before (JSONL only: a CSV header or Parquet footer makes any change a rewrite)."""
     if f.format != "jsonl" or not state.ends_clean or f.size <= state.bytes_read:
         return False
-    return head_digest(f, state.bytes_read) == state.head_digest and \
-        tail_digest(f, state.bytes_read) == state.tail_digest
+    return (
+        head_digest(f, state.bytes_read) == state.head_digest and tail_digest(f, state.bytes_read) == state.tail_digest
+    )
 
 
 def state_after(plan: FilePlan, generation: int, bytes_read: int, lines: int, ends_clean: bool) -> FileState:
@@ -113,5 +114,16 @@ def state_after(plan: FilePlan, generation: int, bytes_read: int, lines: int, en
         assert prior is not None
         return FileState(**{**asdict(prior), "action": FileAction.SKIPPED})
     row_gens = [*prior.row_generations, generation] if plan.action is FileAction.APPENDED and prior else [generation]
-    return FileState(f.uri, f.size, f.mtime_ns, f.format, bytes_read, lines, ends_clean,
-                     head_digest(f, bytes_read), tail_digest(f, bytes_read), row_gens, plan.action)
+    return FileState(
+        f.uri,
+        f.size,
+        f.mtime_ns,
+        f.format,
+        bytes_read,
+        lines,
+        ends_clean,
+        head_digest(f, bytes_read),
+        tail_digest(f, bytes_read),
+        row_gens,
+        plan.action,
+    )

@@ -86,8 +86,7 @@ class _Cursor:
         if not len(self._buffer):  # row groups wholly below the range are skipped by their statistics, unread
             while self._next_group < self._file.num_row_groups and (self._group_max(self._next_group) or hi) < lo:
                 self._next_group += 1
-        while self._next_group < self._file.num_row_groups and (
-                not len(self._buffer) or self._buffer[-1].as_py() < hi):
+        while self._next_group < self._file.num_row_groups and (not len(self._buffer) or self._buffer[-1].as_py() < hi):
             group = self._file.read_row_group(self._next_group, columns=["request_id"]).column(0).combine_chunks()
             self._next_group += 1
             self._buffer = pa.concat_arrays([self._buffer, group]) if len(self._buffer) else group
@@ -136,8 +135,11 @@ def write_index(store: Store, rel: str, runs: Iterable[pa.Array]) -> None:
 def index_writer(store: Store, rel: str) -> Iterator[Callable[[pa.Array], None]]:
     """An ``emit(run)`` that appends sorted ID runs to the index file ``rel`` (complete when the block exits)."""
     with store.parquet_writer(rel, INDEX_SCHEMA) as writer:
+
         def emit(run: pa.Array) -> None:
             if len(run):
-                writer.write_table(pa.table({"request_id": run.cast(pa.string())}, schema=INDEX_SCHEMA),
-                                   row_group_size=ROW_GROUP)
+                writer.write_table(
+                    pa.table({"request_id": run.cast(pa.string())}, schema=INDEX_SCHEMA), row_group_size=ROW_GROUP
+                )
+
         yield emit

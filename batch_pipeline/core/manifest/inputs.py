@@ -123,8 +123,14 @@ def _format_of(path: str, declared: str) -> str:
     if declared != "auto":
         return declared
     lower = path.lower()
-    for suffix, fmt in ((".jsonl", "jsonl"), (".ndjson", "jsonl"), (".json", "jsonl"), (".csv", "csv"),
-                        (".parquet", "parquet"), (".pq", "parquet")):
+    for suffix, fmt in (
+        (".jsonl", "jsonl"),
+        (".ndjson", "jsonl"),
+        (".json", "jsonl"),
+        (".csv", "csv"),
+        (".parquet", "parquet"),
+        (".pq", "parquet"),
+    ):
         if lower.endswith(suffix):
             return fmt
     raise InputError(f"{path}: cannot tell the input format from the name; set input.format")
@@ -145,8 +151,11 @@ def resolve_inputs(pattern: str, declared_format: str = "auto", base_dir: Path |
             if "*" in location:
                 suffix = location.rsplit("*", 1)[1]
                 infos = [i for i in infos if i.path.endswith(suffix)]
-        files = [InputFile(f"{scheme}://{i.path}", fs, i.path, _format_of(i.path, declared_format), i.size, i.mtime_ns)
-                 for i in infos if i.type == pafs.FileType.File and not i.base_name.startswith(".")]
+        files = [
+            InputFile(f"{scheme}://{i.path}", fs, i.path, _format_of(i.path, declared_format), i.size, i.mtime_ns)
+            for i in infos
+            if i.type == pafs.FileType.File and not i.base_name.startswith(".")
+        ]
     else:
         p = Path(pattern)
         if not p.is_absolute() and base_dir is not None:
@@ -157,15 +166,23 @@ def resolve_inputs(pattern: str, declared_format: str = "auto", base_dir: Path |
             paths = [Path(q) for q in glob.glob(str(p), recursive=True) if Path(q).is_file()]
         local = pafs.LocalFileSystem()
         stats = [(q, q.stat()) for q in paths]
-        files = [InputFile(str(q), local, str(q.resolve()), _format_of(str(q), declared_format), st.st_size,
-                           st.st_mtime_ns) for q, st in stats]
+        files = [
+            InputFile(str(q), local, str(q.resolve()), _format_of(str(q), declared_format), st.st_size, st.st_mtime_ns)
+            for q, st in stats
+        ]
     if not files:
         raise InputError(f"input.path {pattern!r} matches no files")
     return sorted(files, key=lambda f: f.uri)
 
 
-def read_batches(f: InputFile, fields: list[str], key_field: str | None, offset: int = 0, first_line: int = 1,
-                 extent: ReadExtent | None = None) -> Iterator[RowBatch]:
+def read_batches(
+    f: InputFile,
+    fields: list[str],
+    key_field: str | None,
+    offset: int = 0,
+    first_line: int = 1,
+    extent: ReadExtent | None = None,
+) -> Iterator[RowBatch]:
     """Batches of ``f`` up to its resolved size; JSONL from byte ``offset`` (numbered from ``first_line``).
 
     ``extent`` is filled in as the file is read (what an incremental build records for the next append).
@@ -186,8 +203,9 @@ def read_batches(f: InputFile, fields: list[str], key_field: str | None, offset:
 
 
 # -- JSONL ---------------------------------------------------------------------------------------
-def _jsonl(f: InputFile, fields: list[str], key_field: str | None, offset: int, first_line: int,
-           extent: ReadExtent) -> Iterator[RowBatch]:
+def _jsonl(
+    f: InputFile, fields: list[str], key_field: str | None, offset: int, first_line: int, extent: ReadExtent
+) -> Iterator[RowBatch]:
     """Reads the bytes ``[offset, f.size)``: a writer appending meanwhile is read by the next generation."""
     wanted = list(dict.fromkeys(fields + ([key_field] if key_field else [])))
     schema = pa.schema([(name, pa.string()) for name in wanted])
@@ -249,8 +267,15 @@ def _clean_line_count(block: bytes, ends: pl.Series | None = None) -> int | None
     return None if first_bytes(block, ends).is_in(_STRIP_BYTES).any() else len(ends)
 
 
-def _jsonl_block(source: str, block: bytes, first_line: int, fields: list[str], key_field: str | None,
-                 options: pajson.ParseOptions, ends: pl.Series | None = None) -> RowBatch:
+def _jsonl_block(
+    source: str,
+    block: bytes,
+    first_line: int,
+    fields: list[str],
+    key_field: str | None,
+    options: pajson.ParseOptions,
+    ends: pl.Series | None = None,
+) -> RowBatch:
     n = _clean_line_count(block, ends)
     if n:  # every line is a candidate row: parse the block as it is, no split, filter and join
         try:
@@ -264,14 +289,17 @@ def _jsonl_block(source: str, block: bytes, first_line: int, fields: list[str], 
             return _jsonl_slow(source, raw_lines, list(range(first_line, first_line + n)), fields, key_field)
         frame = pl.from_arrow(table)
         assert isinstance(frame, pl.DataFrame)
-        frame = frame.with_columns(pl.int_range(first_line, first_line + n, dtype=pl.Int64).alias(LINE),
-                                   (pl.col(key_field) if key_field else pl.lit(None, pl.String)).alias(KEY))
+        frame = frame.with_columns(
+            pl.int_range(first_line, first_line + n, dtype=pl.Int64).alias(LINE),
+            (pl.col(key_field) if key_field else pl.lit(None, pl.String)).alias(KEY),
+        )
         return _split_missing(source, frame, fields, lambda: block.split(b"\n"))
     return _jsonl_lines(source, block, first_line, fields, key_field, options)
 
 
-def _jsonl_lines(source: str, block: bytes, first_line: int, fields: list[str], key_field: str | None,
-                 options: pajson.ParseOptions) -> RowBatch:
+def _jsonl_lines(
+    source: str, block: bytes, first_line: int, fields: list[str], key_field: str | None, options: pajson.ParseOptions
+) -> RowBatch:
     raw_lines = block.split(b"\n")
     if raw_lines and raw_lines[-1] == b"":
         raw_lines.pop()
@@ -303,14 +331,18 @@ def _read_block(data: bytes, options: pajson.ParseOptions, key_field: str | None
             raise
     schema = options.explicit_schema
     numeric = schema.set(schema.get_field_index(key_field), pa.field(key_field, pa.int64()))
-    table = pajson.read_json(pa.BufferReader(data), parse_options=pajson.ParseOptions(
-        explicit_schema=numeric, unexpected_field_behavior="ignore"))
-    return table.set_column(table.schema.get_field_index(key_field), key_field,
-                            table.column(key_field).cast(pa.string()))
+    table = pajson.read_json(
+        pa.BufferReader(data),
+        parse_options=pajson.ParseOptions(explicit_schema=numeric, unexpected_field_behavior="ignore"),
+    )
+    return table.set_column(
+        table.schema.get_field_index(key_field), key_field, table.column(key_field).cast(pa.string())
+    )
 
 
-def _jsonl_slow(source: str, raw_lines: list[bytes], line_numbers: list[int], fields: list[str],
-                key_field: str | None) -> RowBatch:
+def _jsonl_slow(
+    source: str, raw_lines: list[bytes], line_numbers: list[int], fields: list[str], key_field: str | None
+) -> RowBatch:
     rejects: list[Reject] = []
     cols: dict[str, list] = {name: [] for name in fields}
     keys: list[str | None] = []
@@ -319,8 +351,16 @@ def _jsonl_slow(source: str, raw_lines: list[bytes], line_numbers: list[int], fi
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            rejects.append(Reject(source, line, "", "bad_utf8", f"not valid UTF-8 (byte {exc.start}: {raw[exc.start:exc.start + 1]!r})",
-                                  raw[:RAW_PREVIEW].decode("utf-8", "replace")))
+            rejects.append(
+                Reject(
+                    source,
+                    line,
+                    "",
+                    "bad_utf8",
+                    f"not valid UTF-8 (byte {exc.start}: {raw[exc.start : exc.start + 1]!r})",
+                    raw[:RAW_PREVIEW].decode("utf-8", "replace"),
+                )
+            )
             continue
         try:
             row = json.loads(text)
@@ -328,8 +368,11 @@ def _jsonl_slow(source: str, raw_lines: list[bytes], line_numbers: list[int], fi
             rejects.append(Reject(source, line, "", "bad_json", json_reason(exc), text[:RAW_PREVIEW]))
             continue
         if not isinstance(row, dict):
-            rejects.append(Reject(source, line, "", "not_object", f"expected a JSON object, got {json_type(row)}",
-                                  text[:RAW_PREVIEW]))
+            rejects.append(
+                Reject(
+                    source, line, "", "not_object", f"expected a JSON object, got {json_type(row)}", text[:RAW_PREVIEW]
+                )
+            )
             continue
         bad = _bad_field(row, fields)
         if bad:
@@ -340,8 +383,9 @@ def _jsonl_slow(source: str, raw_lines: list[bytes], line_numbers: list[int], fi
         key = row.get(key_field) if key_field else None
         keys.append(None if key is None else key if isinstance(key, str) else json.dumps(key))
         lines.append(line)
-    frame = pl.DataFrame({**cols, LINE: lines, KEY: keys},
-                         schema={**{n: pl.String for n in fields}, LINE: pl.Int64, KEY: pl.String})
+    frame = pl.DataFrame(
+        {**cols, LINE: lines, KEY: keys}, schema={**{n: pl.String for n in fields}, LINE: pl.Int64, KEY: pl.String}
+    )
     return RowBatch(source, frame, rejects)
 
 
@@ -355,8 +399,9 @@ def _bad_field(row: dict, fields: list[str]) -> tuple[str, str, str] | None:
     return None
 
 
-def _split_missing(source: str, frame: pl.DataFrame, fields: list[str],
-                   raw_lines: Callable[[], list[bytes]] | None) -> RowBatch:
+def _split_missing(
+    source: str, frame: pl.DataFrame, fields: list[str], raw_lines: Callable[[], list[bytes]] | None
+) -> RowBatch:
     """Rows with a null required field become rejects (Arrow cannot tell missing from null).
 
     ``raw_lines`` gives the frame's lines (row i is line i), for the reject previews; called only if needed.
@@ -379,8 +424,9 @@ def _empty_frame(fields: list[str]) -> pl.DataFrame:
 
 
 # -- CSV and Parquet -------------------------------------------------------------------------------
-def _columnar(source: str, batches: Iterator[pa.RecordBatch], fields: list[str], key_field: str | None,
-              first_row: int) -> Iterator[RowBatch]:
+def _columnar(
+    source: str, batches: Iterator[pa.RecordBatch], fields: list[str], key_field: str | None, first_row: int
+) -> Iterator[RowBatch]:
     row = first_row
     for batch in batches:
         names = batch.schema.names
@@ -392,7 +438,9 @@ def _columnar(source: str, batches: Iterator[pa.RecordBatch], fields: list[str],
         frame = frame.with_columns(
             *[pl.col(n).cast(pl.String) for n in fields],
             pl.int_range(row, row + batch.num_rows, dtype=pl.Int64).alias(LINE),
-            (pl.col(key_field).cast(pl.String) if key_field and key_field in names else pl.lit(None, pl.String)).alias(KEY),
+            (pl.col(key_field).cast(pl.String) if key_field and key_field in names else pl.lit(None, pl.String)).alias(
+                KEY
+            ),
         )
         row += batch.num_rows
         yield _split_missing(source, frame, fields, None)
@@ -402,8 +450,7 @@ def _csv(f: InputFile, fields: list[str], key_field: str | None) -> Iterator[Row
     wanted = fields + ([key_field] if key_field else [])
     convert = pacsv.ConvertOptions(column_types={n: pa.string() for n in wanted}, strings_can_be_null=False)
     with f.fs.open_input_stream(f.path) as stream:
-        reader = pacsv.open_csv(stream, convert_options=convert,
-                                read_options=pacsv.ReadOptions(block_size=CHUNK_BYTES))
+        reader = pacsv.open_csv(stream, convert_options=convert, read_options=pacsv.ReadOptions(block_size=CHUNK_BYTES))
         yield from _columnar(f.uri, iter(reader), fields, key_field, first_row=2)  # line 1 is the header
 
 

@@ -22,8 +22,16 @@ import pyarrow.parquet as pq
 
 from batch_pipeline.core.errors import InputError
 from batch_pipeline.core.manifest import ids
-from batch_pipeline.core.manifest.inputs import (CHUNK_BYTES, KEY, LINE, RAW_PREVIEW, InputFile, ReadExtent, Reject,
-                                                 RowBatch)
+from batch_pipeline.core.manifest.inputs import (
+    CHUNK_BYTES,
+    KEY,
+    LINE,
+    RAW_PREVIEW,
+    InputFile,
+    ReadExtent,
+    Reject,
+    RowBatch,
+)
 from batch_pipeline.core.manifest.reasons import json_reason, json_type
 
 ROLES = ("user", "assistant")
@@ -41,8 +49,9 @@ class TurnError(ValueError):
 def canonical_turns(value: object, field: str, system: str) -> str:
     """The row's turns as canonical JSON; raises ``TurnError``. ``system``: the job's system prompt."""
     if not isinstance(value, list):
-        raise TurnError(field, "wrong_type", f"field '{field}' must be a list of {{role, content}} turns, "
-                                             f"got {json_type(value)}")
+        raise TurnError(
+            field, "wrong_type", f"field '{field}' must be a list of {{role, content}} turns, got {json_type(value)}"
+        )
     if not value:
         raise TurnError(field, "empty_messages", f"field '{field}' is an empty list of turns")
     turns: list[dict[str, str]] = []
@@ -57,21 +66,26 @@ def canonical_turns(value: object, field: str, system: str) -> str:
             if turn.get(key) is None:
                 raise TurnError(f"{at}.{key}", "missing_field", f"{at} has no {key}")
             if not isinstance(turn[key], str):
-                raise TurnError(f"{at}.{key}", "wrong_type",
-                                f"{at}.{key} must be a string (text only), got {json_type(turn[key])}")
+                raise TurnError(
+                    f"{at}.{key}", "wrong_type", f"{at}.{key} must be a string (text only), got {json_type(turn[key])}"
+                )
         role, content = turn["role"], ids.normalize_text(turn["content"])
         if role == "system":
             if i == 0 and content == ids.normalize_text(system):
                 continue  # the job's own system prompt: it is sent (and hashed) once, as prompt.system
             where = "differs from prompt.system" if i == 0 else "is not the first turn"
-            raise TurnError(f"{at}.role", "system_turn", f"{at} is a system turn that {where}; the system prompt "
-                                                         "is job-level (prompt.system)")
+            raise TurnError(
+                f"{at}.role",
+                "system_turn",
+                f"{at} is a system turn that {where}; the system prompt is job-level (prompt.system)",
+            )
         if role not in ROLES:
             raise TurnError(f"{at}.role", "unknown_role", f"{at}.role must be user or assistant, got {role!r:.40}")
         want = ROLES[len(turns) % 2]
         if role != want:
-            raise TurnError(f"{at}.role", "turn_order",
-                            f"{at} must be a {want} turn (user and assistant alternate, user first)")
+            raise TurnError(
+                f"{at}.role", "turn_order", f"{at} must be a {want} turn (user and assistant alternate, user first)"
+            )
         if not content:
             raise TurnError(f"{at}.content", "empty_text", f"{at}.content is empty after whitespace normalisation")
         turns.append({"role": role, "content": content})
@@ -79,14 +93,16 @@ def canonical_turns(value: object, field: str, system: str) -> str:
         raise TurnError(field, "empty_messages", f"field '{field}' holds only the system turn")
     if turns[-1]["role"] != "user":
         at = f"{field}[{len(value) - 1}]"
-        raise TurnError(f"{at}.role", "turn_order", f"{at} is the last turn and must be the user's (the model "
-                                                    "answers it)")
+        raise TurnError(
+            f"{at}.role", "turn_order", f"{at} is the last turn and must be the user's (the model answers it)"
+        )
     text = json.dumps(turns, ensure_ascii=False, separators=(",", ":"))
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise TurnError(field, "bad_utf8", f"field '{field}' holds text that is not valid UTF-8 "
-                                           f"(a lone surrogate at {exc.start})") from None
+        raise TurnError(
+            field, "bad_utf8", f"field '{field}' holds text that is not valid UTF-8 (a lone surrogate at {exc.start})"
+        ) from None
     return text
 
 
@@ -102,13 +118,29 @@ class _Rows:
 
     def add(self, row: object, line: int, raw: str) -> None:
         if not isinstance(row, dict):
-            self.rejects.append(Reject(self.source, line, "", "not_object",
-                                       f"expected a JSON object, got {json_type(row)}", raw[:RAW_PREVIEW]))
+            self.rejects.append(
+                Reject(
+                    self.source,
+                    line,
+                    "",
+                    "not_object",
+                    f"expected a JSON object, got {json_type(row)}",
+                    raw[:RAW_PREVIEW],
+                )
+            )
             return
         value = row.get(self.field)
         if value is None:
-            self.rejects.append(Reject(self.source, line, self.field, "missing_field",
-                                       f"missing or null field '{self.field}'", raw[:RAW_PREVIEW]))
+            self.rejects.append(
+                Reject(
+                    self.source,
+                    line,
+                    self.field,
+                    "missing_field",
+                    f"missing or null field '{self.field}'",
+                    raw[:RAW_PREVIEW],
+                )
+            )
             return
         try:
             text = canonical_turns(value, self.field, self.system)
@@ -121,13 +153,22 @@ class _Rows:
         self.keys.append(None if key is None else key if isinstance(key, str) else json.dumps(key))
 
     def batch(self) -> RowBatch:
-        frame = pl.DataFrame({self.field: self.turns, LINE: self.lines, KEY: self.keys},
-                             schema={self.field: pl.String, LINE: pl.Int64, KEY: pl.String})
+        frame = pl.DataFrame(
+            {self.field: self.turns, LINE: self.lines, KEY: self.keys},
+            schema={self.field: pl.String, LINE: pl.Int64, KEY: pl.String},
+        )
         return RowBatch(self.source, frame, self.rejects)
 
 
-def read_messages(f: InputFile, field: str, key_field: str | None, system: str, offset: int = 0,
-                  first_line: int = 1, extent: ReadExtent | None = None) -> Iterator[RowBatch]:
+def read_messages(
+    f: InputFile,
+    field: str,
+    key_field: str | None,
+    system: str,
+    offset: int = 0,
+    first_line: int = 1,
+    extent: ReadExtent | None = None,
+) -> Iterator[RowBatch]:
     """Batches of ``f`` whose ``field`` column is each row's canonical turns JSON (JSONL from byte ``offset``,
     or Parquet with a list-of-struct column); ``extent`` is filled in as for ``inputs.read_batches``."""
     extent = extent if extent is not None else ReadExtent()
@@ -142,8 +183,9 @@ def read_messages(f: InputFile, field: str, key_field: str | None, system: str, 
     yield from _jsonl(f, field, key_field, system, offset, first_line, extent)
 
 
-def _jsonl(f: InputFile, field: str, key_field: str | None, system: str, offset: int, first_line: int,
-           extent: ReadExtent) -> Iterator[RowBatch]:
+def _jsonl(
+    f: InputFile, field: str, key_field: str | None, system: str, offset: int, first_line: int, extent: ReadExtent
+) -> Iterator[RowBatch]:
     """Line by line (json.loads): a messages row is nested, and each turn is checked on its own."""
     remaining = f.size - offset
     line = first_line
@@ -161,7 +203,7 @@ def _jsonl(f: InputFile, field: str, key_field: str | None, system: str, offset:
                 if cut < 0:
                     carry = data
                     continue
-                block, carry = data[:cut + 1], data[cut + 1:]
+                block, carry = data[: cut + 1], data[cut + 1 :]
                 raw_lines = block.split(b"\n")[:-1]
             else:
                 if not data:
@@ -185,14 +227,21 @@ def _line(rows: _Rows, raw: bytes, line: int) -> None:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        rows.rejects.append(Reject(rows.source, line, "", "bad_utf8", f"not valid UTF-8 (byte {exc.start})",
-                                   raw[:RAW_PREVIEW].decode("utf-8", "replace")))
+        rows.rejects.append(
+            Reject(
+                rows.source,
+                line,
+                "",
+                "bad_utf8",
+                f"not valid UTF-8 (byte {exc.start})",
+                raw[:RAW_PREVIEW].decode("utf-8", "replace"),
+            )
+        )
         return
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
-        rows.rejects.append(Reject(rows.source, line, "", "bad_json", json_reason(exc),
-                                   text[:RAW_PREVIEW]))
+        rows.rejects.append(Reject(rows.source, line, "", "bad_json", json_reason(exc), text[:RAW_PREVIEW]))
         return
     rows.add(obj, line, text)
 

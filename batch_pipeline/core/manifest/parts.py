@@ -51,7 +51,7 @@ class PartRecord:
     lines: int
     ends_clean: bool
     blocks_rows_in: list[int] = field(default_factory=list)  # rows read per block
-    blocks_rows: list[int] = field(default_factory=list)     # prepared rows per block (0: no row group)
+    blocks_rows: list[int] = field(default_factory=list)  # prepared rows per block (0: no row group)
 
     def matches(self, plan: FilePlan) -> bool:
         f = plan.file
@@ -94,9 +94,16 @@ def prepare_file_part(spec: JobSpec, store: Store, key: str, max_shard_bytes: in
 
 def _block_schema() -> pa.Schema:
     """The schema of a prepared block (Polars' Arrow types), from an empty frame of the block's columns."""
-    types = {"request_id": pl.String, "user_prompt": pl.String, "est_input_tokens": pl.Int32,
-             "length_bucket": pl.Int8, "request_bytes": pl.Int32, LINE: pl.Int64, "source": pl.String,
-             "_key": pl.String}
+    types = {
+        "request_id": pl.String,
+        "user_prompt": pl.String,
+        "est_input_tokens": pl.Int32,
+        "length_bucket": pl.Int8,
+        "request_bytes": pl.Int32,
+        LINE: pl.Int64,
+        "source": pl.String,
+        "_key": pl.String,
+    }
     return pl.DataFrame(schema={c: types[c] for c in BLOCK_COLUMNS}).to_arrow().schema
 
 

@@ -28,8 +28,16 @@ from batch_pipeline.core.spec.job import JobSpec
 BUCKET_EDGES = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 REQUEST_FRAMING_BYTES = 512  # per batch line besides the user text: custom_id, settings, schema, JSON framing
 # a prepared block: what dealing needs, plus the source key for the rows table
-BLOCK_COLUMNS = ["request_id", "user_prompt", "est_input_tokens", "length_bucket", "request_bytes", LINE, "source",
-                 "_key"]
+BLOCK_COLUMNS = [
+    "request_id",
+    "user_prompt",
+    "est_input_tokens",
+    "length_bucket",
+    "request_bytes",
+    LINE,
+    "source",
+    "_key",
+]
 
 
 @dataclass
@@ -86,13 +94,17 @@ def normalise_fields(frame: pl.DataFrame, fields: list[str]) -> pl.DataFrame:
     if frame.height == 0:
         return frame
     names = list(dict.fromkeys(fields))
-    flags = frame.select([
-        pl.any_horizontal(
-            *[pl.col(n).str.contains(hint, literal=True) for hint in _ASCII_HINTS],
-            *[pl.col(n).cast(pl.Binary).bin.contains(hint) for hint in _LEAD_BYTE_HINTS],
-        ).fill_null(False).alias(n)
-        for n in names
-    ])
+    flags = frame.select(
+        [
+            pl.any_horizontal(
+                *[pl.col(n).str.contains(hint, literal=True) for hint in _ASCII_HINTS],
+                *[pl.col(n).cast(pl.Binary).bin.contains(hint) for hint in _LEAD_BYTE_HINTS],
+            )
+            .fill_null(False)
+            .alias(n)
+            for n in names
+        ]
+    )
     columns = []
     for n in names:
         col = frame.get_column(n)
@@ -119,11 +131,18 @@ class FilePreparer:
         fields = spec.prompt.fields
         turns = spec.input.messages_field
         if f.format == "openai_batch":
-            batches = read_openai_batch(f, [turns] if turns else fields, spec.input.key_field, spec.prompt.system,
-                                        spec.model, messages_field=turns)
+            batches = read_openai_batch(
+                f,
+                [turns] if turns else fields,
+                spec.input.key_field,
+                spec.prompt.system,
+                spec.model,
+                messages_field=turns,
+            )
         elif turns is not None:
-            batches = read_messages(f, turns, spec.input.key_field, spec.prompt.system, plan.offset, plan.first_line,
-                                    extent)
+            batches = read_messages(
+                f, turns, spec.input.key_field, spec.prompt.system, plan.offset, plan.first_line, extent
+            )
         else:
             batches = read_batches(f, fields, spec.input.key_field, plan.offset, plan.first_line, extent)
         for source, rows_in, frame, rejects in prefetch(self._prepared(batches)):
@@ -132,11 +151,13 @@ class FilePreparer:
                 # hash the UTF-8 bytes as Arrow holds them (no decode to str and encode back)
                 hashed = frame["user_prompt"]
                 if ids.UPSTREAM_OUTPUT in frame.columns:  # a pass over another job's answers: ids.with_upstream
-                    hashed = frame.select(pl.concat_str([pl.col("user_prompt"), pl.lit(ids.ID_SEPARATOR),
-                                                         pl.col(ids.UPSTREAM_OUTPUT)])).to_series()
+                    hashed = frame.select(
+                        pl.concat_str([pl.col("user_prompt"), pl.lit(ids.ID_SEPARATOR), pl.col(ids.UPSTREAM_OUTPUT)])
+                    ).to_series()
                 rids = ids.request_ids(self.prefix, hashed.cast(pl.Binary).to_list())
-                frame = frame.with_columns(pl.Series("request_id", rids, dtype=pl.String),
-                                           pl.lit(source).alias("source")).select(BLOCK_COLUMNS)
+                frame = frame.with_columns(
+                    pl.Series("request_id", rids, dtype=pl.String), pl.lit(source).alias("source")
+                ).select(BLOCK_COLUMNS)
             yield Block(source, rows_in, frame, rejects, rids)
         if f.format == "openai_batch":
             extent.bytes_read, extent.lines, extent.ends_clean = f.size, 0, False
@@ -159,7 +180,8 @@ class FilePreparer:
         frame = frame.with_columns(render_expr(spec).alias("user_prompt"))
         frame = frame.with_columns(pl.col("user_prompt").str.len_bytes().cast(pl.Int32).alias("request_bytes"))
         frame = frame.with_columns(
-            estimate_request_tokens(pl.col("request_bytes"), system_bytes).cast(pl.Int32).alias("est_input_tokens"))
+            estimate_request_tokens(pl.col("request_bytes"), system_bytes).cast(pl.Int32).alias("est_input_tokens")
+        )
         limit = spec.input.max_input_tokens
         max_bytes = self.max_shard_bytes - REQUEST_FRAMING_BYTES - system_bytes
         empty = pl.col(text).str.len_bytes() == 0
@@ -168,15 +190,37 @@ class FilePreparer:
         bad = frame.filter(empty | too_long | too_big)
         for line, value, tokens, nbytes in bad.select(LINE, text, "est_input_tokens", "request_bytes").iter_rows():
             if not value:
-                rejects.append(Reject(batch.source, line, text, "empty_text",
-                                      f"empty text in field '{text}' after whitespace normalisation"))
+                rejects.append(
+                    Reject(
+                        batch.source,
+                        line,
+                        text,
+                        "empty_text",
+                        f"empty text in field '{text}' after whitespace normalisation",
+                    )
+                )
             elif tokens > limit:
-                rejects.append(Reject(batch.source, line, text, "too_long",
-                                      f"request of ~{tokens} tokens exceeds input.max_input_tokens={limit}", value[:200]))
+                rejects.append(
+                    Reject(
+                        batch.source,
+                        line,
+                        text,
+                        "too_long",
+                        f"request of ~{tokens} tokens exceeds input.max_input_tokens={limit}",
+                        value[:200],
+                    )
+                )
             else:
-                rejects.append(Reject(batch.source, line, text, "too_large",
-                                      f"request of {nbytes} bytes does not fit a batch of {self.max_shard_bytes} bytes",
-                                      value[:200]))
+                rejects.append(
+                    Reject(
+                        batch.source,
+                        line,
+                        text,
+                        "too_large",
+                        f"request of {nbytes} bytes does not fit a batch of {self.max_shard_bytes} bytes",
+                        value[:200],
+                    )
+                )
         if bad.height:
             frame = frame.filter(~(empty | too_long | too_big))
         return frame.with_columns(length_bucket(pl.col("est_input_tokens")).alias("length_bucket"))

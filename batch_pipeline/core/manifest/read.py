@@ -15,18 +15,37 @@ from batch_pipeline.core.manifest.incremental import FileState
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 
-ITEM_SCHEMA = pa.schema([
-    ("request_id", pa.string()), ("shard_id", pa.string()), ("user_prompt", pa.string()),
-    ("est_input_tokens", pa.int32()), ("length_bucket", pa.int8()), ("request_bytes", pa.int32()),
-    ("source", pa.string()), ("line", pa.int64()), ("generation", pa.int32()),
-])
-ROW_SCHEMA = pa.schema([
-    ("source", pa.string()), ("line", pa.int64()), ("source_key", pa.string()), ("request_id", pa.string()),
-])
-REJECT_SCHEMA = pa.schema([
-    ("source", pa.string()), ("line", pa.int64()), ("field", pa.string()), ("kind", pa.string()),
-    ("reason", pa.string()), ("raw", pa.string()),
-])
+ITEM_SCHEMA = pa.schema(
+    [
+        ("request_id", pa.string()),
+        ("shard_id", pa.string()),
+        ("user_prompt", pa.string()),
+        ("est_input_tokens", pa.int32()),
+        ("length_bucket", pa.int8()),
+        ("request_bytes", pa.int32()),
+        ("source", pa.string()),
+        ("line", pa.int64()),
+        ("generation", pa.int32()),
+    ]
+)
+ROW_SCHEMA = pa.schema(
+    [
+        ("source", pa.string()),
+        ("line", pa.int64()),
+        ("source_key", pa.string()),
+        ("request_id", pa.string()),
+    ]
+)
+REJECT_SCHEMA = pa.schema(
+    [
+        ("source", pa.string()),
+        ("line", pa.int64()),
+        ("field", pa.string()),
+        ("kind", pa.string()),
+        ("reason", pa.string()),
+        ("raw", pa.string()),
+    ]
+)
 
 
 def canary_of(shard_ids: Sequence[str]) -> str | None:

@@ -11,14 +11,12 @@ import json
 # 1-based column the parser points at
 _JSON_REASONS = {
     "Expecting value": "no value where one was expected at column {col}",
-    "Expecting property name enclosed in double quotes":
-        "expected a key in double quotes at column {col} (a trailing comma, or a key in single quotes?)",
+    "Expecting property name enclosed in double quotes": "expected a key in double quotes at column {col} (a trailing comma, or a key in single quotes?)",
     "Expecting ':' delimiter": "a colon is missing after the key, at column {col}",
     "Expecting ',' delimiter": "a comma is missing between two values, at column {col}",
-    "Unterminated string starting at":
-        "a string that starts at column {col} never ends (the line is cut off, or a closing quote is missing)",
+    "Unterminated string starting at": "a string that starts at column {col} never ends (the line is cut off, or a closing quote is missing)",
     "Invalid control character at": "a raw control character (a tab or a line break) inside a string at column "
-                                     "{col}; write it escaped (\\t, \\n)",
+    "{col}; write it escaped (\\t, \\n)",
     "Invalid \\escape": "an invalid backslash escape at column {col} (a lone \\ must be written \\\\)",
     "Invalid \\uXXXX escape": "an invalid \\u escape at column {col} (\\u takes four hex digits)",
     "Extra data": "more text after the JSON value ends, at column {col} (two objects on one line?)",
@@ -31,8 +29,11 @@ def json_reason(exc: json.JSONDecodeError) -> str:
     template = _JSON_REASONS.get(exc.msg) or _JSON_REASONS.get(msg)
     if exc.pos >= len(exc.doc.rstrip()) and template and "{col} never ends" not in template:
         # the parser ran off the end of the line: whatever it expected next, the line is incomplete
-        what = (f"the line ends at column {exc.colno} before the JSON value is complete (cut off?)" if exc.doc.strip()
-                else "the line is empty")
+        what = (
+            f"the line ends at column {exc.colno} before the JSON value is complete (cut off?)"
+            if exc.doc.strip()
+            else "the line is empty"
+        )
     elif template:
         what = template.format(col=exc.colno)
     else:

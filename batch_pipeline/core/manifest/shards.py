@@ -54,11 +54,24 @@ from batch_pipeline.core.store import BackgroundWrites, Store
 if TYPE_CHECKING:
     from batch_pipeline.core.manifest.parts import FileParts
 
-__all__ = ["BUCKET_EDGES", "ITEM_SCHEMA", "REJECT_SCHEMA", "ROW_SCHEMA", "Manifest", "ManifestBuilder",
-           "ManifestSummary", "ShardCaps", "build_manifest", "length_bucket", "normalise_fields", "render_expr",
-           "shard_name"]
+__all__ = [
+    "BUCKET_EDGES",
+    "ITEM_SCHEMA",
+    "REJECT_SCHEMA",
+    "ROW_SCHEMA",
+    "Manifest",
+    "ManifestBuilder",
+    "ManifestSummary",
+    "ShardCaps",
+    "build_manifest",
+    "length_bucket",
+    "normalise_fields",
+    "render_expr",
+    "shard_name",
+]
 
 log = logging.getLogger(__name__)
+
 
 @dataclass
 class ManifestSummary:
@@ -100,16 +113,25 @@ class ShardCaps:
     max_bytes: int
 
     @classmethod
-    def of(cls, spec: JobSpec, backend_max_requests: int | None = None,
-           backend_max_bytes: int | None = None) -> "ShardCaps":
-        return cls(min(spec.shards.max_requests, backend_max_requests or spec.shards.max_requests),
-                   min(spec.shards.max_bytes, backend_max_bytes or spec.shards.max_bytes))
+    def of(
+        cls, spec: JobSpec, backend_max_requests: int | None = None, backend_max_bytes: int | None = None
+    ) -> "ShardCaps":
+        return cls(
+            min(spec.shards.max_requests, backend_max_requests or spec.shards.max_requests),
+            min(spec.shards.max_bytes, backend_max_bytes or spec.shards.max_bytes),
+        )
 
 
 class ManifestBuilder:
-    def __init__(self, spec: JobSpec, store: Store, progress: Callable[[str, int], None] | None = None,
-                 caps: ShardCaps | None = None, dedup_budget_bytes: int | None = None,
-                 parts: "FileParts | None" = None):
+    def __init__(
+        self,
+        spec: JobSpec,
+        store: Store,
+        progress: Callable[[str, int], None] | None = None,
+        caps: ShardCaps | None = None,
+        dedup_budget_bytes: int | None = None,
+        parts: "FileParts | None" = None,
+    ):
         """``parts``: files prepared on their own (``parts.prepare_file_part``), used instead of reading them.
         ``dedup_budget_bytes``: the memory the dedup sets may take before they spill (default: half of
         ``shards.manifest_memory_mb``; the rest is for the blocks in flight and the open shards)."""
@@ -118,8 +140,9 @@ class ManifestBuilder:
         self.caps = caps or ShardCaps.of(spec)
         self.manifest = Manifest(spec.name, store)
         self.parts = parts
-        self.dedup_budget = dedup_budget_bytes if dedup_budget_bytes is not None else \
-            spec.shards.manifest_memory_mb * 2**20 // 2
+        self.dedup_budget = (
+            dedup_budget_bytes if dedup_budget_bytes is not None else spec.shards.manifest_memory_mb * 2**20 // 2
+        )
 
     def build(self) -> ManifestSummary:
         started = time.perf_counter()
@@ -138,8 +161,7 @@ class ManifestBuilder:
         system_bytes = preparer.system_bytes
         reading = [p for p in plans if p.reads]
         # the bytes this generation reads (a file's new part only): the bar's total, shown once reading starts
-        read_meter = meters.meter("manifest", total=sum(max(p.file.size - p.offset, 0) for p in reading),
-                                  unit="bytes")
+        read_meter = meters.meter("manifest", total=sum(max(p.file.size - p.offset, 0) for p in reading), unit="bytes")
         files_done = 0
         rows_ahead = _count_rows(reading, enough=OPEN_SHARD_WINDOW * self.caps.max_requests)
         window = max(1, min(OPEN_SHARD_WINDOW, math.ceil(max(rows_ahead, 1) / self.caps.max_requests)))
@@ -151,11 +173,24 @@ class ManifestBuilder:
         try:
             # row groups (in order, one thread) and shard files (two threads: when they fall behind, the main
             # thread waits and both cores compress) are written in the background: Parquet and zstd release the GIL
-            with self.store.parquet_writer(self.paths.rows(gen), ROW_SCHEMA, use_dictionary=["source"],
-                                           compression_level=1) as rows_out, \
-                    BackgroundWrites(depth=2) as row_writes, BackgroundWrites(depth=4, workers=2) as writes:
-                dealer = Dealer(self.store, self.paths.shard_items, gen, first_shard, window, self.caps.max_requests,
-                                self.caps.max_bytes, REQUEST_FRAMING_BYTES + system_bytes, writes)
+            with (
+                self.store.parquet_writer(
+                    self.paths.rows(gen), ROW_SCHEMA, use_dictionary=["source"], compression_level=1
+                ) as rows_out,
+                BackgroundWrites(depth=2) as row_writes,
+                BackgroundWrites(depth=4, workers=2) as writes,
+            ):
+                dealer = Dealer(
+                    self.store,
+                    self.paths.shard_items,
+                    gen,
+                    first_shard,
+                    window,
+                    self.caps.max_requests,
+                    self.caps.max_bytes,
+                    REQUEST_FRAMING_BYTES + system_bytes,
+                    writes,
+                )
                 for plan in plans:
                     summary.files[plan.action.value].append(plan.file.uri)
                     if not plan.reads:
@@ -178,8 +213,7 @@ class ManifestBuilder:
                             dealer.deal(frame.select(DEAL_COLUMNS), np.asarray(keep, dtype=np.bool_))
                         if self.progress:
                             self.progress(f.uri, summary.input_rows)
-                        read_meter.set(files_done + min(max(extent.bytes_read - plan.offset, 0),
-                                                        f.size - plan.offset))
+                        read_meter.set(files_done + min(max(extent.bytes_read - plan.offset, 0), f.size - plan.offset))
                         read_meter.describe(f"{summary.input_rows:,} rows")
                     files_done += max(f.size - plan.offset, 0)
                     read_meter.set(files_done)
@@ -190,7 +224,7 @@ class ManifestBuilder:
                 if spool is not None:
                     at = 0
                     for frame in spool.replay():
-                        dealer.deal(frame, verdict.is_new[at:at + frame.height])
+                        dealer.deal(frame, verdict.is_new[at : at + frame.height])
                         at += frame.height
                 dealer.close()
         finally:
@@ -202,8 +236,10 @@ class ManifestBuilder:
         summary.new_shards = sorted(dealer.new_shards)
         written = sum(dealer.written.values())
         if written != summary.new_requests or verdict.added != summary.new_requests:
-            raise ReconciliationError(f"manifest {spec.name} gen {gen}: {summary.new_requests} new items dealt, "
-                                      f"{verdict.added} new IDs, {written} written to shards (nothing committed)")
+            raise ReconciliationError(
+                f"manifest {spec.name} gen {gen}: {summary.new_requests} new items dealt, "
+                f"{verdict.added} new IDs, {written} written to shards (nothing committed)"
+            )
         self._write_rejects(gen, rejects)
         summary.rejected_rows = len(rejects)
         for r in rejects:
@@ -218,9 +254,18 @@ class ManifestBuilder:
         record = summary.as_dict()
         record["files"] = [s.as_dict() for s in states]
         self.store.write_json(self.paths.generation(gen), record)  # the commit point
-        log.info("manifest %s gen %d: %d files (%s), %d rows, %d rejected, %d new requests in %d new shards (%.1fs)",
-                 spec.name, gen, len(files), summary.files_line(), summary.input_rows, summary.rejected_rows,
-                 summary.new_requests, len(summary.new_shards), summary.seconds)
+        log.info(
+            "manifest %s gen %d: %d files (%s), %d rows, %d rejected, %d new requests in %d new shards (%.1fs)",
+            spec.name,
+            gen,
+            len(files),
+            summary.files_line(),
+            summary.input_rows,
+            summary.rejected_rows,
+            summary.new_requests,
+            len(summary.new_shards),
+            summary.seconds,
+        )
         return summary
 
     def _blocks(self, preparer: FilePreparer, plan: FilePlan, extent: ReadExtent) -> Iterator[Block]:
@@ -236,8 +281,13 @@ class ManifestBuilder:
 
 
 def _write_rows(writer, frame: pl.DataFrame, source: str) -> None:
-    writer.write_table(frame.select(pl.lit(source).alias("source"), pl.col(LINE).alias("line"),
-                                    pl.col(KEY).alias("source_key"), "request_id").to_arrow().cast(ROW_SCHEMA))
+    writer.write_table(
+        frame.select(
+            pl.lit(source).alias("source"), pl.col(LINE).alias("line"), pl.col(KEY).alias("source_key"), "request_id"
+        )
+        .to_arrow()
+        .cast(ROW_SCHEMA)
+    )
 
 
 def _count_rows(plans: list[FilePlan], enough: int | None = None) -> int:
@@ -266,7 +316,12 @@ def _count_rows(plans: list[FilePlan], enough: int | None = None) -> int:
     return total
 
 
-def build_manifest(spec: JobSpec, store: Store, progress: Callable[[str, int], None] | None = None,
-                   caps: ShardCaps | None = None, dedup_budget_bytes: int | None = None,
-                   parts: "FileParts | None" = None) -> ManifestSummary:
+def build_manifest(
+    spec: JobSpec,
+    store: Store,
+    progress: Callable[[str, int], None] | None = None,
+    caps: ShardCaps | None = None,
+    dedup_budget_bytes: int | None = None,
+    parts: "FileParts | None" = None,
+) -> ManifestSummary:
     return ManifestBuilder(spec, store, progress, caps, dedup_budget_bytes, parts).build()

@@ -51,8 +51,8 @@ _MISSING_COLUMN = re.compile(r'Referenced column "([^"]+)" not found')
 class ShareSource(str, Enum):
     """Where a filtered pass's share of the upstream rows comes from."""
 
-    ASSUMED = "assumed"      # input.assumed_share: nothing of the upstream is answered yet
-    CANARY = "canary"        # the upstream's answers so far (its canary first), before it published
+    ASSUMED = "assumed"  # input.assumed_share: nothing of the upstream is answered yet
+    CANARY = "canary"  # the upstream's answers so far (its canary first), before it published
     VALIDATED = "validated"  # the upstream's published validated table
 
 
@@ -96,8 +96,10 @@ def upstream_spec(spec: JobSpec) -> JobSpec:
         raise ValueError(f"job {spec.name} does not read another job's table")
     found = sibling_specs(spec).get(name)
     if found is None:
-        raise ConfigError(f"{spec.source_path or spec.name}: input.from_job names job {name!r}, which has no spec "
-                          "in the same jobs folder")
+        raise ConfigError(
+            f"{spec.source_path or spec.name}: input.from_job names job {name!r}, which has no spec "
+            "in the same jobs folder"
+        )
     return found
 
 
@@ -129,8 +131,10 @@ def condition_sql(spec: JobSpec, upstream: JobSpec) -> str:
         props = (upstream.output.json_schema or {}).get("properties", {})
         if upstream.output.kind != "json_schema" or conf.field not in props:
             have = sorted(props) if upstream.output.kind == "json_schema" else f"a {upstream.output.kind} output"
-            raise ConfigError(f"{spec.source_path or spec.name}: input.confidence_below.field {conf.field!r} is not a "
-                              f"field of job {upstream.name}'s JSON output (it has {have})")
+            raise ConfigError(
+                f"{spec.source_path or spec.name}: input.confidence_below.field {conf.field!r} is not a "
+                f"field of job {upstream.name}'s JSON output (it has {have})"
+            )
         value = f"TRY_CAST(json_extract_string(output, '$.{conf.field}') AS DOUBLE)"
         parts.append(f"COALESCE({value} < {float(conf.threshold)!r}, true)")
     return " AND ".join(parts) or "true"
@@ -154,8 +158,10 @@ def check_condition(spec: JobSpec, condition: str, schema: pa.Schema) -> None:
     except duckdb.BinderException as exc:
         missing = _MISSING_COLUMN.search(str(exc))
         if missing:
-            raise ConfigError(f"{where}: no column {missing.group(1)!r} in job {spec.input.from_job}'s validated "
-                              f"table (its columns: {', '.join(schema.names)})") from None
+            raise ConfigError(
+                f"{where}: no column {missing.group(1)!r} in job {spec.input.from_job}'s validated "
+                f"table (its columns: {', '.join(schema.names)})"
+            ) from None
         raise ConfigError(f"{where}: {_first_line(exc)}") from None
     except duckdb.Error as exc:
         raise ConfigError(f"{where} is not a valid condition: {_first_line(exc)}") from None
@@ -220,15 +226,27 @@ class UpstreamTable:
 
     def inputs(self) -> list[InputFile]:
         if not self.published():
-            raise InputError(f"input.from_job: job {self.upstream.name} has not published a validated table yet "
-                             f"({self.store.uri(self.rel)}); run it first")
+            raise InputError(
+                f"input.from_job: job {self.upstream.name} has not published a validated table yet "
+                f"({self.store.uri(self.rel)}); run it first"
+            )
         info = self.store.fs.get_file_info(self.store.full(self.rel))
         fields = self.spec.prompt.fields
         digest = hashlib.sha256("\x1f".join([self.condition, *fields]).encode()).hexdigest()
         identity = (info.mtime_ns or 0) ^ int(digest[:15], 16)  # a changed filter reads every source again
         sources = self._query("SELECT DISTINCT source FROM upstream ORDER BY source")["source"].to_list()
-        return [InputFile(source, self.store.fs, self.store.full(self.rel), "parquet", info.size, identity,
-                          reader=self._reader(source)) for source in sources]
+        return [
+            InputFile(
+                source,
+                self.store.fs,
+                self.store.full(self.rel),
+                "parquet",
+                info.size,
+                identity,
+                reader=self._reader(source),
+            )
+            for source in sources
+        ]
 
     def _reader(self, source: str):
         def read(fields: list[str], key_field: str | None) -> Iterator[RowBatch]:
@@ -239,8 +257,10 @@ class UpstreamTable:
     def rows(self, source: str | None = None) -> pl.DataFrame:
         """The upstream rows that pass the filter (of one source): every validated column."""
         where = "source = ? AND " if source is not None else ""
-        return self._query(f"SELECT * FROM upstream WHERE {where}({self.condition}) ORDER BY source, line",
-                           [source] if source is not None else [])
+        return self._query(
+            f"SELECT * FROM upstream WHERE {where}({self.condition}) ORDER BY source, line",
+            [source] if source is not None else [],
+        )
 
     def batches(self, source: str, fields: list[str]) -> Iterator[RowBatch]:
         """The rows of one upstream source that pass: the template's fields (as text), line, key, answer."""
@@ -252,7 +272,8 @@ class UpstreamTable:
         frame = rows.select(
             *[pl.col(f).cast(pl.String) for f in fields if f in UPSTREAM_FIELDS],
             *[pl.col(f) for f in own],
-            pl.col("line").cast(pl.Int64).alias(LINE), pl.col("source_key").cast(pl.String).alias(KEY),
+            pl.col("line").cast(pl.Int64).alias(LINE),
+            pl.col("source_key").cast(pl.String).alias(KEY),
             pl.col("output").cast(pl.String).fill_null("").alias(ids.UPSTREAM_OUTPUT),
         ).select([*fields, LINE, KEY, ids.UPSTREAM_OUTPUT])
         if frame.height == 0:
@@ -261,13 +282,14 @@ class UpstreamTable:
         for start in range(0, frame.height, BLOCK_ROWS):
             yield RowBatch(source, frame.slice(start, BLOCK_ROWS), rejects if start == 0 else [])
 
-    def _with_input_fields(self, source: str, rows: pl.DataFrame, own: list[str]
-                           ) -> tuple[pl.DataFrame, list[Reject]]:
+    def _with_input_fields(self, source: str, rows: pl.DataFrame, own: list[str]) -> tuple[pl.DataFrame, list[Reject]]:
         """Join the upstream's own input fields to its rows, by line; a row whose field is missing is a reject."""
         upstream_file = next((f for f in job_inputs(self.upstream, self.store) if f.uri == source), None)
         if upstream_file is None:
-            raise InputError(f"input.from_job: job {self.upstream.name}'s validated rows name {source}, which is "
-                             "no longer one of its inputs; run it again first")
+            raise InputError(
+                f"input.from_job: job {self.upstream.name}'s validated rows name {source}, which is "
+                "no longer one of its inputs; run it again first"
+            )
         lines = rows.select(pl.col("line").cast(pl.Int64).alias(LINE))
         frames, rejects = [], []
         wanted = set(lines[LINE].to_list())
@@ -280,9 +302,15 @@ class UpstreamTable:
         missing = joined.filter(pl.any_horizontal([pl.col(f).is_null() for f in own]))
         for line in missing[LINE].to_list():
             if line not in rejected:
-                rejects.append(Reject(source, line, own[0], "missing_field",
-                                      f"line {line} of job {self.upstream.name}'s input no longer has the fields "
-                                      f"{own}"))
+                rejects.append(
+                    Reject(
+                        source,
+                        line,
+                        own[0],
+                        "missing_field",
+                        f"line {line} of job {self.upstream.name}'s input no longer has the fields {own}",
+                    )
+                )
         return joined.filter(~pl.any_horizontal([pl.col(f).is_null() for f in own])).drop(LINE), rejects
 
     # -- the share that passes (for quotes) ------------------------------------------------------
@@ -290,8 +318,7 @@ class UpstreamTable:
         """The share of the upstream's rows that pass the filter: measured on its validated table once it has
         published, on its answers so far (its canary first) before that, assumed until anything is answered."""
         if self.published():
-            counts = self._query(f"SELECT count(*) AS n, count(*) FILTER (WHERE {self.condition}) AS k "
-                                 "FROM upstream")
+            counts = self._query(f"SELECT count(*) AS n, count(*) FILTER (WHERE {self.condition}) AS k FROM upstream")
             n, k = counts.row(0)
             if n:
                 return PassShare(k / n, ShareSource.VALIDATED, n)
@@ -300,8 +327,9 @@ class UpstreamTable:
             con = duckdb.connect()
             try:
                 con.register("upstream", answers.to_arrow())
-                n, k = con.execute(f"SELECT count(*), count(*) FILTER (WHERE {self.condition}) "
-                                   "FROM upstream").fetchone()  # type: ignore[misc]
+                n, k = con.execute(
+                    f"SELECT count(*), count(*) FILTER (WHERE {self.condition}) FROM upstream"
+                ).fetchone()  # type: ignore[misc]
             finally:
                 con.close()
             if n:
@@ -311,12 +339,19 @@ class UpstreamTable:
     def _answers(self) -> pl.DataFrame:
         """The upstream's latest valid answer per request so far, as rows of the validated columns."""
         schema = upstream_table_schema()
-        got = read_results(self.store, self.upstream.name, columns=["request_id", "attempt", "status",
-                                                                    "parsed_output", "model", "prompt_version"])
+        got = read_results(
+            self.store,
+            self.upstream.name,
+            columns=["request_id", "attempt", "status", "parsed_output", "model", "prompt_version"],
+        )
         if got.height == 0:
             return pl.DataFrame()
-        latest = (got.filter(pl.col("status") == "succeeded").sort("attempt")
-                  .unique("request_id", keep="last").rename({"parsed_output": "output"}))
+        latest = (
+            got.filter(pl.col("status") == "succeeded")
+            .sort("attempt")
+            .unique("request_id", keep="last")
+            .rename({"parsed_output": "output"})
+        )
         empty = pl.from_arrow(pa.Table.from_batches([], schema=schema))
         assert isinstance(empty, pl.DataFrame)
         have = [c for c in empty.columns if c in latest.columns]

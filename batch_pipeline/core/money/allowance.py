@@ -20,8 +20,15 @@ from batch_pipeline.core.state.fallback import fallback_variant, handed_over
 from batch_pipeline.core.state.reconcile import DEAD, VALID
 
 DEFAULT_FALLBACK_SHARE = 0.02  # items expected to reach the fallback before anything is measured
-_SUMMED = ("requests", "input_tokens", "output_tokens_expected", "output_tokens_max", "cost_low", "cost_expected",
-           "cost_high")
+_SUMMED = (
+    "requests",
+    "input_tokens",
+    "output_tokens_expected",
+    "output_tokens_max",
+    "cost_low",
+    "cost_expected",
+    "cost_high",
+)
 
 
 def quote_price(spec: JobSpec, prices: PriceTable) -> Price:
@@ -43,9 +50,15 @@ def fallback_share(states: pl.DataFrame | None) -> tuple[float, int]:
     return float(handed_over(tried).sum()) / tried.height, tried.height
 
 
-def extended_quote(spec: JobSpec, store, prices: PriceTable, items: pl.DataFrame | None,
-                   results: pl.DataFrame | None, states: pl.DataFrame | None) -> dict:
-    from batch_pipeline.core.money.quote import make_quote, quote_components, _sha
+def extended_quote(
+    spec: JobSpec,
+    store,
+    prices: PriceTable,
+    items: pl.DataFrame | None,
+    results: pl.DataFrame | None,
+    states: pl.DataFrame | None,
+) -> dict:
+    from batch_pipeline.core.money.quote import _sha, make_quote, quote_components
 
     plain = spec.model_copy(update={"fallback": None})
     if spec.backend.name == AUTO_BACKEND:
@@ -54,8 +67,7 @@ def extended_quote(spec: JobSpec, store, prices: PriceTable, items: pl.DataFrame
         quote = make_quote(plain, store, prices, items, results, states)
     if spec.fallback is not None:
         _add_fallback(spec, store, prices, quote, items, results, states, make_quote)
-    components = quote_components(spec, Manifest(spec.name, store).last_generation(), quote_price(spec, prices),
-                                  store)
+    components = quote_components(spec, Manifest(spec.name, store).last_generation(), quote_price(spec, prices), store)
     quote.update(components=components, fingerprint=_sha(components), backend=spec.backend.name, model=spec.model)
     high = quote["est_cost_usd"]["high"]
     quote["within_budget"] = spec.budget_usd is None or quote["spent_usd"] + high <= spec.budget_usd
@@ -70,43 +82,57 @@ def _routed(spec: JobSpec, store, prices: PriceTable, items, results, states, ma
         items = frame if items is None else items.join(frame.select("request_id", "shard_id"), on="request_id")
     pending = items
     if states is not None and states.height:
-        pending = items.join(states.filter(pl.col("state").is_in([VALID, DEAD])).select("request_id"),
-                             on="request_id", how="anti")
+        pending = items.join(
+            states.filter(pl.col("state").is_in([VALID, DEAD])).select("request_id"), on="request_id", how="anti"
+        )
     book = RouteBook(store, spec.name)
     groups: dict[tuple[str, str], list[str]] = {}
     route = []
     for shard_id in sorted(set(pending["shard_id"].unique().to_list())):
         choice = book.get(shard_id)
         if choice is None or choice.backend is None:
-            raise ConfigError(f"job {spec.name}: shard {shard_id} has no route"
-                              + (f" ({choice.reason})" if choice else "; route the shards first (the quote asset "
-                                                                         "and `batch-pipeline quote` do)"))
+            raise ConfigError(
+                f"job {spec.name}: shard {shard_id} has no route"
+                + (
+                    f" ({choice.reason})"
+                    if choice
+                    else "; route the shards first (the quote asset and `batch-pipeline quote` do)"
+                )
+            )
         groups.setdefault((choice.backend, choice.model or spec.model), []).append(shard_id)
         route.append(choice.as_dict())
     parts = {}
     for (backend, model), shards in sorted(groups.items()):
         cand = candidate_for(spec, book.get(shards[0]))  # type: ignore[arg-type]
         subset = items.filter(pl.col("shard_id").is_in(shards))
-        parts[f"{backend}/{model}"] = (shards, make_quote(routed_variant(spec, cand.backend, model), store, prices,
-                                                          subset, results, states))
+        parts[f"{backend}/{model}"] = (
+            shards,
+            make_quote(routed_variant(spec, cand.backend, model), store, prices, subset, results, states),
+        )
     if not parts:  # nothing pending: the first candidate's (empty) quote
         first = spec.route.candidates[0] if spec.route else None
         assert first is not None
-        return {**make_quote(routed_variant(spec, first.backend, first.model), store, prices, items, results,
-                             states), "route": [], "route_groups": {}}
+        return {
+            **make_quote(routed_variant(spec, first.backend, first.model), store, prices, items, results, states),
+            "route": [],
+            "route_groups": {},
+        }
     base = dict(max(parts.values(), key=lambda p: p[1]["pending_requests"])[1])
     base["passes"] = {k: dict(v) for k, v in base["passes"].items()}
     for name in ("first", "probes", "retries"):
         for key in _SUMMED + ("cost_expected", "cost_high"):
             if key in base["passes"][name]:
                 base["passes"][name][key] = sum(q["passes"][name].get(key, 0) for _, q in parts.values())
-    base["est_cost_usd"] = {k: usd_figure(sum(q["est_cost_usd"][k] for _, q in parts.values()))
-                            for k in ("low", "expected", "high")}
+    base["est_cost_usd"] = {
+        k: usd_figure(sum(q["est_cost_usd"][k] for _, q in parts.values())) for k in ("low", "expected", "high")
+    }
     base["pending_requests"] = sum(q["pending_requests"] for _, q in parts.values())
     base["probe_requests"] = sum(q["probe_requests"] for _, q in parts.values())
     base["route"] = route
-    base["route_groups"] = {label: {"shards": len(shards), "requests": q["pending_requests"],
-                                    "est_cost_usd": q["est_cost_usd"]} for label, (shards, q) in parts.items()}
+    base["route_groups"] = {
+        label: {"shards": len(shards), "requests": q["pending_requests"], "est_cost_usd": q["est_cost_usd"]}
+        for label, (shards, q) in parts.items()
+    }
     return base
 
 
@@ -115,10 +141,14 @@ def _add_fallback(spec: JobSpec, store, prices: PriceTable, quote: dict, items, 
     share, tried = fallback_share(states)
     fq = make_quote(fb, store, prices, items, results, states)
     allowance = {k: fq["passes"]["first"][f"cost_{k}"] * share for k in ("low", "expected", "high")}
-    quote["passes"]["fallback"] = {"model": fb.model, "backend": fb.backend.name, "share": round(share, 4),
-                                   "measured_on": tried, "requests_expected": round(fq["pending_requests"] * share, 1),
-                                   # the fallback's own count of a request (its tokenizer, the prompt's prefix)
-                                   "input_tokens_per_request": round(fq["passes"]["first"]["input_tokens"]
-                                                                     / max(fq["pending_requests"], 1), 1),
-                                   **{f"cost_{k}": v for k, v in allowance.items()}}
+    quote["passes"]["fallback"] = {
+        "model": fb.model,
+        "backend": fb.backend.name,
+        "share": round(share, 4),
+        "measured_on": tried,
+        "requests_expected": round(fq["pending_requests"] * share, 1),
+        # the fallback's own count of a request (its tokenizer, the prompt's prefix)
+        "input_tokens_per_request": round(fq["passes"]["first"]["input_tokens"] / max(fq["pending_requests"], 1), 1),
+        **{f"cost_{k}": v for k, v in allowance.items()},
+    }
     quote["est_cost_usd"] = {k: usd_figure(v + allowance[k]) for k, v in quote["est_cost_usd"].items()}

@@ -13,14 +13,21 @@ import logging
 import polars as pl
 import pyarrow as pa
 
+from batch_pipeline.core.errors import SystemicError
+from batch_pipeline.core.manifest.shards import Manifest
+from batch_pipeline.core.money.cost import Price
+from batch_pipeline.core.money.quote import (
+    UNCALIBRATED_MARGIN,
+    cache_prefix_tokens,
+    calibration,
+    max_output_tokens,
+    probe_estimates,
+    riding_probes,
+    schema_tokens,
+)
+from batch_pipeline.core.quality.golden import GoldenProbes
 from batch_pipeline.core.run.attempts import AttemptLog
 from batch_pipeline.core.run.control import JobControl
-from batch_pipeline.core.money.cost import Price
-from batch_pipeline.core.errors import SystemicError
-from batch_pipeline.core.quality.golden import GoldenProbes
-from batch_pipeline.core.manifest.shards import Manifest
-from batch_pipeline.core.money.quote import (UNCALIBRATED_MARGIN, cache_prefix_tokens, calibration, max_output_tokens,
-                                             probe_estimates, riding_probes, schema_tokens)
 from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.store import Store
@@ -29,8 +36,9 @@ log = logging.getLogger(__name__)
 
 
 class BudgetGuard:
-    def __init__(self, spec: JobSpec, store: Store, price: Price | None, quoted_factor: float = 1.0,
-                 batch: bool = True):
+    def __init__(
+        self, spec: JobSpec, store: Store, price: Price | None, quoted_factor: float = 1.0, batch: bool = True
+    ):
         self.spec, self.store, self.price, self.batch = spec, store, price, batch
         self.quoted_factor = self.factor = quoted_factor
         self.schema_tokens = schema_tokens(spec)
@@ -58,8 +66,9 @@ class BudgetGuard:
         assert self.price is not None
         tokens = (est_input_tokens + requests * self.schema_tokens) * self.factor
         writes = min(tokens, requests * self.prefix_tokens * self.factor)
-        return self.price.cost(tokens, requests * max_output_tokens(self.spec), batch=self.batch,
-                               cache_write_tokens=writes)
+        return self.price.cost(
+            tokens, requests * max_output_tokens(self.spec), batch=self.batch, cache_write_tokens=writes
+        )
 
     def riding_probes(self, shard_id: str) -> pl.DataFrame:
         """The golden probes the shard's next submission carries (request_id, est_input_tokens); none once any
@@ -85,8 +94,9 @@ class BudgetGuard:
                     total += self.request_cost_high(float(sent["est_input_tokens"].sum() or 0), sent.height)
                     recorded = self.probes.recorded(shard) if self.probes.enabled else None
                     if recorded is not None:
-                        probes = probe_estimates(self.spec, recorded.filter(
-                            pl.col("request_id").is_in(attempt.request_ids)))
+                        probes = probe_estimates(
+                            self.spec, recorded.filter(pl.col("request_id").is_in(attempt.request_ids))
+                        )
                         if probes.height:
                             total += self.request_cost_high(float(probes["est_input_tokens"].sum()), probes.height)
         return total
@@ -106,17 +116,28 @@ class BudgetGuard:
         assert isinstance(items, pl.DataFrame)
         nxt = items.filter(pl.col("request_id").is_in(pending.column("request_id").to_pylist()))
         next_items = self.request_cost_high(float(nxt["est_input_tokens"].sum() or 0), nxt.height)
-        next_probes = (self.request_cost_high(float(probes["est_input_tokens"].sum()), probes.height)
-                       if probes.height else 0.0)
+        next_probes = (
+            self.request_cost_high(float(probes["est_input_tokens"].sum()), probes.height) if probes.height else 0.0
+        )
         next_cost = next_items + next_probes
         spent = float(results["cost_usd"].sum() or 0.0)
         in_flight = self._in_flight()
         if spent + in_flight + next_cost > budget:
             what = f"{nxt.height} items ${next_items:.6f}" + (
-                f" + {probes.height} golden probes ${next_probes:.6f}" if probes.height else "")
-            reason = (f"budget cap: spent ${spent:.6f} + in flight ${in_flight:.6f} + next submission of shard "
-                      f"{shard_id} ${next_cost:.6f} ({what}) would exceed budget_usd ${budget}")
+                f" + {probes.height} golden probes ${next_probes:.6f}" if probes.height else ""
+            )
+            reason = (
+                f"budget cap: spent ${spent:.6f} + in flight ${in_flight:.6f} + next submission of shard "
+                f"{shard_id} ${next_cost:.6f} ({what}) would exceed budget_usd ${budget}"
+            )
             JobControl(self.store, self.spec.name).stop(reason, code="budget")
             raise SystemicError(reason + "; raise budget_usd and resume to continue", code="budget")
-        log.info("budget: spent %.6f, in flight %.6f, next %.6f (%d probes %.6f) of %.6f", spent, in_flight,
-                 next_cost, probes.height, next_probes, budget)
+        log.info(
+            "budget: spent %.6f, in flight %.6f, next %.6f (%d probes %.6f) of %.6f",
+            spent,
+            in_flight,
+            next_cost,
+            probes.height,
+            next_probes,
+            budget,
+        )

@@ -57,7 +57,8 @@ class Price(BaseModel):
     output_per_mtok: float = Field(ge=0)
     batch_discount: float = Field(default=0.0, ge=0, lt=1, description="share taken off on the batch API")
     cache_ttl: Literal["5m", "1h"] | None = Field(
-        default=None, description="TTL of the cache our requests write (Anthropic); None: writes are not billed apart")
+        default=None, description="TTL of the cache our requests write (Anthropic); None: writes are not billed apart"
+    )
     cache_write_multiplier: float = Field(default=1.25, ge=1, description="cache writes cost input x this")
     checked: date
 
@@ -77,8 +78,12 @@ class Price(BaseModel):
         cache reads (``cached_tokens``) + cache writes (``cache_write_tokens``)."""
         cached_rate = self.cached_input_per_mtok if self.cached_input_per_mtok is not None else self.input_per_mtok
         uncached = input_tokens - cached_tokens - cache_write_tokens
-        raw = (uncached * self.input_per_mtok + cache_write_tokens * (self.input_per_mtok * self.cache_write_multiplier)
-               + cached_tokens * cached_rate + output_tokens * self.output_per_mtok) / 1e6
+        raw = (
+            uncached * self.input_per_mtok
+            + cache_write_tokens * (self.input_per_mtok * self.cache_write_multiplier)
+            + cached_tokens * cached_rate
+            + output_tokens * self.output_per_mtok
+        ) / 1e6
         return raw * (1 - self.batch_discount) if batch else raw
 
 

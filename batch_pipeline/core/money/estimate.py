@@ -56,11 +56,14 @@ def schema_text(spec: JobSpec) -> str | None:
     """The output schema as it travels with every request (None for free text and embeddings)."""
     if spec.output.kind in ("text", "embedding"):
         return None
-    return json.dumps(choice_schema(spec.output.choice or []) if spec.output.kind == "choice" else spec.output.json_schema)
+    return json.dumps(
+        choice_schema(spec.output.choice or []) if spec.output.kind == "choice" else spec.output.json_schema
+    )
 
 
-def prompt_sample(manifest: Manifest, pending: pl.DataFrame, limit: int = SAMPLE_ITEMS,
-                  shards: int = SAMPLE_SHARDS) -> pl.DataFrame:
+def prompt_sample(
+    manifest: Manifest, pending: pl.DataFrame, limit: int = SAMPLE_ITEMS, shards: int = SAMPLE_SHARDS
+) -> pl.DataFrame:
     """request_id, user_prompt and est_input_tokens of up to ``limit`` pending items (``pending``: request_id,
     shard_id)."""
     if pending.height == 0:
@@ -73,8 +76,9 @@ def prompt_sample(manifest: Manifest, pending: pl.DataFrame, limit: int = SAMPLE
     for shard in chosen:
         frame = pl.from_arrow(manifest.shard_items(shard, ["request_id", "user_prompt", "est_input_tokens"]))
         assert isinstance(frame, pl.DataFrame)
-        parts.append(frame.join(pending.select("request_id"), on="request_id", how="semi")
-                     .sort("request_id").head(per_shard))
+        parts.append(
+            frame.join(pending.select("request_id"), on="request_id", how="semi").sort("request_id").head(per_shard)
+        )
     return pl.concat(parts).select("request_id", "user_prompt", pl.col("est_input_tokens").cast(pl.Int64))
 
 
@@ -96,12 +100,21 @@ def request_tokens(spec: JobSpec, sample: pl.DataFrame, counter: TokenCounter | 
         estimated = float(sample["est_input_tokens"].sum()) - sample.height * fixed_estimated
         if estimated > 0:
             per_estimated = sum(counter.count(sample["user_prompt"].to_list())) / estimated
-    return RequestTokens(counter.name, counter.exact, per_estimated, fixed_estimated, fixed_tokens, system_tokens,
-                         schema_tokens, sample.height)
+    return RequestTokens(
+        counter.name,
+        counter.exact,
+        per_estimated,
+        fixed_estimated,
+        fixed_tokens,
+        system_tokens,
+        schema_tokens,
+        sample.height,
+    )
 
 
-def measured_ratio(items: pl.DataFrame, results: pl.DataFrame,
-                   estimate: Callable[[float, int], float]) -> tuple[float, int]:
+def measured_ratio(
+    items: pl.DataFrame, results: pl.DataFrame, estimate: Callable[[float, int], float]
+) -> tuple[float, int]:
     """Measured / estimated input tokens over the items with a billed answer, and how many: (1.0, 0) until then.
     ``estimate(bytes-or-tokens estimated, requests)`` turns the items' ``est_input_tokens`` into the estimate to
     compare with (the one place the ratio, and its guard against an estimate of 0, is computed)."""

@@ -48,8 +48,9 @@ class PassQuote:
         return out
 
 
-def cascade_quote(spec: JobSpec, store: Store, prices: PriceTable, items: pl.DataFrame,
-                  own: dict[str, float]) -> dict | None:
+def cascade_quote(
+    spec: JobSpec, store: Store, prices: PriceTable, items: pl.DataFrame, own: dict[str, float]
+) -> dict | None:
     """The passes of ``spec``'s cascade, priced (None for a one-pass job). ``items``: this job's items
     (est_input_tokens); ``own``: this job's remaining ``requests``, ``cost_expected`` and ``cost_high``."""
     before = chain(spec)[:-1]
@@ -58,10 +59,20 @@ def cascade_quote(spec: JobSpec, store: Store, prices: PriceTable, items: pl.Dat
         return None
     passes = [_quoted(i + 1, up, store) for i, up in enumerate(before)]
     share = _share(spec, store) if spec.input.from_job is not None else None
-    passes.append(PassQuote(len(before) + 1, spec.name, spec.model, spec.backend.name,
-                            share.share if share else 1.0, share.source.value if share else "all",
-                            share.measured_on if share else 0, int(own["requests"]), own["cost_expected"],
-                            own["cost_high"]))
+    passes.append(
+        PassQuote(
+            len(before) + 1,
+            spec.name,
+            spec.model,
+            spec.backend.name,
+            share.share if share else 1.0,
+            share.source.value if share else "all",
+            share.measured_on if share else 0,
+            int(own["requests"]),
+            own["cost_expected"],
+            own["cost_high"],
+        )
+    )
     user_tokens = _user_tokens(spec, items)
     rows = {spec.name: float(items.height)}
     left_out: dict[str, str] = {}  # a later pass whose spec is broken does not break this job's quote
@@ -77,14 +88,30 @@ def cascade_quote(spec: JobSpec, store: Store, prices: PriceTable, items: pl.Dat
         requests = up_rows * s.share
         rows[down.name] = requests
         expected, high = price_pass(down, prices, requests, user_tokens)
-        passes.append(PassQuote(len(before) + 1 + depth, down.name, down.model, down.backend.name, s.share,
-                                s.source.value, s.measured_on, math.ceil(requests), expected, high,
-                                priced_from=f"{spec.name}'s items"))
-    return {"passes": [p.as_dict() for p in passes],
-            "total": {"expected": usd_figure(sum(p.cost_expected for p in passes)),
-                      "high": usd_figure(sum(p.cost_high for p in passes)),
-                      "spent_usd": usd_figure(sum(p.spent_usd for p in passes))},
-            "left_out": left_out}
+        passes.append(
+            PassQuote(
+                len(before) + 1 + depth,
+                down.name,
+                down.model,
+                down.backend.name,
+                s.share,
+                s.source.value,
+                s.measured_on,
+                math.ceil(requests),
+                expected,
+                high,
+                priced_from=f"{spec.name}'s items",
+            )
+        )
+    return {
+        "passes": [p.as_dict() for p in passes],
+        "total": {
+            "expected": usd_figure(sum(p.cost_expected for p in passes)),
+            "high": usd_figure(sum(p.cost_high for p in passes)),
+            "spent_usd": usd_figure(sum(p.spent_usd for p in passes)),
+        },
+        "left_out": left_out,
+    }
 
 
 def _after(spec: JobSpec) -> list[tuple[int, JobSpec]]:
@@ -120,8 +147,11 @@ def price_pass(spec: JobSpec, prices: PriceTable, requests: float, user_tokens: 
     price = prices.lookup(spec.backend.name, spec.model)
     literal = sum(len(part) for part, *_ in _template_parts(spec.prompt.template))
     schema = schema_text(spec)
-    per_request = (user_tokens + fixed_request_tokens(len(spec.prompt.prefix_text.encode()))
-                   + (literal + len(schema or "")) / BYTES_PER_TOKEN)
+    per_request = (
+        user_tokens
+        + fixed_request_tokens(len(spec.prompt.prefix_text.encode()))
+        + (literal + len(schema or "")) / BYTES_PER_TOKEN
+    )
     batch = spec.backend.name.endswith("_batch")
     tokens_in = requests * per_request
     tokens_out = requests * spec.max_output_tokens
@@ -141,16 +171,27 @@ def _quoted(number: int, spec: JobSpec, store: Store) -> PassQuote:
     share = _share(spec, store) if spec.input.from_job is not None else None
     done = bool(report.get("complete"))
     est = quote.get("est_cost_usd") or {}
-    return PassQuote(number, spec.name, spec.model, spec.backend.name, share.share if share else 1.0,
-                     share.source.value if share else "all", share.measured_on if share else 0,
-                     int(report.get("unique_requests") or quote.get("pending_requests") or 0),
-                     0.0 if done else float(est.get("expected", 0.0)), 0.0 if done else float(est.get("high", 0.0)),
-                     spent_usd=float(report.get("cost_usd") or quote.get("spent_usd") or 0.0),
-                     priced_from="its quote and report")
+    return PassQuote(
+        number,
+        spec.name,
+        spec.model,
+        spec.backend.name,
+        share.share if share else 1.0,
+        share.source.value if share else "all",
+        share.measured_on if share else 0,
+        int(report.get("unique_requests") or quote.get("pending_requests") or 0),
+        0.0 if done else float(est.get("expected", 0.0)),
+        0.0 if done else float(est.get("high", 0.0)),
+        spent_usd=float(report.get("cost_usd") or quote.get("spent_usd") or 0.0),
+        priced_from="its quote and report",
+    )
 
 
 def describe(cascade: dict) -> str:
     """One line for the passes, for logs and the CLI."""
-    parts = [f"pass {p['number']} {p['job']}: {p['requests']} requests at share {p['share']:.2f} "
-             f"({p['share_source']}), {format_usd(p['cost_expected'])} expected" for p in cascade["passes"]]
+    parts = [
+        f"pass {p['number']} {p['job']}: {p['requests']} requests at share {p['share']:.2f} "
+        f"({p['share_source']}), {format_usd(p['cost_expected'])} expected"
+        for p in cascade["passes"]
+    ]
     return "; ".join([*parts, f"total {format_usd(cascade['total']['expected'])} expected"])

@@ -119,20 +119,35 @@ def probe_estimates(spec: JobSpec, probes: pl.DataFrame) -> pl.DataFrame:
     (``est_input_tokens``: the rendered prompt, the system prompt and the examples; the schema is added per
     request)."""
     system_bytes = len(spec.prompt.prefix_text.encode())
-    return probes.with_columns(estimate_request_tokens(pl.col("user_prompt").str.len_bytes(), system_bytes)
-                               .cast(pl.Int64).alias("est_input_tokens"))
+    return probes.with_columns(
+        estimate_request_tokens(pl.col("user_prompt").str.len_bytes(), system_bytes)
+        .cast(pl.Int64)
+        .alias("est_input_tokens")
+    )
 
 
-def riding_probes(spec: JobSpec, store, manifest: Manifest, shard_sizes: dict[str, int],
-                  answered: pl.DataFrame | None = None, with_prompt: bool = False) -> pl.DataFrame:
+def riding_probes(
+    spec: JobSpec,
+    store,
+    manifest: Manifest,
+    shard_sizes: dict[str, int],
+    answered: pl.DataFrame | None = None,
+    with_prompt: bool = False,
+) -> pl.DataFrame:
     """The golden probes that go out with the next submission of each listed shard (shard -> its item count),
     with their estimated tokens: shard_id, request_id, est_input_tokens (and user_prompt, ``with_prompt``).
     ``answered``: result rows with request_id (read from the store when not given)."""
     probes = GoldenProbes(spec, store)
     columns = ["shard_id", "request_id", "est_input_tokens", *(["user_prompt"] if with_prompt else [])]
     if not probes.enabled or not shard_sizes:
-        return pl.DataFrame(schema={"shard_id": pl.String, "request_id": pl.String, "est_input_tokens": pl.Int64,
-                                    "user_prompt": pl.String}).select(columns)
+        return pl.DataFrame(
+            schema={
+                "shard_id": pl.String,
+                "request_id": pl.String,
+                "est_input_tokens": pl.Int64,
+                "user_prompt": pl.String,
+            }
+        ).select(columns)
     if answered is None:
         answered = read_results(store, spec.name, columns=["request_id"])
     shards = manifest.shard_ids()
@@ -140,8 +155,9 @@ def riding_probes(spec: JobSpec, store, manifest: Manifest, shard_sizes: dict[st
     return probe_estimates(spec, riding).select(columns)
 
 
-def cache_scenarios(prefix_share: float, first_write_share: float, writes_billed: bool,
-                    measured: tuple[float, float] | None) -> dict[str, tuple[float, float]]:
+def cache_scenarios(
+    prefix_share: float, first_write_share: float, writes_billed: bool, measured: tuple[float, float] | None
+) -> dict[str, tuple[float, float]]:
     """(cache-read share, cache-write share) of the input tokens when cache hits are low, expected and high.
 
     ``prefix_share``: the cacheable prefix's share of the input; ``first_write_share``: the share written by the
@@ -150,19 +166,35 @@ def cache_scenarios(prefix_share: float, first_write_share: float, writes_billed
     read_m, write_m = measured if measured is not None else (None, None)
     high_read = max(prefix_share, read_m or 0.0)
     if not writes_billed:  # automatic caching: a miss is billed as plain input
-        return {"low": (0.0, 0.0), "expected": (read_m if read_m is not None else prefix_share / 2, 0.0),
-                "high": (high_read, 0.0)}
+        return {
+            "low": (0.0, 0.0),
+            "expected": (read_m if read_m is not None else prefix_share / 2, 0.0),
+            "high": (high_read, 0.0),
+        }
     first = min(first_write_share, high_read)
-    expected = (read_m, write_m or 0.0) if read_m is not None else (
-        min(prefix_share / 2, prefix_share - first), max(prefix_share / 2, first))
-    return {"low": (0.0, max(prefix_share, (read_m or 0.0) + (write_m or 0.0))), "expected": expected,
-            "high": (high_read - first, first)}
+    expected = (
+        (read_m, write_m or 0.0)
+        if read_m is not None
+        else (min(prefix_share / 2, prefix_share - first), max(prefix_share / 2, first))
+    )
+    return {
+        "low": (0.0, max(prefix_share, (read_m or 0.0) + (write_m or 0.0))),
+        "expected": expected,
+        "high": (high_read - first, first),
+    }
 
 
-def make_quote(spec: JobSpec, store, prices: PriceTable, items: pl.DataFrame | None = None,
-               results: pl.DataFrame | None = None, states: pl.DataFrame | None = None) -> dict:
+def make_quote(
+    spec: JobSpec,
+    store,
+    prices: PriceTable,
+    items: pl.DataFrame | None = None,
+    results: pl.DataFrame | None = None,
+    states: pl.DataFrame | None = None,
+) -> dict:
     if spec.backend.name == AUTO_BACKEND or spec.fallback is not None:  # routed shards, a fallback allowance
         from batch_pipeline.core.money.allowance import extended_quote
+
         return extended_quote(spec, store, prices, items, results, states)
     price = prices.lookup(spec.backend.name, spec.model)
     manifest = Manifest(spec.name, store)
@@ -197,8 +229,11 @@ def make_quote(spec: JobSpec, store, prices: PriceTable, items: pl.DataFrame | N
     pending_by_shard = dict(pending.group_by("shard_id").len().iter_rows()) if n else {}
     canary_shard = manifest.canary_shard_id() if pending_by_shard else None
     write_batches = len(pending_by_shard) if price.writes_cache and prefix else 0
-    if write_batches and canary_passed(spec, store) is None \
-            and pending_by_shard.get(canary_shard, 0) > spec.canary.size:
+    if (
+        write_batches
+        and canary_passed(spec, store) is None
+        and pending_by_shard.get(canary_shard, 0) > spec.canary.size
+    ):
         write_batches += 1  # the canary sample goes in a batch of its own
     measured = None
     if results.height and "cached_tokens" in results.columns:
@@ -213,57 +248,85 @@ def make_quote(spec: JobSpec, store, prices: PriceTable, items: pl.DataFrame | N
 
     def priced(tokens: float, out_tokens: float, shares: tuple[float, float]) -> float:
         read, write = shares
-        return price.cost(tokens, out_tokens, cached_tokens=tokens * read, batch=batch,
-                          cache_write_tokens=tokens * write)
+        return price.cost(
+            tokens, out_tokens, cached_tokens=tokens * read, batch=batch, cache_write_tokens=tokens * write
+        )
 
     def one_pass(requests: int, tokens: float, cache: dict[str, tuple[float, float]]) -> dict:
-        return {"requests": requests, "input_tokens": round(tokens), "output_tokens_expected": round(requests * mean_out),
-                "output_tokens_max": requests * out_cap,
-                "cost_low": priced(tokens, requests * mean_out, cache["high"]),
-                "cost_expected": priced(tokens, requests * mean_out, cache["expected"]),
-                "cost_high": priced(tokens * margin, requests * out_cap, cache["low"])}
+        return {
+            "requests": requests,
+            "input_tokens": round(tokens),
+            "output_tokens_expected": round(requests * mean_out),
+            "output_tokens_max": requests * out_cap,
+            "cost_low": priced(tokens, requests * mean_out, cache["high"]),
+            "cost_expected": priced(tokens, requests * mean_out, cache["expected"]),
+            "cost_high": priced(tokens * margin, requests * out_cap, cache["low"]),
+        }
 
     cache = scenarios(n, input_tokens, write_batches)
     first = one_pass(n, input_tokens, cache)
-    shard_sizes = dict(items.filter(pl.col("shard_id").is_in(list(pending_by_shard)))
-                       .group_by("shard_id").len().iter_rows()) if pending_by_shard else {}
+    shard_sizes = (
+        dict(items.filter(pl.col("shard_id").is_in(list(pending_by_shard))).group_by("shard_id").len().iter_rows())
+        if pending_by_shard
+        else {}
+    )
     # with a golden set, ``results`` are the items' (JobState keeps probe rows apart): every row, for the probes
     # already answered and for what was spent on them
     stored = read_results(store, spec.name, columns=["request_id", "cost_usd"]) if spec.quality else None
     probes = riding_probes(spec, store, manifest, shard_sizes, stored, with_prompt=True)
     n_probes = probes.height  # few, and their prompts are at hand: counted one by one
     probe_tokens = (sum(counter.count(probes["user_prompt"].to_list())) + n_probes * model.fixed_tokens) * factor
-    probe_pass = {**one_pass(n_probes, probe_tokens, scenarios(n_probes, probe_tokens, 0)),
-                  "shards": probes["shard_id"].n_unique()}  # they ride in the items' batches: no write of their own
+    probe_pass = {
+        **one_pass(n_probes, probe_tokens, scenarios(n_probes, probe_tokens, 0)),
+        "shards": probes["shard_id"].n_unique(),
+    }  # they ride in the items' batches: no write of their own
     retry_share = _measured_retry_share(results) if results.height else DEFAULT_RETRY_SHARE
-    retries = {"expected_share": retry_share, "cost_expected": first["cost_expected"] * retry_share,
-               "cost_high": first["cost_high"] * spec.retries.spend_cap_share}  # probes are not retried
-    total = {"low": first["cost_low"] + probe_pass["cost_low"],
-             "expected": first["cost_expected"] + probe_pass["cost_expected"] + retries["cost_expected"],
-             "high": first["cost_high"] + probe_pass["cost_high"] + retries["cost_high"]}
+    retries = {
+        "expected_share": retry_share,
+        "cost_expected": first["cost_expected"] * retry_share,
+        "cost_high": first["cost_high"] * spec.retries.spend_cap_share,
+    }  # probes are not retried
+    total = {
+        "low": first["cost_low"] + probe_pass["cost_low"],
+        "expected": first["cost_expected"] + probe_pass["cost_expected"] + retries["cost_expected"],
+        "high": first["cost_high"] + probe_pass["cost_high"] + retries["cost_high"],
+    }
     spent = float(results["cost_usd"].sum() or 0.0) if results.height and "cost_usd" in results.columns else 0.0
     if stored is not None:  # probes are paid too
         spent = max(spent, float(stored["cost_usd"].sum() or 0.0))
     components = quote_components(spec, manifest.last_generation(), price, store)
     now = datetime.now(UTC)
     return {
-        "job": spec.name, "model": spec.model, "backend": spec.backend.name,
-        "pending_requests": n, "probe_requests": n_probes, "price": price.model_dump(mode="json"),
+        "job": spec.name,
+        "model": spec.model,
+        "backend": spec.backend.name,
+        "pending_requests": n,
+        "probe_requests": n_probes,
+        "price": price.model_dump(mode="json"),
         "calibration": {"factor": bytes_factor, "items_measured": calibrated_on, "tokenizer_factor": factor},
         "tokenizer": model.as_dict(),
         "cache_hit_share": {level: read for level, (read, _) in cache.items()},
         "cache_write_share": {level: write for level, (_, write) in cache.items()},
-        "cache": {"prefix_tokens": prefix, "writes_billed": price.writes_cache, "ttl": price.cache_ttl,
-                  "write_multiplier": price.cache_write_multiplier, "first_write_batches": write_batches},
+        "cache": {
+            "prefix_tokens": prefix,
+            "writes_billed": price.writes_cache,
+            "ttl": price.cache_ttl,
+            "write_multiplier": price.cache_write_multiplier,
+            "first_write_batches": write_batches,
+        },
         "passes": {"first": first, "probes": probe_pass, "retries": retries},
         # multi-pass jobs: every pass of the cascade (core/money/passes.py); None for a one-pass job
-        "cascade": cascade_quote(spec, store, prices, items, {"requests": n, "cost_expected": total["expected"],
-                                                             "cost_high": total["high"]}),
+        "cascade": cascade_quote(
+            spec, store, prices, items, {"requests": n, "cost_expected": total["expected"], "cost_high": total["high"]}
+        ),
         "est_cost_usd": {k: usd_figure(v) for k, v in total.items()},
-        "spent_usd": usd_figure(spent), "budget_usd": spec.budget_usd,
+        "spent_usd": usd_figure(spent),
+        "budget_usd": spec.budget_usd,
         "within_budget": spec.budget_usd is None or spent + total["high"] <= spec.budget_usd,
-        "components": components, "fingerprint": _sha(components),
-        "created_at": now.isoformat(), "expires_at": (now + QUOTE_TTL).isoformat(),
+        "components": components,
+        "fingerprint": _sha(components),
+        "created_at": now.isoformat(),
+        "expires_at": (now + QUOTE_TTL).isoformat(),
     }
 
 
@@ -285,20 +348,26 @@ def verify_quote(spec: JobSpec, store, prices: PriceTable, quote: dict | None, n
         raise QuoteRefused(f"job {spec.name} has no quote; materialize {spec.name}/quote first")
     now = now or datetime.now(UTC)
     if not quote_current(quote, now):
-        raise QuoteRefused(f"job {spec.name}: the quote expired at {quote['expires_at']} (or is in its last "
-                           f"{QUOTE_MARGIN.seconds // 60} min, when nothing is spent on it); quote again "
-                           f"(materialize {spec.name}/quote) before spending")
+        raise QuoteRefused(
+            f"job {spec.name}: the quote expired at {quote['expires_at']} (or is in its last "
+            f"{QUOTE_MARGIN.seconds // 60} min, when nothing is spent on it); quote again "
+            f"(materialize {spec.name}/quote) before spending"
+        )
     from batch_pipeline.core.money.allowance import quote_price
 
     price = quote_price(spec, prices)
     current = quote_components(spec, Manifest(spec.name, store).last_generation(), price, store)
     changed = [k for k, v in current.items() if quote.get("components", {}).get(k) != v]
     if changed:
-        raise QuoteRefused(f"job {spec.name}: the quote no longer matches its inputs; changed since it was made: "
-                           f"{', '.join(changed)}; quote again before spending")
+        raise QuoteRefused(
+            f"job {spec.name}: the quote no longer matches its inputs; changed since it was made: "
+            f"{', '.join(changed)}; quote again before spending"
+        )
     spent = quote.get("spent_usd", 0.0)
     if spec.budget_usd is not None and spent + quote["est_cost_usd"]["high"] > spec.budget_usd:
-        raise QuoteRefused(f"job {spec.name}: spent {format_usd(spent)} + the quote's high estimate "
-                           f"{format_usd(quote['est_cost_usd']['high'])} exceeds budget_usd ${spec.budget_usd}; "
-                           "nothing was submitted")
+        raise QuoteRefused(
+            f"job {spec.name}: spent {format_usd(spent)} + the quote's high estimate "
+            f"{format_usd(quote['est_cost_usd']['high'])} exceeds budget_usd ${spec.budget_usd}; "
+            "nothing was submitted"
+        )
     return quote

@@ -15,9 +15,9 @@ from batch_pipeline.core.state.reconcile import spends_budget
 
 @dataclass
 class RetrySpend:
-    first_pass_cost: float   # estimated cost of one attempt at every item
-    retry_cost: float        # spent on retries so far
-    next_cost: float         # estimated cost of the retries about to be sent
+    first_pass_cost: float  # estimated cost of one attempt at every item
+    retry_cost: float  # spent on retries so far
+    next_cost: float  # estimated cost of the retries about to be sent
     cap: float
 
     @property
@@ -25,9 +25,11 @@ class RetrySpend:
         return self.retry_cost + self.next_cost > self.cap + 1e-12
 
     def describe(self) -> str:
-        return (f"retry spend would reach {self.retry_cost + self.next_cost:.6f} (spent {self.retry_cost:.6f} + next "
-                f"{self.next_cost:.6f}), over the cap {self.cap:.6f} = share of the first pass "
-                f"{self.first_pass_cost:.6f}")
+        return (
+            f"retry spend would reach {self.retry_cost + self.next_cost:.6f} (spent {self.retry_cost:.6f} + next "
+            f"{self.next_cost:.6f}), over the cap {self.cap:.6f} = share of the first pass "
+            f"{self.first_pass_cost:.6f}"
+        )
 
 
 @dataclass(frozen=True)
@@ -42,13 +44,18 @@ class RetryCosts:
     retry_tries: int = 0
 
     def __add__(self, other: "RetryCosts") -> "RetryCosts":
-        return RetryCosts(self.first_cost + other.first_cost, self.first_tries + other.first_tries,
-                          self.retry_cost + other.retry_cost, self.retry_tries + other.retry_tries)
+        return RetryCosts(
+            self.first_cost + other.first_cost,
+            self.first_tries + other.first_tries,
+            self.retry_cost + other.retry_cost,
+            self.retry_tries + other.retry_tries,
+        )
 
     def spend(self, total_items: int, retry_items: int, share: float) -> RetrySpend:
         priced = self.first_cost > 0
-        first, retried = (self.first_cost, self.retry_cost) if priced else (float(self.first_tries),
-                                                                              float(self.retry_tries))
+        first, retried = (
+            (self.first_cost, self.retry_cost) if priced else (float(self.first_tries), float(self.retry_tries))
+        )
         mean = first / self.first_tries if self.first_tries else 0.0
         first_pass = mean * total_items
         return RetrySpend(first_pass, retried, mean * retry_items, share * first_pass)
@@ -61,9 +68,10 @@ def retry_costs(results: pl.DataFrame) -> RetryCosts:
     ordered = results.sort("request_id", "attempt").with_columns(spends_budget().cast(pl.Int32).alias("_burn"))
     ordered = ordered.with_columns(
         (pl.col("_burn").cum_sum().over("request_id") - pl.col("_burn")).alias("_burned_before"),
-        (pl.col("attempt") == pl.col("attempt").min().over("request_id")).alias("_first"))
+        (pl.col("attempt") == pl.col("attempt").min().over("request_id")).alias("_first"),
+    )
     first = ordered.filter(pl.col("_first"))
     retries = ordered.filter(pl.col("_burned_before") > 0)
-    return RetryCosts(float(first["cost_usd"].sum() or 0.0), first.height, float(retries["cost_usd"].sum() or 0.0),
-                      retries.height)
-
+    return RetryCosts(
+        float(first["cost_usd"].sum() or 0.0), first.height, float(retries["cost_usd"].sum() or 0.0), retries.height
+    )

@@ -34,8 +34,10 @@ def cascade_sql(sources: list[str], jobs: list[str]) -> str:
     """The merge over the passes' tables (``sources``: a table expression per pass, the first pass first)."""
     alias = [f"p{i + 1}" for i in range(len(sources))]
     joins = [f"{sources[0]} AS p1"]
-    joins += [f"LEFT JOIN {src} AS {a} ON {a}.source = p1.source AND {a}.line = p1.line"
-              for src, a in zip(sources[1:], alias[1:])]
+    joins += [
+        f"LEFT JOIN {src} AS {a} ON {a}.source = p1.source AND {a}.line = p1.line"
+        for src, a in zip(sources[1:], alias[1:])
+    ]
     latest_first = list(reversed(list(enumerate(alias, start=1))))
 
     def pick(column: str) -> str:
@@ -45,9 +47,11 @@ def cascade_sql(sources: list[str], jobs: list[str]) -> str:
     number = "CASE " + " ".join(f"WHEN {a}.request_id IS NOT NULL THEN {n}" for n, a in latest_first) + " END"
     job = "CASE " + " ".join(f"WHEN {a}.request_id IS NOT NULL THEN '{jobs[n - 1]}'" for n, a in latest_first) + " END"
     per_pass = ", ".join(f"{a}.output AS pass_{n}_output" for n, a in enumerate(alias, start=1))
-    return (f"SELECT p1.source, p1.line, p1.source_key, {pick('output')} AS output, {number} AS pass, "
-            f"{job} AS job, {pick('model')} AS model, {pick('request_id')} AS request_id, {per_pass} "
-            f"FROM {' '.join(joins)} ORDER BY p1.source, p1.line")
+    return (
+        f"SELECT p1.source, p1.line, p1.source_key, {pick('output')} AS output, {number} AS pass, "
+        f"{job} AS job, {pick('model')} AS model, {pick('request_id')} AS request_id, {per_pass} "
+        f"FROM {' '.join(joins)} ORDER BY p1.source, p1.line"
+    )
 
 
 def cascade_view(spec: JobSpec, store: Store) -> str | None:
@@ -69,10 +73,13 @@ def cascade_rows(spec: JobSpec, store: Store) -> pa.Table:
     con = duckdb.connect()
     try:
         for i, p in enumerate(passes):
-            con.register(f"pass_{i + 1}", ds.dataset(store.full(JobPaths(p.name).validated), format="parquet",
-                                                    filesystem=store.fs))
-        return con.sql(cascade_sql([f"pass_{i + 1}" for i in range(len(passes))],
-                                   [p.name for p in passes])).to_arrow_table()
+            con.register(
+                f"pass_{i + 1}",
+                ds.dataset(store.full(JobPaths(p.name).validated), format="parquet", filesystem=store.fs),
+            )
+        return con.sql(
+            cascade_sql([f"pass_{i + 1}" for i in range(len(passes))], [p.name for p in passes])
+        ).to_arrow_table()
     finally:
         con.close()
 
@@ -90,16 +97,32 @@ def pass_costs(spec: JobSpec, store: Store, own: dict | None = None) -> dict:
             con = duckdb.connect()
             try:
                 con.register("v", ds.dataset(store.full(rel), format="parquet", filesystem=store.fs))
-                got = con.execute("SELECT coalesce(sum(cost_usd), 0), count(*) FILTER (WHERE NOT is_duplicate) "
-                                  "FROM v").fetchone()
+                got = con.execute(
+                    "SELECT coalesce(sum(cost_usd), 0), count(*) FILTER (WHERE NOT is_duplicate) FROM v"
+                ).fetchone()
             finally:
                 con.close()
             cost, accepted = float(got[0]), int(got[1])  # type: ignore[index]
         if p.name == spec.name and own is not None:
             cost, accepted = float(own["cost_usd"]), int(own["succeeded"])
-        rows.append({"pass": n, "job": p.name, "model": p.model, "backend": p.backend.name, "cost_usd": round(cost, 6),
-                     "accepted": accepted, "cost_per_accepted_item_usd": round(cost / accepted, 8) if accepted else None})
+        rows.append(
+            {
+                "pass": n,
+                "job": p.name,
+                "model": p.model,
+                "backend": p.backend.name,
+                "cost_usd": round(cost, 6),
+                "accepted": accepted,
+                "cost_per_accepted_item_usd": round(cost / accepted, 8) if accepted else None,
+            }
+        )
     final = cascade_rows(spec, store).num_rows if store.exists(JobPaths(passes[0].name).validated) else 0
     total = sum(r["cost_usd"] for r in rows)
-    return {"passes": rows, "total": {"cost_usd": round(total, 6), "final_answers": final,
-                                      "cost_per_accepted_item_usd": round(total / final, 8) if final else None}}
+    return {
+        "passes": rows,
+        "total": {
+            "cost_usd": round(total, 6),
+            "final_answers": final,
+            "cost_per_accepted_item_usd": round(total / final, 8) if final else None,
+        },
+    }

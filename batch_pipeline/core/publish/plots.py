@@ -31,10 +31,12 @@ def cost_over_time(results: pl.DataFrame) -> bytes:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.2), dpi=100)
     if results.height:
-        accepted = pl.col("accepted") if "accepted" in results.columns else \
-            (pl.col("status") == "succeeded").cast(pl.Int64)
+        accepted = (
+            pl.col("accepted") if "accepted" in results.columns else (pl.col("status") == "succeeded").cast(pl.Int64)
+        )
         ordered = results.sort("recorded_at").with_columns(
-            pl.col("cost_usd").cum_sum().alias("cum_cost"), accepted.cum_sum().alias("cum_accepted"))
+            pl.col("cost_usd").cum_sum().alias("cum_cost"), accepted.cum_sum().alias("cum_accepted")
+        )
         times: list[datetime] = ordered["recorded_at"].to_list()
         ax.step(times, ordered["cum_cost"].to_list(), where="post", color="tab:red", label="cumulative cost (USD)")
         ax2 = ax.twinx()
@@ -51,8 +53,9 @@ def accuracy_history(history: pl.DataFrame) -> bytes:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.2), dpi=100)
     weeks = history["week"].to_list()
-    ax.fill_between(weeks, history["accuracy_low"].to_list(), history["accuracy_high"].to_list(), alpha=0.25,
-                    label="95% interval")
+    ax.fill_between(
+        weeks, history["accuracy_low"].to_list(), history["accuracy_high"].to_list(), alpha=0.25, label="95% interval"
+    )
     ax.plot(weeks, history["accuracy"].to_list(), marker="o", label="golden-set accuracy")
     if "b_accuracy" in history.columns and history["b_accuracy"].drop_nulls().len():
         ax.plot(weeks, history["b_accuracy"].to_list(), marker="s", linestyle="--", label="comparison (B)")

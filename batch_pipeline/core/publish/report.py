@@ -4,14 +4,14 @@ from datetime import datetime
 
 import polars as pl
 
-from batch_pipeline.core.run.attempts import AttemptLog
-from batch_pipeline.core.quality.golden import GoldenProbes, probe_accuracy
 from batch_pipeline.core.manifest.shards import Manifest
-from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.publish.cascade import pass_costs
 from batch_pipeline.core.publish.scan import JobScan
 from batch_pipeline.core.publish.tables import JobState
+from batch_pipeline.core.quality.golden import GoldenProbes, probe_accuracy
+from batch_pipeline.core.run.attempts import AttemptLog
 from batch_pipeline.core.spec.job import JobSpec
+from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.state.replay import Replays
 from batch_pipeline.core.store import Store
 
@@ -78,8 +78,7 @@ def build_report(spec: JobSpec, store: Store, state: JobState, outputs: dict[str
         report["golden_probes_cost_usd"] = round(float(scan.probe_results["cost_usd"].sum()), 6)
         report["golden_accuracy_by_shard"] = probe_accuracy(scan.probe_results, probes).to_dicts()
         report["cost_usd"] = round(cost + report["golden_probes_cost_usd"], 6)
-        report["cost_per_accepted_item_usd"] = (round(report["cost_usd"] / totals.valid, 8) if totals.valid
-                                                else None)
+        report["cost_per_accepted_item_usd"] = round(report["cost_usd"] / totals.valid, 8) if totals.valid else None
     report.update(spend_range(spec, store, report["cost_usd"]))
     return report
 
@@ -94,8 +93,11 @@ def spend_range(spec: JobSpec, store: Store, recorded: float) -> dict:
             gone = attempt.records.get("abandoned") or {}
             bound += float(gone.get("possibly_billed_usd") or 0.0)
             requests += int(gone.get("possibly_billed") or 0)
-    return {"cost_possibly_billed_usd": round(bound, 6), "requests_possibly_billed": requests,
-            "cost_range_usd": [round(recorded, 6), round(recorded + bound, 6)]}
+    return {
+        "cost_possibly_billed_usd": round(bound, 6),
+        "requests_possibly_billed": requests,
+        "cost_range_usd": [round(recorded, 6), round(recorded + bound, 6)],
+    }
 
 
 def model_costs(spec: JobSpec, store: Store) -> dict:
@@ -104,13 +106,15 @@ def model_costs(spec: JobSpec, store: Store) -> dict:
     from batch_pipeline.core.run.results import read_results
     from batch_pipeline.core.state.fallback import fallback_backend, is_fallback_row
 
-    rows = read_results(store, spec.name, columns=["request_id", "attempt", "model", "backend", "status",
-                                                   "cost_usd"])
+    rows = read_results(store, spec.name, columns=["request_id", "attempt", "model", "backend", "status", "cost_usd"])
     out: dict = {
-        "cost_by_model": {k: round(v, 6) for k, v in rows.group_by("model").agg(pl.col("cost_usd").sum())
-                          .sort("model").iter_rows()},
-        "cost_by_backend": {k: round(v, 6) for k, v in rows.group_by("backend").agg(pl.col("cost_usd").sum())
-                            .sort("backend").iter_rows()},
+        "cost_by_model": {
+            k: round(v, 6) for k, v in rows.group_by("model").agg(pl.col("cost_usd").sum()).sort("model").iter_rows()
+        },
+        "cost_by_backend": {
+            k: round(v, 6)
+            for k, v in rows.group_by("backend").agg(pl.col("cost_usd").sum()).sort("backend").iter_rows()
+        },
     }
     if spec.route is not None:  # backend: auto: each shard's route, its reason and the cost of each candidate
         from batch_pipeline.core.route.plan import RouteBook
@@ -120,10 +124,13 @@ def model_costs(spec: JobSpec, store: Store) -> dict:
     if spec.fallback is not None:
         mine = rows.filter(is_fallback_row(spec))
         backend = fallback_backend(spec)
-        out["fallback"] = {"model": spec.fallback.model, "backend": backend.name if backend else None,
-                           "requests": mine.height,
-                           "answered": mine.filter(pl.col("status") == "succeeded")["request_id"].n_unique(),
-                           "cost_usd": round(float(mine["cost_usd"].sum() or 0.0), 6)}
+        out["fallback"] = {
+            "model": spec.fallback.model,
+            "backend": backend.name if backend else None,
+            "requests": mine.height,
+            "answered": mine.filter(pl.col("status") == "succeeded")["request_id"].n_unique(),
+            "cost_usd": round(float(mine["cost_usd"].sum() or 0.0), 6),
+        }
     return out
 
 
@@ -138,24 +145,37 @@ def quoted_vs_actual(spec: JobSpec, store: Store, scan: JobScan) -> dict:
         "quoted_at": first["created_at"],
         "quoted_usd": first["est_cost_usd"],
         "actual_usd": round(scan.cost_usd, 6),
-        "first_pass": {"quoted_expected": round(passes["first"]["cost_expected"], 6),
-                       "actual": round(scan.first_try_cost_usd, 6)},
-        "retries": {"quoted_expected": round(passes["retries"]["cost_expected"], 6),
-                    "actual": round(scan.retry_cost_usd, 6)},
+        "first_pass": {
+            "quoted_expected": round(passes["first"]["cost_expected"], 6),
+            "actual": round(scan.first_try_cost_usd, 6),
+        },
+        "retries": {
+            "quoted_expected": round(passes["retries"]["cost_expected"], 6),
+            "actual": round(scan.retry_cost_usd, 6),
+        },
         "input_tokens": {"quoted": passes["first"]["input_tokens"], "actual": scan.input_tokens},
-        "output_tokens": {"quoted_expected": passes["first"]["output_tokens_expected"],
-                          "actual": scan.output_tokens},
-        "cache_hit_share": {"quoted": first["cache_hit_share"],
-                            "actual": round(float(scan.cached_tokens) / max(scan.input_tokens, 1), 4)},
+        "output_tokens": {"quoted_expected": passes["first"]["output_tokens_expected"], "actual": scan.output_tokens},
+        "cache_hit_share": {
+            "quoted": first["cache_hit_share"],
+            "actual": round(float(scan.cached_tokens) / max(scan.input_tokens, 1), 4),
+        },
         "calibration_factor_at_quote": first["calibration"]["factor"],
     }
 
 
 SUMMARY_ROWS = [
-    ("input rows", "input_rows"), ("new input rows (this run)", "new_input_rows"), ("rejected rows", "rejected_rows"),
+    ("input rows", "input_rows"),
+    ("new input rows (this run)", "new_input_rows"),
+    ("rejected rows", "rejected_rows"),
     ("unique requests", "unique_requests"),
-    ("duplicates collapsed", "duplicates_collapsed"), ("shards", "shards"), ("succeeded", "succeeded"),
-    ("invalid", "invalid"), ("missing", "missing"), ("dead-lettered", "dead_lettered"),
-    ("tokens in", "input_tokens"), ("tokens out", "output_tokens"), ("cost (USD)", "cost_usd"),
+    ("duplicates collapsed", "duplicates_collapsed"),
+    ("shards", "shards"),
+    ("succeeded", "succeeded"),
+    ("invalid", "invalid"),
+    ("missing", "missing"),
+    ("dead-lettered", "dead_lettered"),
+    ("tokens in", "input_tokens"),
+    ("tokens out", "output_tokens"),
+    ("cost (USD)", "cost_usd"),
     ("cost per accepted item (USD)", "cost_per_accepted_item_usd"),
 ]

@@ -26,11 +26,23 @@ log = logging.getLogger(__name__)
 # items (and their results) read together; the frames follow it: the scan of a 10M-item job peaked at 1.74 GB RSS
 # with groups of 500k items (benchmarks/README.md, "Publishing at scale")
 GROUP_ITEMS = 250_000
-SCAN_COLUMNS = ["request_id", "attempt", "shard_id", "status", "parsed_output", "error_class", "error_code",
-                "error_message", "pricing", "cost_usd", "input_tokens", "cached_tokens", "output_tokens",
-                "recorded_at"]
-DEAD_LETTER_COLUMNS = ["request_id", "shard_id", "failures", "attempts", "last_status", "last_error_code",
-                       "last_error"]
+SCAN_COLUMNS = [
+    "request_id",
+    "attempt",
+    "shard_id",
+    "status",
+    "parsed_output",
+    "error_class",
+    "error_code",
+    "error_message",
+    "pricing",
+    "cost_usd",
+    "input_tokens",
+    "cached_tokens",
+    "output_tokens",
+    "recorded_at",
+]
+DEAD_LETTER_COLUMNS = ["request_id", "shard_id", "failures", "attempts", "last_status", "last_error_code", "last_error"]
 
 
 @dataclass
@@ -43,14 +55,27 @@ class JobScan:
     cached_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float = 0.0
-    first_try_cost_usd: float = 0.0   # each request's first attempt; the rest is retry spend
+    first_try_cost_usd: float = 0.0  # each request's first attempt; the rest is retry spend
     cost_by_pricing: dict[str, float] = field(default_factory=dict)
     cost_by_attempt: dict[int, float] = field(default_factory=dict)
-    timeline: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(
-        schema={"recorded_at": pl.Datetime("us", "UTC"), "cost_usd": pl.Float64, "accepted": pl.Int64}))
-    dead_letters: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema={
-        "request_id": pl.String, "shard_id": pl.String, "failures": pl.UInt32, "attempts": pl.Int32,
-        "last_status": pl.String, "last_error_code": pl.String, "last_error": pl.String}))
+    timeline: pl.DataFrame = field(
+        default_factory=lambda: pl.DataFrame(
+            schema={"recorded_at": pl.Datetime("us", "UTC"), "cost_usd": pl.Float64, "accepted": pl.Int64}
+        )
+    )
+    dead_letters: pl.DataFrame = field(
+        default_factory=lambda: pl.DataFrame(
+            schema={
+                "request_id": pl.String,
+                "shard_id": pl.String,
+                "failures": pl.UInt32,
+                "attempts": pl.Int32,
+                "last_status": pl.String,
+                "last_error_code": pl.String,
+                "last_error": pl.String,
+            }
+        )
+    )
     probe_results: pl.DataFrame | None = None
     problems: list[str] = field(default_factory=list)  # reconciliation gaps, raised by ``check``
     groups: int = 0
@@ -67,8 +92,12 @@ class JobScan:
 
     @property
     def totals(self) -> Counts:
-        return Counts(*(sum(getattr(c, f) for c in self.per_shard.values())
-                        for f in ("expected", "valid", "invalid", "missing", "dead_lettered")))
+        return Counts(
+            *(
+                sum(getattr(c, f) for c in self.per_shard.values())
+                for f in ("expected", "valid", "invalid", "missing", "dead_lettered")
+            )
+        )
 
 
 def scan_job(spec: JobSpec, store: Store, group_items: int = GROUP_ITEMS) -> JobScan:
@@ -108,14 +137,14 @@ def scan_job(spec: JobSpec, store: Store, group_items: int = GROUP_ITEMS) -> Job
     if hashes:
         all_hashes = pl.concat(hashes)
         if all_hashes.n_unique() != all_hashes.len():
-            out.problems.append(f"{all_hashes.len() - all_hashes.n_unique()} request IDs appear in more than one "
-                                "shard (by hash)")
+            out.problems.append(
+                f"{all_hashes.len() - all_hashes.n_unique()} request IDs appear in more than one shard (by hash)"
+            )
     out.dead_letters = pl.concat(dead, how="vertical_relaxed")
     if times:
         out.timeline = _timeline_merge(pl.concat(times))
     if probe_ids is not None:
-        out.probe_results = pl.concat(probe_frames) if probe_frames else \
-            read_parts(store, [], SCAN_COLUMNS)
+        out.probe_results = pl.concat(probe_frames) if probe_frames else read_parts(store, [], SCAN_COLUMNS)
     return out
 
 
@@ -124,7 +153,7 @@ def _groups(manifest: Manifest, shard_ids: list[str], group_items: int) -> list[
     latest = manifest.latest() or {}
     per_shard = max(1, (latest.get("unique_requests") or 1) // max(1, len(shard_ids)))
     size = max(1, group_items // per_shard)
-    return [shard_ids[i:i + size] for i in range(0, len(shard_ids), size)]
+    return [shard_ids[i : i + size] for i in range(0, len(shard_ids), size)]
 
 
 def _items(manifest: Manifest, group: list[str]) -> pl.DataFrame:
@@ -135,8 +164,13 @@ def _items(manifest: Manifest, group: list[str]) -> pl.DataFrame:
 def _add_results(out: JobScan, results: pl.DataFrame) -> None:
     if not results.height:
         return
-    sums = results.select(pl.len().alias("n"), pl.col("input_tokens").sum(), pl.col("cached_tokens").sum(),
-                          pl.col("output_tokens").sum(), pl.col("cost_usd").sum()).row(0, named=True)
+    sums = results.select(
+        pl.len().alias("n"),
+        pl.col("input_tokens").sum(),
+        pl.col("cached_tokens").sum(),
+        pl.col("output_tokens").sum(),
+        pl.col("cost_usd").sum(),
+    ).row(0, named=True)
     out.requests_sent += sums["n"]
     out.input_tokens += int(sums["input_tokens"] or 0)
     out.cached_tokens += int(sums["cached_tokens"] or 0)
@@ -152,22 +186,30 @@ def _add_results(out: JobScan, results: pl.DataFrame) -> None:
 
 def _timeline(results: pl.DataFrame) -> pl.DataFrame:
     """Cost and accepted items per recording time (one time per part written: thousands of rows, not millions)."""
-    return results.group_by("recorded_at").agg(pl.col("cost_usd").sum(),
-                                               (pl.col("status") == "succeeded").sum().cast(pl.Int64)
-                                               .alias("accepted"))
+    return results.group_by("recorded_at").agg(
+        pl.col("cost_usd").sum(), (pl.col("status") == "succeeded").sum().cast(pl.Int64).alias("accepted")
+    )
 
 
 def _timeline_merge(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.group_by("recorded_at").agg(pl.col("cost_usd").sum(), pl.col("accepted").sum()).sort("recorded_at")
 
 
-def _orphan_shards(out: JobScan, store: Store, spec: JobSpec, parts: dict[str, list[str]], known: set[str],
-                   probe_ids: pl.DataFrame | None) -> None:
+def _orphan_shards(
+    out: JobScan,
+    store: Store,
+    spec: JobSpec,
+    parts: dict[str, list[str]],
+    known: set[str],
+    probe_ids: pl.DataFrame | None,
+) -> None:
     """Results stored under a shard the manifest does not have: every such row is for an unknown item."""
     for sid in sorted(set(parts) - known):
         rows = read_parts(store, parts[sid], ["request_id", "attempt"])
         if probe_ids is not None and probe_ids.height:
             rows = rows.join(probe_ids, on="request_id", how="anti")
         if rows.height:
-            out.problems.append(f"{rows['request_id'].n_unique()} results for request IDs the manifest does not "
-                                f"know, under shard {sid} (e.g. {rows['request_id'][0]})")
+            out.problems.append(
+                f"{rows['request_id'].n_unique()} results for request IDs the manifest does not "
+                f"know, under shard {sid} (e.g. {rows['request_id'][0]})"
+            )

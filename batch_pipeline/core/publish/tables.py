@@ -136,8 +136,10 @@ def write_duckdb_views(store: Store, job: str, extra_views: list[str] | None = N
         "items": f"{root}/manifest/items/*.parquet",
     }
     # an incremental manifest keeps each file's live rows (and rejects) in the generation that read them
-    live_views = {"source_rows": _live_select(store, paths.rows, live),
-                  "rejects": _live_select(store, paths.rejects, live)}
+    live_views = {
+        "source_rows": _live_select(store, paths.rows, live),
+        "rejects": _live_select(store, paths.rejects, live),
+    }
     tmp = db.with_suffix(".duckdb.tmp")
     tmp.unlink(missing_ok=True)
     con = duckdb.connect(str(tmp))
@@ -147,8 +149,10 @@ def write_duckdb_views(store: Store, job: str, extra_views: list[str] | None = N
                 continue
             if "*" in str(target) and not list(root.glob(str(target).removeprefix(str(root) + "/"))):
                 continue
-            con.execute(f"CREATE VIEW {name} AS SELECT *{_vector_columns(target)} "
-                        f"FROM read_parquet('{target}', union_by_name=true)")
+            con.execute(
+                f"CREATE VIEW {name} AS SELECT *{_vector_columns(target)} "
+                f"FROM read_parquet('{target}', union_by_name=true)"
+            )
         for name, select in live_views.items():
             if select:
                 con.execute(f"CREATE VIEW {name} AS {select}")

@@ -12,12 +12,12 @@ from pathlib import Path
 import polars as pl
 import pyarrow as pa
 
-from batch_pipeline.core.manifest import ids
 from batch_pipeline.core.errors import ConfigError
-from batch_pipeline.core.run.executor import RequestPlan, ShardWork, StreamExecutor
+from batch_pipeline.core.manifest import ids
 from batch_pipeline.core.manifest.shards import normalise_fields, render_expr
-from batch_pipeline.core.spec.job import JobSpec, PromptSpec
 from batch_pipeline.core.quality.validate import SUCCEEDED, validate
+from batch_pipeline.core.run.executor import RequestPlan, ShardWork, StreamExecutor
+from batch_pipeline.core.spec.job import JobSpec, PromptSpec
 
 Z95 = 1.959964
 
@@ -54,15 +54,23 @@ class PairedComparison:
     n: int
     a_accuracy: float
     b_accuracy: float
-    b_wins: int      # items B got right and A got wrong
-    b_losses: int    # items A got right and B got wrong
+    b_wins: int  # items B got right and A got wrong
+    b_losses: int  # items A got right and B got wrong
     ties: int
     difference: Interval  # B - A
 
     def as_dict(self) -> dict:
-        return {"n": self.n, "a_accuracy": self.a_accuracy, "b_accuracy": self.b_accuracy, "b_wins": self.b_wins,
-                "b_losses": self.b_losses, "ties": self.ties, "difference": self.difference.estimate,
-                "difference_low": self.difference.low, "difference_high": self.difference.high}
+        return {
+            "n": self.n,
+            "a_accuracy": self.a_accuracy,
+            "b_accuracy": self.b_accuracy,
+            "b_wins": self.b_wins,
+            "b_losses": self.b_losses,
+            "ties": self.ties,
+            "difference": self.difference.estimate,
+            "difference_low": self.difference.low,
+            "difference_high": self.difference.high,
+        }
 
 
 def paired(a_correct: list[bool], b_correct: list[bool], z: float = Z95) -> PairedComparison:
@@ -73,8 +81,9 @@ def paired(a_correct: list[bool], b_correct: list[bool], z: float = Z95) -> Pair
     losses = sum(1 for a, b in zip(a_correct, b_correct) if a and not b)
     d = (wins - losses) / n
     se = math.sqrt(max(wins + losses - (wins - losses) ** 2 / n, 0.0)) / n
-    return PairedComparison(n, sum(a_correct) / n, sum(b_correct) / n, wins, losses, n - wins - losses,
-                            Interval(d, d - z * se, d + z * se))
+    return PairedComparison(
+        n, sum(a_correct) / n, sum(b_correct) / n, wins, losses, n - wins - losses, Interval(d, d - z * se, d + z * se)
+    )
 
 
 def load_golden(spec: JobSpec, prompt: PromptSpec | None = None) -> pl.DataFrame:
@@ -97,27 +106,51 @@ def load_golden(spec: JobSpec, prompt: PromptSpec | None = None) -> pl.DataFrame
     frame = frame.with_columns(render_expr(rendered).alias("user_prompt"))
     prefix = ids.id_prefix("golden:" + prompt.version, spec.model, rendered.settings_fingerprint())
     return frame.with_row_index("row").select(
-        "row", pl.Series("golden_id", ids.request_ids(prefix, frame["user_prompt"].to_list())),
-        "user_prompt", pl.col(spec.quality.label_field).cast(pl.String).alias("label"))
+        "row",
+        pl.Series("golden_id", ids.request_ids(prefix, frame["user_prompt"].to_list())),
+        "user_prompt",
+        pl.col(spec.quality.label_field).cast(pl.String).alias("label"),
+    )
 
 
-def run_golden(spec: JobSpec, executor: StreamExecutor, golden: pl.DataFrame, *, model: str | None = None,
-               prompt: PromptSpec | None = None, key: str = "eval") -> pl.DataFrame:
+def run_golden(
+    spec: JobSpec,
+    executor: StreamExecutor,
+    golden: pl.DataFrame,
+    *,
+    model: str | None = None,
+    prompt: PromptSpec | None = None,
+    key: str = "eval",
+) -> pl.DataFrame:
     """Every golden item through a stream executor: golden_id, output, correct, status, tokens."""
     plan = RequestPlan.from_spec(spec)
-    plan = RequestPlan(model=model or plan.model, system=(prompt or spec.prompt).system, sampling=plan.sampling,
-                       output=plan.output)
+    plan = RequestPlan(
+        model=model or plan.model, system=(prompt or spec.prompt).system, sampling=plan.sampling, output=plan.output
+    )
     items = pa.table({"request_id": golden["golden_id"].to_list(), "user_prompt": golden["user_prompt"].to_list()})
     work = ShardWork(spec.name, key, 1, f"{spec.name}:{key}:1", plan, items)
     tables = list(executor.run(work))
     raw = pa.concat_tables(tables) if tables else None
     if raw is None or raw.num_rows == 0:
-        return pl.DataFrame(schema={"row": pl.UInt32, "golden_id": pl.String, "label": pl.String,
-                                    "output": pl.String, "status": pl.String, "correct": pl.Boolean})
+        return pl.DataFrame(
+            schema={
+                "row": pl.UInt32,
+                "golden_id": pl.String,
+                "label": pl.String,
+                "output": pl.String,
+                "status": pl.String,
+                "correct": pl.Boolean,
+            }
+        )
     verdicts = validate(raw, spec.output)
-    outcome = pl.DataFrame({"golden_id": raw.column("request_id").to_pylist(),
-                            "output": verdicts.parsed_output.to_pylist(),
-                            "status": verdicts.status.to_pylist()})
+    outcome = pl.DataFrame(
+        {
+            "golden_id": raw.column("request_id").to_pylist(),
+            "output": verdicts.parsed_output.to_pylist(),
+            "status": verdicts.status.to_pylist(),
+        }
+    )
     joined = golden.select("row", "golden_id", "label").join(outcome, on="golden_id", how="left")
-    return joined.with_columns(((pl.col("status") == SUCCEEDED) & (pl.col("output") == pl.col("label")))
-                               .fill_null(False).alias("correct"))
+    return joined.with_columns(
+        ((pl.col("status") == SUCCEEDED) & (pl.col("output") == pl.col("label"))).fill_null(False).alias("correct")
+    )

@@ -9,9 +9,9 @@ import polars as pl
 # p < 0.001) and materially (total variation distance); small shards are judged by the test, big ones by both
 MAX_LABEL_TVD = 0.20
 Z_P001 = 3.090
-MAX_LENGTH_RATIO = 2.0        # median output tokens vs the median over shards, either way
-MAX_REFUSAL_EXCESS = 0.10     # refusal rate above the median over shards
-MIN_ITEMS = 5                 # shards smaller than this are too noisy to judge
+MAX_LENGTH_RATIO = 2.0  # median output tokens vs the median over shards, either way
+MAX_REFUSAL_EXCESS = 0.10  # refusal rate above the median over shards
+MIN_ITEMS = 5  # shards smaller than this are too noisy to judge
 
 
 def shard_outliers(results: pl.DataFrame, contract: str) -> pl.DataFrame:
@@ -25,24 +25,42 @@ def shard_outliers(results: pl.DataFrame, contract: str) -> pl.DataFrame:
         pl.col("output_tokens").filter(pl.col("status") == "succeeded").median().alias("median_output_tokens"),
         pl.col("error_message").fill_null("").str.starts_with("refused").mean().alias("refusal_rate"),
     )
-    tvd = _label_tests(latest) if contract == "choice" else pl.DataFrame(
-        {"shard_id": per_shard["shard_id"], "label_tvd": [0.0] * per_shard.height,
-         "label_chi2": [0.0] * per_shard.height, "chi2_critical": [1.0] * per_shard.height})
+    tvd = (
+        _label_tests(latest)
+        if contract == "choice"
+        else pl.DataFrame(
+            {
+                "shard_id": per_shard["shard_id"],
+                "label_tvd": [0.0] * per_shard.height,
+                "label_chi2": [0.0] * per_shard.height,
+                "chi2_critical": [1.0] * per_shard.height,
+            }
+        )
+    )
     stats = per_shard.join(tvd, on="shard_id", how="left").with_columns(
-        pl.col("label_tvd").fill_null(0.0), pl.col("label_chi2").fill_null(0.0), pl.col("chi2_critical").fill_null(1.0))
+        pl.col("label_tvd").fill_null(0.0), pl.col("label_chi2").fill_null(0.0), pl.col("chi2_critical").fill_null(1.0)
+    )
     median_len = stats["median_output_tokens"].median() or 0.0
     median_refusal = stats["refusal_rate"].median() or 0.0
     judged = pl.col("items") >= MIN_ITEMS
     reasons = [
-        pl.when(judged & (pl.col("label_tvd") > MAX_LABEL_TVD) & (pl.col("label_chi2") > pl.col("chi2_critical")))
-        .then(pl.lit("label distribution")),
-        pl.when(judged & ((pl.col("median_output_tokens") > median_len * MAX_LENGTH_RATIO) |
-                          (pl.col("median_output_tokens") < median_len / MAX_LENGTH_RATIO)))
-        .then(pl.lit("output length")),
+        pl.when(judged & (pl.col("label_tvd") > MAX_LABEL_TVD) & (pl.col("label_chi2") > pl.col("chi2_critical"))).then(
+            pl.lit("label distribution")
+        ),
+        pl.when(
+            judged
+            & (
+                (pl.col("median_output_tokens") > median_len * MAX_LENGTH_RATIO)
+                | (pl.col("median_output_tokens") < median_len / MAX_LENGTH_RATIO)
+            )
+        ).then(pl.lit("output length")),
         pl.when(judged & (pl.col("refusal_rate") > median_refusal + MAX_REFUSAL_EXCESS)).then(pl.lit("refusals")),
     ]
-    return stats.with_columns(pl.concat_str(reasons, separator=", ", ignore_nulls=True).alias("flagged")) \
-        .with_columns(pl.col("flagged").replace("", None)).sort("shard_id")
+    return (
+        stats.with_columns(pl.concat_str(reasons, separator=", ", ignore_nulls=True).alias("flagged"))
+        .with_columns(pl.col("flagged").replace("", None))
+        .sort("shard_id")
+    )
 
 
 def chi2_critical(df: int, z: float = Z_P001) -> float:
@@ -58,8 +76,12 @@ def _label_tests(latest: pl.DataFrame) -> pl.DataFrame:
     counts = valid.group_by("shard_id", "label").len()
     labels = counts.select("label").unique()
     shard_sizes = counts.group_by("shard_id").agg(pl.col("len").sum().alias("n"))
-    grid = shard_sizes.join(labels, how="cross").join(counts, on=["shard_id", "label"], how="left") \
-        .with_columns(pl.col("len").fill_null(0)).with_columns((pl.col("len") / pl.col("n")).alias("p_shard"))
+    grid = (
+        shard_sizes.join(labels, how="cross")
+        .join(counts, on=["shard_id", "label"], how="left")
+        .with_columns(pl.col("len").fill_null(0))
+        .with_columns((pl.col("len") / pl.col("n")).alias("p_shard"))
+    )
     smoothing = 0.5 / max(float(valid.height), 1.0)  # a label no shard's median gives must not divide by zero
     reference = grid.group_by("label").agg((pl.col("p_shard").median() + smoothing).alias("p_ref"))
     reference = reference.with_columns(pl.col("p_ref") / pl.col("p_ref").sum())

@@ -19,12 +19,13 @@ import pyarrow.compute as pc
 from batch_pipeline.core.errors import ErrorClass, classify_line_error
 from batch_pipeline.core.spec.job import OutputSpec
 
+
 class ResultStatus(StrEnum):
     """The outcome of one request in one attempt (the ``status`` column of every result row)."""
 
     SUCCEEDED = "succeeded"
-    INVALID = "invalid"    # answered, but outside the output contract (or truncated)
-    ERRORED = "errored"    # no answer: the provider or the transport failed (its error class says why)
+    INVALID = "invalid"  # answered, but outside the output contract (or truncated)
+    ERRORED = "errored"  # no answer: the provider or the transport failed (its error class says why)
 
 
 SUCCEEDED, INVALID, ERRORED = (s.value for s in ResultStatus)  # plain strings for Arrow and Polars expressions
@@ -42,8 +43,12 @@ class Verdicts:
 
 def choice_schema(labels: list[str]) -> dict:
     """The JSON schema a backend without native choice decoding uses to enforce a label set."""
-    return {"type": "object", "properties": {CHOICE_KEY: {"type": "string", "enum": labels}},
-            "required": [CHOICE_KEY], "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": {CHOICE_KEY: {"type": "string", "enum": labels}},
+        "required": [CHOICE_KEY],
+        "additionalProperties": False,
+    }
 
 
 def _parse_choice(texts: list[str | None], labels: set[str]) -> list[tuple[str | None, str | None]]:
@@ -100,8 +105,10 @@ TRUNCATED_MESSAGE = "output hit max_tokens (finish_reason=length)"
 def _plain_labels(labels: list[str]) -> bool:
     """Labels that read the same as text, stripped, and inside a JSON string (so the column checks agree
     with ``_parse_choice``)."""
-    return all(label and label == label.strip() and label.isprintable() and '"' not in label and "\\" not in label
-               for label in labels)
+    return all(
+        label and label == label.strip() and label.isprintable() and '"' not in label and "\\" not in label
+        for label in labels
+    )
 
 
 def _choice_columns(texts: pa.Array, labels: list[str]) -> tuple[pa.Array, pa.Array]:
@@ -175,8 +182,7 @@ def validate(raw: pa.Table, output: OutputSpec, vectors: pa.Array | pa.ChunkedAr
     http = raw.column("http_status").combine_chunks()
     texts = raw.column("output_text").combine_chunks()
     answered = pc.fill_null(pc.equal(http, 200), False)
-    truncated = pc.and_(answered, pc.fill_null(pc.equal(raw.column("finish_reason").combine_chunks(), "length"),
-                                               False))
+    truncated = pc.and_(answered, pc.fill_null(pc.equal(raw.column("finish_reason").combine_chunks(), "length"), False))
     live = pc.and_not(answered, truncated)
     nulls = pa.nulls(n, s)
     if output.kind == "choice" and _plain_labels(output.choice or []):
@@ -237,8 +243,10 @@ def _with_errors(raw: pa.Table, answered: pa.Array, v: Verdicts) -> Verdicts:
     hs = http.filter(errored).to_pylist()
     cs = raw.column("error_code").combine_chunks().filter(errored).to_pylist()
     ms = raw.column("error_message").combine_chunks().filter(errored).to_pylist()
-    return Verdicts(v.status, v.parsed_output,
-                    _scatter(v.error_class, errored, [classify_line_error(c, h, m).value
-                                                    for c, h, m in zip(cs, hs, ms)]),
-                    _scatter(v.error_code, errored, [c or (f"http_{h}" if h else "no_response") for c, h in zip(cs, hs)]),
-                    _scatter(v.error_message, errored, [m or "no response for this request" for m in ms]))
+    return Verdicts(
+        v.status,
+        v.parsed_output,
+        _scatter(v.error_class, errored, [classify_line_error(c, h, m).value for c, h, m in zip(cs, hs, ms)]),
+        _scatter(v.error_code, errored, [c or (f"http_{h}" if h else "no_response") for c, h in zip(cs, hs)]),
+        _scatter(v.error_message, errored, [m or "no response for this request" for m in ms]),
+    )

@@ -55,8 +55,10 @@ def candidate_for(spec: JobSpec, choice: RouteChoice) -> RouteCandidate:
     for c in candidates(spec):
         if c.backend.name == choice.backend and (c.model or spec.model) == choice.model:
             return c
-    raise ConfigError(f"job {spec.name}: shard {choice.shard_id} is routed to {choice.backend}/{choice.model}, "
-                      "which is no longer a route candidate; re-quote")
+    raise ConfigError(
+        f"job {spec.name}: shard {choice.shard_id} is routed to {choice.backend}/{choice.model}, "
+        "which is no longer a route candidate; re-quote"
+    )
 
 
 def hours_to_deadline(spec: JobSpec, now: datetime | None = None) -> float | None:
@@ -66,8 +68,15 @@ def hours_to_deadline(spec: JobSpec, now: datetime | None = None) -> float | Non
     return (deadline - (now or datetime.now(UTC))).total_seconds() / 3600
 
 
-def shard_costs(spec: JobSpec, prices: PriceTable, profile: BackendProfile, backend: BackendSpec, model: str,
-                input_tokens: float, items: int) -> float | None:
+def shard_costs(
+    spec: JobSpec,
+    prices: PriceTable,
+    profile: BackendProfile,
+    backend: BackendSpec,
+    model: str,
+    input_tokens: float,
+    items: int,
+) -> float | None:
     """The shard's estimated cost on one candidate: its input and every output token allowed (None: no price)."""
     try:
         price = prices.lookup(backend.name, model)
@@ -76,9 +85,16 @@ def shard_costs(spec: JobSpec, prices: PriceTable, profile: BackendProfile, back
     return float(price.cost(input_tokens, items * spec.max_output_tokens, batch=profile.batch))
 
 
-def route_shard(spec: JobSpec, prices: PriceTable, profile: Profile, shard_id: str, items: int,
-                input_tokens: float, now: datetime | None = None,
-                clocks: dict[str, QueueClock | None] | None = None) -> RouteChoice:
+def route_shard(
+    spec: JobSpec,
+    prices: PriceTable,
+    profile: Profile,
+    shard_id: str,
+    items: int,
+    input_tokens: float,
+    now: datetime | None = None,
+    clocks: dict[str, QueueClock | None] | None = None,
+) -> RouteChoice:
     """The shard's route; ``clocks`` (candidate label -> its queues) weighs a full queue against the deadline, and
     the chosen queue takes the shard's place, so the next shard of the plan waits behind it."""
     assert spec.route is not None
@@ -89,11 +105,22 @@ def route_shard(spec: JobSpec, prices: PriceTable, profile: Profile, shard_id: s
         model = c.model or spec.model
         label = f"{c.backend.name}/{model}"
         clock = (clocks or {}).get(label)
-        cands.append(Candidate(c.backend.name, model, p.self_hosted, p.batch, p.min_requests, p.max_requests,
-                               p.turnaround_h, shard_costs(spec, prices, p, c.backend, model, input_tokens, items),
-                               clock.hours_until_room(need, now) if clock is not None else 0.0))
-    facts = ShardFacts(shard_id, items, spec.route.data_may_leave, spec.route.min_batch_items,
-                       hours_to_deadline(spec, now))
+        cands.append(
+            Candidate(
+                c.backend.name,
+                model,
+                p.self_hosted,
+                p.batch,
+                p.min_requests,
+                p.max_requests,
+                p.turnaround_h,
+                shard_costs(spec, prices, p, c.backend, model, input_tokens, items),
+                clock.hours_until_room(need, now) if clock is not None else 0.0,
+            )
+        )
+    facts = ShardFacts(
+        shard_id, items, spec.route.data_may_leave, spec.route.min_batch_items, hours_to_deadline(spec, now)
+    )
     choice = choose(cands, facts)
     chosen = (clocks or {}).get(f"{choice.backend}/{choice.model}")
     if chosen is not None:
@@ -105,8 +132,9 @@ def queue_clocks(spec: JobSpec, queues: Queues | None) -> dict[str, QueueClock |
     """Each candidate's account queues as they stand now, read once per plan."""
     if queues is None or spec.route is None:
         return {}
-    return {f"{c.backend.name}/{c.model or spec.model}": queues(c.backend, c.model or spec.model)
-            for c in candidates(spec)}
+    return {
+        f"{c.backend.name}/{c.model or spec.model}": queues(c.backend, c.model or spec.model) for c in candidates(spec)
+    }
 
 
 class RouteBook:
@@ -120,13 +148,22 @@ class RouteBook:
         return RouteChoice.from_dict(raw["choice"]) if raw else None
 
     def put(self, choice: RouteChoice) -> None:
-        self.store.write_json(self.paths.shard_route(choice.shard_id),
-                              {"choice": choice.as_dict(), "decided_at": datetime.now(UTC).isoformat()})
+        self.store.write_json(
+            self.paths.shard_route(choice.shard_id),
+            {"choice": choice.as_dict(), "decided_at": datetime.now(UTC).isoformat()},
+        )
 
 
-def plan_routes(spec: JobSpec, store: Store, prices: PriceTable, profile: Profile, pending: pl.DataFrame,
-                attempted: set[str], now: datetime | None = None,
-                queues: Queues | None = None) -> dict[str, RouteChoice]:
+def plan_routes(
+    spec: JobSpec,
+    store: Store,
+    prices: PriceTable,
+    profile: Profile,
+    pending: pl.DataFrame,
+    attempted: set[str],
+    now: datetime | None = None,
+    queues: Queues | None = None,
+) -> dict[str, RouteChoice]:
     """Route every shard with pending items (``pending``: request_id, shard_id, est_input_tokens); shards in
     ``attempted`` keep the route they have."""
     book = RouteBook(store, spec.name)
@@ -144,9 +181,16 @@ def plan_routes(spec: JobSpec, store: Store, prices: PriceTable, profile: Profil
     return out
 
 
-def route_pending(spec: JobSpec, store: Store, prices: PriceTable, profile: Profile, items: pl.DataFrame,
-                  states: pl.DataFrame | None, now: datetime | None = None,
-                  queues: Queues | None = None) -> dict[str, RouteChoice]:
+def route_pending(
+    spec: JobSpec,
+    store: Store,
+    prices: PriceTable,
+    profile: Profile,
+    items: pl.DataFrame,
+    states: pl.DataFrame | None,
+    now: datetime | None = None,
+    queues: Queues | None = None,
+) -> dict[str, RouteChoice]:
     """Route the job's shards with pending work before it is quoted (``items``: request_id, shard_id,
     est_input_tokens; ``states``: the item states, with attempts). Nothing for a job that is not routed."""
     if spec.route is None:
@@ -155,8 +199,9 @@ def route_pending(spec: JobSpec, store: Store, prices: PriceTable, profile: Prof
     if states is not None and states.height:
         from batch_pipeline.core.state.reconcile import DEAD, VALID
 
-        pending = items.join(states.filter(pl.col("state").is_in([VALID, DEAD])).select("request_id"),
-                             on="request_id", how="anti")
+        pending = items.join(
+            states.filter(pl.col("state").is_in([VALID, DEAD])).select("request_id"), on="request_id", how="anti"
+        )
         attempted = set(states.filter(pl.col("attempts") > 0)["shard_id"].unique().to_list())
     if "shard_id" not in pending.columns or "est_input_tokens" not in pending.columns:
         from batch_pipeline.core.manifest.shards import Manifest

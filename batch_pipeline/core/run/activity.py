@@ -18,14 +18,14 @@ from batch_pipeline.core.store import Store
 class Did:
     """Counts of what happened since the start (``Activity.since``)."""
 
-    sent: int = 0              # batches created
-    reattached: int = 0        # batches an orphaned intent had made, found at the provider (resolve)
-    collected: int = 0         # batches collected
+    sent: int = 0  # batches created
+    reattached: int = 0  # batches an orphaned intent had made, found at the provider (resolve)
+    collected: int = 0  # batches collected
     collected_earlier: int = 0  # of those, sent before the start
-    open: int = 0              # batches sent or re-attached since the start and not collected yet
+    open: int = 0  # batches sent or re-attached since the start and not collected yet
     answered: Counter = field(default_factory=Counter)  # (how, backend) -> shard runs answered without a batch
-    answers: Counter = field(default_factory=Counter)   # (how, backend) -> their rows
-    closed: int = 0            # intents closed with nothing sent, or runs interrupted (abandoned)
+    answers: Counter = field(default_factory=Counter)  # (how, backend) -> their rows
+    closed: int = 0  # intents closed with nothing sent, or runs interrupted (abandoned)
 
     @property
     def anything(self) -> bool:
@@ -35,10 +35,12 @@ class Did:
         parts = []
         if self.sent or self.reattached or self.collected:
             batches = [f"{self.sent} batch(es) sent"] + ([f"{self.reattached} re-attached"] if self.reattached else [])
-            notes = ([f"{self.collected_earlier} sent by an earlier run"] if self.collected_earlier else []) \
-                + ([f"{self.open} still open"] if self.open else [])
-            parts.append(", ".join(batches) + f", {self.collected} collected"
-                         + (f" ({'; '.join(notes)})" if notes else ""))
+            notes = ([f"{self.collected_earlier} sent by an earlier run"] if self.collected_earlier else []) + (
+                [f"{self.open} still open"] if self.open else []
+            )
+            parts.append(
+                ", ".join(batches) + f", {self.collected} collected" + (f" ({'; '.join(notes)})" if notes else "")
+            )
         for (how, backend), runs in sorted(self.answered.items()):
             parts.append(f"{runs} shard run(s) {how} on {backend} ({self.answers[(how, backend)]} answers)")
         if self.closed:
@@ -90,8 +92,13 @@ class Activity:
             elif "collected" in new and "intent" in events:  # answered without a batch: a stream run
                 intent = self._read(events["intent"])
                 backend = str(intent.get("backend") or "?")
-                how = ("answered by the fallback" if intent.get("stage") == "fallback" else
-                       "rescued" if backend == self.tail_backend else "answered inline")
+                how = (
+                    "answered by the fallback"
+                    if intent.get("stage") == "fallback"
+                    else "rescued"
+                    if backend == self.tail_backend
+                    else "answered inline"
+                )
                 did.answered[(how, backend)] += 1
                 did.answers[(how, backend)] += int(self._read(events["collected"]).get("rows") or 0)
             elif mine and "collected" not in events and "abandoned" not in events:

@@ -50,8 +50,10 @@ def ledgers_for(store: Store, executor: object, model: str) -> dict[str | None, 
     """The capacity ledger of each of the executor's accounts, by account name ({}: no provider queue)."""
     if not isinstance(executor, QueueCappedExecutor):
         return {}
-    return {label: CapacityLedger(store, scope, quota, hold_ttl=default_ttl())
-            for label, scope, quota in executor.capacities(model)}
+    return {
+        label: CapacityLedger(store, scope, quota, hold_ttl=default_ttl())
+        for label, scope, quota in executor.capacities(model)
+    }
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,9 @@ class TokenCounts:
     def per_item(self, est: np.ndarray) -> np.ndarray:
         est = est.astype(np.float64)
         if self.model is not None:
-            est = np.clip(est - self.model.fixed_estimated, 0, None) * self.model.per_estimated + self.model.fixed_tokens
+            est = (
+                np.clip(est - self.model.fixed_estimated, 0, None) * self.model.per_estimated + self.model.fixed_tokens
+            )
         return np.ceil(est * self.factor).astype(np.int64)
 
     def total(self, est_sum: float, requests: int) -> int:
@@ -94,19 +98,26 @@ class Admission:
         self.ledgers = ledgers_for(store, executor, spec.model)
         self.min_items = max(min_items, 1)
 
-    def admit(self, shard_id: str, attempt: int, items: pa.Table, extra: pa.Table | None
-              ) -> tuple[pa.Table, Admitted | None]:
+    def admit(
+        self, shard_id: str, attempt: int, items: pa.Table, extra: pa.Table | None
+    ) -> tuple[pa.Table, Admitted | None]:
         """The items this attempt sends (all, or the part that fits, golden probes first) and its place: in the
         first account whose queue takes them whole, else the one that takes the most. Raises ``QuotaWait`` when
         nothing worth a batch fits in any account now."""
         whole = items if extra is None else _items_then_extra(items, extra)
         if not self.ledgers:
             return whole, None
-        batch = whole if extra is None else pa.concat_tables([whole.slice(items.num_rows), whole.slice(0, items.num_rows)])
+        batch = (
+            whole if extra is None else pa.concat_tables([whole.slice(items.num_rows), whole.slice(0, items.num_rows)])
+        )
         headroom = max(ledger.quota.headroom for ledger in self.ledgers.values())
         counts = TokenCounts(self.store, self.spec, headroom)
-        tokens = np.concatenate([counts.estimate_prompts(extra.column("user_prompt")) if extra is not None else
-                                 np.zeros(0, np.int64), counts.per_item(self._est(shard_id, items))])
+        tokens = np.concatenate(
+            [
+                counts.estimate_prompts(extra.column("user_prompt")) if extra is not None else np.zeros(0, np.int64),
+                counts.per_item(self._est(shard_id, items)),
+            ]
+        )
         n_extra = 0 if extra is None else extra.num_rows
         reasons: list[str] = []
         for _ in range(RESERVE_TRIES):
@@ -128,8 +139,14 @@ class Admission:
             if holding is None:  # another job took the room meanwhile: look again
                 continue
             if k < len(tokens):
-                log.info("shard %s: attempt %d sends %d of %d items (what fits in the queue: %s)", shard_id,
-                         attempt, k - n_extra, items.num_rows, snap.describe())
+                log.info(
+                    "shard %s: attempt %d sends %d of %d items (what fits in the queue: %s)",
+                    shard_id,
+                    attempt,
+                    k - n_extra,
+                    items.num_rows,
+                    snap.describe(),
+                )
                 return batch.slice(0, k), Admitted(label, holding)
             return whole, Admitted(label, holding)
         raise QuotaWait(f"shard {shard_id}: the queue filled while it was being reserved: {'; '.join(reasons)}")
@@ -139,8 +156,9 @@ class Admission:
         return f"quota: {snap.describe(dim)}; sent when a batch ends and frees room"
 
     def _est(self, shard_id: str, items: pa.Table) -> np.ndarray:
-        manifest = pl.from_arrow(Manifest(self.spec.name, self.store).shard_items(shard_id,
-                                                                                  ["request_id", "est_input_tokens"]))
+        manifest = pl.from_arrow(
+            Manifest(self.spec.name, self.store).shard_items(shard_id, ["request_id", "est_input_tokens"])
+        )
         assert isinstance(manifest, pl.DataFrame)
         ids = pl.from_arrow(items.select(["request_id"]))
         assert isinstance(ids, pl.DataFrame)
@@ -154,15 +172,25 @@ class Admission:
             ledger.bind(admitted.holding.number, batch_id)
             ledger.clean_submission()
 
-    def reattached(self, shard_id: str, attempt: int, request_ids: list[str], batch_id: str, account: str | None,
-                   number: int | None) -> None:
+    def reattached(
+        self,
+        shard_id: str,
+        attempt: int,
+        request_ids: list[str],
+        batch_id: str,
+        account: str | None,
+        number: int | None,
+    ) -> None:
         """A batch found at the provider after a crash holds its place, fit or not: its own reservation when it
         is still live, else a new one."""
         ledger = self.ledgers.get(account) or next(iter(self.ledgers.values()), None)
         if ledger is None:
             return
-        live = number is not None and ledger.store.exists(ledger._rel(number)) \
+        live = (
+            number is not None
+            and ledger.store.exists(ledger._rel(number))
             and not ledger.store.exists(ledger._rel(number, ".released"))
+        )
         if not live:
             ids = pa.table({"request_id": pa.array(request_ids, pa.string())})
             counts = TokenCounts(self.store, self.spec, ledger.quota.headroom)
@@ -200,6 +228,9 @@ class Admission:
 
 def _items_then_extra(items: pa.Table, extra: pa.Table) -> pa.Table:
     """The order a whole attempt has always been sent in: the shard's items, then the probes riding along."""
-    return pa.concat_tables([items.select(["request_id", "user_prompt"]),
-                             extra.select(["request_id", "user_prompt"]).cast(items.select(["request_id",
-                                                                                           "user_prompt"]).schema)])
+    return pa.concat_tables(
+        [
+            items.select(["request_id", "user_prompt"]),
+            extra.select(["request_id", "user_prompt"]).cast(items.select(["request_id", "user_prompt"]).schema),
+        ]
+    )

@@ -63,7 +63,7 @@ class AttemptLog:
     def all(self) -> list[Attempt]:
         by_number: dict[int, dict[str, dict[str, Any]]] = {}
         for rel in self.store.list_files(self.paths.attempts(self.shard_id), suffix=".json"):
-            name = rel.rsplit("/", 1)[1]                      # attempt-0003.intent.json
+            name = rel.rsplit("/", 1)[1]  # attempt-0003.intent.json
             stem, event, _ = name.split(".")
             record = self.store.read_json(rel)
             if record is not None and event in EVENTS:
@@ -89,10 +89,12 @@ class AttemptLog:
         if event in events:
             return False
         check_attempt_event(self.shard_id, attempt, last_event(events), event)
-        return self.store.create_json_exclusive(self.paths.attempt_event(self.shard_id, attempt, event),
-                                                {**payload, "at": now_iso()})
+        return self.store.create_json_exclusive(
+            self.paths.attempt_event(self.shard_id, attempt, event), {**payload, "at": now_iso()}
+        )
 
     def create_intent(self, attempt: int, payload: dict[str, Any]) -> bool:
         """Record the intent only if no one else claimed this attempt number (True if we did)."""
-        return self.store.create_json_exclusive(self.paths.attempt_event(self.shard_id, attempt, "intent"),
-                                                {**payload, "at": now_iso()})
+        return self.store.create_json_exclusive(
+            self.paths.attempt_event(self.shard_id, attempt, "intent"), {**payload, "at": now_iso()}
+        )

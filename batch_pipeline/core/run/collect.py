@@ -6,12 +6,19 @@ collects the same batch again: rows already written are deduplicated.
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batch_pipeline.core.errors import (QUOTA_BATCH_CODES, ErrorClass, QuotaError, ResultsGoneError, SystemicError,
-                                        TransientError)
+from batch_pipeline.core.errors import (
+    QUOTA_BATCH_CODES,
+    ErrorClass,
+    QuotaError,
+    ResultsGoneError,
+    SystemicError,
+    TransientError,
+)
 from batch_pipeline.core.ledger.capacity import Dimension, stated_limit
 from batch_pipeline.core.run.attempts import Attempt, AttemptLog
 from batch_pipeline.core.run.control import JobPaused
@@ -40,9 +47,15 @@ class CollectShape:
         assert isinstance(executor, BatchExecutor)
         return [(a, executor.poll(BatchHandle.from_dict(a.submitted or {}))) for a in self.open_attempts(shard_id)]
 
-    def collect(self, shard_id: str, *, poll_interval_s: float = 1.0, timeout_s: float | None = None,
-                on_status: Callable[[str, BatchStatus], None] | None = None,
-                cancel_when: Callable[[], bool] | None = None) -> CollectOutcome:
+    def collect(
+        self,
+        shard_id: str,
+        *,
+        poll_interval_s: float = 1.0,
+        timeout_s: float | None = None,
+        on_status: Callable[[str, BatchStatus], None] | None = None,
+        cancel_when: Callable[[], bool] | None = None,
+    ) -> CollectOutcome:
         """Wait for every open batch of the shard to end, then ingest its results.
 
         ``cancel_when`` is asked while waiting; once it says yes the batch is cancelled (its finished
@@ -54,8 +67,15 @@ class CollectShape:
         with acquire(self.store, self.spec.name, shard_id, self.owner) as lease:
             return self._collect(shard_id, executor, lease, poll_interval_s, timeout_s, on_status)
 
-    def _collect(self, shard_id: str, executor: BatchExecutor, lease: Lease, poll_interval_s: float,
-                 timeout_s: float | None, on_status: Callable[[str, BatchStatus], None] | None) -> CollectOutcome:
+    def _collect(
+        self,
+        shard_id: str,
+        executor: BatchExecutor,
+        lease: Lease,
+        poll_interval_s: float,
+        timeout_s: float | None,
+        on_status: Callable[[str, BatchStatus], None] | None,
+    ) -> CollectOutcome:
         outcome = CollectOutcome(shard_id)
         log_ = AttemptLog(self.store, self.spec.name, shard_id)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -65,14 +85,16 @@ class CollectShape:
             transient_in_a_row = 0
             while True:
                 try:
-                    status = self._guard(lambda: executor.poll(handle))
+                    status = self._guard(partial(executor.poll, handle))
                     transient_in_a_row = 0
                 except TransientError as exc:  # a flaky poll is not a failed batch: wait and ask again
                     transient_in_a_row += 1
                     if transient_in_a_row > MAX_TRANSIENT_POLLS:
                         raise
-                    wait = min(exc.retry_after_s or poll_interval_s * 2 ** transient_in_a_row, 60.0)
-                    log.warning("shard %s: polling %s failed (%s); again in %.1fs", shard_id, handle.batch_id, exc, wait)
+                    wait = min(exc.retry_after_s or poll_interval_s * 2**transient_in_a_row, 60.0)
+                    log.warning(
+                        "shard %s: polling %s failed (%s); again in %.1fs", shard_id, handle.batch_id, exc, wait
+                    )
                     time.sleep(wait)
                     continue
                 if time.monotonic() > renew_at:
@@ -83,11 +105,13 @@ class CollectShape:
                 if status.state.ended:
                     break
                 if self.control.paused():  # the batch keeps running at the provider; a later run collects it
-                    raise JobPaused(f"job {self.spec.name} paused: batch {handle.batch_id} of shard {shard_id} is "
-                                    f"left running ({status.provider_status}); resume collects it")
+                    raise JobPaused(
+                        f"job {self.spec.name} paused: batch {handle.batch_id} of shard {shard_id} is "
+                        f"left running ({status.provider_status}); resume collects it"
+                    )
                 if self._cancel_when is not None and status.state != BatchState.CANCELLING and self._cancel_when():
                     log.warning("shard %s: cancelling batch %s to rescue its tail", shard_id, handle.batch_id)
-                    self._guard(lambda: executor.cancel(handle))
+                    self._guard(partial(executor.cancel, handle))
                     self._cancel_when = None
                 if deadline is not None and time.monotonic() > deadline:
                     raise TransientError(f"shard {shard_id}: batch {handle.batch_id} still {status.provider_status}")
@@ -102,8 +126,9 @@ class CollectShape:
                 log_.record(attempt.number, "collected", {"state": status.state.value, "errors": status.errors})
                 self.admission.release(shard_id, attempt.number, f"batch {status.provider_status}")
                 self._changed(shard_id)
-                reason = (f"shard {shard_id}: batch {handle.batch_id} failed at the provider: "
-                          + "; ".join(status.errors[:5]))
+                reason = f"shard {shard_id}: batch {handle.batch_id} failed at the provider: " + "; ".join(
+                    status.errors[:5]
+                )
                 self.control.stop(reason, code="batch_failed")
                 raise SystemicError(reason, code="batch_failed")
             try:
@@ -115,19 +140,27 @@ class CollectShape:
                 continue
             crash_point("before_collected")
             lease.check("mark the attempt collected")
-            log_.record(attempt.number, "collected", {"state": status.state.value, "rows": rows, "succeeded": ok,
-                                                      "systemic": systemic,
-                                                      "provider_counts": {"total": status.total,
-                                                                          "completed": status.completed,
-                                                                          "failed": status.failed}})
+            log_.record(
+                attempt.number,
+                "collected",
+                {
+                    "state": status.state.value,
+                    "rows": rows,
+                    "succeeded": ok,
+                    "systemic": systemic,
+                    "provider_counts": {"total": status.total, "completed": status.completed, "failed": status.failed},
+                },
+            )
             self.admission.release(shard_id, attempt.number, f"batch {status.provider_status}")
             self._changed(shard_id)
             crash_point("after_collected")
             crash_point("before_discard")  # stored, not yet deleted at the provider: the publish run's sweep deletes
             discard_collected(self.store, self.spec.name, shard_id, attempt.number, handle, executor)
             if systemic:  # recorded (no item's budget spent on it), then the job stops once, with one message
-                reason = (f"shard {shard_id}: batch {handle.batch_id}: {systemic['count']} request(s) failed with "
-                          f"{systemic['code']}: {systemic['message']}")
+                reason = (
+                    f"shard {shard_id}: batch {handle.batch_id}: {systemic['count']} request(s) failed with "
+                    f"{systemic['code']}: {systemic['message']}"
+                )
                 self.control.stop(reason, code=systemic["code"])
                 raise SystemicError(reason, code=systemic["code"])
             outcome.attempts.append(attempt.number)
@@ -136,40 +169,64 @@ class CollectShape:
             outcome.final_states.append(status.state.value)
         return outcome
 
-    def _refused_batch(self, shard_id: str, number: int, handle: BatchHandle, status: BatchStatus,
-                       lease: Lease) -> None:
+    def _refused_batch(
+        self, shard_id: str, number: int, handle: BatchHandle, status: BatchStatus, lease: Lease
+    ) -> None:
         """The provider accepted the batch, then refused it for capacity (OpenAI's ``token_limit_exceeded``):
         recorded (nothing billed, no item's budget spent), the limit learned, and the shard sent again later."""
         lease.check("record a refused batch")
         message = "; ".join(status.errors[:3])
-        note = self.admission.refused(self.admission.held(shard_id, number),
-                                      QuotaError(message, dimension=Dimension.TOKENS.value, limit=stated_limit(message),
-                                                 code="token_limit_exceeded"), account=handle.account)
-        AttemptLog(self.store, self.spec.name, shard_id).record(number, "collected", {
-            "state": status.state.value, "errors": status.errors, "rows": 0, "succeeded": 0,
-            "refused": {"dimension": Dimension.TOKENS.value, "code": "token_limit_exceeded", "note": note}})
+        note = self.admission.refused(
+            self.admission.held(shard_id, number),
+            QuotaError(
+                message, dimension=Dimension.TOKENS.value, limit=stated_limit(message), code="token_limit_exceeded"
+            ),
+            account=handle.account,
+        )
+        AttemptLog(self.store, self.spec.name, shard_id).record(
+            number,
+            "collected",
+            {
+                "state": status.state.value,
+                "errors": status.errors,
+                "rows": 0,
+                "succeeded": 0,
+                "refused": {"dimension": Dimension.TOKENS.value, "code": "token_limit_exceeded", "note": note},
+            },
+        )
         self._changed(shard_id)
-        log.warning("shard %s: batch %s refused for capacity (%s); the shard waits for room and is sent again",
-                    shard_id, handle.batch_id, note)
+        log.warning(
+            "shard %s: batch %s refused for capacity (%s); the shard waits for room and is sent again",
+            shard_id,
+            handle.batch_id,
+            note,
+        )
 
-    def _lost(self, shard_id: str, number: int, handle: BatchHandle, status: BatchStatus, lease: Lease,
-              exc: ResultsGoneError) -> None:
+    def _lost(
+        self, shard_id: str, number: int, handle: BatchHandle, status: BatchStatus, lease: Lease, exc: ResultsGoneError
+    ) -> None:
         """The batch's results are gone (the provider's retention passed before they were collected): the attempt
         is closed with what it stored, and the shard is held for a human: its missing items were billed, so sending
         them again pays twice, and only `resume` does that."""
         lease.check("record a lost batch")
-        AttemptLog(self.store, self.spec.name, shard_id).record(number, "collected", {
-            "state": "lost", "provider_state": status.state.value, "rows": 0, "succeeded": 0, "lost": str(exc)})
+        AttemptLog(self.store, self.spec.name, shard_id).record(
+            number,
+            "collected",
+            {"state": "lost", "provider_state": status.state.value, "rows": 0, "succeeded": 0, "lost": str(exc)},
+        )
         self.admission.release(shard_id, number, "results gone at the provider")
-        reason = (f"batch {handle.batch_id} of attempt {number} ended, but its results were deleted by the provider "
-                  f"before they were collected ({exc}); its items were billed once. `batch-pipeline resume "
-                  f"{self.spec.name}` sends them again (paid again); the other shards go on")
+        reason = (
+            f"batch {handle.batch_id} of attempt {number} ended, but its results were deleted by the provider "
+            f"before they were collected ({exc}); its items were billed once. `batch-pipeline resume "
+            f"{self.spec.name}` sends them again (paid again); the other shards go on"
+        )
         self.control.hold_shard(shard_id, reason)
         self._changed(shard_id)
         log.error("shard %s: %s", shard_id, reason)
 
-    def _ingest_with_retries(self, attempt: Attempt, handle: BatchHandle,
-                             lease: Lease | None = None) -> tuple[int, int, dict | None]:
+    def _ingest_with_retries(
+        self, attempt: Attempt, handle: BatchHandle, lease: Lease | None = None
+    ) -> tuple[int, int, dict | None]:
         """A download that breaks half-way is fetched again; rows already written are deduplicated."""
         for n in range(1, MAX_FETCH_TRIES + 1):
             try:
@@ -178,11 +235,12 @@ class CollectShape:
                 if n == MAX_FETCH_TRIES:
                     raise
                 log.warning("fetching %s failed (%s); trying again", handle.batch_id, exc)
-                time.sleep(min(exc.retry_after_s or 2.0 ** n, 60.0))
+                time.sleep(min(exc.retry_after_s or 2.0**n, 60.0))
         raise AssertionError("unreachable")
 
-    def _ingest(self, attempt: Attempt, handle: BatchHandle,
-                lease: Lease | None = None) -> tuple[int, int, dict | None]:
+    def _ingest(
+        self, attempt: Attempt, handle: BatchHandle, lease: Lease | None = None
+    ) -> tuple[int, int, dict | None]:
         """Validate and append every result of one ended batch; IDs outside the attempt are ignored. Returns the
         rows stored, how many succeeded, and the first systemic error inside the files (bad key, no credit), if any.
 
@@ -198,8 +256,9 @@ class CollectShape:
         assert isinstance(executor, BatchExecutor)
         shard_id = attempt.key.split(":")[1]
         expected = pa.array(attempt.request_ids, pa.string())
-        work = ShardWork(self.spec.name, shard_id, attempt.number, attempt.key, self.plan,
-                         pa.table({"request_id": expected}))
+        work = ShardWork(
+            self.spec.name, shard_id, attempt.number, attempt.key, self.plan, pa.table({"request_id": expected})
+        )
         rows = ok = 0
         systemic: dict | None = None
         answered: list[pa.Array] = []
@@ -209,16 +268,27 @@ class CollectShape:
                 known = pc.is_in(raw.column("request_id"), value_set=expected)
                 mine = raw if (pc.sum(known).as_py() or 0) == raw.num_rows else raw.filter(known)
                 if mine.num_rows != raw.num_rows:
-                    log.warning("shard %s: batch %s returned %d results for IDs not in attempt %d; ignored",
-                                shard_id, handle.batch_id, raw.num_rows - mine.num_rows, attempt.number)
+                    log.warning(
+                        "shard %s: batch %s returned %d results for IDs not in attempt %d; ignored",
+                        shard_id,
+                        handle.batch_id,
+                        raw.num_rows - mine.num_rows,
+                        attempt.number,
+                    )
                 if lease is not None:  # fenced before each block (one lease-dir listing, ~0.1 ms locally)
                     lease.check("write a result part")
                     lease.heartbeat()  # every ttl/3: a huge or slow download outlasts no lease
                 rel = new_part(self.spec.name, shard_id, attempt.number, flush)
                 payload = writes.submit(write_payload, self.store, self.spec.name, rel, attempt.number, mine)
-                table = build_results(mine, work, backend=executor.name, pricing=self.pricing,
-                                      prompt_version=self.spec.prompt.version, price=self.price,
-                                      provider_batch_id=handle.batch_id)
+                table = build_results(
+                    mine,
+                    work,
+                    backend=executor.name,
+                    pricing=self.pricing,
+                    prompt_version=self.spec.prompt.version,
+                    price=self.price,
+                    provider_batch_id=handle.batch_id,
+                )
                 writes.submit(write_part, self.store, rel, table, payload)
                 if flush == 1 and faults_armed():
                     writes.wait()
@@ -228,18 +298,31 @@ class CollectShape:
                 answered.extend(table.column("request_id").chunks)
                 systemic = _systemic(table, systemic)
         elapsed = time.monotonic() - started
-        log.info("shard %s: batch %s: %d results stored (%d succeeded) in %.1f s, %.0f results/s", shard_id,
-                 handle.batch_id, rows, ok, elapsed, rows / elapsed if elapsed > 0 else 0.0)
+        log.info(
+            "shard %s: batch %s: %d results stored (%d succeeded) in %.1f s, %.0f results/s",
+            shard_id,
+            handle.batch_id,
+            rows,
+            ok,
+            elapsed,
+            rows / elapsed if elapsed > 0 else 0.0,
+        )
         seen = pa.concat_arrays(answered) if answered else pa.array([], pa.string())
         missing = pc.count_distinct(expected.filter(pc.invert(pc.is_in(expected, value_set=seen)))).as_py()
         if missing:
-            log.warning("shard %s: batch %s has no result for %d of %d requests; they stay pending",
-                        shard_id, handle.batch_id, missing, len(attempt.request_ids))
+            log.warning(
+                "shard %s: batch %s has no result for %d of %d requests; they stay pending",
+                shard_id,
+                handle.batch_id,
+                missing,
+                len(attempt.request_ids),
+            )
         return rows, ok, systemic
 
     # -- rescue ---------------------------------------------------------------------------------------------
-    def rescue(self, shard_id: str, tail: "StreamShape", *, poll_interval_s: float = 1.0,
-               timeout_s: float | None = None) -> tuple[CollectOutcome, CollectOutcome]:
+    def rescue(
+        self, shard_id: str, tail: "StreamShape", *, poll_interval_s: float = 1.0, timeout_s: float | None = None
+    ) -> tuple[CollectOutcome, CollectOutcome]:
         """Move a shard to the tail backend without paying twice: its live batch is cancelled first, the run
         waits for the provider to end it and ingests what it finished, and only the items that still have no
         result go to ``tail`` (a stream runner). An intent with no recorded submission is looked up first.
@@ -255,8 +338,9 @@ class CollectShape:
             self._resolve_open(shard_id, executor, attempts)
         collected = CollectOutcome(shard_id)
         if self.open_attempts(shard_id):
-            collected = self.collect(shard_id, poll_interval_s=poll_interval_s, timeout_s=timeout_s,
-                                     cancel_when=lambda: True)
+            collected = self.collect(
+                shard_id, poll_interval_s=poll_interval_s, timeout_s=timeout_s, cancel_when=lambda: True
+            )
         crash_point("mid_rescue")
         return collected, tail.run_stream(shard_id)
 
@@ -269,7 +353,10 @@ def _systemic(table: pa.Table, first: dict | None) -> dict | None:
         return first
     if first is None:
         hit = table.filter(mask).slice(0, 1)
-        first = {"code": hit.column("error_code")[0].as_py() or "systemic",
-                 "message": (hit.column("error_message")[0].as_py() or "")[:300], "count": 0}
+        first = {
+            "code": hit.column("error_code")[0].as_py() or "systemic",
+            "message": (hit.column("error_message")[0].as_py() or "")[:300],
+            "count": 0,
+        }
     first["count"] += n
     return first

@@ -51,8 +51,9 @@ class JobControl:
 
     # -- shard holds: one shard waits for a human (its paid results were lost at the provider); the rest go on ----
     def hold_shard(self, shard_id: str, reason: str) -> None:
-        self.store.write_json(f"{JobPaths(self.job).root}/holds/{shard_id}.json",
-                              {"reason": reason, "at": datetime.now(UTC).isoformat()})
+        self.store.write_json(
+            f"{JobPaths(self.job).root}/holds/{shard_id}.json", {"reason": reason, "at": datetime.now(UTC).isoformat()}
+        )
 
     def shard_holds(self) -> dict[str, str]:
         out = {}
@@ -71,10 +72,14 @@ class JobControl:
     def ensure_running(self) -> None:
         held = self.paused()
         if held is not None:
-            raise JobPaused(f"job {self.job} is paused since {held['at']} ({held['reason']}): nothing new is sent; "
-                            f"`batch-pipeline resume {self.job}` continues it")
+            raise JobPaused(
+                f"job {self.job} is paused since {held['at']} ({held['reason']}): nothing new is sent; "
+                f"`batch-pipeline resume {self.job}` continues it"
+            )
         stop = self.current()
         if stop is not None:
             raise SystemicError(
                 f"job {self.job} is stopped since {stop['at']}: {stop['reason']} -- fix the cause, then resume "
-                f"with `batch-pipeline run` (or `batch-pipeline resume {self.job}`)", code=stop.get("code"))
+                f"with `batch-pipeline run` (or `batch-pipeline resume {self.job}`)",
+                code=stop.get("code"),
+            )

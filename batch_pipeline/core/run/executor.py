@@ -17,40 +17,45 @@ import pyarrow as pa
 from batch_pipeline.core.spec.job import JobSpec, OutputSpec, SamplingSpec
 from batch_pipeline.core.spec.quota import Retention
 
-RAW_RESULT_SCHEMA = pa.schema([
-    ("request_id", pa.string()),
-    ("http_status", pa.int32()),        # null when the request never got a response (expired, cancelled)
-    ("output_text", pa.string()),
-    ("finish_reason", pa.string()),
-    ("input_tokens", pa.int64()),
-    ("cached_tokens", pa.int64()),
-    ("output_tokens", pa.int64()),
-    ("error_code", pa.string()),
-    ("error_message", pa.string()),
-    ("provider_request_id", pa.string()),
-    ("raw_payload", pa.string()),       # the provider's line, verbatim
-])
+RAW_RESULT_SCHEMA = pa.schema(
+    [
+        ("request_id", pa.string()),
+        ("http_status", pa.int32()),  # null when the request never got a response (expired, cancelled)
+        ("output_text", pa.string()),
+        ("finish_reason", pa.string()),
+        ("input_tokens", pa.int64()),
+        ("cached_tokens", pa.int64()),
+        ("output_tokens", pa.int64()),
+        ("error_code", pa.string()),
+        ("error_message", pa.string()),
+        ("provider_request_id", pa.string()),
+        ("raw_payload", pa.string()),  # the provider's line, verbatim
+    ]
+)
 # Columns an executor MAY add after the RAW_RESULT_SCHEMA ones; an absent one reads as 0 (``build_results``).
-RAW_OPTIONAL_SCHEMA = pa.schema([
-    ("cache_write_tokens", pa.int64()),  # input tokens that wrote the provider's prompt cache (Anthropic
-                                         # cache_creation_input_tokens); counted in input_tokens, billed apart
-    ("embedding", pa.list_(pa.float32())),  # an embeddings job's vector (output.embedding); null elsewhere
-])
+RAW_OPTIONAL_SCHEMA = pa.schema(
+    [
+        ("cache_write_tokens", pa.int64()),  # input tokens that wrote the provider's prompt cache (Anthropic
+        # cache_creation_input_tokens); counted in input_tokens, billed apart
+        ("embedding", pa.list_(pa.float32())),  # an embeddings job's vector (output.embedding); null elsewhere
+    ]
+)
 
 
 def raw_table(rows: Sequence[tuple[Any, ...]]) -> pa.Table:
     """Result rows built one by one (tuples in ``RAW_RESULT_SCHEMA`` column order) as one table."""
     columns = list(zip(*rows))
-    return pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, RAW_RESULT_SCHEMA, strict=True)],
-                                schema=RAW_RESULT_SCHEMA)
+    return pa.Table.from_arrays(
+        [pa.array(c, type=f.type) for c, f in zip(columns, RAW_RESULT_SCHEMA, strict=True)], schema=RAW_RESULT_SCHEMA
+    )
 
 
 class ItemShape(StrEnum):
     """What an item's ``user_prompt`` holds."""
 
-    TEXT = "text"    # one user message (a rendered template)
+    TEXT = "text"  # one user message (a rendered template)
     TURNS = "turns"  # the row's chat turns as canonical JSON, ``[{"role": ..., "content": ...}, ...]``
-                     # (input.messages_field; core/manifest/messages.py writes it, the request ID hashes it)
+    # (input.messages_field; core/manifest/messages.py writes it, the request ID hashes it)
 
 
 @dataclass(frozen=True)
@@ -66,9 +71,14 @@ class RequestPlan:
 
     @classmethod
     def from_spec(cls, spec: JobSpec) -> "RequestPlan":
-        return cls(model=spec.model, system=spec.prompt.system, sampling=spec.sampling, output=spec.output,
-                   examples=tuple((t.role, t.content) for t in spec.prompt.examples),
-                   shape=ItemShape.TURNS if spec.input.messages_field is not None else ItemShape.TEXT)
+        return cls(
+            model=spec.model,
+            system=spec.prompt.system,
+            sampling=spec.sampling,
+            output=spec.output,
+            examples=tuple((t.role, t.content) for t in spec.prompt.examples),
+            shape=ItemShape.TURNS if spec.input.messages_field is not None else ItemShape.TEXT,
+        )
 
     def example_turns(self) -> list[dict[str, str]]:
         return [{"role": role, "content": content} for role, content in self.examples]
@@ -107,9 +117,9 @@ class ShardWork:
     job: str
     shard_id: str
     attempt: int
-    key: str                  # job:shard:attempt; carried in provider metadata to re-attach after a crash
+    key: str  # job:shard:attempt; carried in provider metadata to re-attach after a crash
     plan: RequestPlan
-    items: pa.Table           # request_id, user_prompt (text or turns JSON: plan.shape)
+    items: pa.Table  # request_id, user_prompt (text or turns JSON: plan.shape)
     account: str | None = None  # the account admission chose (a backend with several accounts), else None
     # a stream executor hands each paid answer (a raw row) here before it counts it: returns once it is durable
     journal: Callable[[Sequence[Any]], None] | None = None
@@ -167,7 +177,7 @@ class BatchExecutor(Protocol):
     """A provider batch API: submit returns at once; the provider works for up to its window."""
 
     name: str
-    pricing: str                 # "batch" or "online": which price applies
+    pricing: str  # "batch" or "online": which price applies
     max_requests_per_batch: int
     max_bytes_per_batch: int
     poll_interval_s: float
@@ -176,8 +186,9 @@ class BatchExecutor(Protocol):
     def poll(self, handle: BatchHandle) -> BatchStatus: ...
     def fetch(self, handle: BatchHandle) -> Iterator[pa.Table]: ...
     def cancel(self, handle: BatchHandle) -> None: ...
-    def find(self, key: str, request_ids: Sequence[str] | None = None,
-             not_before: str | None = None) -> BatchHandle | None:
+    def find(
+        self, key: str, request_ids: Sequence[str] | None = None, not_before: str | None = None
+    ) -> BatchHandle | None:
         """The batch an attempt created, after a crash: by key (metadata) where the provider keeps one,
         else by the attempt's request IDs and the time of its intent."""
         ...

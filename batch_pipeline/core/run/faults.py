@@ -9,8 +9,17 @@ Unset (always, outside tests), a crash point is one dictionary lookup.
 import os
 import signal
 
-POINTS = ("after_intent", "after_create", "mid_collect", "before_collected", "after_collected", "mid_stream",
-          "before_discard", "mid_rescue", "after_reserve")
+POINTS = (
+    "after_intent",
+    "after_create",
+    "mid_collect",
+    "before_collected",
+    "after_collected",
+    "mid_stream",
+    "before_discard",
+    "mid_rescue",
+    "after_reserve",
+)
 _seen: dict[str, int] = {}
 
 

@@ -35,8 +35,9 @@ def deletes(executor: object) -> bool:
     return isinstance(executor, DiscardableBatch) and executor.retention == Retention.DELETE
 
 
-def discard_collected(store: Store, job: str, shard_id: str, attempt: int, handle: BatchHandle,
-                      executor: object) -> list[str] | None:
+def discard_collected(
+    store: Store, job: str, shard_id: str, attempt: int, handle: BatchHandle, executor: object
+) -> list[str] | None:
     """Delete what one collected attempt left at the provider, then record ``discarded`` (``{"deleted": [...]}``).
 
     Returns what was deleted; None when nothing was done: retention ``keep``, an executor that cannot delete, an
@@ -52,13 +53,22 @@ def discard_collected(store: Store, job: str, shard_id: str, attempt: int, handl
     try:
         deleted = executor.discard(handle)
     except BatchPipelineError as exc:
-        log.warning("shard %s attempt %d: could not delete batch %s's files at the provider (%s: %s); the publish "
-                    "run's sweep tries again", shard_id, attempt, handle.batch_id, type(exc).__name__, exc)
+        log.warning(
+            "shard %s attempt %d: could not delete batch %s's files at the provider (%s: %s); the publish "
+            "run's sweep tries again",
+            shard_id,
+            attempt,
+            handle.batch_id,
+            type(exc).__name__,
+            exc,
+        )
         return None
-    attempts.record_once(attempt, DISCARDED, {"backend": handle.backend, "batch_id": handle.batch_id,
-                                              "deleted": deleted})
-    log.info("shard %s attempt %d: deleted %d provider copies of batch %s", shard_id, attempt, len(deleted),
-             handle.batch_id)
+    attempts.record_once(
+        attempt, DISCARDED, {"backend": handle.backend, "batch_id": handle.batch_id, "deleted": deleted}
+    )
+    log.info(
+        "shard %s attempt %d: deleted %d provider copies of batch %s", shard_id, attempt, len(deleted), handle.batch_id
+    )
     return deleted
 
 
@@ -77,10 +87,10 @@ def leftovers(spec: JobSpec, store: Store) -> Iterator[tuple[str, Attempt]]:
 
 @dataclass
 class SweepOutcome:
-    discarded: int = 0                                  # attempts whose copies were deleted now
-    deleted: list[str] = field(default_factory=list)    # what was deleted (ids, URIs)
-    kept: int = 0                                       # attempts left as they are: retention keep
-    failed: list[str] = field(default_factory=list)     # why an attempt could not be cleaned (tried again next time)
+    discarded: int = 0  # attempts whose copies were deleted now
+    deleted: list[str] = field(default_factory=list)  # what was deleted (ids, URIs)
+    kept: int = 0  # attempts left as they are: retention keep
+    failed: list[str] = field(default_factory=list)  # why an attempt could not be cleaned (tried again next time)
 
     def describe(self) -> str:
         parts = [f"deleted the provider copies of {self.discarded} attempt(s) ({len(self.deleted)} objects)"]
@@ -106,8 +116,10 @@ def sweep_leftovers(spec: JobSpec, store: Store, executor_for: Callable[[str], A
                 executors[handle.backend] = exc
         executor = executors[handle.backend]
         if isinstance(executor, BatchPipelineError) or executor is None:
-            outcome.failed.append(f"shard {shard_id} attempt {attempt.number}: no {handle.backend} executor"
-                                  + (f" ({executor})" if executor is not None else ""))
+            outcome.failed.append(
+                f"shard {shard_id} attempt {attempt.number}: no {handle.backend} executor"
+                + (f" ({executor})" if executor is not None else "")
+            )
             continue
         if not deletes(executor):
             outcome.kept += int(isinstance(executor, DiscardableBatch))

@@ -145,12 +145,14 @@ def replay(store: Store, job: str, shard_id: str, attempt: int) -> pa.Table | No
         return None
     width = len(RAW_RESULT_SCHEMA)
     columns = list(zip(*[r[:width] + [None] * (width - len(r[:width])) for r in rows], strict=True))
-    table = pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, RAW_RESULT_SCHEMA, strict=True)],
-                                 schema=RAW_RESULT_SCHEMA)
+    table = pa.Table.from_arrays(
+        [pa.array(c, type=f.type) for c, f in zip(columns, RAW_RESULT_SCHEMA, strict=True)], schema=RAW_RESULT_SCHEMA
+    )
     if any(len(r) > width for r in rows):  # an embeddings job's rows carry the vector after the raw columns
         field = RAW_OPTIONAL_SCHEMA.field("embedding")
-        table = table.append_column(field, pa.array([r[width] if len(r) > width else None for r in rows],
-                                                    type=field.type))
+        table = table.append_column(
+            field, pa.array([r[width] if len(r) > width else None for r in rows], type=field.type)
+        )
     return table
 
 

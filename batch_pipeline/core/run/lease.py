@@ -64,13 +64,15 @@ class Lease:
 
     def is_current(self) -> bool:
         return current_token(self.store, self.job, self.shard_id) == self.token and not self.store.exists(
-            self._rel(self.token, ".released"))
+            self._rel(self.token, ".released")
+        )
 
     def check(self, action: str) -> None:
         """Fence: raise unless this lease is still the shard's current one."""
         if not self.is_current():
-            raise StaleAttemptError(f"shard {self.shard_id}: lease token {self.token} of {self.owner} is stale; "
-                                    f"refusing to {action}")
+            raise StaleAttemptError(
+                f"shard {self.shard_id}: lease token {self.token} of {self.owner} is stale; refusing to {action}"
+            )
 
     def renew(self) -> None:
         self.check("renew the lease")
@@ -148,8 +150,13 @@ def acquire(store: Store, job: str, shard_id: str, owner: str | None = None, ttl
         if not released and expires is not None and expires > now and alive:
             raise _held(shard_id, record)
         if not released:
-            log.warning("shard %s: taking over lease %d of %s: %s", shard_id, token,
-                        record.get("owner", "an unknown owner"), _takeover_reason(record, expires, now, alive))
+            log.warning(
+                "shard %s: taking over lease %d of %s: %s",
+                shard_id,
+                token,
+                record.get("owner", "an unknown owner"),
+                _takeover_reason(record, expires, now, alive),
+            )
     nxt = Lease(store, job, shard_id, owner, token + 1, ttl)
     if not store.create_json_exclusive(nxt._rel(token + 1), _record(owner, ttl)):
         raise _held(shard_id, _read_record(store, nxt._rel(token + 1)), " (taken at the same moment)")
@@ -164,7 +171,8 @@ def _takeover_reason(record: dict, expires: datetime | None, now: datetime, aliv
             return f"its process (pid {pid} on this host) is gone"
         when = expires.isoformat(timespec="seconds")
         return f"its process (pid {pid} on this host) is gone" + (
-            f"; its lease would have run until {when}" if expires > now else f"; its lease expired at {when}")
+            f"; its lease would have run until {when}" if expires > now else f"; its lease expired at {when}"
+        )
     if expires is None:
         return "its lease record is unreadable (torn: its holder died while writing it)"
     ago = (now - expires).total_seconds()
@@ -178,8 +186,10 @@ def _ago(seconds: float) -> str:
 
 
 def _held(shard_id: str, record: dict, how: str = "") -> LeaseHeldError:
-    return LeaseHeldError(f"shard {shard_id} is leased by {record.get('owner', 'another run')} until "
-                          f"{record.get('expires_at', 'unknown')}{how}")
+    return LeaseHeldError(
+        f"shard {shard_id} is leased by {record.get('owner', 'another run')} until "
+        f"{record.get('expires_at', 'unknown')}{how}"
+    )
 
 
 def _expiry(record: dict) -> datetime | None:

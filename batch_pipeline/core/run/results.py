@@ -23,72 +23,134 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from batch_pipeline.core.money.cost import Price
+from batch_pipeline.core.quality.validate import validate
 from batch_pipeline.core.run.executor import RAW_OPTIONAL_SCHEMA, RAW_RESULT_SCHEMA, ShardWork
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store, parquet_bytes
-from batch_pipeline.core.quality.validate import validate
+
+STRING = pa.string()  # the default column type of a constant column
 
 TS = pa.timestamp("us", tz="UTC")
-RESULT_SCHEMA = pa.schema([
-    ("request_id", pa.string()), ("shard_id", pa.string()), ("attempt", pa.int32()),
-    ("backend", pa.string()), ("pricing", pa.string()), ("model", pa.string()), ("prompt_version", pa.string()),
-    ("status", pa.string()), ("output_text", pa.string()), ("parsed_output", pa.string()),
-    ("finish_reason", pa.string()), ("input_tokens", pa.int64()), ("cached_tokens", pa.int64()),
-    ("cache_write_tokens", pa.int64()), ("output_tokens", pa.int64()), ("cost_usd", pa.float64()),
-    ("error_class", pa.string()), ("error_code", pa.string()), ("error_message", pa.string()),
-    ("provider_batch_id", pa.string()), ("provider_request_id", pa.string()), ("raw_payload", pa.string()),
-    ("recorded_at", TS),
-    ("embedding", pa.list_(pa.float32())),  # an embeddings job's vector (null for other jobs)
-])
+RESULT_SCHEMA = pa.schema(
+    [
+        ("request_id", pa.string()),
+        ("shard_id", pa.string()),
+        ("attempt", pa.int32()),
+        ("backend", pa.string()),
+        ("pricing", pa.string()),
+        ("model", pa.string()),
+        ("prompt_version", pa.string()),
+        ("status", pa.string()),
+        ("output_text", pa.string()),
+        ("parsed_output", pa.string()),
+        ("finish_reason", pa.string()),
+        ("input_tokens", pa.int64()),
+        ("cached_tokens", pa.int64()),
+        ("cache_write_tokens", pa.int64()),
+        ("output_tokens", pa.int64()),
+        ("cost_usd", pa.float64()),
+        ("error_class", pa.string()),
+        ("error_code", pa.string()),
+        ("error_message", pa.string()),
+        ("provider_batch_id", pa.string()),
+        ("provider_request_id", pa.string()),
+        ("raw_payload", pa.string()),
+        ("recorded_at", TS),
+        ("embedding", pa.list_(pa.float32())),  # an embeddings job's vector (null for other jobs)
+    ]
+)
 PAYLOAD = "raw_payload"
 # what a result part holds: every column but the payload
 PART_SCHEMA = pa.schema([f for f in RESULT_SCHEMA if f.name != PAYLOAD])
 # what a payload part holds, row for row beside its result part
-PAYLOAD_SCHEMA = pa.schema([RESULT_SCHEMA.field("request_id"), RESULT_SCHEMA.field("attempt"),
-                            RESULT_SCHEMA.field(PAYLOAD)])
+PAYLOAD_SCHEMA = pa.schema(
+    [RESULT_SCHEMA.field("request_id"), RESULT_SCHEMA.field("attempt"), RESULT_SCHEMA.field(PAYLOAD)]
+)
 # columns added after parts were first written, with the value an older part reads as
 LATER_COLUMNS = {"cache_write_tokens": 0, "embedding": None}
 _POLARS_SCHEMA = pl.from_arrow(RESULT_SCHEMA.empty_table()).schema
 
 
-def build_results(raw: pa.Table, work: ShardWork, *, backend: str, pricing: str, prompt_version: str,
-                  price: Price | None, provider_batch_id: str | None) -> pa.Table:
+def build_results(
+    raw: pa.Table,
+    work: ShardWork,
+    *,
+    backend: str,
+    pricing: str,
+    prompt_version: str,
+    price: Price | None,
+    provider_batch_id: str | None,
+) -> pa.Table:
     """Validate raw provider rows and stamp them with their attempt, cost (``Price.cost``) and provenance."""
     n = raw.num_rows
     zeros = pa.repeat(pa.scalar(0, pa.int64()), n)
     write_type = RAW_OPTIONAL_SCHEMA.field("cache_write_tokens").type
-    writes = (pc.fill_null(raw.column("cache_write_tokens").cast(write_type), 0)
-              if "cache_write_tokens" in raw.column_names else zeros)  # absent: the backend bills no cache writes
-    vectors = (raw.column("embedding").cast(RESULT_SCHEMA.field("embedding").type)
-               if "embedding" in raw.column_names else pa.nulls(n, RESULT_SCHEMA.field("embedding").type))
+    writes = (
+        pc.fill_null(raw.column("cache_write_tokens").cast(write_type), 0)
+        if "cache_write_tokens" in raw.column_names
+        else zeros
+    )  # absent: the backend bills no cache writes
+    vectors = (
+        raw.column("embedding").cast(RESULT_SCHEMA.field("embedding").type)
+        if "embedding" in raw.column_names
+        else pa.nulls(n, RESULT_SCHEMA.field("embedding").type)
+    )
     raw = raw.select(RAW_RESULT_SCHEMA.names).cast(RAW_RESULT_SCHEMA)
     verdicts = validate(raw, work.plan.output, vectors)
     in_tok = pc.fill_null(raw.column("input_tokens"), 0)
     cached = pc.fill_null(raw.column("cached_tokens"), 0)
     out_tok = pc.fill_null(raw.column("output_tokens"), 0)
     if price is not None and n:
+
         def f64(col) -> np.ndarray:
             return col.to_numpy().astype(np.float64)
 
-        cost = pa.array(price.cost(f64(in_tok), f64(out_tok), cached_tokens=f64(cached), batch=pricing == "batch",
-                                   cache_write_tokens=f64(writes)), pa.float64())
+        cost = pa.array(
+            price.cost(
+                f64(in_tok),
+                f64(out_tok),
+                cached_tokens=f64(cached),
+                batch=pricing == "batch",
+                cache_write_tokens=f64(writes),
+            ),
+            pa.float64(),
+        )
     else:
         cost = pa.repeat(pa.scalar(0.0, pa.float64()), n)
     now = datetime.now(UTC)
 
-    def const(value, typ=pa.string()):
+    def const(value, typ: pa.DataType = STRING):
         return pa.repeat(pa.scalar(value, typ), n)  # filled in C++, no Python list of n values
 
-    return pa.Table.from_arrays([
-        raw.column("request_id"), const(work.shard_id), const(work.attempt, pa.int32()),
-        const(backend), const(pricing), const(work.plan.model), const(prompt_version),
-        verdicts.status, raw.column("output_text"), verdicts.parsed_output, raw.column("finish_reason"),
-        in_tok if n else zeros, cached if n else zeros, writes, out_tok if n else zeros, cost,
-        verdicts.error_class, pc.coalesce(verdicts.error_code, raw.column("error_code")) if n else verdicts.error_code,
-        verdicts.error_message, const(provider_batch_id), raw.column("provider_request_id"), raw.column("raw_payload"),
-        const(now, TS), vectors,
-    ], schema=RESULT_SCHEMA)
-
+    return pa.Table.from_arrays(
+        [
+            raw.column("request_id"),
+            const(work.shard_id),
+            const(work.attempt, pa.int32()),
+            const(backend),
+            const(pricing),
+            const(work.plan.model),
+            const(prompt_version),
+            verdicts.status,
+            raw.column("output_text"),
+            verdicts.parsed_output,
+            raw.column("finish_reason"),
+            in_tok if n else zeros,
+            cached if n else zeros,
+            writes,
+            out_tok if n else zeros,
+            cost,
+            verdicts.error_class,
+            pc.coalesce(verdicts.error_code, raw.column("error_code")) if n else verdicts.error_code,
+            verdicts.error_message,
+            const(provider_batch_id),
+            raw.column("provider_request_id"),
+            raw.column("raw_payload"),
+            const(now, TS),
+            vectors,
+        ],
+        schema=RESULT_SCHEMA,
+    )
 
 
 # Result parts: the two all-distinct ID columns with zstd (hex compresses about 2x), the others LZ4 (as small with
@@ -97,9 +159,11 @@ def build_results(raw: pa.Table, work: ShardWork, *, backend: str, pricing: str,
 # and thrown away; their statistics prune nothing). Payload parts: LZ4, as measured before the split (about twice
 # zstd's speed for parts about twice as large).
 _UNIQUE_COLUMNS = {"request_id", "provider_request_id", PAYLOAD}
-PART_OPTIONS = {"compression": {c: "zstd" if c in _UNIQUE_COLUMNS else "lz4" for c in PART_SCHEMA.names},
-                "use_dictionary": [c for c in PART_SCHEMA.names if c not in _UNIQUE_COLUMNS],
-                "write_statistics": [c for c in PART_SCHEMA.names if c not in _UNIQUE_COLUMNS]}
+PART_OPTIONS = {
+    "compression": {c: "zstd" if c in _UNIQUE_COLUMNS else "lz4" for c in PART_SCHEMA.names},
+    "use_dictionary": [c for c in PART_SCHEMA.names if c not in _UNIQUE_COLUMNS],
+    "write_statistics": [c for c in PART_SCHEMA.names if c not in _UNIQUE_COLUMNS],
+}
 PAYLOAD_OPTIONS = {"compression": "lz4", "use_dictionary": False, "write_statistics": False}
 
 
@@ -111,8 +175,10 @@ def new_part(job: str, shard_id: str, attempt: int, flush: int) -> str:
 def write_payload(store: Store, job: str, rel: str, attempt: int, rows: pa.Table) -> None:
     """The payload part of result part ``rel``: ``rows``' request_id and raw_payload, in the same order."""
     n = rows.num_rows
-    table = pa.Table.from_arrays([rows.column("request_id"), pa.repeat(pa.scalar(attempt, pa.int32()), n),
-                                  rows.column(PAYLOAD)], schema=PAYLOAD_SCHEMA)
+    table = pa.Table.from_arrays(
+        [rows.column("request_id"), pa.repeat(pa.scalar(attempt, pa.int32()), n), rows.column(PAYLOAD)],
+        schema=PAYLOAD_SCHEMA,
+    )
     store.write_table(JobPaths(job).payload_part(rel), table, **PAYLOAD_OPTIONS)
 
 
@@ -139,9 +205,15 @@ def read_results(store: Store, job: str, shard_id: str | None = None, columns: l
     parts only when asked for (or by default)."""
     paths = JobPaths(job)
     where = f"{paths.results}/{shard_id}" if shard_id else paths.results
-    cols = RESULT_SCHEMA.names if columns is None else (
-        columns if {"request_id", "attempt"} <= set(columns) else list(dict.fromkeys(["request_id", "attempt",
-                                                                                      *columns])))
+    cols = (
+        RESULT_SCHEMA.names
+        if columns is None
+        else (
+            columns
+            if {"request_id", "attempt"} <= set(columns)
+            else list(dict.fromkeys(["request_id", "attempt", *columns]))
+        )
+    )
     parts = store.list_files(where, recursive=True, suffix=".parquet")
     frame = read_parts(store, parts, [c for c in cols if c != PAYLOAD])
     if PAYLOAD not in cols:
@@ -155,7 +227,7 @@ def result_parts(store: Store, job: str) -> dict[str, list[str]]:
     results = JobPaths(job).results
     out: dict[str, list[str]] = {}
     for rel in store.list_files(results, recursive=True, suffix=".parquet"):
-        out.setdefault(rel[len(results) + 1:].split("/", 1)[0], []).append(rel)
+        out.setdefault(rel[len(results) + 1 :].split("/", 1)[0], []).append(rel)
     return out
 
 

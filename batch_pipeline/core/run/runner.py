@@ -9,32 +9,32 @@ appends validated results; a crash mid-collection just collects the same batch a
 
 import logging
 import time
-from datetime import UTC, datetime
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from datetime import UTC, datetime
+from functools import partial
 
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batch_pipeline.core.run.attempts import AttemptLog
-from batch_pipeline.core.run.control import JobControl
-from batch_pipeline.core.money.cost import Price
 from batch_pipeline.core.errors import QuotaError, SystemicError, TransientError
-from batch_pipeline.core.run.admission import Admission, Admitted
-from batch_pipeline.core.run.faults import crash_point
-from batch_pipeline.core.run.executor import (BatchExecutor, BatchHandle, RequestPlan,
-                                          ShardWork, StreamExecutor)
-from batch_pipeline.core.run.lease import Lease, LeaseHeldError, acquire, default_owner
-from batch_pipeline.core.run.collect import CollectShape
-from batch_pipeline.core.run.outcomes import CollectOutcome, SubmitOutcome  # noqa: F401  (CollectOutcome: callers)
-from batch_pipeline.core.run.stream import StreamShape
 from batch_pipeline.core.manifest.shards import Manifest
-from batch_pipeline.core.state.reconcile import DEAD, VALID, spends_budget
-from batch_pipeline.core.run.results import read_results
+from batch_pipeline.core.money.cost import Price
 from batch_pipeline.core.money.retry_cap import RetryCosts
+from batch_pipeline.core.run.admission import Admission, Admitted
+from batch_pipeline.core.run.attempts import AttemptLog
+from batch_pipeline.core.run.collect import CollectShape
+from batch_pipeline.core.run.control import JobControl
+from batch_pipeline.core.run.executor import BatchExecutor, BatchHandle, RequestPlan, ShardWork, StreamExecutor
+from batch_pipeline.core.run.faults import crash_point
+from batch_pipeline.core.run.lease import Lease, LeaseHeldError, acquire, default_owner
+from batch_pipeline.core.run.outcomes import CollectOutcome, SubmitOutcome  # noqa: F401  (CollectOutcome: callers)
+from batch_pipeline.core.run.results import read_results
+from batch_pipeline.core.run.stream import StreamShape
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.state.fallback import Stage
+from batch_pipeline.core.state.reconcile import DEAD, VALID, spends_budget
 from batch_pipeline.core.state.replay import Replays
 from batch_pipeline.core.state.summary import ShardSummaries, ShardSummary, shard_item_states
 from batch_pipeline.core.store import Store
@@ -43,14 +43,23 @@ log = logging.getLogger(__name__)
 
 STATE_COLUMNS = ["request_id", "attempt", "status", "error_class", "error_code", "error_message", "model", "backend"]
 
+
 class ShardRunner(StreamShape, CollectShape):
     """The shard runner: the batch shape's submission here, its collection in ``collect.py``, the stream shape in
     ``stream.py``."""
 
-    def __init__(self, spec: JobSpec, store: Store, executor: BatchExecutor | StreamExecutor,
-                 price: Price | None, pricing: str = "batch", owner: str | None = None,
-                 before_spend: Callable[[str, pa.Table], None] | None = None,
-                 extra_items: Callable[[str, int], pa.Table | None] | None = None, stage: Stage = Stage.PRIMARY):
+    def __init__(
+        self,
+        spec: JobSpec,
+        store: Store,
+        executor: BatchExecutor | StreamExecutor,
+        price: Price | None,
+        pricing: str = "batch",
+        owner: str | None = None,
+        before_spend: Callable[[str, pa.Table], None] | None = None,
+        extra_items: Callable[[str, int], pa.Table | None] | None = None,
+        stage: Stage = Stage.PRIMARY,
+    ):
         self.spec, self.store, self.executor, self.price, self.pricing = spec, store, executor, price, pricing
         self.manifest = Manifest(spec.name, store)
         self.plan = RequestPlan.from_spec(spec)
@@ -58,8 +67,8 @@ class ShardRunner(StreamShape, CollectShape):
         self.owner = owner or default_owner()
         self._cancel_when: Callable[[], bool] | None = None
         self.before_spend = before_spend  # e.g. the budget guard: raises to refuse a paid call
-        self.extra_items = extra_items    # e.g. golden probes: (shard, attempt) -> request_id, user_prompt
-        self.stage = stage                # primary, or the fallback model (sends only the items handed to it)
+        self.extra_items = extra_items  # e.g. golden probes: (shard, attempt) -> request_id, user_prompt
+        self.stage = stage  # primary, or the fallback model (sends only the items handed to it)
         self.summaries = ShardSummaries(spec, store)
         self._summaries_cache: tuple[float, list[ShardSummary]] | None = None
         # the account's queue: every batch is created inside a reservation that fits (core/run/admission.py)
@@ -81,8 +90,9 @@ class ShardRunner(StreamShape, CollectShape):
         frame = pl.from_arrow(items)
         assert isinstance(frame, pl.DataFrame)
         states = shard_item_states(self.spec, self.store, shard_id, results, frame)
-        done = states.filter(pl.col("state").is_in([VALID, DEAD]) | (pl.col("stage") != self.stage.value)
-                             ).select("request_id")
+        done = states.filter(pl.col("state").is_in([VALID, DEAD]) | (pl.col("stage") != self.stage.value)).select(
+            "request_id"
+        )
         return frame.join(done, on="request_id", how="anti").select("request_id", "user_prompt").to_arrow()
 
     def _key(self, shard_id: str, attempt: int) -> str:
@@ -108,9 +118,14 @@ class ShardRunner(StreamShape, CollectShape):
                 handle = self._guard(lambda: executor.submit(work))  # a crash here is repaired by find() next time
             except QuotaError as exc:  # "not now": nothing was billed; the shard waits for room
                 note = self.admission.refused(holding, exc)
-                attempts.record(work.attempt, "abandoned", {"reason": f"refused by the provider: {note}",
-                                                            "refused": {"dimension": exc.dimension,
-                                                                        "limit": exc.limit, "code": exc.code}})
+                attempts.record(
+                    work.attempt,
+                    "abandoned",
+                    {
+                        "reason": f"refused by the provider: {note}",
+                        "refused": {"dimension": exc.dimension, "limit": exc.limit, "code": exc.code},
+                    },
+                )
                 self._changed(shard_id)
                 log.warning("shard %s: attempt %d refused for capacity: %s", shard_id, work.attempt, note)
                 return SubmitOutcome(shard_id, work.attempt, 0, None, refused=note)
@@ -118,8 +133,13 @@ class ShardRunner(StreamShape, CollectShape):
             attempts.record(work.attempt, "submitted", handle.as_dict())
             self.admission.bound(holding, handle.batch_id)
             self._changed(shard_id)
-            log.info("shard %s: attempt %d submitted %d requests as %s", shard_id, work.attempt,
-                     work.items.num_rows, handle.batch_id)
+            log.info(
+                "shard %s: attempt %d submitted %d requests as %s",
+                shard_id,
+                work.attempt,
+                work.items.num_rows,
+                handle.batch_id,
+            )
             return SubmitOutcome(shard_id, work.attempt, work.items.num_rows, handle)
 
     def resolve(self, shard_id: str) -> SubmitOutcome | None:
@@ -143,39 +163,74 @@ class ShardRunner(StreamShape, CollectShape):
             if not attempt.open:
                 continue
             if attempt.submitted:
-                log.info("shard %s: attempt %d already submitted as %s; re-attaching", shard_id, attempt.number,
-                         attempt.submitted["batch_id"])
-                return SubmitOutcome(shard_id, attempt.number, len(attempt.request_ids),
-                                     BatchHandle.from_dict(attempt.submitted), reattached=True)
+                log.info(
+                    "shard %s: attempt %d already submitted as %s; re-attaching",
+                    shard_id,
+                    attempt.number,
+                    attempt.submitted["batch_id"],
+                )
+                return SubmitOutcome(
+                    shard_id,
+                    attempt.number,
+                    len(attempt.request_ids),
+                    BatchHandle.from_dict(attempt.submitted),
+                    reattached=True,
+                )
             if attempt.backend not in (None, executor.name):
-                attempts.record(attempt.number, "abandoned", {"reason": f"interrupted {attempt.backend} run; "
-                                                                        "flushed results kept"})
+                attempts.record(
+                    attempt.number, "abandoned", {"reason": f"interrupted {attempt.backend} run; flushed results kept"}
+                )
                 self.admission.release(shard_id, attempt.number, "attempt closed")
                 self._changed(shard_id)
                 continue
-            found = self._guard(lambda: executor.find(attempt.key, request_ids=attempt.request_ids,
-                                                      not_before=attempt.records["intent"]["at"]))
+            found = self._guard(
+                partial(
+                    executor.find,
+                    attempt.key,
+                    request_ids=attempt.request_ids,
+                    not_before=attempt.records["intent"]["at"],
+                )
+            )
             if found is not None:
-                log.warning("shard %s: attempt %d was accepted by the provider as %s but not recorded; re-attaching",
-                            shard_id, attempt.number, found.batch_id)
+                log.warning(
+                    "shard %s: attempt %d was accepted by the provider as %s but not recorded; re-attaching",
+                    shard_id,
+                    attempt.number,
+                    found.batch_id,
+                )
                 attempts.record(attempt.number, "submitted", {**found.as_dict(), "reattached": True})
-                self.admission.reattached(shard_id, attempt.number, attempt.request_ids, found.batch_id,
-                                          found.account, attempt.records["intent"].get("capacity"))
+                self.admission.reattached(
+                    shard_id,
+                    attempt.number,
+                    attempt.request_ids,
+                    found.batch_id,
+                    found.account,
+                    attempt.records["intent"].get("capacity"),
+                )
                 self._changed(shard_id)
                 return SubmitOutcome(shard_id, attempt.number, len(attempt.request_ids), found, reattached=True)
             age = (datetime.now(UTC) - datetime.fromisoformat(attempt.records["intent"]["at"])).total_seconds()
             grace = float(getattr(executor, "find_grace_s", 0.0))
             if age < grace:
-                raise TransientError(f"shard {shard_id}: attempt {attempt.number} has an intent {age:.0f} s old and "
-                                     f"the provider shows no batch yet; asking again after {grace:.0f} s",
-                                     retry_after_s=grace - age)
+                raise TransientError(
+                    f"shard {shard_id}: attempt {attempt.number} has an intent {age:.0f} s old and "
+                    f"the provider shows no batch yet; asking again after {grace:.0f} s",
+                    retry_after_s=grace - age,
+                )
             attempts.record(attempt.number, "abandoned", {"reason": "the provider has no batch for this key"})
             self.admission.release(shard_id, attempt.number, "nothing was created at the provider")
             self._changed(shard_id)
         return None
 
-    def _start_attempt(self, shard_id: str, attempts: AttemptLog, lease: Lease, backend: str,
-                       only: list[str] | None = None, canary: bool = False) -> tuple[ShardWork, Admitted | None] | None:
+    def _start_attempt(
+        self,
+        shard_id: str,
+        attempts: AttemptLog,
+        lease: Lease,
+        backend: str,
+        only: list[str] | None = None,
+        canary: bool = False,
+    ) -> tuple[ShardWork, Admitted | None] | None:
         """What is left, past the spend checks and inside a reservation of the account's queue (all of it or the
         part that fits), claimed under the lease with an intent record; None if nothing is."""
         results = read_results(self.store, self.spec.name, shard_id, STATE_COLUMNS)  # read once for both checks
@@ -192,14 +247,30 @@ class ShardRunner(StreamShape, CollectShape):
         lease.check("reserve room in the account's queue")
         pending, holding = self.admission.admit(shard_id, number, pending, extra)  # QuotaWait when nothing fits
         crash_point("after_reserve")
-        work = ShardWork(self.spec.name, shard_id, number, self._key(shard_id, number), self._plan(shard_id), pending,
-                         account=holding.account if holding is not None else None)
+        work = ShardWork(
+            self.spec.name,
+            shard_id,
+            number,
+            self._key(shard_id, number),
+            self._plan(shard_id),
+            pending,
+            account=holding.account if holding is not None else None,
+        )
         lease.check("start an attempt")
-        if not attempts.create_intent(number, {"key": work.key, "backend": backend, "lease_token": lease.token,
-                                               "request_ids": work.request_ids, "requests": pending.num_rows,
-                                               "canary": canary, "stage": self.stage.value,
-                                               "capacity": holding.holding.number if holding is not None else None,
-                                               "account": work.account}):
+        if not attempts.create_intent(
+            number,
+            {
+                "key": work.key,
+                "backend": backend,
+                "lease_token": lease.token,
+                "request_ids": work.request_ids,
+                "requests": pending.num_rows,
+                "canary": canary,
+                "stage": self.stage.value,
+                "capacity": holding.holding.number if holding is not None else None,
+                "account": work.account,
+            },
+        ):
             if holding is not None:
                 self.admission.release(shard_id, number, "the attempt was claimed by another run")
             raise LeaseHeldError(f"shard {shard_id}: attempt {number} was claimed by another run")
@@ -249,8 +320,9 @@ class ShardRunner(StreamShape, CollectShape):
         # replayed dead letter is a human's decision to spend again, outside the cap)
         ids = pl.Series(pending.column("request_id").to_pylist())
         replayed = Replays(self.store, self.spec.name).table(shard_id)["request_id"]
-        retried = results.filter(pl.col("request_id").is_in(ids) & ~pl.col("request_id").is_in(replayed)
-                                 & spends_budget())
+        retried = results.filter(
+            pl.col("request_id").is_in(ids) & ~pl.col("request_id").is_in(replayed) & spends_budget()
+        )
         retry_items = retried["request_id"].n_unique()
         if retry_items == 0:
             return
@@ -261,5 +333,8 @@ class ShardRunner(StreamShape, CollectShape):
         if spend.exceeded:
             reason = f"retry-spend cap reached before resubmitting shard {shard_id}: {spend.describe()}"
             self.control.stop(reason, code="retry_cap")
-            raise SystemicError(reason + "; inspect the failures (batch-pipeline status), then raise "
-                                "retries.spend_cap_share or fix the cause and resume", code="retry_cap")
+            raise SystemicError(
+                reason + "; inspect the failures (batch-pipeline status), then raise "
+                "retries.spend_cap_share or fix the cause and resume",
+                code="retry_cap",
+            )

@@ -11,14 +11,14 @@ from collections.abc import Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from batch_pipeline.core.run.attempts import AttemptLog
 from batch_pipeline.core.run.control import JobPaused
 from batch_pipeline.core.run.executor import ShardWork, StreamExecutor
 from batch_pipeline.core.run.faults import crash_point
-from batch_pipeline.core.run.lease import acquire
-from batch_pipeline.core.run.outcomes import CollectOutcome
-from batch_pipeline.core.run.attempts import AttemptLog
 from batch_pipeline.core.run.journal import AnswerJournal, replay
 from batch_pipeline.core.run.journal import discard as discard_journal
+from batch_pipeline.core.run.lease import acquire
+from batch_pipeline.core.run.outcomes import CollectOutcome
 from batch_pipeline.core.run.results import build_results, read_results, write_results
 
 log = logging.getLogger(__name__)
@@ -27,8 +27,13 @@ log = logging.getLogger(__name__)
 class StreamShape:
     """Mixed into ShardRunner (which holds spec, store, executor, price, lease owner, control and summaries)."""
 
-    def run_stream(self, shard_id: str, on_flush: Callable[[int, int], None] | None = None,
-                   only: list[str] | None = None, canary: bool = False) -> CollectOutcome:
+    def run_stream(
+        self,
+        shard_id: str,
+        on_flush: Callable[[int, int], None] | None = None,
+        only: list[str] | None = None,
+        canary: bool = False,
+    ) -> CollectOutcome:
         """Run the shard's pending items inline (vLLM, an online endpoint), writing a part per flush.
 
         An attempt of a stream backend left open by a crash is closed as interrupted: what it flushed is in the
@@ -48,8 +53,11 @@ class StreamShape:
             if started is None:
                 return outcome
             work = started[0]  # a stream backend has no provider queue: no reservation
-            journal = AnswerJournal(self.store, self.spec.name, shard_id, work.attempt) if self.pricing != \
-                "self_hosted" else None  # paid answers are durable before they are counted
+            journal = (
+                AnswerJournal(self.store, self.spec.name, shard_id, work.attempt)
+                if self.pricing != "self_hosted"
+                else None
+            )  # paid answers are durable before they are counted
             work.journal = journal.append if journal is not None else None
             number, total = work.attempt, work.items.num_rows
             expected = pa.array(work.request_ids, pa.string())
@@ -61,8 +69,15 @@ class StreamShape:
                 lease.check("write a result part")  # fenced: a stale attempt writes no part
                 flush += 1
                 raw = raw.filter(pc.is_in(raw.column("request_id"), value_set=expected))
-                table = build_results(raw, work, backend=executor.name, pricing=self.pricing,
-                                      prompt_version=self.spec.prompt.version, price=self.price, provider_batch_id=None)
+                table = build_results(
+                    raw,
+                    work,
+                    backend=executor.name,
+                    pricing=self.pricing,
+                    prompt_version=self.spec.prompt.version,
+                    price=self.price,
+                    provider_batch_id=None,
+                )
                 write_results(self.store, self.spec.name, shard_id, number, flush, table)
                 outcome.rows += table.num_rows
                 outcome.succeeded += pc.sum(pc.equal(table.column("status"), "succeeded")).as_py() or 0
@@ -76,8 +91,10 @@ class StreamShape:
                     in_hand = None
                     crash_point("mid_stream")
                     if self.control.paused():  # a deploy: finish what is in flight, store it, give the shard back
-                        raise JobPaused(f"job {self.spec.name} paused: shard {shard_id} stopped after "
-                                        f"{outcome.rows} of {total} results")
+                        raise JobPaused(
+                            f"job {self.spec.name} paused: shard {shard_id} stopped after "
+                            f"{outcome.rows} of {total} results"
+                        )
                     if on_flush:
                         on_flush(outcome.rows, total)
                     if time.monotonic() > renew_at:
@@ -97,11 +114,13 @@ class StreamShape:
                 leftover = unflushed(work.key) if unflushed else None
                 if leftover is not None and leftover.num_rows:
                     store_flush(leftover)
-                    log.warning("shard %s: interrupted; %d finished results stored before stopping", shard_id,
-                                leftover.num_rows)
+                    log.warning(
+                        "shard %s: interrupted; %d finished results stored before stopping", shard_id, leftover.num_rows
+                    )
                 if isinstance(exc, JobPaused):
-                    attempts.record(number, "abandoned", {"reason": "paused; flushed results kept",
-                                                          "rows": outcome.rows})
+                    attempts.record(
+                        number, "abandoned", {"reason": "paused; flushed results kept", "rows": outcome.rows}
+                    )
                     if journal is not None:
                         discard_journal(self.store, self.spec.name, shard_id, number)  # every answer is stored
                     self._changed(shard_id)
@@ -109,8 +128,9 @@ class StreamShape:
             if journal is not None:
                 journal.close()
             lease.check("mark the attempt collected")
-            attempts.record(number, "collected", {"state": "completed", "rows": outcome.rows,
-                                                  "succeeded": outcome.succeeded})
+            attempts.record(
+                number, "collected", {"state": "completed", "rows": outcome.rows, "succeeded": outcome.succeeded}
+            )
             if journal is not None:
                 discard_journal(self.store, self.spec.name, shard_id, number)  # folded into the parts
             self._changed(shard_id)
@@ -122,26 +142,53 @@ class StreamShape:
         """Close a stream attempt a crash left open: its journal's answers (paid, maybe never folded) are stored as
         a part first, then the attempt is abandoned with the upper bound of what was in flight at the kill (sent,
         possibly billed, no answer: at most the executor's concurrency), which spend and the budget count."""
-        work = ShardWork(self.spec.name, shard_id, attempt.number, attempt.key, self._plan(shard_id),
-                         pa.table({"request_id": pa.array(attempt.request_ids, pa.string()),
-                                   "user_prompt": pa.array([""] * len(attempt.request_ids), pa.string())}))
+        work = ShardWork(
+            self.spec.name,
+            shard_id,
+            attempt.number,
+            attempt.key,
+            self._plan(shard_id),
+            pa.table(
+                {
+                    "request_id": pa.array(attempt.request_ids, pa.string()),
+                    "user_prompt": pa.array([""] * len(attempt.request_ids), pa.string()),
+                }
+            ),
+        )
         replayed = replay(self.store, self.spec.name, shard_id, attempt.number)
         if replayed is not None and replayed.num_rows:
             expected = pa.array(attempt.request_ids, pa.string())
             replayed = replayed.filter(pc.is_in(replayed.column("request_id"), value_set=expected))
-            table = build_results(replayed, work, backend=attempt.backend or self.executor.name, pricing=self.pricing,
-                                  prompt_version=self.spec.prompt.version, price=self.price, provider_batch_id=None)
+            table = build_results(
+                replayed,
+                work,
+                backend=attempt.backend or self.executor.name,
+                pricing=self.pricing,
+                prompt_version=self.spec.prompt.version,
+                price=self.price,
+                provider_batch_id=None,
+            )
             write_results(self.store, self.spec.name, shard_id, attempt.number, JOURNAL_PART, table)
-            log.warning("shard %s: attempt %d was interrupted; %d answers replayed from its journal", shard_id,
-                        attempt.number, table.num_rows)
+            log.warning(
+                "shard %s: attempt %d was interrupted; %d answers replayed from its journal",
+                shard_id,
+                attempt.number,
+                table.num_rows,
+            )
         answered = read_results(self.store, self.spec.name, shard_id, ["request_id", "attempt"])
         mine = answered.filter(answered["attempt"] == attempt.number)["request_id"].n_unique() if answered.height else 0
         unanswered = max(len(attempt.request_ids) - mine, 0)
         concurrency = int(getattr(getattr(self.executor, "settings", None), "concurrency", 0) or 0)
         bound = min(unanswered, concurrency) if concurrency else unanswered
-        attempts.record(attempt.number, "abandoned", {
-            "reason": "interrupted; flushed and journalled results kept", "possibly_billed": bound,
-            "possibly_billed_usd": round(self._request_cost_high(shard_id) * bound, 10)})
+        attempts.record(
+            attempt.number,
+            "abandoned",
+            {
+                "reason": "interrupted; flushed and journalled results kept",
+                "possibly_billed": bound,
+                "possibly_billed_usd": round(self._request_cost_high(shard_id) * bound, 10),
+            },
+        )
         discard_journal(self.store, self.spec.name, shard_id, attempt.number)
         self._changed(shard_id)
 

@@ -67,5 +67,7 @@ class RouteSpec(Strict):
     candidates: list[RouteCandidate] = Field(min_length=1)
     data_may_leave: bool = Field(default=True, description="false: self-hosted candidates only")
     min_batch_items: int = Field(default=50, ge=0, description="a shard sending fewer items goes online")
-    online: RouteCandidate = Field(default_factory=lambda: RouteCandidate(backend=BackendSpec(name="online")),
-                                   description="where a shard below min_batch_items goes")
+    online: RouteCandidate = Field(
+        default_factory=lambda: RouteCandidate(backend=BackendSpec(name="online")),
+        description="where a shard below min_batch_items goes",
+    )

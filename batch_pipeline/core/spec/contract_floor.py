@@ -26,14 +26,19 @@ if TYPE_CHECKING:
     from batch_pipeline.core.spec.job import OutputSpec
 
 WRAPPED = "wrapped"  # {"label": "<label>"}: the choice enforced as a JSON schema (core/validate.choice_schema)
-BARE = "bare"        # the label itself, decoded natively from the label set
+BARE = "bare"  # the label itself, decoded natively from the label set
 # How each backend returns a choice answer (see batch_pipeline/executors/*). openai_batch and online send
 # ``response_format: json_schema`` with ``choice_schema`` (openai_format.response_format); anthropic_batch forces
 # a tool whose ``input_schema`` is ``choice_schema`` (anthropic_format.output_schema); vllm decodes
 # ``structured_outputs.choice`` to the bare label (vllm_prompts.sampling_params). A backend not listed here
 # counts as BARE, the lower of the two, so an unknown backend is never refused for the wrapper.
-CHOICE_FORMS: dict[str, str] = {"openai_batch": WRAPPED, "online": WRAPPED, "anthropic_batch": WRAPPED,
-                               "bedrock_batch": WRAPPED, "vllm": BARE}
+CHOICE_FORMS: dict[str, str] = {
+    "openai_batch": WRAPPED,
+    "online": WRAPPED,
+    "anthropic_batch": WRAPPED,
+    "bedrock_batch": WRAPPED,
+    "vllm": BARE,
+}
 TEXT_FLOOR_TOKENS = 1  # a text answer must not be empty (core/validate)
 
 
@@ -155,8 +160,7 @@ def answer_floor(output: "OutputSpec", backend: str | None = None) -> tuple[str,
     if output.kind == "text":
         return "", TEXT_FLOOR_TOKENS
     # alternatives picked by pieces in place, and the shortest text: whichever counts fewer (both are valid)
-    text = min(_answer(output, backend, by_tokens=True), _answer(output, backend, by_tokens=False),
-               key=_fewest_pieces)
+    text = min(_answer(output, backend, by_tokens=True), _answer(output, backend, by_tokens=False), key=_fewest_pieces)
     return text, max(TEXT_FLOOR_TOKENS, token_floor(text))
 
 

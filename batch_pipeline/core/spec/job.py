@@ -13,10 +13,24 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from batch_pipeline.core.spec.backends import (BackendChoice, BackendSpec, CostCompareSpec, FallbackSpec,  # noqa: F401
-                                              RouteCandidate, RouteSpec, SelfHostedCost, Strict, TailRescueSpec)
-from batch_pipeline.core.spec.combinations import (embedding_problems, is_embedding_output, messages_problems,
-                                                   raise_at, sampling_problems)
+from batch_pipeline.core.spec.backends import (  # noqa: F401
+    BackendChoice,
+    BackendSpec,
+    CostCompareSpec,
+    FallbackSpec,
+    RouteCandidate,
+    RouteSpec,
+    SelfHostedCost,
+    Strict,
+    TailRescueSpec,
+)
+from batch_pipeline.core.spec.combinations import (
+    embedding_problems,
+    is_embedding_output,
+    messages_problems,
+    raise_at,
+    sampling_problems,
+)
 from batch_pipeline.core.spec.contract_floor import answer_floor
 
 JOB_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,47}$"
@@ -38,25 +52,44 @@ class ConfidenceFilter(Strict):
 class InputSpec(Strict):
     """Where the rows are and which field holds the text to classify."""
 
-    path: str | None = Field(default=None, description="file, directory or glob; local or "
-                             "s3://bucket/prefix/*.jsonl (or from_job)")
+    path: str | None = Field(
+        default=None, description="file, directory or glob; local or s3://bucket/prefix/*.jsonl (or from_job)"
+    )
     format: Literal["auto", "jsonl", "csv", "parquet", "openai_batch"] = Field(
-        default="auto", description="openai_batch: an OpenAI/vLLM batch input file (custom_id, method, url, body)")
+        default="auto", description="openai_batch: an OpenAI/vLLM batch input file (custom_id, method, url, body)"
+    )
     text_field: str | None = Field(default=None, description="the field the template must use (or messages_field)")
-    messages_field: str | None = Field(default=None, description=(
-        "a field holding the row's chat turns, a list of {role, content} (user/assistant, text); no template"))
+    messages_field: str | None = Field(
+        default=None,
+        description=(
+            "a field holding the row's chat turns, a list of {role, content} (user/assistant, text); no template"
+        ),
+    )
     key_field: str | None = Field(default=None, description="source-key column kept for every row")
     max_input_tokens: int = Field(default=8000, gt=0, description="longer rendered prompts go to rejects")
     # multi-pass jobs (core/manifest/upstream.py): the rows are another job's validated table
-    from_job: str | None = Field(default=None, pattern=JOB_NAME_PATTERN, description=(
-        "read the validated table of this job (a pass before this one) instead of files; its fields and output "
-        "are the template's fields"))
-    where: str | None = Field(default=None, min_length=1, description=(
-        "with from_job: a SQL condition over the upstream's validated columns, e.g. output = 'other'"))
-    confidence_below: ConfidenceFilter | None = Field(default=None, description=(
-        "with from_job: only rows whose JSON output field is below a threshold (or missing)"))
-    assumed_share: float = Field(default=0.30, gt=0, le=1, description=(
-        "with from_job: the share of upstream rows the quote assumes pass the filter, until measured"))
+    from_job: str | None = Field(
+        default=None,
+        pattern=JOB_NAME_PATTERN,
+        description=(
+            "read the validated table of this job (a pass before this one) instead of files; its fields and output "
+            "are the template's fields"
+        ),
+    )
+    where: str | None = Field(
+        default=None,
+        min_length=1,
+        description=("with from_job: a SQL condition over the upstream's validated columns, e.g. output = 'other'"),
+    )
+    confidence_below: ConfidenceFilter | None = Field(
+        default=None, description=("with from_job: only rows whose JSON output field is below a threshold (or missing)")
+    )
+    assumed_share: float = Field(
+        default=0.30,
+        gt=0,
+        le=1,
+        description=("with from_job: the share of upstream rows the quote assumes pass the filter, until measured"),
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> "InputSpec":
@@ -71,14 +104,20 @@ class InputSpec(Strict):
     @model_validator(mode="after")
     def _one_input_shape(self) -> "InputSpec":
         if (self.text_field is None) == (self.messages_field is None):
-            raise ValueError("give exactly one of input.text_field (a templated prompt) and input.messages_field "
-                             "(chat turns per row)")
+            raise ValueError(
+                "give exactly one of input.text_field (a templated prompt) and input.messages_field "
+                "(chat turns per row)"
+            )
         if self.messages_field is not None and self.format == "csv":
-            raise ValueError("input.messages_field needs JSONL, Parquet or openai_batch input (a CSV cell holds no list)")
+            raise ValueError(
+                "input.messages_field needs JSONL, Parquet or openai_batch input (a CSV cell holds no list)"
+            )
         if self.messages_field is not None and self.from_job is not None:
-            raise ValueError("input.messages_field cannot read input.from_job: an upstream job's validated table holds "
-                             "its answers, not chat turns; use input.text_field with a template over the upstream's "
-                             "fields ({output}, ...)")
+            raise ValueError(
+                "input.messages_field cannot read input.from_job: an upstream job's validated table holds "
+                "its answers, not chat turns; use input.text_field with a template over the upstream's "
+                "fields ({output}, ...)"
+            )
         return self
 
 
@@ -95,8 +134,10 @@ class PromptSpec(Strict):
     version: str = Field(min_length=1)
     system: str = ""
     template: str = Field(default="", description="user message with {field} placeholders (none with messages_field)")
-    examples: list[Turn] = Field(default_factory=list, description=(
-        "few-shot turns after the system prompt: user/assistant alternating, first user, last assistant"))
+    examples: list[Turn] = Field(
+        default_factory=list,
+        description=("few-shot turns after the system prompt: user/assistant alternating, first user, last assistant"),
+    )
 
     @property
     def fields(self) -> list[str]:
@@ -149,8 +190,11 @@ class SamplingSpec(Strict):
 class EmbeddingSpec(Strict):
     """An embeddings job: one vector per row, of exactly ``dimensions`` float32 values (the gate checks it)."""
 
-    dimensions: int = Field(gt=0, le=16384, description="length of every vector (OpenAI text-embedding-3: "
-                                                          "asked for; a pooling model: its hidden size)")
+    dimensions: int = Field(
+        gt=0,
+        le=16384,
+        description="length of every vector (OpenAI text-embedding-3: asked for; a pooling model: its hidden size)",
+    )
 
 
 class OutputSpec(Strict):
@@ -185,8 +229,13 @@ class OutputSpec(Strict):
 class ShardLimits(Strict):
     max_requests: int = Field(default=5000, gt=0)
     max_bytes: int = Field(default=100 * 2**20, gt=0)
-    manifest_memory_mb: int = Field(default=3072, gt=0, description=(
-        "memory a manifest build may use (fits a 4 GB pod): past half of it the dedup spills to hash ranges"))
+    manifest_memory_mb: int = Field(
+        default=3072,
+        gt=0,
+        description=(
+            "memory a manifest build may use (fits a 4 GB pod): past half of it the dedup spills to hash ranges"
+        ),
+    )
 
 
 class RetrySpec(Strict):
@@ -213,8 +262,10 @@ class JudgeSpec(Strict):
     backend: BackendSpec = Field(default_factory=lambda: BackendSpec(name="online"))
     model: str | None = Field(default=None, description="default: the job's model")
     sample_size: int = Field(default=200, gt=0)
-    instructions: str = ("You grade an answer to a task. Reply pass (correct, complete, follows the task) "
-                         "or fail (wrong, incomplete, off-task).")
+    instructions: str = (
+        "You grade an answer to a task. Reply pass (correct, complete, follows the task) "
+        "or fail (wrong, incomplete, off-task)."
+    )
 
 
 class QualitySpec(Strict):
@@ -226,8 +277,9 @@ class QualitySpec(Strict):
     golden_share: float = Field(default=0.01, ge=0, le=0.5, description="golden probes mixed into every shard")
     eval_backend: BackendSpec = Field(default_factory=lambda: BackendSpec(name="online"))
     compare: CompareSpec | None = None
-    target_half_width: float = Field(default=0.03, gt=0, lt=0.5,
-                                     description="precision wanted for accuracy (95% interval half-width)")
+    target_half_width: float = Field(
+        default=0.03, gt=0, lt=0.5, description="precision wanted for accuracy (95% interval half-width)"
+    )
     judge: JudgeSpec | None = None
 
 
@@ -235,8 +287,9 @@ class CanarySpec(Strict):
     """A small sample of the first shard, run alone before anything else is paid for (with every golden probe)."""
 
     size: int = Field(default=300, gt=0, description="items in the canary, a stratified sample across lengths")
-    max_failure_rate: float = Field(default=0.05, ge=0, le=1,
-                                    description="structural failures (invalid or truncated answers) allowed")
+    max_failure_rate: float = Field(
+        default=0.05, ge=0, le=1, description="structural failures (invalid or truncated answers) allowed"
+    )
 
 
 class JobSpec(Strict):
@@ -246,8 +299,9 @@ class JobSpec(Strict):
     prompt: PromptSpec
     model: str = Field(min_length=1)
     backend: BackendSpec
-    sampling: SamplingSpec | None = Field(default=None, description=(
-        "required, except for an embeddings job, which takes none (nothing is generated)"))
+    sampling: SamplingSpec | None = Field(
+        default=None, description=("required, except for an embeddings job, which takes none (nothing is generated)")
+    )
     output: OutputSpec
     shards: ShardLimits = Field(default_factory=ShardLimits)
     retries: RetrySpec = Field(default_factory=RetrySpec)
@@ -255,15 +309,23 @@ class JobSpec(Strict):
     deadline: datetime | None = None
     tail: TailRescueSpec | None = None
     quality: QualitySpec | None = None
-    cost_compare: CostCompareSpec | None = Field(default=None, description="backends to quote side by side and "
-                                                 "self-hosted GPU figures (core/money/compare.py)")
-    canary_first: bool = Field(default=True, description="run a canary sample of the first shard alone, gate on it, "
-                                                         "then re-quote (calibrated) before anything else is sent")
+    cost_compare: CostCompareSpec | None = Field(
+        default=None, description="backends to quote side by side and self-hosted GPU figures (core/money/compare.py)"
+    )
+    canary_first: bool = Field(
+        default=True,
+        description="run a canary sample of the first shard alone, gate on it, "
+        "then re-quote (calibrated) before anything else is sent",
+    )
     canary: CanarySpec = Field(default_factory=CanarySpec)
-    fallback: FallbackSpec | None = Field(default=None, description="a second model for items the primary could "
-                                          "not answer (budget spent, or a non-retryable model error)")
-    route: RouteSpec | None = Field(default=None, description="with backend: auto, the candidates the router "
-                                    "picks from per shard (core/route/)")
+    fallback: FallbackSpec | None = Field(
+        default=None,
+        description="a second model for items the primary could "
+        "not answer (budget spent, or a non-retryable model error)",
+    )
+    route: RouteSpec | None = Field(
+        default=None, description="with backend: auto, the candidates the router picks from per shard (core/route/)"
+    )
     # labels for the Dagster UI: on every asset and job of this spec; never part of the quote's fingerprint
     owners: list[Owner] = Field(default_factory=list, exclude=True, description="emails or team:<name>")
     tags: dict[TagKey, TagValue] = Field(default_factory=dict, exclude=True, description="Dagster tags")
@@ -288,8 +350,9 @@ class JobSpec(Strict):
         source = info.data.get("input")
         if source is not None and source.messages_field is not None:
             if prompt.template:
-                raise ValueError("prompt.template is not used with input.messages_field (the row's turns are the "
-                                 "input); remove it")
+                raise ValueError(
+                    "prompt.template is not used with input.messages_field (the row's turns are the input); remove it"
+                )
             return prompt
         if source is not None and source.text_field not in prompt.fields:
             raise ValueError(
@@ -325,13 +388,23 @@ class JobSpec(Strict):
         have = self.sampling.max_tokens
         if have >= tokens:
             return self
-        message = (f"sampling.max_tokens {have} cannot fit the shortest valid answer of the output contract "
-                   f"on {name} (`{answer}`, about {tokens} tokens); raise it to at least {tokens}")
+        message = (
+            f"sampling.max_tokens {have} cannot fit the shortest valid answer of the output contract "
+            f"on {name} (`{answer}`, about {tokens} tokens); raise it to at least {tokens}"
+        )
         # a ValueError would land on the whole spec; a ValidationError raised here keeps its own loc
         # (pydantic-core passes it through), so the error names sampling.max_tokens and its line
-        raise ValidationError.from_exception_data(type(self).__name__, [
-            {"type": "value_error", "loc": ("sampling", "max_tokens"), "input": have,
-             "ctx": {"error": ValueError(message)}}])
+        raise ValidationError.from_exception_data(
+            type(self).__name__,
+            [
+                {
+                    "type": "value_error",
+                    "loc": ("sampling", "max_tokens"),
+                    "input": have,
+                    "ctx": {"error": ValueError(message)},
+                }
+            ],
+        )
 
     @model_validator(mode="after")
     def _route_needs_auto(self) -> "JobSpec":

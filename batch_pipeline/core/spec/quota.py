@@ -16,20 +16,28 @@ class QuotaSpec(BaseModel):
     """An account's queue caps, per model where the provider caps per model."""
 
     model_config = ConfigDict(extra="forbid")
-    enqueued_tokens: int | None = Field(default=None, gt=0, description="prompt tokens waiting in open batches "
-                                                                      "(OpenAI, Azure, Gemini)")
-    enqueued_requests: int | None = Field(default=None, gt=0, description="requests waiting across batches "
-                                                                        "(Anthropic)")
-    concurrent_jobs: int | None = Field(default=None, gt=0, description="batch jobs submitted or running (Vertex, "
-                                                                       "Bedrock)")
-    batches_per_hour: int | None = Field(default=None, gt=0, description="batch creates per rolling hour (OpenAI: "
-                                                                       "2,000)")
-    headroom: float = Field(default=0.03, ge=0, lt=0.5, description="estimated tokens are reserved this much "
-                                                                    "higher: the provider's own count may differ")
+    enqueued_tokens: int | None = Field(
+        default=None, gt=0, description="prompt tokens waiting in open batches (OpenAI, Azure, Gemini)"
+    )
+    enqueued_requests: int | None = Field(default=None, gt=0, description="requests waiting across batches (Anthropic)")
+    concurrent_jobs: int | None = Field(
+        default=None, gt=0, description="batch jobs submitted or running (Vertex, Bedrock)"
+    )
+    batches_per_hour: int | None = Field(
+        default=None, gt=0, description="batch creates per rolling hour (OpenAI: 2,000)"
+    )
+    headroom: float = Field(
+        default=0.03,
+        ge=0,
+        lt=0.5,
+        description="estimated tokens are reserved this much higher: the provider's own count may differ",
+    )
 
     def configured(self) -> bool:
-        return any(v is not None for v in (self.enqueued_tokens, self.enqueued_requests, self.concurrent_jobs,
-                                           self.batches_per_hour))
+        return any(
+            v is not None
+            for v in (self.enqueued_tokens, self.enqueued_requests, self.concurrent_jobs, self.batches_per_hour)
+        )
 
 
 class AccountSpec(BaseModel):
@@ -37,8 +45,11 @@ class AccountSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     api_key_env: str = Field(description="the environment variable holding this account's key")
-    name: str | None = Field(default=None, description="the ledger's name for the account (default: api_key_env); "
-                                                       "jobs that name the same account share its queue")
+    name: str | None = Field(
+        default=None,
+        description="the ledger's name for the account (default: api_key_env); "
+        "jobs that name the same account share its queue",
+    )
     quota: QuotaSpec = Field(default_factory=QuotaSpec)
 
     @property

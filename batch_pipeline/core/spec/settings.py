@@ -24,8 +24,11 @@ class Settings(BaseModel):
     prices: Path = Field(description="price table (default data/prices.yaml of the checkout)")
     sandbox_url: str | None = Field(default=None, description="a running provider sandbox, e.g. http://127.0.0.1:8765")
     sensor_interval_s: int = Field(default=30, gt=0)
-    shards_per_run: int = Field(default=50, gt=0, description="at most this many shards move in one Dagster run "
-                                                              "(a partition range of at most this length)")
+    shards_per_run: int = Field(
+        default=50,
+        gt=0,
+        description="at most this many shards move in one Dagster run (a partition range of at most this length)",
+    )
     lease_ttl_s: float | None = Field(default=None, gt=0, description="shard lease ttl (default 15 minutes)")
     gpu_node_selector: str | None = None
     gpu_image: str | None = None
@@ -38,16 +41,21 @@ class Settings(BaseModel):
             value = env.get(PREFIX + name, "").strip()
             return value or None
 
-        raw = {"home": get("HOME") or str(Path.cwd() / ".batch_pipeline"),
-               "jobs": get("JOBS") or PROJECT_ROOT / "data" / "jobs",
-               "prices": get("PRICES") or PROJECT_ROOT / "data" / "prices.yaml",
-               "sandbox_url": get("SANDBOX_URL"), "sensor_interval_s": get("SENSOR_INTERVAL_S") or 30,
-               "shards_per_run": get("SHARDS_PER_RUN") or 50,
-               "lease_ttl_s": get("LEASE_TTL_S"), "gpu_node_selector": get("GPU_NODE_SELECTOR"),
-               "gpu_image": get("GPU_IMAGE")}
+        raw = {
+            "home": get("HOME") or str(Path.cwd() / ".batch_pipeline"),
+            "jobs": get("JOBS") or PROJECT_ROOT / "data" / "jobs",
+            "prices": get("PRICES") or PROJECT_ROOT / "data" / "prices.yaml",
+            "sandbox_url": get("SANDBOX_URL"),
+            "sensor_interval_s": get("SENSOR_INTERVAL_S") or 30,
+            "shards_per_run": get("SHARDS_PER_RUN") or 50,
+            "lease_ttl_s": get("LEASE_TTL_S"),
+            "gpu_node_selector": get("GPU_NODE_SELECTOR"),
+            "gpu_image": get("GPU_IMAGE"),
+        }
         try:
             return cls.model_validate(raw)
         except ValidationError as exc:
-            problems = "; ".join(f"${PREFIX}{'.'.join(map(str, e['loc'])).upper()}={e.get('input')!r}: {e['msg']}"
-                                 for e in exc.errors())
+            problems = "; ".join(
+                f"${PREFIX}{'.'.join(map(str, e['loc'])).upper()}={e.get('input')!r}: {e['msg']}" for e in exc.errors()
+            )
             raise ConfigError(f"invalid environment setting: {problems}") from None

@@ -46,24 +46,24 @@ from batch_pipeline.core.state.summary import ShardSummary
 
 
 class Action(StrEnum):
-    CANARY = "canary"      # run the canary sample of the first shard, alone
-    SUBMIT = "submit"      # new or retryable items: a new attempt
-    RESOLVE = "resolve"    # an intent with no submission: find() at the provider, else close it and resubmit
-    COLLECT = "collect"    # the provider ended the batch: ingest it (and judge the canary)
-    RESCUE = "rescue"      # deadline near: cancel the live batch, keep its results, the rest online
-    REQUOTE = "requote"    # the quote expired: price the remaining work again before spending
-    PUBLISH = "publish"    # every item settled: stage, check, promote
+    CANARY = "canary"  # run the canary sample of the first shard, alone
+    SUBMIT = "submit"  # new or retryable items: a new attempt
+    RESOLVE = "resolve"  # an intent with no submission: find() at the provider, else close it and resubmit
+    COLLECT = "collect"  # the provider ended the batch: ingest it (and judge the canary)
+    RESCUE = "rescue"  # deadline near: cancel the live batch, keep its results, the rest online
+    REQUOTE = "requote"  # the quote expired: price the remaining work again before spending
+    PUBLISH = "publish"  # every item settled: stage, check, promote
 
 
 class WaitKind(StrEnum):
     STOPPED = "stopped"
     PAUSED = "paused"
-    IN_FLIGHT = "in_flight"      # a run of this shard is queued or running
-    BATCH_OPEN = "batch_open"    # the provider is still working on the shard's batch
-    CANARY = "canary"            # nothing but the canary moves until it has passed
-    QUOTE = "quote"              # the quote expired: re-quote before spending
+    IN_FLIGHT = "in_flight"  # a run of this shard is queued or running
+    BATCH_OPEN = "batch_open"  # the provider is still working on the shard's batch
+    CANARY = "canary"  # nothing but the canary moves until it has passed
+    QUOTE = "quote"  # the quote expired: re-quote before spending
     BELOW_MINIMUM = "below_minimum"  # fewer items than a batch of the backend needs, and no tail backend
-    QUOTA = "quota"              # the account's queue has no room for the shard's batch now (core/ledger)
+    QUOTA = "quota"  # the account's queue has no room for the shard's batch now (core/ledger)
 
 
 @dataclass(frozen=True)
@@ -83,10 +83,10 @@ class Step:
 
 @dataclass(frozen=True)
 class CanaryStatus:
-    shard_id: str | None       # None: the job has no canary (canary_first off, or no shards)
+    shard_id: str | None  # None: the job has no canary (canary_first off, or no shards)
     verdict: bool | None = None  # None: not judged yet
     reason: str = ""
-    size: int = 0              # canary.size: the sample sends at most this many items
+    size: int = 0  # canary.size: the sample sends at most this many items
 
     @property
     def pending(self) -> bool:
@@ -104,13 +104,13 @@ class JobFacts:
     quote_fresh: bool = True
     deadline_near: bool = False
     has_tail: bool = False
-    in_flight: frozenset[str] = frozenset()   # shards with a queued or running run
-    ended: frozenset[str] = frozenset()       # submitted shards whose batch the provider has ended
-    busy: bool = False                        # any run of the job in flight (holds publishing back)
-    min_batch: int = 0                        # items a batch of the backend needs at least (0: no minimum)
-    fallback_min_batch: int = 0               # the same of the fallback's backend
-    fallback_tail: bool = False               # the tail backend may answer with the fallback model (another model)
-    room: Room | None = None                  # the account queue's free capacity (None: the backend has none)
+    in_flight: frozenset[str] = frozenset()  # shards with a queued or running run
+    ended: frozenset[str] = frozenset()  # submitted shards whose batch the provider has ended
+    busy: bool = False  # any run of the job in flight (holds publishing back)
+    min_batch: int = 0  # items a batch of the backend needs at least (0: no minimum)
+    fallback_min_batch: int = 0  # the same of the fallback's backend
+    fallback_tail: bool = False  # the tail backend may answer with the fallback model (another model)
+    room: Room | None = None  # the account queue's free capacity (None: the backend has none)
     needs: dict[str, Need] = field(default_factory=dict)  # what each shard's next batch would hold in the queue
     held: dict[str, str] = field(default_factory=dict)  # shards held for a human (results lost at the provider)
 
@@ -179,21 +179,30 @@ def shard_step(s: ShardSummary, facts: JobFacts) -> Step | Wait | None:
         batch = (s.open.submitted or {}).get("batch_id") if s.open else None
         return Wait(WaitKind.BATCH_OPEN, f"batch open at the provider{f' ({batch})' if batch else ''}")
     if s.state == ShardState.INTENT:
-        return Step(Action.RESOLVE, s.shard_id, "an intent with no recorded submission: ask the provider, "
-                                                "else close it and resubmit")
+        return Step(
+            Action.RESOLVE,
+            s.shard_id,
+            "an intent with no recorded submission: ask the provider, else close it and resubmit",
+        )
     canary = facts.canary
     if canary.pending:
         if s.shard_id != canary.shard_id:
             return Wait(WaitKind.CANARY, f"waits for the canary shard {canary.shard_id}")
         if not facts.quote_fresh:
             return Wait(WaitKind.QUOTE, "waits for a fresh quote")
-        why = "the canary runs first, alone" if not s.canary_done else \
-            "the canary has no verdict yet: it runs again (what is still pending in its sample)"
+        why = (
+            "the canary runs first, alone"
+            if not s.canary_done
+            else "the canary has no verdict yet: it runs again (what is still pending in its sample)"
+        )
         small = _below_minimum(min(canary.size or s.expected, _pending(s)), facts.min_batch)
         if small is None:
             return Step(Action.CANARY, s.shard_id, why)
-        return Step(Action.CANARY, s.shard_id, f"{why}; {small}: on the tail backend", tail=True) \
-            if facts.has_tail else Wait(WaitKind.BELOW_MINIMUM, f"the canary sample has {small}{_NO_TAIL}")
+        return (
+            Step(Action.CANARY, s.shard_id, f"{why}; {small}: on the tail backend", tail=True)
+            if facts.has_tail
+            else Wait(WaitKind.BELOW_MINIMUM, f"the canary sample has {small}{_NO_TAIL}")
+        )
     if s.fallback_pending and _pending(s) <= s.fallback_pending:
         if not facts.quote_fresh:
             return Wait(WaitKind.QUOTE, "waits for a fresh quote")
@@ -202,25 +211,38 @@ def shard_step(s: ShardSummary, facts: JobFacts) -> Step | Wait | None:
         if small is None:
             return Step(Action.SUBMIT, s.shard_id, f"{what}: to the fallback model", fallback=True)
         if facts.fallback_tail:
-            return Step(Action.SUBMIT, s.shard_id, f"{what}: {small}: to the fallback model on the tail backend",
-                        fallback=True, tail=True)
-        return Wait(WaitKind.BELOW_MINIMUM, f"{what} for the fallback model: {small}; they wait (a `tail:` backend "
-                                            "with a price for the fallback model answers them online; or a fallback "
-                                            "backend without a minimum)")
+            return Step(
+                Action.SUBMIT,
+                s.shard_id,
+                f"{what}: {small}: to the fallback model on the tail backend",
+                fallback=True,
+                tail=True,
+            )
+        return Wait(
+            WaitKind.BELOW_MINIMUM,
+            f"{what} for the fallback model: {small}; they wait (a `tail:` backend "
+            "with a price for the fallback model answers them online; or a fallback "
+            "backend without a minimum)",
+        )
     if rescue:
         return Step(Action.RESCUE, s.shard_id, "deadline near: the shard goes to the tail backend")
     if not facts.quote_fresh:
         return Wait(WaitKind.QUOTE, "waits for a fresh quote")
     small = _below_minimum(_pending(s) - s.fallback_pending, facts.min_batch)
     if small is not None:
-        return Step(Action.RESCUE, s.shard_id, f"{small}: the shard goes to the tail backend") if facts.has_tail \
+        return (
+            Step(Action.RESCUE, s.shard_id, f"{small}: the shard goes to the tail backend")
+            if facts.has_tail
             else Wait(WaitKind.BELOW_MINIMUM, f"{small}{_NO_TAIL}")
+        )
     what = "new" if s.state == ShardState.NEW else f"{s.retryable - s.fallback_pending} retryable item(s)"
     return Step(Action.SUBMIT, s.shard_id, what)
 
 
-_NO_TAIL = ("; it waits (a `tail:` backend in the spec sends such shards online; or lower the backend's minimum "
-            "if the account's quota allows)")
+_NO_TAIL = (
+    "; it waits (a `tail:` backend in the spec sends such shards online; or lower the backend's minimum "
+    "if the account's quota allows)"
+)
 
 
 def _pending(s: ShardSummary) -> int:
@@ -248,15 +270,29 @@ def next_steps(summaries: Iterable[ShardSummary], facts: JobFacts) -> Plan:
     quote_held = False
     room = facts.room.fresh() if facts.room is not None else None
     for s in summaries:
-        plan.states[s.shard_id] = (ShardState.STOPPED if facts.stopped else
-                                   ShardState.PAUSED if facts.paused and s.state != ShardState.SETTLED else s.state)
+        plan.states[s.shard_id] = (
+            ShardState.STOPPED
+            if facts.stopped
+            else ShardState.PAUSED
+            if facts.paused and s.state != ShardState.SETTLED
+            else s.state
+        )
         if s.state != ShardState.SETTLED:
             unsettled += 1
         step = shard_step(s, facts)
-        if room is not None and isinstance(step, Step) and step.action in (Action.SUBMIT, Action.CANARY) \
-                and not step.tail and not step.fallback and s.shard_id in facts.needs:
-            why = room.admit(_canary_need(facts.needs[s.shard_id], facts.canary.size, s)
-                             if step.action == Action.CANARY else facts.needs[s.shard_id])
+        if (
+            room is not None
+            and isinstance(step, Step)
+            and step.action in (Action.SUBMIT, Action.CANARY)
+            and not step.tail
+            and not step.fallback
+            and s.shard_id in facts.needs
+        ):
+            why = room.admit(
+                _canary_need(facts.needs[s.shard_id], facts.canary.size, s)
+                if step.action == Action.CANARY
+                else facts.needs[s.shard_id]
+            )
             if why is not None:
                 step = Wait(WaitKind.QUOTA, why)
         if isinstance(step, Step):

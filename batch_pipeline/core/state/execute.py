@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
+from batch_pipeline.core.errors import BatchPipelineError, SystemicError
+from batch_pipeline.core.manifest.shards import Manifest
+from batch_pipeline.core.quality.golden import canary_sample, judge_canary
 from batch_pipeline.core.run.admission import QuotaWait
 from batch_pipeline.core.run.control import JobPaused
-from batch_pipeline.core.errors import BatchPipelineError, SystemicError
 from batch_pipeline.core.run.executor import BatchStatus, StreamExecutor
-from batch_pipeline.core.quality.golden import canary_sample, judge_canary
-from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.run.rescue import deadline_near, rescue_reason
 from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.run.runner import ShardRunner
@@ -48,11 +48,18 @@ class ShardReport:
 
 
 class ShardDriver:
-    def __init__(self, spec: JobSpec, store: Store, runner: ShardRunner | None,
-                 tail: Callable[[], ShardRunner] | None = None, say: Callable[[str], None] | None = None,
-                 fallback: Callable[[], ShardRunner] | None = None,
-                 router: Callable[[str], ShardRunner] | None = None,
-                 fallback_tail: Callable[[], ShardRunner] | None = None, fallback_min_batch: int = 0):
+    def __init__(
+        self,
+        spec: JobSpec,
+        store: Store,
+        runner: ShardRunner | None,
+        tail: Callable[[], ShardRunner] | None = None,
+        say: Callable[[str], None] | None = None,
+        fallback: Callable[[], ShardRunner] | None = None,
+        router: Callable[[str], ShardRunner] | None = None,
+        fallback_tail: Callable[[], ShardRunner] | None = None,
+        fallback_min_batch: int = 0,
+    ):
         """``router`` (``backend: auto``): the runner of a shard's routed backend, asked per shard (``runner`` is
         then None until the first shard is taken up). ``fallback_tail``: the fallback model on the tail backend,
         for the fallback's items below its backend's minimum per batch (``fallback_min_batch``)."""
@@ -100,8 +107,12 @@ class ShardDriver:
         summary = self.runner.summaries.read(shard_id)
         if summary is not None and summary.open is not None and summary.open.stage == Stage.FALLBACK.value:
             return self._fallback()
-        if summary is not None and summary.open is not None and self.tail is not None \
-                and summary.open.backend not in (None, self.runner.executor.name):
+        if (
+            summary is not None
+            and summary.open is not None
+            and self.tail is not None
+            and summary.open.backend not in (None, self.runner.executor.name)
+        ):
             tail = self._tail()  # an online tail left open by a kill: its own runner replays its journal
             if summary.open.backend == tail.executor.name:
                 return tail
@@ -124,8 +135,11 @@ class ShardDriver:
         if isinstance(step, Wait):
             if step.kind in (WaitKind.BATCH_OPEN, WaitKind.IN_FLIGHT, WaitKind.QUOTA):  # not a failure: it waits
                 return ShardReport(shard_id, "wait", notes=[step.reason])
-            raise ShardWaits(f"shard {shard_id} {step.reason}" if step.kind in (WaitKind.CANARY, WaitKind.QUOTE)
-                             else f"shard {shard_id}: {step.reason}")
+            raise ShardWaits(
+                f"shard {shard_id} {step.reason}"
+                if step.kind in (WaitKind.CANARY, WaitKind.QUOTE)
+                else f"shard {shard_id}: {step.reason}"
+            )
         report = ShardReport(shard_id, step.action.value)
         if step.action == Action.COLLECT:
             return report  # the collect phase does it
@@ -136,12 +150,13 @@ class ShardDriver:
             report.notes.append("re-attached to the provider's batch" if found else "intent closed: nothing was sent")
             return report
         if step.action == Action.RESCUE and not self.stream:
-            collected, online = self.runner.rescue(shard_id, self._tail(),
-                                                   poll_interval_s=self._poll_interval())
+            collected, online = self.runner.rescue(shard_id, self._tail(), poll_interval_s=self._poll_interval())
             report.results, report.succeeded = collected.rows + online.rows, collected.succeeded + online.succeeded
             report.rescued = online.rows
-            self.say(f"shard {shard_id}: {step.reason}: {collected.rows} batch results kept, "
-                     f"{online.rows} items sent to the tail backend")
+            self.say(
+                f"shard {shard_id}: {step.reason}: {collected.rows} batch results kept, "
+                f"{online.rows} items sent to the tail backend"
+            )
             return report
         if step.fallback:
             if step.tail:  # below the fallback backend's minimum: the fallback model on the tail backend
@@ -187,16 +202,19 @@ class ShardDriver:
             report.batches.append(f"{shard_id}:{sub.handle.batch_id}{' (re-attached)' if sub.reattached else ''}")
         return report
 
-    def collect_phase(self, shard_id: str, on_status: Callable[[str, BatchStatus], None] | None = None
-                      ) -> ShardReport:
+    def collect_phase(self, shard_id: str, on_status: Callable[[str, BatchStatus], None] | None = None) -> ShardReport:
         report = ShardReport(shard_id, "collect")
         self._take(shard_id)
         runner = self._collector(shard_id)
         if isinstance(runner.executor, StreamExecutor):
             return report
         try:  # at the collecting backend's own pace (a stream primary's fallback batch, say)
-            out = runner.collect(shard_id, poll_interval_s=float(getattr(runner.executor, "poll_interval_s", 2.0)),
-                                 on_status=on_status, cancel_when=lambda: deadline_near(self.spec))
+            out = runner.collect(
+                shard_id,
+                poll_interval_s=float(getattr(runner.executor, "poll_interval_s", 2.0)),
+                on_status=on_status,
+                cancel_when=lambda: deadline_near(self.spec),
+            )
         except JobPaused as exc:
             return ShardReport(shard_id, "paused", notes=[str(exc)])
         report.results, report.succeeded, report.collected = out.rows, out.succeeded, len(out.attempts)
@@ -222,17 +240,22 @@ class ShardDriver:
         if verdict is None:
             self.say(f"canary {shard_id}: nothing answered yet; it runs again")
             return
-        self.say(f"canary {shard_id}: {verdict.reason} ({verdict.items} items, structural failure rate "
-                 f"{verdict.failure_rate:.3f}" + (f", accuracy {verdict.accuracy:.3f} on {verdict.probes} probes)"
-                                                  if self.spec.quality else ")"))
+        self.say(
+            f"canary {shard_id}: {verdict.reason} ({verdict.items} items, structural failure rate "
+            f"{verdict.failure_rate:.3f}"
+            + (f", accuracy {verdict.accuracy:.3f} on {verdict.probes} probes)" if self.spec.quality else ")")
+        )
         if not verdict.passed:
-            raise SystemicError(f"canary shard {shard_id} failed: {verdict.reason}; the job is stopped before "
-                                "anything else is sent -- fix the spec, then `batch-pipeline resume`",
-                                code="canary_failed")
+            raise SystemicError(
+                f"canary shard {shard_id} failed: {verdict.reason}; the job is stopped before "
+                "anything else is sent -- fix the spec, then `batch-pipeline resume`",
+                code="canary_failed",
+            )
 
     def _canary_ids(self, shard_id: str) -> list[str]:
-        items = pl.from_arrow(Manifest(self.spec.name, self.store).shard_items(shard_id,
-                                                                               ["request_id", "est_input_tokens"]))
+        items = pl.from_arrow(
+            Manifest(self.spec.name, self.store).shard_items(shard_id, ["request_id", "est_input_tokens"])
+        )
         assert isinstance(items, pl.DataFrame)
         return canary_sample(items, self.spec.canary.size)
 

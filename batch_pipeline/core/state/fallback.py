@@ -61,18 +61,21 @@ def is_fallback_row(spec: JobSpec) -> pl.Expr:
 
 def handed_over(states: pl.DataFrame) -> pl.Series:
     """Items the primary gives up on: budget spent, or a non-retryable model error (never a systemic one)."""
-    return ((states["state"] == DEAD) | ((states["state"] != VALID)
-                                        & (states["last_error_class"] == ErrorClass.POISON.value).fill_null(False)))
+    return (states["state"] == DEAD) | (
+        (states["state"] != VALID) & (states["last_error_class"] == ErrorClass.POISON.value).fill_null(False)
+    )
 
 
-def staged_item_states(spec: JobSpec, items: pl.DataFrame, results: pl.DataFrame,
-                       replays: pl.DataFrame | None = None) -> pl.DataFrame:
+def staged_item_states(
+    spec: JobSpec, items: pl.DataFrame, results: pl.DataFrame, replays: pl.DataFrame | None = None
+) -> pl.DataFrame:
     """``reconcile.item_states`` with a ``stage`` column: the primary's states, and for the items handed over,
     the fallback's states over the fallback's rows only (its own budget). ``results`` need ``model`` and
     ``backend`` when the job has a fallback."""
     if spec.fallback is None or results.height == 0:
-        return item_states(items, results, spec.retries, replays).with_columns(pl.lit(Stage.PRIMARY.value)
-                                                                               .alias("stage"))
+        return item_states(items, results, spec.retries, replays).with_columns(
+            pl.lit(Stage.PRIMARY.value).alias("stage")
+        )
     mine = results.select(is_fallback_row(spec)).to_series()
     primary = item_states(items, results.filter(~mine), spec.retries, replays)
     handed = handed_over(primary)

@@ -16,12 +16,12 @@ from batch_pipeline.core.errors import BatchPipelineError
 
 
 class ItemState(StrEnum):
-    PENDING = "pending"              # never tried, or its last try left no result (expired, cancelled, lost)
-    SUBMITTED = "submitted"          # in an open attempt
+    PENDING = "pending"  # never tried, or its last try left no result (expired, cancelled, lost)
+    SUBMITTED = "submitted"  # in an open attempt
     SUCCEEDED = "succeeded"
-    INVALID = "invalid"              # answered, but the answer broke the contract (retried within its budget)
+    INVALID = "invalid"  # answered, but the answer broke the contract (retried within its budget)
     DEAD_LETTERED = "dead_lettered"  # budget spent; replayable
-    RESCUED = "rescued"              # succeeded through the tail backend
+    RESCUED = "rescued"  # succeeded through the tail backend
 
 
 class ShardState(StrEnum):
@@ -74,8 +74,9 @@ class IllegalTransition(BatchPipelineError):
 def check_shard_transition(shard_id: str, old: ShardState, new: ShardState) -> None:
     if old != new and new not in SHARD_TRANSITIONS[old]:
         allowed = ", ".join(sorted(s.value for s in SHARD_TRANSITIONS[old]))
-        raise IllegalTransition(f"shard {shard_id}: illegal transition {old.value} -> {new.value} "
-                                f"(allowed from {old.value}: {allowed})")
+        raise IllegalTransition(
+            f"shard {shard_id}: illegal transition {old.value} -> {new.value} (allowed from {old.value}: {allowed})"
+        )
 
 
 def check_summary_move(shard_id: str, old: ShardState, new: ShardState) -> None:
@@ -91,14 +92,22 @@ def check_summary_move(shard_id: str, old: ShardState, new: ShardState) -> None:
 def check_attempt_event(shard_id: str, attempt: int, last: str | None, event: str) -> None:
     allowed = ATTEMPT_EVENTS.get(last, frozenset())
     if event not in allowed:
-        hint = (": a submitted batch is collected (cancel it first to rescue its tail), never abandoned"
-                if last == "submitted" and event == "abandoned" else "")
-        raise IllegalTransition(f"shard {shard_id} attempt {attempt}: illegal transition {last or 'none'} -> {event}"
-                                f"{hint}")
+        hint = (
+            ": a submitted batch is collected (cancel it first to rescue its tail), never abandoned"
+            if last == "submitted" and event == "abandoned"
+            else ""
+        )
+        raise IllegalTransition(
+            f"shard {shard_id} attempt {attempt}: illegal transition {last or 'none'} -> {event}{hint}"
+        )
 
 
-_RECONCILED_TO_ITEM = {"valid": ItemState.SUCCEEDED, "invalid": ItemState.INVALID, "missing": ItemState.PENDING,
-                       "dead_lettered": ItemState.DEAD_LETTERED}
+_RECONCILED_TO_ITEM = {
+    "valid": ItemState.SUCCEEDED,
+    "invalid": ItemState.INVALID,
+    "missing": ItemState.PENDING,
+    "dead_lettered": ItemState.DEAD_LETTERED,
+}
 
 
 def item_state(reconciled: str, *, in_open_attempt: bool = False, rescued: bool = False) -> ItemState:

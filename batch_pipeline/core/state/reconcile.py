@@ -12,6 +12,7 @@ import polars as pl
 
 from batch_pipeline.core.errors import ErrorClass, ReconciliationError
 
+
 class Reconciled(StrEnum):
     """Where an item stands in the accounting (``expected = valid + invalid + missing + dead_lettered``); the state
     machine's ItemState is this plus whether an attempt is open (core/state/machine.py ``item_state``)."""
@@ -45,8 +46,13 @@ class Counts:
         return self.invalid + self.missing
 
     def as_dict(self) -> dict[str, int]:
-        return {"expected": self.expected, "valid": self.valid, "invalid": self.invalid,
-                "missing": self.missing, "dead_lettered": self.dead_lettered}
+        return {
+            "expected": self.expected,
+            "valid": self.valid,
+            "invalid": self.invalid,
+            "missing": self.missing,
+            "dead_lettered": self.dead_lettered,
+        }
 
 
 @dataclass(frozen=True)
@@ -86,22 +92,29 @@ def _class_failures(error_class: ErrorClass) -> pl.Expr:
 
 def spends_budget() -> pl.Expr:
     """A failure that spends the item's budget (systemic failures and never-tried items do not)."""
-    return (pl.col("status") != "succeeded") & (pl.col("error_class") != ErrorClass.SYSTEMIC.value) & \
-        ~pl.col("error_code").fill_null("").is_in(NO_BUDGET_CODES)
+    return (
+        (pl.col("status") != "succeeded")
+        & (pl.col("error_class") != ErrorClass.SYSTEMIC.value)
+        & ~pl.col("error_code").fill_null("").is_in(NO_BUDGET_CODES)
+    )
 
 
 def _state(budget: Budget) -> pl.Expr:
     return (
-        pl.when(pl.col("_ok").fill_null(False)).then(pl.lit(VALID))
-        .when(budget.dead()).then(pl.lit(DEAD))
-        .when(pl.col("last_status") == "invalid").then(pl.lit(INVALID))
+        pl.when(pl.col("_ok").fill_null(False))
+        .then(pl.lit(VALID))
+        .when(budget.dead())
+        .then(pl.lit(DEAD))
+        .when(pl.col("last_status") == "invalid")
+        .then(pl.lit(INVALID))
         .otherwise(pl.lit(MISSING))
     )
 
 
 def _finish(joined: pl.DataFrame, budget: Budget) -> pl.DataFrame:
-    return joined.with_columns(_state(budget).alias("state"), pl.col("failures").fill_null(0),
-                               pl.col("attempts").fill_null(0)).drop("_ok", "_f_poison", "_f_invalid")
+    return joined.with_columns(
+        _state(budget).alias("state"), pl.col("failures").fill_null(0), pl.col("attempts").fill_null(0)
+    ).drop("_ok", "_f_poison", "_f_invalid")
 
 
 def _item_states_by_id(items: pl.DataFrame, results: pl.DataFrame, budget: Budget) -> pl.DataFrame:
@@ -121,13 +134,13 @@ def _item_states_by_id(items: pl.DataFrame, results: pl.DataFrame, budget: Budge
             pl.col("error_message").last().alias("last_error"),
         )
     )
-    joined = items.select("request_id", "shard_id").join(per_item, on="request_id", how="left",
-                                                        maintain_order="left")
+    joined = items.select("request_id", "shard_id").join(per_item, on="request_id", how="left", maintain_order="left")
     return _finish(joined, budget)
 
 
-def item_states(items: pl.DataFrame, results: pl.DataFrame, retries: "int | Budget | object",
-                replays: pl.DataFrame | None = None) -> pl.DataFrame:
+def item_states(
+    items: pl.DataFrame, results: pl.DataFrame, retries: "int | Budget | object", replays: pl.DataFrame | None = None
+) -> pl.DataFrame:
     """One row per manifest item (in the items' order): its state, failures spent and last error.
 
     ``items``: request_id, shard_id. ``results``: request_id, attempt, status, error_class, error_code,
@@ -145,8 +158,10 @@ def item_states(items: pl.DataFrame, results: pl.DataFrame, retries: "int | Budg
         return _item_states_by_id(items, results, budget)
     rid = results.get_column("request_id")
     rows = results.select(
-        pl.col("request_id").hash().alias("_k"), pl.col("attempt"),
-        (pl.col("status") == "succeeded").alias("_ok"), spends_budget().cast(pl.UInt32).alias("_f"),
+        pl.col("request_id").hash().alias("_k"),
+        pl.col("attempt"),
+        (pl.col("status") == "succeeded").alias("_ok"),
+        spends_budget().cast(pl.UInt32).alias("_f"),
         _class_failures(ErrorClass.POISON).cast(pl.UInt32).alias("_fp"),
         _class_failures(ErrorClass.INVALID_OUTPUT).cast(pl.UInt32).alias("_fi"),
         pl.int_range(pl.len(), dtype=pl.UInt32).alias("_i"),
@@ -157,22 +172,35 @@ def item_states(items: pl.DataFrame, results: pl.DataFrame, retries: "int | Budg
         at = repeat.arg_true()
         if rid.gather(index.gather(at)).ne_missing(rid.gather(index.gather(at - 1))).any():
             return _item_states_by_id(items, results, budget)
-    per_item = rows.with_columns(pl.col("_k").set_sorted()).group_by("_k").agg(
-        pl.col("_ok").max(), pl.col("_f").sum().alias("failures"), pl.col("_fp").sum().alias("_f_poison"),
-        pl.col("_fi").sum().alias("_f_invalid"), pl.col("attempt").last().alias("attempts"),
-        pl.col("_i").last(),
+    per_item = (
+        rows.with_columns(pl.col("_k").set_sorted())
+        .group_by("_k")
+        .agg(
+            pl.col("_ok").max(),
+            pl.col("_f").sum().alias("failures"),
+            pl.col("_fp").sum().alias("_f_poison"),
+            pl.col("_fi").sum().alias("_f_invalid"),
+            pl.col("attempt").last().alias("attempts"),
+            pl.col("_i").last(),
+        )
     )
     joined = items.select("request_id", "shard_id", pl.col("request_id").hash().alias("_k")).join(
-        per_item, on="_k", how="left", maintain_order="left")
+        per_item, on="_k", how="left", maintain_order="left"
+    )
     last = joined.get_column("_i")
     seen_id = rid.gather(last)
     if (last.is_not_null() & seen_id.ne_missing(joined.get_column("request_id"))).any():  # guard 2
         return _item_states_by_id(items, results, budget)
-    tail = results.select(pl.col("status").alias("last_status"), pl.col("error_code").alias("last_error_code"),
-                          pl.col("error_class").alias("last_error_class"),
-                          pl.col("error_message").alias("last_error")).gather(last)
-    joined = pl.concat([joined.select("request_id", "shard_id", "_ok", "failures", "_f_poison", "_f_invalid",
-                                      "attempts"), tail], how="horizontal")
+    tail = results.select(
+        pl.col("status").alias("last_status"),
+        pl.col("error_code").alias("last_error_code"),
+        pl.col("error_class").alias("last_error_class"),
+        pl.col("error_message").alias("last_error"),
+    ).gather(last)
+    joined = pl.concat(
+        [joined.select("request_id", "shard_id", "_ok", "failures", "_f_poison", "_f_invalid", "attempts"), tail],
+        how="horizontal",
+    )
     return _finish(joined, budget)
 
 
@@ -183,21 +211,31 @@ def without_replayed(results: pl.DataFrame, replays: pl.DataFrame) -> pl.DataFra
     (a succeeded item is never dead, so it is never replayed)."""
     marks = replays.group_by("request_id").agg(pl.col("through_attempt").max())
     joined = results.join(marks, on="request_id", how="left")
-    keep = pl.col("through_attempt").is_null() | (pl.col("attempt") > pl.col("through_attempt")) | \
-        (pl.col("status") == "succeeded")
+    keep = (
+        pl.col("through_attempt").is_null()
+        | (pl.col("attempt") > pl.col("through_attempt"))
+        | (pl.col("status") == "succeeded")
+    )
     return joined.filter(keep).drop("through_attempt")
 
 
 def counts_by_shard(states: pl.DataFrame) -> dict[str, Counts]:
     table = states.group_by("shard_id").agg(
-        pl.len().alias("expected"), *[(pl.col("state") == s).sum().alias(s) for s in STATES])
-    return {row["shard_id"]: Counts(row["expected"], row[VALID], row[INVALID], row[MISSING], row[DEAD])
-            for row in table.iter_rows(named=True)}
+        pl.len().alias("expected"), *[(pl.col("state") == s).sum().alias(s) for s in STATES]
+    )
+    return {
+        row["shard_id"]: Counts(row["expected"], row[VALID], row[INVALID], row[MISSING], row[DEAD])
+        for row in table.iter_rows(named=True)
+    }
 
 
 def job_counts(per_shard: dict[str, Counts]) -> Counts:
-    return Counts(*(sum(getattr(c, f) for c in per_shard.values())
-                    for f in ("expected", "valid", "invalid", "missing", "dead_lettered")))
+    return Counts(
+        *(
+            sum(getattr(c, f) for c in per_shard.values())
+            for f in ("expected", "valid", "invalid", "missing", "dead_lettered")
+        )
+    )
 
 
 def check_invariant(items: pl.DataFrame, results: pl.DataFrame, states: pl.DataFrame) -> Counts:
@@ -212,8 +250,9 @@ def check_invariant(items: pl.DataFrame, results: pl.DataFrame, states: pl.DataF
     orphans = results.select("request_id").join(items.select("request_id"), on="request_id", how="anti")
     if orphans.height:
         orphans = orphans.unique(maintain_order=True)
-        problems.append(f"{orphans.height} results for request IDs the manifest does not know "
-                        f"(e.g. {orphans['request_id'][0]})")
+        problems.append(
+            f"{orphans.height} results for request IDs the manifest does not know (e.g. {orphans['request_id'][0]})"
+        )
     per_shard = counts_by_shard(states)
     total = job_counts(per_shard)
     if total.expected != items.height:

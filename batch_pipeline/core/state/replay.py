@@ -41,8 +41,10 @@ class Replays:
 
     def table(self, shard_id: str | None = None) -> pl.DataFrame:
         """Every replayed item (request_id, shard_id, through_attempt), optionally of one shard."""
-        parts = [self.store.read_part(p, REPLAY_COLUMNS)
-                 for p in self.store.list_files(self.paths.replays, suffix=".parquet")]
+        parts = [
+            self.store.read_part(p, REPLAY_COLUMNS)
+            for p in self.store.list_files(self.paths.replays, suffix=".parquet")
+        ]
         frames = [pl.from_arrow(t) for t in parts if t is not None and t.num_rows]
         if not frames:
             return pl.DataFrame(schema={"request_id": pl.String, "shard_id": pl.String, "through_attempt": pl.Int32})
@@ -58,15 +60,23 @@ class Replays:
         granted = [r.max_tokens for r in self.records() if r.max_tokens and shard_id in r.shards]
         return max(granted) if granted else None
 
-    def record(self, dead: pl.DataFrame, code: str | None, kind: str | None,
-               max_tokens: int | None = None) -> ReplayRecord:
+    def record(
+        self, dead: pl.DataFrame, code: str | None, kind: str | None, max_tokens: int | None = None
+    ) -> ReplayRecord:
         """Write one replay of the given dead letters (request_id, shard_id, attempts)."""
         number = len(self.records()) + 1
         rel = f"{self.paths.replays}/replay-{number:04d}"
         table = dead.select("request_id", "shard_id", pl.col("attempts").cast(pl.Int32).alias("through_attempt"))
         self.store.write_table(f"{rel}.parquet", table.to_arrow())
-        rec = ReplayRecord(number, datetime.now(UTC).isoformat(), code, kind, dead.height,
-                           sorted(dead["shard_id"].unique().to_list()), max_tokens)
+        rec = ReplayRecord(
+            number,
+            datetime.now(UTC).isoformat(),
+            code,
+            kind,
+            dead.height,
+            sorted(dead["shard_id"].unique().to_list()),
+            max_tokens,
+        )
         self.store.write_json(f"{rel}.json", rec.as_dict())
         return rec
 

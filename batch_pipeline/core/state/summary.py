@@ -14,24 +14,33 @@ from typing import Any
 
 import polars as pl
 
-from batch_pipeline.core.run.attempts import Attempt, AttemptLog
-from batch_pipeline.core.quality.golden import GoldenProbes
 from batch_pipeline.core.manifest.shards import Manifest
+from batch_pipeline.core.money.retry_cap import RetryCosts, retry_costs
+from batch_pipeline.core.quality.golden import GoldenProbes
+from batch_pipeline.core.run.attempts import Attempt, AttemptLog
+from batch_pipeline.core.run.results import read_results
+from batch_pipeline.core.run.threads import ordered_map
+from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.state.fallback import Stage, is_fallback_row, staged_item_states
-from batch_pipeline.core.state.reconcile import DEAD, INVALID, MISSING, RETRYABLE, VALID
-from batch_pipeline.core.run.results import read_results
-from batch_pipeline.core.money.retry_cap import RetryCosts, retry_costs
-from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.state.machine import ShardState, check_summary_move
+from batch_pipeline.core.state.reconcile import DEAD, INVALID, MISSING, RETRYABLE, VALID
 from batch_pipeline.core.state.replay import Replays
 from batch_pipeline.core.store import Store
-from batch_pipeline.core.run.threads import ordered_map
 
 log = logging.getLogger(__name__)
 
-STATE_COLUMNS = ["request_id", "attempt", "status", "error_class", "error_code", "error_message", "cost_usd",
-                 "model", "backend"]
+STATE_COLUMNS = [
+    "request_id",
+    "attempt",
+    "status",
+    "error_class",
+    "error_code",
+    "error_message",
+    "cost_usd",
+    "model",
+    "backend",
+]
 
 
 @dataclass
@@ -56,16 +65,16 @@ class ShardSummary:
     dead_lettered: int = 0
     attempts: int = 0
     spend_usd: float = 0.0
-    canary_done: bool = False          # a canary attempt of this shard has been collected
+    canary_done: bool = False  # a canary attempt of this shard has been collected
     last_final_state: str | None = None  # the provider's final state of the last collected attempt
-    first_try_cost: float = 0.0        # the retry-spend cap's inputs (core/money/retry_cap.py), kept per shard
+    first_try_cost: float = 0.0  # the retry-spend cap's inputs (core/money/retry_cap.py), kept per shard
     first_tries: int = 0
     retry_cost: float = 0.0
     retry_tries: int = 0
-    fallback_pending: int = 0          # retryable items handed to the fallback model (core/state/fallback.py)
-    fallback_valid: int = 0            # items the fallback answered
-    pending_est_tokens: int = 0        # the manifest's input estimate of the items still to send (admission)
-    possibly_billed_usd: float = 0.0   # requests a kill left in flight (sent, no answer): at their highest cost
+    fallback_pending: int = 0  # retryable items handed to the fallback model (core/state/fallback.py)
+    fallback_valid: int = 0  # items the fallback answered
+    pending_est_tokens: int = 0  # the manifest's input estimate of the items still to send (admission)
+    possibly_billed_usd: float = 0.0  # requests a kill left in flight (sent, no answer): at their highest cost
     open: OpenAttempt | None = None
     updated_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
 
@@ -89,8 +98,7 @@ class ShardSummary:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ShardSummary":
         opened = d.get("open")
-        return cls(**{**d, "state": ShardState(d["state"]),
-                      "open": OpenAttempt(**opened) if opened else None})
+        return cls(**{**d, "state": ShardState(d["state"]), "open": OpenAttempt(**opened) if opened else None})
 
 
 def _open_attempt(attempts: list[Attempt]) -> OpenAttempt | None:
@@ -98,8 +106,15 @@ def _open_attempt(attempts: list[Attempt]) -> OpenAttempt | None:
     if not live:
         return None
     a = live[-1]
-    return OpenAttempt(a.number, a.key, a.backend, a.records["intent"]["at"], a.canary, a.submitted,
-                       a.records["intent"].get("stage", Stage.PRIMARY.value))
+    return OpenAttempt(
+        a.number,
+        a.key,
+        a.backend,
+        a.records["intent"]["at"],
+        a.canary,
+        a.submitted,
+        a.records["intent"].get("stage", Stage.PRIMARY.value),
+    )
 
 
 def derive_state(open_attempt: OpenAttempt | None, attempts: int, retryable: int) -> ShardState:
@@ -110,8 +125,9 @@ def derive_state(open_attempt: OpenAttempt | None, attempts: int, retryable: int
     return ShardState.COLLECTED if retryable else ShardState.SETTLED
 
 
-def shard_item_states(spec: JobSpec, store: Store, shard_id: str, results: pl.DataFrame,
-                      items: pl.DataFrame | None = None) -> pl.DataFrame:
+def shard_item_states(
+    spec: JobSpec, store: Store, shard_id: str, results: pl.DataFrame, items: pl.DataFrame | None = None
+) -> pl.DataFrame:
     """Every item of one shard with its state (``reconcile.item_states``) and stage (primary or fallback,
     ``core/state/fallback.py``), this shard's replays applied. ``items`` (request_id, shard_id, ...) is read from
     the manifest when not given; probe rows are the caller's to drop."""
@@ -128,8 +144,10 @@ def shard_item_states(spec: JobSpec, store: Store, shard_id: str, results: pl.Da
 def _stage_counts(states: pl.DataFrame) -> dict[str, int]:
     """The fallback stage's retryable (pending) and answered (valid) items."""
     fb = states.filter(pl.col("stage") == Stage.FALLBACK.value)
-    return {"pending": fb.filter(pl.col("state").is_in(RETRYABLE)).height,
-            "valid": fb.filter(pl.col("state") == VALID).height}
+    return {
+        "pending": fb.filter(pl.col("state").is_in(RETRYABLE)).height,
+        "valid": fb.filter(pl.col("state") == VALID).height,
+    }
 
 
 class ShardSummaries:
@@ -171,19 +189,37 @@ class ShardSummaries:
         closed = [a for a in attempts if not a.open]
         collected = [a for a in closed if "collected" in a.records]
         retryable = sum(counts.get(state, 0) for state in RETRYABLE)
-        pending = with_est if not attempts else with_est.join(
-            states.filter(pl.col("state").is_in(RETRYABLE)).select("request_id"), on="request_id", how="semi")
+        pending = (
+            with_est
+            if not attempts
+            else with_est.join(
+                states.filter(pl.col("state").is_in(RETRYABLE)).select("request_id"), on="request_id", how="semi"
+            )
+        )
         return ShardSummary(
-            shard_id=shard_id, state=derive_state(opened, len(attempts), retryable), expected=items.height,
-            valid=counts.get(VALID, 0), invalid=counts.get(INVALID, 0), missing=counts.get(MISSING, 0),
-            dead_lettered=counts.get(DEAD, 0), attempts=len(attempts), spend_usd=round(spend, 10),
-            canary_done=any(a.canary for a in collected), first_try_cost=round(costs.first_cost, 10),
-            first_tries=costs.first_tries, retry_cost=round(costs.retry_cost, 10), retry_tries=costs.retry_tries,
-            last_final_state=collected[-1].records["collected"].get("state") if collected else None, open=opened,
-            fallback_pending=staged.get("pending", 0), fallback_valid=staged.get("valid", 0),
+            shard_id=shard_id,
+            state=derive_state(opened, len(attempts), retryable),
+            expected=items.height,
+            valid=counts.get(VALID, 0),
+            invalid=counts.get(INVALID, 0),
+            missing=counts.get(MISSING, 0),
+            dead_lettered=counts.get(DEAD, 0),
+            attempts=len(attempts),
+            spend_usd=round(spend, 10),
+            canary_done=any(a.canary for a in collected),
+            first_try_cost=round(costs.first_cost, 10),
+            first_tries=costs.first_tries,
+            retry_cost=round(costs.retry_cost, 10),
+            retry_tries=costs.retry_tries,
+            last_final_state=collected[-1].records["collected"].get("state") if collected else None,
+            open=opened,
+            fallback_pending=staged.get("pending", 0),
+            fallback_valid=staged.get("valid", 0),
             pending_est_tokens=int(pending["est_input_tokens"].sum() or 0),
-            possibly_billed_usd=round(sum(float((a.records.get("abandoned") or {}).get("possibly_billed_usd") or 0.0)
-                                          for a in attempts), 10))
+            possibly_billed_usd=round(
+                sum(float((a.records.get("abandoned") or {}).get("possibly_billed_usd") or 0.0) for a in attempts), 10
+            ),
+        )
 
     def refresh(self, shard_id: str) -> ShardSummary:
         """Recompute and store one summary; a move the state machine does not allow raises IllegalTransition."""

@@ -50,22 +50,40 @@ class JobView:
         return next_steps(self.summaries, self.facts)
 
 
-def load_facts(spec: JobSpec, store: Store, shard_ids: list[str], *, in_flight: frozenset[str] = frozenset(),
-               ended: frozenset[str] = frozenset(), busy: bool = False, min_batch: int = 0,
-               fallback_min_batch: int = 0) -> JobFacts:
+def load_facts(
+    spec: JobSpec,
+    store: Store,
+    shard_ids: list[str],
+    *,
+    in_flight: frozenset[str] = frozenset(),
+    ended: frozenset[str] = frozenset(),
+    busy: bool = False,
+    min_batch: int = 0,
+    fallback_min_batch: int = 0,
+) -> JobFacts:
     """``min_batch``, ``fallback_min_batch``: the job's backend's and the fallback's backend's minimum requests
     per batch (``executors.registry.batch_minimums``)."""
     stop = JobControl(store, spec.name).current()
     return JobFacts(
-        canary=canary_status(spec, store, shard_ids), stopped=stop["reason"] if stop else None,
-        paused=paused(store, spec.name) is not None, quote_fresh=quote_fresh(store, spec.name),
-        deadline_near=deadline_near(spec), has_tail=spec.tail is not None, in_flight=in_flight, ended=ended,
-        busy=busy, min_batch=min_batch, held=JobControl(store, spec.name).shard_holds(),
-        fallback_min_batch=fallback_min_batch, fallback_tail=fallback_may_use_tail(spec))
+        canary=canary_status(spec, store, shard_ids),
+        stopped=stop["reason"] if stop else None,
+        paused=paused(store, spec.name) is not None,
+        quote_fresh=quote_fresh(store, spec.name),
+        deadline_near=deadline_near(spec),
+        has_tail=spec.tail is not None,
+        in_flight=in_flight,
+        ended=ended,
+        busy=busy,
+        min_batch=min_batch,
+        held=JobControl(store, spec.name).shard_holds(),
+        fallback_min_batch=fallback_min_batch,
+        fallback_tail=fallback_may_use_tail(spec),
+    )
 
 
-def capacity_facts(spec: JobSpec, store: Store, ledgers: list[CapacityLedger],
-                   summaries: list[ShardSummary]) -> tuple[Room | None, dict[str, Need]]:
+def capacity_facts(
+    spec: JobSpec, store: Store, ledgers: list[CapacityLedger], summaries: list[ShardSummary]
+) -> tuple[Room | None, dict[str, Need]]:
     """The account queues' free room and each sendable shard's need, when a queue has a limit we know."""
     snapshots = [ledger.snapshot() for ledger in ledgers]
     if not any(s.limits.any for s in snapshots):
@@ -79,8 +97,9 @@ def capacity_facts(spec: JobSpec, store: Store, ledgers: list[CapacityLedger],
     return Room(snapshots), needs
 
 
-def release_ended(spec: JobSpec, ledgers: list[CapacityLedger], submitted: list[ShardSummary],
-                  ended: frozenset[str]) -> None:
+def release_ended(
+    spec: JobSpec, ledgers: list[CapacityLedger], submitted: list[ShardSummary], ended: frozenset[str]
+) -> None:
     """A batch the provider has ended no longer counts in its queue: its place is released as soon as a poll sees
     it, before its results are collected, so the same plan already sends a waiting shard into the room (the
     collection's own release finds it released: idempotent)."""
@@ -90,9 +109,17 @@ def release_ended(spec: JobSpec, ledgers: list[CapacityLedger], submitted: list[
                 ledger.release_attempt(spec.name, s.shard_id, s.open.number, "the provider ended the batch")
 
 
-def load_view(spec: JobSpec, store: Store, *, in_flight: frozenset[str] = frozenset(), busy: bool = False,
-              batch_ended: Callable[[list[ShardSummary]], set[str]] | None = None, min_batch: int = 0,
-              fallback_min_batch: int = 0, capacity: list[CapacityLedger] | None = None) -> JobView:
+def load_view(
+    spec: JobSpec,
+    store: Store,
+    *,
+    in_flight: frozenset[str] = frozenset(),
+    busy: bool = False,
+    batch_ended: Callable[[list[ShardSummary]], set[str]] | None = None,
+    min_batch: int = 0,
+    fallback_min_batch: int = 0,
+    capacity: list[CapacityLedger] | None = None,
+) -> JobView:
     """``batch_ended`` asks the provider which of the submitted shards have ended (the sensor polls them, at most
     a bounded number per tick; the CLI collects inline). ``capacity``: the ledger of the account's queue, so the
     plan says which shards wait for room."""
@@ -100,8 +127,16 @@ def load_view(spec: JobSpec, store: Store, *, in_flight: frozenset[str] = frozen
     submitted = [s for s in summaries if s.state == ShardState.SUBMITTED and s.shard_id not in in_flight]
     stopped = JobControl(store, spec.name).current() is not None
     ended = frozenset(batch_ended(submitted)) if batch_ended is not None and submitted and not stopped else frozenset()
-    facts = load_facts(spec, store, [s.shard_id for s in summaries], in_flight=in_flight, ended=ended, busy=busy,
-                       min_batch=min_batch, fallback_min_batch=fallback_min_batch)
+    facts = load_facts(
+        spec,
+        store,
+        [s.shard_id for s in summaries],
+        in_flight=in_flight,
+        ended=ended,
+        busy=busy,
+        min_batch=min_batch,
+        fallback_min_batch=fallback_min_batch,
+    )
     release_ended(spec, capacity or [], submitted, ended)
     room, needs = capacity_facts(spec, store, capacity or [], summaries)
     if room is not None:
@@ -109,8 +144,9 @@ def load_view(spec: JobSpec, store: Store, *, in_flight: frozenset[str] = frozen
     return JobView(summaries, facts)
 
 
-def load_shard(spec: JobSpec, store: Store, shard_id: str, min_batch: int = 0,
-               fallback_min_batch: int = 0) -> tuple[ShardSummary, JobFacts]:
+def load_shard(
+    spec: JobSpec, store: Store, shard_id: str, min_batch: int = 0, fallback_min_batch: int = 0
+) -> tuple[ShardSummary, JobFacts]:
     """One shard's summary and the job's facts: what a shard run needs to take its step, without reading every
     other shard's summary."""
     summaries = ShardSummaries(spec, store)

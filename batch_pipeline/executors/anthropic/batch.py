@@ -39,10 +39,9 @@ import pyarrow as pa
 import pyarrow.json as pajson
 from pydantic import Field
 
-from batch_pipeline.core.ledger.capacity import Dimension
-from batch_pipeline.executors.quota import QueueCapped
 from batch_pipeline.core.error_table import Family, Where
 from batch_pipeline.core.errors import BatchPipelineError, ConfigError, QuotaError, ResultsGoneError, TransientError
+from batch_pipeline.core.ledger.capacity import Dimension
 from batch_pipeline.core.run.executor import BatchHandle, BatchState, BatchStatus, ShardWork
 from batch_pipeline.core.run.threads import default_workers, ordered_map
 from batch_pipeline.core.spec.quota import Retention
@@ -50,6 +49,7 @@ from batch_pipeline.executors.anthropic.format import batch_requests, parse_resu
 from batch_pipeline.executors.endpoint import resolve_endpoint
 from batch_pipeline.executors.jsonl_blocks import iter_blocks
 from batch_pipeline.executors.provider_errors import classified, redact, retry_after_s, retry_wait_s
+from batch_pipeline.executors.quota import QueueCapped
 from batch_pipeline.executors.settings import BatchProviderSettings
 
 log = logging.getLogger(__name__)
@@ -70,19 +70,44 @@ class AnthropicBatchSettings(BatchProviderSettings):
     find_clock_skew_s: float = Field(default=120, ge=0, description="tolerated gap between our clock and theirs")
 
 
-def translate(exc: Exception, action: str, secret: str | None = None, *, where: Where = Where.CALL,
-              dimension: Dimension | None = None) -> BatchPipelineError:
+def translate(
+    exc: Exception,
+    action: str,
+    secret: str | None = None,
+    *,
+    where: Where = Where.CALL,
+    dimension: Dimension | None = None,
+) -> BatchPipelineError:
     """SDK exception -> our error class (after the SDK's own retries were spent), by the one error table; secrets
     redacted. ``where=CREATE`` (with the ``dimension`` it fills) for the batch create."""
     if isinstance(exc, anthropic.APIStatusError):
         kind = exc.type or "error"
         detail = exc.api_message or str(exc.message)
-        return classified(Family.ANTHROPIC, "Anthropic", action, exc.status_code, kind, detail,
-                          reason=exc.error_code, retry_after=retry_after_s(getattr(exc.response, "headers", None)),
-                          where=where, dimension=dimension, secret=secret)
+        return classified(
+            Family.ANTHROPIC,
+            "Anthropic",
+            action,
+            exc.status_code,
+            kind,
+            detail,
+            reason=exc.error_code,
+            retry_after=retry_after_s(getattr(exc.response, "headers", None)),
+            where=where,
+            dimension=dimension,
+            secret=secret,
+        )
     if isinstance(exc, anthropic.APIConnectionError):
-        return classified(Family.ANTHROPIC, "Anthropic", action, None, "connection_error",
-                          f"{type(exc).__name__}: {exc}", where=where, dimension=dimension, secret=secret)
+        return classified(
+            Family.ANTHROPIC,
+            "Anthropic",
+            action,
+            None,
+            "connection_error",
+            f"{type(exc).__name__}: {exc}",
+            where=where,
+            dimension=dimension,
+            secret=secret,
+        )
     return BatchPipelineError(redact(f"Anthropic {action} failed: {exc}", secret))
 
 
@@ -105,10 +130,12 @@ class AnthropicBatchExecutor(QueueCapped):
         self.settings = settings
         self.poll_interval_s = settings.poll_interval()
         self.parse_workers = settings.parse_workers or default_workers()
-        base_url, api_key = resolve_endpoint(self.name, sandbox=settings.sandbox, base_url=settings.base_url,
-                                             api_key_env=settings.api_key_env)
-        self.client = anthropic.Anthropic(api_key=api_key, base_url=base_url, max_retries=settings.max_retries,
-                                          timeout=settings.timeout_s)
+        base_url, api_key = resolve_endpoint(
+            self.name, sandbox=settings.sandbox, base_url=settings.base_url, api_key_env=settings.api_key_env
+        )
+        self.client = anthropic.Anthropic(
+            api_key=api_key, base_url=base_url, max_retries=settings.max_retries, timeout=settings.timeout_s
+        )
         self._create_client = self.client.with_options(max_retries=0)
 
     def _call(self, action: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -120,20 +147,25 @@ class AnthropicBatchExecutor(QueueCapped):
     # -- submit -------------------------------------------------------------------------------------------
     def submit(self, work: ShardWork) -> BatchHandle:
         if work.items.num_rows > self.max_requests_per_batch:
-            raise ConfigError(f"shard {work.shard_id} has {work.items.num_rows} requests; Anthropic allows "
-                              f"{self.max_requests_per_batch} per batch (lower shards.max_requests)")
+            raise ConfigError(
+                f"shard {work.shard_id} has {work.items.num_rows} requests; Anthropic allows "
+                f"{self.max_requests_per_batch} per batch (lower shards.max_requests)"
+            )
         requests, size = batch_requests(work)
         if size > self.max_bytes_per_batch:
-            raise ConfigError(f"shard {work.shard_id} request body is about {size} bytes; Anthropic allows "
-                              f"{self.max_bytes_per_batch} (lower shards.max_bytes)")
+            raise ConfigError(
+                f"shard {work.shard_id} request body is about {size} bytes; Anthropic allows "
+                f"{self.max_bytes_per_batch} (lower shards.max_bytes)"
+            )
         started = datetime.now(UTC)
         for attempt in range(self.settings.max_retries + 1):
             try:
                 batch = self._create_client.messages.batches.create(requests=requests)  # type: ignore[arg-type]
                 return BatchHandle(self.name, batch.id, work.key)
             except anthropic.AnthropicError as exc:
-                error = translate(exc, "batch create", self.client.api_key, where=Where.CREATE,
-                                  dimension=Dimension.REQUESTS)
+                error = translate(
+                    exc, "batch create", self.client.api_key, where=Where.CREATE, dimension=Dimension.REQUESTS
+                )
                 if isinstance(error, QuotaError):  # the account's processing queue is full: nothing was created
                     raise error from None
                 if not isinstance(error, TransientError) or attempt == self.settings.max_retries:
@@ -141,8 +173,12 @@ class AnthropicBatchExecutor(QueueCapped):
                 if not isinstance(exc, anthropic.RateLimitError):  # the create may have happened anyway
                     found = self.find(work.key, request_ids=work.request_ids, not_before=started)
                     if found is not None:
-                        log.warning("batch create for %s failed (%s) but the batch exists as %s; using it",
-                                    work.key, error, found.batch_id)
+                        log.warning(
+                            "batch create for %s failed (%s) but the batch exists as %s; using it",
+                            work.key,
+                            error,
+                            found.batch_id,
+                        )
                         return found
                 wait = retry_wait_s(attempt, error.retry_after_s or None)
                 log.info("batch create for %s: %s; retrying in %.2f s", work.key, error, wait)
@@ -159,15 +195,17 @@ class AnthropicBatchExecutor(QueueCapped):
             state = STATUS_MAP[batch.processing_status]
         except KeyError:
             raise BatchPipelineError(
-                f"Anthropic batch {batch.id} has unknown processing_status {batch.processing_status!r}") from None
+                f"Anthropic batch {batch.id} has unknown processing_status {batch.processing_status!r}"
+            ) from None
         counts = batch.request_counts
         if state == BatchState.COMPLETED and counts.canceled > 0:
             state = BatchState.CANCELLED
         elif state == BatchState.COMPLETED and counts.expired > 0:
             state = BatchState.EXPIRED
         total = counts.processing + counts.succeeded + counts.errored + counts.canceled + counts.expired
-        return BatchStatus(state, batch.processing_status, total, counts.succeeded,
-                           counts.errored + counts.canceled + counts.expired)
+        return BatchStatus(
+            state, batch.processing_status, total, counts.succeeded, counts.errored + counts.canceled + counts.expired
+        )
 
     def _stream_results(self, batch_id: str) -> Iterator[bytes]:
         """The results JSONL of an ended batch, in blocks that end at line boundaries."""
@@ -175,13 +213,16 @@ class AnthropicBatchExecutor(QueueCapped):
             with self.client.messages.batches.with_streaming_response.results(batch_id) as resp:
                 yield from iter_blocks(resp.iter_bytes(1 << 20))
         except anthropic.NotFoundError:  # the results of an ended batch are kept 29 days after its creation
-            raise ResultsGoneError(f"Anthropic has no results for batch {batch_id} any more (they are deleted "
-                                   f"{RETENTION_DAYS} days after the batch was created)") from None
+            raise ResultsGoneError(
+                f"Anthropic has no results for batch {batch_id} any more (they are deleted "
+                f"{RETENTION_DAYS} days after the batch was created)"
+            ) from None
         except anthropic.AnthropicError as exc:
             raise translate(exc, "batch results", self.client.api_key) from None
         except httpx2.TransportError as exc:  # the connection broke while streaming
-            raise TransientError(redact(f"Anthropic batch results failed: {type(exc).__name__}: {exc}",
-                                        self.client.api_key)) from None
+            raise TransientError(
+                redact(f"Anthropic batch results failed: {type(exc).__name__}: {exc}", self.client.api_key)
+            ) from None
 
     def fetch(self, handle: BatchHandle) -> Iterator[pa.Table]:
         # blocks parsed on worker threads, in file order, while the next ones download
@@ -226,12 +267,15 @@ class AnthropicBatchExecutor(QueueCapped):
             ids.update(column.to_pylist())
         return ids
 
-    def find(self, key: str, request_ids: Sequence[str] | None = None,
-             not_before: datetime | str | None = None) -> BatchHandle | None:
+    def find(
+        self, key: str, request_ids: Sequence[str] | None = None, not_before: datetime | str | None = None
+    ) -> BatchHandle | None:
         """The batch this attempt created, if any (see the module docstring for how it is matched)."""
         if request_ids is None:
-            log.warning("find(%s): Anthropic batches carry no key; without the attempt's request IDs no batch can "
-                        "be matched", key)
+            log.warning(
+                "find(%s): Anthropic batches carry no key; without the attempt's request IDs no batch can be matched",
+                key,
+            )
             return None
         wanted = set(request_ids)
         since = _as_datetime(not_before) if not_before is not None else None
@@ -263,11 +307,16 @@ class AnthropicBatchExecutor(QueueCapped):
             elif batch.results_url and self._result_ids(batch.id) == wanted:
                 return BatchHandle(self.name, batch.id, key)
         if len(open_ones) == 1:
-            log.warning("find(%s): re-attaching to %s, the only unfinished batch of the right size and time; it "
-                        "cannot be verified before it ends", key, open_ones[0].id)
+            log.warning(
+                "find(%s): re-attaching to %s, the only unfinished batch of the right size and time; it "
+                "cannot be verified before it ends",
+                key,
+                open_ones[0].id,
+            )
             return BatchHandle(self.name, open_ones[0].id, key)
         if open_ones:
-            raise TransientError(f"find({key}): {len(open_ones)} unfinished batches match by size and time "
-                                 f"({', '.join(b.id for b in open_ones)}); retry once they have ended")
+            raise TransientError(
+                f"find({key}): {len(open_ones)} unfinished batches match by size and time "
+                f"({', '.join(b.id for b in open_ones)}); retry once they have ended"
+            )
         return None
-

@@ -20,33 +20,69 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batch_pipeline.core.errors import ConfigError
-from batch_pipeline.core.run.executor import RAW_OPTIONAL_SCHEMA, RAW_RESULT_SCHEMA, RequestPlan, ShardWork
 from batch_pipeline.core.quality.validate import choice_schema
-from batch_pipeline.executors.jsonl_blocks import (extract_block, json_paths_sql, read_lines, replace_rows,
-                                                   utf8_or_marker)
+from batch_pipeline.core.run.executor import RAW_OPTIONAL_SCHEMA, RAW_RESULT_SCHEMA, RequestPlan, ShardWork
+from batch_pipeline.executors.jsonl_blocks import (
+    extract_block,
+    json_paths_sql,
+    read_lines,
+    replace_rows,
+    utf8_or_marker,
+)
 
 TOOL_NAME = "answer"
 CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-FINISH_REASONS = {"end_turn": "stop", "tool_use": "stop", "stop_sequence": "stop", "max_tokens": "length",
-                  "model_context_window_exceeded": "length", "refusal": "refusal", "pause_turn": "pause_turn"}
+FINISH_REASONS = {
+    "end_turn": "stop",
+    "tool_use": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "refusal": "refusal",
+    "pause_turn": "pause_turn",
+}
 # errored results: Anthropic error type -> the HTTP status the same error would have had online
-ERROR_STATUS = {"invalid_request_error": 400, "authentication_error": 401, "billing_error": 402,
-                "permission_error": 403, "not_found_error": 404, "request_too_large": 413, "rate_limit_error": 429,
-                "api_error": 500, "timeout_error": 504, "overloaded_error": 500}
-UNRUN = {"canceled": ("batch_cancelled", "This request was not executed because the batch was canceled."),
-         "expired": ("batch_expired", "This request was not executed before the batch expired (24 h).")}
+ERROR_STATUS = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "billing_error": 402,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "timeout_error": 504,
+    "overloaded_error": 500,
+}
+UNRUN = {
+    "canceled": ("batch_cancelled", "This request was not executed because the batch was canceled."),
+    "expired": ("batch_expired", "This request was not executed before the batch expired (24 h)."),
+}
 
 _STR, _INT = pa.string(), pa.int64()
 # the result rows of this format: the raw columns, then the cache writes Anthropic bills apart
 ANTHROPIC_RAW_SCHEMA = pa.schema([*RAW_RESULT_SCHEMA, RAW_OPTIONAL_SCHEMA.field("cache_write_tokens")])
 Column = pa.Array | pa.ChunkedArray  # a column as Arrow compute returns it
-_USAGE = pa.struct([("input_tokens", _INT), ("output_tokens", _INT), ("cache_creation_input_tokens", _INT),
-                    ("cache_read_input_tokens", _INT)])
-_MESSAGE = pa.struct([("id", _STR), ("content", pa.list_(pa.struct([("type", _STR), ("text", _STR)]))),
-                      ("stop_reason", _STR), ("usage", _USAGE)])
+_USAGE = pa.struct(
+    [
+        ("input_tokens", _INT),
+        ("output_tokens", _INT),
+        ("cache_creation_input_tokens", _INT),
+        ("cache_read_input_tokens", _INT),
+    ]
+)
+_MESSAGE = pa.struct(
+    [
+        ("id", _STR),
+        ("content", pa.list_(pa.struct([("type", _STR), ("text", _STR)]))),
+        ("stop_reason", _STR),
+        ("usage", _USAGE),
+    ]
+)
 _ERROR = pa.struct([("type", _STR), ("error", pa.struct([("type", _STR), ("message", _STR)]))])
-RESULT_LINE_SCHEMA = pa.schema([("custom_id", _STR),
-                                ("result", pa.struct([("type", _STR), ("message", _MESSAGE), ("error", _ERROR)]))])
+RESULT_LINE_SCHEMA = pa.schema(
+    [("custom_id", _STR), ("result", pa.struct([("type", _STR), ("message", _MESSAGE), ("error", _ERROR)]))]
+)
 
 
 def output_schema(plan: RequestPlan) -> dict[str, Any] | None:
@@ -66,16 +102,20 @@ def shared_params(plan: RequestPlan) -> dict[str, Any]:
     sampling = plan.sampling
     if sampling.temperature > 1:
         raise ConfigError(f"sampling.temperature is {sampling.temperature}; Anthropic accepts 0 to 1")
-    params: dict[str, Any] = {"model": plan.model, "max_tokens": sampling.max_tokens,
-                              "temperature": sampling.temperature}
+    params: dict[str, Any] = {
+        "model": plan.model,
+        "max_tokens": sampling.max_tokens,
+        "temperature": sampling.temperature,
+    }
     if sampling.top_p is not None:
         params["top_p"] = sampling.top_p
     if plan.system:
         params["system"] = [{"type": "text", "text": plan.system, "cache_control": {"type": "ephemeral"}}]
     schema = output_schema(plan)
     if schema is not None:
-        params["tools"] = [{"name": TOOL_NAME, "description": "Give the answer in the required structure.",
-                            "input_schema": schema}]
+        params["tools"] = [
+            {"name": TOOL_NAME, "description": "Give the answer in the required structure.", "input_schema": schema}
+        ]
         params["tool_choice"] = {"type": "tool", "name": TOOL_NAME}
     return params
 
@@ -86,8 +126,10 @@ def example_messages(plan: RequestPlan, cache: bool = True) -> list[dict[str, An
     turns: list[dict[str, Any]] = list(plan.example_turns())
     if cache and turns:
         last = turns[-1]
-        turns[-1] = {"role": last["role"], "content": [{"type": "text", "text": last["content"],
-                                                         "cache_control": {"type": "ephemeral"}}]}
+        turns[-1] = {
+            "role": last["role"],
+            "content": [{"type": "text", "text": last["content"], "cache_control": {"type": "ephemeral"}}],
+        }
     return turns
 
 
@@ -103,12 +145,15 @@ def batch_requests(work: ShardWork) -> tuple[list[dict[str, Any]], int]:
     bad = next((rid for rid in ids if not isinstance(rid, str) or not CUSTOM_ID.match(rid)), None)
     if bad is not None:
         raise ConfigError(f"request_id {bad!r} is not a valid Anthropic custom_id (^[a-zA-Z0-9_-]{{1,64}}$)")
-    frame = len(json.dumps({"custom_id": "", "params": {**shared, "messages": [
-        *examples, {"role": "user", "content": ""}]}}))
+    frame = len(
+        json.dumps({"custom_id": "", "params": {**shared, "messages": [*examples, {"role": "user", "content": ""}]}})
+    )
     # json.dumps of the prompt text bounds its turns too (a TURNS prompt is their JSON, escaped once more)
     size = 16 + sum(frame + 2 + len(rid) + len(json.dumps(prompt)) for rid, prompt in zip(ids, prompts))
-    requests = [{"custom_id": rid, "params": {**shared, "messages": [*examples, *row_turns(prompt)]}}
-                for rid, prompt in zip(ids, prompts)]
+    requests = [
+        {"custom_id": rid, "params": {**shared, "messages": [*examples, *row_turns(prompt)]}}
+        for rid, prompt in zip(ids, prompts)
+    ]
     return requests, size
 
 
@@ -136,13 +181,21 @@ def _tool_inputs(lines: list[bytes], rows: list[int]) -> dict[int, str | None]:
     for row in rows:
         blocks = ((json.loads(lines[row]).get("result") or {}).get("message") or {}).get("content") or []
         tool = next((b for b in blocks if isinstance(b, dict) and b.get("type") == "tool_use"), None)
-        found[row] = None if tool is None else json.dumps(tool.get("input"), ensure_ascii=False,
-                                                           separators=(",", ":"))  # as DuckDB writes it
+        found[row] = (
+            None if tool is None else json.dumps(tool.get("input"), ensure_ascii=False, separators=(",", ":"))
+        )  # as DuckDB writes it
     return found
 
 
-_NOT_UTF8 = json.dumps({"custom_id": None, "result": {"type": "unparseable_line", "error": {
-    "type": "error", "error": {"type": "unparseable_line", "message": "the line is not valid UTF-8"}}}}).encode()
+_NOT_UTF8 = json.dumps(
+    {
+        "custom_id": None,
+        "result": {
+            "type": "unparseable_line",
+            "error": {"type": "error", "error": {"type": "unparseable_line", "message": "the line is not valid UTF-8"}},
+        },
+    }
+).encode()
 
 
 def parse_results_block(block: bytes) -> pa.Table:
@@ -153,11 +206,22 @@ def parse_results_block(block: bytes) -> pa.Table:
 
 # The fields of a result line, extracted in one DuckDB pass (see ``jsonl_blocks``). A row whose message has
 # more than one content block, or a first block that is neither text nor tool_use, is parsed per line.
-_PATHS = ["$.custom_id", "$.result.type", "$.result.message.id", "$.result.message.stop_reason",
-          "$.result.message.usage.input_tokens", "$.result.message.usage.output_tokens",
-          "$.result.message.usage.cache_creation_input_tokens", "$.result.message.usage.cache_read_input_tokens",
-          "$.result.error.error.type", "$.result.error.error.message", "$.result.message.content[0].type",
-          "$.result.message.content[0].text", "$.result.message.content[0].input", "$.result.message.content[1].type"]
+_PATHS = [
+    "$.custom_id",
+    "$.result.type",
+    "$.result.message.id",
+    "$.result.message.stop_reason",
+    "$.result.message.usage.input_tokens",
+    "$.result.message.usage.output_tokens",
+    "$.result.message.usage.cache_creation_input_tokens",
+    "$.result.message.usage.cache_read_input_tokens",
+    "$.result.error.error.type",
+    "$.result.error.error.message",
+    "$.result.message.content[0].type",
+    "$.result.message.content[0].text",
+    "$.result.message.content[0].input",
+    "$.result.message.content[1].type",
+]
 _EXTRACT_SQL = f"""
 SELECT v[1] AS custom_id, v[2] AS kind, v[3] AS message_id, v[4] AS stop_reason,
        TRY_CAST(v[5] AS BIGINT) AS input_tokens, TRY_CAST(v[6] AS BIGINT) AS output_tokens,
@@ -179,9 +243,21 @@ def _parse_fast(block: bytes) -> pa.Table | None:
     lines, t = read
     col = t.column
     has_usage = pc.or_(pc.is_valid(col("input_tokens")), pc.is_valid(col("output_tokens")))
-    table = _assemble(col("custom_id"), col("kind"), col("text"), col("stop_reason"), col("input_tokens"),
-                      col("output_tokens"), col("cache_creation"), col("cache_read"), has_usage,
-                      col("error_type"), col("error_message"), col("message_id"), lines)
+    table = _assemble(
+        col("custom_id"),
+        col("kind"),
+        col("text"),
+        col("stop_reason"),
+        col("input_tokens"),
+        col("output_tokens"),
+        col("cache_creation"),
+        col("cache_read"),
+        has_usage,
+        col("error_type"),
+        col("error_message"),
+        col("message_id"),
+        lines,
+    )
     odd = pc.fill_null(col("_odd"), True)
     if not pc.any(odd).as_py():
         return table
@@ -207,46 +283,80 @@ def _parse_lines(block: bytes) -> pa.Table:
     if tool_rows:
         inputs = _tool_inputs(lines, tool_rows)
         text = pa.array([inputs[i] if i in inputs else v for i, v in enumerate(text.to_pylist())], _STR)
-    return _assemble(t.column("custom_id"), pc.struct_field(result, "type"), text,
-                     pc.struct_field(message, "stop_reason"), pc.struct_field(usage, "input_tokens"),
-                     pc.struct_field(usage, "output_tokens"), pc.struct_field(usage, "cache_creation_input_tokens"),
-                     pc.struct_field(usage, "cache_read_input_tokens"), pc.is_valid(usage),
-                     pc.struct_field(inner, "type"), pc.struct_field(inner, "message"),
-                     pc.struct_field(message, "id"),
-                     pa.array([line.decode("utf-8", "replace") for line in lines], _STR))
+    return _assemble(
+        t.column("custom_id"),
+        pc.struct_field(result, "type"),
+        text,
+        pc.struct_field(message, "stop_reason"),
+        pc.struct_field(usage, "input_tokens"),
+        pc.struct_field(usage, "output_tokens"),
+        pc.struct_field(usage, "cache_creation_input_tokens"),
+        pc.struct_field(usage, "cache_read_input_tokens"),
+        pc.is_valid(usage),
+        pc.struct_field(inner, "type"),
+        pc.struct_field(inner, "message"),
+        pc.struct_field(message, "id"),
+        pa.array([line.decode("utf-8", "replace") for line in lines], _STR),
+    )
 
 
-def _assemble(custom_id: Column, kind: Column, text: Column, stop: Column, input_tokens: Column,
-              output_tokens: Column, cache_creation: Column, cache_read: Column, has_usage: Column,
-              error_type: Column, error_text: Column, message_id: Column, raw: Column) -> pa.Table:
+def _assemble(
+    custom_id: Column,
+    kind: Column,
+    text: Column,
+    stop: Column,
+    input_tokens: Column,
+    output_tokens: Column,
+    cache_creation: Column,
+    cache_read: Column,
+    has_usage: Column,
+    error_type: Column,
+    error_text: Column,
+    message_id: Column,
+    raw: Column,
+) -> pa.Table:
     """ANTHROPIC_RAW_SCHEMA rows from the fields of result lines, however they were read."""
     succeeded = pc.fill_null(pc.equal(kind, "succeeded"), False)
-    status = pc.if_else(succeeded, pa.scalar(200, pa.int32()),
-                        pc.if_else(pc.equal(kind, "errored"),
-                                   pc.fill_null(_lookup(error_type, ERROR_STATUS, pa.int32()), 400),
-                                   pa.scalar(None, pa.int32())))
+    status = pc.if_else(
+        succeeded,
+        pa.scalar(200, pa.int32()),
+        pc.if_else(
+            pc.equal(kind, "errored"),
+            pc.fill_null(_lookup(error_type, ERROR_STATUS, pa.int32()), 400),
+            pa.scalar(None, pa.int32()),
+        ),
+    )
     unrun = {k: v[0] for k, v in UNRUN.items()}
-    code = pc.if_else(succeeded, pa.scalar(None, _STR),
-                      pc.coalesce(error_type, _lookup(kind, unrun, _STR), kind, pa.scalar("missing_result", _STR)))
-    refused = pc.if_else(pc.fill_null(pc.equal(stop, "refusal"), False),
-                         pa.scalar("refused (stop_reason=refusal)", _STR), pa.scalar(None, _STR))
+    code = pc.if_else(
+        succeeded,
+        pa.scalar(None, _STR),
+        pc.coalesce(error_type, _lookup(kind, unrun, _STR), kind, pa.scalar("missing_result", _STR)),
+    )
+    refused = pc.if_else(
+        pc.fill_null(pc.equal(stop, "refusal"), False),
+        pa.scalar("refused (stop_reason=refusal)", _STR),
+        pa.scalar(None, _STR),
+    )
     error_message = pc.coalesce(error_text, _lookup(kind, {k: v[1] for k, v in UNRUN.items()}, _STR), refused)
     cache_read, cache_creation = _zero(cache_read), _zero(cache_creation)
     total_input = pc.add(pc.add(input_tokens, cache_read), cache_creation)  # all input: uncached + reads + writes
-    return pa.Table.from_arrays([
-        _chunk(custom_id),
-        status,
-        pc.if_else(succeeded, _chunk(text), pa.scalar(None, _STR)),
-        pc.coalesce(_lookup(stop, FINISH_REASONS, _STR), stop),
-        total_input,
-        pc.if_else(has_usage, cache_read, pa.scalar(None, _INT)),
-        output_tokens,
-        code,
-        error_message,
-        message_id,
-        raw,
-        pc.if_else(has_usage, cache_creation, pa.scalar(None, _INT)),
-    ], schema=ANTHROPIC_RAW_SCHEMA)
+    return pa.Table.from_arrays(
+        [
+            _chunk(custom_id),
+            status,
+            pc.if_else(succeeded, _chunk(text), pa.scalar(None, _STR)),
+            pc.coalesce(_lookup(stop, FINISH_REASONS, _STR), stop),
+            total_input,
+            pc.if_else(has_usage, cache_read, pa.scalar(None, _INT)),
+            output_tokens,
+            code,
+            error_message,
+            message_id,
+            raw,
+            pc.if_else(has_usage, cache_creation, pa.scalar(None, _INT)),
+        ],
+        schema=ANTHROPIC_RAW_SCHEMA,
+    )
 
 
 def _chunk(values: Column) -> pa.Array:
@@ -260,23 +370,37 @@ def _loose_line(line: bytes) -> dict[str, Any]:
         if not isinstance(obj, dict):
             raise ValueError("not an object")
     except ValueError as exc:
-        return {"custom_id": None, "result": {"type": "unparseable_line",
-                                              "error": {"type": "error", "error": {"type": "unparseable_line",
-                                                                                   "message": str(exc)}}}}
+        return {
+            "custom_id": None,
+            "result": {
+                "type": "unparseable_line",
+                "error": {"type": "error", "error": {"type": "unparseable_line", "message": str(exc)}},
+            },
+        }
     result = obj.get("result") if isinstance(obj.get("result"), dict) else {}
     message = result.get("message") if isinstance(result.get("message"), dict) else None
     if message is not None:
         blocks = message.get("content") if isinstance(message.get("content"), list) else []
         usage = message.get("usage") if isinstance(message.get("usage"), dict) else {}
-        message = {"id": message.get("id"), "stop_reason": message.get("stop_reason"),
-                   "usage": {k: v if isinstance(v, int) else None for k, v in usage.items()
-                             if k in _USAGE.names},
-                   "content": [{"type": str(b.get("type")), "text": b.get("text") if isinstance(b.get("text"), str)
-                                else None} for b in blocks if isinstance(b, dict)]}
+        message = {
+            "id": message.get("id"),
+            "stop_reason": message.get("stop_reason"),
+            "usage": {k: v if isinstance(v, int) else None for k, v in usage.items() if k in _USAGE.names},
+            "content": [
+                {"type": str(b.get("type")), "text": b.get("text") if isinstance(b.get("text"), str) else None}
+                for b in blocks
+                if isinstance(b, dict)
+            ],
+        }
     error = result.get("error") if isinstance(result.get("error"), dict) else None
     inner = error.get("error") if error and isinstance(error.get("error"), dict) else None
-    return {"custom_id": obj.get("custom_id") if isinstance(obj.get("custom_id"), str) else None,
-            "result": {"type": result.get("type") if isinstance(result.get("type"), str) else None,
-                       "message": message,
-                       "error": None if inner is None else {"type": "error", "error": {
-                           "type": str(inner.get("type")), "message": str(inner.get("message"))}}}}
+    return {
+        "custom_id": obj.get("custom_id") if isinstance(obj.get("custom_id"), str) else None,
+        "result": {
+            "type": result.get("type") if isinstance(result.get("type"), str) else None,
+            "message": message,
+            "error": None
+            if inner is None
+            else {"type": "error", "error": {"type": str(inner.get("type")), "message": str(inner.get("message"))}},
+        },
+    }

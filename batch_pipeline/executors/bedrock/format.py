@@ -23,9 +23,16 @@ from batch_pipeline.executors.jsonl_blocks import extract_block, json_paths_sql,
 ANTHROPIC_VERSION = "bedrock-2023-05-31"
 BEDROCK_RAW_SCHEMA = ANTHROPIC_RAW_SCHEMA  # the raw columns, then the cache writes
 # errorCode (an HTTP status) -> the exception Bedrock names for it; the status decides the error class
-ERROR_NAMES = {400: "ValidationException", 403: "AccessDeniedException", 404: "ResourceNotFoundException",
-               408: "ModelTimeoutException", 424: "ModelErrorException", 429: "ThrottlingException",
-               500: "InternalServerException", 503: "ServiceUnavailableException"}
+ERROR_NAMES = {
+    400: "ValidationException",
+    403: "AccessDeniedException",
+    404: "ResourceNotFoundException",
+    408: "ModelTimeoutException",
+    424: "ModelErrorException",
+    429: "ThrottlingException",
+    500: "InternalServerException",
+    503: "ServiceUnavailableException",
+}
 REFUSED = "refused (stop_reason=refusal)"
 _STR, _INT = pa.string(), pa.int64()
 
@@ -38,9 +45,11 @@ def is_claude(model: str) -> bool:
 def model_input_frame(plan: RequestPlan) -> dict[str, Any]:
     """Everything in ``modelInput`` except the messages."""
     if not is_claude(plan.model):
-        raise ConfigError(f"model {plan.model!r}: bedrock_batch sends the Bedrock Messages body, which only "
-                          "Anthropic Claude models take (anthropic.claude-..., or an inference profile such as "
-                          "us.anthropic.claude-...)")
+        raise ConfigError(
+            f"model {plan.model!r}: bedrock_batch sends the Bedrock Messages body, which only "
+            "Anthropic Claude models take (anthropic.claude-..., or an inference profile such as "
+            "us.anthropic.claude-...)"
+        )
     params = shared_params(plan)
     params.pop("model")
     if "system" in params:
@@ -57,7 +66,8 @@ def request_lines(work: ShardWork) -> bytes:
     turns = work.plan.row_turns_json
     return "".join(
         f'{{"recordId":{json.dumps(rid)},"modelInput":{head}{turns(prompt)}]}}}}\n'
-        for rid, prompt in zip(ids, prompts, strict=True)).encode("utf-8")
+        for rid, prompt in zip(ids, prompts, strict=True)
+    ).encode("utf-8")
 
 
 def parse_output_block(block: bytes) -> pa.Table:
@@ -66,11 +76,22 @@ def parse_output_block(block: bytes) -> pa.Table:
     return fast if fast is not None else _parse_lines(block)
 
 
-_PATHS = ["$.recordId", "$.modelOutput.id", "$.modelOutput.stop_reason", "$.modelOutput.usage.input_tokens",
-          "$.modelOutput.usage.output_tokens", "$.modelOutput.usage.cache_creation_input_tokens",
-          "$.modelOutput.usage.cache_read_input_tokens", "$.error.errorCode", "$.error.errorMessage",
-          "$.modelOutput.content[0].type", "$.modelOutput.content[0].text", "$.modelOutput.content[0].input",
-          "$.modelOutput.content[1].type", "$.modelOutput.type"]
+_PATHS = [
+    "$.recordId",
+    "$.modelOutput.id",
+    "$.modelOutput.stop_reason",
+    "$.modelOutput.usage.input_tokens",
+    "$.modelOutput.usage.output_tokens",
+    "$.modelOutput.usage.cache_creation_input_tokens",
+    "$.modelOutput.usage.cache_read_input_tokens",
+    "$.error.errorCode",
+    "$.error.errorMessage",
+    "$.modelOutput.content[0].type",
+    "$.modelOutput.content[0].text",
+    "$.modelOutput.content[0].input",
+    "$.modelOutput.content[1].type",
+    "$.modelOutput.type",
+]
 # A row is odd (parsed per line) when it has neither a recognisable modelOutput nor an error code, when its
 # message has more than one content block or a first block that is neither text nor tool_use, or when its
 # errorCode is not an integer.
@@ -95,9 +116,20 @@ def _parse_fast(block: bytes) -> pa.Table | None:
     lines, t = read
     col = t.column
     ok = pc.fill_null(col("ok"), False)
-    table = _assemble(col("record_id"), ok, col("text"), col("stop_reason"), col("input_tokens"),
-                      col("output_tokens"), col("cache_creation"), col("cache_read"), col("error_code"),
-                      col("error_message"), col("message_id"), lines)
+    table = _assemble(
+        col("record_id"),
+        ok,
+        col("text"),
+        col("stop_reason"),
+        col("input_tokens"),
+        col("output_tokens"),
+        col("cache_creation"),
+        col("cache_read"),
+        col("error_code"),
+        col("error_message"),
+        col("message_id"),
+        lines,
+    )
     odd = pc.fill_null(col("_odd"), True)
     if not pc.any(odd).as_py():
         return table
@@ -107,9 +139,20 @@ def _parse_fast(block: bytes) -> pa.Table | None:
 def _line_row(raw: bytes) -> dict[str, Any]:
     """One line, however odd: what is recognisable, else an ``unparseable_line`` error."""
     text = raw.decode("utf-8", "replace")
-    row: dict[str, Any] = {"record_id": None, "ok": False, "text": None, "stop_reason": None, "input_tokens": None,
-                           "output_tokens": None, "cache_creation": None, "cache_read": None, "error_code": None,
-                           "error_message": None, "message_id": None, "raw": text}
+    row: dict[str, Any] = {
+        "record_id": None,
+        "ok": False,
+        "text": None,
+        "stop_reason": None,
+        "input_tokens": None,
+        "output_tokens": None,
+        "cache_creation": None,
+        "cache_read": None,
+        "error_code": None,
+        "error_message": None,
+        "message_id": None,
+        "raw": text,
+    }
     try:
         obj = json.loads(raw)
         if not isinstance(obj, dict):
@@ -122,14 +165,26 @@ def _line_row(raw: bytes) -> dict[str, Any]:
         usage = output.get("usage") if isinstance(output.get("usage"), dict) else {}
         blocks = [b for b in output.get("content") or [] if isinstance(b, dict)]
         tool = next((b for b in blocks if b.get("type") == "tool_use"), None)
-        answer = (json.dumps(tool.get("input"), ensure_ascii=False, separators=(",", ":")) if tool is not None
-                  else "".join(b.get("text") or "" for b in blocks if isinstance(b.get("text"), str)))
-        number = {k: usage.get(k) if isinstance(usage.get(k), int) else None for k in
-                  ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")}
-        return {**row, "ok": True, "text": answer, "stop_reason": output.get("stop_reason"),
-                "input_tokens": number["input_tokens"], "output_tokens": number["output_tokens"],
-                "cache_creation": number["cache_creation_input_tokens"], "cache_read": number["cache_read_input_tokens"],
-                "message_id": output.get("id") if isinstance(output.get("id"), str) else None}
+        answer = (
+            json.dumps(tool.get("input"), ensure_ascii=False, separators=(",", ":"))
+            if tool is not None
+            else "".join(b.get("text") or "" for b in blocks if isinstance(b.get("text"), str))
+        )
+        number = {
+            k: usage.get(k) if isinstance(usage.get(k), int) else None
+            for k in ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+        }
+        return {
+            **row,
+            "ok": True,
+            "text": answer,
+            "stop_reason": output.get("stop_reason"),
+            "input_tokens": number["input_tokens"],
+            "output_tokens": number["output_tokens"],
+            "cache_creation": number["cache_creation_input_tokens"],
+            "cache_read": number["cache_read_input_tokens"],
+            "message_id": output.get("id") if isinstance(output.get("id"), str) else None,
+        }
     if isinstance(error, dict):
         code = error.get("errorCode")
         try:
@@ -140,10 +195,22 @@ def _line_row(raw: bytes) -> dict[str, Any]:
     return {**row, "error_message": "the line has neither modelOutput nor error"}
 
 
-_LINE_SCHEMA = pa.schema([("record_id", _STR), ("ok", pa.bool_()), ("text", _STR), ("stop_reason", _STR),
-                          ("input_tokens", _INT), ("output_tokens", _INT), ("cache_creation", _INT),
-                          ("cache_read", _INT), ("error_code", pa.int32()), ("error_message", _STR),
-                          ("message_id", _STR), ("raw", _STR)])
+_LINE_SCHEMA = pa.schema(
+    [
+        ("record_id", _STR),
+        ("ok", pa.bool_()),
+        ("text", _STR),
+        ("stop_reason", _STR),
+        ("input_tokens", _INT),
+        ("output_tokens", _INT),
+        ("cache_creation", _INT),
+        ("cache_read", _INT),
+        ("error_code", pa.int32()),
+        ("error_message", _STR),
+        ("message_id", _STR),
+        ("raw", _STR),
+    ]
+)
 
 
 def _parse_lines(block: bytes) -> pa.Table:
@@ -152,9 +219,20 @@ def _parse_lines(block: bytes) -> pa.Table:
         return BEDROCK_RAW_SCHEMA.empty_table()
     t = pa.Table.from_pylist(rows, schema=_LINE_SCHEMA)
     col = t.column
-    return _assemble(col("record_id"), col("ok"), col("text"), col("stop_reason"), col("input_tokens"),
-                     col("output_tokens"), col("cache_creation"), col("cache_read"), col("error_code"),
-                     col("error_message"), col("message_id"), col("raw"))
+    return _assemble(
+        col("record_id"),
+        col("ok"),
+        col("text"),
+        col("stop_reason"),
+        col("input_tokens"),
+        col("output_tokens"),
+        col("cache_creation"),
+        col("cache_read"),
+        col("error_code"),
+        col("error_message"),
+        col("message_id"),
+        col("raw"),
+    )
 
 
 def _lookup(values: Any, mapping: dict[Any, Any], key_type: pa.DataType, value_type: pa.DataType) -> pa.Array:
@@ -163,34 +241,52 @@ def _lookup(values: Any, mapping: dict[Any, Any], key_type: pa.DataType, value_t
     return pc.take(pa.array([mapping[k] for k in keys], value_type), index)
 
 
-def _assemble(record_id: Any, ok: Any, text: Any, stop: Any, input_tokens: Any, output_tokens: Any,
-              cache_creation: Any, cache_read: Any, error_code: Any, error_text: Any, message_id: Any,
-              raw: Any) -> pa.Table:
+def _assemble(
+    record_id: Any,
+    ok: Any,
+    text: Any,
+    stop: Any,
+    input_tokens: Any,
+    output_tokens: Any,
+    cache_creation: Any,
+    cache_read: Any,
+    error_code: Any,
+    error_text: Any,
+    message_id: Any,
+    raw: Any,
+) -> pa.Table:
     """BEDROCK_RAW_SCHEMA rows from the fields of output lines, however they were read."""
     ok = pc.fill_null(ok, False)
     error_code = pc.cast(error_code, pa.int32())
     status = pc.if_else(ok, pa.scalar(200, pa.int32()), error_code)
-    name = pc.coalesce(_lookup(error_code, ERROR_NAMES, pa.int32(), _STR),
-                       pc.if_else(pc.is_valid(error_code), pa.scalar("bedrock_error", _STR),
-                                  pa.scalar("unparseable_line", _STR)))
-    refused = pc.if_else(pc.fill_null(pc.equal(stop, "refusal"), False), pa.scalar(REFUSED, _STR),
-                         pa.scalar(None, _STR))
+    name = pc.coalesce(
+        _lookup(error_code, ERROR_NAMES, pa.int32(), _STR),
+        pc.if_else(pc.is_valid(error_code), pa.scalar("bedrock_error", _STR), pa.scalar("unparseable_line", _STR)),
+    )
+    refused = pc.if_else(
+        pc.fill_null(pc.equal(stop, "refusal"), False), pa.scalar(REFUSED, _STR), pa.scalar(None, _STR)
+    )
     has_usage = pc.and_(ok, pc.or_(pc.is_valid(input_tokens), pc.is_valid(output_tokens)))
     cache_read, cache_creation = pc.fill_null(cache_read, 0), pc.fill_null(cache_creation, 0)
-    return pa.Table.from_arrays([
-        _chunk(record_id),
-        _chunk(status),
-        _chunk(pc.if_else(ok, text, pa.scalar(None, _STR))),
-        _chunk(pc.coalesce(_lookup(stop, FINISH_REASONS, _STR, _STR), stop)),
-        _chunk(pc.if_else(has_usage, pc.add(pc.add(input_tokens, cache_read), cache_creation), pa.scalar(None, _INT))),
-        _chunk(pc.if_else(has_usage, cache_read, pa.scalar(None, _INT))),
-        _chunk(pc.if_else(ok, output_tokens, pa.scalar(None, _INT))),
-        _chunk(pc.if_else(ok, pa.scalar(None, _STR), name)),
-        _chunk(pc.if_else(ok, refused, error_text)),
-        _chunk(message_id),
-        _chunk(raw),
-        _chunk(pc.if_else(has_usage, cache_creation, pa.scalar(None, _INT))),
-    ], schema=BEDROCK_RAW_SCHEMA)
+    return pa.Table.from_arrays(
+        [
+            _chunk(record_id),
+            _chunk(status),
+            _chunk(pc.if_else(ok, text, pa.scalar(None, _STR))),
+            _chunk(pc.coalesce(_lookup(stop, FINISH_REASONS, _STR, _STR), stop)),
+            _chunk(
+                pc.if_else(has_usage, pc.add(pc.add(input_tokens, cache_read), cache_creation), pa.scalar(None, _INT))
+            ),
+            _chunk(pc.if_else(has_usage, cache_read, pa.scalar(None, _INT))),
+            _chunk(pc.if_else(ok, output_tokens, pa.scalar(None, _INT))),
+            _chunk(pc.if_else(ok, pa.scalar(None, _STR), name)),
+            _chunk(pc.if_else(ok, refused, error_text)),
+            _chunk(message_id),
+            _chunk(raw),
+            _chunk(pc.if_else(has_usage, cache_creation, pa.scalar(None, _INT))),
+        ],
+        schema=BEDROCK_RAW_SCHEMA,
+    )
 
 
 def _chunk(values: Any) -> pa.Array:

@@ -47,9 +47,12 @@ class BedrockBatchSettings(BatchProviderSettings):
     output_bucket: str | None = None
     output_prefix: str = "batch-pipeline/output"
     s3_endpoint_url: str | None = Field(default=None, description="an S3-compatible endpoint (default: AWS's)")
-    min_records: int = Field(default=DEFAULT_MIN_RECORDS, ge=1,
-                             description="the account's minimum records per job: smaller shards are never "
-                                         "submitted as a batch (they go to the tail backend, or wait)")
+    min_records: int = Field(
+        default=DEFAULT_MIN_RECORDS,
+        ge=1,
+        description="the account's minimum records per job: smaller shards are never "
+        "submitted as a batch (they go to the tail backend, or wait)",
+    )
     timeout_hours: int = Field(default=24, ge=24, le=168, description="timeoutDurationInHours of each job")
 
     @model_validator(mode="after")
@@ -72,5 +75,7 @@ class BedrockBatchSettings(BatchProviderSettings):
         in_bucket = self.input_bucket or sandbox_bucket
         out_bucket = self.output_bucket or sandbox_bucket
         assert in_bucket and out_bucket, "validated: buckets are set outside the sandbox"
-        return (S3Location(in_bucket, self.input_prefix.strip("/")),
-                S3Location(out_bucket, self.output_prefix.strip("/")))
+        return (
+            S3Location(in_bucket, self.input_prefix.strip("/")),
+            S3Location(out_bucket, self.output_prefix.strip("/")),
+        )

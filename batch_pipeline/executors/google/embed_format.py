@@ -36,7 +36,9 @@ def embed_input_file(work: ShardWork) -> bytes:
     prompts = work.items.column("user_prompt").to_pylist()
     return "".join(
         f'{{"key":{dumps(rid)},"request":{{"content":{{"parts":[{{"text":{dumps(prompt, ensure_ascii=False)}}}]}},'
-        f'"outputDimensionality":{dims}}}}}\n' for rid, prompt in zip(ids, prompts)).encode("utf-8")
+        f'"outputDimensionality":{dims}}}}}\n'
+        for rid, prompt in zip(ids, prompts)
+    ).encode("utf-8")
 
 
 def _row(raw: bytes) -> tuple[Any, ...]:
@@ -58,8 +60,15 @@ def _row(raw: bytes) -> tuple[Any, ...]:
     embedding = response.get("embedding") if isinstance(response.get("embedding"), dict) else {}
     vector = decode_vector(embedding.get("values"))
     if vector is None:
-        return key, 200, None, _int(response.get("tokenCount")), "unparseable_response", \
-            "the response carries no embedding", text
+        return (
+            key,
+            200,
+            None,
+            _int(response.get("tokenCount")),
+            "unparseable_response",
+            "the response carries no embedding",
+            text,
+        )
     return key, 200, vector, _int(response.get("tokenCount")), None, None, text
 
 
@@ -69,12 +78,23 @@ def parse_embed_block(block: bytes) -> pa.Table:
     ids, status, vectors, tokens, codes, messages, lines = (list(c) for c in zip(*rows)) if rows else ([],) * 7
     n = len(rows)
     zero = [0 if v is not None else None for v in vectors]
-    return pa.Table.from_arrays([
-        pa.array(ids, pa.string()), pa.array(status, pa.int32()), pa.nulls(n, pa.string()), pa.nulls(n, pa.string()),
-        pa.array(tokens, pa.int64()), pa.array(zero, pa.int64()), pa.array(zero, pa.int64()),
-        pa.array(codes, pa.string()), pa.array(messages, pa.string()), pa.nulls(n, pa.string()),
-        pa.array(lines, pa.string()), vectors_array(vectors),
-    ], schema=EMBEDDING_RAW_SCHEMA)
+    return pa.Table.from_arrays(
+        [
+            pa.array(ids, pa.string()),
+            pa.array(status, pa.int32()),
+            pa.nulls(n, pa.string()),
+            pa.nulls(n, pa.string()),
+            pa.array(tokens, pa.int64()),
+            pa.array(zero, pa.int64()),
+            pa.array(zero, pa.int64()),
+            pa.array(codes, pa.string()),
+            pa.array(messages, pa.string()),
+            pa.nulls(n, pa.string()),
+            pa.array(lines, pa.string()),
+            vectors_array(vectors),
+        ],
+        schema=EMBEDDING_RAW_SCHEMA,
+    )
 
 
 def is_embed_block(block: bytes) -> bool:
@@ -95,7 +115,8 @@ def parse_any_block(block: bytes) -> pa.Table:
     return parse_embed_block(block) if is_embed_block(block) else parse_block(block)
 
 
-def parse_any_stream(chunks: Iterable[bytes], workers: int = 1,
-                     block_bytes: int = RESULT_BLOCK_BYTES) -> Iterator[pa.Table]:
+def parse_any_stream(
+    chunks: Iterable[bytes], workers: int = 1, block_bytes: int = RESULT_BLOCK_BYTES
+) -> Iterator[pa.Table]:
     """A downloaded responses file of either kind of batch -> one table per block, in file order."""
     return parse_stream(parse_any_block, chunks, workers, block_bytes)

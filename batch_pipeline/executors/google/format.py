@@ -38,24 +38,53 @@ import pyarrow.compute as pc
 from batch_pipeline.core.error_table import Family, reason_stops
 from batch_pipeline.core.quality.validate import choice_schema
 from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA, ItemShape, RequestPlan
-from batch_pipeline.executors.jsonl_blocks import (RESULT_BLOCK_BYTES, extract_block, json_paths_sql, parse_stream,
-                                                   replace_rows)
+from batch_pipeline.executors.jsonl_blocks import (
+    RESULT_BLOCK_BYTES,
+    extract_block,
+    json_paths_sql,
+    parse_stream,
+    replace_rows,
+)
 
 JSON_MIME = "application/json"
 GEMINI_ROLES = {"user": "user", "assistant": "model"}  # a Content's role: the model's own turns are "model"
 FINISH_REASONS = {"STOP": "stop", "MAX_TOKENS": "length"}
-REFUSAL_REASONS = frozenset({"SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "LANGUAGE",
-                             "IMAGE_SAFETY", "IMAGE_PROHIBITED_CONTENT", "IMAGE_RECITATION"})
+REFUSAL_REASONS = frozenset(
+    {
+        "SAFETY",
+        "RECITATION",
+        "BLOCKLIST",
+        "PROHIBITED_CONTENT",
+        "SPII",
+        "LANGUAGE",
+        "IMAGE_SAFETY",
+        "IMAGE_PROHIBITED_CONTENT",
+        "IMAGE_RECITATION",
+    }
+)
 # google.rpc.ErrorInfo reasons that no retry can fix -> our systemic codes: the error table's rows
 # (core/error_table.py), so a failed line carries the same code the same answer to a call stops with
 SYSTEMIC_REASONS = reason_stops(Family.GEMINI)
 ERROR_INFO = "type.googleapis.com/google.rpc.ErrorInfo"
 # google.rpc.Code -> (name, the HTTP status the same error has online); a Status in a line carries the number
-RPC_CODES = {1: ("CANCELLED", 499), 2: ("UNKNOWN", 500), 3: ("INVALID_ARGUMENT", 400), 4: ("DEADLINE_EXCEEDED", 504),
-             5: ("NOT_FOUND", 404), 6: ("ALREADY_EXISTS", 409), 7: ("PERMISSION_DENIED", 403),
-             8: ("RESOURCE_EXHAUSTED", 429), 9: ("FAILED_PRECONDITION", 400), 10: ("ABORTED", 409),
-             11: ("OUT_OF_RANGE", 400), 12: ("UNIMPLEMENTED", 501), 13: ("INTERNAL", 500), 14: ("UNAVAILABLE", 503),
-             15: ("DATA_LOSS", 500), 16: ("UNAUTHENTICATED", 401)}
+RPC_CODES = {
+    1: ("CANCELLED", 499),
+    2: ("UNKNOWN", 500),
+    3: ("INVALID_ARGUMENT", 400),
+    4: ("DEADLINE_EXCEEDED", 504),
+    5: ("NOT_FOUND", 404),
+    6: ("ALREADY_EXISTS", 409),
+    7: ("PERMISSION_DENIED", 403),
+    8: ("RESOURCE_EXHAUSTED", 429),
+    9: ("FAILED_PRECONDITION", 400),
+    10: ("ABORTED", 409),
+    11: ("OUT_OF_RANGE", 400),
+    12: ("UNIMPLEMENTED", 501),
+    13: ("INTERNAL", 500),
+    14: ("UNAVAILABLE", 503),
+    15: ("DATA_LOSS", 500),
+    16: ("UNAUTHENTICATED", 401),
+}
 
 
 # -- requests -------------------------------------------------------------------------------------------------
@@ -103,7 +132,9 @@ def contents_writer(plan: RequestPlan) -> Callable[[str], str]:
     if plan.shape is ItemShape.TEXT:
         return lambda prompt: f'[{head}{{"role":"user","parts":[{{"text":{json.dumps(prompt, ensure_ascii=False)}}}]}}]'
     row_turns = plan.row_turns
-    return lambda prompt: "[" + head + ",".join(_dumps(_content(t["role"], t["content"])) for t in row_turns(prompt)) + "]"
+    return lambda prompt: (
+        "[" + head + ",".join(_dumps(_content(t["role"], t["content"])) for t in row_turns(prompt)) + "]"
+    )
 
 
 def _dumps(obj: Any) -> str:
@@ -138,12 +169,23 @@ class LineLayout:
 
 def _sql(layout: LineLayout) -> str:
     r, e = layout.response, layout.error
-    paths = [layout.key, f"{r}.candidates[0].content.parts[0].text", f"{r}.candidates[0].content.parts[1]",
-             f"{r}.candidates[0].content.parts[0].thought", f"{r}.candidates[0].finishReason",
-             f"{r}.usageMetadata.promptTokenCount", f"{r}.usageMetadata.cachedContentTokenCount",
-             f"{r}.usageMetadata.candidatesTokenCount", f"{r}.usageMetadata.thoughtsTokenCount",
-             f"{r}.responseId", f"{r}.promptFeedback.blockReason",
-             f"{e}.code", f"{e}.status", f"{e}.message", f"{e}.details"]  # no whole objects: each is re-serialised
+    paths = [
+        layout.key,
+        f"{r}.candidates[0].content.parts[0].text",
+        f"{r}.candidates[0].content.parts[1]",
+        f"{r}.candidates[0].content.parts[0].thought",
+        f"{r}.candidates[0].finishReason",
+        f"{r}.usageMetadata.promptTokenCount",
+        f"{r}.usageMetadata.cachedContentTokenCount",
+        f"{r}.usageMetadata.candidatesTokenCount",
+        f"{r}.usageMetadata.thoughtsTokenCount",
+        f"{r}.responseId",
+        f"{r}.promptFeedback.blockReason",
+        f"{e}.code",
+        f"{e}.status",
+        f"{e}.message",
+        f"{e}.details",
+    ]  # no whole objects: each is re-serialised
     refusals = ", ".join(f"'{x}'" for x in sorted(REFUSAL_REASONS))
     rpc_http = " ".join(f"WHEN {n} THEN {h}" for n, (_, h) in RPC_CODES.items())
     rpc_name = " ".join(f"WHEN {n} THEN '{name.lower()}'" for n, (name, _) in RPC_CODES.items())
@@ -203,8 +245,9 @@ def parse_block(block: bytes, layout: LineLayout = LineLayout()) -> pa.Table:
     return replace_rows(table, odd, slow)
 
 
-def parse_result_stream(chunks: Iterable[bytes], workers: int = 1, layout: LineLayout = LineLayout(),
-                        block_bytes: int = RESULT_BLOCK_BYTES) -> Iterator[pa.Table]:
+def parse_result_stream(
+    chunks: Iterable[bytes], workers: int = 1, layout: LineLayout = LineLayout(), block_bytes: int = RESULT_BLOCK_BYTES
+) -> Iterator[pa.Table]:
     """A downloaded result file, as byte chunks -> RAW_RESULT_SCHEMA tables in file order (parsed on ``workers``
     threads while the next blocks arrive)."""
     return parse_stream(lambda block: parse_block(block, layout), chunks, workers, block_bytes)
@@ -214,8 +257,9 @@ def parse_lines(block: bytes, layout: LineLayout = LineLayout()) -> pa.Table:
     """Line by line with ``json.loads``: blank lines skipped, a line that is not JSON becomes an error row."""
     rows = [_row(line, layout) for line in block.split(b"\n") if line.strip()]
     columns = list(zip(*rows)) if rows else [[] for _ in RAW_RESULT_SCHEMA]
-    return pa.Table.from_arrays([pa.array(c, f.type) for c, f in zip(columns, RAW_RESULT_SCHEMA, strict=True)],
-                                schema=RAW_RESULT_SCHEMA)
+    return pa.Table.from_arrays(
+        [pa.array(c, f.type) for c, f in zip(columns, RAW_RESULT_SCHEMA, strict=True)], schema=RAW_RESULT_SCHEMA
+    )
 
 
 def _int(value: Any) -> int | None:
@@ -243,8 +287,19 @@ def _row(line: bytes, layout: LineLayout) -> tuple[Any, ...]:
     if isinstance(error, dict):
         return (key, *error_columns(error), None, raw)
     if not isinstance(response, dict):
-        return (key, None, None, None, None, None, None, "missing_result",
-                "the result line has neither a response nor an error", None, raw)
+        return (
+            key,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            "missing_result",
+            "the result line has neither a response nor an error",
+            None,
+            raw,
+        )
     return (key, *response_columns(response), raw)
 
 
@@ -271,8 +326,11 @@ def response_columns(response: dict[str, Any]) -> tuple[Any, ...]:
     candidates = response.get("candidates") if isinstance(response.get("candidates"), list) else []
     first = candidates[0] if candidates and isinstance(candidates[0], dict) else {}
     parts = (first.get("content") or {}).get("parts") if isinstance(first.get("content"), dict) else None
-    texts = [p["text"] for p in parts or [] if isinstance(p, dict) and isinstance(p.get("text"), str)
-             and not p.get("thought")]
+    texts = [
+        p["text"]
+        for p in parts or []
+        if isinstance(p, dict) and isinstance(p.get("text"), str) and not p.get("thought")
+    ]
     finish = first.get("finishReason") if isinstance(first.get("finishReason"), str) else None
     feedback = response.get("promptFeedback") if isinstance(response.get("promptFeedback"), dict) else {}
     block = feedback.get("blockReason") if isinstance(feedback.get("blockReason"), str) else None
@@ -280,8 +338,11 @@ def response_columns(response: dict[str, Any]) -> tuple[Any, ...]:
     usage = response.get("usageMetadata") if isinstance(response.get("usageMetadata"), dict) else {}
     tokens: tuple[int | None, int | None, int | None] = (None, None, None)
     if any(_int(usage.get(k)) is not None for k in _TOKEN_FIELDS):
-        tokens = (_int(usage.get("promptTokenCount")) or 0, _int(usage.get("cachedContentTokenCount")) or 0,
-                  (_int(usage.get("candidatesTokenCount")) or 0) + (_int(usage.get("thoughtsTokenCount")) or 0))
+        tokens = (
+            _int(usage.get("promptTokenCount")) or 0,
+            _int(usage.get("cachedContentTokenCount")) or 0,
+            (_int(usage.get("candidatesTokenCount")) or 0) + (_int(usage.get("thoughtsTokenCount")) or 0),
+        )
     if refused:
         reason = "refusal"
         message = f"prompt blocked (blockReason={block})" if block else f"refused (finishReason={finish})"

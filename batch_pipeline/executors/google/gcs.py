@@ -13,10 +13,10 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import google.cloud.storage as storage
 from google.api_core import exceptions as gexc
 from google.auth import exceptions as auth_exc
 from google.auth.credentials import AnonymousCredentials
-import google.cloud.storage as storage
 
 from batch_pipeline.core.errors import BatchPipelineError, ConfigError, SystemicError, TransientError
 from batch_pipeline.executors.endpoint import sandbox_info
@@ -30,7 +30,13 @@ def sandbox_emulator_url(sandbox_url: str, timeout_s: float) -> str:
     given = os.environ.get(EMULATOR_ENV, "").strip()
     if given:
         return given if "://" in given else f"http://{given}"
-    return str(sandbox_info(sandbox_url, "/_sandbox/gcs", "the GCS emulator behind its Vertex jobs", timeout_s)["gcs_endpoint_url"])
+    return str(
+        sandbox_info(sandbox_url, "/_sandbox/gcs", "the GCS emulator behind its Vertex jobs", timeout_s)[
+            "gcs_endpoint_url"
+        ]
+    )
+
+
 PREDICTIONS_GLOB = "predictions*.jsonl"
 CHUNK_BYTES = 8 * 2**20
 
@@ -76,8 +82,9 @@ def translate_gcs(exc: Exception, action: str) -> BatchPipelineError:
     detail = getattr(exc, "message", None) or str(exc)
     msg = f"GCS {action} failed: {type(exc).__name__}: {detail}"
     if isinstance(exc, gexc.Unauthorized | gexc.Forbidden | auth_exc.DefaultCredentialsError | auth_exc.RefreshError):
-        return SystemicError(msg + " (check the Google credentials and their access to the bucket)",
-                             code="permission_denied")
+        return SystemicError(
+            msg + " (check the Google credentials and their access to the bucket)", code="permission_denied"
+        )
     if isinstance(exc, gexc.NotFound):
         return SystemicError(msg + " (does the bucket exist?)", code="not_found")
     if isinstance(exc, gexc.TooManyRequests | gexc.ServerError | auth_exc.TransportError | OSError):
@@ -101,8 +108,9 @@ class Gcs:
             if emulator_url is None:
                 self.client = storage.Client(project=project)
             else:
-                self.client = storage.Client(project=project, credentials=AnonymousCredentials(),
-                                             client_options={"api_endpoint": emulator_url})
+                self.client = storage.Client(
+                    project=project, credentials=AnonymousCredentials(), client_options={"api_endpoint": emulator_url}
+                )
         except _ERRORS as exc:
             raise translate_gcs(exc, "client setup") from None
 

@@ -29,17 +29,16 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import google.genai as genai
 import httpx2
 import pyarrow as pa
-import google.genai as genai
 from google.genai import errors as genai_errors
 from google.genai import types
 from pydantic import Field
 
-from batch_pipeline.core.ledger.capacity import Dimension
-from batch_pipeline.executors.quota import QueueCapped
 from batch_pipeline.core.error_table import Family, Where
 from batch_pipeline.core.errors import BatchPipelineError, ConfigError, QuotaError, SystemicError, TransientError
+from batch_pipeline.core.ledger.capacity import Dimension
 from batch_pipeline.core.run.executor import BatchHandle, BatchState, BatchStatus, ShardWork
 from batch_pipeline.core.run.threads import default_workers
 from batch_pipeline.core.spec.quota import Retention
@@ -48,6 +47,7 @@ from batch_pipeline.executors.google.embed_format import embed_input_file, parse
 from batch_pipeline.executors.google.format import ERROR_INFO, contents_writer, request_template
 from batch_pipeline.executors.openai.embeddings import is_embedding
 from batch_pipeline.executors.provider_errors import classified, redact, retry_after_s, retry_wait_s
+from batch_pipeline.executors.quota import QueueCapped
 from batch_pipeline.executors.settings import BatchProviderSettings
 
 log = logging.getLogger(__name__)
@@ -100,19 +100,45 @@ def _retry_delay(exc: genai_errors.APIError) -> float | None:
     return retry_after_s({k.lower(): v for k, v in headers.items()}) if headers is not None else None
 
 
-def translate(exc: Exception, action: str, secret: str | None = None, *, where: Where = Where.CALL,
-              dimension: Dimension | None = None) -> BatchPipelineError:
+def translate(
+    exc: Exception,
+    action: str,
+    secret: str | None = None,
+    *,
+    where: Where = Where.CALL,
+    dimension: Dimension | None = None,
+) -> BatchPipelineError:
     """SDK exception -> our error class, by the one error table; secrets redacted. ``where=CREATE`` (with the
     ``dimension`` it fills) for the batch create."""
     if isinstance(exc, genai_errors.APIError):
         reason = next((d.get("reason") for d in _details(exc) if d.get("@type") == ERROR_INFO), None)
         status = exc.status or ""
-        return classified(Family.GEMINI, "Gemini", action, exc.code or 0, status.lower() or None, exc.message or "",
-                          shown=status, reason=reason if isinstance(reason, str) else None,
-                          retry_after=_retry_delay(exc), where=where, dimension=dimension, secret=secret)
+        return classified(
+            Family.GEMINI,
+            "Gemini",
+            action,
+            exc.code or 0,
+            status.lower() or None,
+            exc.message or "",
+            shown=status,
+            reason=reason if isinstance(reason, str) else None,
+            retry_after=_retry_delay(exc),
+            where=where,
+            dimension=dimension,
+            secret=secret,
+        )
     if isinstance(exc, httpx2.TransportError):
-        return classified(Family.GEMINI, "Gemini", action, None, "connection_error", f"{type(exc).__name__}: {exc}",
-                          where=where, dimension=dimension, secret=secret)
+        return classified(
+            Family.GEMINI,
+            "Gemini",
+            action,
+            None,
+            "connection_error",
+            f"{type(exc).__name__}: {exc}",
+            where=where,
+            dimension=dimension,
+            secret=secret,
+        )
     if isinstance(exc, ValueError | KeyError) and action == "file upload":  # the upload session broke
         return TransientError(redact(f"Gemini {action} failed: {exc}", secret))
     return BatchPipelineError(redact(f"Gemini {action} failed: {type(exc).__name__}: {exc}", secret))
@@ -120,6 +146,7 @@ def translate(exc: Exception, action: str, secret: str | None = None, *, where: 
 
 def _unless_gone(fn: Callable[..., Any], gone: tuple[int, ...]) -> Callable[..., Any]:
     """``fn``, answering None where the API says the resource is not there (deleted before: idempotent)."""
+
     def call(**kwargs: Any) -> Any:
         try:
             return fn(**kwargs)
@@ -127,6 +154,7 @@ def _unless_gone(fn: Callable[..., Any], gone: tuple[int, ...]) -> Callable[...,
             if exc.code in gone:
                 return None
             raise
+
     return call
 
 
@@ -147,7 +175,8 @@ def input_file(work: ShardWork) -> bytes:
     prompts = work.items.column("user_prompt").to_pylist()
     return "".join(
         f'{{"key":{dumps(rid)},"request":{{"contents":{contents_of(prompt)},{shared}}}\n'
-        for rid, prompt in zip(ids, prompts)).encode("utf-8")
+        for rid, prompt in zip(ids, prompts)
+    ).encode("utf-8")
 
 
 class GeminiBatchExecutor(QueueCapped):
@@ -169,11 +198,13 @@ class GeminiBatchExecutor(QueueCapped):
         self.settings = settings
         self.poll_interval_s = settings.poll_interval()
         self.parse_workers = settings.parse_workers or default_workers()
-        base_url, api_key = resolve_endpoint(self.name, sandbox=settings.sandbox, base_url=settings.base_url,
-                                             api_key_env=resolve_key_env(settings))
+        base_url, api_key = resolve_endpoint(
+            self.name, sandbox=settings.sandbox, base_url=settings.base_url, api_key_env=resolve_key_env(settings)
+        )
         self._key = api_key
-        options = types.HttpOptions(base_url=base_url, api_version=settings.api_version,
-                                    timeout=int(settings.timeout_s * 1000))  # the SDK's timeout is in ms
+        options = types.HttpOptions(
+            base_url=base_url, api_version=settings.api_version, timeout=int(settings.timeout_s * 1000)
+        )  # the SDK's timeout is in ms
         self.client = genai.Client(api_key=api_key, http_options=options)
 
     # -- calls and retries ----------------------------------------------------------------------------------
@@ -199,15 +230,23 @@ class GeminiBatchExecutor(QueueCapped):
     # -- submit -------------------------------------------------------------------------------------------
     def submit(self, work: ShardWork) -> BatchHandle:
         if work.items.num_rows > self.max_requests_per_batch:
-            raise ConfigError(f"shard {work.shard_id} has {work.items.num_rows} requests; gemini_batch sends at "
-                              f"most {self.max_requests_per_batch} per batch (lower shards.max_requests)")
+            raise ConfigError(
+                f"shard {work.shard_id} has {work.items.num_rows} requests; gemini_batch sends at "
+                f"most {self.max_requests_per_batch} per batch (lower shards.max_requests)"
+            )
         embed = is_embedding(work.plan)
         data = embed_input_file(work) if embed else input_file(work)
         if len(data) > self.max_bytes_per_batch:
-            raise ConfigError(f"shard {work.shard_id} input is {len(data)} bytes; gemini_batch sends at most "
-                              f"{self.max_bytes_per_batch} per batch (lower shards.max_bytes)")
-        uploaded = self._call("file upload", lambda: self.client.files.upload(
-            file=io.BytesIO(data), config={"mime_type": INPUT_MIME, "display_name": work.key}))
+            raise ConfigError(
+                f"shard {work.shard_id} input is {len(data)} bytes; gemini_batch sends at most "
+                f"{self.max_bytes_per_batch} per batch (lower shards.max_bytes)"
+            )
+        uploaded = self._call(
+            "file upload",
+            lambda: self.client.files.upload(
+                file=io.BytesIO(data), config={"mime_type": INPUT_MIME, "display_name": work.key}
+            ),
+        )
         return self._create_once(work, uploaded.name, embed)
 
     def _create(self, model: str, file_name: str, key: str, embed: bool) -> types.BatchJob:
@@ -217,8 +256,9 @@ class GeminiBatchExecutor(QueueCapped):
             return self.client.batches.create(model=model, src=file_name, config={"display_name": key})
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", genai_errors.ExperimentalWarning)
-            return self.client.batches.create_embeddings(model=model, src={"file_name": file_name},
-                                                         config={"display_name": key})
+            return self.client.batches.create_embeddings(
+                model=model, src={"file_name": file_name}, config={"display_name": key}
+            )
 
     def _create_once(self, work: ShardWork, file_name: str, embed: bool = False) -> BatchHandle:
         """Create without blind retries: a create that failed in transit may have succeeded, so before each
@@ -236,8 +276,9 @@ class GeminiBatchExecutor(QueueCapped):
                 if not (isinstance(exc, genai_errors.APIError) and exc.code == 429):
                     found = self.find(work.key)
                     if found is not None:
-                        log.warning("batch create for %s failed (%s) but Google has it: %s", work.key, error,
-                                    found.batch_id)
+                        log.warning(
+                            "batch create for %s failed (%s) but Google has it: %s", work.key, error, found.batch_id
+                        )
                         return BatchHandle(self.name, found.batch_id, work.key, file_name)
                 if attempt == self.settings.max_retries:
                     raise error from None
@@ -327,12 +368,17 @@ class GeminiBatchExecutor(QueueCapped):
         itself, once the results are stored. The batch goes last: it is what names the result file, so a try cut
         short is finished by the next one. Anything already gone counts as deleted."""
         # one raw GET through the SDK's transport: its BatchJob drops the input file (``inputConfig.fileName``)
-        raw = self._call("batch get", _unless_gone(lambda name: self.client._api_client.request("get", name, {}),
-                                                   (404,)), name=handle.batch_id)
+        raw = self._call(
+            "batch get",
+            _unless_gone(lambda name: self.client._api_client.request("get", name, {}), (404,)),
+            name=handle.batch_id,
+        )
         operation = (json.loads(raw.body or "{}") or {}) if raw is not None else {}
         meta = operation.get("metadata") or {}
-        names = [(meta.get("inputConfig") or {}).get("fileName") or handle.input_file_id,
-                 (meta.get("output") or {}).get("responsesFile")]
+        names = [
+            (meta.get("inputConfig") or {}).get("fileName") or handle.input_file_id,
+            (meta.get("output") or {}).get("responsesFile"),
+        ]
         gone = []
         for name in dict.fromkeys(n for n in names if n):
             # a file that is not there answers 403 ("... or it may not exist"), as the real API does
@@ -343,8 +389,9 @@ class GeminiBatchExecutor(QueueCapped):
             gone.append(handle.batch_id)
         return gone
 
-    def find(self, key: str, request_ids: Sequence[str] | None = None,
-             not_before: str | None = None) -> BatchHandle | None:
+    def find(
+        self, key: str, request_ids: Sequence[str] | None = None, not_before: str | None = None
+    ) -> BatchHandle | None:
         """By the attempt key in the batch's display name (request IDs and time are not needed here)."""
         scanned = 0
         pager = self._call("batch list", self.client.batches.list, config={"page_size": 100})

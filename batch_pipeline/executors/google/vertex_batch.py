@@ -27,18 +27,17 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import google.genai as genai
 import httpx2
 import pyarrow as pa
-import google.genai as genai
 from google.genai import errors as genai_errors
 from google.genai import types as gtypes
 from google.oauth2.credentials import Credentials
 from pydantic import Field, model_validator
 
-from batch_pipeline.core.ledger.capacity import Dimension
-from batch_pipeline.executors.quota import QueueCapped
 from batch_pipeline.core.error_table import Family, Where
 from batch_pipeline.core.errors import BatchPipelineError, ConfigError, QuotaError, SystemicError, TransientError
+from batch_pipeline.core.ledger.capacity import Dimension
 from batch_pipeline.core.run.executor import BatchHandle, BatchState, BatchStatus, ShardWork
 from batch_pipeline.core.run.threads import default_workers
 from batch_pipeline.core.spec.quota import Retention
@@ -48,6 +47,7 @@ from batch_pipeline.executors.google.gcs import AttemptObjects, Gcs, parse_gs_ur
 from batch_pipeline.executors.google.vertex_lines import content_index, parse_predictions_block, request_lines
 from batch_pipeline.executors.jsonl_blocks import parse_stream
 from batch_pipeline.executors.provider_errors import classified, redact, retry_after_s, retry_wait_s
+from batch_pipeline.executors.quota import QueueCapped
 from batch_pipeline.executors.settings import BatchProviderSettings
 
 log = logging.getLogger(__name__)
@@ -83,12 +83,13 @@ except ImportError:  # pragma: no cover
 class VertexBatchSettings(BatchProviderSettings):
     """``backend.settings`` of ``vertex_batch``. Credentials come from the environment, never from the spec."""
 
-    api_key_env: str | None = Field(default=None, description="unused: Vertex takes application-default "
-                                                              "credentials")
+    api_key_env: str | None = Field(default=None, description="unused: Vertex takes application-default credentials")
     project: str | None = Field(default=None, description="default $GOOGLE_CLOUD_PROJECT")
     location: str | None = Field(default=None, description=f"default $GOOGLE_CLOUD_LOCATION, else {DEFAULT_LOCATION}")
-    bucket: str | None = Field(default=None, description=f"the GCS bucket for inputs and predictions (required; "
-                                                         f"{SANDBOX_BUCKET} on the sandbox)")
+    bucket: str | None = Field(
+        default=None,
+        description=f"the GCS bucket for inputs and predictions (required; {SANDBOX_BUCKET} on the sandbox)",
+    )
     prefix: str = Field(default="batch-pipeline", description="object prefix inside the bucket")
 
     @model_validator(mode="after")
@@ -100,8 +101,14 @@ class VertexBatchSettings(BatchProviderSettings):
         return self
 
 
-def translate(exc: Exception, action: str, secret: str | None = None, *, where: Where = Where.CALL,
-              dimension: Dimension | None = None) -> BatchPipelineError:
+def translate(
+    exc: Exception,
+    action: str,
+    secret: str | None = None,
+    *,
+    where: Where = Where.CALL,
+    dimension: Dimension | None = None,
+) -> BatchPipelineError:
     """SDK exception -> our error class, by the one error table; secrets redacted. ``where=CREATE`` (with the
     ``dimension`` it fills) for the batch job create."""
     if isinstance(exc, genai_errors.APIError):
@@ -110,15 +117,40 @@ def translate(exc: Exception, action: str, secret: str | None = None, *, where: 
         headers = getattr(exc.response, "headers", None) if exc.response is not None else None
         wait = retry_after_s(headers) if headers is not None else None
         error = exc.details.get("error") if isinstance(exc.details, dict) else None
-        reason = next((d.get("reason") for d in (error or {}).get("details") or []
-                       if isinstance(d, dict) and d.get("@type") == ERROR_INFO), None)
-        return classified(Family.VERTEX, "Vertex AI", action, exc.code, status.lower() or None, detail, shown=status,
-                          reason=reason if isinstance(reason, str) else None,
-                          retry_after=wait or retry_delay_s(exc.details), where=where, dimension=dimension,
-                          secret=secret)
+        reason = next(
+            (
+                d.get("reason")
+                for d in (error or {}).get("details") or []
+                if isinstance(d, dict) and d.get("@type") == ERROR_INFO
+            ),
+            None,
+        )
+        return classified(
+            Family.VERTEX,
+            "Vertex AI",
+            action,
+            exc.code,
+            status.lower() or None,
+            detail,
+            shown=status,
+            reason=reason if isinstance(reason, str) else None,
+            retry_after=wait or retry_delay_s(exc.details),
+            where=where,
+            dimension=dimension,
+            secret=secret,
+        )
     if isinstance(exc, _TRANSPORT_ERRORS):
-        return classified(Family.VERTEX, "Vertex AI", action, None, "connection_error",
-                          f"{type(exc).__name__}: {exc}", where=where, dimension=dimension, secret=secret)
+        return classified(
+            Family.VERTEX,
+            "Vertex AI",
+            action,
+            None,
+            "connection_error",
+            f"{type(exc).__name__}: {exc}",
+            where=where,
+            dimension=dimension,
+            secret=secret,
+        )
     return BatchPipelineError(redact(f"Vertex AI {action} failed: {type(exc).__name__}: {exc}", secret))
 
 
@@ -139,7 +171,7 @@ class VertexBatchExecutor(QueueCapped):
     name = "vertex_batch"
     quota_dimensions = (Dimension.JOBS,)
     quota_per_model = False  # concurrent jobs per project and region
-    window_hours = None      # outputs land in our own bucket; no provider window is stated here
+    window_hours = None  # outputs land in our own bucket; no provider window is stated here
     pricing = "batch"
     max_requests_per_batch = 200_000
     max_bytes_per_batch = 2**30
@@ -149,20 +181,29 @@ class VertexBatchExecutor(QueueCapped):
         self.settings = settings
         self.poll_interval_s = settings.poll_interval()
         self.parse_workers = settings.parse_workers or default_workers()
-        self.project = settings.project or os.environ.get("GOOGLE_CLOUD_PROJECT") or (
-            SANDBOX_PROJECT if settings.sandbox else None)
+        self.project = (
+            settings.project
+            or os.environ.get("GOOGLE_CLOUD_PROJECT")
+            or (SANDBOX_PROJECT if settings.sandbox else None)
+        )
         if not self.project:
             raise ConfigError("backend vertex_batch needs a project: settings.project or $GOOGLE_CLOUD_PROJECT")
         self.location = settings.location or os.environ.get("GOOGLE_CLOUD_LOCATION") or DEFAULT_LOCATION
         self.bucket = settings.bucket or SANDBOX_BUCKET
-        base_url, _ = resolve_endpoint(self.name, sandbox=settings.sandbox, base_url=settings.base_url,
-                                       api_key_env=None, key_required=False)
+        base_url, _ = resolve_endpoint(
+            self.name, sandbox=settings.sandbox, base_url=settings.base_url, api_key_env=None, key_required=False
+        )
         options = gtypes.HttpOptions(base_url=base_url, timeout=int(settings.timeout_s * 1000))
         credentials = Credentials(token=SANDBOX_TOKEN) if settings.sandbox else None  # else ADC, loaded by the SDK
         self._token = SANDBOX_TOKEN if settings.sandbox else None
         try:
-            self.client = genai.Client(vertexai=True, project=self.project, location=self.location,
-                                       credentials=credentials, http_options=options)
+            self.client = genai.Client(
+                vertexai=True,
+                project=self.project,
+                location=self.location,
+                credentials=credentials,
+                http_options=options,
+            )
         except ValueError as exc:
             raise ConfigError(f"backend vertex_batch: {exc}") from None
         emulator = sandbox_emulator_url(os.environ[SANDBOX_URL_ENV], settings.timeout_s) if settings.sandbox else None
@@ -187,12 +228,16 @@ class VertexBatchExecutor(QueueCapped):
     # -- submit ---------------------------------------------------------------------------------------------
     def submit(self, work: ShardWork) -> BatchHandle:
         if work.items.num_rows > self.max_requests_per_batch:
-            raise ConfigError(f"shard {work.shard_id} has {work.items.num_rows} requests; Vertex allows "
-                              f"{self.max_requests_per_batch} per batch job (lower shards.max_requests)")
+            raise ConfigError(
+                f"shard {work.shard_id} has {work.items.num_rows} requests; Vertex allows "
+                f"{self.max_requests_per_batch} per batch job (lower shards.max_requests)"
+            )
         data = request_lines(work)
         if len(data) > self.max_bytes_per_batch:
-            raise ConfigError(f"shard {work.shard_id} input is {len(data)} bytes; Vertex reads at most "
-                              f"{self.max_bytes_per_batch} per input file (lower shards.max_bytes)")
+            raise ConfigError(
+                f"shard {work.shard_id} input is {len(data)} bytes; Vertex reads at most "
+                f"{self.max_bytes_per_batch} per input file (lower shards.max_bytes)"
+            )
         objects = AttemptObjects.for_key(self.bucket, self.settings.prefix, work.key)
         self.gcs.upload(objects.bucket, objects.input_name, data)
         return self._create_once(work, objects)
@@ -214,8 +259,12 @@ class VertexBatchExecutor(QueueCapped):
                 if not (isinstance(exc, genai_errors.APIError) and exc.code == 429):  # a 429 created nothing
                     found = self.find(work.key)
                     if found is not None:
-                        log.warning("batch job create for %s failed (%s) but the job exists as %s; using it",
-                                    work.key, error, found.batch_id)
+                        log.warning(
+                            "batch job create for %s failed (%s) but the job exists as %s; using it",
+                            work.key,
+                            error,
+                            found.batch_id,
+                        )
                         return found
                 if attempt == self.settings.max_retries:
                     raise error from None
@@ -237,8 +286,11 @@ class VertexBatchExecutor(QueueCapped):
         except KeyError:
             raise BatchPipelineError(f"Vertex batch job {job.name} has unknown state {job.state!r}") from None
         stats = job.completion_stats
-        ok, failed, incomplete = ((stats.successful_count or 0, stats.failed_count or 0, stats.incomplete_count or 0)
-                                  if stats is not None else (0, 0, 0))
+        ok, failed, incomplete = (
+            (stats.successful_count or 0, stats.failed_count or 0, stats.incomplete_count or 0)
+            if stats is not None
+            else (0, 0, 0)
+        )
         errors = [f"{job.error.code}: {job.error.message}"] if job.error is not None and job.error.message else []
         provider_status = job.state.value if isinstance(job.state, S) else str(job.state)
         return BatchStatus(state, provider_status, ok + failed + incomplete, ok, failed + incomplete, errors)
@@ -255,25 +307,28 @@ class VertexBatchExecutor(QueueCapped):
         job = self._get(handle)
         where = self._output_dir(job)
         if where is None:
-            log.warning("Vertex batch job %s (%s) has no output directory: no results", handle.batch_id,
-                        job.state)
+            log.warning("Vertex batch job %s (%s) has no output directory: no results", handle.batch_id, job.state)
             return
         bucket, prefix = where
         lookup = self._lookup(handle)
         lines = 0
         for name in self.gcs.list_names(bucket, prefix):
-            for table in parse_stream(lambda block: parse_predictions_block(block, lookup),
-                                      self.gcs.stream(bucket, name), self.parse_workers):
+            for table in parse_stream(
+                lambda block: parse_predictions_block(block, lookup), self.gcs.stream(bucket, name), self.parse_workers
+            ):
                 lines += table.num_rows
                 yield table
         stats = job.completion_stats
         reported = (stats.successful_count or 0) + (stats.failed_count or 0) if stats is not None else 0
         if lines < reported:
-            raise TransientError(f"Vertex batch job {handle.batch_id}: {lines} prediction lines under "
-                                 f"gs://{bucket}/{prefix}, but completionStats reports {reported} processed")
+            raise TransientError(
+                f"Vertex batch job {handle.batch_id}: {lines} prediction lines under "
+                f"gs://{bucket}/{prefix}, but completionStats reports {reported} processed"
+            )
         if lines > reported and stats is not None:
-            log.warning("Vertex batch job %s: %d prediction lines, completionStats reports %d", handle.batch_id,
-                        lines, reported)
+            log.warning(
+                "Vertex batch job %s: %d prediction lines, completionStats reports %d", handle.batch_id, lines, reported
+            )
 
     def _lookup(self, handle: BatchHandle) -> Callable[[str], str | None]:
         """contents digest -> request ID from the attempt's input object, read once and only if a line needs it."""
@@ -319,16 +374,18 @@ class VertexBatchExecutor(QueueCapped):
         bucket, prefix = parse_gs_uri(dest) if dest else (self.bucket, "")
         prefix = prefix.strip("/")
         if not prefix.endswith("/output"):  # not a prefix we made: never delete under it
-            log.warning("Vertex batch job %s: output %s is not an attempt's own prefix; left as it is",
-                        handle.batch_id, dest)
+            log.warning(
+                "Vertex batch job %s: output %s is not an attempt's own prefix; left as it is", handle.batch_id, dest
+            )
             return gone
         for name in self.gcs.list_names(bucket, prefix + "/", pattern="*"):
             self.gcs.delete(bucket, name)
             gone.append(f"gs://{bucket}/{name}")
         return gone
 
-    def find(self, key: str, request_ids: Sequence[str] | None = None,
-             not_before: str | None = None) -> BatchHandle | None:
+    def find(
+        self, key: str, request_ids: Sequence[str] | None = None, not_before: str | None = None
+    ) -> BatchHandle | None:
         """The job whose display name is the attempt key (the newest, should there be several)."""
         config = gtypes.ListBatchJobsConfig(page_size=100, filter=f'display_name="{key}"')
         pager = self._call("batch job list", self.client.batches.list, config=config)

@@ -30,18 +30,35 @@ import pyarrow.compute as pc
 
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA, ShardWork
-from batch_pipeline.executors.google.format import (LineLayout, contents_writer, error_columns, parse_block,
-                                                    request_template, response_columns)
+from batch_pipeline.executors.google.format import (
+    LineLayout,
+    contents_writer,
+    error_columns,
+    parse_block,
+    request_template,
+    response_columns,
+)
 from batch_pipeline.executors.jsonl_blocks import replace_rows
 
 ID_LABEL = "batch_pipeline_rid"
 # the error path names a field Vertex never writes: a failed line's error is a text in "status", parsed here
-VERTEX_LAYOUT = LineLayout(key=f"$.request.labels.{ID_LABEL}", response="$.response",
-                           error="$.batch_pipeline_no_error_object")
+VERTEX_LAYOUT = LineLayout(
+    key=f"$.request.labels.{ID_LABEL}", response="$.response", error="$.batch_pipeline_no_error_object"
+)
 # the reason phrase a status text starts with -> HTTP status, for a text that carries no JSON error
-STATUS_PHRASES = {"bad request": 400, "unauthorized": 401, "forbidden": 403, "not found": 404,
-                  "too many requests": 429, "resource exhausted": 429, "internal server error": 500,
-                  "internal": 500, "service unavailable": 503, "deadline exceeded": 504, "gateway timeout": 504}
+STATUS_PHRASES = {
+    "bad request": 400,
+    "unauthorized": 401,
+    "forbidden": 403,
+    "not found": 404,
+    "too many requests": 429,
+    "resource exhausted": 429,
+    "internal server error": 500,
+    "internal": 500,
+    "service unavailable": 503,
+    "deadline exceeded": 504,
+    "gateway timeout": 504,
+}
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 IdLookup = Callable[[str], str | None]  # contents digest -> request ID
 
@@ -49,8 +66,10 @@ IdLookup = Callable[[str], str | None]  # contents digest -> request ID
 def encode_id(request_id: str) -> str:
     """A 64-hex request ID as a Vertex label value (52 lower-case base32 characters)."""
     if not _HEX64.match(request_id):
-        raise ConfigError(f"request_id {request_id!r} is not 64 lower-case hex characters; vertex_batch carries "
-                          "request IDs in request labels and needs the sha256 form")
+        raise ConfigError(
+            f"request_id {request_id!r} is not 64 lower-case hex characters; vertex_batch carries "
+            "request IDs in request labels and needs the sha256 form"
+        )
     return base64.b32encode(bytes.fromhex(request_id)).decode("ascii").rstrip("=").lower()
 
 
@@ -75,10 +94,12 @@ def request_lines(work: ShardWork) -> bytes:
     """The input JSONL: one ``{"request": {...}}`` line per item; the shared part is serialised once."""
     shared = json.dumps(request_template(work.plan), ensure_ascii=False, separators=(",", ":"))[1:-1]
     contents_of = contents_writer(work.plan)
-    lines = [f'{{"request":{{"contents":{contents_of(prompt)},'
-             f'{shared},"labels":{{"{ID_LABEL}":"{encode_id(rid)}"}}}}}}'
-             for rid, prompt in zip(work.items.column("request_id").to_pylist(),
-                                    work.items.column("user_prompt").to_pylist())]
+    lines = [
+        f'{{"request":{{"contents":{contents_of(prompt)},{shared},"labels":{{"{ID_LABEL}":"{encode_id(rid)}"}}}}}}'
+        for rid, prompt in zip(
+            work.items.column("request_id").to_pylist(), work.items.column("user_prompt").to_pylist()
+        )
+    ]
     return ("\n".join(lines) + "\n").encode("utf-8")
 
 
@@ -131,16 +152,28 @@ def _row(line: bytes, lookup: IdLookup | None) -> tuple[Any, ...]:
         return (rid, *error_columns(status), None, raw)
     if isinstance(response, dict) and response:
         return (rid, *response_columns(response), raw)
-    return (rid, None, None, None, None, None, None, "missing_result",
-            "the prediction line has neither a response nor a status", None, raw)
+    return (
+        rid,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        "missing_result",
+        "the prediction line has neither a response nor a status",
+        None,
+        raw,
+    )
 
 
 def parse_lines(block: bytes, lookup: IdLookup | None = None) -> pa.Table:
     """Prediction lines one by one (``json.loads``)."""
     rows = [_row(line, lookup) for line in block.split(b"\n") if line.strip()]
     columns = list(zip(*rows)) if rows else [[] for _ in RAW_RESULT_SCHEMA]
-    return pa.Table.from_arrays([pa.array(c, f.type) for c, f in zip(columns, RAW_RESULT_SCHEMA, strict=True)],
-                                schema=RAW_RESULT_SCHEMA)
+    return pa.Table.from_arrays(
+        [pa.array(c, f.type) for c, f in zip(columns, RAW_RESULT_SCHEMA, strict=True)], schema=RAW_RESULT_SCHEMA
+    )
 
 
 def parse_predictions_block(block: bytes, lookup: IdLookup | None = None) -> pa.Table:

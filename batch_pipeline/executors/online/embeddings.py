@@ -58,8 +58,20 @@ def embedding_success_row(request_id: str, payload: str, provider_request_id: st
         body = json.loads(payload)
         vector, tokens = embedding_from_response(body if isinstance(body, dict) else {})
     except ValueError as exc:
-        return (request_id, 200, None, None, None, None, None, "unparseable_response",
-                f"the 200 response is not JSON: {exc}", provider_request_id, payload, None)
+        return (
+            request_id,
+            200,
+            None,
+            None,
+            None,
+            None,
+            None,
+            "unparseable_response",
+            f"the 200 response is not JSON: {exc}",
+            provider_request_id,
+            payload,
+            None,
+        )
     code = None if vector is not None else "unparseable_response"
     message = None if vector is not None else "the 200 response carries no embedding"
     return (request_id, 200, None, None, tokens, 0, 0, code, message, provider_request_id, payload, vector)
@@ -70,5 +82,4 @@ def rows_table(rows: Sequence[tuple[Any, ...]]) -> pa.Table:
     table = raw_table([r[:_WIDTH] for r in rows])
     if not any(len(r) > _WIDTH for r in rows):
         return table
-    return table.append_column(EMBEDDING_FIELD, vectors_array([r[_WIDTH] if len(r) > _WIDTH else None
-                                                               for r in rows]))
+    return table.append_column(EMBEDDING_FIELD, vectors_array([r[_WIDTH] if len(r) > _WIDTH else None for r in rows]))

@@ -27,13 +27,17 @@ from pydantic import Field
 from batch_pipeline.core.error_table import Family, Where, decide
 from batch_pipeline.core.errors import ConfigError, SystemicError
 from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA, ShardWork
-from batch_pipeline.executors.online.embeddings import (EMBEDDINGS_PATH, EmbeddingBodyBuilder, embedding_success_row,
-                                                        rows_table)
+from batch_pipeline.executors.endpoint import resolve_endpoint
+from batch_pipeline.executors.online.embeddings import (
+    EMBEDDINGS_PATH,
+    EmbeddingBodyBuilder,
+    embedding_success_row,
+    rows_table,
+)
+from batch_pipeline.executors.online.rate_limit import RateLimiter
 from batch_pipeline.executors.online.transport import BodyBuilder, HttpTransport, Reply, SdkTransport, Transport
 from batch_pipeline.executors.openai.embeddings import is_embedding
-from batch_pipeline.executors.endpoint import resolve_endpoint
 from batch_pipeline.executors.provider_errors import redact, retry_after_s
-from batch_pipeline.executors.online.rate_limit import RateLimiter
 from batch_pipeline.executors.settings import ProviderSettings
 
 log = logging.getLogger(__name__)
@@ -92,8 +96,15 @@ def classify(reply: Reply) -> Outcome:
     except (ValueError, AttributeError):
         pass
     should_retry = reply.headers.get("x-should-retry")
-    decision = decide(Family.OPENAI, reply.status, code, message, reason=kind, where=Where.REQUEST,
-                      should_retry={"true": True, "false": False}.get(should_retry or ""))
+    decision = decide(
+        Family.OPENAI,
+        reply.status,
+        code,
+        message,
+        reason=kind,
+        where=Where.REQUEST,
+        should_retry={"true": True, "false": False}.get(should_retry or ""),
+    )
     return Outcome(decision.kind.value, reply.status, decision.stop or code or f"http_{reply.status}", message, text)
 
 
@@ -113,18 +124,50 @@ def success_row(request_id: str, outcome: Outcome, headers: dict[str, str]) -> t
         if content is not None and not isinstance(content, str):
             content = json.dumps(content)
         refusal = message.get("refusal")
-        return (request_id, 200, content, choice.get("finish_reason"), usage.get("prompt_tokens"), cached,
-                usage.get("completion_tokens"), None, f"refused: {refusal}" if refusal else None, rid,
-                outcome.payload)
+        return (
+            request_id,
+            200,
+            content,
+            choice.get("finish_reason"),
+            usage.get("prompt_tokens"),
+            cached,
+            usage.get("completion_tokens"),
+            None,
+            f"refused: {refusal}" if refusal else None,
+            rid,
+            outcome.payload,
+        )
     except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
-        return (request_id, 200, None, None, None, None, None, "unparseable_response",
-                f"the 200 response is not a chat completion: {exc!r}", rid, outcome.payload)
+        return (
+            request_id,
+            200,
+            None,
+            None,
+            None,
+            None,
+            None,
+            "unparseable_response",
+            f"the 200 response is not a chat completion: {exc!r}",
+            rid,
+            outcome.payload,
+        )
 
 
 def error_row(request_id: str, outcome: Outcome, headers: dict[str, str], secret: str | None) -> tuple[Any, ...]:
     """A RAW_RESULT_SCHEMA row for a request that failed for good (poison, or retries spent)."""
-    return (request_id, outcome.status, None, None, None, None, None, outcome.code,
-            redact(outcome.message, secret), headers.get("x-request-id"), redact(outcome.payload, secret) or None)
+    return (
+        request_id,
+        outcome.status,
+        None,
+        None,
+        None,
+        None,
+        None,
+        outcome.code,
+        redact(outcome.message, secret),
+        headers.get("x-request-id"),
+        redact(outcome.payload, secret) or None,
+    )
 
 
 class _Stats:
@@ -144,10 +187,14 @@ class OnlineExecutor:
     def __init__(self, settings: OnlineSettings) -> None:
         self.settings = settings
         self.pricing = settings.pricing
-        base_url, api_key = resolve_endpoint(self.name, sandbox=settings.sandbox,
-                                             base_url=settings.base_url or DEFAULT_BASE_URL,
-                                             api_key_env=settings.api_key_env, sandbox_path="/v1",
-                                             key_required=bool(settings.api_key_env))
+        base_url, api_key = resolve_endpoint(
+            self.name,
+            sandbox=settings.sandbox,
+            base_url=settings.base_url or DEFAULT_BASE_URL,
+            api_key_env=settings.api_key_env,
+            sandbox_path="/v1",
+            key_required=bool(settings.api_key_env),
+        )
         assert base_url is not None
         if not base_url.startswith(("http://", "https://")):
             raise ConfigError(f"backend online: base_url must be an http(s) URL, not {base_url!r}")
@@ -190,8 +237,11 @@ class OnlineExecutor:
         total = len(ids)
         if total == 0:
             return
-        builder = (EmbeddingBodyBuilder(work.plan, s.extra_body) if is_embedding(work.plan)
-                   else BodyBuilder(work.plan, s.extra_body))
+        builder = (
+            EmbeddingBodyBuilder(work.plan, s.extra_body)
+            if is_embedding(work.plan)
+            else BodyBuilder(work.plan, s.extra_body)
+        )
         limiter = RateLimiter(s.rpm, s.tpm)
         items = iter(zip(ids, prompts, strict=True))
         items_lock = threading.Lock()
@@ -229,8 +279,9 @@ class OnlineExecutor:
                 ended.append(threading.current_thread().name)
                 wake.set()
 
-        threads = [threading.Thread(target=worker, name=f"online-{i}", daemon=True)
-                   for i in range(min(s.concurrency, total))]
+        threads = [
+            threading.Thread(target=worker, name=f"online-{i}", daemon=True) for i in range(min(s.concurrency, total))
+        ]
         for thread in threads:
             thread.start()
         log.info("online %s: %d requests to %s, concurrency %d", work.key, total, self.base_url, len(threads))
@@ -266,19 +317,38 @@ class OnlineExecutor:
                 if buffer:  # only a run left early holds rows here: a finished one yielded them all
                     self._keep_unflushed(work.key, buffer[:])
                 if any(thread.is_alive() for thread in threads):
-                    log.warning("online %s: requests still in flight after %.0f s; their results are lost",
-                                work.key, s.timeout_s + 1)
+                    log.warning(
+                        "online %s: requests still in flight after %.0f s; their results are lost",
+                        work.key,
+                        s.timeout_s + 1,
+                    )
         self._progress(work, stats, total, started, limiter)
         if failures:
             raise failures[0]
 
     def _progress(self, work: ShardWork, stats: _Stats, total: int, started: float, limiter: RateLimiter) -> None:
         elapsed = max(time.monotonic() - started, 1e-9)
-        log.info("online %s: %d/%d done (%.1f/s), %d requests sent, %d retries, %.1f s waited on rate limits",
-                 work.key, stats.done, total, stats.done / elapsed, stats.sent, stats.retries, limiter.waited_s)
+        log.info(
+            "online %s: %d/%d done (%.1f/s), %d requests sent, %d retries, %.1f s waited on rate limits",
+            work.key,
+            stats.done,
+            total,
+            stats.done / elapsed,
+            stats.sent,
+            stats.retries,
+            limiter.waited_s,
+        )
 
-    def _one(self, request_id: str, prompt: str, transport: Transport, builder: BodyBuilder | EmbeddingBodyBuilder,
-             limiter: RateLimiter, stop: threading.Event, stats: _Stats) -> tuple[Any, ...] | None:
+    def _one(
+        self,
+        request_id: str,
+        prompt: str,
+        transport: Transport,
+        builder: BodyBuilder | EmbeddingBodyBuilder,
+        limiter: RateLimiter,
+        stop: threading.Event,
+        stats: _Stats,
+    ) -> tuple[Any, ...] | None:
         """All attempts at one item: its row, or None when the run stopped first (nothing recorded)."""
         tokens = builder.estimate_tokens(prompt)
         attempts = self.settings.max_attempts_per_request
@@ -292,13 +362,20 @@ class OnlineExecutor:
                 limiter.observe(reply.headers)
             outcome = classify(reply)
             if outcome.kind == "ok":
-                row = (embedding_success_row(request_id, outcome.payload, reply.headers.get("x-request-id"))
-                       if builder.path == EMBEDDINGS_PATH else success_row(request_id, outcome, reply.headers))
+                row = (
+                    embedding_success_row(request_id, outcome.payload, reply.headers.get("x-request-id"))
+                    if builder.path == EMBEDDINGS_PATH
+                    else success_row(request_id, outcome, reply.headers)
+                )
             elif outcome.kind == "systemic":
-                raise SystemicError(redact(
-                    f"online endpoint {self.base_url} refused the job: HTTP {outcome.status} {outcome.code}: "
-                    f"{outcome.message} (check the API key, model and account; then re-run to resume)",
-                    self._api_key), code=outcome.code)
+                raise SystemicError(
+                    redact(
+                        f"online endpoint {self.base_url} refused the job: HTTP {outcome.status} {outcome.code}: "
+                        f"{outcome.message} (check the API key, model and account; then re-run to resume)",
+                        self._api_key,
+                    ),
+                    code=outcome.code,
+                )
             elif outcome.kind == "poison" or attempt == attempts:
                 row = error_row(request_id, outcome, reply.headers, self._api_key)
             else:
@@ -314,4 +391,3 @@ class OnlineExecutor:
                 stats.done += 1
             return row
         return None
-

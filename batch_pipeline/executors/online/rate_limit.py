@@ -62,8 +62,14 @@ class _Bucket:
 class RateLimiter:
     """Requests-per-minute and tokens-per-minute limits shared by every worker thread of one run."""
 
-    def __init__(self, rpm: float | None = None, tpm: float | None = None, *, burst_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        rpm: float | None = None,
+        tpm: float | None = None,
+        *,
+        burst_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._lock = threading.Lock()
         self._clock = clock
         self._burst_s = burst_s

@@ -97,8 +97,9 @@ class HttpTransport:
     def _connection(self) -> http.client.HTTPConnection:
         if self._conn is None:
             if self._https:
-                self._conn = http.client.HTTPSConnection(self._host, self._port, timeout=self._timeout,
-                                                         context=ssl.create_default_context())
+                self._conn = http.client.HTTPSConnection(
+                    self._host, self._port, timeout=self._timeout, context=ssl.create_default_context()
+                )
             else:
                 self._conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
             self._reused = False
@@ -140,11 +141,17 @@ class HttpTransport:
 class SdkTransport:
     """The ``openai`` SDK (thread-safe; one client shared by every worker)."""
 
-    def __init__(self, base_url: str | None, api_key: str | None, timeout_s: float, concurrency: int,
-                 builder: BodyBuilder) -> None:
+    def __init__(
+        self, base_url: str | None, api_key: str | None, timeout_s: float, concurrency: int, builder: BodyBuilder
+    ) -> None:
         limits = httpx2.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-        self._client = openai.OpenAI(api_key=api_key or "EMPTY", base_url=base_url, max_retries=0,
-                                     timeout=timeout_s, http_client=openai.DefaultHttpxClient(limits=limits))
+        self._client = openai.OpenAI(
+            api_key=api_key or "EMPTY",
+            base_url=base_url,
+            max_retries=0,
+            timeout=timeout_s,
+            http_client=openai.DefaultHttpxClient(limits=limits),
+        )
         self._builder = builder
 
     def close(self) -> None:
@@ -153,7 +160,8 @@ class SdkTransport:
     def send(self, prompt: str, retry: int) -> Reply:
         try:
             raw = self._builder.sdk_create(self._client)(
-                **self._builder.kwargs(prompt), extra_headers={"x-stainless-retry-count": str(retry)})
+                **self._builder.kwargs(prompt), extra_headers={"x-stainless-retry-count": str(retry)}
+            )
             response = raw.http_response
         except openai.APIStatusError as exc:
             response = exc.response

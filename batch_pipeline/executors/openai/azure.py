@@ -29,12 +29,14 @@ class AzureOpenAIBatchSettings(OpenAIBatchSettings):
     environment only: an Entra ID token in ``ad_token_env`` wins over the key in ``api_key_env``."""
 
     api_key_env: str | None = "AZURE_OPENAI_API_KEY"
-    ad_token_env: str | None = Field(default="AZURE_OPENAI_AD_TOKEN",
-                                     description="environment variable holding a Microsoft Entra ID bearer token")
+    ad_token_env: str | None = Field(
+        default="AZURE_OPENAI_AD_TOKEN", description="environment variable holding a Microsoft Entra ID bearer token"
+    )
     endpoint_env: str = "AZURE_OPENAI_ENDPOINT"
     api_version: str = GA_API_VERSION
-    deployments: dict[str, str] = Field(default_factory=dict,
-                                        description="model -> Global-Batch deployment name (default: the model name)")
+    deployments: dict[str, str] = Field(
+        default_factory=dict, description="model -> Global-Batch deployment name (default: the model name)"
+    )
 
 
 class AzureOpenAIBatchExecutor(OpenAIBatchExecutor):
@@ -48,19 +50,31 @@ class AzureOpenAIBatchExecutor(OpenAIBatchExecutor):
 
     def _make_client(self, settings: AzureOpenAIBatchSettings) -> tuple[openai.OpenAI, str | None]:  # type: ignore[override]
         token = os.environ.get(settings.ad_token_env) if settings.ad_token_env else None
-        endpoint, api_key = resolve_endpoint(self.name, sandbox=settings.sandbox,
-                                             base_url=settings.base_url or os.environ.get(settings.endpoint_env),
-                                             api_key_env=settings.api_key_env, key_required=False)
+        endpoint, api_key = resolve_endpoint(
+            self.name,
+            sandbox=settings.sandbox,
+            base_url=settings.base_url or os.environ.get(settings.endpoint_env),
+            api_key_env=settings.api_key_env,
+            key_required=False,
+        )
         if not endpoint:
-            raise ConfigError(f"backend {self.name} needs the resource endpoint in backend.settings.base_url or "
-                              f"${settings.endpoint_env}")
-        common = {"azure_endpoint": endpoint, "api_version": settings.api_version,
-                  "max_retries": settings.max_retries, "timeout": settings.timeout_s}
+            raise ConfigError(
+                f"backend {self.name} needs the resource endpoint in backend.settings.base_url or "
+                f"${settings.endpoint_env}"
+            )
+        common = {
+            "azure_endpoint": endpoint,
+            "api_version": settings.api_version,
+            "max_retries": settings.max_retries,
+            "timeout": settings.timeout_s,
+        }
         if token:
             return openai.AzureOpenAI(azure_ad_token=token, **common), token
         if not api_key:
-            raise ConfigError(f"backend {self.name} needs a key in ${settings.api_key_env} or an Entra ID token "
-                              f"in ${settings.ad_token_env}")
+            raise ConfigError(
+                f"backend {self.name} needs a key in ${settings.api_key_env} or an Entra ID token "
+                f"in ${settings.ad_token_env}"
+            )
         return openai.AzureOpenAI(api_key=api_key, **common), api_key
 
     def deployment(self, model: str) -> str:

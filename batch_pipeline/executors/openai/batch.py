@@ -15,19 +15,29 @@ import httpx2
 import openai
 import pyarrow as pa
 
-from batch_pipeline.core.ledger.capacity import Dimension
-from batch_pipeline.executors.quota import QueueCapped
 from batch_pipeline.core.error_table import Family, Where
-from batch_pipeline.core.errors import (BatchPipelineError, ConfigError, QuotaError, ResultsGoneError, SystemicError,
-                                        TransientError)
+from batch_pipeline.core.errors import (
+    BatchPipelineError,
+    ConfigError,
+    QuotaError,
+    ResultsGoneError,
+    SystemicError,
+    TransientError,
+)
+from batch_pipeline.core.ledger.capacity import Dimension
 from batch_pipeline.core.run.executor import BatchHandle, BatchState, BatchStatus, ShardWork
 from batch_pipeline.core.run.threads import default_workers
 from batch_pipeline.core.spec.quota import Retention
 from batch_pipeline.executors.endpoint import resolve_endpoint
-from batch_pipeline.executors.openai.embeddings import (EMBEDDINGS_URL, embedding_request_lines, is_embedding,
-                                                       parse_embedding_stream)
+from batch_pipeline.executors.openai.embeddings import (
+    EMBEDDINGS_URL,
+    embedding_request_lines,
+    is_embedding,
+    parse_embedding_stream,
+)
 from batch_pipeline.executors.openai.format import CHAT_URL, parse_output_stream, request_lines
 from batch_pipeline.executors.provider_errors import classified, redact, retry_after_s
+from batch_pipeline.executors.quota import QueueCapped
 from batch_pipeline.executors.settings import BatchProviderSettings
 
 log = logging.getLogger(__name__)
@@ -45,6 +55,7 @@ STATUS_MAP = {
     "failed": BatchState.FAILED,
 }
 
+
 class OpenAIBatchSettings(BatchProviderSettings):
     """``backend.settings`` of ``openai_batch``. The key is read from the environment, never from the spec."""
 
@@ -52,9 +63,16 @@ class OpenAIBatchSettings(BatchProviderSettings):
     completion_window: str = "24h"
 
 
-def translate(exc: Exception, action: str, secret: str | None = None, provider: str = "OpenAI", *,
-              family: Family = Family.OPENAI, where: Where = Where.CALL,
-              dimension: Dimension | None = None) -> BatchPipelineError:
+def translate(
+    exc: Exception,
+    action: str,
+    secret: str | None = None,
+    provider: str = "OpenAI",
+    *,
+    family: Family = Family.OPENAI,
+    where: Where = Where.CALL,
+    dimension: Dimension | None = None,
+) -> BatchPipelineError:
     """SDK exception -> our error class (after the SDK's own retries were spent), by the one error table; secrets
     redacted. ``where=CREATE`` (with the ``dimension`` it fills) for the batch create."""
     if isinstance(exc, openai.APIStatusError):
@@ -64,11 +82,31 @@ def translate(exc: Exception, action: str, secret: str | None = None, provider: 
         code = str(code) if code is not None else None
         headers = exc.response.headers if exc.response is not None else None
         detail = body.get("message") or inner.get("message") or exc.message
-        return classified(family, provider, action, exc.status_code, code, str(detail), reason=kind,
-                          retry_after=retry_after_s(headers), where=where, dimension=dimension, secret=secret)
+        return classified(
+            family,
+            provider,
+            action,
+            exc.status_code,
+            code,
+            str(detail),
+            reason=kind,
+            retry_after=retry_after_s(headers),
+            where=where,
+            dimension=dimension,
+            secret=secret,
+        )
     if isinstance(exc, openai.APIConnectionError | openai.APITimeoutError):
-        return classified(family, provider, action, None, "connection_error", f"{type(exc).__name__}: {exc}",
-                          where=where, dimension=dimension, secret=secret)
+        return classified(
+            family,
+            provider,
+            action,
+            None,
+            "connection_error",
+            f"{type(exc).__name__}: {exc}",
+            where=where,
+            dimension=dimension,
+            secret=secret,
+        )
     return BatchPipelineError(redact(f"{provider} {action} failed: {exc}", secret))
 
 
@@ -96,10 +134,16 @@ class OpenAIBatchExecutor(QueueCapped):
 
     def _make_client(self, settings: OpenAIBatchSettings) -> tuple[openai.OpenAI, str | None]:
         """The SDK client and the secret it sends (redacted from every message)."""
-        base_url, api_key = resolve_endpoint(self.name, sandbox=settings.sandbox, base_url=settings.base_url,
-                                             api_key_env=settings.api_key_env, sandbox_path="/v1")
-        client = openai.OpenAI(api_key=api_key, base_url=base_url, max_retries=settings.max_retries,
-                               timeout=settings.timeout_s)
+        base_url, api_key = resolve_endpoint(
+            self.name,
+            sandbox=settings.sandbox,
+            base_url=settings.base_url,
+            api_key_env=settings.api_key_env,
+            sandbox_path="/v1",
+        )
+        client = openai.OpenAI(
+            api_key=api_key, base_url=base_url, max_retries=settings.max_retries, timeout=settings.timeout_s
+        )
         return client, api_key
 
     def _request_lines(self, work: ShardWork) -> bytes:
@@ -107,10 +151,10 @@ class OpenAIBatchExecutor(QueueCapped):
 
     family = Family.OPENAI
 
-    def _translate(self, exc: Exception, action: str, where: Where = Where.CALL,
-                   dimension: Dimension | None = None) -> BatchPipelineError:
-        return translate(exc, action, self.secret, self.provider, family=self.family, where=where,
-                         dimension=dimension)
+    def _translate(
+        self, exc: Exception, action: str, where: Where = Where.CALL, dimension: Dimension | None = None
+    ) -> BatchPipelineError:
+        return translate(exc, action, self.secret, self.provider, family=self.family, where=where, dimension=dimension)
 
     def _call(self, action: str, fn, *args, **kwargs):
         try:
@@ -120,8 +164,10 @@ class OpenAIBatchExecutor(QueueCapped):
 
     def submit(self, work: ShardWork) -> BatchHandle:
         if work.items.num_rows > self.max_requests_per_batch:
-            raise ConfigError(f"shard {work.shard_id} has {work.items.num_rows} requests; {self.provider} allows "
-                              f"{self.max_requests_per_batch} per batch (lower shards.max_requests)")
+            raise ConfigError(
+                f"shard {work.shard_id} has {work.items.num_rows} requests; {self.provider} allows "
+                f"{self.max_requests_per_batch} per batch (lower shards.max_requests)"
+            )
         endpoint = self.chat_url
         if is_embedding(work.plan):
             if self.embeddings_url is None:
@@ -131,8 +177,10 @@ class OpenAIBatchExecutor(QueueCapped):
         else:
             data = self._request_lines(work)
         if len(data) > self.max_bytes_per_batch:
-            raise ConfigError(f"shard {work.shard_id} input is {len(data)} bytes; {self.provider} allows "
-                              f"{self.max_bytes_per_batch} (lower shards.max_bytes)")
+            raise ConfigError(
+                f"shard {work.shard_id} input is {len(data)} bytes; {self.provider} allows "
+                f"{self.max_bytes_per_batch} (lower shards.max_bytes)"
+            )
         name = work.key.replace(":", "_") + ".jsonl"
         uploaded = self._call("file upload", self.client.files.create, file=(name, data), purpose="batch")
         return self._create_once(work, uploaded.id, endpoint)
@@ -145,8 +193,12 @@ class OpenAIBatchExecutor(QueueCapped):
         delay = 0.5
         for attempt in range(self.settings.max_retries + 1):
             try:
-                batch = create(input_file_id=file_id, endpoint=endpoint or self.chat_url,
-                               completion_window=self.settings.completion_window, metadata=metadata)
+                batch = create(
+                    input_file_id=file_id,
+                    endpoint=endpoint or self.chat_url,
+                    completion_window=self.settings.completion_window,
+                    metadata=metadata,
+                )
                 return BatchHandle(self.name, batch.id, work.key, file_id)
             except openai.OpenAIError as error:
                 exc = self._translate(error, "batch create", Where.CREATE, Dimension.PER_HOUR)
@@ -157,8 +209,9 @@ class OpenAIBatchExecutor(QueueCapped):
                 if not isinstance(error, openai.RateLimitError):  # a 429 created nothing; anything else may have
                     found = self.find(work.key)
                     if found is not None:
-                        log.warning("batch create for %s failed (%s) but the provider has it: %s", work.key, exc,
-                                    found.batch_id)
+                        log.warning(
+                            "batch create for %s failed (%s) but the provider has it: %s", work.key, exc, found.batch_id
+                        )
                         return BatchHandle(self.name, found.batch_id, work.key, file_id)
                 if attempt == self.settings.max_retries:
                     raise exc from None
@@ -180,11 +233,20 @@ class OpenAIBatchExecutor(QueueCapped):
         counts = batch.request_counts
         errors, codes = [], []
         if batch.errors is not None and batch.errors.data:
-            errors = [f"line {e.line}: {e.code}: {e.message}" if e.line is not None else f"{e.code}: {e.message}"
-                      for e in batch.errors.data]
+            errors = [
+                f"line {e.line}: {e.code}: {e.message}" if e.line is not None else f"{e.code}: {e.message}"
+                for e in batch.errors.data
+            ]
             codes = [str(e.code) for e in batch.errors.data if e.code]
-        return BatchStatus(state, batch.status, counts.total if counts else 0, counts.completed if counts else 0,
-                           counts.failed if counts else 0, errors, codes)
+        return BatchStatus(
+            state,
+            batch.status,
+            counts.total if counts else 0,
+            counts.completed if counts else 0,
+            counts.failed if counts else 0,
+            errors,
+            codes,
+        )
 
     def fetch(self, handle: BatchHandle) -> Iterator[pa.Table]:
         batch = self._call("batch retrieve", self.client.batches.retrieve, handle.batch_id)
@@ -195,14 +257,18 @@ class OpenAIBatchExecutor(QueueCapped):
             try:
                 with self._call("file download", self.client.files.with_streaming_response.content, file_id) as resp:
                     size = resp.headers.get("content-length")  # known: blocks cut so every parse worker has one
-                    yield from parse(self._download(resp, file_id), self.parse_workers,
-                                     total_bytes=int(size) if size and size.isdigit() else None)
+                    yield from parse(
+                        self._download(resp, file_id),
+                        self.parse_workers,
+                        total_bytes=int(size) if size and size.isdigit() else None,
+                    )
             except (openai.NotFoundError, SystemicError) as exc:  # the file of an ended batch is gone
                 if isinstance(exc, SystemicError) and "HTTP 404" not in str(exc):
                     raise
-                raise ResultsGoneError(f"{self.provider} has no file {file_id} of batch {handle.batch_id} any more "
-                                       f"(output files are deleted {RETENTION_DAYS} days after the batch completed)"
-                                       ) from None
+                raise ResultsGoneError(
+                    f"{self.provider} has no file {file_id} of batch {handle.batch_id} any more "
+                    f"(output files are deleted {RETENTION_DAYS} days after the batch completed)"
+                ) from None
 
     def _download(self, resp: Any, file_id: str) -> Iterator[bytes]:
         """The file's bytes; a connection that breaks mid-download is a TransientError (the runner fetches again)."""
@@ -211,8 +277,9 @@ class OpenAIBatchExecutor(QueueCapped):
         except openai.OpenAIError as exc:
             raise self._translate(exc, "file download") from None
         except httpx2.TransportError as exc:
-            raise TransientError(redact(f"{self.provider} file download of {file_id} failed: "
-                                        f"{type(exc).__name__}: {exc}", self.secret)) from None
+            raise TransientError(
+                redact(f"{self.provider} file download of {file_id} failed: {type(exc).__name__}: {exc}", self.secret)
+            ) from None
 
     def cancel(self, handle: BatchHandle) -> None:
         self._call("batch cancel", self.client.batches.cancel, handle.batch_id)
@@ -237,8 +304,9 @@ class OpenAIBatchExecutor(QueueCapped):
             gone.append(file_id)
         return gone
 
-    def find(self, key: str, request_ids: Sequence[str] | None = None,
-             not_before: str | None = None) -> BatchHandle | None:
+    def find(
+        self, key: str, request_ids: Sequence[str] | None = None, not_before: str | None = None
+    ) -> BatchHandle | None:
         """By the attempt key in the batch metadata (request IDs and time are not needed here)."""
         scanned = 0
         page = self._call("batch list", self.client.batches.list, limit=100)
@@ -250,4 +318,3 @@ class OpenAIBatchExecutor(QueueCapped):
                 log.warning("find(%s): no match in the newest %d batches", key, scanned)
                 break
         return None
-

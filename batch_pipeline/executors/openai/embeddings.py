@@ -56,9 +56,10 @@ def embedding_request_lines(work: ShardWork, url: str = EMBEDDINGS_URL, model: s
     head = '{"custom_id":"'
     mid = f'","method":"POST","url":"{url}","body":{{{settings},"input":'
     dumps = json.dumps
-    lines = [f"{head}{rid}{mid}{dumps(text, ensure_ascii=False)}}}}}"
-             for rid, text in zip(work.items.column("request_id").to_pylist(),
-                                  work.items.column("user_prompt").to_pylist())]
+    lines = [
+        f"{head}{rid}{mid}{dumps(text, ensure_ascii=False)}}}}}"
+        for rid, text in zip(work.items.column("request_id").to_pylist(), work.items.column("user_prompt").to_pylist())
+    ]
     return ("\n".join(lines) + "\n").encode("utf-8")
 
 
@@ -99,9 +100,18 @@ def vectors_array(vectors: list[np.ndarray | None]) -> pa.Array:
 
 
 # The fields of a result line as JSON paths, extracted in one DuckDB pass (as for chat lines, see format.py)
-_PATHS = ["$.custom_id", "$.response.status_code", "$.response.body.data[0].embedding",
-          "$.response.body.usage.prompt_tokens", "$.error.code", "$.response.body.error.code",
-          "$.response.body.error.type", "$.error.message", "$.response.body.error.message", "$.response.request_id"]
+_PATHS = [
+    "$.custom_id",
+    "$.response.status_code",
+    "$.response.body.data[0].embedding",
+    "$.response.body.usage.prompt_tokens",
+    "$.error.code",
+    "$.response.body.error.code",
+    "$.response.body.error.type",
+    "$.error.message",
+    "$.response.body.error.message",
+    "$.response.request_id",
+]
 _SQL = f"""
 SELECT v[1] AS request_id, TRY_CAST(v[2] AS INTEGER) AS http_status, v[3] AS vector,
        TRY_CAST(v[4] AS BIGINT) AS input_tokens, coalesce(v[5], v[6], v[7]) AS error_code,
@@ -114,17 +124,32 @@ FROM (SELECT {json_paths_sql(_PATHS)} AS v FROM lines)
 def _table(ids, status, vectors, tokens, codes, messages, provider_ids, lines) -> pa.Table:
     n = len(lines)
     answered = [s == 200 and v is not None for s, v in zip(status, vectors)]
-    codes = [c if c is not None or s != 200 or v is not None else "unparseable_response"
-             for c, s, v in zip(codes, status, vectors)]
-    messages = [m if m is not None or s != 200 or v is not None else "the 200 response carries no embedding"
-                for m, s, v in zip(messages, status, vectors)]
+    codes = [
+        c if c is not None or s != 200 or v is not None else "unparseable_response"
+        for c, s, v in zip(codes, status, vectors)
+    ]
+    messages = [
+        m if m is not None or s != 200 or v is not None else "the 200 response carries no embedding"
+        for m, s, v in zip(messages, status, vectors)
+    ]
     zero = [0 if a else None for a in answered]
-    return pa.Table.from_arrays([
-        pa.array(ids, pa.string()), pa.array(status, pa.int32()), pa.nulls(n, pa.string()), pa.nulls(n, pa.string()),
-        pa.array(tokens, pa.int64()), pa.array(zero, pa.int64()), pa.array(zero, pa.int64()),
-        pa.array(codes, pa.string()), pa.array(messages, pa.string()), pa.array(provider_ids, pa.string()),
-        pa.array(lines, pa.string()), vectors_array(vectors),
-    ], schema=EMBEDDING_RAW_SCHEMA)
+    return pa.Table.from_arrays(
+        [
+            pa.array(ids, pa.string()),
+            pa.array(status, pa.int32()),
+            pa.nulls(n, pa.string()),
+            pa.nulls(n, pa.string()),
+            pa.array(tokens, pa.int64()),
+            pa.array(zero, pa.int64()),
+            pa.array(zero, pa.int64()),
+            pa.array(codes, pa.string()),
+            pa.array(messages, pa.string()),
+            pa.array(provider_ids, pa.string()),
+            pa.array(lines, pa.string()),
+            vectors_array(vectors),
+        ],
+        schema=EMBEDDING_RAW_SCHEMA,
+    )
 
 
 def parse_embedding_block(block: bytes) -> pa.Table:
@@ -133,8 +158,16 @@ def parse_embedding_block(block: bytes) -> pa.Table:
     if read is not None and not any(read[1].column("_blank").to_pylist()):
         lines, t = read
         c = {name: t.column(name).to_pylist() for name in t.column_names}
-        return _table(c["request_id"], c["http_status"], [decode_vector(v) for v in c["vector"]], c["input_tokens"],
-                      c["error_code"], c["error_message"], c["provider_request_id"], lines.to_pylist())
+        return _table(
+            c["request_id"],
+            c["http_status"],
+            [decode_vector(v) for v in c["vector"]],
+            c["input_tokens"],
+            c["error_code"],
+            c["error_message"],
+            c["provider_request_id"],
+            lines.to_pylist(),
+        )
     return _parse_lines(block)
 
 
@@ -162,13 +195,21 @@ def _line(raw: bytes) -> tuple:
     usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
     status = resp.get("status_code") if isinstance(resp.get("status_code"), int) else None
     tokens = usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None
-    return (obj.get("custom_id"), status, decode_vector(first.get("embedding")), tokens,
-            line_err.get("code") or body_err.get("code") or body_err.get("type"),
-            line_err.get("message") or body_err.get("message"), resp.get("request_id"), text)
+    return (
+        obj.get("custom_id"),
+        status,
+        decode_vector(first.get("embedding")),
+        tokens,
+        line_err.get("code") or body_err.get("code") or body_err.get("type"),
+        line_err.get("message") or body_err.get("message"),
+        resp.get("request_id"),
+        text,
+    )
 
 
-def parse_embedding_stream(chunks: Iterable[bytes], workers: int = 1, block_bytes: int = RESULT_BLOCK_BYTES,
-                           total_bytes: int | None = None) -> Iterator[pa.Table]:
+def parse_embedding_stream(
+    chunks: Iterable[bytes], workers: int = 1, block_bytes: int = RESULT_BLOCK_BYTES, total_bytes: int | None = None
+) -> Iterator[pa.Table]:
     """A downloaded output or error file of an embeddings batch -> one table per block, in file order."""
     return parse_stream(parse_embedding_block, chunks, workers, block_bytes, total_bytes)
 

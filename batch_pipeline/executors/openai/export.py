@@ -22,8 +22,16 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 
-REQUIRED = ("request_id", "output_text", "output", "finish_reason", "model", "input_tokens", "cached_tokens",
-            "output_tokens")
+REQUIRED = (
+    "request_id",
+    "output_text",
+    "output",
+    "finish_reason",
+    "model",
+    "input_tokens",
+    "cached_tokens",
+    "output_tokens",
+)
 
 
 def _frame(table: pa.Table | pl.DataFrame) -> pl.DataFrame:
@@ -60,18 +68,36 @@ def output_line(row: dict[str, Any], created: int) -> dict[str, Any]:
     prompt, cached, completion = (int(row.get(k) or 0) for k in ("input_tokens", "cached_tokens", "output_tokens"))
     content = row["output_text"] if row.get("output_text") is not None else row.get("output")
     body = {
-        "id": f"chatcmpl-{rid[:24]}", "object": "chat.completion", "created": created, "model": row["model"],
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": content, "refusal": None},
-                     "logprobs": None, "finish_reason": row.get("finish_reason") or "stop"}],
-        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-                  "prompt_tokens_details": {"cached_tokens": cached}},
+        "id": f"chatcmpl-{rid[:24]}",
+        "object": "chat.completion",
+        "created": created,
+        "model": row["model"],
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content, "refusal": None},
+                "logprobs": None,
+                "finish_reason": row.get("finish_reason") or "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        },
     }
-    return {"id": f"batch_req_{rid[:24]}", "custom_id": _custom_id(row),
-            "response": {"status_code": 200, "request_id": f"req_{rid[:24]}", "body": body}, "error": None}
+    return {
+        "id": f"batch_req_{rid[:24]}",
+        "custom_id": _custom_id(row),
+        "response": {"status_code": 200, "request_id": f"req_{rid[:24]}", "body": body},
+        "error": None,
+    }
 
 
-def export_openai_batch_output(validated: pa.Table | pl.DataFrame, path: str | Path, *,
-                               created: int | None = None) -> int:
+def export_openai_batch_output(
+    validated: pa.Table | pl.DataFrame, path: str | Path, *, created: int | None = None
+) -> int:
     """Write the validated table as an OpenAI batch output JSONL at ``path``; returns the number of lines."""
     frame = _frame(validated)
     missing = [c for c in REQUIRED if c not in frame.columns]
@@ -79,15 +105,35 @@ def export_openai_batch_output(validated: pa.Table | pl.DataFrame, path: str | P
         raise ValueError(f"not a validated table: missing columns {missing}")
     stamp = int(time.time()) if created is None else created
     dumps = json.dumps
-    return _write_lines(path, (dumps(output_line(row, stamp), ensure_ascii=False, separators=(",", ":"))
-                               for row in frame.iter_rows(named=True)))
+    return _write_lines(
+        path,
+        (
+            dumps(output_line(row, stamp), ensure_ascii=False, separators=(",", ":"))
+            for row in frame.iter_rows(named=True)
+        ),
+    )
 
 
 def export_openai_batch_errors(dead_letters: pa.Table | pl.DataFrame, path: str | Path) -> int:
     """Write dead letters as an OpenAI batch error JSONL (``custom_id`` = request ID); returns the line count."""
     frame = _frame(dead_letters)
-    return _write_lines(path, (json.dumps({
-        "id": f"batch_req_{row['request_id'][:24]}", "custom_id": row["request_id"], "response": None,
-        "error": {"code": row.get("last_error_code") or "dead_lettered",
-                  "message": row.get("last_error") or f"dead-lettered after {row.get('failures')} failed attempts"},
-    }, ensure_ascii=False, separators=(",", ":")) for row in frame.iter_rows(named=True)))
+    return _write_lines(
+        path,
+        (
+            json.dumps(
+                {
+                    "id": f"batch_req_{row['request_id'][:24]}",
+                    "custom_id": row["request_id"],
+                    "response": None,
+                    "error": {
+                        "code": row.get("last_error_code") or "dead_lettered",
+                        "message": row.get("last_error")
+                        or f"dead-lettered after {row.get('failures')} failed attempts",
+                    },
+                },
+                ensure_ascii=False,
+                separators=(",", ":"),
+            )
+            for row in frame.iter_rows(named=True)
+        ),
+    )

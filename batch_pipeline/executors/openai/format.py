@@ -10,35 +10,63 @@ from collections.abc import Iterable, Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA, RequestPlan, ShardWork
 from batch_pipeline.core.quality.validate import choice_schema
-from batch_pipeline.executors.jsonl_blocks import (RESULT_BLOCK_BYTES, extract, extract_block, json_paths_sql,
-                                                   parse_stream, read_lines, replace_rows, utf8_or_marker)
+from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA, RequestPlan, ShardWork
+from batch_pipeline.executors.jsonl_blocks import (
+    RESULT_BLOCK_BYTES,
+    extract,
+    extract_block,
+    json_paths_sql,
+    parse_stream,
+    read_lines,
+    replace_rows,
+    utf8_or_marker,
+)
 
 CHAT_URL = "/v1/chat/completions"
 
-_USAGE = pa.struct([("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
-                    ("prompt_tokens_details", pa.struct([("cached_tokens", pa.int64())]))])
+_USAGE = pa.struct(
+    [
+        ("prompt_tokens", pa.int64()),
+        ("completion_tokens", pa.int64()),
+        ("prompt_tokens_details", pa.struct([("cached_tokens", pa.int64())])),
+    ]
+)
 _ERROR = pa.struct([("code", pa.string()), ("message", pa.string()), ("type", pa.string())])
-_BODY = pa.struct([
-    ("id", pa.string()),
-    ("choices", pa.list_(pa.struct([("finish_reason", pa.string()),
-                                    ("message", pa.struct([("content", pa.string()), ("refusal", pa.string())]))]))),
-    ("usage", _USAGE),
-    ("error", _ERROR),
-])
-OUTPUT_LINE_SCHEMA = pa.schema([
-    ("custom_id", pa.string()),
-    ("response", pa.struct([("status_code", pa.int32()), ("request_id", pa.string()), ("body", _BODY)])),
-    ("error", _ERROR),
-])
+_BODY = pa.struct(
+    [
+        ("id", pa.string()),
+        (
+            "choices",
+            pa.list_(
+                pa.struct(
+                    [
+                        ("finish_reason", pa.string()),
+                        ("message", pa.struct([("content", pa.string()), ("refusal", pa.string())])),
+                    ]
+                )
+            ),
+        ),
+        ("usage", _USAGE),
+        ("error", _ERROR),
+    ]
+)
+OUTPUT_LINE_SCHEMA = pa.schema(
+    [
+        ("custom_id", pa.string()),
+        ("response", pa.struct([("status_code", pa.int32()), ("request_id", pa.string()), ("body", _BODY)])),
+        ("error", _ERROR),
+    ]
+)
 
 
 def response_format(plan: RequestPlan) -> dict | None:
     out = plan.output
     if out.kind == "choice":
-        return {"type": "json_schema", "json_schema": {"name": "label", "strict": True,
-                                                         "schema": choice_schema(out.choice or [])}}
+        return {
+            "type": "json_schema",
+            "json_schema": {"name": "label", "strict": True, "schema": choice_schema(out.choice or [])},
+        }
     if out.kind == "json_schema":
         return {"type": "json_schema", "json_schema": {"name": "output", "strict": True, "schema": out.json_schema}}
     return None
@@ -46,8 +74,7 @@ def response_format(plan: RequestPlan) -> dict | None:
 
 def body_settings(plan: RequestPlan) -> dict:
     """Everything in a chat-completions body except the messages."""
-    body: dict = {"model": plan.model, "max_tokens": plan.sampling.max_tokens,
-                  "temperature": plan.sampling.temperature}
+    body: dict = {"model": plan.model, "max_tokens": plan.sampling.max_tokens, "temperature": plan.sampling.temperature}
     if plan.sampling.top_p is not None:
         body["top_p"] = plan.sampling.top_p
     if plan.sampling.seed is not None:
@@ -69,8 +96,7 @@ def messages_head(plan: RequestPlan) -> str:
     a comma, byte-identical in every request (the cached prefix); the item's turns follow."""
     system = ""
     if plan.system:
-        system = json.dumps({"role": "system", "content": plan.system}, ensure_ascii=False,
-                            separators=(",", ":")) + ","
+        system = json.dumps({"role": "system", "content": plan.system}, ensure_ascii=False, separators=(",", ":")) + ","
     return system + plan.examples_json()
 
 
@@ -85,9 +111,12 @@ def request_lines(work: ShardWork, url: str = CHAT_URL, model: str | None = None
     mid = f'","method":"POST","url":"{url}","body":{{{settings},"messages":[{messages_head(work.plan)}'
     tail = "]}}"
     turns = work.plan.row_turns_json
-    lines = [f"{head}{rid}{mid}{turns(prompt)}{tail}"
-             for rid, prompt in zip(work.items.column("request_id").to_pylist(),
-                                    work.items.column("user_prompt").to_pylist())]
+    lines = [
+        f"{head}{rid}{mid}{turns(prompt)}{tail}"
+        for rid, prompt in zip(
+            work.items.column("request_id").to_pylist(), work.items.column("user_prompt").to_pylist()
+        )
+    ]
     return ("\n".join(lines) + "\n").encode("utf-8")
 
 
@@ -100,12 +129,22 @@ def _null_str(n: int) -> pa.Array:
 # OUTPUT_LINE_SCHEMA and ~25 for Polars' read_ndjson with the same nested schema. Each path costs ~0.06 s per
 # 1M lines, so the answered lines (nearly all) take the 10 paths of _HOT_SQL, and only the others (an HTTP
 # error, a line error, a refusal) the 14 of _EXTRACT_SQL (same tables).
-_PATHS = ["$.custom_id", "$.response.status_code", "$.response.body.choices[0].message.content",
-          "$.response.body.choices[0].finish_reason", "$.response.body.usage.prompt_tokens",
-          "$.response.body.usage.prompt_tokens_details.cached_tokens", "$.response.body.usage.completion_tokens",
-          "$.error.code", "$.response.body.error.code", "$.response.body.error.type",
-          "$.error.message", "$.response.body.error.message", "$.response.body.choices[0].message.refusal",
-          "$.response.request_id"]
+_PATHS = [
+    "$.custom_id",
+    "$.response.status_code",
+    "$.response.body.choices[0].message.content",
+    "$.response.body.choices[0].finish_reason",
+    "$.response.body.usage.prompt_tokens",
+    "$.response.body.usage.prompt_tokens_details.cached_tokens",
+    "$.response.body.usage.completion_tokens",
+    "$.error.code",
+    "$.response.body.error.code",
+    "$.response.body.error.type",
+    "$.error.message",
+    "$.response.body.error.message",
+    "$.response.body.choices[0].message.refusal",
+    "$.response.request_id",
+]
 _EXTRACT_SQL = f"""
 SELECT v[1] AS request_id, TRY_CAST(v[2] AS INTEGER) AS http_status, v[3] AS output_text, v[4] AS finish_reason,
        TRY_CAST(v[5] AS BIGINT) AS input_tokens, TRY_CAST(v[6] AS BIGINT) AS cached_tokens,
@@ -149,8 +188,9 @@ def parse_output_block(block: bytes) -> pa.Table:
     return fast if fast is not None else _parse_lines(block)
 
 
-def parse_output_stream(chunks: Iterable[bytes], workers: int = 1, block_bytes: int = RESULT_BLOCK_BYTES,
-                        total_bytes: int | None = None) -> Iterator[pa.Table]:
+def parse_output_stream(
+    chunks: Iterable[bytes], workers: int = 1, block_bytes: int = RESULT_BLOCK_BYTES, total_bytes: int | None = None
+) -> Iterator[pa.Table]:
     """A downloaded output or error file, as byte chunks -> RAW_RESULT_SCHEMA tables, one per block of about
     ``block_bytes``, in file order; blocks are parsed on ``workers`` threads while the next ones arrive."""
     return parse_stream(parse_output_block, chunks, workers, block_bytes, total_bytes)
@@ -170,25 +210,30 @@ def _parse_lines(block: bytes) -> pa.Table:
     line_err = t.column("error").combine_chunks()
     body_err = pc.struct_field(body, "error")
     status = pc.struct_field(resp, "status_code")
-    code = pc.coalesce(pc.struct_field(line_err, "code"), pc.struct_field(body_err, "code"),
-                       pc.struct_field(body_err, "type"))
+    code = pc.coalesce(
+        pc.struct_field(line_err, "code"), pc.struct_field(body_err, "code"), pc.struct_field(body_err, "type")
+    )
     message = pc.coalesce(pc.struct_field(line_err, "message"), pc.struct_field(body_err, "message"))
     refusal = pc.struct_field(pc.struct_field(first, "message"), "refusal")
-    message = pc.coalesce(message, pc.if_else(pc.is_valid(refusal), pc.binary_join_element_wise(
-        "refused: ", refusal, ""), _null_str(n)))
-    return pa.Table.from_arrays([
-        t.column("custom_id").combine_chunks(),
-        status,
-        pc.struct_field(pc.struct_field(first, "message"), "content"),
-        pc.struct_field(first, "finish_reason"),
-        pc.struct_field(usage, "prompt_tokens"),
-        pc.struct_field(pc.struct_field(usage, "prompt_tokens_details"), "cached_tokens"),
-        pc.struct_field(usage, "completion_tokens"),
-        code,
-        message,
-        pc.struct_field(resp, "request_id"),
-        pa.array([line.decode("utf-8", "replace") for line in lines], pa.string()),
-    ], schema=RAW_RESULT_SCHEMA)
+    message = pc.coalesce(
+        message, pc.if_else(pc.is_valid(refusal), pc.binary_join_element_wise("refused: ", refusal, ""), _null_str(n))
+    )
+    return pa.Table.from_arrays(
+        [
+            t.column("custom_id").combine_chunks(),
+            status,
+            pc.struct_field(pc.struct_field(first, "message"), "content"),
+            pc.struct_field(first, "finish_reason"),
+            pc.struct_field(usage, "prompt_tokens"),
+            pc.struct_field(pc.struct_field(usage, "prompt_tokens_details"), "cached_tokens"),
+            pc.struct_field(usage, "completion_tokens"),
+            code,
+            message,
+            pc.struct_field(resp, "request_id"),
+            pa.array([line.decode("utf-8", "replace") for line in lines], pa.string()),
+        ],
+        schema=RAW_RESULT_SCHEMA,
+    )
 
 
 def _first_choice(choices: pa.Array) -> pa.Array:
@@ -198,8 +243,13 @@ def _first_choice(choices: pa.Array) -> pa.Array:
     return pc.list_element(safe, 0)
 
 
-_NOT_UTF8 = json.dumps({"custom_id": None, "response": None, "error": {
-    "code": "unparseable_line", "message": "the line is not valid UTF-8"}}).encode()
+_NOT_UTF8 = json.dumps(
+    {
+        "custom_id": None,
+        "response": None,
+        "error": {"code": "unparseable_line", "message": "the line is not valid UTF-8"},
+    }
+).encode()
 
 
 def _loose_line(line: bytes) -> dict:
@@ -214,12 +264,26 @@ def _loose_line(line: bytes) -> dict:
     if resp is not None:
         body = resp.get("body") if isinstance(resp.get("body"), dict) else {}
         choices = body.get("choices") if isinstance(body.get("choices"), list) else []
-        resp = {"status_code": resp.get("status_code"), "request_id": resp.get("request_id"),
-                "body": {"id": body.get("id"), "usage": body.get("usage"), "error": body.get("error"),
-                         "choices": [{"finish_reason": c.get("finish_reason"),
-                                      "message": {"content": _as_text((c.get("message") or {}).get("content")),
-                                                  "refusal": (c.get("message") or {}).get("refusal")}}
-                                     for c in choices if isinstance(c, dict)]}}
+        resp = {
+            "status_code": resp.get("status_code"),
+            "request_id": resp.get("request_id"),
+            "body": {
+                "id": body.get("id"),
+                "usage": body.get("usage"),
+                "error": body.get("error"),
+                "choices": [
+                    {
+                        "finish_reason": c.get("finish_reason"),
+                        "message": {
+                            "content": _as_text((c.get("message") or {}).get("content")),
+                            "refusal": (c.get("message") or {}).get("refusal"),
+                        },
+                    }
+                    for c in choices
+                    if isinstance(c, dict)
+                ],
+            },
+        }
     err = obj.get("error") if isinstance(obj.get("error"), dict) else None
     return {"custom_id": obj.get("custom_id"), "response": resp, "error": err}
 

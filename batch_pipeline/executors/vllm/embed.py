@@ -31,8 +31,10 @@ def pooling_settings(settings: VllmSettings) -> VllmSettings:
 def check_dimensions(llm: Any, dimensions: int) -> None:
     hidden = getattr(llm.llm_engine.model_config.hf_config, "hidden_size", None)
     if hidden is not None and hidden != dimensions:
-        raise ConfigError(f"backend vllm: the model's embeddings have {hidden} dimensions (its hidden size); "
-                          f"output.embedding.dimensions is {dimensions}")
+        raise ConfigError(
+            f"backend vllm: the model's embeddings have {hidden} dimensions (its hidden size); "
+            f"output.embedding.dimensions is {dimensions}"
+        )
 
 
 def embed_rows(llm: Any, work: ShardWork, flush_every: int) -> Iterator[pa.Table]:
@@ -52,16 +54,36 @@ def embed_rows(llm: Any, work: ShardWork, flush_every: int) -> Iterator[pa.Table
         for i, tokens in zip(chunk, encoded):
             if len(tokens) >= max_len:
                 message = f"input is {len(tokens)} tokens; max_model_len is {max_len}"
-                payload = json.dumps({"id": f"{work.key}#{i}", "error": {"code": "context_length_exceeded",
-                                                                         "message": message}})
-                rows.append((ids[i], 400, None, None, None, None, None, "context_length_exceeded", message,
-                             f"{work.key}#{i}", payload))
+                payload = json.dumps(
+                    {"id": f"{work.key}#{i}", "error": {"code": "context_length_exceeded", "message": message}}
+                )
+                rows.append(
+                    (
+                        ids[i],
+                        400,
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                        "context_length_exceeded",
+                        message,
+                        f"{work.key}#{i}",
+                        payload,
+                    )
+                )
         if runnable:
             outputs = llm.embed([{"prompt_token_ids": tokens} for _, tokens in runnable], use_tqdm=False)
             for (i, tokens), out in zip(runnable, outputs, strict=True):
                 vector = np.asarray(out.outputs.embedding, dtype=np.float32)
-                payload = json.dumps({"id": out.request_id, "prompt_tokens": len(tokens),
-                                      "embedding": base64.b64encode(vector.astype("<f4").tobytes()).decode()})
-                rows.append((ids[i], 200, None, None, len(tokens), 0, 0, None, None, f"{work.key}#{i}", payload,
-                             vector))
+                payload = json.dumps(
+                    {
+                        "id": out.request_id,
+                        "prompt_tokens": len(tokens),
+                        "embedding": base64.b64encode(vector.astype("<f4").tobytes()).decode(),
+                    }
+                )
+                rows.append(
+                    (ids[i], 200, None, None, len(tokens), 0, 0, None, None, f"{work.key}#{i}", payload, vector)
+                )
         yield rows_table(rows)

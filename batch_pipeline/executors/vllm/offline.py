@@ -45,6 +45,7 @@ from batch_pipeline.executors.vllm.prompts import PromptRenderer, order_items, s
 
 log = logging.getLogger(__name__)
 
+
 class _StopSignals:
     """While active (main thread only), SIGTERM/SIGINT set ``received`` instead of interrupting the engine."""
 
@@ -81,8 +82,11 @@ class _StopSignals:
         handler = previous.get(signum) if signum is not None else None
         if callable(handler):
             handler(signum, None)
-        raise TransientError(f"preempted by {signal.Signals(signum or signal.SIGTERM).name}: finished results "
-                             "were flushed; the rest stays pending", code="preempted")
+        raise TransientError(
+            f"preempted by {signal.Signals(signum or signal.SIGTERM).name}: finished results "
+            "were flushed; the rest stays pending",
+            code="preempted",
+        )
 
 
 class VllmOfflineExecutor:
@@ -127,8 +131,15 @@ class VllmOfflineExecutor:
                     for i in indexes:
                         ext = f"{work.key}#{i}"
                         if lengths[i] >= max_len:
-                            rows.append(_error_row(ids[i], ext, 400, "context_length_exceeded",
-                                                   f"prompt is {lengths[i]} tokens; max_model_len is {max_len}"))
+                            rows.append(
+                                _error_row(
+                                    ids[i],
+                                    ext,
+                                    400,
+                                    "context_length_exceeded",
+                                    f"prompt is {lengths[i]} tokens; max_model_len is {max_len}",
+                                )
+                            )
                             continue
                         try:
                             engine.add_request(ext, render({"prompt_token_ids": prompts[i]}), params)
@@ -148,8 +159,8 @@ class VllmOfflineExecutor:
                                         rows.append(row)
                                         m.add(row)
                             while len(rows) >= s.flush_every:  # a part every flush_every items
-                                yield from m.flushed(rows[:s.flush_every])
-                                rows, last_flush = rows[s.flush_every:], time.monotonic()
+                                yield from m.flushed(rows[: s.flush_every])
+                                rows, last_flush = rows[s.flush_every :], time.monotonic()
                             if rows and time.monotonic() - last_flush >= s.flush_interval_s:
                                 yield from m.flushed(rows)
                                 rows, last_flush = [], time.monotonic()
@@ -157,11 +168,17 @@ class VllmOfflineExecutor:
                         live.clear()
                         release_engines()  # a failed engine is not reused
                         yield from m.flushed(rows)
-                        where = (f"on the {len(indexes)} longest prompts (up to {max(lengths)} tokens)"
-                                 if phase == "preflight" else f"after {m.items} results")
-                        raise SystemicError(f"vLLM engine failed {where} of shard {work.shard_id}: {exc!r}; check "
-                                            "max_model_len, max_num_batched_tokens, max_num_seqs and the memory "
-                                            "settings", code="engine_failed") from exc
+                        where = (
+                            f"on the {len(indexes)} longest prompts (up to {max(lengths)} tokens)"
+                            if phase == "preflight"
+                            else f"after {m.items} results"
+                        )
+                        raise SystemicError(
+                            f"vLLM engine failed {where} of shard {work.shard_id}: {exc!r}; check "
+                            "max_model_len, max_num_batched_tokens, max_num_seqs and the memory "
+                            "settings",
+                            code="engine_failed",
+                        ) from exc
                     if stops.received is not None:
                         _abort(engine, live)
                         yield from m.flushed(rows)
@@ -192,11 +209,32 @@ def _row(request_id: str, out: Any) -> tuple | None:
         return None  # stopped by us: the item stays pending
     prompt_tokens = len(out.prompt_token_ids or [])
     cached = out.num_cached_tokens or 0
-    payload = json.dumps({"id": out.request_id, "text": comp.text, "finish_reason": comp.finish_reason,
-                          "stop_reason": comp.stop_reason, "prompt_tokens": prompt_tokens, "cached_tokens": cached,
-                          "completion_tokens": len(comp.token_ids)}, ensure_ascii=False, default=str)
-    return (request_id, 200, comp.text, comp.finish_reason, prompt_tokens, cached, len(comp.token_ids), None, None,
-            out.request_id, payload)
+    payload = json.dumps(
+        {
+            "id": out.request_id,
+            "text": comp.text,
+            "finish_reason": comp.finish_reason,
+            "stop_reason": comp.stop_reason,
+            "prompt_tokens": prompt_tokens,
+            "cached_tokens": cached,
+            "completion_tokens": len(comp.token_ids),
+        },
+        ensure_ascii=False,
+        default=str,
+    )
+    return (
+        request_id,
+        200,
+        comp.text,
+        comp.finish_reason,
+        prompt_tokens,
+        cached,
+        len(comp.token_ids),
+        None,
+        None,
+        out.request_id,
+        payload,
+    )
 
 
 def _error_row(request_id: str, ext: str, status: int, code: str, message: str) -> tuple:
@@ -233,15 +271,35 @@ class _Metrics:
     def finish(self, executor: VllmOfflineExecutor, interrupted: bool = False) -> None:
         wall = max(time.monotonic() - self.started, 1e-9)
         share = round(self.cached / self.prompt, 4) if self.prompt else 0.0
-        d = {"items": self.items, "prompt_tokens": self.prompt, "cached_tokens": self.cached,
-             "generated_tokens": self.generated, "cached_share": share,
-             "wall_s": round(wall, 3), "engine_s": round(self.engine_s, 3), "prep_s": round(self.prep_s, 3),
-             "flush_s": round(self.flush_s, 3), "engine_share": round(self.engine_s / wall, 4),
-             "tokens_per_s": round((self.prompt + self.generated) / wall, 1),
-             "generated_tokens_per_s": round(self.generated / wall, 1), "finish_reasons": dict(self.reasons),
-             "phases_s": self.phases, "interrupted": interrupted}
+        d = {
+            "items": self.items,
+            "prompt_tokens": self.prompt,
+            "cached_tokens": self.cached,
+            "generated_tokens": self.generated,
+            "cached_share": share,
+            "wall_s": round(wall, 3),
+            "engine_s": round(self.engine_s, 3),
+            "prep_s": round(self.prep_s, 3),
+            "flush_s": round(self.flush_s, 3),
+            "engine_share": round(self.engine_s / wall, 4),
+            "tokens_per_s": round((self.prompt + self.generated) / wall, 1),
+            "generated_tokens_per_s": round(self.generated / wall, 1),
+            "finish_reasons": dict(self.reasons),
+            "phases_s": self.phases,
+            "interrupted": interrupted,
+        }
         executor.metrics[self.work.shard_id] = executor.last_metrics = d
-        log.info("vllm %s: %d items, %d prompt tokens (%d cached, %.0f%%), %d generated; %.1f tok/s; engine %.2f s "
-                 "of %.2f s wall%s", self.work.key, self.items, self.prompt, self.cached, 100 * d["cached_share"],
-                 self.generated, d["tokens_per_s"], self.engine_s, wall, " (interrupted)" if interrupted else "")
-
+        log.info(
+            "vllm %s: %d items, %d prompt tokens (%d cached, %.0f%%), %d generated; %.1f tok/s; engine %.2f s "
+            "of %.2f s wall%s",
+            self.work.key,
+            self.items,
+            self.prompt,
+            self.cached,
+            100 * d["cached_share"],
+            self.generated,
+            d["tokens_per_s"],
+            self.engine_s,
+            wall,
+            " (interrupted)" if interrupted else "",
+        )

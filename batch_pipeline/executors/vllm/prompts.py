@@ -23,11 +23,13 @@ class PromptRenderer:
 
     PROBE = "probe {x} ünï\n text  "
 
-    def __init__(self, tokenizer: Any, system: str, examples: tuple[tuple[str, str], ...] = (),
-                 shape: ItemShape = ItemShape.TEXT) -> None:
+    def __init__(
+        self, tokenizer: Any, system: str, examples: tuple[tuple[str, str], ...] = (), shape: ItemShape = ItemShape.TEXT
+    ) -> None:
         self.tokenizer, self.system, self.shape = tokenizer, system, shape
-        self.lead = ([{"role": "system", "content": system}] if system else []) + \
-            [{"role": role, "content": content} for role, content in examples]
+        self.lead = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": role, "content": content} for role, content in examples
+        ]
         self.head_tail: tuple[str, str] | None = None
         self._prefix_ids: list[int] | None = None
         self._prefix_text = ""
@@ -99,12 +101,18 @@ def sampling_params(plan: RequestPlan, settings: VllmSettings):
         structured = StructuredOutputsParams(choice=list(plan.output.choice))
         max_tokens = min(max_tokens, max(len(c.encode()) for c in plan.output.choice) + 1)
     elif plan.output.json_schema is not None:
-        structured = StructuredOutputsParams(json=plan.output.json_schema,
-                                             disable_any_whitespace=settings.disable_any_whitespace)
-    return SamplingParams(temperature=plan.sampling.temperature, top_p=plan.sampling.top_p or 1.0,
-                          seed=plan.sampling.seed, max_tokens=max_tokens, structured_outputs=structured,
-                          ignore_eos=settings.ignore_eos and structured is None,
-                          output_kind=RequestOutputKind.FINAL_ONLY)
+        structured = StructuredOutputsParams(
+            json=plan.output.json_schema, disable_any_whitespace=settings.disable_any_whitespace
+        )
+    return SamplingParams(
+        temperature=plan.sampling.temperature,
+        top_p=plan.sampling.top_p or 1.0,
+        seed=plan.sampling.seed,
+        max_tokens=max_tokens,
+        structured_outputs=structured,
+        ignore_eos=settings.ignore_eos and structured is None,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
 
 
 def order_items(lengths: list[int], bucket_tokens: int, seed: int, preflight: int) -> tuple[list[int], list[int]]:

@@ -35,8 +35,9 @@ def check_anthropic_auth(request: Request) -> None:
         scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
         key = bearer.strip() if scheme.lower() == "bearer" else ""
     if not key:
-        raise AnthropicError(401, "x-api-key header is required (any key works on the sandbox).",
-                             type="authentication_error")
+        raise AnthropicError(
+            401, "x-api-key header is required (any key works on the sandbox).", type="authentication_error"
+        )
     if key == BAD_KEY:
         raise AnthropicError(401, "invalid x-api-key", type="authentication_error")
     if not request.headers.get("anthropic-version", "").strip():
@@ -65,8 +66,9 @@ def _check_request(index: int, item: Any, seen: set[str]) -> dict[str, Any]:
     if not isinstance(custom_id, str) or not CUSTOM_ID_RE.match(custom_id):
         raise invalid_request(f"{where}.custom_id: String should match pattern '{CUSTOM_ID_RE.pattern}'")
     if custom_id in seen:
-        raise invalid_request(f"{where}.custom_id: Duplicate custom_id {custom_id!r}; custom_ids must be unique "
-                              "within a batch")
+        raise invalid_request(
+            f"{where}.custom_id: Duplicate custom_id {custom_id!r}; custom_ids must be unique within a batch"
+        )
     seen.add(custom_id)
     params = item.get("params")
     if not isinstance(params, dict):
@@ -149,10 +151,14 @@ class AnthropicApi:
         self.state.book.refuse("anthropic", "", account, models, now)
         next_end = self.state.anthropic.next_end(account)
         wait = retry_after_s((next_end if next_end is not None else now) - now, clock_scale(self.state.clock))
-        raise AnthropicError(429, f"Your organization's batch processing queue is full: {waiting} requests are "
-                                  f"waiting and this batch has {count}. Limit: {cap} requests in the processing "
-                                  "queue. Please wait for batches in progress to end, then try again.",
-                             type="rate_limit_error", headers={"retry-after": str(wait)})
+        raise AnthropicError(
+            429,
+            f"Your organization's batch processing queue is full: {waiting} requests are "
+            f"waiting and this batch has {count}. Limit: {cap} requests in the processing "
+            "queue. Please wait for batches in progress to end, then try again.",
+            type="rate_limit_error",
+            headers={"retry-after": str(wait)},
+        )
 
     def retrieve(self, request: Request) -> Response:
         return self._object(self.state.anthropic.get(request.params["batch_id"]), request)
@@ -170,13 +176,19 @@ class AnthropicApi:
     def results(self, request: Request) -> Response:
         batch = self.state.anthropic.get(request.params["batch_id"])
         if batch.processing_status != "ended":
-            raise invalid_request(f"Message batch {batch.id} is {batch.processing_status}; results are available "
-                                  "once processing has ended.")
+            raise invalid_request(
+                f"Message batch {batch.id} is {batch.processing_status}; results are available "
+                "once processing has ended."
+            )
         if batch.archived_at(self.state.clock.now(), self._kept_s) is not None:
-            raise anthropic_error(404, f"The results of message batch {batch.id} are no longer available: results "
-                                       f"are kept {self._kept_s / 86400:g} days after a batch is created.")
-        data = "".join(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n"
-                       for line in batch.result_lines())
+            raise anthropic_error(
+                404,
+                f"The results of message batch {batch.id} are no longer available: results "
+                f"are kept {self._kept_s / 86400:g} days after a batch is created.",
+            )
+        data = "".join(
+            json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n" for line in batch.result_lines()
+        )
         return Response(payload=data.encode("utf-8"), content_type=JSONL, batch_id=batch.id)
 
     def list(self, request: Request) -> Response:
@@ -191,16 +203,18 @@ class AnthropicApi:
                 raise invalid_request(f"{name}: unknown message batch id {cursor!r}")
         if before:
             end = ids.index(before)
-            page, has_more = batches[max(0, end - limit):end], end - limit > 0
+            page, has_more = batches[max(0, end - limit) : end], end - limit > 0
         else:
             start = ids.index(after) + 1 if after else 0
-            page, has_more = batches[start:start + limit], start + limit < len(batches)
+            page, has_more = batches[start : start + limit], start + limit < len(batches)
         host = request.headers.get("host") or "127.0.0.1"
         now = self.state.clock.now()
         data = [b.to_api(now, host, self._kept_s) for b in page]
-        return Response(payload={
-            "data": data,
-            "has_more": has_more,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None,
-        })
+        return Response(
+            payload={
+                "data": data,
+                "has_more": has_more,
+                "first_id": data[0]["id"] if data else None,
+                "last_id": data[-1]["id"] if data else None,
+            }
+        )

@@ -9,9 +9,10 @@ Only succeeded requests are billed, once, when the batch ends.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Callable, Optional
+from datetime import UTC, datetime
+from typing import Any
 
 from batch_pipeline.sandbox.anthropic.errors import anthropic_error, invalid_request
 from batch_pipeline.sandbox.anthropic.responder import AnthropicResult, AnthropicRunner
@@ -25,11 +26,11 @@ RESULTS_KEPT_S = 29 * 24 * 3600
 Bill = Callable[[list[dict[str, Any]]], None]
 
 
-def rfc3339(value: Optional[float]) -> Optional[str]:
+def rfc3339(value: float | None) -> str | None:
     """Clock seconds as an RFC 3339 UTC timestamp (None stays None)."""
     if value is None:
         return None
-    return datetime.fromtimestamp(value, timezone.utc).isoformat().replace("+00:00", "Z")
+    return datetime.fromtimestamp(value, UTC).isoformat().replace("+00:00", "Z")
 
 
 @dataclass
@@ -43,9 +44,9 @@ class AnthropicBatch:
     scenario: Scenario
     processing_status: str = "in_progress"
     results: list[AnthropicResult] = field(default_factory=list)
-    cancel_initiated_at: Optional[float] = None
-    ended_at: Optional[float] = None
-    unprocessed: Optional[str] = None  # "canceled" or "expired": what the requests never run became
+    cancel_initiated_at: float | None = None
+    ended_at: float | None = None
+    unprocessed: str | None = None  # "canceled" or "expired": what the requests never run became
     account: str = DEFAULT_ACCOUNT  # the key that created it: whose queue its requests wait in
 
     @property
@@ -70,7 +71,7 @@ class AnthropicBatch:
             return self.cancel_initiated_at + self.duration("cancelling_s")
         return self.processing_end + self.duration("finalizing_s")
 
-    def archived_at(self, now: float, kept_s: float = RESULTS_KEPT_S) -> Optional[float]:
+    def archived_at(self, now: float, kept_s: float = RESULTS_KEPT_S) -> float | None:
         """When the results stopped being available (``kept_s`` after creation: 29 days), if that has passed."""
         at = self.created_at + kept_s
         return at if now >= at else None
@@ -91,7 +92,7 @@ class AnthropicBatch:
         """The results file: processed requests in processing order, then the ones never run."""
         lines = [{"custom_id": r.custom_id, "result": r.result} for r in self.results]
         if self.unprocessed is not None:
-            for index in self.order[len(self.results):]:
+            for index in self.order[len(self.results) :]:
                 lines.append({"custom_id": self.requests[index]["custom_id"], "result": {"type": self.unprocessed}})
         return lines
 
@@ -118,7 +119,7 @@ class AnthropicBatch:
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "AnthropicBatch":
+    def from_json(cls, data: dict[str, Any]) -> AnthropicBatch:
         """Inverse of ``to_json``."""
         data = dict(data)
         data["scenario"] = Scenario(**data["scenario"])
@@ -129,7 +130,7 @@ class AnthropicBatch:
 class AnthropicBatches:
     """The message batches of one sandbox (callers hold the state lock)."""
 
-    def __init__(self, runner: AnthropicRunner, bill: Bill, load: Optional[LoadBook] = None) -> None:
+    def __init__(self, runner: AnthropicRunner, bill: Bill, load: LoadBook | None = None) -> None:
         self.runner = runner
         self.bill = bill
         self.book = load if load is not None else LoadBook()
@@ -139,12 +140,18 @@ class AnthropicBatches:
         """Forget every batch."""
         self.batches.clear()
 
-    def create(self, requests: list[dict[str, Any]], scenario: Scenario, now: float,
-               account: str = DEFAULT_ACCOUNT) -> AnthropicBatch:
+    def create(
+        self, requests: list[dict[str, Any]], scenario: Scenario, now: float, account: str = DEFAULT_ACCOUNT
+    ) -> AnthropicBatch:
         """A new batch in ``in_progress``; its requests wait in ``account``'s queue until it ends."""
-        batch = AnthropicBatch(new_id("msgbatch_"), now, requests,
-                               output_order("\n".join(r["custom_id"] for r in requests).encode("utf-8"), len(requests)),
-                               scenario, account=account)
+        batch = AnthropicBatch(
+            new_id("msgbatch_"),
+            now,
+            requests,
+            output_order("\n".join(r["custom_id"] for r in requests).encode("utf-8"), len(requests)),
+            scenario,
+            account=account,
+        )
         self.batches[batch.id] = batch
         per_model: dict[str, int] = {}
         for request in requests:
@@ -153,7 +160,7 @@ class AnthropicBatches:
         self.book.hold("anthropic", batch.id, account, {m: Load(0, n, 1) for m, n in per_model.items()}, now)
         return batch
 
-    def next_end(self, account: str) -> Optional[float]:
+    def next_end(self, account: str) -> float | None:
         """The earliest end due among ``account``'s batches still processing (when its queue next shrinks)."""
         ends = [b.due_end for b in self.batches.values() if b.account == account and b.processing_status != "ended"]
         return min(ends, default=None)
@@ -184,7 +191,8 @@ class AnthropicBatches:
         if batch.processing_status != "ended":
             raise invalid_request(
                 f"Message batch {batch_id} is {batch.processing_status}; only ended batches can be deleted "
-                "(cancel it first).")
+                "(cancel it first)."
+            )
         del self.batches[batch_id]
         self.book.release("anthropic", batch_id, batch.ended_at or 0.0)
 
@@ -225,31 +233,33 @@ class AnthropicBatches:
             request = batch.requests[batch.order[len(batch.results)]]
             batch.results.append(self.runner.run(batch.id, request, batch.scenario))
 
-    def _close(self, batch: AnthropicBatch, unprocessed: Optional[str], at: float) -> None:
+    def _close(self, batch: AnthropicBatch, unprocessed: str | None, at: float) -> None:
         batch.processing_status = "ended"
         batch.ended_at = at
         batch.unprocessed = unprocessed if len(batch.results) < len(batch.requests) else None
         self.book.release("anthropic", batch.id, at)
-        self.bill([
-            {
-                "provider": "anthropic",
-                "batch_id": batch.id,
-                "custom_id": r.custom_id,
-                "model": r.model,
-                "input_tokens": r.input_tokens + r.cache_creation_input_tokens + r.cache_read_input_tokens,
-                "cached_tokens": r.cache_read_input_tokens,
-                "cache_creation_input_tokens": r.cache_creation_input_tokens,
-                "output_tokens": r.output_tokens,
-                "billed_at": at,
-            }
-            for r in batch.results
-            if r.succeeded
-        ])
+        self.bill(
+            [
+                {
+                    "provider": "anthropic",
+                    "batch_id": batch.id,
+                    "custom_id": r.custom_id,
+                    "model": r.model,
+                    "input_tokens": r.input_tokens + r.cache_creation_input_tokens + r.cache_read_input_tokens,
+                    "cached_tokens": r.cache_read_input_tokens,
+                    "cache_creation_input_tokens": r.cache_creation_input_tokens,
+                    "output_tokens": r.output_tokens,
+                    "billed_at": at,
+                }
+                for r in batch.results
+                if r.succeeded
+            ]
+        )
 
     def to_json(self) -> list[dict[str, Any]]:
         """Every batch as plain JSON."""
         return [b.to_json() for b in self.batches.values()]
 
-    def load(self, saved: Optional[list[dict[str, Any]]]) -> None:
+    def load(self, saved: list[dict[str, Any]] | None) -> None:
         """Restore batches saved by ``to_json``."""
         self.batches = {b["id"]: AnthropicBatch.from_json(b) for b in saved or []}

@@ -26,8 +26,15 @@ class AnthropicError(ApiError):
     """An HTTP error answered in the Anthropic envelope (the ``type`` is the Anthropic error type; ``error_code``,
     when given, rides in ``error.details.error_code``, where the SDK picks its error class by)."""
 
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 headers: dict[str, str] | None = None, error_code: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
+        error_code: str | None = None,
+    ) -> None:
         super().__init__(status, message, type=type, headers=headers)
         self.error_code = error_code
 
@@ -59,6 +66,11 @@ def as_anthropic(exc: ApiError) -> AnthropicError:
     if isinstance(exc, AnthropicError):
         return exc
     if isinstance(exc, InjectedError):  # the http_error scenario: its type (else the status's) and error code
-        return AnthropicError(exc.status, exc.message, type=exc.given_type or injected_type(exc.status),
-                              headers=exc.headers, error_code=exc.code)
+        return AnthropicError(
+            exc.status,
+            exc.message,
+            type=exc.given_type or injected_type(exc.status),
+            headers=exc.headers,
+            error_code=exc.code,
+        )
     return anthropic_error(exc.status, exc.message, headers=exc.headers)

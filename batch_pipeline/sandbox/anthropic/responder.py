@@ -145,11 +145,15 @@ class AnthropicRunner:
         self.seen_custom_ids[seen_key] = sightings + 1
         marks = markers(params)
         if POISON_MARKER in marks:
-            return AnthropicResult(custom_id, model, errored(
-                "invalid_request_error", "prompt is too long or malformed (sandbox marker poison)."))
+            return AnthropicResult(
+                custom_id,
+                model,
+                errored("invalid_request_error", "prompt is too long or malformed (sandbox marker poison)."),
+            )
         if scenario.line_error_due(custom_id, sightings):
-            return AnthropicResult(custom_id, model, errored(
-                "api_error", "Internal server error (sandbox scenario line_errors)."))
+            return AnthropicResult(
+                custom_id, model, errored("api_error", "Internal server error (sandbox scenario line_errors).")
+            )
         prompt = build_prompt(params)
         creation, read, by_ttl = self._cache(model, prompt)
         content, output_tokens, stop_reason = self._content(batch_id, custom_id, params, marks)
@@ -166,13 +170,22 @@ class AnthropicRunner:
                 "output_tokens": output_tokens,
                 "cache_creation_input_tokens": creation,
                 "cache_read_input_tokens": read,
-                "cache_creation": {"ephemeral_5m_input_tokens": by_ttl["5m"],
-                                   "ephemeral_1h_input_tokens": by_ttl["1h"]},
+                "cache_creation": {
+                    "ephemeral_5m_input_tokens": by_ttl["5m"],
+                    "ephemeral_1h_input_tokens": by_ttl["1h"],
+                },
                 "service_tier": "batch",
             },
         }
-        return AnthropicResult(custom_id, model, {"type": "succeeded", "message": message},
-                               prompt.tokens - creation - read, creation, read, output_tokens)
+        return AnthropicResult(
+            custom_id,
+            model,
+            {"type": "succeeded", "message": message},
+            prompt.tokens - creation - read,
+            creation,
+            read,
+            output_tokens,
+        )
 
     def _cache(self, model: str, prompt: Prompt) -> tuple[int, int, dict[str, int]]:
         """(cache_creation, cache_read, cache_creation by TTL) tokens; marks every eligible breakpoint prefix as
@@ -198,8 +211,9 @@ class AnthropicRunner:
         return eligible[-1][1] - read, read, by_ttl
 
     @staticmethod
-    def _content(batch_id: str, custom_id: str, params: dict[str, Any], marks: set[str]
-                 ) -> tuple[list[dict[str, Any]], int, str]:
+    def _content(
+        batch_id: str, custom_id: str, params: dict[str, Any], marks: set[str]
+    ) -> tuple[list[dict[str, Any]], int, str]:
         """(content blocks, output tokens, stop_reason)."""
         if REFUSAL_MARKER in marks:
             return [{"type": "text", "text": ""}], 0, "refusal"
@@ -208,19 +222,32 @@ class AnthropicRunner:
         tool = forced_tool(params)
         text = last_user_text(params)
         system = params.get("system")
-        instructions = system if isinstance(system, str) else " ".join(
-            b.get("text", "") for b in system or [] if isinstance(b, dict))
-        rendered = (json.dumps(fill_schema(tool["input_schema"], text, instructions), ensure_ascii=False) if tool
-                    else render_content({"messages": params.get("messages") or []}))
+        instructions = (
+            system
+            if isinstance(system, str)
+            else " ".join(b.get("text", "") for b in system or [] if isinstance(b, dict))
+        )
+        rendered = (
+            json.dumps(fill_schema(tool["input_schema"], text, instructions), ensure_ascii=False)
+            if tool
+            else render_content({"messages": params.get("messages") or []})
+        )
         produced = count_tokens(rendered)
         if TRUNCATE_MARKER in marks:
             limit = min(limit, produced // 2) if limit is not None else produced // 2
         truncated = limit is not None and (produced > limit or TRUNCATE_MARKER in marks)
         if tool is not None:
-            block = {"type": "tool_use", "id": "toolu_" + stable_hex(batch_id, custom_id, "tool"),
-                     "name": tool["name"], "input": {} if truncated else json.loads(rendered)}
-            return [block], (limit if truncated and limit is not None else produced), (
-                "max_tokens" if truncated else "tool_use")
+            block = {
+                "type": "tool_use",
+                "id": "toolu_" + stable_hex(batch_id, custom_id, "tool"),
+                "name": tool["name"],
+                "input": {} if truncated else json.loads(rendered),
+            }
+            return (
+                [block],
+                (limit if truncated and limit is not None else produced),
+                ("max_tokens" if truncated else "tool_use"),
+            )
         if truncated:
             assert limit is not None
             rendered = truncate_tokens(rendered, limit)

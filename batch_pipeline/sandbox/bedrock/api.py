@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import re
 import secrets
-from datetime import datetime, timezone
-from typing import Any, Optional
+from datetime import UTC, datetime
+from typing import Any
 from urllib.parse import unquote
 
 from batch_pipeline.sandbox.bedrock.errors import BedrockError, validation
@@ -31,8 +31,10 @@ MAX_RECORDS = 50_000
 JOB_NAME_RE = re.compile(r"^[a-zA-Z0-9]{1,63}(-*[a-zA-Z0-9\+\-\.]){0,63}$")
 TOKEN_RE = re.compile(r"^[a-zA-Z0-9]{1,256}(-*[a-zA-Z0-9]){0,256}$")
 _CREDENTIAL_RE = re.compile(r"Credential=([^/,\s]+)/\d{8}/([a-z0-9-]+)/([a-z0-9-]+)/aws4_request")
-NO_CREDIT = ("Model access is denied due to INVALID_PAYMENT_INSTRUMENT:A valid payment instrument must be provided. "
-             "Your AWS Marketplace subscription for this model cannot be completed at this time.")
+NO_CREDIT = (
+    "Model access is denied due to INVALID_PAYMENT_INSTRUMENT:A valid payment instrument must be provided. "
+    "Your AWS Marketplace subscription for this model cannot be completed at this time."
+)
 
 
 def is_bedrock_path(path: str) -> bool:
@@ -46,11 +48,15 @@ def check_bedrock_auth(request: Request, scenario: Scenario) -> None:
     if not request.headers.get("authorization", "").startswith("AWS4-HMAC-SHA256") or found is None:
         raise BedrockError(403, "Missing Authentication Token", type="MissingAuthenticationTokenException")
     if found.group(1) == BAD_ACCESS_KEY:
-        raise BedrockError(403, "The security token included in the request is invalid.",
-                           type="UnrecognizedClientException")
+        raise BedrockError(
+            403, "The security token included in the request is invalid.", type="UnrecognizedClientException"
+        )
     if scenario.name == "access_denied":
-        raise BedrockError(403, "You don't have access to the model with the specified model ID. "
-                                "(sandbox scenario access_denied)", type="AccessDeniedException")
+        raise BedrockError(
+            403,
+            "You don't have access to the model with the specified model ID. (sandbox scenario access_denied)",
+            type="AccessDeniedException",
+        )
 
 
 def _region(request: Request) -> str:
@@ -70,7 +76,7 @@ def _s3_config(body: dict[str, Any], outer: str, inner: str) -> str:
     return uri
 
 
-def _time_param(request: Request, name: str) -> Optional[float]:
+def _time_param(request: Request, name: str) -> float | None:
     raw = request.query.get(name)
     if not raw:
         return None
@@ -78,7 +84,7 @@ def _time_param(request: Request, name: str) -> Optional[float]:
         moment = datetime.fromisoformat(raw.replace("Z", "+00:00"))
     except ValueError:
         raise validation(f"{name}: {raw!r} is not an ISO 8601 timestamp") from None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 class BedrockApi:
@@ -108,8 +114,9 @@ class BedrockApi:
             url = self.s3.url
         except S3Unavailable as exc:
             raise BedrockError(503, str(exc), type="ServiceUnavailableException") from None
-        return Response(payload={"s3_endpoint_url": url, "bucket": DEFAULT_BUCKET, "region": REGION,
-                                 "account": ACCOUNT})
+        return Response(
+            payload={"s3_endpoint_url": url, "bucket": DEFAULT_BUCKET, "region": REGION, "account": ACCOUNT}
+        )
 
     def _job(self, request: Request) -> BedrockJob:
         ident = unquote(request.params["job"])
@@ -130,8 +137,9 @@ class BedrockApi:
             if not isinstance(body.get(key), str) or not body[key]:
                 raise validation(f"{key} is required")
         if not JOB_NAME_RE.match(body["jobName"]) or len(body["jobName"]) > 63:
-            raise validation(f"jobName {body['jobName']!r}: at most 63 characters of [a-zA-Z0-9+-.], "
-                             "starting with a letter or digit")
+            raise validation(
+                f"jobName {body['jobName']!r}: at most 63 characters of [a-zA-Z0-9+-.], starting with a letter or digit"
+            )
         hours = body.get("timeoutDurationInHours", 168)
         if not isinstance(hours, int) or not 24 <= hours <= 168:
             raise validation("timeoutDurationInHours must be between 24 and 168")
@@ -152,21 +160,38 @@ class BedrockApi:
         records, problem = self._read_input(input_uri)
         minimum = int(scenario.param("min_records"))
         if problem is None and len(records) < minimum:
-            raise validation(f"The number of records in the input ({len(records)}) is below the minimum of "
-                             f"{minimum} records per batch inference job.")
+            raise validation(
+                f"The number of records in the input ({len(records)}) is below the minimum of "
+                f"{minimum} records per batch inference job."
+            )
         maximum = quota(self.state.scenario, "max_records_per_job") or MAX_RECORDS
         over = problem is None and len(records) > maximum
         if over:
-            problem = (f"The number of records in the input ({len(records)}) exceeds the maximum of {maximum} "
-                       "records per batch inference job.")
+            problem = (
+                f"The number of records in the input ({len(records)}) exceeds the maximum of {maximum} "
+                "records per batch inference job."
+            )
         now = self.state.clock.now()
         job_id = secrets.token_hex(6)
-        job = BedrockJob(job_id=job_id, arn=f"arn:aws:bedrock:{_region(request)}:{ACCOUNT}:model-invocation-job/"
-                                            f"{job_id}", name=body["jobName"], model_id=model,
-                         role_arn=body["roleArn"], client_request_token=token or secrets.token_hex(16),
-                         input_uri=input_uri, output_uri=output_uri, timeout_hours=hours, submit_time=now,
-                         records=records, order=new_job_order(records), scenario=scenario, tags=tags,
-                         last_modified=now, account=account, input_error=problem)
+        job = BedrockJob(
+            job_id=job_id,
+            arn=f"arn:aws:bedrock:{_region(request)}:{ACCOUNT}:model-invocation-job/{job_id}",
+            name=body["jobName"],
+            model_id=model,
+            role_arn=body["roleArn"],
+            client_request_token=token or secrets.token_hex(16),
+            input_uri=input_uri,
+            output_uri=output_uri,
+            timeout_hours=hours,
+            submit_time=now,
+            records=records,
+            order=new_job_order(records),
+            scenario=scenario,
+            tags=tags,
+            last_modified=now,
+            account=account,
+            input_error=problem,
+        )
         self.jobs.submit(job, refused=over)
         return Response(payload={"jobArn": job.arn}, batch_id=job.job_id)
 
@@ -178,12 +203,15 @@ class BedrockApi:
         if not cap or live < cap:
             return
         self.state.book.refuse("bedrock", "", account, [model], self.state.clock.now())
-        raise BedrockError(400, f"You have {live} batch inference jobs for {model} submitted or in progress in "
-                                f"this account. Limit: {cap} jobs submitted, validating, scheduled or in progress "
-                                "per model. Wait for a job to end, or request a quota increase.",
-                           type="ServiceQuotaExceededException")
+        raise BedrockError(
+            400,
+            f"You have {live} batch inference jobs for {model} submitted or in progress in "
+            f"this account. Limit: {cap} jobs submitted, validating, scheduled or in progress "
+            "per model. Wait for a job to end, or request a quota increase.",
+            type="ServiceQuotaExceededException",
+        )
 
-    def _read_input(self, uri: str) -> tuple[list[InputRecord], Optional[str]]:
+    def _read_input(self, uri: str) -> tuple[list[InputRecord], str | None]:
         """Every record of the input (one ``.jsonl`` object, or every ``.jsonl`` object under a prefix), and why
         it cannot be used (None when it can): the job fails on that during Validating, as Bedrock's do."""
         bucket, key = split_uri(uri)
@@ -225,11 +253,15 @@ class BedrockApi:
         jobs = self.jobs.newest_first()
         if query.get("sortOrder") == "Ascending":
             jobs.reverse()
-        jobs = [j for j in jobs
-                if (not query.get("statusEquals") or j.status == query["statusEquals"])
-                and (not query.get("nameContains") or query["nameContains"] in j.name)
-                and (after is None or j.submit_time > after) and (before is None or j.submit_time < before)]
-        page = jobs[offset:offset + limit]
+        jobs = [
+            j
+            for j in jobs
+            if (not query.get("statusEquals") or j.status == query["statusEquals"])
+            and (not query.get("nameContains") or query["nameContains"] in j.name)
+            and (after is None or j.submit_time > after)
+            and (before is None or j.submit_time < before)
+        ]
+        page = jobs[offset : offset + limit]
         payload: dict[str, Any] = {"invocationJobSummaries": [j.summary() for j in page]}
         if offset + limit < len(jobs):
             payload["nextToken"] = str(offset + limit)

@@ -10,16 +10,25 @@ from typing import Any
 
 from batch_pipeline.sandbox.errors import ApiError, InjectedError
 
-STATUS_TYPES = {400: "ValidationException", 403: "AccessDeniedException", 404: "ResourceNotFoundException",
-                405: "UnknownOperationException", 409: "ConflictException", 413: "ValidationException",
-                429: "ThrottlingException", 500: "InternalServerException", 503: "ServiceUnavailableException"}
+STATUS_TYPES = {
+    400: "ValidationException",
+    403: "AccessDeniedException",
+    404: "ResourceNotFoundException",
+    405: "UnknownOperationException",
+    409: "ConflictException",
+    413: "ValidationException",
+    429: "ThrottlingException",
+    500: "InternalServerException",
+    503: "ServiceUnavailableException",
+}
 
 
 class BedrockError(ApiError):
     """An error answered in Bedrock's shape (``type`` is the exception name)."""
 
-    def __init__(self, status: int, message: str, *, type: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, *, type: str | None = None, headers: dict[str, str] | None = None
+    ) -> None:
         name = type or STATUS_TYPES.get(status, "InternalServerException")
         super().__init__(status, message, type=name, headers={**(headers or {}), "x-amzn-ErrorType": name})
 

@@ -13,9 +13,10 @@ the successful records are billed, once.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Callable, Optional
+from datetime import UTC, datetime
+from typing import Any
 
 from batch_pipeline.sandbox.anthropic.responder import AnthropicRunner
 from batch_pipeline.sandbox.batches import lines_due, output_order
@@ -29,11 +30,11 @@ ENDED = frozenset({"Completed", "PartiallyCompleted", "Failed", "Stopped", "Expi
 Bill = Callable[[list[dict[str, Any]]], None]
 
 
-def iso(value: Optional[float]) -> Optional[str]:
+def iso(value: float | None) -> str | None:
     """Clock seconds as ISO 8601 UTC (botocore parses it into a datetime)."""
     if value is None:
         return None
-    return datetime.fromtimestamp(value, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.fromtimestamp(value, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass
@@ -55,13 +56,13 @@ class BedrockJob:
     scenario: Scenario
     tags: dict[str, str] = field(default_factory=dict)
     status: str = "Submitted"
-    message: Optional[str] = None
+    message: str | None = None
     results: list[RecordResult] = field(default_factory=list)
     last_modified: float = 0.0
-    end_time: Optional[float] = None
-    stop_requested_at: Optional[float] = None
+    end_time: float | None = None
+    stop_requested_at: float | None = None
     account: str = DEFAULT_ACCOUNT  # the access key that created it: whose job quota it counts against
-    input_error: Optional[str] = None  # why the input fails validation (the job's message once Failed)
+    input_error: str | None = None  # why the input fails validation (the job's message once Failed)
 
     def duration(self, key: str) -> float:
         return float(self.scenario.param(key))
@@ -84,18 +85,28 @@ class BedrockJob:
 
     def counts(self) -> dict[str, int]:
         ok = sum(1 for r in self.results if r.succeeded)
-        return {"totalRecordCount": len(self.records), "processedRecordCount": len(self.results),
-                "successRecordCount": ok, "errorRecordCount": len(self.results) - ok}
+        return {
+            "totalRecordCount": len(self.records),
+            "processedRecordCount": len(self.results),
+            "successRecordCount": ok,
+            "errorRecordCount": len(self.results) - ok,
+        }
 
     def summary(self) -> dict[str, Any]:
         """``ModelInvocationJobSummary`` (``GetModelInvocationJob`` returns the same fields)."""
         body: dict[str, Any] = {
-            "jobArn": self.arn, "jobName": self.name, "modelId": self.model_id,
-            "clientRequestToken": self.client_request_token, "roleArn": self.role_arn, "status": self.status,
-            "submitTime": iso(self.submit_time), "lastModifiedTime": iso(self.last_modified or self.submit_time),
+            "jobArn": self.arn,
+            "jobName": self.name,
+            "modelId": self.model_id,
+            "clientRequestToken": self.client_request_token,
+            "roleArn": self.role_arn,
+            "status": self.status,
+            "submitTime": iso(self.submit_time),
+            "lastModifiedTime": iso(self.last_modified or self.submit_time),
             "inputDataConfig": {"s3InputDataConfig": {"s3Uri": self.input_uri, "s3InputFormat": "JSONL"}},
             "outputDataConfig": {"s3OutputDataConfig": {"s3Uri": self.output_uri}},
-            "timeoutDurationInHours": self.timeout_hours, "jobExpirationTime": iso(self.expiration),
+            "timeoutDurationInHours": self.timeout_hours,
+            "jobExpirationTime": iso(self.expiration),
             **self.counts(),
         }
         if self.message is not None:
@@ -116,7 +127,7 @@ class BedrockJob:
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "BedrockJob":
+    def from_json(cls, data: dict[str, Any]) -> BedrockJob:
         data = dict(data)
         data["scenario"] = Scenario(**data["scenario"])
         data["records"] = [InputRecord(**r) for r in data["records"]]
@@ -127,7 +138,7 @@ class BedrockJob:
 class BedrockJobs:
     """The jobs of one sandbox (callers hold the state lock)."""
 
-    def __init__(self, runner: AnthropicRunner, bill: Bill, s3: SandboxS3, load: Optional[LoadBook] = None) -> None:
+    def __init__(self, runner: AnthropicRunner, bill: Bill, s3: SandboxS3, load: LoadBook | None = None) -> None:
         self.runner, self.bill, self.s3 = runner, bill, s3
         self.book = load if load is not None else LoadBook()
         self.jobs: dict[str, BedrockJob] = {}
@@ -147,10 +158,11 @@ class BedrockJobs:
         if refused:
             self.book.refuse("bedrock", job.job_id, job.account, [job.model_id], job.submit_time)
         else:
-            self.book.hold("bedrock", job.job_id, job.account, {job.model_id: Load(0, len(job.records), 1)},
-                           job.submit_time)
+            self.book.hold(
+                "bedrock", job.job_id, job.account, {job.model_id: Load(0, len(job.records), 1)}, job.submit_time
+            )
 
-    def by_token(self, token: str) -> Optional[BedrockJob]:
+    def by_token(self, token: str) -> BedrockJob | None:
         job_id = self.tokens.get(token)
         return self.jobs.get(job_id) if job_id else None
 
@@ -218,20 +230,29 @@ class BedrockJobs:
         due = lines_due(job, job.processing_start, at)
         while len(job.results) < due:
             index = job.order[len(job.results)]
-            job.results.append(process(self.runner, job.job_id, job.model_id, index, job.records[index],
-                                       job.scenario))
+            job.results.append(process(self.runner, job.job_id, job.model_id, index, job.records[index], job.scenario))
 
     def _close(self, job: BedrockJob, status: str, at: float) -> None:
         job.status, job.end_time, job.last_modified = status, at, at
         self.book.release("bedrock", job.job_id, at)
         if status not in ("Failed", "Expired"):
             self._write_output(job)
-        self.bill([
-            {"provider": "bedrock", "batch_id": job.job_id, "custom_id": job.records[r.index].record_id,
-             "model": job.model_id, "input_tokens": r.input_tokens, "cached_tokens": r.cached_tokens,
-             "output_tokens": r.output_tokens, "billed_at": at}
-            for r in job.results if r.succeeded
-        ])
+        self.bill(
+            [
+                {
+                    "provider": "bedrock",
+                    "batch_id": job.job_id,
+                    "custom_id": job.records[r.index].record_id,
+                    "model": job.model_id,
+                    "input_tokens": r.input_tokens,
+                    "cached_tokens": r.cached_tokens,
+                    "output_tokens": r.output_tokens,
+                    "billed_at": at,
+                }
+                for r in job.results
+                if r.succeeded
+            ]
+        )
 
     def _write_output(self, job: BedrockJob) -> None:
         """One ``<input file name>.out`` per input file (lines in processing order) and ``manifest.json.out``."""
@@ -244,14 +265,17 @@ class BedrockJobs:
             data = "".join(line + "\n" for line in lines).encode("utf-8")
             self.s3.write(bucket, prefix + name.rsplit("/", 1)[-1] + ".out", data)
         ok = [r for r in job.results if r.succeeded]
-        manifest = {**job.counts(), "inputTokenCount": sum(r.input_tokens for r in ok),
-                    "outputTokenCount": sum(r.output_tokens for r in ok)}
+        manifest = {
+            **job.counts(),
+            "inputTokenCount": sum(r.input_tokens for r in ok),
+            "outputTokenCount": sum(r.output_tokens for r in ok),
+        }
         self.s3.write(bucket, prefix + "manifest.json.out", json.dumps(manifest).encode("utf-8"))
 
     def to_json(self) -> list[dict[str, Any]]:
         return [j.to_json() for j in self.jobs.values()]
 
-    def load(self, saved: Optional[list[dict[str, Any]]]) -> None:
+    def load(self, saved: list[dict[str, Any]] | None) -> None:
         self.clear()
         for data in saved or []:
             self.add(BedrockJob.from_json(data))

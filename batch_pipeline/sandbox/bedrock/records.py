@@ -10,15 +10,21 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from batch_pipeline.sandbox.anthropic.responder import AnthropicRunner
 from batch_pipeline.sandbox.ids import stable_hex
 from batch_pipeline.sandbox.scenarios import Scenario
 
 ANTHROPIC_VERSION = "bedrock-2023-05-31"
-ERROR_CODES = {"invalid_request_error": 400, "permission_error": 403, "not_found_error": 404,
-               "rate_limit_error": 429, "api_error": 500, "overloaded_error": 503}
+ERROR_CODES = {
+    "invalid_request_error": 400,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "overloaded_error": 503,
+}
 
 
 class InputError(ValueError):
@@ -29,8 +35,8 @@ class InputError(ValueError):
 class InputRecord:
     """A record as read from the input file: where it came from and what it asks."""
 
-    file: str       # the input object's key
-    line: int       # 1-based line number in that file
+    file: str  # the input object's key
+    line: int  # 1-based line number in that file
     record_id: str
     model_input: Any
 
@@ -76,13 +82,15 @@ def parse_input(file: str, data: bytes) -> list[InputRecord]:
     return records
 
 
-def _check_claude_input(model_input: Any) -> Optional[str]:
+def _check_claude_input(model_input: Any) -> str | None:
     """Why a Claude ``modelInput`` is malformed (the message Bedrock's InvokeModel gives), or None."""
     if not isinstance(model_input, dict):
         return "Malformed input request: #: expected type: JSONObject"
     if model_input.get("anthropic_version") != ANTHROPIC_VERSION:
-        return (f"Malformed input request: #: required key [anthropic_version] not found or not "
-                f"{ANTHROPIC_VERSION!r}, please reformat your input and try again.")
+        return (
+            f"Malformed input request: #: required key [anthropic_version] not found or not "
+            f"{ANTHROPIC_VERSION!r}, please reformat your input and try again."
+        )
     if "model" in model_input:
         return "Malformed input request: #: extraneous key [model] is not permitted, please reformat your input."
     tokens = model_input.get("max_tokens")
@@ -93,8 +101,9 @@ def _check_claude_input(model_input: Any) -> Optional[str]:
     return None
 
 
-def process(runner: AnthropicRunner, job_id: str, model_id: str, index: int, record: InputRecord,
-            scenario: Scenario) -> RecordResult:
+def process(
+    runner: AnthropicRunner, job_id: str, model_id: str, index: int, record: InputRecord, scenario: Scenario
+) -> RecordResult:
     """The output line of one record under the job's scenario (markers, line errors, the output contract)."""
     head = {"recordId": record.record_id, "modelInput": record.model_input}
     problem = _check_claude_input(record.model_input)
@@ -108,8 +117,11 @@ def process(runner: AnthropicRunner, job_id: str, model_id: str, index: int, rec
         return RecordResult(index, {**head, "error": {"errorCode": code, "errorMessage": inner.get("message", "")}})
     message = dict(result.result["message"])
     usage = message.get("usage") or {}
-    message["usage"] = {k: usage.get(k, 0) for k in ("input_tokens", "output_tokens", "cache_creation_input_tokens",
-                                                     "cache_read_input_tokens")}
+    message["usage"] = {
+        k: usage.get(k, 0)
+        for k in ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+    }
     total_input = result.input_tokens + result.cache_creation_input_tokens + result.cache_read_input_tokens
-    return RecordResult(index, {**head, "modelOutput": message}, total_input, result.cache_read_input_tokens,
-                        result.output_tokens)
+    return RecordResult(
+        index, {**head, "modelOutput": message}, total_input, result.cache_read_input_tokens, result.output_tokens
+    )

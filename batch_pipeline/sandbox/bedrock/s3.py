@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Optional
+from typing import Any
 from urllib.parse import urlsplit
 
 S3_URL_ENV = "BATCH_PIPELINE_SANDBOX_S3_URL"
@@ -19,8 +19,10 @@ REGION = "us-east-1"
 # the sandbox's own S3 calls sign with these; moto (and the sandbox) accept any credentials
 SANDBOX_ACCESS_KEY = "sandbox"
 SANDBOX_SECRET_KEY = "sandbox-secret"
-MISSING_MOTO = ("the sandbox's Bedrock API needs moto[server] to serve S3: install the `sandbox` extra "
-                "(pip install 'batch_pipeline[sandbox]'), or point ${env} at an S3 endpoint").format(env=S3_URL_ENV)
+MISSING_MOTO = (
+    "the sandbox's Bedrock API needs moto[server] to serve S3: install the `sandbox` extra "
+    f"(pip install 'batch_pipeline[sandbox]'), or point ${S3_URL_ENV} at an S3 endpoint"
+)
 
 
 class S3Unavailable(RuntimeError):
@@ -38,11 +40,11 @@ def split_uri(uri: str) -> tuple[str, str]:
 class SandboxS3:
     """Reads and writes objects on the sandbox's S3 (started on first use; stopped with ``stop``)."""
 
-    def __init__(self, url: Optional[str] = None) -> None:
+    def __init__(self, url: str | None = None) -> None:
         self.given_url = url or os.environ.get(S3_URL_ENV) or None
         self._server: Any = None
         self._client: Any = None
-        self._url: Optional[str] = None
+        self._url: str | None = None
 
     @property
     def url(self) -> str:
@@ -70,11 +72,14 @@ class SandboxS3:
             import boto3
             from botocore.config import Config
 
-            self._client = boto3.client("s3", endpoint_url=self.url, region_name=REGION,
-                                        aws_access_key_id=SANDBOX_ACCESS_KEY,
-                                        aws_secret_access_key=SANDBOX_SECRET_KEY,
-                                        config=Config(s3={"addressing_style": "path"},
-                                                      retries={"max_attempts": 3, "mode": "standard"}))
+            self._client = boto3.client(
+                "s3",
+                endpoint_url=self.url,
+                region_name=REGION,
+                aws_access_key_id=SANDBOX_ACCESS_KEY,
+                aws_secret_access_key=SANDBOX_SECRET_KEY,
+                config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 3, "mode": "standard"}),
+            )
         return self._client
 
     def _ensure_bucket(self, bucket: str) -> None:

@@ -29,8 +29,15 @@ DOMAIN = "googleapis.com"
 class GoogleError(ApiError):
     """An HTTP error answered in Google's envelope; ``details`` are google.rpc detail objects."""
 
-    def __init__(self, status: int, message: str, *, details: list[dict[str, Any]] | None = None,
-                 headers: dict[str, str] | None = None, status_name: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        details: list[dict[str, Any]] | None = None,
+        headers: dict[str, str] | None = None,
+        status_name: str | None = None,
+    ) -> None:
         super().__init__(status, message, type=status_name or STATUS_NAMES.get(status, "UNKNOWN"), headers=headers)
         self.details = list(details or [])
 
@@ -66,11 +73,15 @@ def as_google(exc: ApiError) -> GoogleError:
         return exc
     details: list[dict[str, Any]] = []
     if isinstance(exc, InjectedError) and exc.code:  # the http_error scenario: its ErrorInfo reason, status name
-
         details.append(error_info(exc.code))
     millis = exc.headers.get("retry-after-ms")
     if exc.status == 429 and millis:
         details.append({"@type": RETRY_INFO, "retryDelay": f"{int(millis) / 1000:g}s"})
     headers = {k: v for k, v in exc.headers.items() if k not in ("retry-after-ms", "retry-after")}
-    return GoogleError(exc.status, exc.message, details=details, headers=headers,
-                       status_name=exc.given_type if isinstance(exc, InjectedError) else None)
+    return GoogleError(
+        exc.status,
+        exc.message,
+        details=details,
+        headers=headers,
+        status_name=exc.given_type if isinstance(exc, InjectedError) else None,
+    )

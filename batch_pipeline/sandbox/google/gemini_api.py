@@ -10,7 +10,7 @@ then read, listed, cancelled and deleted through the same batch routes.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from batch_pipeline.sandbox.google.errors import GoogleError, error_info
 from batch_pipeline.sandbox.google.gemini_batches import MAX_INLINE_BYTES, GeminiFile, gemini_id
@@ -40,11 +40,17 @@ def check_gemini_auth(request: Request) -> None:
         return
     key = request.headers.get(KEY_HEADER, "").strip() or request.query.get("key", "").strip()
     if not key:
-        raise GoogleError(403, "Method doesn't allow unregistered callers (callers without established identity). "
-                               "Please use API Key or other form of API consumer identity to call this API.")
+        raise GoogleError(
+            403,
+            "Method doesn't allow unregistered callers (callers without established identity). "
+            "Please use API Key or other form of API consumer identity to call this API.",
+        )
     if key == BAD_KEY:
-        raise GoogleError(400, "API key not valid. Please pass a valid API key.",
-                          details=[error_info("API_KEY_INVALID", service="generativelanguage.googleapis.com")])
+        raise GoogleError(
+            400,
+            "API key not valid. Please pass a valid API key.",
+            details=[error_info("API_KEY_INVALID", service="generativelanguage.googleapis.com")],
+        )
 
 
 def _version(request: Request) -> str:
@@ -70,16 +76,22 @@ def _page(request: Request, default: int, high: int) -> tuple[int, int]:
     return min(size, high), max(start, 0)
 
 
-def account_fault(state: SandboxState, model: str) -> Optional[GoogleError]:
+def account_fault(state: SandboxState, model: str) -> GoogleError | None:
     """An unknown model (``unknown-*`` or the ``unknown_model`` scenario) or an account without billing."""
     name = model.removeprefix("models/")
     if name.startswith(UNKNOWN_MODEL_PREFIX) or state.scenario.name == "unknown_model":
-        return GoogleError(404, f"models/{name} is not found for API version v1, or is not supported for "
-                                "batchGenerateContent. Call ListModels to see the list of available models.")
+        return GoogleError(
+            404,
+            f"models/{name} is not found for API version v1, or is not supported for "
+            "batchGenerateContent. Call ListModels to see the list of available models.",
+        )
     if state.scenario.name == "no_credit":
-        return GoogleError(403, "This API method requires billing to be enabled. Enable billing for the project, "
-                                "then retry (sandbox scenario no_credit).",
-                           details=[error_info("BILLING_DISABLED", service="generativelanguage.googleapis.com")])
+        return GoogleError(
+            403,
+            "This API method requires billing to be enabled. Enable billing for the project, "
+            "then retry (sandbox scenario no_credit).",
+            details=[error_info("BILLING_DISABLED", service="generativelanguage.googleapis.com")],
+        )
     return None
 
 
@@ -99,8 +111,7 @@ class GeminiApi:
         router.add("GET", "/{version}/files/{file_id}", "gemini_get_file", self.get_file)
         router.add("DELETE", "/{version}/files/{file_id}", "gemini_delete_file", self.delete_file)
         router.add("POST", "/{version}/models/{model}:batchGenerateContent", "gemini_create", self.create)
-        router.add("POST", "/{version}/models/{model}:asyncBatchEmbedContent", "gemini_create",
-                   self.create_embeddings)
+        router.add("POST", "/{version}/models/{model}:asyncBatchEmbedContent", "gemini_create", self.create_embeddings)
         router.add("POST", "/{version}/batches/{batch_id}:cancel", "gemini_cancel", self.cancel)
         router.add("GET", "/{version}/batches", "gemini_list", self.list)
         router.add("GET", "/{version}/batches/{batch_id}", "gemini_get", self.get)
@@ -117,30 +128,46 @@ class GeminiApi:
         if session is None:
             raise GoogleError(404, "Unknown or finished upload session.", headers={"x-goog-upload-status": "final"})
         if not command & {"upload", "finalize"}:
-            raise GoogleError(400, "X-Goog-Upload-Command must be start, upload or finalize.",
-                              headers={"x-goog-upload-status": "active"})
+            raise GoogleError(
+                400,
+                "X-Goog-Upload-Command must be start, upload or finalize.",
+                headers={"x-goog-upload-status": "active"},
+            )
         data: bytearray = session["data"]
         offset = request.headers.get("x-goog-upload-offset")
         if offset is None or not offset.isdigit() or int(offset) != len(data):
-            raise GoogleError(400, f"X-Goog-Upload-Offset is {offset!r}; {len(data)} bytes were received.",
-                              headers={"x-goog-upload-status": "active"})
+            raise GoogleError(
+                400,
+                f"X-Goog-Upload-Offset is {offset!r}; {len(data)} bytes were received.",
+                headers={"x-goog-upload-status": "active"},
+            )
         data += request.body
         stored: GeminiFile = session["file"]
         if len(data) > stored.size:
             del self.gemini.uploads[session_id or ""]
-            raise GoogleError(400, f"Received {len(data)} bytes; the upload declared {stored.size}.",
-                              headers={"x-goog-upload-status": "final"})
+            raise GoogleError(
+                400,
+                f"Received {len(data)} bytes; the upload declared {stored.size}.",
+                headers={"x-goog-upload-status": "final"},
+            )
         if "finalize" not in command:
-            return Response(payload=b"", content_type="text/plain",
-                            headers={"x-goog-upload-status": "active", "x-goog-upload-size-received": str(len(data))})
+            return Response(
+                payload=b"",
+                content_type="text/plain",
+                headers={"x-goog-upload-status": "active", "x-goog-upload-size-received": str(len(data))},
+            )
         del self.gemini.uploads[session_id or ""]
         if len(data) != stored.size:
-            raise GoogleError(400, f"Finalized after {len(data)} bytes; the upload declared {stored.size}.",
-                              headers={"x-goog-upload-status": "final"})
+            raise GoogleError(
+                400,
+                f"Finalized after {len(data)} bytes; the upload declared {stored.size}.",
+                headers={"x-goog-upload-status": "final"},
+            )
         stored.data, stored.created_at = bytes(data), self.state.clock.now()
         self.gemini.add_file(stored)
-        return Response(payload={"file": stored.to_api(_host(request), version)},
-                        headers={"x-goog-upload-status": "final"})
+        return Response(
+            payload={"file": stored.to_api(_host(request), version)}, headers={"x-goog-upload-status": "final"}
+        )
 
     def _start(self, request: Request, version: str) -> Response:
         if request.headers.get("x-goog-upload-protocol", "").lower() != "resumable":
@@ -155,20 +182,29 @@ class GeminiApi:
         if not isinstance(meta, dict):
             raise GoogleError(400, "`file` must be an object.")
         # proto JSON: lowerCamel or the original snake_case names (the SDK sends its File model's snake_case)
-        mime = (request.headers.get("x-goog-upload-header-content-type") or meta.get("mimeType")
-                or meta.get("mime_type") or JSONL)
+        mime = (
+            request.headers.get("x-goog-upload-header-content-type")
+            or meta.get("mimeType")
+            or meta.get("mime_type")
+            or JSONL
+        )
         name = str(meta.get("name") or "").removeprefix("files/") or gemini_id()
         if name in self.gemini.files:
             raise GoogleError(409, f"File files/{name} already exists.")
         display = meta.get("displayName", meta.get("display_name"))
         display = display if isinstance(display, str) else None
         session_id = gemini_id() + gemini_id()
-        self.gemini.uploads[session_id] = {"file": GeminiFile(name, display, str(mime), 0.0, size),
-                                           "data": bytearray()}
+        self.gemini.uploads[session_id] = {"file": GeminiFile(name, display, str(mime), 0.0, size), "data": bytearray()}
         url = f"http://{_host(request)}/upload/{version}/files?upload_id={session_id}&upload_protocol=resumable"
-        return Response(payload=b"", content_type="text/plain", headers={
-            "x-goog-upload-url": url, "x-goog-upload-status": "active",
-            "x-goog-upload-chunk-granularity": str(CHUNK_GRANULARITY)})
+        return Response(
+            payload=b"",
+            content_type="text/plain",
+            headers={
+                "x-goog-upload-url": url,
+                "x-goog-upload-status": "active",
+                "x-goog-upload-chunk-granularity": str(CHUNK_GRANULARITY),
+            },
+        )
 
     # files ----------------------------------------------------------------------------------------------------
     def get_file(self, request: Request) -> Response:
@@ -179,7 +215,7 @@ class GeminiApi:
         version = _version(request)
         size, start = _page(request, 10, 100)
         files = list(reversed(self.gemini.files.values()))
-        payload: dict[str, Any] = {"files": [f.to_api(_host(request), version) for f in files[start:start + size]]}
+        payload: dict[str, Any] = {"files": [f.to_api(_host(request), version) for f in files[start : start + size]]}
         if start + size < len(files):
             payload["nextPageToken"] = str(start + size)
         return Response(payload=payload)
@@ -231,10 +267,12 @@ class GeminiApi:
         fault = account_fault(self.state, model)
         if fault is not None:
             raise fault
-        args = (self.state.scenario, self.state.clock.now, account_of(request, "gemini"),
-                clock_scale(self.state.clock))
-        record = (self.gemini.create_inline(model, display, config["requests"], *args, embed=embed) if inline
-                  else self.gemini.create(model, display, file_name, *args, embed=embed))
+        args = (self.state.scenario, self.state.clock.now, account_of(request, "gemini"), clock_scale(self.state.clock))
+        record = (
+            self.gemini.create_inline(model, display, config["requests"], *args, embed=embed)
+            if inline
+            else self.gemini.create(model, display, file_name, *args, embed=embed)
+        )
         return Response(payload=record.to_api(), batch_id=record.id)
 
     def get(self, request: Request) -> Response:
@@ -257,7 +295,7 @@ class GeminiApi:
         _version(request)
         size, start = _page(request, 50, 1000)
         batches = self.gemini.newest_first()
-        payload: dict[str, Any] = {"operations": [b.to_api(full=False) for b in batches[start:start + size]]}
+        payload: dict[str, Any] = {"operations": [b.to_api(full=False) for b in batches[start : start + size]]}
         if start + size < len(batches):
             payload["nextPageToken"] = str(start + size)
         return Response(payload=payload)

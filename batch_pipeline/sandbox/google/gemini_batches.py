@@ -23,14 +23,20 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Callable, Optional
+from datetime import UTC, datetime
+from typing import Any
 
 from batch_pipeline.sandbox.batches import lines_due, output_order
 from batch_pipeline.sandbox.google.errors import RETRY_INFO, GoogleError, status_object
-from batch_pipeline.sandbox.google.gemini_embed import (EMBED_METADATA_TYPE, EMBED_OUTPUT_TYPE, GeminiEmbedder,
-                                                        embed_problem, embed_tokens)
+from batch_pipeline.sandbox.google.gemini_embed import (
+    EMBED_METADATA_TYPE,
+    EMBED_OUTPUT_TYPE,
+    GeminiEmbedder,
+    embed_problem,
+    embed_tokens,
+)
 from batch_pipeline.sandbox.google.gemini_inputs import contents_problem, parse_inline, parse_input
 from batch_pipeline.sandbox.google.responder import GeminiAnswer, GeminiResponder, prompt_tokens
 from batch_pipeline.sandbox.ids import new_id
@@ -50,11 +56,11 @@ BLOB_PREFIX = "gemini-"
 Bill = Callable[[list[dict[str, Any]]], None]
 
 
-def rfc3339(value: Optional[float]) -> Optional[str]:
+def rfc3339(value: float | None) -> str | None:
     """Clock seconds as an RFC 3339 UTC timestamp with microseconds (None stays None)."""
     if value is None:
         return None
-    return datetime.fromtimestamp(value, timezone.utc).isoformat().replace("+00:00", "Z")
+    return datetime.fromtimestamp(value, UTC).isoformat().replace("+00:00", "Z")
 
 
 def gemini_id() -> str:
@@ -73,7 +79,7 @@ class GeminiFile:
     """An uploaded (``UPLOADED``) or generated (``GENERATED``, a responses file) file; bytes in memory."""
 
     id: str
-    display_name: Optional[str]
+    display_name: str | None
     mime_type: str
     created_at: float
     size: int
@@ -107,20 +113,20 @@ class GeminiBatch:
     """All the sandbox knows about one batch. Times are clock seconds."""
 
     id: str
-    display_name: Optional[str]
+    display_name: str | None
     model: str
     input_file: str
     created_at: float
     scenario: Scenario
     requests: list[dict[str, Any]]  # {"key", "request"} (+ "metadata" for an inline request that has one)
     order: list[int]
-    invalid: Optional[str] = None  # why the input does not parse: the batch will fail
+    invalid: str | None = None  # why the input does not parse: the batch will fail
     state: str = "BATCH_STATE_PENDING"
     results: list[GeminiAnswer] = field(default_factory=list)
-    cancel_at: Optional[float] = None
-    updated_at: Optional[float] = None
-    end_at: Optional[float] = None
-    output_file: Optional[str] = None
+    cancel_at: float | None = None
+    updated_at: float | None = None
+    end_at: float | None = None
+    output_file: str | None = None
     account: str = DEFAULT_ACCOUNT  # the key that created it: whose enqueued tokens it counts against
     inline: bool = False  # built from inline requests: answered in the operation, not in a responses file
     embed: bool = False  # an asyncBatchEmbedContent batch: EmbedContentRequests, answered with vectors
@@ -146,8 +152,12 @@ class GeminiBatch:
         ok = sum(1 for r in self.results if r.succeeded)
         failed = len(self.results) - ok
         pending = 0 if self.ended else len(self.requests) - len(self.results)
-        counts = {"requestCount": len(self.requests), "successfulRequestCount": ok, "failedRequestCount": failed,
-                  "pendingRequestCount": pending}
+        counts = {
+            "requestCount": len(self.requests),
+            "successfulRequestCount": ok,
+            "failedRequestCount": failed,
+            "pendingRequestCount": pending,
+        }
         return {name: str(count) for name, count in counts.items() if count}
 
     @property
@@ -208,10 +218,13 @@ class GeminiBatch:
         return operation
 
     def output_lines(self) -> bytes:
-        lines = [{"key": r.key, "response": r.response} if r.succeeded else {"key": r.key, "error": r.error}
-                 for r in self.results]
-        return "".join(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n"
-                       for line in lines).encode("utf-8")
+        lines = [
+            {"key": r.key, "response": r.response} if r.succeeded else {"key": r.key, "error": r.error}
+            for r in self.results
+        ]
+        return "".join(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n" for line in lines).encode(
+            "utf-8"
+        )
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -219,7 +232,7 @@ class GeminiBatch:
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "GeminiBatch":
+    def from_json(cls, data: dict[str, Any]) -> GeminiBatch:
         data = dict(data)
         data["scenario"] = Scenario(**data["scenario"])
         data["results"] = [GeminiAnswer(**r) for r in data["results"]]
@@ -229,8 +242,9 @@ class GeminiBatch:
 class GeminiService:
     """Files and batches of the Gemini API on one sandbox (callers hold the state lock)."""
 
-    def __init__(self, responder: GeminiResponder, bill: Bill, store: Optional[StateDir],
-                 load: Optional[LoadBook] = None) -> None:
+    def __init__(
+        self, responder: GeminiResponder, bill: Bill, store: StateDir | None, load: LoadBook | None = None
+    ) -> None:
         self.responder = responder
         self.embedder = GeminiEmbedder(responder.seen_keys)
         self.bill = bill
@@ -263,30 +277,70 @@ class GeminiService:
             self.store.delete_blob(BLOB_PREFIX + file_id)
 
     # batches -----------------------------------------------------------------------------------------------
-    def create(self, model: str, display_name: Optional[str], file_name: str, scenario: Scenario,
-               clock: Callable[[], float], account: str = DEFAULT_ACCOUNT, scale: float = 1.0,
-               embed: bool = False) -> GeminiBatch:
+    def create(
+        self,
+        model: str,
+        display_name: str | None,
+        file_name: str,
+        scenario: Scenario,
+        clock: Callable[[], float],
+        account: str = DEFAULT_ACCOUNT,
+        scale: float = 1.0,
+        embed: bool = False,
+    ) -> GeminiBatch:
         """A new batch (PENDING) of an uploaded JSONL file, created once its input has been read (``clock()``
         is read then). One whose input parses holds its prompt tokens for ``account`` until it ends; past the
         server's ``quota_enqueued_tokens`` the create is a 429 RESOURCE_EXHAUSTED instead. ``embed``: the
         lines are ``EmbedContentRequest`` s (``asyncBatchEmbedContent``)."""
         stored = self.get_file(file_name.removeprefix("files/"))
         requests, invalid = parse_input(stored.data, embed_problem if embed else contents_problem)
-        return self._create(model, display_name, f"files/{stored.id}", requests, invalid, stored.data, scenario,
-                            clock, account, scale, embed=embed)
+        return self._create(
+            model,
+            display_name,
+            f"files/{stored.id}",
+            requests,
+            invalid,
+            stored.data,
+            scenario,
+            clock,
+            account,
+            scale,
+            embed=embed,
+        )
 
-    def create_inline(self, model: str, display_name: Optional[str], config: Any, scenario: Scenario,
-                      clock: Callable[[], float], account: str = DEFAULT_ACCOUNT,
-                      scale: float = 1.0, embed: bool = False) -> GeminiBatch:
+    def create_inline(
+        self,
+        model: str,
+        display_name: str | None,
+        config: Any,
+        scenario: Scenario,
+        clock: Callable[[], float],
+        account: str = DEFAULT_ACCOUNT,
+        scale: float = 1.0,
+        embed: bool = False,
+    ) -> GeminiBatch:
         """A new batch of inline requests (``inputConfig.requests``): as ``create``, answered in the operation."""
         requests, invalid = parse_inline(config, embed_problem if embed else contents_problem)
         seed = json.dumps([r["request"] for r in requests], sort_keys=True).encode("utf-8")
-        return self._create(model, display_name, "", requests, invalid, seed, scenario, clock, account, scale,
-                            inline=True, embed=embed)
+        return self._create(
+            model, display_name, "", requests, invalid, seed, scenario, clock, account, scale, inline=True, embed=embed
+        )
 
-    def _create(self, model: str, display_name: Optional[str], input_file: str, requests: list[dict[str, Any]],
-                invalid: Optional[str], seed: bytes, scenario: Scenario, clock: Callable[[], float], account: str,
-                scale: float, inline: bool = False, embed: bool = False) -> GeminiBatch:
+    def _create(
+        self,
+        model: str,
+        display_name: str | None,
+        input_file: str,
+        requests: list[dict[str, Any]],
+        invalid: str | None,
+        seed: bytes,
+        scenario: Scenario,
+        clock: Callable[[], float],
+        account: str,
+        scale: float,
+        inline: bool = False,
+        embed: bool = False,
+    ) -> GeminiBatch:
         if scenario.name == "fail_validation":
             invalid = f"Line {scenario.param('lines')[0]} was rejected (sandbox scenario fail_validation)."
         name = model.removeprefix("models/")
@@ -296,28 +350,44 @@ class GeminiService:
         tokens, now = sum(int(r.get("prompt_tokens", 0)) for r in requests), clock()
         if invalid is None:
             self._check_quota(scenario, account, name, tokens, now, scale)
-        batch = GeminiBatch(gemini_id(), display_name, model, input_file, now, scenario, requests,
-                            output_order(seed, len(requests)), invalid, account=account, inline=inline,
-                            embed=embed)
+        batch = GeminiBatch(
+            gemini_id(),
+            display_name,
+            model,
+            input_file,
+            now,
+            scenario,
+            requests,
+            output_order(seed, len(requests)),
+            invalid,
+            account=account,
+            inline=inline,
+            embed=embed,
+        )
         self.batches[batch.id] = batch
         if invalid is None:
             self.book.hold("gemini", f"batches/{batch.id}", account, {name: Load(tokens, len(requests), 1)}, now)
         return batch
 
-    def _check_quota(self, scenario: Scenario, account: str, model: str, tokens: int, now: float,
-                     scale: float) -> None:
+    def _check_quota(self, scenario: Scenario, account: str, model: str, tokens: int, now: float, scale: float) -> None:
         cap = quota(scenario, "quota_enqueued_tokens")
         held = self.book.enqueued("gemini", account, model).tokens
         if not cap or held + tokens <= cap:
             return
         self.book.refuse("gemini", "", account, [model], now)
-        ends = [b.processing_end + b.duration("finalizing_s") for b in self.batches.values()
-                if not b.ended and b.account == account and b.model.removeprefix("models/") == model]
+        ends = [
+            b.processing_end + b.duration("finalizing_s")
+            for b in self.batches.values()
+            if not b.ended and b.account == account and b.model.removeprefix("models/") == model
+        ]
         wait = retry_after_s(min(ends, default=now) - now, scale)
-        raise GoogleError(429, f"Enqueued token limit reached for {model}. Limit: {cap} enqueued tokens "
-                               f"({held} enqueued in batches pending or running, {tokens} in this batch). Please "
-                               "retry after some of your batches have finished.",
-                          details=[{"@type": RETRY_INFO, "retryDelay": f"{wait}s"}])
+        raise GoogleError(
+            429,
+            f"Enqueued token limit reached for {model}. Limit: {cap} enqueued tokens "
+            f"({held} enqueued in batches pending or running, {tokens} in this batch). Please "
+            "retry after some of your batches have finished.",
+            details=[{"@type": RETRY_INFO, "retryDelay": f"{wait}s"}],
+        )
 
     def get(self, batch_id: str) -> GeminiBatch:
         if batch_id not in self.batches:
@@ -331,8 +401,9 @@ class GeminiService:
         """Stop processing; the batch is CANCELLED ``cancelling_s`` later (400 once it has ended)."""
         self.advance(batch, now)
         if batch.ended:
-            raise GoogleError(400, f"Batch batches/{batch.id} is already in state {batch.state} and cannot be "
-                                   "cancelled.")
+            raise GoogleError(
+                400, f"Batch batches/{batch.id} is already in state {batch.state} and cannot be cancelled."
+            )
         if batch.cancel_at is None:
             if batch.state == "BATCH_STATE_RUNNING":
                 self._process_until(batch, now)
@@ -387,11 +458,17 @@ class GeminiService:
         while len(batch.results) < due:
             item = batch.requests[batch.order[len(batch.results)]]
             if batch.embed:
-                batch.results.append(self.embedder.answer(item["key"], batch.model, item["request"], batch.scenario,
-                                                          item.get("prompt_tokens")))
+                batch.results.append(
+                    self.embedder.answer(
+                        item["key"], batch.model, item["request"], batch.scenario, item.get("prompt_tokens")
+                    )
+                )
                 continue
-            batch.results.append(self.responder.answer(item["key"], batch.model, item["request"], batch.scenario,
-                                                       batch.id, item.get("prompt_tokens")))
+            batch.results.append(
+                self.responder.answer(
+                    item["key"], batch.model, item["request"], batch.scenario, batch.id, item.get("prompt_tokens")
+                )
+            )
 
     def _close(self, batch: GeminiBatch, state: str, at: float) -> None:
         batch.state, batch.end_at = state, at
@@ -400,20 +477,35 @@ class GeminiService:
             return  # no responses, nothing billed
         if not batch.inline:  # the live API names the responses file after the batch: files/batch-<batch id>
             output = batch.output_lines()
-            stored = self.add_file(GeminiFile(f"batch-{batch.id}", f"batch-{batch.id}", "application/jsonl", at,
-                                              len(output), "GENERATED", output))
+            stored = self.add_file(
+                GeminiFile(
+                    f"batch-{batch.id}", f"batch-{batch.id}", "application/jsonl", at, len(output), "GENERATED", output
+                )
+            )
             batch.output_file = f"files/{stored.id}"
-        self.bill([{"provider": "gemini", "batch_id": f"batches/{batch.id}", "custom_id": r.key,
-                    "model": batch.model.removeprefix("models/"), "input_tokens": r.prompt_tokens,
-                    "cached_tokens": r.cached_tokens, "output_tokens": r.output_tokens, "billed_at": at}
-                   for r in batch.results if r.succeeded])
+        self.bill(
+            [
+                {
+                    "provider": "gemini",
+                    "batch_id": f"batches/{batch.id}",
+                    "custom_id": r.key,
+                    "model": batch.model.removeprefix("models/"),
+                    "input_tokens": r.prompt_tokens,
+                    "cached_tokens": r.cached_tokens,
+                    "output_tokens": r.output_tokens,
+                    "billed_at": at,
+                }
+                for r in batch.results
+                if r.succeeded
+            ]
+        )
 
     # persistence -------------------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         files = [{k: v for k, v in asdict(f).items() if k != "data"} for f in self.files.values()]
         return {"files": files, "batches": [b.to_json() for b in self.batches.values()]}
 
-    def load(self, saved: Optional[dict[str, Any]]) -> None:
+    def load(self, saved: dict[str, Any] | None) -> None:
         saved = saved or {}
         for item in saved.get("files", []):
             stored = GeminiFile(**item)

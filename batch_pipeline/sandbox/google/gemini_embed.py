@@ -10,7 +10,7 @@ native size, without it). The text is billed as input at the Gemini family's tok
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from batch_pipeline.sandbox.google.errors import status_object
 from batch_pipeline.sandbox.google.responder import (
@@ -49,7 +49,7 @@ def dimensions_of(request: dict[str, Any]) -> Any:
     return _field(request, "outputDimensionality", "output_dimensionality") or NATIVE_DIMENSIONS
 
 
-def embed_problem(request: dict[str, Any]) -> Optional[str]:
+def embed_problem(request: dict[str, Any]) -> str | None:
     """Why an ``EmbedContentRequest`` fails the batch (no text to embed, a dimension out of range)."""
     if not embed_text_of(request):
         return "`request.content.parts[].text` must not be empty."
@@ -70,16 +70,22 @@ class GeminiEmbedder:
     def __init__(self, seen_keys: dict[str, int]) -> None:
         self.seen_keys = seen_keys
 
-    def answer(self, key: str, model: str, request: dict[str, Any], scenario: Scenario,
-               tokens: Optional[int] = None) -> GeminiAnswer:
+    def answer(
+        self, key: str, model: str, request: dict[str, Any], scenario: Scenario, tokens: int | None = None
+    ) -> GeminiAnswer:
         seen_key = SEEN_PREFIX + key
         sightings = self.seen_keys.get(seen_key, 0)
         self.seen_keys[seen_key] = sightings + 1
         text = embed_text_of(request)
         marks = set(MARKER_RE.findall(text))
         if "poison" in marks:
-            return GeminiAnswer(key, model, error=status_object(
-                400, "The input token count exceeds the maximum number of tokens allowed (sandbox marker poison)."))
+            return GeminiAnswer(
+                key,
+                model,
+                error=status_object(
+                    400, "The input token count exceeds the maximum number of tokens allowed (sandbox marker poison)."
+                ),
+            )
         if scenario.line_error_due(key, sightings):
             return line_error(key, model, scenario)
         name = model.removeprefix("models/")

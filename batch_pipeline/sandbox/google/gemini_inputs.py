@@ -10,14 +10,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any
 
 from batch_pipeline.sandbox.google.errors import GoogleError
 
-Problem = Callable[[dict[str, Any]], Optional[str]]
+Problem = Callable[[dict[str, Any]], str | None]
 
 
-def contents_problem(request: dict[str, Any]) -> Optional[str]:
+def contents_problem(request: dict[str, Any]) -> str | None:
     """Why a ``GenerateContentRequest`` cannot be answered (None when it can)."""
     contents = request.get("contents")
     return None if isinstance(contents, list) and contents else "`request.contents` must not be empty."
@@ -30,8 +30,7 @@ def request_key(request: dict[str, Any]) -> str:
     return "request-" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
 
 
-def parse_inline(config: Any,
-                 problem_of: Problem = contents_problem) -> tuple[list[dict[str, Any]], Optional[str]]:
+def parse_inline(config: Any, problem_of: Problem = contents_problem) -> tuple[list[dict[str, Any]], str | None]:
     """The requests of ``inputConfig.requests`` (``{"requests": [{"request", "metadata"?}]}``) and why the batch
     will fail (as a file's ``parse_input``); a body that is not that shape is a 400 at once, as the API's JSON
     parsing answers it. Each request's key (its identity for line errors and the ledger) is ``metadata.key``
@@ -41,15 +40,16 @@ def parse_inline(config: Any,
     if not isinstance(config, dict) or not isinstance(items, list):
         raise GoogleError(400, f"Invalid JSON payload received. `{where}` must be an object with a `requests` list.")
     requests: list[dict[str, Any]] = []
-    invalid: Optional[str] = None
+    invalid: str | None = None
     for number, item in enumerate(items):
         at = f"{where}.requests[{number}]"
         if not isinstance(item, dict):
             raise GoogleError(400, f"Invalid JSON payload received. `{at}` must be an object.")
         unknown = sorted(set(item) - {"request", "metadata"})
         if unknown:
-            raise GoogleError(400, f"Invalid JSON payload received. Unknown name \"{unknown[0]}\" at '{at}': "
-                                   "Cannot find field.")
+            raise GoogleError(
+                400, f"Invalid JSON payload received. Unknown name \"{unknown[0]}\" at '{at}': Cannot find field."
+            )
         request, metadata = item.get("request"), item.get("metadata")
         if not isinstance(request, dict):
             raise GoogleError(400, f"Invalid JSON payload received. `{at}.request` must be an object.")
@@ -59,8 +59,10 @@ def parse_inline(config: Any,
         if problem is not None and invalid is None:
             invalid = f"Inline request {number}: {problem}"
         key = metadata.get("key") if isinstance(metadata, dict) else None
-        entry: dict[str, Any] = {"key": key if isinstance(key, str) and key else request_key(request),
-                                 "request": request}
+        entry: dict[str, Any] = {
+            "key": key if isinstance(key, str) and key else request_key(request),
+            "request": request,
+        }
         if metadata is not None:
             entry["metadata"] = metadata
         requests.append(entry)
@@ -69,8 +71,7 @@ def parse_inline(config: Any,
     return requests, invalid
 
 
-def parse_input(data: bytes,
-                problem_of: Problem = contents_problem) -> tuple[list[dict[str, Any]], Optional[str]]:
+def parse_input(data: bytes, problem_of: Problem = contents_problem) -> tuple[list[dict[str, Any]], str | None]:
     """The requests of an input file, and why it is invalid (None when every line is a request)."""
     requests: list[dict[str, Any]] = []
     seen: set[str] = set()

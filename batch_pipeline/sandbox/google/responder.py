@@ -33,8 +33,11 @@ MODEL_VERSION_SUFFIX = "-sandbox-001"
 LINE_ERRORS = {
     "server_error": (500, "Internal error encountered (sandbox scenario line_errors).", None),
     "invalid_api_key": (400, "API key not valid. Please pass a valid API key.", "API_KEY_INVALID"),
-    "insufficient_quota": (403, "This API method requires billing to be enabled (sandbox scenario line_errors).",
-                           "BILLING_DISABLED"),
+    "insufficient_quota": (
+        403,
+        "This API method requires billing to be enabled (sandbox scenario line_errors).",
+        "BILLING_DISABLED",
+    ),
 }
 
 
@@ -107,16 +110,23 @@ def prompt_tokens(model: str, request: dict[str, Any]) -> int:
     instruction, the last user turn and the output schema, as the quote counts them."""
     config = request.get("generationConfig") if isinstance(request.get("generationConfig"), dict) else {}
     schema = config.get("responseJsonSchema") or config.get("responseSchema")
-    return input_tokens(system_text(request), model) + input_tokens(user_text(request), model) + (
-        input_tokens(json.dumps(schema), model) if isinstance(schema, dict) else 0)
+    return (
+        input_tokens(system_text(request), model)
+        + input_tokens(user_text(request), model)
+        + (input_tokens(json.dumps(schema), model) if isinstance(schema, dict) else 0)
+    )
 
 
 def line_error(key: str, model: str, scenario: Scenario) -> GeminiAnswer:
     """The failed answer the ``line_errors`` scenario gives (its ``code``), for generate and embed requests."""
-    code, message, reason = LINE_ERRORS.get(str(scenario.params.get("code", "server_error")),
-                                            LINE_ERRORS["server_error"])
-    details = [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": reason,
-                "domain": "googleapis.com"}] if reason else None
+    code, message, reason = LINE_ERRORS.get(
+        str(scenario.params.get("code", "server_error")), LINE_ERRORS["server_error"]
+    )
+    details = (
+        [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": reason, "domain": "googleapis.com"}]
+        if reason
+        else None
+    )
     return GeminiAnswer(key, model, error=status_object(code, message, details))
 
 
@@ -127,8 +137,9 @@ class GeminiResponder:
         self.seen_keys = seen_keys
         self.seen_prompts = seen_prompts
 
-    def answer(self, key: str, model: str, request: dict[str, Any], scenario: Scenario, salt: str,
-               prompt: int | None = None) -> GeminiAnswer:
+    def answer(
+        self, key: str, model: str, request: dict[str, Any], scenario: Scenario, salt: str, prompt: int | None = None
+    ) -> GeminiAnswer:
         """The answer to ``request`` (a ``GenerateContentRequest``) under ``scenario``; ``salt`` (the batch)
         makes the response ID unique; ``prompt``: its ``prompt_tokens`` when already counted."""
         seen_key = SEEN_PREFIX + key
@@ -137,16 +148,23 @@ class GeminiResponder:
         text = user_text(request)
         marks = set(MARKER_RE.findall(text))
         if "poison" in marks:
-            return GeminiAnswer(key, model, error=status_object(
-                400, "The input token count exceeds the maximum number of tokens allowed (sandbox marker poison)."))
+            return GeminiAnswer(
+                key,
+                model,
+                error=status_object(
+                    400, "The input token count exceeds the maximum number of tokens allowed (sandbox marker poison)."
+                ),
+            )
         if scenario.line_error_due(key, sightings):
             return line_error(key, model, scenario)
         system = system_text(request)
         config = request.get("generationConfig") if isinstance(request.get("generationConfig"), dict) else {}
         prompt = prompt_tokens(model, request) if prompt is None else prompt
         cached = self._cached(model, system)
-        response: dict[str, Any] = {"modelVersion": model.removeprefix("models/") + MODEL_VERSION_SUFFIX,
-                                    "responseId": stable_hex(salt, key, "response", length=22)}
+        response: dict[str, Any] = {
+            "modelVersion": model.removeprefix("models/") + MODEL_VERSION_SUFFIX,
+            "responseId": stable_hex(salt, key, "response", length=22),
+        }
         usage: dict[str, Any] = {"promptTokenCount": prompt, "totalTokenCount": prompt}
         if cached:
             usage["cachedContentTokenCount"] = cached
@@ -155,25 +173,34 @@ class GeminiResponder:
             blocked = {"promptFeedback": {"blockReason": "SAFETY"}, "usageMetadata": usage, **response}
             return GeminiAnswer(key, model, response=blocked, prompt_tokens=prompt, cached_tokens=cached)
         if "refuse" in marks:
-            candidate: dict[str, Any] = {"finishReason": "SAFETY", "index": 0, "safetyRatings": [
-                {"category": "HARM_CATEGORY_DANGEROUS_CONTENT", "probability": "HIGH", "blocked": True}]}
+            candidate: dict[str, Any] = {
+                "finishReason": "SAFETY",
+                "index": 0,
+                "safetyRatings": [
+                    {"category": "HARM_CATEGORY_DANGEROUS_CONTENT", "probability": "HIGH", "blocked": True}
+                ],
+            }
             output = 0
         else:
             rendered, output, finish = self._content(steer(text, config, scenario, key), system, config, marks)
-            candidate = {"content": {"role": "model", "parts": [{"text": rendered}]}, "finishReason": finish,
-                         "index": 0}
+            candidate = {
+                "content": {"role": "model", "parts": [{"text": rendered}]},
+                "finishReason": finish,
+                "index": 0,
+            }
         if output:
             usage["candidatesTokenCount"] = output
         usage["totalTokenCount"] = prompt + output
         response = {"candidates": [candidate], "usageMetadata": usage, **response}
-        return GeminiAnswer(key, model, response=response, prompt_tokens=prompt, cached_tokens=cached,
-                            output_tokens=output)
+        return GeminiAnswer(
+            key, model, response=response, prompt_tokens=prompt, cached_tokens=cached, output_tokens=output
+        )
 
     def _cached(self, model: str, system: str) -> int:
         tokens = input_tokens(system, model)
         if tokens < CACHE_MIN_TOKENS:
             return 0
-        digest = SEEN_PREFIX + hashlib.sha256(f"{model}\x1e{system}".encode("utf-8")).hexdigest()
+        digest = SEEN_PREFIX + hashlib.sha256(f"{model}\x1e{system}".encode()).hexdigest()
         hit = digest in self.seen_prompts
         self.seen_prompts.add(digest)
         return tokens if hit else 0

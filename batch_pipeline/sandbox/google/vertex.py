@@ -39,15 +39,21 @@ def check_vertex_auth(request: Request) -> None:
     """401 without a bearer token or with ``sandbox-bad``; 403 for a ``denied-*`` project."""
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip() or token.strip() == BAD_TOKEN:
-        raise GoogleError(401, "Request had invalid authentication credentials. Expected OAuth 2 access token, "
-                               "login cookie or other valid authentication credential.",
-                          details=[error_info("ACCESS_TOKEN_TYPE_UNSUPPORTED")])
+        raise GoogleError(
+            401,
+            "Request had invalid authentication credentials. Expected OAuth 2 access token, "
+            "login cookie or other valid authentication credential.",
+            details=[error_info("ACCESS_TOKEN_TYPE_UNSUPPORTED")],
+        )
     project = request.path.split("/")[3]
     if project.startswith(DENIED_PROJECT_PREFIX):
-        raise GoogleError(403, f"Permission 'aiplatform.batchPredictionJobs.create' denied on resource "
-                               f"'//aiplatform.googleapis.com/projects/{project}/locations/"
-                               f"{request.path.split('/')[5]}' (or it may not exist).",
-                          details=[error_info("IAM_PERMISSION_DENIED", permission="aiplatform.batchPredictionJobs.create")])
+        raise GoogleError(
+            403,
+            f"Permission 'aiplatform.batchPredictionJobs.create' denied on resource "
+            f"'//aiplatform.googleapis.com/projects/{project}/locations/"
+            f"{request.path.split('/')[5]}' (or it may not exist).",
+            details=[error_info("IAM_PERMISSION_DENIED", permission="aiplatform.batchPredictionJobs.create")],
+        )
 
 
 def _model(body: dict[str, Any]) -> str:
@@ -61,17 +67,23 @@ def _config(body: dict[str, Any]) -> None:
     """inputConfig: jsonl from gcsSource.uris; outputConfig: jsonl to gcsDestination.outputUriPrefix."""
     source = body.get("inputConfig") if isinstance(body.get("inputConfig"), dict) else None
     if source is None or source.get("instancesFormat") != "jsonl":
-        raise GoogleError(400, "inputConfig.instancesFormat must be jsonl (the sandbox serves Cloud Storage "
-                               "inputs only).")
+        raise GoogleError(
+            400, "inputConfig.instancesFormat must be jsonl (the sandbox serves Cloud Storage inputs only)."
+        )
     uris = (source.get("gcsSource") or {}).get("uris")
     if not isinstance(uris, list) or not uris or not all(isinstance(u, str) and u.startswith("gs://") for u in uris):
         raise GoogleError(400, "inputConfig.gcsSource.uris must list gs:// objects.")
     dest = body.get("outputConfig") if isinstance(body.get("outputConfig"), dict) else None
     prefix = ((dest or {}).get("gcsDestination") or {}).get("outputUriPrefix")
-    if dest is None or dest.get("predictionsFormat") != "jsonl" or not isinstance(prefix, str) \
-            or not prefix.startswith("gs://"):
-        raise GoogleError(400, "outputConfig must be predictionsFormat jsonl with gcsDestination.outputUriPrefix "
-                               "gs://...")
+    if (
+        dest is None
+        or dest.get("predictionsFormat") != "jsonl"
+        or not isinstance(prefix, str)
+        or not prefix.startswith("gs://")
+    ):
+        raise GoogleError(
+            400, "outputConfig must be predictionsFormat jsonl with gcsDestination.outputUriPrefix gs://..."
+        )
 
 
 class VertexApi:
@@ -98,8 +110,11 @@ class VertexApi:
     def _job(self, request: Request) -> VertexJob:
         job = self.state.vertex.get(request.params["job_id"])
         if (job.project, job.location) != (request.params["project"], request.params["location"]):
-            raise GoogleError(404, f"The BatchPredictionJob {request.params['job_id']} does not exist in "
-                                   f"projects/{request.params['project']}/locations/{request.params['location']}.")
+            raise GoogleError(
+                404,
+                f"The BatchPredictionJob {request.params['job_id']} does not exist in "
+                f"projects/{request.params['project']}/locations/{request.params['location']}.",
+            )
         return job
 
     def create(self, request: Request) -> Response:
@@ -109,14 +124,21 @@ class VertexApi:
         fault = account_fault(self.state.scenario, [model.rsplit("/", 1)[-1]])
         if fault is not None:
             if fault.status == 404:
-                raise GoogleError(404, f"Publisher Model `projects/{request.params['project']}/locations/"
-                                       f"{request.params['location']}/{model}` not found.")
-            raise GoogleError(403, "This API method requires billing to be enabled. Please enable billing on "
-                                   f"project #{request.params['project']} (sandbox scenario no_credit).",
-                              details=[error_info("BILLING_DISABLED")])
+                raise GoogleError(
+                    404,
+                    f"Publisher Model `projects/{request.params['project']}/locations/"
+                    f"{request.params['location']}/{model}` not found.",
+                )
+            raise GoogleError(
+                403,
+                "This API method requires billing to be enabled. Please enable billing on "
+                f"project #{request.params['project']} (sandbox scenario no_credit).",
+                details=[error_info("BILLING_DISABLED")],
+            )
         self._check_concurrent(request.params["project"], request.params["location"], model)
-        job = self.state.vertex.create(request.params["project"], request.params["location"], body,
-                                       self.state.scenario, self.state.clock.now())
+        job = self.state.vertex.create(
+            request.params["project"], request.params["location"], body, self.state.scenario, self.state.clock.now()
+        )
         return Response(payload=job.to_api(), batch_id=job.name)
 
     def _check_concurrent(self, project: str, location: str, model: str) -> None:
@@ -126,11 +148,17 @@ class VertexApi:
         if not cap or running < cap:
             return
         self.state.book.refuse("vertex", "", project, [model.rsplit("/", 1)[-1]], self.state.clock.now())
-        raise GoogleError(429, f"Quota exceeded for aiplatform.googleapis.com/concurrent_batch_prediction_jobs: "
-                               f"project {project} has {running} batch prediction jobs not yet ended in {location}. "
-                               f"Limit: {cap} concurrent batch prediction jobs per project and region.",
-                          details=[error_info("RATE_LIMIT_EXCEEDED", quota_limit="concurrent_batch_prediction_jobs",
-                                              quota_limit_value=str(cap))])
+        raise GoogleError(
+            429,
+            f"Quota exceeded for aiplatform.googleapis.com/concurrent_batch_prediction_jobs: "
+            f"project {project} has {running} batch prediction jobs not yet ended in {location}. "
+            f"Limit: {cap} concurrent batch prediction jobs per project and region.",
+            details=[
+                error_info(
+                    "RATE_LIMIT_EXCEEDED", quota_limit="concurrent_batch_prediction_jobs", quota_limit_value=str(cap)
+                )
+            ],
+        )
 
     def get(self, request: Request) -> Response:
         job = self._job(request)
@@ -153,8 +181,9 @@ class VertexApi:
         if raw_filter:
             match = _FILTER.match(raw_filter)
             if match is None:
-                raise GoogleError(400, f"Unsupported filter {raw_filter!r}: the sandbox filters on "
-                                       'display_name="..." only.')
+                raise GoogleError(
+                    400, f'Unsupported filter {raw_filter!r}: the sandbox filters on display_name="..." only.'
+                )
             wanted = re.sub(r"\\(.)", r"\1", match.group(1))
         try:
             size = int(request.query.get("pageSize") or 100)
@@ -162,10 +191,13 @@ class VertexApi:
         except ValueError:
             raise GoogleError(400, "pageSize and pageToken must be integers.") from None
         size = max(1, min(size, MAX_PAGE))
-        jobs = [j for j in self.state.vertex.newest_first()
-                if (j.project, j.location) == (request.params["project"], request.params["location"])
-                and (wanted is None or j.display_name == wanted)]
-        page = jobs[start:start + size]
+        jobs = [
+            j
+            for j in self.state.vertex.newest_first()
+            if (j.project, j.location) == (request.params["project"], request.params["location"])
+            and (wanted is None or j.display_name == wanted)
+        ]
+        page = jobs[start : start + size]
         payload: dict[str, Any] = {"batchPredictionJobs": [j.to_api() for j in page]}
         if start + size < len(jobs):
             payload["nextPageToken"] = str(start + size)

@@ -10,7 +10,7 @@ used: the sandbox never talks to a real bucket.
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any
 from urllib.parse import urlsplit
 
 from batch_pipeline.sandbox.google.errors import GoogleError
@@ -23,7 +23,7 @@ class GcsUnavailable(Exception):
     """The emulator could not be read or written (the job fails with this message)."""
 
 
-def emulator_url() -> Optional[str]:
+def emulator_url() -> str | None:
     """The configured emulator URL, or None."""
     for name in GCS_URL_ENVS:
         value = os.environ.get(name, "").strip()
@@ -45,9 +45,9 @@ class SandboxGcs:
 
     def __init__(self) -> None:
         self._client: Any = None
-        self._url: Optional[str] = None
-        self._own: Any = None          # the emulator this sandbox started, if it had to
-        self._own_url: Optional[str] = None
+        self._url: str | None = None
+        self._own: Any = None  # the emulator this sandbox started, if it had to
+        self._own_url: str | None = None
 
     def require(self) -> str:
         """The emulator URL: the configured one, else one this sandbox starts (503 when it cannot)."""
@@ -63,10 +63,13 @@ class SandboxGcs:
         try:
             from gcp_storage_emulator.server import create_server
         except ImportError:
-            raise GoogleError(503, "The sandbox has no GCS emulator for Vertex AI batch jobs: install the `sandbox` "
-                                   "extra (pip install 'batch_pipeline[sandbox]'), or start one (`gcp-storage-emulator "
-                                   "start --port N --in-memory`) and run the sandbox with "
-                                   f"${GCS_URL_ENVS[0]}=http://127.0.0.1:N.") from None
+            raise GoogleError(
+                503,
+                "The sandbox has no GCS emulator for Vertex AI batch jobs: install the `sandbox` "
+                "extra (pip install 'batch_pipeline[sandbox]'), or start one (`gcp-storage-emulator "
+                "start --port N --in-memory`) and run the sandbox with "
+                f"${GCS_URL_ENVS[0]}=http://127.0.0.1:N.",
+            ) from None
         server = create_server("127.0.0.1", 0, in_memory=True)
         server._api.daemon = True  # the emulator's own thread must not keep the sandbox process alive
         server.start()
@@ -83,11 +86,12 @@ class SandboxGcs:
     def _storage(self) -> Any:
         url = self.require()
         if self._client is None or self._url != url:
+            import google.cloud.storage as storage  # starts fast without them
             from google.auth.credentials import AnonymousCredentials  # imported on first use: the sandbox
-            import google.cloud.storage as storage                     # starts fast without them
 
-            self._client = storage.Client(project="sandbox", credentials=AnonymousCredentials(),
-                                          client_options={"api_endpoint": url})
+            self._client = storage.Client(
+                project="sandbox", credentials=AnonymousCredentials(), client_options={"api_endpoint": url}
+            )
             self._url = url
         return self._client
 

@@ -18,9 +18,10 @@ import base64
 import binascii
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Callable, Optional
+from datetime import UTC, datetime
+from typing import Any
 
 from batch_pipeline.sandbox.batches import lines_due, output_order
 from batch_pipeline.sandbox.google.errors import RPC_CODES, STATUS_NAMES, GoogleError
@@ -32,20 +33,34 @@ from batch_pipeline.sandbox.scenarios import Scenario
 
 EXPIRY_S = 24 * 3600
 ID_LABEL = "batch_pipeline_rid"
-TERMINAL = frozenset({"JOB_STATE_SUCCEEDED", "JOB_STATE_PARTIALLY_SUCCEEDED", "JOB_STATE_FAILED",
-                      "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED"})
-REASON_PHRASES = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
-                  429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable",
-                  504: "Gateway Timeout"}
+TERMINAL = frozenset(
+    {
+        "JOB_STATE_SUCCEEDED",
+        "JOB_STATE_PARTIALLY_SUCCEEDED",
+        "JOB_STATE_FAILED",
+        "JOB_STATE_CANCELLED",
+        "JOB_STATE_EXPIRED",
+    }
+)
+REASON_PHRASES = {
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
+}
 INVALID_ARGUMENT, NOT_FOUND = 3, 5  # google.rpc.Code numbers, as a job's ``error`` carries them
 HTTP_OF_RPC = {rpc: http for http, rpc in sorted(RPC_CODES.items(), reverse=True)}
 Bill = Callable[[list[dict[str, Any]]], None]
 
 
-def rfc3339(value: Optional[float]) -> Optional[str]:
+def rfc3339(value: float | None) -> str | None:
     if value is None:
         return None
-    return datetime.fromtimestamp(value, timezone.utc).isoformat().replace("+00:00", "Z")
+    return datetime.fromtimestamp(value, UTC).isoformat().replace("+00:00", "Z")
 
 
 def line_key(request: dict[str, Any]) -> str:
@@ -100,12 +115,12 @@ class VertexJob:
     state: str = "JOB_STATE_PENDING"
     lines: list[dict[str, Any]] = field(default_factory=list)
     billing: list[dict[str, Any]] = field(default_factory=list)
-    started_at: Optional[float] = None
-    ended_at: Optional[float] = None
-    cancel_at: Optional[float] = None
-    updated_at: Optional[float] = None
-    error: Optional[dict[str, Any]] = None
-    output_dir: Optional[str] = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    cancel_at: float | None = None
+    updated_at: float | None = None
+    error: dict[str, Any] | None = None
+    output_dir: str | None = None
 
     @property
     def name(self) -> str:
@@ -132,9 +147,14 @@ class VertexJob:
     def to_api(self) -> dict[str, Any]:
         """The REST ``BatchPredictionJob`` resource."""
         body: dict[str, Any] = {
-            "name": self.name, "displayName": self.display_name, "model": self.model,
-            "inputConfig": self.input_config, "outputConfig": self.output_config, "state": self.state,
-            "createTime": rfc3339(self.created_at), "updateTime": rfc3339(self.updated_at or self.created_at),
+            "name": self.name,
+            "displayName": self.display_name,
+            "model": self.model,
+            "inputConfig": self.input_config,
+            "outputConfig": self.output_config,
+            "state": self.state,
+            "createTime": rfc3339(self.created_at),
+            "updateTime": rfc3339(self.updated_at or self.created_at),
             "completionStats": self.counts(),
         }
         if self.started_at is not None:
@@ -153,7 +173,7 @@ class VertexJob:
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "VertexJob":
+    def from_json(cls, data: dict[str, Any]) -> VertexJob:
         data = dict(data)
         data["scenario"] = Scenario(**data["scenario"])
         return cls(**data)
@@ -162,8 +182,9 @@ class VertexJob:
 class VertexJobs:
     """The batch prediction jobs of one sandbox (callers hold the state lock)."""
 
-    def __init__(self, responder: GeminiResponder, bill: Bill, gcs: Optional[SandboxGcs] = None,
-                 load: Optional[LoadBook] = None) -> None:
+    def __init__(
+        self, responder: GeminiResponder, bill: Bill, gcs: SandboxGcs | None = None, load: LoadBook | None = None
+    ) -> None:
         self.responder = responder
         self.bill = bill
         self.book = load if load is not None else LoadBook()
@@ -188,9 +209,20 @@ class VertexJobs:
         self._next += 1
         job_id = str(int(now * 1000) % 10**12 * 1000 + self._next % 1000)
         seed = "\n".join(json.dumps(r, sort_keys=True) for r in requests).encode("utf-8")
-        job = VertexJob(job_id, project, location, str(body.get("displayName") or ""), str(body["model"]),
-                        dict(body["inputConfig"]), dict(body["outputConfig"]), now, scenario, requests,
-                        output_order(seed, len(requests)), error=error)
+        job = VertexJob(
+            job_id,
+            project,
+            location,
+            str(body.get("displayName") or ""),
+            str(body["model"]),
+            dict(body["inputConfig"]),
+            dict(body["outputConfig"]),
+            now,
+            scenario,
+            requests,
+            output_order(seed, len(requests)),
+            error=error,
+        )
         if not requests and error is None:
             job.error = {"code": INVALID_ARGUMENT, "message": "The input holds no requests."}
         self.jobs[job.id] = job
@@ -199,8 +231,9 @@ class VertexJobs:
 
     def live(self, project: str, location: str) -> list[VertexJob]:
         """The jobs of a project and region that have not ended (what ``quota_concurrent_jobs`` counts)."""
-        return [j for j in self.jobs.values() if (j.project, j.location) == (project, location)
-                and j.state not in TERMINAL]
+        return [
+            j for j in self.jobs.values() if (j.project, j.location) == (project, location) and j.state not in TERMINAL
+        ]
 
     def get(self, job_id: str) -> VertexJob:
         if job_id not in self.jobs:
@@ -220,8 +253,9 @@ class VertexJobs:
         """Start cancelling (processed requests are kept); 400 once the job has ended."""
         self.advance(job, now)
         if job.state in TERMINAL:
-            raise GoogleError(400, f"The BatchPredictionJob {job.name} has already ended ({job.state}) and cannot "
-                                   "be cancelled.")
+            raise GoogleError(
+                400, f"The BatchPredictionJob {job.name} has already ended ({job.state}) and cannot be cancelled."
+            )
         if job.state != "JOB_STATE_CANCELLING":
             job.state, job.cancel_at, job.updated_at = "JOB_STATE_CANCELLING", now, now
 
@@ -283,21 +317,38 @@ class VertexJobs:
             answer = self.responder.answer(key, model, request, job.scenario, job.id)
             job.lines.append(self._line(request, processed, response=answer.response, status=answer.error))
             if answer.succeeded:
-                job.billing.append({"provider": "vertex", "batch_id": job.name, "custom_id": key, "model": model,
-                                    "input_tokens": answer.prompt_tokens, "cached_tokens": answer.cached_tokens,
-                                    "output_tokens": answer.output_tokens})
+                job.billing.append(
+                    {
+                        "provider": "vertex",
+                        "batch_id": job.name,
+                        "custom_id": key,
+                        "model": model,
+                        "input_tokens": answer.prompt_tokens,
+                        "cached_tokens": answer.cached_tokens,
+                        "output_tokens": answer.output_tokens,
+                    }
+                )
 
     @staticmethod
-    def _line(request: dict[str, Any], processed: Optional[str], *, response: Optional[dict[str, Any]] = None,
-              status: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    def _line(
+        request: dict[str, Any],
+        processed: str | None,
+        *,
+        response: dict[str, Any] | None = None,
+        status: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """A prediction line; a failed request's ``status`` is a text: the HTTP reason phrase, then the error as
         the HTTP envelope has it (HTTP code and status name; ``status`` given here is a google.rpc.Status)."""
         line: dict[str, Any] = {"status": "", "processed_time": processed, "request": request}
         if status is not None:
             code = int(status.get("code") or 13)
             http = code if code >= 100 else HTTP_OF_RPC.get(code, 500)
-            error = {"code": http, "message": status.get("message"), "status": STATUS_NAMES.get(http, "UNKNOWN"),
-                     **({"details": status["details"]} if status.get("details") else {})}
+            error = {
+                "code": http,
+                "message": status.get("message"),
+                "status": STATUS_NAMES.get(http, "UNKNOWN"),
+                **({"details": status["details"]} if status.get("details") else {}),
+            }
             line["status"] = f"{REASON_PHRASES.get(http, 'Error')}: {json.dumps({'error': error}, ensure_ascii=False)}"
         else:
             line["response"] = response
@@ -310,7 +361,7 @@ class VertexJobs:
         if state == "JOB_STATE_FAILED" or not job.lines:
             return
         prefix = str((job.output_config.get("gcsDestination") or {}).get("outputUriPrefix") or "").rstrip("/")
-        stamp = datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        stamp = datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         directory = f"{prefix}/prediction-model-{stamp}-{stable_hex(job.id, 'out', length=6)}"
         data = "".join(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n" for line in job.lines)
         try:
@@ -326,5 +377,5 @@ class VertexJobs:
     def to_json(self) -> list[dict[str, Any]]:
         return [job.to_json() for job in self.jobs.values()]
 
-    def load(self, saved: Optional[list[dict[str, Any]]]) -> None:
+    def load(self, saved: list[dict[str, Any]] | None) -> None:
         self.jobs = {j["id"]: VertexJob.from_json(j) for j in saved or []}

@@ -8,11 +8,11 @@ from batch_pipeline.sandbox.batches import batch_object
 from batch_pipeline.sandbox.errors import ApiError, bad_request
 from batch_pipeline.sandbox.multipart import parse_multipart
 from batch_pipeline.sandbox.openai.quota import check_create_rate, first_model, load_provider
+from batch_pipeline.sandbox.openai.validation import CHAT_URL, EMBEDDINGS_URL, MAX_BYTES
 from batch_pipeline.sandbox.quotas import account_of, clock_scale
 from batch_pipeline.sandbox.routing import Request, Response, Router
 from batch_pipeline.sandbox.scenarios import scenario_from_metadata
 from batch_pipeline.sandbox.state import SandboxState
-from batch_pipeline.sandbox.openai.validation import CHAT_URL, EMBEDDINGS_URL, MAX_BYTES
 
 UPLOAD_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
 BAD_KEY = "sk-sandbox-bad"
@@ -39,7 +39,7 @@ def _page(items: list[dict[str, Any]], after: str | None, limit: int) -> dict[st
         ids = [item["id"] for item in items]
         if after not in ids:
             raise bad_request(f"Unknown cursor after={after!r}.", param="after")
-        items = items[ids.index(after) + 1:]
+        items = items[ids.index(after) + 1 :]
     data = items[:limit]
     return {
         "object": "list",
@@ -144,18 +144,29 @@ class OpenAIApi:
             raise bad_request("Missing required parameter: 'input_file_id'.", param="input_file_id", code=MISSING)
         endpoint = body.get("endpoint")
         if endpoint not in self.endpoints:
-            raise bad_request(f"The sandbox supports only endpoint {' or '.join(self.endpoints)}.",
-                              param="endpoint", code="invalid_value")
+            raise bad_request(
+                f"The sandbox supports only endpoint {' or '.join(self.endpoints)}.",
+                param="endpoint",
+                code="invalid_value",
+            )
         if body.get("completion_window") != "24h":
             raise bad_request("completion_window must be '24h'.", param="completion_window", code="invalid_value")
         metadata = _check_metadata(body.get("metadata"))
         input_file = self.state.get_file(input_file_id)
         if input_file.purpose != "batch":
-            raise bad_request(f"File {input_file_id} has purpose {input_file.purpose!r}, not 'batch'.",
-                              param="input_file_id")
+            raise bad_request(
+                f"File {input_file_id} has purpose {input_file.purpose!r}, not 'batch'.", param="input_file_id"
+            )
         account, now = account_of(request, self.provider), self.state.clock.now()
-        check_create_rate(self.state.book, self.state.scenario, self.provider, account, first_model(input_file.data),
-                          now, clock_scale(self.state.clock))
+        check_create_rate(
+            self.state.book,
+            self.state.scenario,
+            self.provider,
+            account,
+            first_model(input_file.data),
+            now,
+            clock_scale(self.state.clock),
+        )
         batch = self.state.create_batch(input_file, endpoint, "24h", metadata, account)
         self.state.book.note_create(self.provider, account, batch.created_at)
         return Response(payload=batch_object(batch), batch_id=batch.id)
@@ -185,4 +196,3 @@ def check_auth(request: Request) -> None:
         raise ApiError(401, "You didn't provide an API key: send 'Authorization: Bearer KEY' (any key works here).")
     if key.strip() == BAD_KEY:
         raise ApiError(401, f"Incorrect API key provided: {BAD_KEY}.", code="invalid_api_key")
-

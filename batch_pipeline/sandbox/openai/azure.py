@@ -17,8 +17,10 @@ AZURE_PREFIX = "/openai"
 # Files + Batches exist from 2024-07-01-preview on (GA 2024-10-21); the format is the service's own
 _API_VERSION = re.compile(r"^(\d{4}-\d{2}-\d{2})(-preview)?$")
 FIRST_BATCH_VERSION = "2024-07-01"
-DENIED = ("Access denied due to invalid subscription key or wrong API endpoint. Make sure to provide a valid key "
-          "for an active subscription and use a correct regional API endpoint for your resource.")
+DENIED = (
+    "Access denied due to invalid subscription key or wrong API endpoint. Make sure to provide a valid key "
+    "for an active subscription and use a correct regional API endpoint for your resource."
+)
 
 
 def azure_api(state: SandboxState) -> OpenAIApi:
@@ -42,7 +44,10 @@ def check_azure_auth(request: Request) -> None:
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         key = token.strip() if scheme.lower() == "bearer" else ""
     if not key:
-        raise ApiError(401, "Missing credentials: send an 'api-key' header or 'Authorization: Bearer TOKEN' "
-                            "(any value works here).", code="401")
+        raise ApiError(
+            401,
+            "Missing credentials: send an 'api-key' header or 'Authorization: Bearer TOKEN' (any value works here).",
+            code="401",
+        )
     if key == BAD_KEY:
         raise ApiError(401, DENIED, code="401")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from typing import Any, Optional
+from typing import Any
 
 from batch_pipeline.sandbox.errors import ApiError, bad_request
 from batch_pipeline.sandbox.ids import new_id
@@ -40,7 +40,7 @@ def _messages_key(messages: Any) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:32]
 
 
-def request_key(request: Request) -> Optional[str]:
+def request_key(request: Request) -> str | None:
     """The messages hash of a chat-completions request, the input hash of an embeddings request (None for other
     paths or an unreadable body)."""
     if request.path not in (CHAT_PATH, embeddings.EMBEDDINGS_URL):
@@ -54,8 +54,11 @@ def request_key(request: Request) -> Optional[str]:
         return None
     if not isinstance(body, dict):
         return None
-    key = (embeddings.request_key(body) if request.path == embeddings.EMBEDDINGS_URL
-           else _messages_key(body.get("messages")))
+    key = (
+        embeddings.request_key(body)
+        if request.path == embeddings.EMBEDDINGS_URL
+        else _messages_key(body.get("messages"))
+    )
     request.params[KEY_PARAM] = key
     return key
 
@@ -104,7 +107,7 @@ class ChatApi:
             counts[_MINUTE], counts[_REQUESTS], counts[_TOKENS] = minute, 0, 0
         clock_left = (minute + 1) * 60 - now
         left_s = clock_left if clock["frozen"] else clock_left / float(clock["scale"])
-        over: Optional[str] = None
+        over: str | None = None
         if counts[_REQUESTS] + 1 > rpm:
             over = "requests"
         elif counts[_TOKENS] + tokens > tpm:
@@ -143,15 +146,21 @@ class ChatApi:
         if not isinstance(messages, list) or not messages:
             raise bad_request("Missing required parameter: 'messages'.", param="messages", code=MISSING)
         if body.get("stream"):
-            raise bad_request("The sandbox does not stream; send stream: false.", param="stream",
-                              code="unsupported_value")
+            raise bad_request(
+                "The sandbox does not stream; send stream: false.", param="stream", code="unsupported_value"
+            )
         key = _messages_key(messages)
         request.params[KEY_PARAM] = key
         headers = self._admit(request_input_tokens(body) + _max_tokens(body))
         marks = markers(body)
         if "poison" in marks:
-            raise ApiError(400, "This request is malformed or its context is too long (sandbox marker poison).",
-                           code="context_length_exceeded", param="messages", headers=headers)
+            raise ApiError(
+                400,
+                "This request is malformed or its context is too long (sandbox marker poison).",
+                code="context_length_exceeded",
+                param="messages",
+                headers=headers,
+            )
         self._line_error(key, headers)
         cached = 0
         prefix = cacheable_prefix(body)
@@ -160,20 +169,27 @@ class ChatApi:
             cached = prefix[1] if digest in self.state.seen_prompts else 0
             self.state.seen_prompts.add(digest)
         now = self.state.clock.now()
-        completion = chat_completion(body, completion_id=new_id("chatcmpl-"), created=int(now),
-                                     cached_tokens=cached, truncate="truncate" in marks)
-        self.state.ledger.append({
-            "batch_id": None,
-            "custom_id": None,
-            "model": model,
-            "input_tokens": completion.prompt_tokens,
-            "cached_tokens": completion.cached_tokens,
-            "output_tokens": completion.completion_tokens,
-            "billed_at": now,
-            "mode": "online",
-            "completion_id": completion.body["id"],
-            "request_key": key,
-        })
+        completion = chat_completion(
+            body,
+            completion_id=new_id("chatcmpl-"),
+            created=int(now),
+            cached_tokens=cached,
+            truncate="truncate" in marks,
+        )
+        self.state.ledger.append(
+            {
+                "batch_id": None,
+                "custom_id": None,
+                "model": model,
+                "input_tokens": completion.prompt_tokens,
+                "cached_tokens": completion.cached_tokens,
+                "output_tokens": completion.completion_tokens,
+                "billed_at": now,
+                "mode": "online",
+                "completion_id": completion.body["id"],
+                "request_key": key,
+            }
+        )
         return Response(payload=completion.body, headers=headers)
 
     def embed(self, request: Request) -> Response:
@@ -188,26 +204,33 @@ class ChatApi:
         request.params[KEY_PARAM] = key
         headers = self._admit(embeddings.input_tokens(texts))
         if "poison" in embeddings.input_markers(body):
-            raise ApiError(400, "This request is malformed or its input is too long (sandbox marker poison).",
-                           code="context_length_exceeded", param="input", headers=headers)
+            raise ApiError(
+                400,
+                "This request is malformed or its input is too long (sandbox marker poison).",
+                code="context_length_exceeded",
+                param="input",
+                headers=headers,
+            )
         self._line_error(key, headers)
         seen_key = "embeddings:" + key
         sightings = self.state.seen_custom_ids.get(seen_key, 0)
         self.state.seen_custom_ids[seen_key] = sightings + 1
         payload, tokens = embeddings.embedding_response(body, first_sighting=sightings == 0)
         now = self.state.clock.now()
-        self.state.ledger.append({
-            "batch_id": None,
-            "custom_id": None,
-            "model": model,
-            "input_tokens": tokens,
-            "cached_tokens": 0,
-            "output_tokens": 0,
-            "billed_at": now,
-            "mode": "online",
-            "completion_id": None,
-            "request_key": key,
-        })
+        self.state.ledger.append(
+            {
+                "batch_id": None,
+                "custom_id": None,
+                "model": model,
+                "input_tokens": tokens,
+                "cached_tokens": 0,
+                "output_tokens": 0,
+                "billed_at": now,
+                "mode": "online",
+                "completion_id": None,
+                "request_key": key,
+            }
+        )
         return Response(payload=payload, headers=headers)
 
     def _line_error(self, key: str, headers: dict[str, str]) -> None:
@@ -219,5 +242,10 @@ class ChatApi:
         sightings = self.state.seen_custom_ids.get(seen_key, 0)
         self.state.seen_custom_ids[seen_key] = sightings + 1
         if scenario.line_error_due(key, sightings):
-            raise ApiError(500, "The server had an error processing this request (sandbox scenario line_errors).",
-                           type="server_error", code="server_error", headers=headers)
+            raise ApiError(
+                500,
+                "The server had an error processing this request (sandbox scenario line_errors).",
+                type="server_error",
+                code="server_error",
+                headers=headers,
+            )

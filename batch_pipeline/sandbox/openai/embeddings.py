@@ -48,8 +48,11 @@ def input_texts(body: dict[str, Any]) -> list[str]:
         return [value]
     if isinstance(value, list) and value and all(isinstance(v, str) and v for v in value):
         return list(value)
-    raise EmbeddingRequestError("'input' must be a non-empty string or a list of non-empty strings.", "input",
-                                "missing_required_parameter" if value is None else "invalid_value")
+    raise EmbeddingRequestError(
+        "'input' must be a non-empty string or a list of non-empty strings.",
+        "input",
+        "missing_required_parameter" if value is None else "invalid_value",
+    )
 
 
 def check_body(body: dict[str, Any]) -> tuple[str, list[str], int, str]:
@@ -61,8 +64,9 @@ def check_body(body: dict[str, Any]) -> tuple[str, list[str], int, str]:
     native = DEFAULT_DIMENSIONS.get(model, FALLBACK_DIMENSIONS)
     dims = body.get("dimensions", native)
     if not isinstance(dims, int) or isinstance(dims, bool) or not 1 <= dims <= min(native, MAX_DIMENSIONS):
-        raise EmbeddingRequestError(f"'dimensions' must be an integer between 1 and {native} for {model}.",
-                                    "dimensions")
+        raise EmbeddingRequestError(
+            f"'dimensions' must be an integer between 1 and {native} for {model}.", "dimensions"
+        )
     encoding = body.get("encoding_format", "float")
     if encoding not in ("float", "base64"):
         raise EmbeddingRequestError("'encoding_format' must be 'float' or 'base64'.", "encoding_format")
@@ -126,12 +130,15 @@ def embedding_response(body: dict[str, Any], *, first_sighting: bool) -> tuple[d
         vector = faulty(embed_text(model, text, dims), marks)
         data.append({"object": "embedding", "index": i, "embedding": encode(vector, encoding)})
     tokens = input_tokens(texts)
-    return ({"object": "list", "data": data, "model": model,
-             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}, tokens)
+    return (
+        {"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}},
+        tokens,
+    )
 
 
 def request_key(body: dict[str, Any]) -> str | None:
     """A stable hash of an embeddings request's input (one logical request across retries)."""
-    canonical = json.dumps([body.get("model"), body.get("input"), body.get("dimensions")], ensure_ascii=False,
-                           separators=(",", ":"))
+    canonical = json.dumps(
+        [body.get("model"), body.get("input"), body.get("dimensions")], ensure_ascii=False, separators=(",", ":")
+    )
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:32]

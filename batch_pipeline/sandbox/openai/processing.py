@@ -7,13 +7,17 @@ from typing import Any
 
 from batch_pipeline.sandbox.batches import BatchRecord, LineResult
 from batch_pipeline.sandbox.ids import stable_fraction, stable_hex
+from batch_pipeline.sandbox.openai.embeddings import (
+    EmbeddingRequestError,
+    embedding_response,
+    input_markers,
+    input_texts,
+)
+from batch_pipeline.sandbox.openai.embeddings import input_tokens as embedding_tokens
+from batch_pipeline.sandbox.openai.validation import AZURE_CHAT_URL, CHAT_URL, EMBEDDINGS_URL
 from batch_pipeline.sandbox.responder import cacheable_prefix, chat_completion, error_body, last_user_text, markers
 from batch_pipeline.sandbox.schema_fill import pick_label
-from batch_pipeline.sandbox.openai.embeddings import (EmbeddingRequestError, embedding_response, input_markers,
-                                                      input_texts)
-from batch_pipeline.sandbox.openai.embeddings import input_tokens as embedding_tokens
 from batch_pipeline.sandbox.tokens import request_input_tokens
-from batch_pipeline.sandbox.openai.validation import AZURE_CHAT_URL, CHAT_URL, EMBEDDINGS_URL
 
 # the ledger's provider
 PROVIDER_BY_ENDPOINT = {CHAT_URL: "openai", AZURE_CHAT_URL: "azure_openai", EMBEDDINGS_URL: "openai"}
@@ -44,16 +48,32 @@ class LineRunner:
             return embedding_line(batch, index, custom_id, body, request_id, sightings)
         marks = markers(body)
         if "poison" in marks:
-            return LineResult(index, custom_id, 400, request_id, error_body(
-                "This request is malformed or its context is too long (sandbox marker poison).",
-                type="invalid_request_error", code="context_length_exceeded", param="messages",
-            ))
+            return LineResult(
+                index,
+                custom_id,
+                400,
+                request_id,
+                error_body(
+                    "This request is malformed or its context is too long (sandbox marker poison).",
+                    type="invalid_request_error",
+                    code="context_length_exceeded",
+                    param="messages",
+                ),
+            )
         scenario = batch.scenario
         if scenario.line_error_due(custom_id, sightings):
             status, kind, code = scenario.line_error()
-            return LineResult(index, custom_id, status, request_id, error_body(
-                f"The request failed with {code} (sandbox scenario line_errors).", type=kind, code=code,
-            ))
+            return LineResult(
+                index,
+                custom_id,
+                status,
+                request_id,
+                error_body(
+                    f"The request failed with {code} (sandbox scenario line_errors).",
+                    type=kind,
+                    code=code,
+                ),
+            )
         cached = 0
         prefix = cacheable_prefix(body)
         if prefix is not None:
@@ -69,29 +89,55 @@ class LineRunner:
             prompt_tokens=request.get("prompt_tokens"),
         )
         return LineResult(
-            index, custom_id, 200, request_id, completion.body,
-            completion.prompt_tokens, completion.cached_tokens, completion.completion_tokens,
+            index,
+            custom_id,
+            200,
+            request_id,
+            completion.body,
+            completion.prompt_tokens,
+            completion.cached_tokens,
+            completion.completion_tokens,
         )
 
 
-def embedding_line(batch: BatchRecord, index: int, custom_id: str, body: dict[str, Any], request_id: str,
-                   sightings: int) -> LineResult:
+def embedding_line(
+    batch: BatchRecord, index: int, custom_id: str, body: dict[str, Any], request_id: str, sightings: int
+) -> LineResult:
     """One embeddings line: the poison marker, the ``line_errors`` scenario, then a deterministic vector (with the
     fault markers on the first sighting of the custom_id)."""
     if "poison" in input_markers(body):
-        return LineResult(index, custom_id, 400, request_id, error_body(
-            "This request is malformed or its input is too long (sandbox marker poison).",
-            type="invalid_request_error", code="context_length_exceeded", param="input"))
+        return LineResult(
+            index,
+            custom_id,
+            400,
+            request_id,
+            error_body(
+                "This request is malformed or its input is too long (sandbox marker poison).",
+                type="invalid_request_error",
+                code="context_length_exceeded",
+                param="input",
+            ),
+        )
     scenario = batch.scenario
     if scenario.line_error_due(custom_id, sightings):
         status, kind, code = scenario.line_error()
-        return LineResult(index, custom_id, status, request_id, error_body(
-            f"The request failed with {code} (sandbox scenario line_errors).", type=kind, code=code))
+        return LineResult(
+            index,
+            custom_id,
+            status,
+            request_id,
+            error_body(f"The request failed with {code} (sandbox scenario line_errors).", type=kind, code=code),
+        )
     try:
         response, tokens = embedding_response(body, first_sighting=sightings == 0)
     except EmbeddingRequestError as exc:
-        return LineResult(index, custom_id, 400, request_id, error_body(
-            str(exc), type="invalid_request_error", code=exc.code, param=exc.param))
+        return LineResult(
+            index,
+            custom_id,
+            400,
+            request_id,
+            error_body(str(exc), type="invalid_request_error", code=exc.code, param=exc.param),
+        )
     return LineResult(index, custom_id, 200, request_id, response, tokens, 0, 0)
 
 
@@ -111,7 +157,9 @@ def steer_labels(body: dict[str, Any], scenario: Any, custom_id: str) -> dict[st
     label the text does not point to. Both work by a marker the label picker honours."""
     if scenario.name == "skew_labels":
         marker = f"[[sandbox:label={scenario.param('label')}]]"
-    elif scenario.name == "wrong_labels" and stable_fraction("wrong_labels", custom_id) < float(scenario.param("share")):
+    elif scenario.name == "wrong_labels" and stable_fraction("wrong_labels", custom_id) < float(
+        scenario.param("share")
+    ):
         text = last_user_text(body)
         right = pick_label_for(body, text)
         marker = f"[[sandbox:label=not:{right}]]" if right is not None else ""
@@ -155,14 +203,16 @@ def result_lines(batch: BatchRecord) -> tuple[list[dict[str, Any]], list[dict[st
         (output if result.status_code == 200 else errors).append(line)
     if batch.status in UNPROCESSED_ERRORS:
         code, message = UNPROCESSED_ERRORS[batch.status]
-        for index in batch.order[len(batch.results):]:
+        for index in batch.order[len(batch.results) :]:
             custom_id = batch.requests[index]["custom_id"]
-            errors.append({
-                "id": _line_id(batch, custom_id),
-                "custom_id": custom_id,
-                "response": None,
-                "error": {"code": code, "message": message},
-            })
+            errors.append(
+                {
+                    "id": _line_id(batch, custom_id),
+                    "custom_id": custom_id,
+                    "response": None,
+                    "error": {"code": code, "message": message},
+                }
+            )
     return output, errors
 
 

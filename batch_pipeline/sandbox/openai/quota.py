@@ -52,8 +52,9 @@ def _clock_span(seconds: float) -> str:
     return f"{minutes}m{secs}s" if minutes else f"{secs}s"
 
 
-def check_create_rate(book: LoadBook, scenario: Scenario, provider: str, account: str, model: str, now: float,
-                      scale: float) -> None:
+def check_create_rate(
+    book: LoadBook, scenario: Scenario, provider: str, account: str, model: str, now: float, scale: float
+) -> None:
     """429 when the account created ``quota_batches_per_hour`` batches in the past rolling hour."""
     cap = quota(scenario, "quota_batches_per_hour")
     if not cap:
@@ -63,18 +64,26 @@ def check_create_rate(book: LoadBook, scenario: Scenario, provider: str, account
         return
     wait = recent[0] + HOUR_S - now
     book.refuse(provider, "", account, [model], now)
-    raise ApiError(429, f"Rate limit reached for batch creation in organization {ORGANIZATION}: {len(recent):,} "
-                        f"batches were created in the past hour. Limit: {cap:,} batches per hour. Please try again "
-                        f"in {_clock_span(wait)}.", type="rate_limit_exceeded", code="rate_limit_exceeded",
-                   headers={"retry-after": str(retry_after_s(wait, scale, cap=None))})
+    raise ApiError(
+        429,
+        f"Rate limit reached for batch creation in organization {ORGANIZATION}: {len(recent):,} "
+        f"batches were created in the past hour. Limit: {cap:,} batches per hour. Please try again "
+        f"in {_clock_span(wait)}.",
+        type="rate_limit_exceeded",
+        code="rate_limit_exceeded",
+        headers={"retry-after": str(retry_after_s(wait, scale, cap=None))},
+    )
 
 
 def token_limit_error(model: str, cap: int) -> dict[str, Any]:
     """The ``errors.data`` entry of a batch refused for enqueued tokens (OpenAI's wording and commas)."""
-    return {"code": "token_limit_exceeded",
-            "message": f"Enqueued token limit reached for {model} in organization {ORGANIZATION}. Limit: {cap:,} "
-                       "enqueued tokens. Please try again once some in_progress batches have been completed.",
-            "param": None, "line": None}
+    return {
+        "code": "token_limit_exceeded",
+        "message": f"Enqueued token limit reached for {model} in organization {ORGANIZATION}. Limit: {cap:,} "
+        "enqueued tokens. Please try again once some in_progress batches have been completed.",
+        "param": None,
+        "line": None,
+    }
 
 
 def count_prompt_tokens(endpoint: str, requests: list[dict[str, Any]], scenario: Scenario) -> None:

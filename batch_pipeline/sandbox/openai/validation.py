@@ -50,9 +50,14 @@ def _check_line(number: int, raw: bytes, endpoint: str) -> tuple[dict[str, Any] 
     if endpoint == EMBEDDINGS_URL:
         value = body.get("input")
         if not (isinstance(value, str) and value) and not (
-                isinstance(value, list) and value and all(isinstance(v, str) and v for v in value)):
-            return None, _error("missing_required_parameter", "body.input must be a non-empty string or list of "
-                                "strings.", number, "body.input")
+            isinstance(value, list) and value and all(isinstance(v, str) and v for v in value)
+        ):
+            return None, _error(
+                "missing_required_parameter",
+                "body.input must be a non-empty string or list of strings.",
+                number,
+                "body.input",
+            )
         return {"custom_id": custom_id, "body": body, "line": number}, None
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -75,15 +80,21 @@ def parse_input(content: bytes, endpoint: str = CHAT_URL) -> ParsedInput:
         if request is not None:
             model = request["body"]["model"]
             if request["custom_id"] in seen:
-                request, error = None, _error(
-                    "duplicate_custom_id", f"custom_id {request['custom_id']!r} is used twice.", number, "custom_id"
+                request, error = (
+                    None,
+                    _error(
+                        "duplicate_custom_id", f"custom_id {request['custom_id']!r} is used twice.", number, "custom_id"
+                    ),
                 )
             elif parsed.model is not None and model != parsed.model:
-                request, error = None, _error(
-                    "mismatched_model",
-                    f"All requests must use one model: {model!r} differs from {parsed.model!r}.",
-                    number,
-                    "body.model",
+                request, error = (
+                    None,
+                    _error(
+                        "mismatched_model",
+                        f"All requests must use one model: {model!r} differs from {parsed.model!r}.",
+                        number,
+                        "body.model",
+                    ),
                 )
             else:
                 parsed.model = parsed.model or model

@@ -70,9 +70,9 @@ def test_released_and_dead_reservations_free_their_room(tmp_path):
     orphan = book.reserve("j", "s3", 1, Need(0, 10))
     assert closed and submitted and orphan
     intent(store, "j", "s1", 1)
-    intent(store, "j", "s1", 1, "collected")   # the batch ended: its holder may have died before releasing
+    intent(store, "j", "s1", 1, "collected")  # the batch ended: its holder may have died before releasing
     intent(store, "j", "s2", 1)
-    intent(store, "j", "s2", 1, "submitted")   # accepted and recorded, the bind interrupted: still held
+    intent(store, "j", "s2", 1, "submitted")  # accepted and recorded, the bind interrupted: still held
     live = {h.shard_id for h in book.snapshot().holdings}
     assert live == {"s2", "s3"}
     later = CapacityLedger(store, SCOPE, QuotaSpec(enqueued_requests=30), hold_ttl=timedelta(seconds=0))
@@ -98,13 +98,19 @@ def test_a_refusal_teaches_the_stated_limit_or_the_load(tmp_path):
     assert capped.limits().values[Dimension.REQUESTS] == 420  # never above the configured figure
 
 
-@pytest.mark.parametrize("message, limit", [
-    ("Enqueued token limit reached for gpt-4o-mini in organization org-x. Limit: 2,000,000 enqueued tokens. "
-     "Please try again once some in_progress batches have been completed.", 2_000_000),
-    ("Number of requests in the processing queue exceeds the limit: 100000 requests", 100_000),
-    ("Quota exceeded for concurrent jobs, limit: 4", 4),
-    ("try again later", None),
-])
+@pytest.mark.parametrize(
+    "message, limit",
+    [
+        (
+            "Enqueued token limit reached for gpt-4o-mini in organization org-x. Limit: 2,000,000 enqueued tokens. "
+            "Please try again once some in_progress batches have been completed.",
+            2_000_000,
+        ),
+        ("Number of requests in the processing queue exceeds the limit: 100000 requests", 100_000),
+        ("Quota exceeded for concurrent jobs, limit: 4", 4),
+        ("try again later", None),
+    ],
+)
 def test_stated_limits_are_parsed_from_the_providers_messages(message, limit):
     assert stated_limit(message) == limit
 
@@ -113,7 +119,7 @@ def test_admission_sends_whole_in_part_or_waits(tmp_path):
     book = ledger(tmp_path, enqueued_tokens=1000, concurrent_jobs=3)
     snap = book.snapshot()
     assert decide(snap, Need(400, 4)) == (Verdict.FULL, None)
-    assert decide(snap, Need(5000, 50)) == (Verdict.PARTIAL, None)   # bigger than the whole cap: sent in parts
+    assert decide(snap, Need(5000, 50)) == (Verdict.PARTIAL, None)  # bigger than the whole cap: sent in parts
     book.reserve("j", "a", 1, Need(850, 5))
     snap = book.snapshot()
     assert decide(snap, Need(400, 4)) == (Verdict.WAIT, Dimension.TOKENS)  # 150 free: not worth a batch

@@ -14,8 +14,11 @@ WINDOW = timedelta(hours=24)
 
 @pytest.fixture
 def ledger(tmp_path) -> CapacityLedger:
-    return CapacityLedger(Store(str(tmp_path)), CapacityScope("openai_batch", "KEY", "gpt-4o-mini"),
-                          QuotaSpec(enqueued_tokens=1000, headroom=0.0))
+    return CapacityLedger(
+        Store(str(tmp_path)),
+        CapacityScope("openai_batch", "KEY", "gpt-4o-mini"),
+        QuotaSpec(enqueued_tokens=1000, headroom=0.0),
+    )
 
 
 def test_room_now_is_no_wait(ledger):
@@ -32,7 +35,9 @@ def test_a_full_queue_waits_until_enough_batches_are_past_their_window_and_the_p
     # 900 of 1000 held: a 300-token shard fits once the first batch ends, 22 h from now at the latest
     assert clock.hours_until_room(Need(300, 3, 1), now) == pytest.approx(22.0, abs=0.01)
     clock.take(Need(300, 3, 1), now)  # routed here: the next shard of the plan waits behind it
-    assert clock.hours_until_room(Need(300, 3, 1), now) == pytest.approx(22.0 + (second.at - first.at) / timedelta(hours=1), abs=0.01)
+    assert clock.hours_until_room(Need(300, 3, 1), now) == pytest.approx(
+        22.0 + (second.at - first.at) / timedelta(hours=1), abs=0.01
+    )
     clock.take(Need(300, 3, 1), now)
     clock.take(Need(300, 3, 1), now)
     assert clock.hours_until_room(Need(300, 3, 1), now) == float("inf")  # 1200 > 1000 even in an empty queue
@@ -40,8 +45,10 @@ def test_a_full_queue_waits_until_enough_batches_are_past_their_window_and_the_p
 
 def test_several_accounts_take_the_one_that_frees_first(tmp_path):
     store = Store(str(tmp_path))
-    a, b = (CapacityLedger(store, CapacityScope("openai_batch", k, "m"), QuotaSpec(enqueued_tokens=1000, headroom=0.0))
-            for k in ("A", "B"))
+    a, b = (
+        CapacityLedger(store, CapacityScope("openai_batch", k, "m"), QuotaSpec(enqueued_tokens=1000, headroom=0.0))
+        for k in ("A", "B")
+    )
     held_a = a.reserve("j", "s1", 1, Need(1000, 10, 1))
     assert held_a is not None
     clock = QueueClock([a.snapshot(), b.snapshot()], WINDOW)

@@ -18,16 +18,33 @@ EXAMPLES = [{"role": "user", "content": "charged twice"}, {"role": "assistant", 
 def spec_for(path, fmt: str, turns: bool = True) -> JobSpec:
     source = {"messages_field": "messages"} if turns else {"text_field": "user"}
     prompt = {} if turns else {"template": "{user}"}
-    return JobSpec.model_validate({
-        "name": "fromfile", "input": {"path": str(path), "format": fmt, "key_field": "custom_id" if fmt ==
-                                      "openai_batch" else "id", **source},
-        "prompt": {"version": "v1", "system": SYSTEM, "examples": EXAMPLES, **prompt}, "model": "gpt-4o-mini",
-        "backend": {"name": "openai_batch"}, "sampling": {"max_tokens": 16}, "output": {"choice": ["billing", "bug"]}})
+    return JobSpec.model_validate(
+        {
+            "name": "fromfile",
+            "input": {
+                "path": str(path),
+                "format": fmt,
+                "key_field": "custom_id" if fmt == "openai_batch" else "id",
+                **source,
+            },
+            "prompt": {"version": "v1", "system": SYSTEM, "examples": EXAMPLES, **prompt},
+            "model": "gpt-4o-mini",
+            "backend": {"name": "openai_batch"},
+            "sampling": {"max_tokens": 16},
+            "output": {"choice": ["billing", "bug"]},
+        }
+    )
 
 
 def conversations() -> list[list[dict]]:
-    return [[{"role": "user", "content": f"hello {i}"}, {"role": "assistant", "content": "how can I help?"},
-             {"role": "user", "content": f"the app  crashes on export {i}"}] for i in range(4)]
+    return [
+        [
+            {"role": "user", "content": f"hello {i}"},
+            {"role": "assistant", "content": "how can I help?"},
+            {"role": "user", "content": f"the app  crashes on export {i}"},
+        ]
+        for i in range(4)
+    ]
 
 
 def items(manifest: Manifest):
@@ -35,15 +52,21 @@ def items(manifest: Manifest):
 
 
 def test_our_own_multi_turn_batch_file_imports_back_to_the_same_ids(tmp_path):
-    (tmp_path / "rows.jsonl").write_text("".join(json.dumps({"id": f"r{i}", "messages": m}) + "\n"
-                                                 for i, m in enumerate(conversations())))
+    (tmp_path / "rows.jsonl").write_text(
+        "".join(json.dumps({"id": f"r{i}", "messages": m}) + "\n" for i, m in enumerate(conversations()))
+    )
     spec = spec_for(tmp_path / "rows.jsonl", "jsonl")
     store = Store(tmp_path / "home")
     build_manifest(spec, store)
     first = items(Manifest("fromfile", store))
-    work = ShardWork("x", "s", 1, "k", RequestPlan.from_spec(spec),
-                     pa.table({"request_id": [i["request_id"] for i in first],
-                               "user_prompt": [i["user_prompt"] for i in first]}))
+    work = ShardWork(
+        "x",
+        "s",
+        1,
+        "k",
+        RequestPlan.from_spec(spec),
+        pa.table({"request_id": [i["request_id"] for i in first], "user_prompt": [i["user_prompt"] for i in first]}),
+    )
     lines = request_lines(work).decode().splitlines()  # system, examples, turns: what the executor uploads
     first_line = json.loads(lines[0])
     assert first_line["body"]["messages"][:3] == [{"role": "system", "content": SYSTEM}, *EXAMPLES]
@@ -66,8 +89,9 @@ def test_our_own_multi_turn_batch_file_imports_back_to_the_same_ids(tmp_path):
     developer = json.loads(json.dumps(own[3]))
     developer["custom_id"] = "developer"
     developer["body"]["messages"][0]["role"] = "developer"
-    (tmp_path / "batch.jsonl").write_text("\n".join(json.dumps(o) for o in
-                                                    [*own, bad_turn, other_system, no_system, developer]) + "\n")
+    (tmp_path / "batch.jsonl").write_text(
+        "\n".join(json.dumps(o) for o in [*own, bad_turn, other_system, no_system, developer]) + "\n"
+    )
     imported = spec_for(tmp_path / "batch.jsonl", "openai_batch")
     store2 = Store(tmp_path / "home2")
     summary = build_manifest(imported, store2)
@@ -82,9 +106,12 @@ def test_our_own_multi_turn_batch_file_imports_back_to_the_same_ids(tmp_path):
 
 
 def test_a_text_job_rejects_multi_turn_lines_naming_messages_field(tmp_path):
-    line = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
-            "body": {"model": "gpt-4o-mini", "messages": [{"role": "system", "content": SYSTEM},
-                                                          *conversations()[0]]}}
+    line = {
+        "custom_id": "a",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "gpt-4o-mini", "messages": [{"role": "system", "content": SYSTEM}, *conversations()[0]]},
+    }
     (tmp_path / "batch.jsonl").write_text(json.dumps(line) + "\n")
     store = Store(tmp_path / "home")
     build_manifest(spec_for(tmp_path / "batch.jsonl", "openai_batch", turns=False), store)

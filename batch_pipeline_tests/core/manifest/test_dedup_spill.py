@@ -50,8 +50,10 @@ def snapshot(store: Store) -> dict:
     def named(r: dict) -> dict:
         return {**r, "source": r["source"].rsplit("/", 1)[1]}
 
-    shards = {s: [named(r) for r in pq.read_table(store.local_path(JobPaths("t").shard_items(s))).to_pylist()]
-              for s in m.shard_ids()}
+    shards = {
+        s: [named(r) for r in pq.read_table(store.local_path(JobPaths("t").shard_items(s))).to_pylist()]
+        for s in m.shard_ids()
+    }
     rows = sorted(tuple(named(r).values()) for r in m.rows().to_pylist())
     return {"shards": shards, "rows": rows}
 
@@ -64,8 +66,16 @@ def in_memory(tmp_path_factory):
 
 
 def summary_counts(s) -> tuple:
-    return (s.input_rows, s.accepted_rows, s.new_requests, s.unique_requests, s.duplicates_collapsed,
-            s.known_requests, s.new_shards, s.shards_total)
+    return (
+        s.input_rows,
+        s.accepted_rows,
+        s.new_requests,
+        s.unique_requests,
+        s.duplicates_collapsed,
+        s.known_requests,
+        s.new_shards,
+        s.shards_total,
+    )
 
 
 @pytest.mark.parametrize("budget", [0, 700 * SET_BYTES_PER_ID], ids=["spill-from-start", "spill-mid-build"])

@@ -25,9 +25,7 @@ texts = st.text(alphabet=st.sampled_from(ALPHABET), max_size=40)
 def polars_normalize(values: list[str]) -> list[str]:
     """Exactly the expression ManifestBuilder._prepare applies to every template field."""
     frame = pl.DataFrame({"t": values}, schema={"t": pl.String})
-    out = frame.select(
-        pl.col("t").str.replace_all(ids.ABNORMAL_WHITESPACE, " ").str.strip_chars(ids.WHITESPACE_CHARS)
-    )
+    out = frame.select(pl.col("t").str.replace_all(ids.ABNORMAL_WHITESPACE, " ").str.strip_chars(ids.WHITESPACE_CHARS))
     return out["t"].to_list()
 
 
@@ -54,8 +52,16 @@ def test_zero_width_and_soft_hyphen_are_kept():
 
 # -- normalize_text ----------------------------------------------------------------------------
 def test_normalize_collapses_every_whitespace_kind():
-    variants = ["hello world", "hello  world", "hello\tworld", "hello\xa0world", "hello\u2028world",
-                "\n\nhello world\n", " \t\xa0hello \r\n\u3000 world\u2029\u0085", "hello\x0b\x0cworld"]
+    variants = [
+        "hello world",
+        "hello  world",
+        "hello\tworld",
+        "hello\xa0world",
+        "hello\u2028world",
+        "\n\nhello world\n",
+        " \t\xa0hello \r\n\u3000 world\u2029\u0085",
+        "hello\x0b\x0cworld",
+    ]
     assert {ids.normalize_text(v) for v in variants} == {"hello world"}
     assert ids.normalize_text("hello world") != ids.normalize_text("helloworld")
 
@@ -92,7 +98,7 @@ def test_python_split_join_agrees_except_for_ascii_separators(text):
 def test_request_id_is_sha256_of_prefix_and_text_and_fits_custom_id_pattern():
     prefix = ids.id_prefix("v3", "gpt-4o-mini", "abcdef0123456789")
     rid = ids.request_id(prefix, "Ticket:\nhello")
-    expected = hashlib.sha256("v3\x1fgpt-4o-mini\x1fabcdef0123456789\x1fTicket:\nhello".encode()).hexdigest()
+    expected = hashlib.sha256(b"v3\x1fgpt-4o-mini\x1fabcdef0123456789\x1fTicket:\nhello").hexdigest()
     assert rid == expected
     assert re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", rid)
 
@@ -127,8 +133,15 @@ def test_request_ids_are_stable_across_processes():
 
     for seed in ("1", "987654"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(inputs), capture_output=True,
-                              text=True, env=env, timeout=60, check=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            input=json.dumps(inputs),
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=True,
+        )
         their_ids, their_norm = json.loads(proc.stdout)
         assert their_ids == ids.request_ids(prefix, inputs)
         assert their_norm == [ids.normalize_text(t) for t in inputs]

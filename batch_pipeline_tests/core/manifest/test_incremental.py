@@ -37,8 +37,15 @@ def job(tmp_path):
     spec = write_spec(tmp_path / "jobs", base_spec_dict(str(tmp_path / "in" / "*.jsonl"), shards={"max_requests": 50}))
     store = Store(tmp_path / "store")
     first = build_manifest(spec, store)
-    return {"spec": spec, "store": store, "m": Manifest("t", store), "a": a, "b": b, "first": first,
-            "dir": tmp_path / "in"}
+    return {
+        "spec": spec,
+        "store": store,
+        "m": Manifest("t", store),
+        "a": a,
+        "b": b,
+        "first": first,
+        "dir": tmp_path / "in",
+    }
 
 
 def check_rows_answer(job, expected_rows: list[dict]) -> None:
@@ -90,8 +97,9 @@ def test_a_rewritten_file_is_read_again_and_its_changed_rows_handled(job):
     before = shard_bytes(job["store"], job["m"])
     old_ids = set(job["m"].item_index(["request_id"]).column("request_id").to_pylist())
     # same rows except ten changed bodies and ten dropped; new rows in front, so it is no append
-    new_b = rows(2000, 5) + [r if i % 7 else {**r, "body": r["body"] + " (edited)"}
-                            for i, r in enumerate(rows(1000, 70))]
+    new_b = rows(2000, 5) + [
+        r if i % 7 else {**r, "body": r["body"] + " (edited)"} for i, r in enumerate(rows(1000, 70))
+    ]
     write_jsonl(job["b"], new_b)
     second = build_manifest(job["spec"], job["store"])
     assert names(second.files["reread"]) == ["b.jsonl"] and names(second.files["skipped"]) == ["a.jsonl"]
@@ -101,8 +109,9 @@ def test_a_rewritten_file_is_read_again_and_its_changed_rows_handled(job):
     assert second.known_requests == 75 - 15
     after = shard_bytes(job["store"], job["m"])
     assert all(after[s] == data for s, data in before.items())  # existing shards keep their exact membership
-    new_items = {r for s in second.new_shards
-                 for r in job["m"].shard_items(s, ["request_id"]).column("request_id").to_pylist()}
+    new_items = {
+        r for s in second.new_shards for r in job["m"].shard_items(s, ["request_id"]).column("request_id").to_pylist()
+    }
     assert new_items == changed
     check_rows_answer(job, rows(0, 120) + new_b)  # the old version's rows are gone from the rows table
 

@@ -11,8 +11,9 @@ from batch_pipeline.core.manifest.inputs import InputFile, _read_block, read_bat
 
 def test_numeric_key_block_parses_column_wise_as_text():
     data = b"\n".join(json.dumps({"id": i, "body": f"text {i}"}).encode() for i in range(5))
-    options = pajson.ParseOptions(explicit_schema=pa.schema([("body", pa.string()), ("id", pa.string())]),
-                                  unexpected_field_behavior="ignore")
+    options = pajson.ParseOptions(
+        explicit_schema=pa.schema([("body", pa.string()), ("id", pa.string())]), unexpected_field_behavior="ignore"
+    )
     table = _read_block(data, options, "id")
     assert table.column("id").type == pa.string()
     assert table.column("id").to_pylist() == ["0", "1", "2", "3", "4"]

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batch_pipeline.core.manifest import inputs
 from batch_pipeline.core.errors import InputError
+from batch_pipeline.core.manifest import inputs
 from batch_pipeline.core.manifest.inputs import read_batches, resolve_inputs
 from batch_pipeline.core.manifest.shards import Manifest, build_manifest
 from batch_pipeline.core.spec.loading import load_spec
@@ -99,22 +99,36 @@ def test_all_faults_in_one_block_with_blank_lines_and_crlf(tmp_path):
     assert summary.accepted_rows == len(FAULTS) + 1
     assert summary.input_rows == summary.rejected_rows + summary.accepted_rows
     assert sum(summary.rejects_by_reason.values()) == summary.rejected_rows
-    assert summary.rejects_by_reason == {k: sum(1 for _, kind, _ in FAULTS.values() if kind == k)
-                                         for k in {kind for _, kind, _ in FAULTS.values()}}
+    assert summary.rejects_by_reason == {
+        k: sum(1 for _, kind, _ in FAULTS.values() if kind == k) for k in {kind for _, kind, _ in FAULTS.values()}
+    }
 
 
-@pytest.mark.parametrize("line,reason", [
-    (b'{"id": "b1", "body": "cut off', "bad JSON: a string that starts at column 22 never ends (the line is cut off, "
-                                      "or a closing quote is missing)"),
-    (b'{"id": "b1", "body": "x",}', "bad JSON: expected a key in double quotes at column 26 (a trailing comma, or a "
-                                    "key in single quotes?)"),
-    (b'{"id": "b1", "body": "x"', "bad JSON: the line ends at column 25 before the JSON value is complete (cut off?)"),
-    (b'{"id": "b1" "body": "x"}', "bad JSON: a comma is missing between two values, at column 13"),
-    (b'{"id": "b1"} {"body": "x"}', "bad JSON: more text after the JSON value ends, at column 14 (two objects on one "
-                                    "line?)"),
-    (b'{"id": "b1", "body": 12345}', "field 'body' must be a string, got a number"),
-    (b'["id", "b8"]', "expected a JSON object, got a list"),
-])
+@pytest.mark.parametrize(
+    "line,reason",
+    [
+        (
+            b'{"id": "b1", "body": "cut off',
+            "bad JSON: a string that starts at column 22 never ends (the line is cut off, "
+            "or a closing quote is missing)",
+        ),
+        (
+            b'{"id": "b1", "body": "x",}',
+            "bad JSON: expected a key in double quotes at column 26 (a trailing comma, or a key in single quotes?)",
+        ),
+        (
+            b'{"id": "b1", "body": "x"',
+            "bad JSON: the line ends at column 25 before the JSON value is complete (cut off?)",
+        ),
+        (b'{"id": "b1" "body": "x"}', "bad JSON: a comma is missing between two values, at column 13"),
+        (
+            b'{"id": "b1"} {"body": "x"}',
+            "bad JSON: more text after the JSON value ends, at column 14 (two objects on one line?)",
+        ),
+        (b'{"id": "b1", "body": 12345}', "field 'body' must be a string, got a number"),
+        (b'["id", "b8"]', "expected a JSON object, got a list"),
+    ],
+)
 def test_reject_reasons_read_as_plain_english(line, reason, tmp_path):
     path = write_jsonl(tmp_path / "in.jsonl", [good(1), line])
     _, rejects = read_all(path)
@@ -139,8 +153,14 @@ def test_sample_data_rejects_match_the_generator_summary(sample_data, tmp_path):
     spec = load_spec(root / "data" / "jobs" / "demo.yaml")
     store = Store(tmp_path / "store")
     summary = build_manifest(spec, store)
-    kind_of = {"broken_json": "bad_json", "missing_body": "missing_field", "empty_body": "empty_text",
-               "whitespace_body": "empty_text", "invalid_utf8": "bad_utf8", "numeric_body": "wrong_type"}
+    kind_of = {
+        "broken_json": "bad_json",
+        "missing_body": "missing_field",
+        "empty_body": "empty_text",
+        "whitespace_body": "empty_text",
+        "invalid_utf8": "bad_utf8",
+        "numeric_body": "wrong_type",
+    }
     expected = set()
     for name, info in samples["files"].items():
         path = str(root / "data" / "samples" / "tickets" / name)
@@ -173,12 +193,10 @@ def test_line_numbers_survive_block_boundaries(tmp_path, monkeypatch):
 
 def test_csv_input_reports_row_numbers(tmp_path):
     path = tmp_path / "in.csv"
-    path.write_text('id,body,other\n'
-                    'c1,"first, with a comma",x\n'
-                    'c2,,y\n'
-                    'c3,"third ""quoted""",z\n'
-                    'c4,   ,w\n'
-                    'c5,fifth,v\n', encoding="utf-8")
+    path.write_text(
+        'id,body,other\nc1,"first, with a comma",x\nc2,,y\nc3,"third ""quoted""",z\nc4,   ,w\nc5,fifth,v\n',
+        encoding="utf-8",
+    )
     spec = write_spec(tmp_path / "job", base_spec_dict(str(path)))
     store = Store(tmp_path / "store")
     summary = build_manifest(spec, store)
@@ -202,9 +220,9 @@ def test_csv_without_the_text_column_is_an_input_error(tmp_path):
 
 def test_parquet_input_reports_row_numbers(tmp_path):
     path = tmp_path / "in.parquet"
-    table = pa.table({"id": ["p1", "p2", "p3", "p4", "p5"],
-                      "body": ["one", None, "three", "", "five"],
-                      "unused": [1, 2, 3, 4, 5]})
+    table = pa.table(
+        {"id": ["p1", "p2", "p3", "p4", "p5"], "body": ["one", None, "three", "", "five"], "unused": [1, 2, 3, 4, 5]}
+    )
     pq.write_table(table, path, row_group_size=2)
     spec = write_spec(tmp_path / "job", base_spec_dict(str(path)))
     store = Store(tmp_path / "store")
@@ -218,9 +236,13 @@ def test_parquet_input_reports_row_numbers(tmp_path):
 
 def test_too_long_rows_are_rejected_by_token_estimate(tmp_path):
     path = write_jsonl(tmp_path / "in.jsonl", [good(1), {"id": "long", "body": "x" * 4000}, good(3)])
-    spec = write_spec(tmp_path / "job", {**base_spec_dict(str(path)),
-                                         "input": {"path": str(path), "text_field": "body", "key_field": "id",
-                                                   "max_input_tokens": 500}})
+    spec = write_spec(
+        tmp_path / "job",
+        {
+            **base_spec_dict(str(path)),
+            "input": {"path": str(path), "text_field": "body", "key_field": "id", "max_input_tokens": 500},
+        },
+    )
     store = Store(tmp_path / "store")
     summary = build_manifest(spec, store)
     [reject] = Manifest("t", store).rejects().to_pylist()

@@ -15,12 +15,16 @@ LENGTHS = (10, 40, 200, 700, 2500)
 
 
 def make_rows(rng: random.Random, start: int, n: int) -> list[dict]:
-    return [{"id": f"k{i:05d}", "body": f"row {i}: " + " ".join(["word"] * (rng.choice(LENGTHS) // 5))}
-            for i in range(start, start + n)]
+    return [
+        {"id": f"k{i:05d}", "body": f"row {i}: " + " ".join(["word"] * (rng.choice(LENGTHS) // 5))}
+        for i in range(start, start + n)
+    ]
 
 
 def whitespace_twin(body: str, rng: random.Random) -> str:
-    return rng.choice(("  ", "\t", "\n", " \xa0", "\u2028 ")) + body.replace(" ", rng.choice(("  ", "\t", " \xa0"))) + "\n"
+    return (
+        rng.choice(("  ", "\t", "\n", " \xa0", "\u2028 ")) + body.replace(" ", rng.choice(("  ", "\t", " \xa0"))) + "\n"
+    )
 
 
 def shard_files(store: Store, manifest: Manifest) -> dict[str, bytes]:
@@ -33,30 +37,42 @@ def grown(tmp_path):
     data = tmp_path / "in" / "part1.jsonl"
     old_rows = make_rows(rng, 0, 200)
     write_jsonl(data, old_rows)
-    spec = write_spec(tmp_path / "jobs", base_spec_dict(str(tmp_path / "in" / "*.jsonl"),
-                                                        shards={"max_requests": 60}))
+    spec = write_spec(tmp_path / "jobs", base_spec_dict(str(tmp_path / "in" / "*.jsonl"), shards={"max_requests": 60}))
     store = Store(tmp_path / "store")
     manifest = Manifest("t", store)
 
     first = build_manifest(spec, store)
     before_files = shard_files(store, manifest)
-    before_index = {r["request_id"]: r for r in manifest.item_index(
-        ["request_id", "shard_id", "source", "line", "generation"]).to_pylist()}
+    before_index = {
+        r["request_id"]: r
+        for r in manifest.item_index(["request_id", "shard_id", "source", "line", "generation"]).to_pylist()
+    }
 
     # grow: new rows appended to the old file and in a new file, plus duplicates of old rows (exact and
     # whitespace variants) under new keys
     new_rows = make_rows(rng, 1000, 60)
     more_rows = make_rows(rng, 2000, 40)
-    dups = [{"id": f"dup{i}", "body": (r["body"] if i % 2 else whitespace_twin(r["body"], rng))}
-            for i, r in enumerate(rng.sample(old_rows, 20))]
-    dup_of = {d["id"]: old_rows[[r["body"] for r in old_rows].index(" ".join(d["body"].split()))]["id"]
-              for d in dups}
+    dups = [
+        {"id": f"dup{i}", "body": (r["body"] if i % 2 else whitespace_twin(r["body"], rng))}
+        for i, r in enumerate(rng.sample(old_rows, 20))
+    ]
+    dup_of = {d["id"]: old_rows[[r["body"] for r in old_rows].index(" ".join(d["body"].split()))]["id"] for d in dups}
     write_jsonl(data, new_rows + dups[:10], mode="ab")
     write_jsonl(tmp_path / "in" / "part2.jsonl", dups[10:] + more_rows)
     second = build_manifest(spec, store)
-    return dict(spec=spec, store=store, manifest=manifest, first=first, second=second,
-                before_files=before_files, before_index=before_index, old_rows=old_rows,
-                new_rows=new_rows + more_rows, dups=dups, dup_of=dup_of)
+    return dict(
+        spec=spec,
+        store=store,
+        manifest=manifest,
+        first=first,
+        second=second,
+        before_files=before_files,
+        before_index=before_index,
+        old_rows=old_rows,
+        new_rows=new_rows + more_rows,
+        dups=dups,
+        dup_of=dup_of,
+    )
 
 
 def test_old_shards_are_untouched_and_old_items_stay_put(grown):
@@ -65,8 +81,9 @@ def test_old_shards_are_untouched_and_old_items_stay_put(grown):
     after_files = shard_files(store, m)
     for sid, data in grown["before_files"].items():
         assert after_files[sid] == data, f"shard {sid} was rewritten"
-    after_index = {r["request_id"]: r for r in m.item_index(
-        ["request_id", "shard_id", "source", "line", "generation"]).to_pylist()}
+    after_index = {
+        r["request_id"]: r for r in m.item_index(["request_id", "shard_id", "source", "line", "generation"]).to_pylist()
+    }
     for rid, row in grown["before_index"].items():
         assert after_index[rid] == row  # same shard, same source row, same generation
     assert all(r["generation"] == 1 for r in grown["before_index"].values())

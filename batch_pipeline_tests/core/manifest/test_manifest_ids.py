@@ -78,7 +78,7 @@ def test_ids_survive_shuffled_rows_and_a_different_file_split(demo_build, sample
     new_root = tmp_path / "proj"
     cuts = [0, 50, 170, len(lines)]
     for i in range(3):
-        write_jsonl(new_root / "data" / "samples" / "tickets" / f"shuffled_{i}.jsonl", lines[cuts[i]:cuts[i + 1]])
+        write_jsonl(new_root / "data" / "samples" / "tickets" / f"shuffled_{i}.jsonl", lines[cuts[i] : cuts[i + 1]])
     (new_root / "data" / "jobs").mkdir(parents=True)
     (new_root / "data" / "jobs" / "demo.yaml").write_text((root / "data" / "jobs" / "demo.yaml").read_text())
     spec2 = load_spec(new_root / "data" / "jobs" / "demo.yaml")
@@ -87,8 +87,15 @@ def test_ids_survive_shuffled_rows_and_a_different_file_split(demo_build, sample
 
     assert key_to_id(store2, "demo") == key_to_id(store, "demo")
     assert item_prompts(store2, "demo") == item_prompts(store, "demo")
-    for field in ("input_rows", "accepted_rows", "rejected_rows", "unique_requests", "duplicates_collapsed",
-                  "rejects_by_reason", "est_input_tokens_new"):
+    for field in (
+        "input_rows",
+        "accepted_rows",
+        "rejected_rows",
+        "unique_requests",
+        "duplicates_collapsed",
+        "rejects_by_reason",
+        "est_input_tokens_new",
+    ):
         assert getattr(summary2, field) == getattr(summary, field), field
 
 
@@ -102,8 +109,13 @@ def test_manifest_ids_are_stable_across_processes(demo_build, sample_data, tmp_p
         "build_manifest(load_spec(sys.argv[1]), Store(sys.argv[2]))"
     )
     env = {**os.environ, "PYTHONHASHSEED": "4242"}
-    subprocess.run([sys.executable, "-c", code, str(root / "data" / "jobs" / "demo.yaml"), str(tmp_path / "s")],
-                   env=env, check=True, timeout=120, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-c", code, str(root / "data" / "jobs" / "demo.yaml"), str(tmp_path / "s")],
+        env=env,
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
     other = Store(tmp_path / "s")
     assert key_to_id(other, "demo") == key_to_id(store, "demo")
     assert item_prompts(other, "demo") == item_prompts(store, "demo")
@@ -124,8 +136,15 @@ def build_ids(tmp_path: Path, name: str, **overrides) -> dict[str, str]:
 
 
 def test_whitespace_only_differences_are_one_request(tmp_path):
-    variants = ["hello world", "hello  world", "hello\tworld", "hello\xa0world", "hello\u2028world",
-                "\n\nhello world\n", " \t\xa0hello \r\n world \u3000"]
+    variants = [
+        "hello world",
+        "hello  world",
+        "hello\tworld",
+        "hello\xa0world",
+        "hello\u2028world",
+        "\n\nhello world\n",
+        " \t\xa0hello \r\n world \u3000",
+    ]
     rows = [{"id": f"w{i}", "body": v} for i, v in enumerate(variants)] + [{"id": "other", "body": "helloworld"}]
     write_jsonl(tmp_path / "in.jsonl", rows)
     spec = write_spec(tmp_path, base_spec_dict(str(tmp_path / "in.jsonl")))

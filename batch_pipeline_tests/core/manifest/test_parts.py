@@ -31,10 +31,14 @@ def snapshot(store: Store) -> dict:
     def named(r: dict) -> dict:
         return {**r, "source": r["source"].rsplit("/", 1)[1]}
 
-    return {"shards": {s: [named(r) for r in pq.read_table(store.local_path(JobPaths("t").shard_items(s))).to_pylist()]
-                       for s in m.shard_ids()},
-            "rows": sorted(tuple(named(r).values()) for r in m.rows().to_pylist()),
-            "rejects": sorted((r["source"].rsplit("/", 1)[1], r["line"], r["kind"]) for r in m.rejects().to_pylist())}
+    return {
+        "shards": {
+            s: [named(r) for r in pq.read_table(store.local_path(JobPaths("t").shard_items(s))).to_pylist()]
+            for s in m.shard_ids()
+        },
+        "rows": sorted(tuple(named(r).values()) for r in m.rows().to_pylist()),
+        "rejects": sorted((r["source"].rsplit("/", 1)[1], r["line"], r["kind"]) for r in m.rejects().to_pylist()),
+    }
 
 
 def merge_parts(spec, store):
@@ -59,8 +63,13 @@ def test_merged_parts_equal_a_one_process_build(tmp_path):
     assert [p.record.offset > 0 for p in parts2.used] == [True]  # only the appended part of a.jsonl
     assert snapshot(store_p) == snapshot(store)
     for a, b in ((direct, merged), (direct2, merged2)):
-        assert (a.new_requests, a.new_shards, a.input_rows, a.rejected_rows, a.known_requests) == \
-            (b.new_requests, b.new_shards, b.input_rows, b.rejected_rows, b.known_requests)
+        assert (a.new_requests, a.new_shards, a.input_rows, a.rejected_rows, a.known_requests) == (
+            b.new_requests,
+            b.new_shards,
+            b.input_rows,
+            b.rejected_rows,
+            b.known_requests,
+        )
     assert merged.rejected_rows == 2
 
 
@@ -72,8 +81,9 @@ def test_a_part_for_another_version_of_its_file_is_not_used(tmp_path):
     parts = FileParts(spec, store)
     summary = build_manifest(spec, store, parts=parts)
     assert parts.used == []
-    assert sorted(r["source_key"] for r in Manifest("t", store).rows().to_pylist()
-                  if r["source"].endswith("b.jsonl")) == sorted(f"k{i}" for i in range(7000, 7030))
+    assert sorted(
+        r["source_key"] for r in Manifest("t", store).rows().to_pylist() if r["source"].endswith("b.jsonl")
+    ) == sorted(f"k{i}" for i in range(7000, 7030))
     assert summary.input_rows == 900 + 30 + 502
 
 

@@ -27,8 +27,11 @@ def build(tmp_path, rows, **shards):
     spec = write_spec(tmp_path / "job", base_spec_dict(str(path), shards=shards))
     store = Store(tmp_path / "store")
     summary = build_manifest(spec, store)
-    index = pl.from_arrow(Manifest("t", store).item_index(
-        ["request_id", "shard_id", "length_bucket", "request_bytes", "est_input_tokens"]))
+    index = pl.from_arrow(
+        Manifest("t", store).item_index(
+            ["request_id", "shard_id", "length_bucket", "request_bytes", "est_input_tokens"]
+        )
+    )
     return summary, index
 
 

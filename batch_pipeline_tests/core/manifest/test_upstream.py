@@ -24,9 +24,16 @@ def publish_upstream(store: Store, source: str, labels: list[str], outputs: list
     """The upstream's validated table, as its publish writes it (one row per source row)."""
     n = len(labels)
     cols = {name: [None] * n for name in VALIDATED_SCHEMA.names}
-    cols.update(source=[source] * n, line=list(range(1, n + 1)), source_key=[f"T{i}" for i in range(1, n + 1)],
-                request_id=[hashlib.sha256(str(i).encode()).hexdigest() for i in range(n)],
-                output=outputs or labels, model=["m-1"] * n, is_duplicate=[False] * n, cost_usd=[0.001] * n)
+    cols.update(
+        source=[source] * n,
+        line=list(range(1, n + 1)),
+        source_key=[f"T{i}" for i in range(1, n + 1)],
+        request_id=[hashlib.sha256(str(i).encode()).hexdigest() for i in range(n)],
+        output=outputs or labels,
+        model=["m-1"] * n,
+        is_duplicate=[False] * n,
+        cost_usd=[0.001] * n,
+    )
     store.write_table(JobPaths("up").validated, pa.table(cols, schema=VALIDATED_SCHEMA))
 
 
@@ -36,10 +43,13 @@ def jobs(tmp_path):
     up = write_spec(tmp_path / "jobs", base_spec_dict(str(source), name="up"), "up.yaml")
 
     def down(**inputs):
-        spec = base_spec_dict("", name="down", prompt={"version": "d1", "system": "Extract.",
-                                                       "template": "{output}: {subject}\n{body}"},
-                              output={"json_schema": {"type": "object", "properties": {"topic": {"type": "string"}}}},
-                              sampling={"temperature": 0, "max_tokens": 64})
+        spec = base_spec_dict(
+            "",
+            name="down",
+            prompt={"version": "d1", "system": "Extract.", "template": "{output}: {subject}\n{body}"},
+            output={"json_schema": {"type": "object", "properties": {"topic": {"type": "string"}}}},
+            sampling={"temperature": 0, "max_tokens": 64},
+        )
         spec["input"] = {"from_job": "up", "text_field": "body", **inputs}
         return write_spec(tmp_path / "jobs", spec, "down.yaml")
 
@@ -91,9 +101,17 @@ def test_confidence_below_and_missing_fields(jobs, tmp_path):
     _, down, source = jobs
     store = Store(tmp_path / "home")
     outputs = [json.dumps({"label": "x", "confidence": c}) for c in (0.9, 0.2, 0.5, 0.95, 0.1, 0.7)]
-    json_up = base_spec_dict(source, name="up", output={"json_schema": {
-        "type": "object", "properties": {"label": {"type": "string"}, "confidence": {"type": "number"}}}},
-        sampling={"temperature": 0, "max_tokens": 64})
+    json_up = base_spec_dict(
+        source,
+        name="up",
+        output={
+            "json_schema": {
+                "type": "object",
+                "properties": {"label": {"type": "string"}, "confidence": {"type": "number"}},
+            }
+        },
+        sampling={"temperature": 0, "max_tokens": 64},
+    )
     write_spec(tmp_path / "jobs", json_up, "up.yaml")
     publish_upstream(store, source, LABELS, outputs)
     spec = down(confidence_below={"field": "confidence", "threshold": 0.6})
@@ -134,11 +152,15 @@ def test_share_is_assumed_then_measured_on_the_table(jobs, tmp_path):
 def test_spec_rules_for_from_job(jobs, tmp_path):
     source = jobs[2]
     with pytest.raises(ConfigError, match="exactly one of input.path"):
-        write_spec(tmp_path / "bad", {**base_spec_dict(source), "input": {"path": source, "from_job": "up",
-                                                                          "text_field": "body"}})
+        write_spec(
+            tmp_path / "bad",
+            {**base_spec_dict(source), "input": {"path": source, "from_job": "up", "text_field": "body"}},
+        )
     with pytest.raises(ConfigError, match="filter an input.from_job table"):
-        write_spec(tmp_path / "bad", {**base_spec_dict(source), "input": {"path": source, "where": "true",
-                                                                          "text_field": "body"}})
+        write_spec(
+            tmp_path / "bad",
+            {**base_spec_dict(source), "input": {"path": source, "where": "true", "text_field": "body"}},
+        )
     cyclic = base_spec_dict("", name="loop", input={"from_job": "loop", "text_field": "body"})
     with pytest.raises(ConfigError, match="cycle"):
         chain(write_spec(tmp_path / "jobs", cyclic, "loop.yaml"))

@@ -2,9 +2,9 @@
 
 import pytest
 
+from batch_pipeline.core.manifest.shards import build_manifest
 from batch_pipeline.core.money.compare import compare_backends, self_hosted
 from batch_pipeline.core.money.cost import load_prices
-from batch_pipeline.core.manifest.shards import build_manifest
 from batch_pipeline.core.spec.job import SelfHostedCost
 from batch_pipeline.core.spec.loading import load_spec
 from batch_pipeline.core.store import Store
@@ -13,14 +13,21 @@ from ..helpers import REPO
 
 
 def test_self_hosted_cost_and_break_even():
-    cfg = SelfHostedCost(gpu_usd_per_hour=3.6, prefill_tokens_per_s=1000, decode_tokens_per_s=100,
-                         prefix_hit_share=0.5, utilisation=0.5, spot_loss=0.0)
+    cfg = SelfHostedCost(
+        gpu_usd_per_hour=3.6,
+        prefill_tokens_per_s=1000,
+        decode_tokens_per_s=100,
+        prefix_hit_share=0.5,
+        utilisation=0.5,
+        spot_loss=0.0,
+    )
     out = self_hosted(input_tokens=2_000_000, output_tokens=100_000, items=1000, cfg=cfg, api_cost=1.0)
     busy_hours = (1_000_000 / 1000 + 100_000 / 100) / 3600  # prefill of the uncached half + decode
     assert out["cost_usd"] == pytest.approx(busy_hours * 3.6 / 0.5, rel=1e-4)
     assert out["cost_per_million_items_usd"] == pytest.approx(out["cost_usd"] / 1000 * 1e6, rel=1e-3)
-    at_break_even = self_hosted(2_000_000, 100_000, 1000, cfg.model_copy(
-        update={"utilisation": out["break_even_utilisation"]}), api_cost=1.0)
+    at_break_even = self_hosted(
+        2_000_000, 100_000, 1000, cfg.model_copy(update={"utilisation": out["break_even_utilisation"]}), api_cost=1.0
+    )
     assert at_break_even["cost_usd"] == pytest.approx(1.0, rel=1e-3)  # there it costs what the API costs
     lossy = self_hosted(2_000_000, 100_000, 1000, cfg.model_copy(update={"spot_loss": 0.5}), api_cost=1.0)
     assert lossy["cost_usd"] == pytest.approx(2 * out["cost_usd"], rel=1e-4)
@@ -57,8 +64,12 @@ def test_every_priced_backend_is_quoted_side_by_side_with_its_tokenizer_and_chec
     assert by[("bedrock_batch", "us.anthropic.claude-sonnet-4-5-v1:0")]["tokenizer"].startswith("claude")
     assert all(r["checked"] is not None for r in rows if r["backend"] != "self_hosted")
     # the same model on Azure and OpenAI Batch costs the same; Gemini Pro costs more than Flash
-    assert by[("azure_openai_batch", "gpt-4o-mini")]["cost_expected_usd"] == by[("openai_batch", "gpt-4o-mini")][
-        "cost_expected_usd"]
-    assert by[("gemini_batch", "gemini-2.5-pro")]["cost_expected_usd"] > by[("gemini_batch", "gemini-2.5-flash")][
-        "cost_expected_usd"]
+    assert (
+        by[("azure_openai_batch", "gpt-4o-mini")]["cost_expected_usd"]
+        == by[("openai_batch", "gpt-4o-mini")]["cost_expected_usd"]
+    )
+    assert (
+        by[("gemini_batch", "gemini-2.5-pro")]["cost_expected_usd"]
+        > by[("gemini_batch", "gemini-2.5-flash")]["cost_expected_usd"]
+    )
     assert rows[-1]["backend"] == "self_hosted"

@@ -6,11 +6,11 @@ import pyarrow as pa
 import pytest
 
 from batch_pipeline.core.money.cost import Price, load_prices
-from batch_pipeline.core.run.executor import RequestPlan, ShardWork
-from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.money.quote import cache_scenarios
+from batch_pipeline.core.run.executor import RequestPlan, ShardWork
 from batch_pipeline.core.run.results import RESULT_SCHEMA, build_results, read_results, write_results
 from batch_pipeline.core.spec.loading import parse_spec
+from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 from batch_pipeline.executors.anthropic.format import parse_results_block
 
@@ -32,18 +32,40 @@ output: {choice: [billing, bug, other]}
 
 def line(custom_id: str, uncached: int, writes: int, reads: int, output: int) -> dict:
     """A succeeded Anthropic result line; Anthropic's ``input_tokens`` excludes cache writes and reads."""
-    return {"custom_id": custom_id, "result": {"type": "succeeded", "message": {
-        "id": f"msg_{custom_id}", "type": "message", "role": "assistant", "model": "claude-haiku-4-5",
-        "content": [{"type": "tool_use", "id": "t", "name": "answer", "input": {"label": "bug"}}],
-        "stop_reason": "tool_use", "stop_sequence": None,
-        "usage": {"input_tokens": uncached, "output_tokens": output, "cache_creation_input_tokens": writes,
-                  "cache_read_input_tokens": reads, "service_tier": "batch",
-                  "cache_creation": {"ephemeral_5m_input_tokens": writes, "ephemeral_1h_input_tokens": 0}}}}}
+    return {
+        "custom_id": custom_id,
+        "result": {
+            "type": "succeeded",
+            "message": {
+                "id": f"msg_{custom_id}",
+                "type": "message",
+                "role": "assistant",
+                "model": "claude-haiku-4-5",
+                "content": [{"type": "tool_use", "id": "t", "name": "answer", "input": {"label": "bug"}}],
+                "stop_reason": "tool_use",
+                "stop_sequence": None,
+                "usage": {
+                    "input_tokens": uncached,
+                    "output_tokens": output,
+                    "cache_creation_input_tokens": writes,
+                    "cache_read_input_tokens": reads,
+                    "service_tier": "batch",
+                    "cache_creation": {"ephemeral_5m_input_tokens": writes, "ephemeral_1h_input_tokens": 0},
+                },
+            },
+        },
+    }
 
 
 def work(ids: list[str]) -> ShardWork:
-    return ShardWork("anth", "s00001", 1, "anth:s00001:1", RequestPlan.from_spec(SPEC),
-                     pa.table({"request_id": ids, "user_prompt": ["x"] * len(ids)}))
+    return ShardWork(
+        "anth",
+        "s00001",
+        1,
+        "anth:s00001:1",
+        RequestPlan.from_spec(SPEC),
+        pa.table({"request_id": ids, "user_prompt": ["x"] * len(ids)}),
+    )
 
 
 def test_the_published_anthropic_rates_are_in_the_price_table():
@@ -70,19 +92,38 @@ def test_an_anthropic_result_with_cache_write_read_and_uncached_input_costs_what
     assert HAIKU.cost(7300, 40, cached_tokens=5000) == pytest.approx(0.0015, rel=1e-12)  # no writes: input rate
 
     # the same usage through the results parser and the result builder: the stored rows carry all three parts
-    raw = parse_results_block((json.dumps(line("a", 300, 2000, 5000, 40)) + "\n"
-                               + json.dumps(line("b", 300, 0, 0, 40)) + "\n").encode())
+    raw = parse_results_block(
+        (json.dumps(line("a", 300, 2000, 5000, 40)) + "\n" + json.dumps(line("b", 300, 0, 0, 40)) + "\n").encode()
+    )
     for price, expected in [(HAIKU, five_min), (hour, one_hour)]:
-        table = build_results(raw, work(["a", "b"]), backend="anthropic_batch", pricing="batch",
-                              prompt_version="v1", price=price, provider_batch_id="msgbatch_1")
+        table = build_results(
+            raw,
+            work(["a", "b"]),
+            backend="anthropic_batch",
+            pricing="batch",
+            prompt_version="v1",
+            price=price,
+            provider_batch_id="msgbatch_1",
+        )
         rows = {r["request_id"]: r for r in table.to_pylist()}
         a = rows["a"]
         assert (a["input_tokens"], a["cached_tokens"], a["cache_write_tokens"], a["output_tokens"]) == (
-            7300, 5000, 2000, 40)
+            7300,
+            5000,
+            2000,
+            40,
+        )
         assert a["status"] == "succeeded" and a["cost_usd"] == pytest.approx(expected, rel=1e-12)
         assert rows["b"]["cost_usd"] == pytest.approx((300 * 1.00 + 40 * 5.00) / 1e6 * 0.5, rel=1e-12)
-    online = build_results(raw, work(["a", "b"]), backend="anthropic_batch", pricing="online",
-                           prompt_version="v1", price=HAIKU, provider_batch_id=None)
+    online = build_results(
+        raw,
+        work(["a", "b"]),
+        backend="anthropic_batch",
+        pricing="online",
+        prompt_version="v1",
+        price=HAIKU,
+        provider_batch_id=None,
+    )
     assert online.column("cost_usd")[0].as_py() == pytest.approx(2 * five_min, rel=1e-12)  # no batch discount
 
 
@@ -92,21 +133,43 @@ def test_a_backend_without_cache_writes_is_priced_as_before():
     raw = parse_results_block((json.dumps(line("a", 300, 2000, 5000, 40)) + "\n").encode())
     raw = raw.drop_columns(["cache_write_tokens"])  # e.g. an OpenAI row: 7,300 in, 5,000 cached
     price = PRICES.lookup("openai_batch", "gpt-4o-mini")
-    table = build_results(raw, work(["a"]), backend="openai_batch", pricing="batch", prompt_version="v1",
-                          price=price, provider_batch_id="b")
+    table = build_results(
+        raw,
+        work(["a"]),
+        backend="openai_batch",
+        pricing="batch",
+        prompt_version="v1",
+        price=price,
+        provider_batch_id="b",
+    )
     assert table.column("cache_write_tokens").to_pylist() == [0]
     assert table.column("cost_usd")[0].as_py() == pytest.approx(
-        (2300 * 0.15 + 5000 * 0.075 + 40 * 0.60) / 1e6 * 0.5, rel=1e-12)
+        (2300 * 0.15 + 5000 * 0.075 + 40 * 0.60) / 1e6 * 0.5, rel=1e-12
+    )
 
 
 def test_result_parts_written_before_cache_writes_existed_read_as_zero_writes(tmp_path):
     store = Store(tmp_path)
     raw = parse_results_block((json.dumps(line("new", 300, 2000, 5000, 40)) + "\n").encode())
-    new = build_results(raw, work(["new"]), backend="anthropic_batch", pricing="batch", prompt_version="v1",
-                        price=HAIKU, provider_batch_id="b")
+    new = build_results(
+        raw,
+        work(["new"]),
+        backend="anthropic_batch",
+        pricing="batch",
+        prompt_version="v1",
+        price=HAIKU,
+        provider_batch_id="b",
+    )
     old_raw = parse_results_block((json.dumps(line("old", 300, 0, 5000, 40)) + "\n").encode())
-    old = build_results(old_raw, work(["old"]), backend="anthropic_batch", pricing="batch", prompt_version="v1",
-                        price=HAIKU, provider_batch_id="b").drop_columns(["cache_write_tokens"])
+    old = build_results(
+        old_raw,
+        work(["old"]),
+        backend="anthropic_batch",
+        pricing="batch",
+        prompt_version="v1",
+        price=HAIKU,
+        provider_batch_id="b",
+    ).drop_columns(["cache_write_tokens"])
     old_part = JobPaths("anth").result_part("s00001", 1, 1, "old00000")
     store.write_table(old_part, old)  # a part of the schema before this column
     write_results(store, "anth", "s00001", 2, 1, new)
@@ -118,19 +181,24 @@ def test_result_parts_written_before_cache_writes_existed_read_as_zero_writes(tm
         assert by["old"]["cost_usd"] == pytest.approx(old.column("cost_usd")[0].as_py())
 
     check(read_results(store, "anth"), RESULT_SCHEMA.names)  # one scan
-    check(read_results(store, "anth", columns=["cache_write_tokens", "cost_usd"]),
-          ["request_id", "attempt", "cache_write_tokens", "cost_usd"])
+    check(
+        read_results(store, "anth", columns=["cache_write_tokens", "cost_usd"]),
+        ["request_id", "attempt", "cache_write_tokens", "cost_usd"],
+    )
     # only old parts: the column is still there, as 0
     only_old = read_results(store, "anth", shard_id="s00001", columns=["cache_write_tokens"])
     assert only_old.height == 2
     # part by part (a torn part defeats the one scan): the old part is not dropped as torn for lacking a column
     store.write_bytes(JobPaths("anth").result_part("s00001", 3, 1, "torn0000"), b"PAR1 not really")
-    check(read_results(store, "anth", columns=["cache_write_tokens", "cost_usd"]),
-          ["request_id", "attempt", "cache_write_tokens", "cost_usd"])
+    check(
+        read_results(store, "anth", columns=["cache_write_tokens", "cost_usd"]),
+        ["request_id", "attempt", "cache_write_tokens", "cost_usd"],
+    )
     check(read_results(store, "anth"), RESULT_SCHEMA.names)
     store.write_table(JobPaths("anth").result_part("s00002", 1, 1, "old00001"), old)
     assert read_results(store, "anth", shard_id="s00002", columns=["cache_write_tokens"])[
-        "cache_write_tokens"].to_list() == [0]  # every part predates the column
+        "cache_write_tokens"
+    ].to_list() == [0]  # every part predates the column
 
 
 def test_cache_scenarios_write_the_prefix_once_per_batch_at_best_and_on_every_request_at_worst():
@@ -145,6 +213,8 @@ def test_cache_scenarios_write_the_prefix_once_per_batch_at_best_and_on_every_re
     assert measured["expected"] == (0.5, 0.08) and measured["low"] == pytest.approx((0.0, 0.6))
     # the high end of the range holds: writing everything costs more than reading nothing
     tokens, out = 1_000_000, 0
-    cost = {k: HAIKU.cost(tokens, out, cached_tokens=tokens * r, cache_write_tokens=tokens * w)
-            for k, (r, w) in billed.items()}
+    cost = {
+        k: HAIKU.cost(tokens, out, cached_tokens=tokens * r, cache_write_tokens=tokens * w)
+        for k, (r, w) in billed.items()
+    }
     assert cost["high"] < cost["expected"] < HAIKU.cost(tokens, out) < cost["low"]

@@ -9,24 +9,47 @@ import polars as pl
 import pytest
 import tiktoken_ext.openai_public
 
-from batch_pipeline.core.money.estimate import prompt_sample, request_tokens, schema_text
 from batch_pipeline.bpe import BPE
-from batch_pipeline.core.money.tokenizers import (CLAUDE_CHARS_PER_TOKEN, GEMINI_CHARS_PER_TOKEN, BpeCounter,
-                                                  DensityCounter, TokenizerFileCounter, counter_for, family)
+from batch_pipeline.core.money.estimate import prompt_sample, request_tokens, schema_text
+from batch_pipeline.core.money.tokenizers import (
+    CLAUDE_CHARS_PER_TOKEN,
+    GEMINI_CHARS_PER_TOKEN,
+    BpeCounter,
+    DensityCounter,
+    TokenizerFileCounter,
+    counter_for,
+    family,
+)
 from batch_pipeline.core.spec.loading import parse_spec
 
-TEXTS = ["Hello, world! How's it going?", "Order #1234567 was charged $19.99 twice (2026-11-30).",
-         "Ünïcödé, 日本語のテキスト, emoji 🙂 and\ttabs\n\nnew lines", "  leading spaces", "", "a" * 5000,
-         "<|endoftext|> is plain text here"]
+TEXTS = [
+    "Hello, world! How's it going?",
+    "Order #1234567 was charged $19.99 twice (2026-11-30).",
+    "Ünïcödé, 日本語のテキスト, emoji 🙂 and\ttabs\n\nnew lines",
+    "  leading spaces",
+    "",
+    "a" * 5000,
+    "<|endoftext|> is plain text here",
+]
 
 
-@pytest.mark.parametrize(("model", "expected"), [
-    ("gpt-4o-mini", "o200k"), ("gpt-4.1-nano", "o200k"), ("o3-mini", "o200k"), ("gpt-4-turbo", "cl100k"),
-    ("claude-haiku-4-5", "claude"), ("anthropic.claude-3-5-haiku-20241022-v1:0", "claude"),
-    ("us.anthropic.claude-sonnet-4-5-v1:0", "claude"), ("gemini-2.5-flash", "gemini"),
-    ("publishers/google/models/gemini-2.0-flash-001", "gemini"), ("meta.llama3-1-8b-instruct-v1:0", "open"),
-    ("qwen2.5-7b-instruct", "open"), ("some-new-model", "bytes"),
-])
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        ("gpt-4o-mini", "o200k"),
+        ("gpt-4.1-nano", "o200k"),
+        ("o3-mini", "o200k"),
+        ("gpt-4-turbo", "cl100k"),
+        ("claude-haiku-4-5", "claude"),
+        ("anthropic.claude-3-5-haiku-20241022-v1:0", "claude"),
+        ("us.anthropic.claude-sonnet-4-5-v1:0", "claude"),
+        ("gemini-2.5-flash", "gemini"),
+        ("publishers/google/models/gemini-2.0-flash-001", "gemini"),
+        ("meta.llama3-1-8b-instruct-v1:0", "open"),
+        ("qwen2.5-7b-instruct", "open"),
+        ("some-new-model", "bytes"),
+    ],
+)
 def test_each_model_name_maps_to_its_family(model, expected):
     assert family(model) == expected
 
@@ -46,7 +69,9 @@ def test_claude_and_gemini_use_the_documented_density():
     assert not claude.exact and not gemini.exact
     assert claude.count(TEXTS) == [math.ceil(len(t) / CLAUDE_CHARS_PER_TOKEN) for t in TEXTS]
     assert gemini.count(TEXTS) == [math.ceil(len(t) / GEMINI_CHARS_PER_TOKEN) for t in TEXTS]
-    assert DensityCounter("b", 4.0, unit="bytes").count(["é"]) == [1] and counter_for("x-new").count(["abcdefghi"]) == [3]
+    assert DensityCounter("b", 4.0, unit="bytes").count(["é"]) == [1] and counter_for("x-new").count(["abcdefghi"]) == [
+        3
+    ]
 
 
 def test_an_open_model_is_counted_with_its_tokenizer_json(tmp_path):

@@ -8,10 +8,16 @@ from batch_pipeline.core.publish.cascade import cascade_sql
 
 def table(rows: list[tuple[str, int, str, str]]) -> pa.Table:
     source, line, output, rid = zip(*rows) if rows else ((), (), (), ())
-    return pa.table({"source": pa.array(source, pa.string()), "line": pa.array(line, pa.int64()),
-                     "source_key": pa.array([f"k{n}" for n in line], pa.string()),
-                     "request_id": pa.array(rid, pa.string()), "output": pa.array(output, pa.string()),
-                     "model": pa.array(["m"] * len(line), pa.string())})
+    return pa.table(
+        {
+            "source": pa.array(source, pa.string()),
+            "line": pa.array(line, pa.int64()),
+            "source_key": pa.array([f"k{n}" for n in line], pa.string()),
+            "request_id": pa.array(rid, pa.string()),
+            "output": pa.array(output, pa.string()),
+            "model": pa.array(["m"] * len(line), pa.string()),
+        }
+    )
 
 
 def merged(*passes: pa.Table) -> list[tuple]:
@@ -27,8 +33,11 @@ def test_the_last_pass_that_answered_wins_and_the_rest_keep_their_earlier_answer
     second = table([("a", 2, '{"topic": "x"}', "s2"), ("a", 3, '{"topic": "y"}', "s3")])
     third = table([("a", 3, '{"topic": "z"}', "t3")])  # a review pass over one row of the second
     assert merged(first, second, third) == [
-        ("a", 1, "billing", 1, "job1"), ("a", 2, '{"topic": "x"}', 2, "job2"),
-        ("a", 3, '{"topic": "z"}', 3, "job3"), ("b", 1, "bug", 1, "job1")]
+        ("a", 1, "billing", 1, "job1"),
+        ("a", 2, '{"topic": "x"}', 2, "job2"),
+        ("a", 3, '{"topic": "z"}', 3, "job3"),
+        ("b", 1, "bug", 1, "job1"),
+    ]
 
 
 def test_rows_match_on_source_and_line_not_on_line_alone():

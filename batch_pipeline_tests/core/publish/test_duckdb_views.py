@@ -13,8 +13,10 @@ from batch_pipeline_tests.core.helpers import base_spec_dict, write_jsonl, write
 def counts(store: Store, job: str) -> tuple[int, int, int]:
     con = duckdb.connect(str(store.local_path(JobPaths(job).duckdb)), read_only=True)
     try:
-        return tuple(con.execute(f"SELECT count(*) FROM {view}").fetchone()[0]
-                     for view in ("source_rows", "rejects", "(SELECT DISTINCT source FROM source_rows)"))
+        return tuple(
+            con.execute(f"SELECT count(*) FROM {view}").fetchone()[0]
+            for view in ("source_rows", "rejects", "(SELECT DISTINCT source FROM source_rows)")
+        )
     finally:
         con.close()
 

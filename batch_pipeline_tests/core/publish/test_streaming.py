@@ -24,8 +24,19 @@ from batch_pipeline_tests.core.helpers import base_spec_dict, write_jsonl, write
 
 def _answer(rid: str, label: str | None, status: int = 200, code: str | None = None) -> tuple:
     text = json.dumps({"label": label}) if label else None
-    return (rid, status, text, "stop" if status == 200 else None, 100, 10, 3, code, None, f"req_{rid}",
-            json.dumps({"custom_id": rid}))
+    return (
+        rid,
+        status,
+        text,
+        "stop" if status == 200 else None,
+        100,
+        10,
+        3,
+        code,
+        None,
+        f"req_{rid}",
+        json.dumps({"custom_id": rid}),
+    )
 
 
 @pytest.fixture
@@ -36,8 +47,7 @@ def job(tmp_path):
     bodies = [f"ticket {i}" if i % 5 else f"ticket {i - 5 if i >= 5 else 0}" for i in range(40)]
     rows = [{"id": f"k{i}", "body": b} for i, b in enumerate(bodies)]
     path = write_jsonl(tmp_path / "in.jsonl", rows)
-    spec = write_spec(tmp_path / "job", base_spec_dict(str(path), shards={"max_requests": 7},
-                                                       retries={"per_item": 2}))
+    spec = write_spec(tmp_path / "job", base_spec_dict(str(path), shards={"max_requests": 7}, retries={"per_item": 2}))
     store = Store(tmp_path / "store")
     summary = build_manifest(spec, store)
     assert len(summary.new_shards) > 3
@@ -51,10 +61,18 @@ def job(tmp_path):
         second = [_answer(r, "other") for i, r in enumerate(ids) if i % 4 == 0]
         second += [_answer(r, "billing") for i, r in enumerate(ids[:-1]) if i % 4 == 2]  # answered twice: latest wins
         for attempt, lines in ((1, first), (2, second)):
-            work = ShardWork(spec.name, sid, attempt, f"{spec.name}:{sid}:{attempt}", plan,
-                             raw_table(lines).select(["request_id"]))
-            table = build_results(raw_table(lines), work, backend="openai_batch", pricing="batch",
-                                  prompt_version="v1", price=None, provider_batch_id=f"b-{sid}-{attempt}")
+            work = ShardWork(
+                spec.name, sid, attempt, f"{spec.name}:{sid}:{attempt}", plan, raw_table(lines).select(["request_id"])
+            )
+            table = build_results(
+                raw_table(lines),
+                work,
+                backend="openai_batch",
+                pricing="batch",
+                prompt_version="v1",
+                price=None,
+                provider_batch_id=f"b-{sid}-{attempt}",
+            )
             write_results(store, spec.name, sid, attempt, 1, table)
             if attempt == 1 and n == 1:
                 write_results(store, spec.name, sid, attempt, 1, table)  # re-collected: the same rows again
@@ -68,8 +86,9 @@ def _oracle_table(spec, store) -> pl.DataFrame:
     valid = state.results.filter(pl.col("status") == "succeeded").sort("attempt").unique("request_id", keep="last")
     table = rows.join(valid.rename({"parsed_output": "output"}), on="request_id", how="inner").sort("source", "line")
     table = table.with_columns(pl.col("request_id").is_first_distinct().not_().alias("is_duplicate"))
-    table = table.with_columns(pl.when(pl.col("is_duplicate")).then(0.0).otherwise(pl.col("cost_usd"))
-                               .alias("cost_usd"))
+    table = table.with_columns(
+        pl.when(pl.col("is_duplicate")).then(0.0).otherwise(pl.col("cost_usd")).alias("cost_usd")
+    )
     return table.select(VALIDATED_COLUMNS)
 
 
@@ -126,8 +145,10 @@ def test_stage_report_and_promote_read_no_whole_frame(job):
     assert report["succeeded"] == state.scan.totals.valid and report["missing"] == 1
     assert report["requests_sent"] == state.scan.requests_sent
     assert [r["shard"] for r in shard_table(state)] == Manifest(spec.name, store).shard_ids()
-    assert pq.read_metadata(store.local_path(JobPaths(spec.name).staged_dead_letters)).num_rows == \
-        dead_letters(state).height
+    assert (
+        pq.read_metadata(store.local_path(JobPaths(spec.name).staged_dead_letters)).num_rows
+        == dead_letters(state).height
+    )
     promoted = promote(spec, store)
     paths = JobPaths(spec.name)
     assert store.read_bytes(paths.validated) == store.read_bytes(paths.staged) and "duckdb" in promoted
@@ -136,9 +157,13 @@ def test_stage_report_and_promote_read_no_whole_frame(job):
     con = duckdb.connect(promoted["duckdb"], read_only=True)
     try:
         assert con.execute("SELECT count(*) FROM payloads").fetchone()[0] == state.scan.requests_sent + 7
-        assert con.execute("SELECT count(*) FROM validated").fetchone()[0] == report["accepted_rows"] - \
-            con.execute("SELECT count(*) FROM source_rows WHERE request_id NOT IN "
-                        "(SELECT request_id FROM validated)").fetchone()[0]
+        assert (
+            con.execute("SELECT count(*) FROM validated").fetchone()[0]
+            == report["accepted_rows"]
+            - con.execute(
+                "SELECT count(*) FROM source_rows WHERE request_id NOT IN (SELECT request_id FROM validated)"
+            ).fetchone()[0]
+        )
     finally:
         con.close()
 
@@ -147,7 +172,15 @@ def test_results_under_a_shard_the_manifest_lacks_fail_the_check(job):
     spec, store = job
     stray = raw_table([_answer("not-an-item", "bug")])
     work = ShardWork(spec.name, "s09999", 1, "k", RequestPlan.from_spec(spec), stray.select(["request_id"]))
-    write_results(store, spec.name, "s09999", 1, 1, build_results(
-        stray, work, backend="openai_batch", pricing="batch", prompt_version="v1", price=None, provider_batch_id="b"))
+    write_results(
+        store,
+        spec.name,
+        "s09999",
+        1,
+        1,
+        build_results(
+            stray, work, backend="openai_batch", pricing="batch", prompt_version="v1", price=None, provider_batch_id="b"
+        ),
+    )
     with pytest.raises(ReconciliationError, match="does not know"):
         JobState.load(spec, store).check()

@@ -10,17 +10,26 @@ LABELS = ["billing", "bug", "feature_request", "account", "other"]
 WEIGHTS = [0.26, 0.3, 0.14, 0.19, 0.11]
 
 
-def results(shards: int, per_shard: int, seed: int, skew: dict[str, str] | None = None,
-            long_shard: str | None = None) -> pl.DataFrame:
+def results(
+    shards: int, per_shard: int, seed: int, skew: dict[str, str] | None = None, long_shard: str | None = None
+) -> pl.DataFrame:
     rng = random.Random(seed)
     rows = []
     for s in range(1, shards + 1):
         sid = f"s{s:05d}"
         for i in range(per_shard):
             label = (skew or {}).get(sid) or rng.choices(LABELS, WEIGHTS)[0]
-            rows.append({"request_id": f"{sid}-{i}", "attempt": 1, "shard_id": sid, "status": "succeeded",
-                         "parsed_output": label, "output_tokens": 40 if sid == long_shard else rng.randint(8, 12),
-                         "error_message": None})
+            rows.append(
+                {
+                    "request_id": f"{sid}-{i}",
+                    "attempt": 1,
+                    "shard_id": sid,
+                    "status": "succeeded",
+                    "parsed_output": label,
+                    "output_tokens": 40 if sid == long_shard else rng.randint(8, 12),
+                    "error_message": None,
+                }
+            )
     return pl.DataFrame(rows)
 
 

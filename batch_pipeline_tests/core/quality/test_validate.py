@@ -6,28 +6,32 @@ from datetime import date
 import pyarrow as pa
 import pytest
 
-from batch_pipeline.core.money.cost import Price
 from batch_pipeline.core.errors import ErrorClass
+from batch_pipeline.core.money.cost import Price
+from batch_pipeline.core.quality.validate import choice_schema, validate
 from batch_pipeline.core.run.executor import RequestPlan, ShardWork
 from batch_pipeline.core.run.results import RESULT_SCHEMA, build_results, read_results, write_results
 from batch_pipeline.core.spec.job import OutputSpec, SamplingSpec
 from batch_pipeline.core.store import Store
-from batch_pipeline.core.quality.validate import choice_schema, validate
 from batch_pipeline_tests.core.helpers import raw_results
 
 LABELS = ["billing", "bug", "feature_request"]
 CHOICE = OutputSpec(choice=LABELS)
-SCHEMA = OutputSpec(json_schema={
-    "type": "object",
-    "properties": {
-        "sentiment": {"type": "string", "enum": ["pos", "neg"]},
-        "score": {"type": "number", "minimum": 0, "maximum": 1},
-        "tags": {"type": "array", "items": {"type": "object", "properties": {"name": {"type": "string"}},
-                                            "required": ["name"]}},
-    },
-    "required": ["sentiment", "score"],
-    "additionalProperties": False,
-})
+SCHEMA = OutputSpec(
+    json_schema={
+        "type": "object",
+        "properties": {
+            "sentiment": {"type": "string", "enum": ["pos", "neg"]},
+            "score": {"type": "number", "minimum": 0, "maximum": 1},
+            "tags": {
+                "type": "array",
+                "items": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+            },
+        },
+        "required": ["sentiment", "score"],
+        "additionalProperties": False,
+    }
+)
 TEXT = OutputSpec(text={})
 
 
@@ -37,39 +41,56 @@ def ok(text, finish="stop", **kw):
 
 def verdicts(rows, output):
     v = validate(raw_results(rows), output)
-    return list(zip(v.status.to_pylist(), v.parsed_output.to_pylist(), v.error_class.to_pylist(),
-                    v.error_code.to_pylist(), v.error_message.to_pylist()))
+    return list(
+        zip(
+            v.status.to_pylist(),
+            v.parsed_output.to_pylist(),
+            v.error_class.to_pylist(),
+            v.error_code.to_pylist(),
+            v.error_message.to_pylist(),
+        )
+    )
 
 
 # -- choice ---------------------------------------------------------------------------------------
 def test_choice_bare_labels_all_good_fast_path():
     got = verdicts([ok("billing"), ok(" bug\n"), ok("feature_request")], CHOICE)
-    assert [(s, p) for s, p, *_ in got] == [("succeeded", "billing"), ("succeeded", "bug"),
-                                            ("succeeded", "feature_request")]
+    assert [(s, p) for s, p, *_ in got] == [
+        ("succeeded", "billing"),
+        ("succeeded", "bug"),
+        ("succeeded", "feature_request"),
+    ]
     assert all(e is None for *_, e in got)
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("billing", "billing"),
-    ('{"label": "bug"}', "bug"),
-    ('  {"label": "feature_request"}  ', "feature_request"),
-    ('"billing"', "billing"),
-    ("Billing", None),
-    ("refund", None),
-    ('{"label": "refund"}', None),
-    ('{"category": "bug"}', None),
-    ('["bug"]', None),
-    ("", None),
-    (None, None),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("billing", "billing"),
+        ('{"label": "bug"}', "bug"),
+        ('  {"label": "feature_request"}  ', "feature_request"),
+        ('"billing"', "billing"),
+        ("Billing", None),
+        ("refund", None),
+        ('{"label": "refund"}', None),
+        ('{"category": "bug"}', None),
+        ('["bug"]', None),
+        ("", None),
+        (None, None),
+    ],
+)
 def test_choice_outputs(text, expected):
     # a neighbour that needs the JSON path, so both paths are exercised for every case
     rows = [ok(text, rid="x"), ok('{"label": "billing"}', rid="y")]
     (status, parsed, eclass, ecode, emsg), second = verdicts(rows, CHOICE)
     assert second[:2] == ("succeeded", "billing")
     if expected is None:
-        assert (status, parsed, eclass, ecode) == ("invalid", None, ErrorClass.INVALID_OUTPUT.value,
-                                                   "contract_violation")
+        assert (status, parsed, eclass, ecode) == (
+            "invalid",
+            None,
+            ErrorClass.INVALID_OUTPUT.value,
+            "contract_violation",
+        )
         assert emsg
     else:
         assert (status, parsed, eclass, ecode, emsg) == ("succeeded", expected, None, None, None)
@@ -79,8 +100,9 @@ def test_choice_outputs(text, expected):
 
 
 def test_truncated_output_is_invalid_even_with_a_valid_label():
-    got = verdicts([ok("billing", finish="length"), ok('{"label": "bug"}', finish="length"),
-                    ok("bug", finish="stop")], CHOICE)
+    got = verdicts(
+        [ok("billing", finish="length"), ok('{"label": "bug"}', finish="length"), ok("bug", finish="stop")], CHOICE
+    )
     assert [g[0] for g in got] == ["invalid", "invalid", "succeeded"]
     assert got[0][1:4] == (None, ErrorClass.INVALID_OUTPUT.value, "truncated")
     assert "finish_reason=length" in got[0][4]
@@ -110,29 +132,39 @@ def test_non_200_rows_are_errored_with_their_class():
     got = verdicts(rows, CHOICE)
     assert [g[0] for g in got] == ["errored"] * 6
     assert [g[2] for g in got] == ["transient", "systemic", "poison", "transient", "poison", "transient"]
-    assert [g[3] for g in got] == ["server_error", "invalid_api_key", "context_length_exceeded", "batch_expired",
-                                   "no_response", "http_429"]
+    assert [g[3] for g in got] == [
+        "server_error",
+        "invalid_api_key",
+        "context_length_exceeded",
+        "batch_expired",
+        "no_response",
+        "http_429",
+    ]
     assert got[0][4] == "boom" and got[4][4] == "no response for this request"
 
 
 # -- json_schema ----------------------------------------------------------------------------------
 def test_json_schema_valid_objects_are_canonicalised():
-    got = verdicts([ok('{"score": 0.5, "sentiment": "pos"}'), ok('{"sentiment":"neg","score":1,"tags":[{"name":"x"}]}')],
-                   SCHEMA)
+    got = verdicts(
+        [ok('{"score": 0.5, "sentiment": "pos"}'), ok('{"sentiment":"neg","score":1,"tags":[{"name":"x"}]}')], SCHEMA
+    )
     assert [g[0] for g in got] == ["succeeded", "succeeded"]
     assert json.loads(got[0][1]) == {"score": 0.5, "sentiment": "pos"}
     assert got[0][1] == json.dumps({"score": 0.5, "sentiment": "pos"}, sort_keys=True)
 
 
-@pytest.mark.parametrize("text,path", [
-    ('{"sentiment": "pos", "score": 2}', "score"),
-    ('{"sentiment": "meh", "score": 0.1}', "sentiment"),
-    ('{"sentiment": "pos", "score": 0.1, "tags": [{"name": "a"}, {"nom": "b"}]}', "tags/1"),
-    ('{"sentiment": "pos", "score": 0.1, "tags": [{"name": 5}]}', "tags/0/name"),
-    ('{"sentiment": "pos"}', "<root>"),
-    ('{"sentiment": "pos", "score": 0.1, "extra": 1}', "<root>"),
-    ('[1, 2]', "<root>"),
-])
+@pytest.mark.parametrize(
+    "text,path",
+    [
+        ('{"sentiment": "pos", "score": 2}', "score"),
+        ('{"sentiment": "meh", "score": 0.1}', "sentiment"),
+        ('{"sentiment": "pos", "score": 0.1, "tags": [{"name": "a"}, {"nom": "b"}]}', "tags/1"),
+        ('{"sentiment": "pos", "score": 0.1, "tags": [{"name": 5}]}', "tags/0/name"),
+        ('{"sentiment": "pos"}', "<root>"),
+        ('{"sentiment": "pos", "score": 0.1, "extra": 1}', "<root>"),
+        ("[1, 2]", "<root>"),
+    ],
+)
 def test_json_schema_invalid_objects_name_the_path(text, path):
     [(status, parsed, eclass, ecode, emsg)] = verdicts([ok(text)], SCHEMA)
     assert (status, parsed, eclass, ecode) == ("invalid", None, "invalid_output", "contract_violation")
@@ -149,8 +181,12 @@ def test_json_schema_not_json():
 # -- text -----------------------------------------------------------------------------------------
 def test_text_outputs():
     got = verdicts([ok("a summary."), ok("   \n"), ok(None), ok("cut", finish="length")], TEXT)
-    assert [g[:2] for g in got] == [("succeeded", "a summary."), ("invalid", None), ("invalid", None),
-                                    ("invalid", None)]
+    assert [g[:2] for g in got] == [
+        ("succeeded", "a summary."),
+        ("invalid", None),
+        ("invalid", None),
+        ("invalid", None),
+    ]
     assert [g[3] for g in got] == [None, "contract_violation", "contract_violation", "truncated"]
 
 
@@ -163,29 +199,45 @@ def test_empty_table():
 def test_build_results_stamps_cost_and_provenance(tmp_path):
     plan = RequestPlan(model="m-1", system="sys", sampling=SamplingSpec(max_tokens=8), output=CHOICE)
     work = ShardWork("job", "s00001", 2, "job:s00001:2", plan, pa.table({"request_id": ["a", "b", "c"]}))
-    price = Price(input_per_mtok=0.15, cached_input_per_mtok=0.075, output_per_mtok=0.6, batch_discount=0.5,
-                  checked=date(2026, 1, 1))
-    raw = raw_results([
-        ok("billing", rid="a", input_tokens=1000, cached_tokens=400, output_tokens=2, raw_payload="{}"),
-        ok("nope", rid="b", input_tokens=900, cached_tokens=None, output_tokens=3),
-        {"request_id": "c", "http_status": 500, "error_code": "server_error"},
-    ])
-    table = build_results(raw, work, backend="openai_batch", pricing="batch", prompt_version="v1", price=price,
-                          provider_batch_id="batch_1")
+    price = Price(
+        input_per_mtok=0.15,
+        cached_input_per_mtok=0.075,
+        output_per_mtok=0.6,
+        batch_discount=0.5,
+        checked=date(2026, 1, 1),
+    )
+    raw = raw_results(
+        [
+            ok("billing", rid="a", input_tokens=1000, cached_tokens=400, output_tokens=2, raw_payload="{}"),
+            ok("nope", rid="b", input_tokens=900, cached_tokens=None, output_tokens=3),
+            {"request_id": "c", "http_status": 500, "error_code": "server_error"},
+        ]
+    )
+    table = build_results(
+        raw,
+        work,
+        backend="openai_batch",
+        pricing="batch",
+        prompt_version="v1",
+        price=price,
+        provider_batch_id="batch_1",
+    )
     assert table.schema == RESULT_SCHEMA
     rows = table.to_pylist()
     assert [r["status"] for r in rows] == ["succeeded", "invalid", "errored"]
     assert [r["parsed_output"] for r in rows] == ["billing", None, None]
-    assert {(r["shard_id"], r["attempt"], r["model"], r["prompt_version"], r["provider_batch_id"]) for r in rows} == \
-        {("s00001", 2, "m-1", "v1", "batch_1")}
+    assert {(r["shard_id"], r["attempt"], r["model"], r["prompt_version"], r["provider_batch_id"]) for r in rows} == {
+        ("s00001", 2, "m-1", "v1", "batch_1")
+    }
     assert rows[0]["cost_usd"] == pytest.approx(price.cost(1000, 2, 400, batch=True))
     assert rows[1]["cost_usd"] == pytest.approx(price.cost(900, 3, 0, batch=True))
     assert rows[0]["cost_usd"] == pytest.approx((600 * 0.15 + 400 * 0.075 + 2 * 0.6) / 1e6 * 0.5)
     assert rows[2]["cost_usd"] == 0 and rows[2]["input_tokens"] == 0
     assert rows[2]["error_code"] == "server_error" and rows[1]["error_code"] == "contract_violation"
 
-    online = build_results(raw, work, backend="online", pricing="online", prompt_version="v1", price=price,
-                           provider_batch_id=None)
+    online = build_results(
+        raw, work, backend="online", pricing="online", prompt_version="v1", price=price, provider_batch_id=None
+    )
     assert online.column("cost_usd")[0].as_py() == pytest.approx(price.cost(1000, 2, 400, batch=False))
 
     store = Store(tmp_path)

@@ -12,16 +12,46 @@ OUTPUT = OutputSpec(embedding={"dimensions": 3})
 
 
 def _raw(statuses: list[int | None]) -> pa.Table:
-    return raw_table([(f"r{i}", s, None, None, 5, 0, 0, None if s == 200 else "server_error",
-                       None if s == 200 else "boom", None, "{}") for i, s in enumerate(statuses)])
+    return raw_table(
+        [
+            (
+                f"r{i}",
+                s,
+                None,
+                None,
+                5,
+                0,
+                0,
+                None if s == 200 else "server_error",
+                None if s == 200 else "boom",
+                None,
+                "{}",
+            )
+            for i, s in enumerate(statuses)
+        ]
+    )
 
 
 def test_each_bad_vector_is_invalid_with_its_reason_and_a_good_one_succeeds():
-    vectors = [[0.6, 0.8, 0.0], [1.0, 0.0], [1.0, math.nan, 0.0], [math.inf, 0.0, 0.0], [0.0, 0.0, 0.0], None,
-               [1.0, 2.0, 2.0]]
+    vectors = [
+        [0.6, 0.8, 0.0],
+        [1.0, 0.0],
+        [1.0, math.nan, 0.0],
+        [math.inf, 0.0, 0.0],
+        [0.0, 0.0, 0.0],
+        None,
+        [1.0, 2.0, 2.0],
+    ]
     verdicts = validate(_raw([200] * len(vectors)), OUTPUT, pa.array(vectors, pa.list_(pa.float32())))
-    assert verdicts.status.to_pylist() == ["succeeded", "invalid", "invalid", "invalid", "invalid", "invalid",
-                                           "succeeded"]
+    assert verdicts.status.to_pylist() == [
+        "succeeded",
+        "invalid",
+        "invalid",
+        "invalid",
+        "invalid",
+        "invalid",
+        "succeeded",
+    ]
     messages = verdicts.error_message.to_pylist()
     assert "2 dimensions" in messages[1] and "non-finite" in messages[2] and "non-finite" in messages[3]
     assert "norm 0" in messages[4] and "no embedding" in messages[5]
@@ -30,8 +60,7 @@ def test_each_bad_vector_is_invalid_with_its_reason_and_a_good_one_succeeds():
 
 
 def test_an_unanswered_row_is_errored_not_invalid():
-    verdicts = validate(_raw([200, 500]), OUTPUT,
-                        pa.array([[0.0, 1.0, 0.0], None], pa.list_(pa.float32())))
+    verdicts = validate(_raw([200, 500]), OUTPUT, pa.array([[0.0, 1.0, 0.0], None], pa.list_(pa.float32())))
     assert verdicts.status.to_pylist() == ["succeeded", "errored"]
     assert verdicts.error_code.to_pylist()[1] == "server_error"
 

@@ -21,11 +21,11 @@ def test_a_run_s_counts_add_up_and_name_batches_of_earlier_runs_and_online_answe
 
     s1.record(1, "collected", {"state": "completed", "rows": 10})  # collected in this run
     _intent(s2, 1)
-    s2.record(1, "submitted", {"batch_id": "b2"})                  # sent in this run, still open
+    s2.record(1, "submitted", {"batch_id": "b2"})  # sent in this run, still open
     _intent(s3, 1)
     s3.record(1, "submitted", {"batch_id": "b3", "reattached": True})  # an orphaned intent, found (resolve)
     s3.record(1, "collected", {"state": "expired", "rows": 4})
-    _intent(s3, 2, backend="online")                               # the rest rescued online
+    _intent(s3, 2, backend="online")  # the rest rescued online
     s3.record(2, "collected", {"state": "completed", "rows": 6})
     _intent(s2, 2, backend="openai_batch")
     s2.record(2, "abandoned", {"reason": "refused by the provider"})
@@ -33,9 +33,11 @@ def test_a_run_s_counts_add_up_and_name_batches_of_earlier_runs_and_online_answe
     assert (did.sent, did.reattached, did.collected, did.collected_earlier, did.open, did.closed) == (1, 1, 2, 1, 1, 1)
     # sent + re-attached + sent earlier = collected + still open
     assert did.sent + did.reattached + did.collected_earlier == did.collected + did.open
-    assert did.describe() == ("1 batch(es) sent, 1 re-attached, 2 collected (1 sent by an earlier run; 1 still "
-                              "open); 1 shard run(s) rescued on online (6 answers); 1 attempt(s) closed with nothing "
-                              "more sent")
+    assert did.describe() == (
+        "1 batch(es) sent, 1 re-attached, 2 collected (1 sent by an earlier run; 1 still "
+        "open); 1 shard run(s) rescued on online (6 answers); 1 attempt(s) closed with nothing "
+        "more sent"
+    )
 
 
 def test_a_stream_backend_s_shards_are_answered_inline_not_collected_batches(tmp_path):

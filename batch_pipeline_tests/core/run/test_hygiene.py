@@ -33,9 +33,15 @@ def openai(**settings):
 def job(tmp_path):
     rows = [{"id": f"k{i}", "body": f"ticket {i}: my invoice was wrong"} for i in range(8)]
     path = write_jsonl(tmp_path / "in.jsonl", rows)
-    spec = write_spec(tmp_path / "job", base_spec_dict(
-        str(path), model="gpt-4o-mini", sampling={"temperature": 0, "max_tokens": 16},
-        backend={"name": "openai_batch", "settings": {"sandbox": True}}))
+    spec = write_spec(
+        tmp_path / "job",
+        base_spec_dict(
+            str(path),
+            model="gpt-4o-mini",
+            sampling={"temperature": 0, "max_tokens": 16},
+            backend={"name": "openai_batch", "settings": {"sandbox": True}},
+        ),
+    )
     store = Store(tmp_path / "store")
     assert build_manifest(spec, store).new_shards == [SHARD]
     return spec, store

@@ -15,18 +15,18 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from batch_pipeline.core.run.attempts import AttemptLog
 from batch_pipeline.core.errors import ConfigError, StaleAttemptError
-from batch_pipeline.core.run.lease import TTL_ENV, LeaseHeldError, acquire, current_token, default_ttl
 from batch_pipeline.core.manifest.shards import build_manifest
-from batch_pipeline.core.spec.paths import JobPaths
+from batch_pipeline.core.run.attempts import AttemptLog
+from batch_pipeline.core.run.lease import TTL_ENV, LeaseHeldError, acquire, current_token, default_ttl
 from batch_pipeline.core.run.runner import ShardRunner
 from batch_pipeline.core.spec.loading import parse_spec
+from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 from batch_pipeline.executors.registry import create_executor
 
 JOB, SHARD = "fence", "s00001"
-SHORT_TTL_S = 0.3   # the runner's lease in the mid-run takeover tests
+SHORT_TTL_S = 0.3  # the runner's lease in the mid-run takeover tests
 LONG = timedelta(minutes=5)  # the taking-over owner's lease: it must not expire during a test
 
 
@@ -120,8 +120,10 @@ def test_a_takeover_says_why_the_holder_is_gone_or_how_long_ago_its_lease_expire
         acquire(store, JOB, SHARD, owner="remote-host:7:new", ttl=timedelta(seconds=0.2))
     [dead] = [r.getMessage() for r in caplog.records if "taking over" in r.getMessage()]
     # the holder's lease still had minutes to run: the reason is its dead process, not an expiry in the future
-    assert f"taking over lease 1 of {socket.gethostname()}:{proc.pid}:crashed: its process (pid {proc.pid} on this " \
-           f"host) is gone; its lease would have run until {until.isoformat(timespec='seconds')}" in dead, dead
+    assert (
+        f"taking over lease 1 of {socket.gethostname()}:{proc.pid}:crashed: its process (pid {proc.pid} on this "
+        f"host) is gone; its lease would have run until {until.isoformat(timespec='seconds')}" in dead
+    ), dead
     assert "expired at" not in dead
     caplog.clear()
     time.sleep(0.3)  # the remote holder's lease runs out; its process cannot be checked from here
@@ -161,8 +163,9 @@ def test_the_lease_ttl_comes_from_the_environment_when_set(monkeypatch):
 
 # -- a real runner against the sandbox loses its lease mid-run ---------------------------------------------------
 def make_job(tmp_path, backend: str, n: int = 8):
-    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"body": f"ticket {i}: my invoice was wrong"}) + "\n"
-                                               for i in range(n)))
+    (tmp_path / "in.jsonl").write_text(
+        "".join(json.dumps({"body": f"ticket {i}: my invoice was wrong"}) + "\n" for i in range(n))
+    )
     spec = parse_spec(f"""
 name: {JOB}
 input: {{path: {tmp_path}/in.jsonl, text_field: body}}
@@ -179,8 +182,11 @@ output: {{choice: [billing, bug, other]}}
 
 def parts(store: Store, attempt: int) -> list[str]:
     prefix = f"attempt-{attempt:04d}-"
-    return [p for p in store.list_files(f"{JobPaths(JOB).results}/{SHARD}", suffix=".parquet")
-            if p.rsplit("/", 1)[1].startswith(prefix)]
+    return [
+        p
+        for p in store.list_files(f"{JobPaths(JOB).results}/{SHARD}", suffix=".parquet")
+        if p.rsplit("/", 1)[1].startswith(prefix)
+    ]
 
 
 def take_over(store: Store, owner: str = "other-host:77:taker"):
@@ -229,7 +235,8 @@ def test_a_batch_collection_that_lost_its_lease_while_polling_writes_no_result_p
 
 
 def test_a_batch_collection_that_lost_its_lease_during_the_download_writes_no_collected_record(
-        admin, tmp_path, monkeypatch):
+    admin, tmp_path, monkeypatch
+):
     monkeypatch.setenv(TTL_ENV, str(SHORT_TTL_S))
     spec, store = make_job(tmp_path, BATCH)
     executor = create_executor(spec.backend)

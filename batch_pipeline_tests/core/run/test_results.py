@@ -10,8 +10,17 @@ import pyarrow.parquet as pq
 import pytest
 
 from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA, RequestPlan, ShardWork, raw_table
-from batch_pipeline.core.run.results import (PART_SCHEMA, PAYLOAD_SCHEMA, RESULT_SCHEMA, build_results, new_part,
-                                             read_results, write_part, write_payload, write_results)
+from batch_pipeline.core.run.results import (
+    PART_SCHEMA,
+    PAYLOAD_SCHEMA,
+    RESULT_SCHEMA,
+    build_results,
+    new_part,
+    read_results,
+    write_part,
+    write_payload,
+    write_results,
+)
 from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
@@ -28,17 +37,39 @@ output: {choice: [bug, other]}
 
 
 def _raw(ids: list[str]) -> pa.Table:
-    rows = [(rid, 200, json.dumps({"label": "bug"}), "stop", 10, 0, 2, None, None, f"req_{rid}",
-             json.dumps({"custom_id": rid, "line": i})) for i, rid in enumerate(ids)]
+    rows = [
+        (
+            rid,
+            200,
+            json.dumps({"label": "bug"}),
+            "stop",
+            10,
+            0,
+            2,
+            None,
+            None,
+            f"req_{rid}",
+            json.dumps({"custom_id": rid, "line": i}),
+        )
+        for i, rid in enumerate(ids)
+    ]
     return raw_table(rows)
 
 
 def _table(ids: list[str], attempt: int = 1) -> pa.Table:
     spec = parse_spec(SPEC)
-    work = ShardWork("res", "s00001", attempt, f"res:s00001:{attempt}", RequestPlan.from_spec(spec),
-                     pa.table({"request_id": ids}))
-    return build_results(_raw(ids), work, backend="openai_batch", pricing="batch", prompt_version="v1", price=None,
-                         provider_batch_id="b1")
+    work = ShardWork(
+        "res", "s00001", attempt, f"res:s00001:{attempt}", RequestPlan.from_spec(spec), pa.table({"request_id": ids})
+    )
+    return build_results(
+        _raw(ids),
+        work,
+        backend="openai_batch",
+        pricing="batch",
+        prompt_version="v1",
+        price=None,
+        provider_batch_id="b1",
+    )
 
 
 def _codecs(path) -> dict[str, str]:
@@ -125,8 +156,10 @@ def test_a_result_part_does_not_land_when_its_payload_write_failed(tmp_path):
     done.set_result(None)
     write_payload(store, "res", rel, 1, table)
     write_part(store, rel, table, done)
-    assert read_results(store, "res", columns=["raw_payload"])["raw_payload"].to_list() == \
-        table.column("raw_payload").to_pylist()
+    assert (
+        read_results(store, "res", columns=["raw_payload"])["raw_payload"].to_list()
+        == table.column("raw_payload").to_pylist()
+    )
 
 
 def test_an_empty_store_reads_as_an_empty_table_of_every_column(tmp_path):

@@ -12,16 +12,16 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
+from batch_pipeline.core.errors import SystemicError
+from batch_pipeline.core.manifest.shards import Manifest, build_manifest
+from batch_pipeline.core.money.cost import Price
 from batch_pipeline.core.run.attempts import AttemptLog
 from batch_pipeline.core.run.control import JobControl
-from batch_pipeline.core.money.cost import Price
-from batch_pipeline.core.errors import SystemicError
 from batch_pipeline.core.run.executor import BatchExecutor, BatchHandle, BatchState, BatchStatus, ShardWork
-from batch_pipeline.core.manifest.shards import Manifest, build_manifest
-from batch_pipeline.core.spec.paths import JobPaths
-from batch_pipeline.core.state.reconcile import DEAD, INVALID, MISSING, VALID, check_invariant, item_states
 from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.run.runner import STATE_COLUMNS, ShardRunner
+from batch_pipeline.core.spec.paths import JobPaths
+from batch_pipeline.core.state.reconcile import DEAD, INVALID, MISSING, VALID, check_invariant, item_states
 from batch_pipeline.core.store import Store
 from batch_pipeline_tests.core.helpers import base_spec_dict, raw_results, write_jsonl, write_spec
 
@@ -49,7 +49,9 @@ class MemoryProvider:
             raise self.fail_submit_with
         bid = f"batch_{len(self.batches) + 1}"
         rows = []
-        for rid, prompt in zip(work.items.column("request_id").to_pylist(), work.items.column("user_prompt").to_pylist()):
+        for rid, prompt in zip(
+            work.items.column("request_id").to_pylist(), work.items.column("user_prompt").to_pylist()
+        ):
             self.sent[prompt] = self.sent.get(prompt, 0) + 1
             out = self.behaviour(prompt, self.sent[prompt])
             if out is not None:
@@ -78,8 +80,14 @@ class MemoryProvider:
 
 
 def answer(label="billing", tokens=(100, 0, 2)):
-    return {"http_status": 200, "output_text": label, "finish_reason": "stop", "input_tokens": tokens[0],
-            "cached_tokens": tokens[1], "output_tokens": tokens[2]}
+    return {
+        "http_status": 200,
+        "output_text": label,
+        "finish_reason": "stop",
+        "input_tokens": tokens[0],
+        "cached_tokens": tokens[1],
+        "output_tokens": tokens[2],
+    }
 
 
 def behaviour(prompt: str, n: int) -> dict | None:

@@ -90,8 +90,9 @@ def test_one_worker_is_a_plain_map_on_the_calling_thread():
     assert list(ordered_map(lambda x: threading.get_ident() == caller, range(3), workers=1)) == [True] * 3
 
 
-@pytest.mark.parametrize(("cpu_max", "cap"), [("max 100000\n", None), ("150000 100000\n", 2), ("50000 100000\n", 1),
-                                              ("garbage", None)])
+@pytest.mark.parametrize(
+    ("cpu_max", "cap"), [("max 100000\n", None), ("150000 100000\n", 2), ("50000 100000\n", 1), ("garbage", None)]
+)
 def test_usable_cores_follow_a_cgroup_cpu_quota(tmp_path, cpu_max, cap):
     path = tmp_path / "cpu.max"
     path.write_text(cpu_max)

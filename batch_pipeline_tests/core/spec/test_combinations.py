@@ -69,12 +69,15 @@ def test_an_embeddings_job_loads_without_sampling_and_bills_no_output(tmp_path):
     assert other.settings_fingerprint() != spec.settings_fingerprint()
 
 
-@pytest.mark.parametrize(("key", "value", "why"), [
-    ("temperature", 0, "nothing is sampled"),
-    ("max_tokens", 16, "generates no tokens"),
-    ("top_p", 0.9, "no token distribution"),
-    ("seed", 7, "the same text always gets the same vector"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "why"),
+    [
+        ("temperature", 0, "nothing is sampled"),
+        ("max_tokens", 16, "generates no tokens"),
+        ("top_p", 0.9, "no token distribution"),
+        ("seed", 7, "the same text always gets the same vector"),
+    ],
+)
 def test_each_sampling_key_of_an_embeddings_job_is_refused_with_its_reason(tmp_path, key, value, why):
     text = EMBED + f"sampling:\n  {key}: {value}\n"
     line = problem(refusal(tmp_path, text), f"sampling.{key}")
@@ -114,19 +117,23 @@ def test_chat_turns_cannot_come_from_an_upstream_table(tmp_path):
     assert "holds its answers, not chat turns" in line
 
 
-@pytest.mark.parametrize(("extra", "field", "why"), [
-    ("", "prompt.system", "sends no system prompt"),
-    ("", "prompt.examples", "sends no few-shot examples"),
-    ("quality: {golden: g.jsonl}\n", "quality", "a vector has none"),
-    ("fallback: {model: text-embedding-3-large}\n", "fallback.model", "another space"),
-])
+@pytest.mark.parametrize(
+    ("extra", "field", "why"),
+    [
+        ("", "prompt.system", "sends no system prompt"),
+        ("", "prompt.examples", "sends no few-shot examples"),
+        ("quality: {golden: g.jsonl}\n", "quality", "a vector has none"),
+        ("fallback: {model: text-embedding-3-large}\n", "fallback.model", "another space"),
+    ],
+)
 def test_what_an_embeddings_job_cannot_use_is_refused(tmp_path, extra, field, why):
     text = EMBED + extra
     if field == "prompt.system":
         text = text.replace("version: e1,", "version: e1, system: Embed it.,")
     if field == "prompt.examples":
-        text = text.replace("version: e1,", "version: e1, examples: [{role: user, content: x}, "
-                                            "{role: assistant, content: y}],")
+        text = text.replace(
+            "version: e1,", "version: e1, examples: [{role: user, content: x}, {role: assistant, content: y}],"
+        )
     assert why in problem(refusal(tmp_path, text), field)
 
 
@@ -135,16 +142,27 @@ def test_the_same_embedding_model_on_another_backend_may_fall_back(tmp_path):
     assert spec.fallback is not None and spec.fallback.backend is not None
 
 
-@pytest.mark.parametrize(("backend", "extra", "field", "refused"), [
-    ("vertex_batch", "", "backend.name", "vertex_batch"),
-    ("anthropic_batch", "", "backend.name", "anthropic_batch"),
-    ("azure_openai_batch", "", "backend.name", "azure_openai_batch"),
-    ("openai_batch", "tail: {backend: {name: bedrock_batch}}\n", "tail.backend.name", "bedrock_batch"),
-    ("openai_batch", "fallback: {model: text-embedding-3-small, backend: {name: vertex_batch}}\n",
-     "fallback.backend.name", "vertex_batch"),
-    ("auto", "route: {candidates: [{backend: {name: openai_batch}}, {backend: {name: anthropic_batch}}]}\n",
-     "route.candidates.1.backend.name", "anthropic_batch"),
-])
+@pytest.mark.parametrize(
+    ("backend", "extra", "field", "refused"),
+    [
+        ("vertex_batch", "", "backend.name", "vertex_batch"),
+        ("anthropic_batch", "", "backend.name", "anthropic_batch"),
+        ("azure_openai_batch", "", "backend.name", "azure_openai_batch"),
+        ("openai_batch", "tail: {backend: {name: bedrock_batch}}\n", "tail.backend.name", "bedrock_batch"),
+        (
+            "openai_batch",
+            "fallback: {model: text-embedding-3-small, backend: {name: vertex_batch}}\n",
+            "fallback.backend.name",
+            "vertex_batch",
+        ),
+        (
+            "auto",
+            "route: {candidates: [{backend: {name: openai_batch}}, {backend: {name: anthropic_batch}}]}\n",
+            "route.candidates.1.backend.name",
+            "anthropic_batch",
+        ),
+    ],
+)
 def test_an_embeddings_job_on_a_backend_that_does_not_embed_is_refused(tmp_path, backend, extra, field, refused):
     text = EMBED.replace("backend: {name: openai_batch}", f"backend: {{name: {backend}}}") + extra
     line = problem(refusal(tmp_path, text), field)
@@ -155,7 +173,8 @@ def test_an_embeddings_job_on_a_backend_that_does_not_embed_is_refused(tmp_path,
 def test_an_embeddings_job_on_gemini_batch_loads(tmp_path):
     """Gemini batch embeddings (asyncBatchEmbedContent) are served, by the sandbox too: no refusal any more."""
     text = EMBED.replace("backend: {name: openai_batch}", "backend: {name: gemini_batch}").replace(
-        "text-embedding-3-small", "gemini-embedding-001")
+        "text-embedding-3-small", "gemini-embedding-001"
+    )
     spec = load_spec(write(tmp_path, text))
     assert spec.backend.name == "gemini_batch" and spec.output.embedding is not None
     assert "gemini_batch" in EMBEDDING_BACKENDS and "gemini_batch" not in WHY_NO_EMBEDDINGS

@@ -11,13 +11,20 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batch_pipeline.core.spec.contract_floor import (BARE, CHOICE_FORMS, WRAPPED, answer_floor, min_answer_tokens,
-                                                shortest_answer, token_floor)
 from batch_pipeline.core.errors import ConfigError
+from batch_pipeline.core.quality.validate import choice_schema, validate
 from batch_pipeline.core.run.executor import RequestPlan
+from batch_pipeline.core.spec.contract_floor import (
+    BARE,
+    CHOICE_FORMS,
+    WRAPPED,
+    answer_floor,
+    min_answer_tokens,
+    shortest_answer,
+    token_floor,
+)
 from batch_pipeline.core.spec.job import OutputSpec
 from batch_pipeline.core.spec.loading import load_spec, parse_spec
-from batch_pipeline.core.quality.validate import choice_schema, validate
 from batch_pipeline_tests.core.helpers import DEMO_SPEC, REPO, raw_results
 
 LABELS = ["billing", "bug", "feature_request", "account", "other"]
@@ -54,8 +61,9 @@ def test_the_choice_form_table_matches_what_each_backend_sends():
     from batch_pipeline.executors.registry import names
 
     assert set(CHOICE_FORMS) <= set(names())
-    plan = RequestPlan(model="m", system="", sampling=parse_spec(spec_text(16)).sampling,
-                       output=OutputSpec(choice=LABELS))
+    plan = RequestPlan(
+        model="m", system="", sampling=parse_spec(spec_text(16)).sampling, output=OutputSpec(choice=LABELS)
+    )
     assert openai_format.response_format(plan)["json_schema"]["schema"] == choice_schema(LABELS)  # batch, online
     assert anthropic_format.output_schema(plan) == choice_schema(LABELS)
     assert CHOICE_FORMS["openai_batch"] == CHOICE_FORMS["online"] == CHOICE_FORMS["anthropic_batch"] == WRAPPED
@@ -76,8 +84,11 @@ def test_text_has_a_one_token_floor():
 
 # -- json schema ----------------------------------------------------------------------------------------
 def test_only_required_properties_in_required_order():
-    schema = {"type": "object", "required": ["score", "label"],
-              "properties": {"label": {"type": "string"}, "score": {"type": "integer"}, "note": {"type": "string"}}}
+    schema = {
+        "type": "object",
+        "required": ["score", "label"],
+        "properties": {"label": {"type": "string"}, "score": {"type": "integer"}, "note": {"type": "string"}},
+    }
     assert shortest_answer(schema_output(schema)) == '{"score":0,"label":""}'
     assert shortest_answer(schema_output({"type": "object", "properties": {"a": {"type": "string"}}})) == "{}"
 
@@ -102,54 +113,93 @@ def test_scalars_bounds_and_lengths():
 
 
 def test_nested_objects_enum_const_and_arrays_with_min_items():
-    schema = {"type": "object", "required": ["label", "meta", "tags", "kind"], "properties": {
-        "label": {"type": "string", "enum": ["urgent", "low", "medium"]},
-        "kind": {"const": "ticket"},
-        "meta": {"type": "object", "required": ["score"], "properties": {"score": {"type": "integer", "minimum": 1},
-                                                                         "why": {"type": "string"}}},
-        "tags": {"type": "array", "minItems": 2, "items": {"type": "object", "required": ["k"],
-                                                           "properties": {"k": {"enum": ["xy", "z"]}}}},
-    }}
+    schema = {
+        "type": "object",
+        "required": ["label", "meta", "tags", "kind"],
+        "properties": {
+            "label": {"type": "string", "enum": ["urgent", "low", "medium"]},
+            "kind": {"const": "ticket"},
+            "meta": {
+                "type": "object",
+                "required": ["score"],
+                "properties": {"score": {"type": "integer", "minimum": 1}, "why": {"type": "string"}},
+            },
+            "tags": {
+                "type": "array",
+                "minItems": 2,
+                "items": {"type": "object", "required": ["k"], "properties": {"k": {"enum": ["xy", "z"]}}},
+            },
+        },
+    }
     answer = shortest_answer(schema_output(schema))
     assert answer == '{"label":"low","meta":{"score":1},"tags":[{"k":"z"},{"k":"z"}],"kind":"ticket"}'
     jsonschema.validate(json.loads(answer), schema)
 
 
 def test_refs_to_defs_and_definitions():
-    schema = {"type": "object", "required": ["a", "b"],
-              "properties": {"a": {"$ref": "#/$defs/pair"}, "b": {"$ref": "#/definitions/flag"}},
-              "$defs": {"pair": {"type": "array", "minItems": 2, "items": {"$ref": "#/definitions/flag"}}},
-              "definitions": {"flag": {"type": "boolean"}}}
+    schema = {
+        "type": "object",
+        "required": ["a", "b"],
+        "properties": {"a": {"$ref": "#/$defs/pair"}, "b": {"$ref": "#/definitions/flag"}},
+        "$defs": {"pair": {"type": "array", "minItems": 2, "items": {"$ref": "#/definitions/flag"}}},
+        "definitions": {"flag": {"type": "boolean"}},
+    }
     answer = shortest_answer(schema_output(schema))
     assert answer == '{"a":[false,false],"b":false}'
     jsonschema.validate(json.loads(answer), schema)
 
 
 def test_a_recursive_ref_takes_the_branch_that_ends():
-    schema = {"type": "object", "required": ["root"], "properties": {"root": {"$ref": "#/$defs/node"}},
-              "$defs": {"node": {"type": "object", "required": ["next"], "properties": {
-                  "next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}}}}}
+    schema = {
+        "type": "object",
+        "required": ["root"],
+        "properties": {"root": {"$ref": "#/$defs/node"}},
+        "$defs": {
+            "node": {
+                "type": "object",
+                "required": ["next"],
+                "properties": {"next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}},
+            }
+        },
+    }
     answer = shortest_answer(schema_output(schema))
     assert answer == '{"root":{"next":null}}'
     jsonschema.validate(json.loads(answer), schema)
 
 
 def test_any_of_and_one_of_take_the_shortest_branch():
-    schema = {"type": "object", "required": ["a", "b", "c"], "properties": {
-        "a": {"anyOf": [{"type": "string", "minLength": 4}, {"type": "integer", "minimum": 10000}, {"type": "null"}]},
-        "b": {"oneOf": [{"type": "object", "required": ["x"], "properties": {"x": {"type": "boolean"}}},
-                        {"type": "array", "minItems": 1, "items": {"type": "integer"}}]},
-        "c": {"allOf": [{"type": "object", "required": ["p"], "properties": {"p": {"type": "integer"}}},
-                        {"required": ["q"], "properties": {"q": {"type": "boolean"}}}]},
-    }}
+    schema = {
+        "type": "object",
+        "required": ["a", "b", "c"],
+        "properties": {
+            "a": {
+                "anyOf": [{"type": "string", "minLength": 4}, {"type": "integer", "minimum": 10000}, {"type": "null"}]
+            },
+            "b": {
+                "oneOf": [
+                    {"type": "object", "required": ["x"], "properties": {"x": {"type": "boolean"}}},
+                    {"type": "array", "minItems": 1, "items": {"type": "integer"}},
+                ]
+            },
+            "c": {
+                "allOf": [
+                    {"type": "object", "required": ["p"], "properties": {"p": {"type": "integer"}}},
+                    {"required": ["q"], "properties": {"q": {"type": "boolean"}}},
+                ]
+            },
+        },
+    }
     answer = shortest_answer(schema_output(schema))
     assert answer == '{"a":null,"b":[0],"c":{"p":0,"q":false}}'
     jsonschema.validate(json.loads(answer), schema)
 
 
 def test_the_brief_example_and_its_floor():
-    schema = {"type": "object", "required": ["label", "score"],
-              "properties": {"label": {"type": "string"}, "score": {"type": "integer"}}}
+    schema = {
+        "type": "object",
+        "required": ["label", "score"],
+        "properties": {"label": {"type": "string"}, "score": {"type": "integer"}},
+    }
     assert shortest_answer(schema_output(schema)) == '{"label":"","score":0}'
     assert min_answer_tokens(schema_output(schema), "openai_batch") == 7  # {"  label  ":"","  score  ":  0  }
 
@@ -210,21 +260,31 @@ LEAVES = st.one_of(
     st.builds(lambda value: {"const": value}, SCALARS),
 )
 # oneOf branches of distinct types, so the shortest one cannot also match another
-ONE_OF = st.lists(st.sampled_from([{"type": "string"}, {"type": "integer"}, {"type": "boolean"}, {"type": "null"}]),
-                  min_size=1, max_size=4, unique_by=json.dumps).map(lambda bs: {"oneOf": bs})
+ONE_OF = st.lists(
+    st.sampled_from([{"type": "string"}, {"type": "integer"}, {"type": "boolean"}, {"type": "null"}]),
+    min_size=1,
+    max_size=4,
+    unique_by=json.dumps,
+).map(lambda bs: {"oneOf": bs})
 
 
 def objects(children) -> st.SearchStrategy:
     return st.dictionaries(NAMES, children, max_size=4).flatmap(
         lambda props: st.lists(st.sampled_from(sorted(props)) if props else st.nothing(), unique=True).map(
-            lambda req: {"type": "object", "properties": props, "required": req}))
+            lambda req: {"type": "object", "properties": props, "required": req}
+        )
+    )
 
 
-SCHEMAS = st.recursive(LEAVES | ONE_OF, lambda children: st.one_of(
-    objects(children),
-    st.builds(lambda item, n: {"type": "array", "items": item, "minItems": n}, children, st.integers(0, 3)),
-    st.lists(children, min_size=1, max_size=3).map(lambda bs: {"anyOf": bs}),
-), max_leaves=8)
+SCHEMAS = st.recursive(
+    LEAVES | ONE_OF,
+    lambda children: st.one_of(
+        objects(children),
+        st.builds(lambda item, n: {"type": "array", "items": item, "minItems": n}, children, st.integers(0, 3)),
+        st.lists(children, min_size=1, max_size=3).map(lambda bs: {"anyOf": bs}),
+    ),
+    max_leaves=8,
+)
 
 
 @st.composite
@@ -271,8 +331,10 @@ def spec_text(max_tokens: int, output: str = "  choice: [billing, bug, other]\n"
     )
 
 
-JSON_OUTPUT = ("  json_schema:\n    type: object\n    required: [label, score]\n"
-               "    properties: {label: {type: string}, score: {type: integer}}\n")
+JSON_OUTPUT = (
+    "  json_schema:\n    type: object\n    required: [label, score]\n"
+    "    properties: {label: {type: string}, score: {type: integer}}\n"
+)
 
 
 def test_a_max_tokens_below_the_floor_is_a_config_error_naming_file_line_and_field(tmp_path: Path):
@@ -285,17 +347,21 @@ def test_a_max_tokens_below_the_floor_is_a_config_error_naming_file_line_and_fie
     assert message.startswith(f"{path}: invalid job spec (1 problem(s))"), message
     problem = next(line for line in message.splitlines() if "field 'sampling.max_tokens'" in line)
     assert re.search(r"\bline 8\b", problem), problem
-    assert ('sampling.max_tokens 4 cannot fit the shortest valid answer of the output contract on openai_batch '
-            '(`{"label":"","score":0}`, about 7 tokens); raise it to at least 7') in problem
+    assert (
+        "sampling.max_tokens 4 cannot fit the shortest valid answer of the output contract on openai_batch "
+        '(`{"label":"","score":0}`, about 7 tokens); raise it to at least 7'
+    ) in problem
 
 
 def test_the_error_comes_through_parse_spec_too():
     with pytest.raises(ConfigError) as exc:
         parse_spec(spec_text(4), "jobs/x.yaml")
     assert str(exc.value).startswith("jobs/x.yaml: invalid job spec")
-    assert ("line 8, field 'sampling.max_tokens': Value error, sampling.max_tokens 4 cannot fit the shortest valid "
-            'answer of the output contract on openai_batch (`{"label":"bug"}`, about 5 tokens); raise it to at least 5 '
-            "(got 4)") in str(exc.value)
+    assert (
+        "line 8, field 'sampling.max_tokens': Value error, sampling.max_tokens 4 cannot fit the shortest valid "
+        'answer of the output contract on openai_batch (`{"label":"bug"}`, about 5 tokens); raise it to at least 5 '
+        "(got 4)"
+    ) in str(exc.value)
 
 
 def test_a_max_tokens_that_fits_exactly_passes():
@@ -351,8 +417,15 @@ def test_the_floor_never_exceeds_the_demo_jobs_real_answers():
         assert choice["finish_reason"] == "stop"
         assert floor <= done.completion_tokens  # the sandbox's own count, what the demo is billed
         assert floor <= token_floor(choice["message"]["content"])
-        rows.append({"request_id": f"r{i}", "http_status": 200, "output_text": choice["message"]["content"],
-                     "finish_reason": "stop", "output_tokens": done.completion_tokens})
+        rows.append(
+            {
+                "request_id": f"r{i}",
+                "http_status": 200,
+                "output_text": choice["message"]["content"],
+                "finish_reason": "stop",
+                "output_tokens": done.completion_tokens,
+            }
+        )
     assert set(validate(raw_results(rows), spec.output).status.to_pylist()) == {"succeeded"}
 
 

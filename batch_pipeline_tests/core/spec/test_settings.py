@@ -28,14 +28,25 @@ def test_the_store_and_the_settings_share_one_default_root(tmp_path, monkeypatch
 
 
 def test_values_come_from_the_environment():
-    s = Settings.from_env({"BATCH_PIPELINE_HOME": "s3://bucket/prefix", "BATCH_PIPELINE_SENSOR_INTERVAL_S": "5",
-                           "BATCH_PIPELINE_LEASE_TTL_S": "2.5", "BATCH_PIPELINE_SANDBOX_URL": " http://127.0.0.1:9 "})
-    assert (s.home, s.sensor_interval_s, s.lease_ttl_s, s.sandbox_url) == ("s3://bucket/prefix", 5, 2.5,
-                                                                          "http://127.0.0.1:9")
+    s = Settings.from_env(
+        {
+            "BATCH_PIPELINE_HOME": "s3://bucket/prefix",
+            "BATCH_PIPELINE_SENSOR_INTERVAL_S": "5",
+            "BATCH_PIPELINE_LEASE_TTL_S": "2.5",
+            "BATCH_PIPELINE_SANDBOX_URL": " http://127.0.0.1:9 ",
+        }
+    )
+    assert (s.home, s.sensor_interval_s, s.lease_ttl_s, s.sandbox_url) == (
+        "s3://bucket/prefix",
+        5,
+        2.5,
+        "http://127.0.0.1:9",
+    )
 
 
-@pytest.mark.parametrize(("name", "value"), [("SENSOR_INTERVAL_S", "soon"), ("LEASE_TTL_S", "0"),
-                                             ("SENSOR_INTERVAL_S", "-3")])
+@pytest.mark.parametrize(
+    ("name", "value"), [("SENSOR_INTERVAL_S", "soon"), ("LEASE_TTL_S", "0"), ("SENSOR_INTERVAL_S", "-3")]
+)
 def test_a_bad_value_names_the_variable(name, value):
     with pytest.raises(ConfigError, match=f"BATCH_PIPELINE_{name}='{value}'"):
         Settings.from_env({f"BATCH_PIPELINE_{name}": value})

@@ -122,20 +122,21 @@ def test_template_that_does_not_use_the_text_field(tmp_path):
 
 
 def test_output_with_two_contracts(tmp_path):
-    msg = spec_error(tmp_path, BASE.replace("  choice: [billing, bug, other]",
-                                            "  choice: [billing, bug, other]\n  text: {}"))
+    msg = spec_error(
+        tmp_path, BASE.replace("  choice: [billing, bug, other]", "  choice: [billing, bug, other]\n  text: {}")
+    )
     line = problem_line(msg, "output")
     assert line_of(line) in (13, 14)
     assert "exactly one of choice, json_schema, text" in line and "choice" in line and "text" in line
 
 
 def test_output_with_no_contract_and_bad_choice_lists(tmp_path):
-    assert "got none" in problem_line(spec_error(tmp_path, BASE.replace("  choice: [billing, bug, other]",
-                                                                        "  {}")), "output")
+    assert "got none" in problem_line(
+        spec_error(tmp_path, BASE.replace("  choice: [billing, bug, other]", "  {}")), "output"
+    )
     dup = spec_error(tmp_path, BASE.replace("[billing, bug, other]", "[bug, bug]"))
     assert "distinct" in problem_line(dup, "output")
-    schema = spec_error(tmp_path, BASE.replace("  choice: [billing, bug, other]",
-                                               "  json_schema: {type: array}"))
+    schema = spec_error(tmp_path, BASE.replace("  choice: [billing, bug, other]", "  json_schema: {type: array}"))
     assert "type: object" in problem_line(schema, "output")
 
 

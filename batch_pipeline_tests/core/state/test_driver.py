@@ -5,15 +5,30 @@ from batch_pipeline.core.state.machine import ShardState
 from batch_pipeline.core.state.summary import OpenAttempt, ShardSummary
 
 
-def summary(shard: str, state: ShardState, *, retryable: int = 0, submitted: bool = False,
-            canary_done: bool = False) -> ShardSummary:
+def summary(
+    shard: str, state: ShardState, *, retryable: int = 0, submitted: bool = False, canary_done: bool = False
+) -> ShardSummary:
     opened = None
     if state in (ShardState.INTENT, ShardState.SUBMITTED):
-        opened = OpenAttempt(1, f"j:{shard}:1", "openai_batch", "2026-12-01T00:00:00+00:00", False,
-                             {"batch_id": "batch_1"} if submitted or state == ShardState.SUBMITTED else None)
+        opened = OpenAttempt(
+            1,
+            f"j:{shard}:1",
+            "openai_batch",
+            "2026-12-01T00:00:00+00:00",
+            False,
+            {"batch_id": "batch_1"} if submitted or state == ShardState.SUBMITTED else None,
+        )
     valid = 10 - retryable
-    return ShardSummary(shard, state, expected=10, valid=valid, missing=retryable, attempts=0 if state ==
-                        ShardState.NEW else 1, canary_done=canary_done, open=opened)
+    return ShardSummary(
+        shard,
+        state,
+        expected=10,
+        valid=valid,
+        missing=retryable,
+        attempts=0 if state == ShardState.NEW else 1,
+        canary_done=canary_done,
+        open=opened,
+    )
 
 
 PASSED = CanaryStatus("s00001", True, "passed")
@@ -24,8 +39,14 @@ def step_of(s: ShardSummary, **facts):
 
 
 def test_new_and_retryable_shards_are_submitted_settled_ones_left_alone():
-    plan = next_steps([summary("s00001", ShardState.SETTLED), summary("s00002", ShardState.NEW),
-                       summary("s00003", ShardState.COLLECTED, retryable=3)], JobFacts(canary=PASSED))
+    plan = next_steps(
+        [
+            summary("s00001", ShardState.SETTLED),
+            summary("s00002", ShardState.NEW),
+            summary("s00003", ShardState.COLLECTED, retryable=3),
+        ],
+        JobFacts(canary=PASSED),
+    )
     assert plan.shards(Action.SUBMIT) == ["s00002", "s00003"]
     assert not plan.publish
 
@@ -36,8 +57,10 @@ def test_nothing_else_moves_until_the_canary_has_passed():
     assert [(s.action, s.shard_id) for s in plan.steps] == [(Action.CANARY, "s00001")]
     assert plan.waiting == {"s00002": "waits for the canary shard s00001"}
     # judged but not passed, then resumed by a human: it runs again, still alone
-    again = next_steps([summary("s00001", ShardState.COLLECTED, retryable=9, canary_done=True),
-                        summary("s00002", ShardState.NEW)], JobFacts(canary=CanaryStatus("s00001", False)))
+    again = next_steps(
+        [summary("s00001", ShardState.COLLECTED, retryable=9, canary_done=True), summary("s00002", ShardState.NEW)],
+        JobFacts(canary=CanaryStatus("s00001", False)),
+    )
     assert again.shards(Action.CANARY) == ["s00001"] and again.shards(Action.SUBMIT) == []
 
 
@@ -79,10 +102,12 @@ def test_publish_only_when_every_shard_is_settled_and_nothing_is_in_flight():
     settled = [summary("s00001", ShardState.SETTLED), summary("s00002", ShardState.SETTLED)]
     assert next_steps(settled, JobFacts(canary=PASSED)).publish
     assert not next_steps(settled, JobFacts(canary=PASSED, busy=True)).publish
-    assert not next_steps([*settled, summary("s00003", ShardState.COLLECTED, retryable=1)],
-                          JobFacts(canary=PASSED)).publish
+    assert not next_steps(
+        [*settled, summary("s00003", ShardState.COLLECTED, retryable=1)], JobFacts(canary=PASSED)
+    ).publish
 
 
 def test_a_shard_with_a_run_in_flight_is_left_to_it():
-    assert step_of(summary("s00002", ShardState.NEW), in_flight=frozenset({"s00002"})) == \
-        Wait(WaitKind.IN_FLIGHT, "a run of this shard is in flight")
+    assert step_of(summary("s00002", ShardState.NEW), in_flight=frozenset({"s00002"})) == Wait(
+        WaitKind.IN_FLIGHT, "a run of this shard is in flight"
+    )

@@ -8,8 +8,14 @@ PASSED = CanaryStatus("s00001", True, "passed", size=300)
 
 
 def shard(shard_id: str, state: ShardState, expected: int, missing: int = 0) -> ShardSummary:
-    return ShardSummary(shard_id, state, expected=expected, valid=expected - missing, missing=missing,
-                        attempts=0 if state == ShardState.NEW else 1)
+    return ShardSummary(
+        shard_id,
+        state,
+        expected=expected,
+        valid=expected - missing,
+        missing=missing,
+        attempts=0 if state == ShardState.NEW else 1,
+    )
 
 
 def test_a_shard_below_the_minimum_goes_to_the_tail_backend_and_says_why():
@@ -56,8 +62,9 @@ def test_open_batches_are_never_affected():
 
 def handed_over(n: int, of: int = 40) -> ShardSummary:
     """A collected shard whose primary gave ``n`` items up: they are the fallback's, and nothing else is left."""
-    return ShardSummary("s00002", ShardState.COLLECTED, expected=of, valid=of - n, missing=n, attempts=2,
-                        fallback_pending=n)
+    return ShardSummary(
+        "s00002", ShardState.COLLECTED, expected=of, valid=of - n, missing=n, attempts=2, fallback_pending=n
+    )
 
 
 def test_the_fallback_backends_own_minimum_holds_its_batch_back():
@@ -78,5 +85,6 @@ def test_below_it_the_fallback_model_answers_on_the_tail_backend_when_there_is_o
     facts = JobFacts(canary=PASSED, fallback_min_batch=100, has_tail=True, fallback_tail=True)
     step = shard_step(handed_over(7), facts)
     assert step.action == Action.SUBMIT and step.fallback and step.tail
-    assert step.reason.endswith("below the fallback backend's minimum of 100 per batch: to the fallback model on "
-                                "the tail backend")
+    assert step.reason.endswith(
+        "below the fallback backend's minimum of 100 per batch: to the fallback model on the tail backend"
+    )

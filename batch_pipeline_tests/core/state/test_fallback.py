@@ -9,10 +9,16 @@ from batch_pipeline.core.state.machine import ShardState
 from batch_pipeline.core.state.reconcile import DEAD, MISSING, VALID, item_states
 from batch_pipeline.core.state.summary import ShardSummary
 
-BASE = {"name": "t", "input": {"path": "x.jsonl", "text_field": "body"},
-        "prompt": {"version": "v1", "template": "{body}"}, "model": "small",
-        "backend": {"name": "openai_batch"}, "sampling": {"max_tokens": 16}, "output": {"text": {}},
-        "retries": {"per_item": 2}}
+BASE = {
+    "name": "t",
+    "input": {"path": "x.jsonl", "text_field": "body"},
+    "prompt": {"version": "v1", "template": "{body}"},
+    "model": "small",
+    "backend": {"name": "openai_batch"},
+    "sampling": {"max_tokens": 16},
+    "output": {"text": {}},
+    "retries": {"per_item": 2},
+}
 ITEMS = pl.DataFrame({"request_id": ["a", "b", "c", "d"], "shard_id": ["s"] * 4})
 
 
@@ -20,20 +26,37 @@ def spec(**over) -> JobSpec:
     return JobSpec.model_validate({**BASE, **over})
 
 
-def row(rid: str, attempt: int, status: str, error_class: str | None = None, model: str = "small",
-        backend: str = "openai_batch") -> dict:
-    return {"request_id": rid, "attempt": attempt, "status": status, "error_class": error_class,
-            "error_code": None if status == "succeeded" else "x", "error_message": None, "model": model,
-            "backend": backend}
+def row(
+    rid: str,
+    attempt: int,
+    status: str,
+    error_class: str | None = None,
+    model: str = "small",
+    backend: str = "openai_batch",
+) -> dict:
+    return {
+        "request_id": rid,
+        "attempt": attempt,
+        "status": status,
+        "error_class": error_class,
+        "error_code": None if status == "succeeded" else "x",
+        "error_message": None,
+        "model": model,
+        "backend": backend,
+    }
 
 
-RESULTS = pl.DataFrame([
-    row("a", 1, "succeeded"),
-    row("b", 1, "failed", "transient"), row("b", 2, "failed", "transient"),    # budget spent: handed over
-    row("c", 1, "failed", "poison"),                                           # non-retryable: handed over
-    row("d", 1, "failed", "systemic"), row("d", 2, "failed", "systemic"),      # systemic: never handed over
-    row("b", 3, "succeeded", model="big"),                                     # the fallback answered b
-])
+RESULTS = pl.DataFrame(
+    [
+        row("a", 1, "succeeded"),
+        row("b", 1, "failed", "transient"),
+        row("b", 2, "failed", "transient"),  # budget spent: handed over
+        row("c", 1, "failed", "poison"),  # non-retryable: handed over
+        row("d", 1, "failed", "systemic"),
+        row("d", 2, "failed", "systemic"),  # systemic: never handed over
+        row("b", 3, "succeeded", model="big"),  # the fallback answered b
+    ]
+)
 
 
 def states(s: JobSpec) -> dict[str, tuple[str, str]]:
@@ -43,8 +66,12 @@ def states(s: JobSpec) -> dict[str, tuple[str, str]]:
 
 def test_spent_and_poisoned_items_go_to_the_fallback_systemic_ones_never():
     got = states(spec(fallback={"model": "big"}))
-    assert got == {"a": (VALID, "primary"), "b": (VALID, "fallback"), "c": (MISSING, "fallback"),
-                   "d": (MISSING, "primary")}
+    assert got == {
+        "a": (VALID, "primary"),
+        "b": (VALID, "fallback"),
+        "c": (MISSING, "fallback"),
+        "d": (MISSING, "primary"),
+    }
 
 
 def test_without_a_fallback_the_states_are_the_plain_ones():
@@ -55,8 +82,14 @@ def test_without_a_fallback_the_states_are_the_plain_ones():
 
 
 def test_the_fallback_has_its_own_budget_then_the_item_is_dead():
-    more = pl.concat([RESULTS, pl.DataFrame([row("c", 2, "failed", "transient", model="big"),
-                                             row("c", 3, "failed", "transient", model="big")])])
+    more = pl.concat(
+        [
+            RESULTS,
+            pl.DataFrame(
+                [row("c", 2, "failed", "transient", model="big"), row("c", 3, "failed", "transient", model="big")]
+            ),
+        ]
+    )
     out = staged_item_states(spec(fallback={"model": "big"}), ITEMS, more)
     assert out.filter(pl.col("request_id") == "c").row(0, named=True)["state"] == DEAD
     assert out["request_id"].to_list() == ITEMS["request_id"].to_list()  # the items' order is kept
@@ -71,8 +104,15 @@ def test_a_row_is_the_fallbacks_by_model_and_backend():
 
 
 def summary(retryable: int, fallback_pending: int) -> ShardSummary:
-    return ShardSummary("s", ShardState.COLLECTED, expected=10, valid=10 - retryable, missing=retryable,
-                        attempts=2, fallback_pending=fallback_pending)
+    return ShardSummary(
+        "s",
+        ShardState.COLLECTED,
+        expected=10,
+        valid=10 - retryable,
+        missing=retryable,
+        attempts=2,
+        fallback_pending=fallback_pending,
+    )
 
 
 def test_the_driver_sends_the_primarys_items_first_then_the_fallbacks():

@@ -2,8 +2,15 @@
 
 import pytest
 
-from batch_pipeline.core.state.machine import (ATTEMPT_EVENTS, SHARD_TRANSITIONS, IllegalTransition, ShardState,
-                                               check_attempt_event, check_shard_transition, check_summary_move)
+from batch_pipeline.core.state.machine import (
+    ATTEMPT_EVENTS,
+    SHARD_TRANSITIONS,
+    IllegalTransition,
+    ShardState,
+    check_attempt_event,
+    check_shard_transition,
+    check_summary_move,
+)
 
 
 @pytest.mark.parametrize("old", list(ShardState))

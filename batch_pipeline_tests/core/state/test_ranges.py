@@ -9,15 +9,20 @@ ORDER = [f"s{i:05d}" for i in range(1, 11)]
 
 def test_contiguous_shards_are_one_range_per_span():
     ranges = shard_ranges(ORDER, ORDER, span=4)
-    assert [(r.start, r.end, len(r.shards)) for r in ranges] == [("s00001", "s00004", 4), ("s00005", "s00008", 4),
-                                                                 ("s00009", "s00010", 2)]
+    assert [(r.start, r.end, len(r.shards)) for r in ranges] == [
+        ("s00001", "s00004", 4),
+        ("s00005", "s00008", 4),
+        ("s00009", "s00010", 2),
+    ]
 
 
 def test_a_range_may_step_over_shards_that_do_not_move_but_never_spans_more_than_span_partitions():
     moving = ["s00002", "s00004", "s00005", "s00009"]
     ranges = shard_ranges(ORDER, moving, span=4)
-    assert ranges == [ShardRange("s00002", "s00005", ("s00002", "s00004", "s00005")),
-                      ShardRange("s00009", "s00009", ("s00009",))]
+    assert ranges == [
+        ShardRange("s00002", "s00005", ("s00002", "s00004", "s00005")),
+        ShardRange("s00009", "s00009", ("s00009",)),
+    ]
     for r in ranges:
         assert ORDER.index(r.end) - ORDER.index(r.start) < 4
 

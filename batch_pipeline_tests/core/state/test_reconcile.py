@@ -6,11 +6,27 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batch_pipeline.core.errors import ErrorClass, ReconciliationError, classify_line_error
-from batch_pipeline.core.state.reconcile import (DEAD, INVALID, MISSING, STATES, VALID, Counts, check_invariant,
-                                           counts_by_shard, item_states, job_counts)
+from batch_pipeline.core.state.reconcile import (
+    DEAD,
+    INVALID,
+    MISSING,
+    STATES,
+    VALID,
+    Counts,
+    check_invariant,
+    counts_by_shard,
+    item_states,
+    job_counts,
+)
 
-RESULT_SCHEMA = {"request_id": pl.String, "attempt": pl.Int32, "status": pl.String, "error_class": pl.String,
-                 "error_code": pl.String, "error_message": pl.String}
+RESULT_SCHEMA = {
+    "request_id": pl.String,
+    "attempt": pl.Int32,
+    "status": pl.String,
+    "error_class": pl.String,
+    "error_code": pl.String,
+    "error_message": pl.String,
+}
 
 # outcome kind -> (status, error_class, error_code, burns budget)
 OUTCOMES = {
@@ -42,15 +58,27 @@ def states_of(items, results, budget) -> dict[str, str]:
 
 def test_the_four_categories():
     items = items_frame({"s1": ["ok", "bad", "never", "dead"], "s2": ["ok2", "late"]})
-    results = results_frame([
-        ("ok", 1, "ok"),
-        ("bad", 1, "invalid"),
-        ("dead", 1, "poison"), ("dead", 2, "invalid"), ("dead", 3, "truncated"),
-        ("ok2", 1, "transient"), ("ok2", 2, "ok"),
-        ("late", 1, "invalid"), ("late", 2, "transient"),
-    ])
-    assert states_of(items, results, 3) == {"ok": VALID, "bad": INVALID, "never": MISSING, "dead": DEAD,
-                                             "ok2": VALID, "late": MISSING}
+    results = results_frame(
+        [
+            ("ok", 1, "ok"),
+            ("bad", 1, "invalid"),
+            ("dead", 1, "poison"),
+            ("dead", 2, "invalid"),
+            ("dead", 3, "truncated"),
+            ("ok2", 1, "transient"),
+            ("ok2", 2, "ok"),
+            ("late", 1, "invalid"),
+            ("late", 2, "transient"),
+        ]
+    )
+    assert states_of(items, results, 3) == {
+        "ok": VALID,
+        "bad": INVALID,
+        "never": MISSING,
+        "dead": DEAD,
+        "ok2": VALID,
+        "late": MISSING,
+    }
     states = item_states(items, results, 3)
     counts = check_invariant(items, results, states)
     assert counts.as_dict() == {"expected": 6, "valid": 2, "invalid": 1, "missing": 2, "dead_lettered": 1}
@@ -122,7 +150,8 @@ def test_valid_count_is_cross_checked_against_results():
     items = items_frame({"s1": ["a", "b"]})
     results = results_frame([("a", 1, "ok"), ("b", 1, "ok")])
     states = item_states(items, results, 3).with_columns(
-        pl.when(pl.col("request_id") == "b").then(pl.lit(MISSING)).otherwise(pl.col("state")).alias("state"))
+        pl.when(pl.col("request_id") == "b").then(pl.lit(MISSING)).otherwise(pl.col("state")).alias("state")
+    )
     with pytest.raises(ReconciliationError, match="2 items have a succeeded result but 1 are counted valid"):
         check_invariant(items, results, states)
 
@@ -143,14 +172,22 @@ def test_counts_balance_and_job_totals():
     assert total.as_dict() == {"expected": 5, "valid": 1, "invalid": 1, "missing": 1, "dead_lettered": 2}
 
 
-@pytest.mark.parametrize("code,status,expected", [
-    ("batch_expired", None, ErrorClass.TRANSIENT), ("rate_limit_exceeded", 429, ErrorClass.TRANSIENT),
-    (None, 503, ErrorClass.TRANSIENT), (None, 408, ErrorClass.TRANSIENT),
-    ("invalid_api_key", 401, ErrorClass.SYSTEMIC), (None, 403, ErrorClass.SYSTEMIC),
-    ("model_not_found", 404, ErrorClass.SYSTEMIC), ("insufficient_quota", 429, ErrorClass.SYSTEMIC),
-    ("context_length_exceeded", 400, ErrorClass.POISON), (None, 400, ErrorClass.POISON),
-    ("something_new", None, ErrorClass.POISON),
-])
+@pytest.mark.parametrize(
+    "code,status,expected",
+    [
+        ("batch_expired", None, ErrorClass.TRANSIENT),
+        ("rate_limit_exceeded", 429, ErrorClass.TRANSIENT),
+        (None, 503, ErrorClass.TRANSIENT),
+        (None, 408, ErrorClass.TRANSIENT),
+        ("invalid_api_key", 401, ErrorClass.SYSTEMIC),
+        (None, 403, ErrorClass.SYSTEMIC),
+        ("model_not_found", 404, ErrorClass.SYSTEMIC),
+        ("insufficient_quota", 429, ErrorClass.SYSTEMIC),
+        ("context_length_exceeded", 400, ErrorClass.POISON),
+        (None, 400, ErrorClass.POISON),
+        ("something_new", None, ErrorClass.POISON),
+    ],
+)
 def test_classify_line_error(code, status, expected):
     assert classify_line_error(code, status) == expected
 
@@ -170,12 +207,17 @@ def reference_state(history: list[tuple[int, str]], budget: int) -> str:
 
 item_history = st.lists(st.sampled_from(list(OUTCOMES)), max_size=6).flatmap(
     lambda kinds: st.permutations(list(enumerate(kinds, start=1))).map(
-        lambda perm: [(attempt, kind) for attempt, kind in perm]))
+        lambda perm: [(attempt, kind) for attempt, kind in perm]
+    )
+)
 
 
 @settings(max_examples=150, deadline=None)
-@given(shards=st.lists(st.lists(item_history, max_size=8), min_size=1, max_size=4), budget=st.integers(1, 4),
-       skip=st.sets(st.integers(1, 6), max_size=3))
+@given(
+    shards=st.lists(st.lists(item_history, max_size=8), min_size=1, max_size=4),
+    budget=st.integers(1, 4),
+    skip=st.sets(st.integers(1, 6), max_size=3),
+)
 def test_random_histories_always_reconcile(shards, budget, skip):
     layout, history, expected_state = {}, [], {}
     for s, histories in enumerate(shards):

@@ -8,17 +8,23 @@ import pyarrow as pa
 import pytest
 from anthropic.types.messages import MessageBatch
 
-from batch_pipeline.core.run.attempts import AttemptLog
 from batch_pipeline.core.errors import ConfigError, ErrorClass, SystemicError, TransientError, classify_line_error
-from batch_pipeline.core.run.executor import BatchState, RequestPlan, ShardWork
 from batch_pipeline.core.manifest.shards import build_manifest
+from batch_pipeline.core.quality.validate import validate
+from batch_pipeline.core.run.attempts import AttemptLog
+from batch_pipeline.core.run.executor import BatchState, RequestPlan, ShardWork
 from batch_pipeline.core.run.runner import ShardRunner
 from batch_pipeline.core.spec.job import BackendSpec
 from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.core.store import Store
-from batch_pipeline.core.quality.validate import validate
 from batch_pipeline.executors.anthropic.batch import STATUS_MAP, AnthropicBatchExecutor, AnthropicBatchSettings
-from batch_pipeline.executors.anthropic.format import ANTHROPIC_RAW_SCHEMA, batch_requests, parse_results_block, _parse_fast, _parse_lines
+from batch_pipeline.executors.anthropic.format import (
+    ANTHROPIC_RAW_SCHEMA,
+    _parse_fast,
+    _parse_lines,
+    batch_requests,
+    parse_results_block,
+)
 from batch_pipeline.executors.registry import batch_limits, create_executor, names
 
 from ..conftest import wait_ended
@@ -41,8 +47,9 @@ def spec(text: str = SPEC):
 
 
 def work(n: int = 20, attempt: int = 1, prompts: list[str] | None = None, text: str = SPEC) -> ShardWork:
-    prompts = prompts or [f"ticket {i}: a billing question" if i % 2 else f"ticket {i}: app bug on start"
-                          for i in range(n)]
+    prompts = prompts or [
+        f"ticket {i}: a billing question" if i % 2 else f"ticket {i}: app bug on start" for i in range(n)
+    ]
     items = pa.table({"request_id": [f"{i:064x}" for i in range(len(prompts))], "user_prompt": prompts})
     return ShardWork("an", "s00001", attempt, f"an:s00001:{attempt}", RequestPlan.from_spec(spec(text)), items)
 
@@ -127,8 +134,12 @@ def test_submit_poll_fetch_validates_choices_and_records_cache_tokens(admin):
 
 def test_truncation_refusal_poison_and_line_errors_are_recorded(admin):
     admin.set_scenario("line_errors", rate=1.0)
-    prompts = ["a billing question [[sandbox:truncate]]", "help [[sandbox:refuse]]", "bad [[sandbox:poison]]",
-               "a billing issue"]
+    prompts = [
+        "a billing question [[sandbox:truncate]]",
+        "help [[sandbox:refuse]]",
+        "bad [[sandbox:poison]]",
+        "a billing issue",
+    ]
     ex, w = executor(), work(prompts=prompts)
     handle = ex.submit(w)
     status = wait_ended(ex, handle)
@@ -148,8 +159,12 @@ def test_truncation_refusal_poison_and_line_errors_are_recorded(admin):
     assert classify_line_error(poison["error_code"], poison["http_status"]) == ErrorClass.POISON
     assert json.loads(ok["output_text"]) == {"label": "billing"}
     verdicts = dict(zip(got.column("request_id").to_pylist(), validate(got, spec().output).error_code.to_pylist()))
-    assert [verdicts[rid] for rid in w.request_ids] == ["truncated", "contract_violation", "invalid_request_error",
-                                                        None]
+    assert [verdicts[rid] for rid in w.request_ids] == [
+        "truncated",
+        "contract_violation",
+        "invalid_request_error",
+        None,
+    ]
 
 
 def test_text_output_is_the_message_text(admin):
@@ -269,22 +284,47 @@ def test_runner_reattaches_in_process_without_a_second_batch(admin, tmp_path):
 
 def ok(cid: str, content: list, stop: str = "end_turn") -> dict:
     """A succeeded result line with the given content blocks."""
-    return {"custom_id": cid, "result": {"type": "succeeded", "message": {
-        "id": f"msg_{cid}", "type": "message", "role": "assistant", "model": "m", "content": content,
-        "stop_reason": stop, "stop_sequence": None,
-        "usage": {"input_tokens": 5, "output_tokens": 3, "cache_creation_input_tokens": 7,
-                  "cache_read_input_tokens": 11, "service_tier": "batch"}}}}
+    return {
+        "custom_id": cid,
+        "result": {
+            "type": "succeeded",
+            "message": {
+                "id": f"msg_{cid}",
+                "type": "message",
+                "role": "assistant",
+                "model": "m",
+                "content": content,
+                "stop_reason": stop,
+                "stop_sequence": None,
+                "usage": {
+                    "input_tokens": 5,
+                    "output_tokens": 3,
+                    "cache_creation_input_tokens": 7,
+                    "cache_read_input_tokens": 11,
+                    "service_tier": "batch",
+                },
+            },
+        },
+    }
 
 
 def test_results_parser_handles_every_result_type_and_odd_lines():
     lines = [
         ok("t", [{"type": "text", "text": "Hello "}, {"type": "text", "text": "world"}]),
-        ok("u", [{"type": "tool_use", "id": "x", "name": "answer", "input": {"label": "bug", "n": {"deep": [1]}}}],
-           "tool_use"),
+        ok(
+            "u",
+            [{"type": "tool_use", "id": "x", "name": "answer", "input": {"label": "bug", "n": {"deep": [1]}}}],
+            "tool_use",
+        ),
         ok("m", [{"type": "text", "text": "cut"}], "max_tokens"),
         ok("q", [{"type": "text", "text": "?"}], "some_future_reason"),
-        {"custom_id": "e", "result": {"type": "errored", "error": {"type": "error", "error": {
-            "type": "overloaded_error", "message": "busy"}}}},
+        {
+            "custom_id": "e",
+            "result": {
+                "type": "errored",
+                "error": {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}},
+            },
+        },
         {"custom_id": "c", "result": {"type": "canceled"}},
         {"custom_id": "x", "result": {"type": "expired"}},
     ]
@@ -294,12 +334,26 @@ def test_results_parser_handles_every_result_type_and_odd_lines():
     assert (by["t"]["input_tokens"], by["t"]["cached_tokens"], by["t"]["output_tokens"]) == (23, 11, 3)
     assert json.loads(by["u"]["output_text"]) == {"label": "bug", "n": {"deep": [1]}}
     assert by["m"]["finish_reason"] == "length" and by["q"]["finish_reason"] == "some_future_reason"
-    assert (by["e"]["http_status"], by["e"]["error_code"], by["e"]["error_message"]) == (500, "overloaded_error",
-                                                                                         "busy")
+    assert (by["e"]["http_status"], by["e"]["error_code"], by["e"]["error_message"]) == (
+        500,
+        "overloaded_error",
+        "busy",
+    )
     assert by["c"]["http_status"] is None and by["c"]["error_code"] == "batch_cancelled"
     assert by["x"]["error_code"] == "batch_expired" and by["x"]["input_tokens"] is None
-    odd = block + b"not json\n" + json.dumps({"custom_id": "w", "result": {"type": "succeeded", "message": {
-        "content": "not a list", "usage": {"input_tokens": "many"}}}}).encode()
+    odd = (
+        block
+        + b"not json\n"
+        + json.dumps(
+            {
+                "custom_id": "w",
+                "result": {
+                    "type": "succeeded",
+                    "message": {"content": "not a list", "usage": {"input_tokens": "many"}},
+                },
+            }
+        ).encode()
+    )
     by = {r["request_id"]: r for r in parse_results_block(odd).to_pylist()}
     assert by[None]["error_code"] == "unparseable_line" and by["t"]["output_text"] == "Hello world"
     assert by["w"]["http_status"] == 200 and by["w"]["output_text"] == ""
@@ -307,9 +361,17 @@ def test_results_parser_handles_every_result_type_and_odd_lines():
 
 
 def test_a_result_line_that_is_not_utf8_sinks_only_itself():
-    good = {"custom_id": "g", "result": {"type": "succeeded", "message": {
-        "content": [{"type": "text", "text": "fine"}], "stop_reason": "end_turn",
-        "usage": {"input_tokens": 5, "output_tokens": 1}}}}
+    good = {
+        "custom_id": "g",
+        "result": {
+            "type": "succeeded",
+            "message": {
+                "content": [{"type": "text", "text": "fine"}],
+                "stop_reason": "end_turn",
+                "usage": {"input_tokens": 5, "output_tokens": 1},
+            },
+        },
+    }
     bad = json.dumps({**good, "custom_id": "b"}).encode().replace(b'"b"', b'"b\xff"')
     out = parse_results_block(json.dumps(good).encode() + b"\n" + bad + b"\n").to_pylist()
     assert [r["request_id"] for r in out] == ["g", None]
@@ -321,19 +383,33 @@ def test_a_result_line_that_is_not_utf8_sinks_only_itself():
 def test_the_column_wise_path_gives_the_per_line_paths_rows_with_odd_rows_in_place():
     regular = [
         ok("text", [{"type": "text", "text": "Hello ünï"}]),
-        ok("tool", [{"type": "tool_use", "id": "t", "name": "answer", "input": {"label": "bug", "n": [1, {"x": "é"}]}}],
-           "tool_use"),
+        ok(
+            "tool",
+            [{"type": "tool_use", "id": "t", "name": "answer", "input": {"label": "bug", "n": [1, {"x": "é"}]}}],
+            "tool_use",
+        ),
         ok("cut", [{"type": "text", "text": "cu"}], "max_tokens"),
         ok("refused", [{"type": "text", "text": ""}], "refusal"),
-        {"custom_id": "err", "result": {"type": "errored", "error": {"type": "error", "error": {
-            "type": "invalid_request_error", "message": "too long"}}}},
+        {
+            "custom_id": "err",
+            "result": {
+                "type": "errored",
+                "error": {"type": "error", "error": {"type": "invalid_request_error", "message": "too long"}},
+            },
+        },
         {"custom_id": "gone", "result": {"type": "expired"}},
         {"custom_id": "stopped", "result": {"type": "canceled"}},
     ]
     odd = [
         ok("two", [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]),
-        ok("think", [{"type": "thinking", "thinking": "hmm", "signature": "s"},
-                     {"type": "tool_use", "id": "t", "name": "answer", "input": {"label": "other"}}], "tool_use"),
+        ok(
+            "think",
+            [
+                {"type": "thinking", "thinking": "hmm", "signature": "s"},
+                {"type": "tool_use", "id": "t", "name": "answer", "input": {"label": "other"}},
+            ],
+            "tool_use",
+        ),
         ok("empty", []),
     ]
     lines = [regular[0], odd[0], *regular[1:4], odd[1], *regular[4:], odd[2]]

@@ -28,8 +28,12 @@ output: {choice: [billing, bug, other]}
 
 
 def work(n: int = 8) -> ShardWork:
-    items = pa.table({"request_id": [f"{i:064x}" for i in range(n)],
-                      "user_prompt": [f"ticket {i}: a billing question" for i in range(n)]})
+    items = pa.table(
+        {
+            "request_id": [f"{i:064x}" for i in range(n)],
+            "user_prompt": [f"ticket {i}: a billing question" for i in range(n)],
+        }
+    )
     return ShardWork("ad", "s00001", 1, "ad:s00001:1", RequestPlan.from_spec(parse_spec(SPEC)), items)
 
 

@@ -2,9 +2,9 @@
 
 import json
 
+from batch_pipeline.core.manifest.shards import build_manifest
 from batch_pipeline.core.run.attempts import AttemptLog
 from batch_pipeline.core.run.executor import ShardWork
-from batch_pipeline.core.manifest.shards import build_manifest
 from batch_pipeline.core.run.runner import ShardRunner
 from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.core.store import Store
@@ -28,8 +28,9 @@ output: {{choice: [billing, bug, other]}}
     runner = ShardRunner(spec, store, first, None)
     pending = runner.pending_items("s00001")
     work = ShardWork("anth", "s00001", 1, "anth:s00001:1", runner.plan, pending)
-    AttemptLog(store, "anth", "s00001").create_intent(1, {"key": work.key, "backend": first.name,
-                                                          "request_ids": work.request_ids, "requests": 9})
+    AttemptLog(store, "anth", "s00001").create_intent(
+        1, {"key": work.key, "backend": first.name, "request_ids": work.request_ids, "requests": 9}
+    )
     accepted = first.submit(work)  # the process dies here, before recording the batch
     fresh = ShardRunner(spec, store, create_executor(spec.backend), None)  # a new process: no memory of it
     outcome = fresh.submit("s00001")

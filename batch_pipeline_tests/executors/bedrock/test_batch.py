@@ -83,7 +83,7 @@ def test_submit_writes_bedrock_messages_records_to_s3_and_the_answers_validate(a
     w = work()
     handle = ex.submit(w)
     assert handle.batch_id.startswith("arn:aws:bedrock:us-east-1:") and handle.input_file_id.endswith(".jsonl")
-    bucket, _, key = handle.input_file_id[len("s3://"):].partition("/")
+    bucket, _, key = handle.input_file_id[len("s3://") :].partition("/")
     lines = [json.loads(line) for line in ex.s3.get_object(Bucket=bucket, Key=key)["Body"].read().splitlines()]
     assert [line["recordId"] for line in lines] == w.request_ids
     model_input = lines[0]["modelInput"]
@@ -95,7 +95,11 @@ def test_submit_writes_bedrock_messages_records_to_s3_and_the_answers_validate(a
     assert create["status"] == 200
     status = wait_ended(ex, handle)
     assert (status.state, status.provider_status, status.total, status.completed) == (
-        BatchState.COMPLETED, "Completed", 120, 120)
+        BatchState.COMPLETED,
+        "Completed",
+        120,
+        120,
+    )
     raw = fetch_all(ex, handle)
     assert sorted(raw.column("request_id").to_pylist()) == sorted(w.request_ids)
     verdicts = validate(raw, parse_spec(SPEC).output)
@@ -139,9 +143,14 @@ def test_spent_retries_on_429_are_transient(admin):
     assert admin.ledger() == []
 
 
-@pytest.mark.parametrize(("scenario", "code", "hint"), [("access_denied", "access_denied", "role_arn"),
-                                                        ("unknown_model", "model_not_found", "unknown model"),
-                                                        ("no_credit", "access_denied", "INVALID_PAYMENT_INSTRUMENT")])
+@pytest.mark.parametrize(
+    ("scenario", "code", "hint"),
+    [
+        ("access_denied", "access_denied", "role_arn"),
+        ("unknown_model", "model_not_found", "unknown model"),
+        ("no_credit", "access_denied", "INVALID_PAYMENT_INSTRUMENT"),
+    ],
+)
 def test_account_and_model_errors_are_systemic(admin, scenario, code, hint):
     admin.set_scenario(scenario)
     with pytest.raises(SystemicError) as caught:
@@ -199,11 +208,24 @@ def test_every_live_status_is_seen_on_a_slow_clock(admin):
         status = ex.poll(handle)
         seen.append((status.provider_status, status.state))
         admin.clock(advance_s=1.0)
-    assert [s for s, _ in seen] == ["Submitted", "Validating", "Scheduled", "InProgress", "InProgress",
-                                    "InProgress", "InProgress", "Completed", "Completed"]
-    assert {s: st for s, st in seen} == {"Submitted": BatchState.VALIDATING, "Validating": BatchState.VALIDATING,
-                                         "Scheduled": BatchState.VALIDATING, "InProgress": BatchState.RUNNING,
-                                         "Completed": BatchState.COMPLETED}
+    assert [s for s, _ in seen] == [
+        "Submitted",
+        "Validating",
+        "Scheduled",
+        "InProgress",
+        "InProgress",
+        "InProgress",
+        "InProgress",
+        "Completed",
+        "Completed",
+    ]
+    assert {s: st for s, st in seen} == {
+        "Submitted": BatchState.VALIDATING,
+        "Validating": BatchState.VALIDATING,
+        "Scheduled": BatchState.VALIDATING,
+        "InProgress": BatchState.RUNNING,
+        "Completed": BatchState.COMPLETED,
+    }
 
 
 def test_a_timeout_mid_run_is_partially_completed_with_partial_results(admin):
@@ -241,10 +263,14 @@ def test_line_errors_are_joined_on_record_id_and_classified(admin):
     failed = raw.filter(pc.not_equal(raw.column("http_status"), 200))
     assert status.state == BatchState.COMPLETED and status.failed == failed.num_rows > 0
     assert set(failed.column("error_code").to_pylist()) == {"InternalServerException"}
-    assert {classify_line_error(c, s) for c, s in zip(failed.column("error_code").to_pylist(),
-                                                    failed.column("http_status").to_pylist())} == {ErrorClass.TRANSIENT}
-    assert all(json.loads(p)["recordId"] == r for p, r in zip(raw.column("raw_payload").to_pylist(),
-                                                              raw.column("request_id").to_pylist()))
+    assert {
+        classify_line_error(c, s)
+        for c, s in zip(failed.column("error_code").to_pylist(), failed.column("http_status").to_pylist())
+    } == {ErrorClass.TRANSIENT}
+    assert all(
+        json.loads(p)["recordId"] == r
+        for p, r in zip(raw.column("raw_payload").to_pylist(), raw.column("request_id").to_pylist())
+    )
 
 
 def test_a_manifest_that_disagrees_with_the_output_is_logged(admin, caplog):
@@ -267,8 +293,13 @@ def test_a_manifest_that_disagrees_with_the_output_is_logged(admin, caplog):
 
 def test_an_unknown_job_is_a_systemic_error(admin):
     with pytest.raises(SystemicError, match="HTTP 404 ResourceNotFoundException"):
-        executor().poll(BatchHandle("bedrock_batch", "arn:aws:bedrock:us-east-1:123456789012:model-invocation-job/"
-                                                     "abcdefabcdef", "br:s00001:1"))
+        executor().poll(
+            BatchHandle(
+                "bedrock_batch",
+                "arn:aws:bedrock:us-east-1:123456789012:model-invocation-job/abcdefabcdef",
+                "br:s00001:1",
+            )
+        )
 
 
 def test_a_non_claude_model_is_refused_before_anything_is_sent(admin):

@@ -25,8 +25,12 @@ output: {choice: [billing, bug, other]}
 
 
 def work(shard: str, n: int = 100) -> ShardWork:
-    items = pa.table({"request_id": [f"{shard}{i:058x}" for i in range(n)],
-                      "user_prompt": [f"ticket {i}: a billing question" for i in range(n)]})
+    items = pa.table(
+        {
+            "request_id": [f"{shard}{i:058x}" for i in range(n)],
+            "user_prompt": [f"ticket {i}: a billing question" for i in range(n)],
+        }
+    )
     return ShardWork("bd", shard, 1, f"bd:{shard}:1", RequestPlan.from_spec(parse_spec(SPEC)), items)
 
 
@@ -41,7 +45,7 @@ def keys(ex: BedrockBatchExecutor, handle) -> set[str]:
     bucket, prefix = _output_folder(ex._job(handle), handle.batch_id)
     listing = ex.s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents") or []
     found = {f"s3://{bucket}/{o['Key']}" for o in listing}
-    in_bucket, _, key = handle.input_file_id[len("s3://"):].partition("/")
+    in_bucket, _, key = handle.input_file_id[len("s3://") :].partition("/")
     if ex.s3.list_objects_v2(Bucket=in_bucket, Prefix=key).get("KeyCount"):
         found.add(handle.input_file_id)
     return found

@@ -12,8 +12,13 @@ from batch_pipeline.core.quality.validate import validate
 from batch_pipeline.core.run.executor import BatchState, RequestPlan, ShardWork
 from batch_pipeline.core.spec.job import BackendSpec
 from batch_pipeline.core.spec.loading import parse_spec
-from batch_pipeline.executors.google.gemini_batch import (REFUSED_STATES, STATE_MAP, GeminiBatchExecutor,
-                                                          GeminiBatchSettings, input_file)
+from batch_pipeline.executors.google.gemini_batch import (
+    REFUSED_STATES,
+    STATE_MAP,
+    GeminiBatchExecutor,
+    GeminiBatchSettings,
+    input_file,
+)
 from batch_pipeline.executors.registry import batch_limits, create_executor, names
 
 from ..conftest import wait_ended
@@ -37,8 +42,9 @@ def _no_google_keys(monkeypatch):
 
 
 def work(n: int = 20, attempt: int = 1, prompts: list[str] | None = None) -> ShardWork:
-    prompts = prompts or [f"ticket {i}: a billing question" if i % 2 else f"ticket {i}: a bug on start"
-                          for i in range(n)]
+    prompts = prompts or [
+        f"ticket {i}: a billing question" if i % 2 else f"ticket {i}: a bug on start" for i in range(n)
+    ]
     items = pa.table({"request_id": [f"{i:064x}" for i in range(len(prompts))], "user_prompt": prompts})
     return ShardWork("gm", "s00001", attempt, f"gm:s00001:{attempt}", RequestPlan.from_spec(parse_spec(SPEC)), items)
 
@@ -113,14 +119,28 @@ def test_submit_poll_fetch_matches_on_key_and_validates_choices(admin):
 
 def test_truncation_refusal_and_poison_are_read_as_on_the_other_backends(admin):
     ex = executor()
-    w = work(prompts=["a bug [[sandbox:truncate]]", "billing [[sandbox:refuse]]", "[[sandbox:poison]] x",
-                      "[[sandbox:block]] y", "a billing question"])
+    w = work(
+        prompts=[
+            "a bug [[sandbox:truncate]]",
+            "billing [[sandbox:refuse]]",
+            "[[sandbox:poison]] x",
+            "[[sandbox:block]] y",
+            "a billing question",
+        ]
+    )
     handle = ex.submit(w)
     wait_ended(ex, handle)
     got = fetch_all(ex, handle)
     v = validate(got, parse_spec(SPEC).output)
-    by = {rid: (s, c, k) for rid, s, c, k in zip(got.column("request_id").to_pylist(), v.status.to_pylist(),
-                                                   v.error_code.to_pylist(), v.error_class.to_pylist())}
+    by = {
+        rid: (s, c, k)
+        for rid, s, c, k in zip(
+            got.column("request_id").to_pylist(),
+            v.status.to_pylist(),
+            v.error_code.to_pylist(),
+            v.error_class.to_pylist(),
+        )
+    }
     rid = w.request_ids
     assert by[rid[0]][:2] == ("invalid", "truncated")
     assert by[rid[1]][0] == "invalid" and by[rid[3]][0] == "invalid"  # refusals are never answers
@@ -130,8 +150,10 @@ def test_truncation_refusal_and_poison_are_read_as_on_the_other_backends(admin):
     assert (finish[rid[0]], finish[rid[1]], finish[rid[3]]) == ("length", "refusal", "refusal")
 
 
-@pytest.mark.parametrize(("code", "klass"), [("server_error", "transient"), ("invalid_api_key", "systemic"),
-                                             ("insufficient_quota", "systemic")])
+@pytest.mark.parametrize(
+    ("code", "klass"),
+    [("server_error", "transient"), ("invalid_api_key", "systemic"), ("insufficient_quota", "systemic")],
+)
 def test_line_errors_carry_their_class(admin, code, klass):
     admin.set_scenario("line_errors", rate=1.0, times=1, code=code)
     ex = executor()

@@ -33,8 +33,12 @@ def _no_google_keys(monkeypatch):
 
 
 def work(attempt: int = 1, n: int = 8) -> ShardWork:
-    items = pa.table({"request_id": [f"{attempt:02x}{i:062x}" for i in range(n)],
-                      "user_prompt": [f"ticket {i}: a bug on start" for i in range(n)]})
+    items = pa.table(
+        {
+            "request_id": [f"{attempt:02x}{i:062x}" for i in range(n)],
+            "user_prompt": [f"ticket {i}: a bug on start" for i in range(n)],
+        }
+    )
     return ShardWork("gd", "s00001", attempt, f"gd:s00001:{attempt}", RequestPlan.from_spec(parse_spec(SPEC)), items)
 
 

@@ -11,20 +11,33 @@ from google.genai import types as gtypes
 
 from batch_pipeline.core.errors import ConfigError, ErrorClass, SystemicError, classify_line_error
 from batch_pipeline.core.run.executor import BatchState, RequestPlan, ShardWork
-from batch_pipeline.core.spec.job import OutputSpec, SamplingSpec
+from batch_pipeline.core.spec.job import BackendSpec, OutputSpec, SamplingSpec
 from batch_pipeline.executors.google.gcs import parse_gs_uri
-from batch_pipeline.executors.google.vertex_batch import (STATE_MAP, VertexBatchExecutor, VertexBatchSettings,
-                                                         retry_delay_s)
-from batch_pipeline.executors.google.vertex_lines import (ID_LABEL, content_index, decode_id, encode_id,
-                                                          parse_predictions_block, request_lines)
+from batch_pipeline.executors.google.vertex_batch import (
+    STATE_MAP,
+    VertexBatchExecutor,
+    VertexBatchSettings,
+    retry_delay_s,
+)
+from batch_pipeline.executors.google.vertex_lines import (
+    ID_LABEL,
+    content_index,
+    decode_id,
+    encode_id,
+    parse_predictions_block,
+    request_lines,
+)
 from batch_pipeline.executors.registry import create_executor
-from batch_pipeline.core.spec.job import BackendSpec
 
 from ..conftest import wait_ended
 
 LABELS = ["billing", "bug", "other"]
-PLAN = RequestPlan(model="gemini-2.5-flash", system="Label the ticket.",
-                   sampling=SamplingSpec(temperature=0, max_tokens=16), output=OutputSpec(choice=LABELS))
+PLAN = RequestPlan(
+    model="gemini-2.5-flash",
+    system="Label the ticket.",
+    sampling=SamplingSpec(temperature=0, max_tokens=16),
+    output=OutputSpec(choice=LABELS),
+)
 
 
 def work(n: int = 6, key: str = "job:s00001:1", marker: dict[int, str] | None = None) -> ShardWork:
@@ -49,8 +62,10 @@ def test_a_job_writes_labelled_input_to_gcs_and_every_answer_comes_back_matched(
     handle = ex.submit(w)
     assert handle.batch_id.startswith("projects/sandbox-project/locations/us-central1/batchPredictionJobs/")
     bucket, name = parse_gs_uri(handle.input_file_id)
-    lines = [json.loads(line) for line in storage.Client(project="p").bucket(bucket).blob(name).download_as_bytes()
-             .splitlines()]
+    lines = [
+        json.loads(line)
+        for line in storage.Client(project="p").bucket(bucket).blob(name).download_as_bytes().splitlines()
+    ]
     assert all(set(line) == {"request"} for line in lines)  # no key field: Vertex lines have none
     assert [decode_id(line["request"]["labels"][ID_LABEL]) for line in lines] == w.request_ids
     assert lines[0]["request"]["generationConfig"]["responseMimeType"] == "application/json"
@@ -129,8 +144,11 @@ def test_a_429_is_waited_out_as_the_retry_info_asks(vertex_sandbox):
     ex = executor()
     handle = ex.submit(work(3))
     assert wait_ended(ex, handle).state == BatchState.COMPLETED
-    creates = [r["status"] for r in vertex_sandbox.requests() if r["path"].endswith("/batchPredictionJobs")
-               and r["method"] == "POST"]
+    creates = [
+        r["status"]
+        for r in vertex_sandbox.requests()
+        if r["path"].endswith("/batchPredictionJobs") and r["method"] == "POST"
+    ]
     assert creates == [429, 429, 200]
 
 
@@ -147,8 +165,9 @@ def test_permission_denied_and_an_unknown_model_are_systemic_and_not_retried(ver
     assert [r["status"] for r in creates] == [403, 404]
 
 
-def test_sandbox_without_a_gcs_emulator_and_real_service_without_a_bucket_are_config_errors(vertex_sandbox,
-                                                                                            gcs_emulator, monkeypatch):
+def test_sandbox_without_a_gcs_emulator_and_real_service_without_a_bucket_are_config_errors(
+    vertex_sandbox, gcs_emulator, monkeypatch
+):
     monkeypatch.delenv("STORAGE_EMULATOR_HOST")
     # no emulator named here: the executor asks the sandbox for the one behind its jobs (this fixture's)
     assert executor().gcs.client._connection.API_BASE_URL.rstrip("/") == gcs_emulator.rstrip("/")
@@ -166,8 +185,11 @@ def test_every_job_state_is_mapped_and_an_unknown_one_is_an_error(vertex_sandbox
     assert job_states - set(STATE_MAP) == {gtypes.JobState.JOB_STATE_UNSPECIFIED}
     ex = executor()
     with pytest.raises(Exception, match="unknown state"):
-        ex._status(gtypes.BatchJob(name="projects/p/locations/l/batchPredictionJobs/1",
-                                   state=gtypes.JobState.JOB_STATE_UNSPECIFIED))
+        ex._status(
+            gtypes.BatchJob(
+                name="projects/p/locations/l/batchPredictionJobs/1", state=gtypes.JobState.JOB_STATE_UNSPECIFIED
+            )
+        )
 
 
 def test_request_ids_survive_the_label_alphabet_and_retry_info_is_read():
@@ -190,15 +212,22 @@ def test_a_line_without_its_label_is_matched_on_its_echoed_contents_and_status_t
     w = work(3)
     index = content_index(request_lines(w))
     requests = [json.loads(line)["request"] for line in request_lines(w).splitlines()]
-    answer = {"candidates": [{"content": {"role": "model", "parts": [{"text": '{"label": "bug"}'}]},
-                              "finishReason": "STOP"}], "usageMetadata": {"promptTokenCount": 7,
-                                                                          "candidatesTokenCount": 3}}
+    answer = {
+        "candidates": [{"content": {"role": "model", "parts": [{"text": '{"label": "bug"}'}]}, "finishReason": "STOP"}],
+        "usageMetadata": {"promptTokenCount": 7, "candidatesTokenCount": 3},
+    }
     unlabelled = {k: v for k, v in requests[0].items() if k != "labels"}
-    lines = [{"status": "", "processed_time": "t", "request": unlabelled, "response": answer},
-             {"status": "", "processed_time": "t", "request": requests[1], "response": answer},
-             {"status": 'Too Many Requests: {"error": {"code": 429, "message": "slow down", '
-                        '"status": "RESOURCE_EXHAUSTED"}}', "processed_time": "t", "request": requests[2]},
-             {"status": "Internal error without JSON", "processed_time": "t", "request": {"contents": []}}]
+    lines = [
+        {"status": "", "processed_time": "t", "request": unlabelled, "response": answer},
+        {"status": "", "processed_time": "t", "request": requests[1], "response": answer},
+        {
+            "status": 'Too Many Requests: {"error": {"code": 429, "message": "slow down", '
+            '"status": "RESOURCE_EXHAUSTED"}}',
+            "processed_time": "t",
+            "request": requests[2],
+        },
+        {"status": "Internal error without JSON", "processed_time": "t", "request": {"contents": []}},
+    ]
     block = "".join(json.dumps(line) + "\n" for line in lines).encode()
     got = parse_predictions_block(block, index.get).to_pylist()
     assert [r["request_id"] for r in got[:3]] == w.request_ids

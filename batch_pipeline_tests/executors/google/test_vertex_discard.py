@@ -15,15 +15,25 @@ from batch_pipeline.executors.registry import create_executor
 
 from ..conftest import wait_ended
 
-PLAN = RequestPlan(model="gemini-2.5-flash", system="Label the ticket.",
-                   sampling=SamplingSpec(temperature=0, max_tokens=16), output=OutputSpec(choice=["a", "b"]))
+PLAN = RequestPlan(
+    model="gemini-2.5-flash",
+    system="Label the ticket.",
+    sampling=SamplingSpec(temperature=0, max_tokens=16),
+    output=OutputSpec(choice=["a", "b"]),
+)
 
 
 def work(key: str, n: int = 4) -> ShardWork:
     ids = [hashlib.sha256(f"{key}-{i}".encode()).hexdigest() for i in range(n)]
     job, shard, attempt = key.split(":")
-    return ShardWork(job, shard, int(attempt), key, PLAN,
-                     pa.table({"request_id": ids, "user_prompt": [f"ticket {i}" for i in range(n)]}))
+    return ShardWork(
+        job,
+        shard,
+        int(attempt),
+        key,
+        PLAN,
+        pa.table({"request_id": ids, "user_prompt": [f"ticket {i}" for i in range(n)]}),
+    )
 
 
 def executor(**settings) -> VertexBatchExecutor:

@@ -1,8 +1,8 @@
 """The online executor against the sandbox process over HTTP: throughput, retries, limits, error classes."""
 
 import json
-import statistics
 import signal
+import statistics
 import threading
 import time
 from collections import defaultdict
@@ -16,10 +16,10 @@ from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA, RequestPlan, Sha
 from batch_pipeline.core.spec.job import BackendSpec
 from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.executors.online.executor import OnlineExecutor, classify
-from batch_pipeline.executors.provider_errors import retry_after_s
+from batch_pipeline.executors.online.rate_limit import RateLimiter, parse_duration
 from batch_pipeline.executors.online.transport import BodyBuilder, Reply
 from batch_pipeline.executors.openai.format import body_settings, chat_messages
-from batch_pipeline.executors.online.rate_limit import RateLimiter, parse_duration
+from batch_pipeline.executors.provider_errors import retry_after_s
 from batch_pipeline.executors.registry import batch_limits, create_executor, names
 from batch_pipeline.sandbox import SandboxAdmin
 
@@ -42,8 +42,9 @@ def prompt(i: int) -> str:
 
 def work(n: int, prompts: list[str] | None = None) -> ShardWork:
     plan = RequestPlan.from_spec(parse_spec(SPEC))
-    items = pa.table({"request_id": [f"{i:064x}" for i in range(n)],
-                      "user_prompt": prompts or [prompt(i) for i in range(n)]})
+    items = pa.table(
+        {"request_id": [f"{i:064x}" for i in range(n)], "user_prompt": prompts or [prompt(i) for i in range(n)]}
+    )
     return ShardWork("online_job", "s00001", 1, "online_job:s00001:1", plan, items)
 
 
@@ -76,8 +77,9 @@ def test_needs_a_key_unless_told_there_is_none(monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     with pytest.raises(ConfigError, match="OPENAI_API_KEY"):
         create_executor(BackendSpec(name="online", settings={"base_url": "http://127.0.0.1:9/v1"}))
-    ex = create_executor(BackendSpec(name="online", settings={"base_url": "http://127.0.0.1:9/v1",
-                                                              "api_key_env": None}))
+    ex = create_executor(
+        BackendSpec(name="online", settings={"base_url": "http://127.0.0.1:9/v1", "api_key_env": None})
+    )
     assert ex.name == "online"
 
 
@@ -208,22 +210,25 @@ def err(code: str | None, type_: str = "invalid_request_error") -> dict[str, Any
     return {"error": {"message": "m", "type": type_, "param": None, "code": code}}
 
 
-@pytest.mark.parametrize("given, kind", [
-    (reply(200, {}), "ok"),
-    (reply(400, err("context_length_exceeded")), "poison"),
-    (reply(422, err(None)), "poison"),
-    (reply(401, err("invalid_api_key")), "systemic"),
-    (reply(403, err(None)), "systemic"),
-    (reply(404, err("model_not_found")), "systemic"),
-    (reply(429, err("insufficient_quota", "insufficient_quota")), "systemic"),
-    (reply(429, err("rate_limit_exceeded", "requests")), "transient"),
-    (reply(408, err(None)), "transient"),
-    (reply(409, err(None)), "transient"),
-    (reply(503, b"not json"), "transient"),
-    (reply(500, err("x"), **{"x-should-retry": "false"}), "poison"),
-    (reply(400, err("x"), **{"x-should-retry": "true"}), "transient"),
-    (reply(None), "transient"),
-])
+@pytest.mark.parametrize(
+    "given, kind",
+    [
+        (reply(200, {}), "ok"),
+        (reply(400, err("context_length_exceeded")), "poison"),
+        (reply(422, err(None)), "poison"),
+        (reply(401, err("invalid_api_key")), "systemic"),
+        (reply(403, err(None)), "systemic"),
+        (reply(404, err("model_not_found")), "systemic"),
+        (reply(429, err("insufficient_quota", "insufficient_quota")), "systemic"),
+        (reply(429, err("rate_limit_exceeded", "requests")), "transient"),
+        (reply(408, err(None)), "transient"),
+        (reply(409, err(None)), "transient"),
+        (reply(503, b"not json"), "transient"),
+        (reply(500, err("x"), **{"x-should-retry": "false"}), "poison"),
+        (reply(400, err("x"), **{"x-should-retry": "true"}), "transient"),
+        (reply(None), "transient"),
+    ],
+)
 def test_classification(given, kind):
     assert classify(given).kind == kind
 
@@ -240,13 +245,19 @@ def test_body_is_the_batch_body_plus_extra_body():
     plan = RequestPlan.from_spec(parse_spec(SPEC))
     builder = BodyBuilder(plan, {"structured_outputs": {"choice": LABELS}, "temperature": 0.5})
     body = json.loads(builder.data('say "hi" \u00e9'))
-    assert body == {**body_settings(plan), "temperature": 0.5, "structured_outputs": {"choice": LABELS},
-                    "messages": chat_messages(plan, 'say "hi" \u00e9')}
+    assert body == {
+        **body_settings(plan),
+        "temperature": 0.5,
+        "structured_outputs": {"choice": LABELS},
+        "messages": chat_messages(plan, 'say "hi" \u00e9'),
+    }
     assert builder.estimate_tokens("x" * 400) >= 100 + 16
 
 
-@pytest.mark.parametrize("text, seconds", [("1s", 1), ("6m0s", 360), ("120ms", 0.12), ("1m30.5s", 90.5),
-                                           ("2", 2), ("", None), ("soon", None)])
+@pytest.mark.parametrize(
+    "text, seconds",
+    [("1s", 1), ("6m0s", 360), ("120ms", 0.12), ("1m30.5s", 90.5), ("2", 2), ("", None), ("soon", None)],
+)
 def test_reset_durations(text, seconds):
     assert parse_duration(text) == (pytest.approx(seconds) if seconds is not None else None)
 
@@ -271,8 +282,9 @@ def test_limiter_tightens_from_headers_and_holds_when_nothing_is_left():
     assert not limiter.acquire(1, stop)  # the third must wait, and gives up when told to stop
     clock.now = 1.0
     assert limiter.acquire(1, threading.Event())
-    limiter.observe({"x-ratelimit-limit-tokens": "6000", "x-ratelimit-remaining-tokens": "0",
-                     "x-ratelimit-reset-tokens": "20s"})
+    limiter.observe(
+        {"x-ratelimit-limit-tokens": "6000", "x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "20s"}
+    )
     assert limiter.limits == {"requests": 120, "tokens": 6000}
     clock.now = 10.0
     assert not limiter.acquire(1, stop)  # held until the provider's reset

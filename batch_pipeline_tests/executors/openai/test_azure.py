@@ -38,8 +38,12 @@ def _no_azure_credentials(monkeypatch):
 
 def work(n: int = 12, attempt: int = 1) -> ShardWork:
     spec = parse_spec(SPEC)
-    items = pa.table({"request_id": [f"{i:064x}" for i in range(n)],
-                      "user_prompt": [f"ticket {i}: my invoice was wrong" for i in range(n)]})
+    items = pa.table(
+        {
+            "request_id": [f"{i:064x}" for i in range(n)],
+            "user_prompt": [f"ticket {i}: my invoice was wrong" for i in range(n)],
+        }
+    )
     return ShardWork("az", "s00001", attempt, f"az:s00001:{attempt}", RequestPlan.from_spec(spec), items)
 
 

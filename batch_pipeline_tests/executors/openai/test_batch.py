@@ -7,10 +7,10 @@ import openai
 import pyarrow as pa
 import pytest
 
-from batch_pipeline.core.run.attempts import AttemptLog
 from batch_pipeline.core.errors import ConfigError, SystemicError
-from batch_pipeline.core.run.executor import BatchState, RequestPlan, ShardWork
 from batch_pipeline.core.manifest.shards import build_manifest
+from batch_pipeline.core.run.attempts import AttemptLog
+from batch_pipeline.core.run.executor import BatchState, RequestPlan, ShardWork
 from batch_pipeline.core.run.runner import ShardRunner
 from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.core.store import Store
@@ -35,9 +35,14 @@ output: {{choice: {LABELS}}}
 
 def work(n: int = 20, attempt: int = 1) -> ShardWork:
     spec = parse_spec(SPEC)
-    items = pa.table({"request_id": [f"{i:064x}" for i in range(n)],
-                      "user_prompt": [f"ticket {i}: my invoice was wrong" if i % 2 else f"ticket {i}: app crashes"
-                                      for i in range(n)]})
+    items = pa.table(
+        {
+            "request_id": [f"{i:064x}" for i in range(n)],
+            "user_prompt": [
+                f"ticket {i}: my invoice was wrong" if i % 2 else f"ticket {i}: app crashes" for i in range(n)
+            ],
+        }
+    )
     return ShardWork("ex", "s00001", attempt, f"ex:s00001:{attempt}", RequestPlan.from_spec(spec), items)
 
 
@@ -112,16 +117,41 @@ def test_request_lines_are_valid_openai_batch_input():
 
 
 def test_output_parser_handles_success_http_errors_expiry_and_odd_lines():
-    ok = {"id": "r1", "custom_id": "a", "error": None, "response": {"status_code": 200, "request_id": "q1", "body": {
-        "id": "c", "choices": [{"index": 0, "finish_reason": "length", "message": {"role": "assistant",
-                                                                                    "content": "bil"}}],
-        "usage": {"prompt_tokens": 11, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 4}}}}}
-    http_err = {"id": "r2", "custom_id": "b", "error": None, "response": {
-        "status_code": 500, "request_id": "q2", "body": {"error": {"message": "boom", "type": "server_error",
-                                                                   "code": None}}}}
+    ok = {
+        "id": "r1",
+        "custom_id": "a",
+        "error": None,
+        "response": {
+            "status_code": 200,
+            "request_id": "q1",
+            "body": {
+                "id": "c",
+                "choices": [
+                    {"index": 0, "finish_reason": "length", "message": {"role": "assistant", "content": "bil"}}
+                ],
+                "usage": {"prompt_tokens": 11, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 4}},
+            },
+        },
+    }
+    http_err = {
+        "id": "r2",
+        "custom_id": "b",
+        "error": None,
+        "response": {
+            "status_code": 500,
+            "request_id": "q2",
+            "body": {"error": {"message": "boom", "type": "server_error", "code": None}},
+        },
+    }
     expired = {"id": "r3", "custom_id": "c", "response": None, "error": {"code": "batch_expired", "message": "late"}}
-    weird = {"id": "r4", "custom_id": "d", "response": {"status_code": 200, "body": {"choices": [
-        {"finish_reason": "stop", "message": {"content": [{"type": "text", "text": "x"}]}}]}}}
+    weird = {
+        "id": "r4",
+        "custom_id": "d",
+        "response": {
+            "status_code": 200,
+            "body": {"choices": [{"finish_reason": "stop", "message": {"content": [{"type": "text", "text": "x"}]}}]},
+        },
+    }
     block = "\n".join(json.dumps(x) for x in (ok, http_err, expired, weird)).encode() + b"\n\nnot json\n"
     t = parse_output_block(block).to_pylist()
     by = {r["request_id"]: r for r in t}
@@ -179,8 +209,10 @@ def test_a_create_that_really_failed_is_retried_after_the_provider_wait(admin):
     assert wait_ended(ex, handle).state == BatchState.COMPLETED
 
 
-@pytest.mark.parametrize(("headers", "wait"), [({"retry-after-ms": "250", "retry-after": "9"}, 0.25),
-                                               ({"retry-after": "2"}, 2.0), ({}, None)])
+@pytest.mark.parametrize(
+    ("headers", "wait"),
+    [({"retry-after-ms": "250", "retry-after": "9"}, 0.25), ({"retry-after": "2"}, 2.0), ({}, None)],
+)
 def test_a_rate_limit_carries_the_providers_wait_from_either_header(headers, wait):
     import httpx2
 
@@ -213,9 +245,17 @@ def test_a_download_that_breaks_half_way_is_a_transient_error(monkeypatch):
                 self.wfile.flush()
                 self.close_connection = True
                 return
-            batch = {"id": "batch_1", "object": "batch", "endpoint": "/v1/chat/completions", "completion_window": "24h",
-                     "created_at": 1, "input_file_id": "file-in", "status": "completed",
-                     "output_file_id": "file-out", "error_file_id": None}
+            batch = {
+                "id": "batch_1",
+                "object": "batch",
+                "endpoint": "/v1/chat/completions",
+                "completion_window": "24h",
+                "created_at": 1,
+                "input_file_id": "file-in",
+                "status": "completed",
+                "output_file_id": "file-out",
+                "error_file_id": None,
+            }
             data = json.dumps(batch).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -231,8 +271,11 @@ def test_a_download_that_breaks_half_way_is_a_transient_error(monkeypatch):
     thread.start()
     try:
         monkeypatch.setenv("BROKEN_KEY", "sk-test-broken")
-        ex = OpenAIBatchExecutor(OpenAIBatchSettings(base_url=f"http://127.0.0.1:{server.server_port}/v1",
-                                                     api_key_env="BROKEN_KEY", max_retries=0))
+        ex = OpenAIBatchExecutor(
+            OpenAIBatchSettings(
+                base_url=f"http://127.0.0.1:{server.server_port}/v1", api_key_env="BROKEN_KEY", max_retries=0
+            )
+        )
         with pytest.raises(TransientError, match="download"):
             list(ex.fetch(BatchHandle("openai_batch", "batch_1", "ex:s00001:1")))
     finally:

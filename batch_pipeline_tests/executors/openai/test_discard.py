@@ -34,8 +34,12 @@ def _no_azure_credentials(monkeypatch):
 
 
 def work(n: int = 12) -> ShardWork:
-    items = pa.table({"request_id": [f"{i:064x}" for i in range(n)],
-                      "user_prompt": [f"ticket {i}: my invoice was wrong" for i in range(n)]})
+    items = pa.table(
+        {
+            "request_id": [f"{i:064x}" for i in range(n)],
+            "user_prompt": [f"ticket {i}: my invoice was wrong" for i in range(n)],
+        }
+    )
     return ShardWork("dx", "s00001", 1, "dx:s00001:1", RequestPlan.from_spec(parse_spec(SPEC)), items)
 
 

@@ -4,8 +4,8 @@ import json
 import random
 
 import pyarrow as pa
-import pytest
 import pyarrow.parquet as pq
+import pytest
 
 from batch_pipeline.core.run.executor import RequestPlan, ShardWork
 from batch_pipeline.core.run.results import build_results, write_results
@@ -28,19 +28,46 @@ output: {choice: [bug, other]}
 def _line(i: int) -> dict:
     kind = i % 4
     if kind == 3:
-        return {"id": f"r{i}", "custom_id": f"c{i}", "response": None,
-                "error": {"code": "batch_expired", "message": "expired"}}
+        return {
+            "id": f"r{i}",
+            "custom_id": f"c{i}",
+            "response": None,
+            "error": {"code": "batch_expired", "message": "expired"},
+        }
     if kind == 2:
-        return {"id": f"r{i}", "custom_id": f"c{i}", "error": None, "response": {
-            "status_code": 500, "request_id": f"q{i}", "body": {"error": {"message": "boom", "type": "server_error",
-                                                                           "code": None}}}}
-    message = {"role": "assistant", "content": json.dumps({"label": "bug"}) if kind == 0 else None,
-               "refusal": None if kind == 0 else "I can't help with that"}
-    return {"id": f"r{i}", "custom_id": f"c{i}", "error": None, "response": {
-        "status_code": 200, "request_id": f"q{i}", "body": {
-            "id": f"cc{i}", "choices": [{"index": 0, "finish_reason": "stop", "message": message}],
-            "usage": {"prompt_tokens": 10 + i, "completion_tokens": 3,
-                      "prompt_tokens_details": {"cached_tokens": i % 5}}}}}
+        return {
+            "id": f"r{i}",
+            "custom_id": f"c{i}",
+            "error": None,
+            "response": {
+                "status_code": 500,
+                "request_id": f"q{i}",
+                "body": {"error": {"message": "boom", "type": "server_error", "code": None}},
+            },
+        }
+    message = {
+        "role": "assistant",
+        "content": json.dumps({"label": "bug"}) if kind == 0 else None,
+        "refusal": None if kind == 0 else "I can't help with that",
+    }
+    return {
+        "id": f"r{i}",
+        "custom_id": f"c{i}",
+        "error": None,
+        "response": {
+            "status_code": 200,
+            "request_id": f"q{i}",
+            "body": {
+                "id": f"cc{i}",
+                "choices": [{"index": 0, "finish_reason": "stop", "message": message}],
+                "usage": {
+                    "prompt_tokens": 10 + i,
+                    "completion_tokens": 3,
+                    "prompt_tokens_details": {"cached_tokens": i % 5},
+                },
+            },
+        },
+    }
 
 
 def _file(n: int) -> bytes:
@@ -96,16 +123,20 @@ def test_result_parts_store_the_ids_with_zstd_the_rest_with_lz4_and_the_raw_line
     spec = parse_spec(SPEC)
     raw = parse_output_block(_file(50))
     work = ShardWork("fmt", "s00001", 1, "fmt:s00001:1", RequestPlan.from_spec(spec), raw.select(["request_id"]))
-    table = build_results(raw, work, backend="openai_batch", pricing="batch", prompt_version="v1", price=None,
-                          provider_batch_id="b1")
+    table = build_results(
+        raw, work, backend="openai_batch", pricing="batch", prompt_version="v1", price=None, provider_batch_id="b1"
+    )
     store = Store(tmp_path)
     rel = write_results(store, "fmt", "s00001", 1, 1, table)
     meta = pq.ParquetFile(store.local_path(rel)).metadata.row_group(0)
     codecs = {meta.column(i).path_in_schema: meta.column(i).compression for i in range(meta.num_columns)}
     assert codecs["request_id"] == "ZSTD" and codecs["output_text"] == "LZ4" and "raw_payload" not in codecs
     assert store.read_part(rel).equals(table.drop_columns(["raw_payload"]))
-    assert store.read_part(JobPaths("fmt").payload_part(rel), ["raw_payload"]).column(0).equals(
-        table.column("raw_payload"))  # the provider's lines, in their own part
+    assert (
+        store.read_part(JobPaths("fmt").payload_part(rel), ["raw_payload"])
+        .column(0)
+        .equals(table.column("raw_payload"))
+    )  # the provider's lines, in their own part
 
 
 def test_an_answer_that_also_carries_a_refusal_keeps_the_refusal():

@@ -7,7 +7,7 @@ import time
 import urllib.error
 import urllib.request
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Any
 from urllib.parse import urlsplit
 
 import anthropic
@@ -22,9 +22,10 @@ COUNT_KEYS = {"processing", "succeeded", "errored", "canceled", "expired"}
 
 def request(custom_id: str, text: str, *, model: str = MODEL, max_tokens: int = 64, **params: Any) -> dict[str, Any]:
     """One batch request entry."""
-    return {"custom_id": custom_id,
-            "params": {"model": model, "max_tokens": max_tokens, "messages": [{"role": "user", "content": text}],
-                       **params}}
+    return {
+        "custom_id": custom_id,
+        "params": {"model": model, "max_tokens": max_tokens, "messages": [{"role": "user", "content": text}], **params},
+    }
 
 
 def create(client: anthropic.Anthropic, requests: list[dict[str, Any]]) -> dict[str, Any]:
@@ -54,8 +55,9 @@ def results(client: anthropic.Anthropic, batch_id: str) -> list[dict[str, Any]]:
     return [line.model_dump(mode="json", exclude_none=True) for line in client.messages.batches.results(batch_id)]
 
 
-def raw(url: str, method: str = "GET", headers: Optional[dict[str, str]] = None, body: Optional[bytes] = None
-        ) -> tuple[int, dict[str, str], bytes]:
+def raw(
+    url: str, method: str = "GET", headers: dict[str, str] | None = None, body: bytes | None = None
+) -> tuple[int, dict[str, str], bytes]:
     """A raw HTTP call: (status, headers, body), errors included."""
     req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
     try:
@@ -65,8 +67,7 @@ def raw(url: str, method: str = "GET", headers: Optional[dict[str, str]] = None,
         return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read()
 
 
-def test_lifecycle_counts_and_results_url(aclient: anthropic.Anthropic, admin: SandboxAdmin, sandbox_url: str
-                                          ) -> None:
+def test_lifecycle_counts_and_results_url(aclient: anthropic.Anthropic, admin: SandboxAdmin, sandbox_url: str) -> None:
     admin.clock(freeze=True)
     reqs = [request(f"lc-{i}", f"item {i}") for i in range(6)]
     created = create(aclient, reqs)
@@ -105,14 +106,17 @@ def test_lifecycle_counts_and_results_url(aclient: anthropic.Anthropic, admin: S
 
 
 def test_results_url_follows_the_host_header_and_errors_use_the_envelope(
-        aclient: anthropic.Anthropic, admin: SandboxAdmin, sandbox_url: str) -> None:
+    aclient: anthropic.Anthropic, admin: SandboxAdmin, sandbox_url: str
+) -> None:
     batch_id = create(aclient, [request("h1", "hello")])["id"]
     port = urlsplit(sandbox_url).port
     headers = {"x-api-key": "sk-sandbox", "anthropic-version": "2023-06-01", "Host": f"localhost:{port}"}
     status, got, body = raw(f"{sandbox_url}/v1/messages/batches/{batch_id}/results", headers=headers)
     assert status == 400 and got["request-id"]
-    assert json.loads(body) == {"type": "error", "error": {"type": "invalid_request_error",
-                                                           "message": json.loads(body)["error"]["message"]}}
+    assert json.loads(body) == {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": json.loads(body)["error"]["message"]},
+    }
     wait_ended(aclient, batch_id)
     status, got, body = raw(f"{sandbox_url}/v1/messages/batches/{batch_id}", headers=headers)
     assert status == 200 and got["request-id"]
@@ -158,8 +162,7 @@ def test_delete_only_after_the_batch_ended(aclient: anthropic.Anthropic, admin: 
     assert aclient.messages.batches.list().data == []
 
 
-def test_cancel_keeps_finished_requests_and_cancels_the_rest(aclient: anthropic.Anthropic, admin: SandboxAdmin
-                                                              ) -> None:
+def test_cancel_keeps_finished_requests_and_cancels_the_rest(aclient: anthropic.Anthropic, admin: SandboxAdmin) -> None:
     admin.set_scenario("slow", in_progress_s=100)
     admin.clock(freeze=True)
     batch_id = create(aclient, [request(f"c{i}", f"item {i}") for i in range(10)])["id"]
@@ -179,8 +182,9 @@ def test_cancel_keeps_finished_requests_and_cancels_the_rest(aclient: anthropic.
         aclient.messages.batches.cancel(batch_id)
 
 
-def test_both_auth_headers_are_accepted_and_bad_keys_refused(aclient: anthropic.Anthropic, admin: SandboxAdmin,
-                                                             sandbox_url: str) -> None:
+def test_both_auth_headers_are_accepted_and_bad_keys_refused(
+    aclient: anthropic.Anthropic, admin: SandboxAdmin, sandbox_url: str
+) -> None:
     url = sandbox_url + "/v1/messages/batches"
     body = json.dumps({"requests": [request("a1", "x")]}).encode()
     api_key = {"x-api-key": "sk-old-sdk", "anthropic-version": "2023-06-01", "content-type": "application/json"}
@@ -197,8 +201,10 @@ def test_both_auth_headers_are_accepted_and_bad_keys_refused(aclient: anthropic.
     bad = anthropic.Anthropic(base_url=sandbox_url, api_key="sk-sandbox-bad", max_retries=0)
     with pytest.raises(anthropic.AuthenticationError) as caught:
         bad.messages.batches.list()
-    assert caught.value.body == {"type": "error", "error": {"type": "authentication_error",
-                                                            "message": "invalid x-api-key"}}
+    assert caught.value.body == {
+        "type": "error",
+        "error": {"type": "authentication_error", "message": "invalid x-api-key"},
+    }
     assert caught.value.request_id
     status, _, payload = raw(sandbox_url + "/v1/messages/nothing", headers=bearer)
     assert status == 404 and json.loads(payload)["error"]["type"] == "not_found_error"

@@ -44,8 +44,11 @@ def test_a_create_past_the_queue_cap_is_a_429_and_one_at_the_cap_is_accepted(key
     first = create(client, BATCH)
     error = refused(client)
     assert error.status_code == 429
-    assert error.body == {"type": "error", "error": {"type": "rate_limit_error", "message": error.body["error"][
-        "message"]}} and f"Limit: {cap} requests in the processing queue" in error.body["error"]["message"]
+    assert (
+        error.body
+        == {"type": "error", "error": {"type": "rate_limit_error", "message": error.body["error"]["message"]}}
+        and f"Limit: {cap} requests in the processing queue" in error.body["error"]["message"]
+    )
     assert 1 <= int(error.response.headers["retry-after"]) <= 60
     admin.set_scenario("normal", quota_enqueued_requests=2 * len(BATCH), in_progress_s=10.0)
     second = create(client, BATCH)  # exactly the cap
@@ -57,7 +60,12 @@ def test_a_create_past_the_queue_cap_is_a_429_and_one_at_the_cap_is_accepted(key
     load = admin.load()
     assert assert_never_over(load, "anthropic", "requests", 2 * len(BATCH)) == 2 * len(BATCH)
     assert load["refusals"] == 1 and [e["event"] for e in load_events(load, "anthropic")] == [
-        "enqueue", "refuse", "enqueue", "release", "release"]
+        "enqueue",
+        "refuse",
+        "enqueue",
+        "release",
+        "release",
+    ]
     assert {(e["account"], e["model"]) for e in load["events"]} == {("sk-ant-one", MODEL)}
 
 
@@ -77,7 +85,11 @@ def test_the_queue_frees_when_a_batch_ends_and_each_key_has_its_own(keys, admin)
     for account in ("sk-ant-one", "sk-ant-two"):
         assert max(e["requests"] for e in load["events"] if e["account"] == account) == len(BATCH)
     assert [e["event"] for e in load["events"] if e["account"] == "sk-ant-one"] == [
-        "enqueue", "refuse", "release", "enqueue"]
+        "enqueue",
+        "refuse",
+        "release",
+        "enqueue",
+    ]
 
 
 def test_a_mixed_model_batch_counts_per_model_against_one_queue(keys, admin):

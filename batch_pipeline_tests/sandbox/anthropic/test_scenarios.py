@@ -16,8 +16,12 @@ from ..support import chat_line, message_content, read_jsonl, submit, upload, wa
 from .test_api import create, request, results, retrieve, wait_ended
 
 LABELS = ["billing", "bug", "other"]
-SCHEMA = {"type": "object", "properties": {"label": {"type": "string", "enum": LABELS}}, "required": ["label"],
-          "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"label": {"type": "string", "enum": LABELS}},
+    "required": ["label"],
+    "additionalProperties": False,
+}
 TOOL = {"tools": [{"name": "answer", "input_schema": SCHEMA}], "tool_choice": {"type": "tool", "name": "answer"}}
 LONG_SYSTEM = "You label support tickets carefully. " * 200  # > 1024 tokens: long enough to be cached
 
@@ -47,11 +51,11 @@ def test_expire_scenario_keeps_the_complete_share(aclient: anthropic.Anthropic, 
     batch = wait_ended(aclient, create(aclient, [request(f"s{i}", "x") for i in range(10)])["id"])
     assert batch["request_counts"] == {"processing": 0, "succeeded": 3, "errored": 0, "canceled": 0, "expired": 7}
     assert sorted(e["custom_id"] for e in admin.ledger()) == sorted(
-        cid for cid, result in by_id(results(aclient, batch["id"])).items() if result["type"] == "succeeded")
+        cid for cid, result in by_id(results(aclient, batch["id"])).items() if result["type"] == "succeeded"
+    )
 
 
-def test_line_errors_fail_once_then_succeed_and_bill_once(aclient: anthropic.Anthropic, admin: SandboxAdmin
-                                                          ) -> None:
+def test_line_errors_fail_once_then_succeed_and_bill_once(aclient: anthropic.Anthropic, admin: SandboxAdmin) -> None:
     admin.set_scenario("line_errors", rate=0.5)
     reqs = [request(f"le{i}", f"item {i}") for i in range(20)]
     first = wait_ended(aclient, create(aclient, reqs)["id"])
@@ -69,8 +73,9 @@ def test_line_errors_fail_once_then_succeed_and_bill_once(aclient: anthropic.Ant
     assert len(admin.ledger()) == 20
 
 
-def test_markers_poison_truncate_refuse_and_forced_tool_output(aclient: anthropic.Anthropic, admin: SandboxAdmin
-                                                               ) -> None:
+def test_markers_poison_truncate_refuse_and_forced_tool_output(
+    aclient: anthropic.Anthropic, admin: SandboxAdmin
+) -> None:
     reqs = [
         request("poison", "bad [[sandbox:poison]]"),
         request("trunc", "a fairly long question about many things [[sandbox:truncate]]"),
@@ -110,8 +115,9 @@ def test_cache_control_prefix_is_written_once_then_read(aclient: anthropic.Anthr
     prefix = writes[0]["cache_creation_input_tokens"]
     assert prefix > 1024
     assert sorted(u["cache_read_input_tokens"] for u in usages) == [0, prefix, prefix, prefix]
-    second = wait_ended(aclient, create(aclient, [request("k9", "t", system=system),
-                                                  request("s1", "t", system=short)])["id"])
+    second = wait_ended(
+        aclient, create(aclient, [request("k9", "t", system=system), request("s1", "t", system=short)])["id"]
+    )
     got = by_id(results(aclient, second["id"]))
     assert got["k9"]["message"]["usage"]["cache_read_input_tokens"] == prefix
     assert got["k9"]["message"]["usage"]["cache_creation_input_tokens"] == 0
@@ -125,8 +131,10 @@ def test_cache_control_prefix_is_written_once_then_read(aclient: anthropic.Anthr
 def test_unknown_model_no_credit_and_the_error_shapes(aclient: anthropic.Anthropic, admin: SandboxAdmin) -> None:
     with pytest.raises(anthropic.NotFoundError) as unknown:
         aclient.messages.batches.create(requests=[request("u", "x", model="unknown-model-1")])  # type: ignore
-    assert unknown.value.body == {"type": "error", "error": {"type": "not_found_error",
-                                                             "message": "model: unknown-model-1"}}
+    assert unknown.value.body == {
+        "type": "error",
+        "error": {"type": "not_found_error", "message": "model: unknown-model-1"},
+    }
     admin.set_scenario("unknown_model")
     with pytest.raises(anthropic.NotFoundError):
         aclient.messages.batches.create(requests=[request("u", "x")])  # type: ignore[list-item]
@@ -137,8 +145,7 @@ def test_unknown_model_no_credit_and_the_error_shapes(aclient: anthropic.Anthrop
     assert aclient.messages.batches.list().data == [] and admin.ledger() == []
 
 
-def test_rate_limit_and_server_error_are_retried_by_the_sdk(aclient: anthropic.Anthropic, admin: SandboxAdmin
-                                                            ) -> None:
+def test_rate_limit_and_server_error_are_retried_by_the_sdk(aclient: anthropic.Anthropic, admin: SandboxAdmin) -> None:
     admin.set_scenario("rate_limit", times=2, retry_after_ms=300, on=["anthropic_create"])
     batch = aclient.messages.batches.create(requests=[request("rl", "x")])  # type: ignore[list-item]
     log = [r for r in admin.requests() if r["path"] == "/v1/messages/batches" and r["method"] == "POST"]

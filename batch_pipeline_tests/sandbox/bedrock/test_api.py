@@ -28,13 +28,20 @@ def info(url: str) -> dict:
 def aws(admin, sandbox_proc):
     _, url = sandbox_proc
     where = info(url)
-    return (boto3.client("bedrock", endpoint_url=url, config=NO_RETRY, **KEYS),
-            boto3.client("s3", endpoint_url=where["s3_endpoint_url"], **KEYS), where["bucket"])
+    return (
+        boto3.client("bedrock", endpoint_url=url, config=NO_RETRY, **KEYS),
+        boto3.client("s3", endpoint_url=where["s3_endpoint_url"], **KEYS),
+        where["bucket"],
+    )
 
 
 def record(i: int, **model_input) -> dict:
-    body = {"anthropic_version": "bedrock-2023-05-31", "max_tokens": 32,
-            "messages": [{"role": "user", "content": f"ticket {i}"}], **model_input}
+    body = {
+        "anthropic_version": "bedrock-2023-05-31",
+        "max_tokens": 32,
+        "messages": [{"role": "user", "content": f"ticket {i}"}],
+        **model_input,
+    }
     return {"recordId": f"r{i:04d}", "modelInput": body}
 
 
@@ -45,8 +52,13 @@ def put_input(s3, bucket: str, key: str, records: list[dict]) -> str:
 
 def create(bedrock, uri: str, bucket: str, name: str = "job-1", **extra) -> str:
     return bedrock.create_model_invocation_job(
-        jobName=name, roleArn=ROLE, modelId=MODEL, inputDataConfig={"s3InputDataConfig": {"s3Uri": uri}},
-        outputDataConfig={"s3OutputDataConfig": {"s3Uri": f"s3://{bucket}/out/"}}, **extra)["jobArn"]
+        jobName=name,
+        roleArn=ROLE,
+        modelId=MODEL,
+        inputDataConfig={"s3InputDataConfig": {"s3Uri": uri}},
+        outputDataConfig={"s3OutputDataConfig": {"s3Uri": f"s3://{bucket}/out/"}},
+        **extra,
+    )["jobArn"]
 
 
 def wait(bedrock, arn: str) -> dict:
@@ -61,18 +73,26 @@ def wait(bedrock, arn: str) -> dict:
 def output(s3, bucket: str, arn: str) -> dict[str, bytes]:
     prefix = f"out/{arn.rsplit('/', 1)[-1]}/"
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents") or []]
-    return {k[len(prefix):]: s3.get_object(Bucket=bucket, Key=k)["Body"].read() for k in keys}
+    return {k[len(prefix) :]: s3.get_object(Bucket=bucket, Key=k)["Body"].read() for k in keys}
 
 
 def test_a_job_runs_against_s3_and_writes_its_output_and_manifest(aws, admin):
     bedrock, s3, bucket = aws
-    uri = put_input(s3, bucket, "in/a.jsonl", [record(i) for i in range(100)]
-                    + [record(100, model="x"), {"modelInput": record(101)["modelInput"]}])
+    uri = put_input(
+        s3,
+        bucket,
+        "in/a.jsonl",
+        [record(i) for i in range(100)] + [record(100, model="x"), {"modelInput": record(101)["modelInput"]}],
+    )
     arn = create(bedrock, uri, bucket, clientRequestToken="tok1")
     assert arn.startswith("arn:aws:bedrock:us-east-1:123456789012:model-invocation-job/")
     job = wait(bedrock, arn)
     assert (job["status"], job["totalRecordCount"], job["successRecordCount"], job["errorRecordCount"]) == (
-        "Completed", 102, 101, 1)
+        "Completed",
+        102,
+        101,
+        1,
+    )
     assert job["submitTime"].tzinfo is not None and job["endTime"] >= job["submitTime"]
     files = output(s3, bucket, arn)
     assert sorted(files) == ["a.jsonl.out", "manifest.json.out"]
@@ -87,11 +107,15 @@ def test_a_job_runs_against_s3_and_writes_its_output_and_manifest(aws, admin):
     assert set(good["modelOutput"]["usage"]) >= {"input_tokens", "output_tokens"}
     manifest = json.loads(files["manifest.json.out"])
     assert manifest["totalRecordCount"] == 102 and manifest["successRecordCount"] == 101
-    assert manifest["inputTokenCount"] == sum(ln["modelOutput"]["usage"]["input_tokens"] for ln in lines
-                                              if "modelOutput" in ln)
+    assert manifest["inputTokenCount"] == sum(
+        ln["modelOutput"]["usage"]["input_tokens"] for ln in lines if "modelOutput" in ln
+    )
     ledger = admin.ledger()  # one entry per billed (successful) record
-    assert len(ledger) == 101 and {e["provider"] for e in ledger} == {"bedrock"} and "r0100" not in {
-        e["custom_id"] for e in ledger}
+    assert (
+        len(ledger) == 101
+        and {e["provider"] for e in ledger} == {"bedrock"}
+        and "r0100" not in {e["custom_id"] for e in ledger}
+    )
 
 
 def test_the_same_client_request_token_is_the_same_job(aws, admin):
@@ -115,10 +139,17 @@ def test_a_too_small_job_and_bad_parameters_are_validation_errors(aws, admin):
     assert create(bedrock, small, bucket)
     for bad in ({"jobName": "_bad"}, {"jobName": "a" * 64}):  # the pattern, the length (botocore checks neither)
         with pytest.raises(ClientError) as caught:
-            bedrock.create_model_invocation_job(**{
-                "jobName": "ok", "roleArn": ROLE, "modelId": MODEL, "timeoutDurationInHours": 24,
-                "inputDataConfig": {"s3InputDataConfig": {"s3Uri": small}},
-                "outputDataConfig": {"s3OutputDataConfig": {"s3Uri": f"s3://{bucket}/out/"}}, **bad})
+            bedrock.create_model_invocation_job(
+                **{
+                    "jobName": "ok",
+                    "roleArn": ROLE,
+                    "modelId": MODEL,
+                    "timeoutDurationInHours": 24,
+                    "inputDataConfig": {"s3InputDataConfig": {"s3Uri": small}},
+                    "outputDataConfig": {"s3OutputDataConfig": {"s3Uri": f"s3://{bucket}/out/"}},
+                    **bad,
+                }
+            )
         assert caught.value.response["Error"]["Code"] == "ValidationException"
 
 
@@ -157,8 +188,12 @@ def test_stop_ends_stopped_and_an_ended_job_cannot_be_stopped(aws, admin):
 def test_tags_choose_a_job_scenario_and_the_timeout_expires_a_job(aws, admin):
     bedrock, s3, bucket = aws
     uri = put_input(s3, bucket, "in/e.jsonl", [record(i) for i in range(100)])
-    partial = create(bedrock, uri, bucket, tags=[{"key": "sandbox_scenario", "value": "expire"},
-                                                  {"key": "sandbox_param_complete_share", "value": "0.3"}])
+    partial = create(
+        bedrock,
+        uri,
+        bucket,
+        tags=[{"key": "sandbox_scenario", "value": "expire"}, {"key": "sandbox_param_complete_share", "value": "0.3"}],
+    )
     job = wait(bedrock, partial)
     assert (job["status"], job["processedRecordCount"]) == ("PartiallyCompleted", 30)
     admin.set_scenario("slow", in_progress_s=10 * 24 * 3600.0)
@@ -171,10 +206,13 @@ def test_tags_choose_a_job_scenario_and_the_timeout_expires_a_job(aws, admin):
     assert wait(bedrock, never)["status"] == "Expired" and output(s3, bucket, never) == {}
 
 
-@pytest.mark.parametrize(("keys", "scenario", "code"), [
-    ({**KEYS, "aws_access_key_id": "sandbox-bad"}, "normal", "UnrecognizedClientException"),
-    (KEYS, "access_denied", "AccessDeniedException"),
-])
+@pytest.mark.parametrize(
+    ("keys", "scenario", "code"),
+    [
+        ({**KEYS, "aws_access_key_id": "sandbox-bad"}, "normal", "UnrecognizedClientException"),
+        (KEYS, "access_denied", "AccessDeniedException"),
+    ],
+)
 def test_credentials_and_access_are_checked(aws, admin, sandbox_proc, keys, scenario, code):
     admin.set_scenario(scenario)
     client = boto3.client("bedrock", endpoint_url=sandbox_proc[1], config=NO_RETRY, **keys)
@@ -188,7 +226,9 @@ def test_unsigned_requests_are_refused_and_routes_do_not_collide(aws, sandbox_pr
     url = sandbox_proc[1]
     with pytest.raises(urllib.error.HTTPError) as caught:
         urllib.request.urlopen(url + "/model-invocation-jobs")
-    assert caught.value.code == 403 and caught.value.headers["x-amzn-ErrorType"] == "MissingAuthenticationTokenException"
+    assert (
+        caught.value.code == 403 and caught.value.headers["x-amzn-ErrorType"] == "MissingAuthenticationTokenException"
+    )
     with pytest.raises(urllib.error.HTTPError) as caught:  # the OpenAI routes keep their own envelope
         urllib.request.urlopen(url + "/v1/batches")
     assert caught.value.code == 401 and "error" in json.loads(caught.value.read())
@@ -201,8 +241,9 @@ def test_throttling_is_a_429_throttling_exception_that_botocore_retries(aws, adm
         bedrock.list_model_invocation_jobs()
     assert caught.value.response["Error"]["Code"] == "ThrottlingException"
     assert caught.value.response["ResponseMetadata"]["HTTPStatusCode"] == 429
-    retrying = boto3.client("bedrock", endpoint_url=sandbox_proc[1],
-                            config=Config(retries={"max_attempts": 3, "mode": "standard"}), **KEYS)
+    retrying = boto3.client(
+        "bedrock", endpoint_url=sandbox_proc[1], config=Config(retries={"max_attempts": 3, "mode": "standard"}), **KEYS
+    )
     assert retrying.list_model_invocation_jobs()["invocationJobSummaries"] == []
 
 
@@ -216,8 +257,11 @@ def given_s3(request) -> Iterator[tuple[str, str]]:
     moto.start()
     host, port = moto.get_host_and_port()
     s3_url = f"http://{host}:{port}"
-    proc, url = (start_sandbox_process(env={"BATCH_PIPELINE_SANDBOX_S3_URL": s3_url}) if request.param == "env"
-                 else start_sandbox_process(args=["--s3-url", s3_url]))
+    proc, url = (
+        start_sandbox_process(env={"BATCH_PIPELINE_SANDBOX_S3_URL": s3_url})
+        if request.param == "env"
+        else start_sandbox_process(args=["--s3-url", s3_url])
+    )
     try:
         yield url, s3_url
     finally:
@@ -231,7 +275,8 @@ def test_a_given_s3_endpoint_is_used_instead_of_its_own(given_s3):
     assert where["s3_endpoint_url"] == s3_url
     s3 = boto3.client("s3", endpoint_url=s3_url, **KEYS)
     bedrock = boto3.client("bedrock", endpoint_url=url, **KEYS)
-    arn = create(bedrock, put_input(s3, where["bucket"], "in/f.jsonl", [record(i) for i in range(100)]),
-                 where["bucket"])
+    arn = create(
+        bedrock, put_input(s3, where["bucket"], "in/f.jsonl", [record(i) for i in range(100)]), where["bucket"]
+    )
     assert wait(bedrock, arn)["status"] == "Completed"
     assert "manifest.json.out" in output(s3, where["bucket"], arn)

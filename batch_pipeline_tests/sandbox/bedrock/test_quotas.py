@@ -31,9 +31,12 @@ def test_concurrent_jobs_past_the_cap_are_refused_per_key_and_model_and_freed_wh
     assert error["ResponseMetadata"]["HTTPStatusCode"] == 400 and "Limit: 2 jobs" in error["Error"]["Message"]
     assert create(other_key(sandbox_proc[1]), uri, bucket, name="q-other")  # another account
     other_model = bedrock.create_model_invocation_job(
-        jobName="q-haiku", roleArn="arn:aws:iam::123456789012:role/r", modelId="anthropic.claude-haiku-4-5",
+        jobName="q-haiku",
+        roleArn="arn:aws:iam::123456789012:role/r",
+        modelId="anthropic.claude-haiku-4-5",
         inputDataConfig={"s3InputDataConfig": {"s3Uri": uri}},
-        outputDataConfig={"s3OutputDataConfig": {"s3Uri": f"s3://{bucket}/out/"}})["jobArn"]
+        outputDataConfig={"s3OutputDataConfig": {"s3Uri": f"s3://{bucket}/out/"}},
+    )["jobArn"]
     assert other_model  # another model of the same account
     bedrock.stop_model_invocation_job(jobIdentifier=held[0])  # a stopping job no longer counts
     later = create(bedrock, uri, bucket, name="q-3")
@@ -48,8 +51,7 @@ def test_concurrent_jobs_past_the_cap_are_refused_per_key_and_model_and_freed_wh
     load = admin.load()
     assert assert_never_over(load, "bedrock", "jobs", 2) == 2 and load["refusals"] == 1
     mine = [e for e in load_events(load, "bedrock") if (e["account"], e["model"]) == ("AKIDEXAMPLE", MODEL)]
-    assert [e["event"] for e in mine] == ["enqueue", "enqueue", "refuse", "release", "enqueue", "release",
-                                          "release"]
+    assert [e["event"] for e in mine] == ["enqueue", "enqueue", "refuse", "release", "enqueue", "release", "release"]
     assert {e["account"] for e in load["events"]} == {"AKIDEXAMPLE", "AKIDOTHER"}
 
 
@@ -58,8 +60,7 @@ def test_a_job_over_max_records_is_created_then_fails_while_validating(aws, admi
     admin.set_scenario("normal", max_records_per_job=100)
     admin.clock(freeze=True)
     at_max = create(bedrock, put_input(s3, bucket, "in/max.jsonl", [record(i) for i in range(100)]), bucket)
-    over = create(bedrock, put_input(s3, bucket, "in/over.jsonl", [record(i) for i in range(101)]), bucket,
-                  name="over")
+    over = create(bedrock, put_input(s3, bucket, "in/over.jsonl", [record(i) for i in range(101)]), bucket, name="over")
     assert bedrock.get_model_invocation_job(jobIdentifier=over)["status"] == "Submitted"
     admin.clock(advance_s=THIRD * 1.5)
     assert bedrock.get_model_invocation_job(jobIdentifier=over)["status"] == "Validating"
@@ -71,7 +72,10 @@ def test_a_job_over_max_records_is_created_then_fails_while_validating(aws, admi
     assert {e["batch_id"] for e in admin.ledger()} == {at_max.rsplit("/", 1)[-1]}  # the failed job bills nothing
     load = admin.load()
     assert [(e["event"], e["jobs"]) for e in load_events(load, "bedrock")] == [
-        ("enqueue", 1), ("refuse", 1), ("release", 0)]
+        ("enqueue", 1),
+        ("refuse", 1),
+        ("release", 0),
+    ]
 
 
 @pytest.mark.parametrize("body", [None, b'{"recordId": "x"}\n'], ids=["missing", "not-records"])

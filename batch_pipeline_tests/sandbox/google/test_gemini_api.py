@@ -13,8 +13,12 @@ import pytest
 from google import genai
 from google.genai import errors, types
 
-SCHEMA = {"type": "object", "properties": {"label": {"type": "string", "enum": ["billing", "bug", "other"]}},
-          "required": ["label"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"label": {"type": "string", "enum": ["billing", "bug", "other"]}},
+    "required": ["label"],
+    "additionalProperties": False,
+}
 LONG_SYSTEM = "You label support tickets with one label: billing, bug or other. " * 80  # > 1024 tokens
 
 
@@ -23,10 +27,24 @@ def client(url: str, key: str = "any-key", **options) -> genai.Client:
 
 
 def jsonl(prompts: list[str], system: str = "Label the ticket.", max_tokens: int = 32) -> bytes:
-    return b"".join(json.dumps({"key": f"k{i}", "request": {
-        "contents": [{"role": "user", "parts": [{"text": p}]}], "systemInstruction": {"parts": [{"text": system}]},
-        "generationConfig": {"responseMimeType": "application/json", "responseJsonSchema": SCHEMA,
-                             "maxOutputTokens": max_tokens}}}).encode() + b"\n" for i, p in enumerate(prompts))
+    return b"".join(
+        json.dumps(
+            {
+                "key": f"k{i}",
+                "request": {
+                    "contents": [{"role": "user", "parts": [{"text": p}]}],
+                    "systemInstruction": {"parts": [{"text": system}]},
+                    "generationConfig": {
+                        "responseMimeType": "application/json",
+                        "responseJsonSchema": SCHEMA,
+                        "maxOutputTokens": max_tokens,
+                    },
+                },
+            }
+        ).encode()
+        + b"\n"
+        for i, p in enumerate(prompts)
+    )
 
 
 def upload(c: genai.Client, data: bytes) -> types.File:
@@ -50,8 +68,15 @@ def result_lines(c: genai.Client, job: types.BatchJob) -> list[dict]:
 def test_upload_create_poll_download_with_the_sdk_and_its_types(admin, sandbox_proc):
     url = sandbox_proc[1]
     c = client(url)
-    prompts = ["I was charged twice on my billing statement", "a bug: the app crashes on start", "hello there", "[[sandbox:truncate]] a bug",
-               "[[sandbox:refuse]] billing", "[[sandbox:poison]] x", "[[sandbox:block]] y"]
+    prompts = [
+        "I was charged twice on my billing statement",
+        "a bug: the app crashes on start",
+        "hello there",
+        "[[sandbox:truncate]] a bug",
+        "[[sandbox:refuse]] billing",
+        "[[sandbox:poison]] x",
+        "[[sandbox:block]] y",
+    ]
     f = upload(c, jsonl(prompts))
     assert f.name.startswith("files/") and f.size_bytes == len(jsonl(prompts)) and f.display_name == "in.jsonl"
     assert f.state == types.FileState.ACTIVE and f.source == types.FileSource.UPLOADED
@@ -153,20 +178,31 @@ def test_errors_come_in_googles_envelope(admin, sandbox_proc):
 
 def test_an_upload_at_the_wrong_offset_is_refused(admin, sandbox_proc):
     url = sandbox_proc[1]
-    start = httpx2.post(f"{url}/upload/v1/files", json={"file": {"displayName": "x"}}, headers={
-        "x-goog-api-key": "k", "x-goog-upload-protocol": "resumable", "x-goog-upload-command": "start",
-        "x-goog-upload-header-content-length": "10", "x-goog-upload-header-content-type": "jsonl"})
+    start = httpx2.post(
+        f"{url}/upload/v1/files",
+        json={"file": {"displayName": "x"}},
+        headers={
+            "x-goog-api-key": "k",
+            "x-goog-upload-protocol": "resumable",
+            "x-goog-upload-command": "start",
+            "x-goog-upload-header-content-length": "10",
+            "x-goog-upload-header-content-type": "jsonl",
+        },
+    )
     assert start.status_code == 200 and start.headers["x-goog-upload-status"] == "active"
     session = start.headers["x-goog-upload-url"]
     assert session.startswith(url + "/upload/v1/files?upload_id=")
-    wrong = httpx2.post(session, content=b"01234", headers={"x-goog-upload-command": "upload",
-                                                            "x-goog-upload-offset": "3"})
+    wrong = httpx2.post(
+        session, content=b"01234", headers={"x-goog-upload-command": "upload", "x-goog-upload-offset": "3"}
+    )
     assert wrong.status_code == 400 and wrong.json()["error"]["status"] == "INVALID_ARGUMENT"
-    part = httpx2.post(session, content=b"01234", headers={"x-goog-upload-command": "upload",
-                                                           "x-goog-upload-offset": "0"})
+    part = httpx2.post(
+        session, content=b"01234", headers={"x-goog-upload-command": "upload", "x-goog-upload-offset": "0"}
+    )
     assert part.status_code == 200 and part.headers["x-goog-upload-status"] == "active"
-    short = httpx2.post(session, content=b"56", headers={"x-goog-upload-command": "upload, finalize",
-                                                         "x-goog-upload-offset": "5"})
+    short = httpx2.post(
+        session, content=b"56", headers={"x-goog-upload-command": "upload, finalize", "x-goog-upload-offset": "5"}
+    )
     assert short.status_code == 400 and short.headers["x-goog-upload-status"] == "final"
     assert httpx2.post(f"{url}/upload/v1/files", headers={"x-goog-upload-command": "start"}).status_code == 403
 
@@ -214,8 +250,10 @@ def test_cancel_keeps_what_was_answered_and_a_bad_input_fails_the_batch(admin, s
 def test_a_long_system_instruction_is_cached_from_its_second_use(admin, sandbox_proc):
     c = client(sandbox_proc[1])
     job = run(c, jsonl(["a bug", "a billing issue", "hello"], system=LONG_SYSTEM))
-    usage = {line["key"]: types.GenerateContentResponse.model_validate(line["response"]).usage_metadata
-             for line in result_lines(c, job)}
+    usage = {
+        line["key"]: types.GenerateContentResponse.model_validate(line["response"]).usage_metadata
+        for line in result_lines(c, job)
+    }
     cached = sorted(u.cached_content_token_count or 0 for u in usage.values())
     assert cached[0] == 0 and cached[1] == cached[2] > 1024  # the first request wrote the implicit cache
     assert all(u.prompt_token_count > (u.cached_content_token_count or 0) for u in usage.values())
@@ -234,17 +272,23 @@ def test_type_urls_and_sha256_hashes_are_the_live_apis(admin, sandbox_proc):
         assert c.files.get(name=f.name).sha256_hash == digest
         job = c.batches.create(model="gemini-2.5-flash", src=f.name)
         created = httpx2.get(f"{url}/{version}/{job.name}", headers={"x-goog-api-key": "k"}).json()
-        assert created["metadata"]["@type"] == \
-            "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatch"
+        assert (
+            created["metadata"]["@type"]
+            == "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatch"
+        )
         assert created["metadata"]["inputConfig"] == {"fileName": f.name}
         job = run(c, data)
         ended = httpx2.get(f"{url}/{version}/{job.name}", headers={"x-goog-api-key": "k"}).json()
-        assert ended["metadata"]["@type"] == \
-            "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatch"
+        assert (
+            ended["metadata"]["@type"] == "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatch"
+        )
         assert ended["response"] == {
             "@type": "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatchOutput",
-            "responsesFile": job.dest.file_name}
-        assert job.dest.file_name == "files/batch-" + job.name.removeprefix("batches/")  # named as the live API names it
+            "responsesFile": job.dest.file_name,
+        }
+        assert job.dest.file_name == "files/batch-" + job.name.removeprefix(
+            "batches/"
+        )  # named as the live API names it
         out = c.files.get(name=job.dest.file_name)
         output = c.files.download(file=job.dest.file_name)
         assert out.sha256_hash == base64.b64encode(hashlib.sha256(output).hexdigest().encode()).decode()

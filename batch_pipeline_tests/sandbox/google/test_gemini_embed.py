@@ -14,15 +14,22 @@ from .test_gemini_api import client, result_lines, upload
 from .test_gemini_inline import raw, wait
 
 MODEL = "gemini-embedding-001"
-TEXTS = ["My invoice was charged twice", "The app crashes on start", "My invoice was charged twice",
-         "[[sandbox:poison]] too long", "Please add a dark mode"]
+TEXTS = [
+    "My invoice was charged twice",
+    "The app crashes on start",
+    "My invoice was charged twice",
+    "[[sandbox:poison]] too long",
+    "Please add a dark mode",
+]
 
 
 def lines(texts: list[str], dims: int | None = 64) -> bytes:
     """An embeddings input file: ``{"key", "request": EmbedContentRequest}`` per line."""
     extra = {"outputDimensionality": dims} if dims is not None else {}
-    return b"".join(json.dumps({"key": f"k{i}", "request": {"content": {"parts": [{"text": t}]}, **extra}}).encode()
-                    + b"\n" for i, t in enumerate(texts))
+    return b"".join(
+        json.dumps({"key": f"k{i}", "request": {"content": {"parts": [{"text": t}]}, **extra}}).encode() + b"\n"
+        for i, t in enumerate(texts)
+    )
 
 
 def create(c, src, name: str = "emb:s1:1") -> types.BatchJob:
@@ -65,13 +72,17 @@ def test_a_file_batch_of_embeddings_through_the_sdk(admin, sandbox_proc):
     assert sorted(e["custom_id"] for e in ledger) == ["k0", "k1", "k2", "k4"]
     assert all(e["output_tokens"] == 0 and e["model"] == MODEL and e["provider"] == "gemini" for e in ledger)
     assert {e["custom_id"]: e["input_tokens"] for e in ledger} == {
-        k: int(by[k]["response"]["tokenCount"]) for k in ("k0", "k1", "k2", "k4")}
+        k: int(by[k]["response"]["tokenCount"]) for k in ("k0", "k1", "k2", "k4")
+    }
     c.batches.get(name=job.name)
     assert len([e for e in admin.ledger() if e["batch_id"] == job.name]) == 4  # reading again bills nothing
     done = raw(url, job.name)
     assert done["response"]["@type"].endswith(".EmbedContentBatchOutput")
-    assert done["metadata"]["batchStats"] == {"requestCount": "5", "successfulRequestCount": "4",
-                                              "failedRequestCount": "1"}
+    assert done["metadata"]["batchStats"] == {
+        "requestCount": "5",
+        "successfulRequestCount": "4",
+        "failedRequestCount": "1",
+    }
     # the existing routes serve it: list, delete
     (listed,) = list(c.batches.list())
     assert listed.name == job.name and listed.display_name == "emb:s1:1"
@@ -92,8 +103,18 @@ def test_the_dimensions_default_to_the_models_and_a_bad_one_fails_the_batch(admi
 
 def test_inline_embeddings_come_back_in_the_operation(admin, sandbox_proc):
     c = client(sandbox_proc[1])
-    job = wait(c, create(c, {"inlined_requests": {"contents": ["refund please", "the app crashes"],
-                                                  "config": {"output_dimensionality": 16}}}))
+    job = wait(
+        c,
+        create(
+            c,
+            {
+                "inlined_requests": {
+                    "contents": ["refund please", "the app crashes"],
+                    "config": {"output_dimensionality": 16},
+                }
+            },
+        ),
+    )
     assert job.state == types.JobState.JOB_STATE_SUCCEEDED and job.dest.file_name is None
     answers = job.dest.inlined_embed_content_responses
     assert len(answers) == 2

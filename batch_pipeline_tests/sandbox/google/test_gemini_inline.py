@@ -32,8 +32,17 @@ def inline(text: str, key: str | None = None, **config) -> dict:
 
 def labelled(prompts: list[str]) -> list[dict]:
     """The requests of ``jsonl(prompts)`` as inline requests: the same prompt tokens, so the same quota load."""
-    return [inline(p, f"k{i}", system_instruction="Label the ticket.", response_mime_type="application/json",
-                   response_json_schema=SCHEMA, max_output_tokens=32) for i, p in enumerate(prompts)]
+    return [
+        inline(
+            p,
+            f"k{i}",
+            system_instruction="Label the ticket.",
+            response_mime_type="application/json",
+            response_json_schema=SCHEMA,
+            max_output_tokens=32,
+        )
+        for i, p in enumerate(prompts)
+    ]
 
 
 def wait(c, job: types.BatchJob) -> types.BatchJob:
@@ -52,13 +61,20 @@ def raw(url: str, name: str) -> dict:
 def test_inline_requests_are_answered_in_the_operation_in_input_order(admin, sandbox_proc):
     url = sandbox_proc[1]
     c = client(url)
-    src = [inline("I was charged twice on my billing statement", "bill", response_mime_type="application/json",
-                  response_json_schema=SCHEMA),
-           inline("[[sandbox:poison]] too long", "poisoned"),
-           inline("a bug: the app crashes on start", "bug", response_mime_type="application/json",
-                  response_json_schema=SCHEMA),
-           inline("no metadata on this one"),
-           inline("[[sandbox:refuse]] something", "refused")]
+    src = [
+        inline(
+            "I was charged twice on my billing statement",
+            "bill",
+            response_mime_type="application/json",
+            response_json_schema=SCHEMA,
+        ),
+        inline("[[sandbox:poison]] too long", "poisoned"),
+        inline(
+            "a bug: the app crashes on start", "bug", response_mime_type="application/json", response_json_schema=SCHEMA
+        ),
+        inline("no metadata on this one"),
+        inline("[[sandbox:refuse]] something", "refused"),
+    ]
     admin.clock(freeze=True)
     job = c.batches.create(model=MODEL, src=src, config={"display_name": "inline:s1:1"})
     assert job.state == types.JobState.JOB_STATE_PENDING and job.display_name == "inline:s1:1"
@@ -69,8 +85,13 @@ def test_inline_requests_are_answered_in_the_operation_in_input_order(admin, san
     job = wait(c, job)
     assert job.state == types.JobState.JOB_STATE_SUCCEEDED and job.dest.file_name is None
     answers = job.dest.inlined_responses
-    assert [a.metadata for a in answers] == [{"key": "bill"}, {"key": "poisoned"}, {"key": "bug"}, None,
-                                             {"key": "refused"}]  # every request, in input order
+    assert [a.metadata for a in answers] == [
+        {"key": "bill"},
+        {"key": "poisoned"},
+        {"key": "bug"},
+        None,
+        {"key": "refused"},
+    ]  # every request, in input order
     assert [a.response is not None for a in answers] == [True, False, True, True, True]
     assert all((a.response is None) != (a.error is None) for a in answers)
     assert json.loads(answers[0].response.text) == {"label": "billing"}
@@ -80,8 +101,11 @@ def test_inline_requests_are_answered_in_the_operation_in_input_order(admin, san
     assert answers[1].error.code == 3 and "poison" in answers[1].error.message  # INVALID_ARGUMENT, inline
     assert all(a.response.usage_metadata.prompt_token_count > 0 for a in answers if a.response)
     done = raw(url, job.name)
-    assert done["metadata"]["batchStats"] == {"requestCount": "5", "successfulRequestCount": "4",
-                                              "failedRequestCount": "1"}
+    assert done["metadata"]["batchStats"] == {
+        "requestCount": "5",
+        "successfulRequestCount": "4",
+        "failedRequestCount": "1",
+    }
     assert done["response"]["inlinedResponses"] == done["metadata"]["output"]["inlinedResponses"]
     assert set(done["response"]["inlinedResponses"]["inlinedResponses"][1]) == {"error", "metadata"}
     # billed once, when the batch ended: the four answers, under metadata.key or (without one) a request digest
@@ -142,11 +166,17 @@ def test_inline_requests_over_the_20_mib_payload_limit_are_refused(admin, sandbo
 
     def body(size: int) -> bytes:
         """A create body of exactly ``size`` bytes: one short request whose ``metadata`` carries the padding."""
+
         def encode(pad: str) -> bytes:
-            item = {"request": {"contents": [{"role": "user", "parts": [{"text": "hello"}]}]},
-                    "metadata": {"key": "edge", "pad": pad}}
-            return json.dumps({"batch": {"displayName": "edge", "inputConfig": {"requests": {"requests": [item]}}}},
-                              separators=(",", ":")).encode()
+            item = {
+                "request": {"contents": [{"role": "user", "parts": [{"text": "hello"}]}]},
+                "metadata": {"key": "edge", "pad": pad},
+            }
+            return json.dumps(
+                {"batch": {"displayName": "edge", "inputConfig": {"requests": {"requests": [item]}}}},
+                separators=(",", ":"),
+            ).encode()
+
         data = encode("x" * (size - len(encode(""))))
         assert len(data) == size
         return data
@@ -155,8 +185,10 @@ def test_inline_requests_over_the_20_mib_payload_limit_are_refused(admin, sandbo
     headers = {"x-goog-api-key": "k", "content-type": "application/json"}
     over = httpx2.post(endpoint, content=body(LIMIT + 1), headers=headers, timeout=60)
     assert over.status_code == 400 and over.json()["error"] == {
-        "code": 400, "message": "Request payload size exceeds the limit: 20971520 bytes.",
-        "status": "INVALID_ARGUMENT"}
+        "code": 400,
+        "message": "Request payload size exceeds the limit: 20971520 bytes.",
+        "status": "INVALID_ARGUMENT",
+    }
     at = httpx2.post(endpoint, content=body(LIMIT), headers=headers, timeout=60)
     assert at.status_code == 200 and at.json()["metadata"]["state"] == "BATCH_STATE_PENDING"  # exactly the limit
     c.batches.delete(name=at.json()["name"])
@@ -175,8 +207,10 @@ def test_an_inline_batch_is_counted_in_the_enqueued_token_quota_like_a_file_batc
     with pytest.raises(errors.ClientError) as caught:
         c.batches.create(model=MODEL, src=labelled(TICKETS))
     assert (caught.value.code, caught.value.status) == (429, "RESOURCE_EXHAUSTED")
-    assert f"Limit: {tokens} enqueued tokens ({tokens} enqueued in batches pending or running, {tokens} in this " \
-           "batch)" in caught.value.message  # the inline batch counts exactly what the file batch does
+    assert (
+        f"Limit: {tokens} enqueued tokens ({tokens} enqueued in batches pending or running, {tokens} in this "
+        "batch)" in caught.value.message
+    )  # the inline batch counts exactly what the file batch does
     admin.clock(advance_s=11.0)  # the file batch ends and frees its tokens
     assert c.batches.get(name=held.name).state == types.JobState.JOB_STATE_SUCCEEDED
     accepted = c.batches.create(model=MODEL, src=labelled(TICKETS))  # exactly the cap: accepted

@@ -44,8 +44,9 @@ def test_a_create_past_the_enqueued_tokens_is_a_429_and_one_at_the_cap_is_accept
     assert (error.code, error.status) == (429, "RESOURCE_EXHAUSTED")
     found = re.search(r"Enqueued token limit reached for (\S+)\. Limit: (\d+) enqueued tokens", error.message)
     assert found and found.groups() == (MODEL, str(2 * tokens - 1))
-    assert error.details["error"]["details"] == [{"@type": "type.googleapis.com/google.rpc.RetryInfo",
-                                                 "retryDelay": "11s"}]  # the first batch ends in 10.1 s
+    assert error.details["error"]["details"] == [
+        {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "11s"}
+    ]  # the first batch ends in 10.1 s
     admin.set_scenario("normal", quota_enqueued_tokens=2 * tokens, in_progress_s=10.0)
     second = create(c)  # exactly the cap
     admin.clock(advance_s=11.0)
@@ -53,8 +54,7 @@ def test_a_create_past_the_enqueued_tokens_is_a_429_and_one_at_the_cap_is_accept
     assert {e["batch_id"] for e in admin.ledger()} == {first.name, second.name}
     load = admin.load()
     assert assert_never_over(load, "gemini", "tokens", 2 * tokens) == 2 * tokens
-    assert [e["event"] for e in load_events(load, "gemini")] == ["enqueue", "refuse", "enqueue", "release",
-                                                                  "release"]
+    assert [e["event"] for e in load_events(load, "gemini")] == ["enqueue", "refuse", "enqueue", "release", "release"]
     assert {(e["account"], e["model"]) for e in load["events"]} == {("g-one", MODEL)} and load["refusals"] == 1
 
 

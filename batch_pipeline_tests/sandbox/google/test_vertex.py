@@ -15,19 +15,31 @@ from google.oauth2.credentials import Credentials
 from batch_pipeline.sandbox import SandboxAdmin, start_sandbox_process, stop_sandbox_process
 
 BUCKET = "vertex-sandbox-tests"
-REQUEST = {"contents": [{"role": "user", "parts": [{"text": "My invoice is wrong."}]}],
-           "generationConfig": {"maxOutputTokens": 32, "responseMimeType": "application/json",
-                                "responseJsonSchema": {"type": "object", "properties": {
-                                    "label": {"type": "string", "enum": ["billing", "bug"]}},
-                                    "required": ["label"]}}}
+REQUEST = {
+    "contents": [{"role": "user", "parts": [{"text": "My invoice is wrong."}]}],
+    "generationConfig": {
+        "maxOutputTokens": 32,
+        "responseMimeType": "application/json",
+        "responseJsonSchema": {
+            "type": "object",
+            "properties": {"label": {"type": "string", "enum": ["billing", "bug"]}},
+            "required": ["label"],
+        },
+    },
+}
 
 
 def client(url: str, *, project: str = "proj", token: str = "t", version: str | None = None) -> genai.Client:
     options: dict = {"base_url": url}
     if version:
         options["api_version"] = version
-    return genai.Client(vertexai=True, project=project, location="us-central1", credentials=Credentials(token=token),
-                        http_options=options)
+    return genai.Client(
+        vertexai=True,
+        project=project,
+        location="us-central1",
+        credentials=Credentials(token=token),
+        http_options=options,
+    )
 
 
 @pytest.fixture
@@ -47,8 +59,13 @@ def put_input(gcs: storage.Client, name: str, requests: list[dict]) -> str:
 def wait(c: genai.Client, name: str) -> gtypes.BatchJob:
     for _ in range(200):
         job = c.batches.get(name=name)
-        if job.state.name in ("JOB_STATE_SUCCEEDED", "JOB_STATE_PARTIALLY_SUCCEEDED", "JOB_STATE_FAILED",
-                              "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED"):
+        if job.state.name in (
+            "JOB_STATE_SUCCEEDED",
+            "JOB_STATE_PARTIALLY_SUCCEEDED",
+            "JOB_STATE_FAILED",
+            "JOB_STATE_CANCELLED",
+            "JOB_STATE_EXPIRED",
+        ):
             return job
         time.sleep(0.05)
     raise AssertionError("the job never ended")
@@ -65,8 +82,9 @@ def test_a_job_reads_its_input_from_gcs_and_writes_predictions_and_stats_the_sdk
     c = client(vertex_sandbox.base_url)
     poison = {**REQUEST, "contents": [{"role": "user", "parts": [{"text": "bad [[sandbox:poison]]"}]}]}
     src = put_input(gcs, "a/input.jsonl", [REQUEST, poison, REQUEST])
-    job = c.batches.create(model="gemini-2.5-flash", src=src,
-                           config={"display_name": "job:s1:1", "dest": f"gs://{BUCKET}/a/out"})
+    job = c.batches.create(
+        model="gemini-2.5-flash", src=src, config={"display_name": "job:s1:1", "dest": f"gs://{BUCKET}/a/out"}
+    )
     assert job.state == gtypes.JobState.JOB_STATE_PENDING and job.display_name == "job:s1:1"
     assert job.model == "publishers/google/models/gemini-2.5-flash" and job.src.gcs_uri == [src]
     done = wait(c, job.name)
@@ -105,8 +123,11 @@ def test_list_filters_on_display_name_and_pages_and_v1_is_served_too(vertex_sand
 def test_cancel_keeps_processed_rows_and_delete_waits_for_the_end(vertex_sandbox, gcs):
     vertex_sandbox.set_scenario("slow", in_progress_s=30.0)
     c = client(vertex_sandbox.base_url)
-    job = c.batches.create(model="gemini-2.5-flash", src=put_input(gcs, "c/input.jsonl", [REQUEST] * 10),
-                           config={"dest": f"gs://{BUCKET}/c"})
+    job = c.batches.create(
+        model="gemini-2.5-flash",
+        src=put_input(gcs, "c/input.jsonl", [REQUEST] * 10),
+        config={"dest": f"gs://{BUCKET}/c"},
+    )
     with pytest.raises(genai_errors.APIError) as error:
         c.batches.delete(name=job.name)
     assert error.value.code == 400
@@ -135,8 +156,9 @@ def test_partial_and_expire_scenarios_and_an_unreadable_input(vertex_sandbox, gc
     expired = wait(c, c.batches.create(model="gemini-2.5-flash", src=src, config={"dest": f"gs://{BUCKET}/e"}).name)
     assert expired.state == gtypes.JobState.JOB_STATE_EXPIRED and len(predictions(gcs, expired)) == 1
     vertex_sandbox.set_scenario("normal")
-    missing = c.batches.create(model="gemini-2.5-flash", src=f"gs://{BUCKET}/nothing-here.jsonl",
-                               config={"dest": f"gs://{BUCKET}/f"})
+    missing = c.batches.create(
+        model="gemini-2.5-flash", src=f"gs://{BUCKET}/nothing-here.jsonl", config={"dest": f"gs://{BUCKET}/f"}
+    )
     failed = wait(c, missing.name)
     assert failed.state == gtypes.JobState.JOB_STATE_FAILED and "Failed to read the input" in failed.error.message
     assert failed.output_info is None
@@ -145,9 +167,11 @@ def test_partial_and_expire_scenarios_and_an_unreadable_input(vertex_sandbox, gc
 def test_auth_permission_model_and_rate_limit_answers(vertex_sandbox, gcs):
     src = put_input(gcs, "g/input.jsonl", [REQUEST])
     config = {"dest": f"gs://{BUCKET}/g"}
-    cases = [(client(vertex_sandbox.base_url, token="sandbox-bad"), "gemini-2.5-flash", 401, "UNAUTHENTICATED"),
-             (client(vertex_sandbox.base_url, project="denied-p"), "gemini-2.5-flash", 403, "PERMISSION_DENIED"),
-             (client(vertex_sandbox.base_url), "unknown-model", 404, "NOT_FOUND")]
+    cases = [
+        (client(vertex_sandbox.base_url, token="sandbox-bad"), "gemini-2.5-flash", 401, "UNAUTHENTICATED"),
+        (client(vertex_sandbox.base_url, project="denied-p"), "gemini-2.5-flash", 403, "PERMISSION_DENIED"),
+        (client(vertex_sandbox.base_url), "unknown-model", 404, "NOT_FOUND"),
+    ]
     for c, model, code, status in cases:
         with pytest.raises(genai_errors.APIError) as error:
             c.batches.create(model=model, src=src, config=config)

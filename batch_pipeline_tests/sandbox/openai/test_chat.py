@@ -18,18 +18,27 @@ CHAT = "/v1/chat/completions"
 LABELS = ["billing", "bug", "feature_request", "other"]
 LABEL_FORMAT: dict[str, Any] = {
     "type": "json_schema",
-    "json_schema": {"name": "label", "strict": True, "schema": {
-        "type": "object", "properties": {"label": {"type": "string", "enum": LABELS}},
-        "required": ["label"], "additionalProperties": False}},
+    "json_schema": {
+        "name": "label",
+        "strict": True,
+        "schema": {
+            "type": "object",
+            "properties": {"label": {"type": "string", "enum": LABELS}},
+            "required": ["label"],
+            "additionalProperties": False,
+        },
+    },
 }
-RATE_HEADERS = [f"x-ratelimit-{what}-{kind}" for kind in ("requests", "tokens")
-                for what in ("limit", "remaining", "reset")]
+RATE_HEADERS = [
+    f"x-ratelimit-{what}-{kind}" for kind in ("requests", "tokens") for what in ("limit", "remaining", "reset")
+]
 
 
 def ask(client: openai.OpenAI, text: str, **body: Any) -> Any:
     """One raw chat completion (the body is checked against the OpenAPI document)."""
     raw = client.chat.completions.with_raw_response.create(
-        model=MODEL, messages=[{"role": "system", "content": "Label it."}, {"role": "user", "content": text}], **body)
+        model=MODEL, messages=[{"role": "system", "content": "Label it."}, {"role": "user", "content": text}], **body
+    )
     validate_spec("CreateChatCompletionResponse", json.loads(raw.text))
     return raw
 
@@ -108,8 +117,9 @@ def test_long_system_prompt_is_cached_the_second_time(client: openai.OpenAI, adm
     system = "Rules: " + "label tickets carefully " * 400
     usages = []
     for i in range(2):
-        done = client.chat.completions.create(model=MODEL, messages=[{"role": "system", "content": system},
-                                                                     {"role": "user", "content": f"t{i}"}])
+        done = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "system", "content": system}, {"role": "user", "content": f"t{i}"}]
+        )
         assert done.usage is not None and done.usage.prompt_tokens_details is not None
         usages.append(done.usage.prompt_tokens_details.cached_tokens)
     assert usages[0] == 0 and usages[1] >= 1024
@@ -136,7 +146,8 @@ def test_server_error_scenario_on_chat_completions(client: openai.OpenAI, admin:
     admin.set_scenario("server_error", times=1, on=["chat_completions"])
     with pytest.raises(openai.InternalServerError):
         client.with_options(max_retries=0).chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "x"}])
+            model=MODEL, messages=[{"role": "user", "content": "x"}]
+        )
     assert ask(client, "x").parse().choices  # the next call succeeds
     assert len(admin.ledger()) == 1
 

@@ -55,7 +55,7 @@ def test_json_schema_outputs_validate_and_labels_follow_the_text(client: openai.
     lines = [chat_line(cid, text, response_format=_schema_format(TICKET_SCHEMA)) for cid, text in texts.items()]
     batch = wait_for(client, submit(client, lines)["id"])
     assert batch["request_counts"]["completed"] == len(texts)
-    answers = {l["custom_id"]: json.loads(message_content(l)) for l in read_jsonl(client, batch["output_file_id"])}
+    answers = {ln["custom_id"]: json.loads(message_content(ln)) for ln in read_jsonl(client, batch["output_file_id"])}
     for answer in answers.values():
         jsonschema.Draft202012Validator(TICKET_SCHEMA).validate(answer)
     assert answers["t-tech"]["label"] == "technical_problem"
@@ -70,7 +70,7 @@ def test_outputs_and_their_order_are_deterministic(client: openai.OpenAI, admin:
     runs = []
     for _ in range(2):
         batch = wait_for(client, submit(client, lines)["id"])
-        runs.append([(l["custom_id"], message_content(l)) for l in read_jsonl(client, batch["output_file_id"])])
+        runs.append([(ln["custom_id"], message_content(ln)) for ln in read_jsonl(client, batch["output_file_id"])])
     assert runs[0] == runs[1]
 
 
@@ -85,7 +85,7 @@ def test_markers_and_token_limits(client: openai.OpenAI, admin: SandboxAdmin) ->
     batch = wait_for(client, submit(client, lines)["id"])
     assert batch["status"] == "completed"  # per-request failures do not fail the batch
     assert batch["request_counts"] == {"total": 5, "completed": 4, "failed": 1}
-    output = {l["custom_id"]: l for l in read_jsonl(client, batch["output_file_id"])}
+    output = {ln["custom_id"]: ln for ln in read_jsonl(client, batch["output_file_id"])}
     choice = {cid: line["response"]["body"]["choices"][0] for cid, line in output.items()}
     assert choice["plain"]["finish_reason"] == "stop"
     assert choice["json"]["finish_reason"] == "stop"
@@ -111,7 +111,10 @@ def test_token_counts_follow_the_documented_rule(client: openai.OpenAI, admin: S
     line = read_jsonl(client, batch["output_file_id"])[0]
     usage = line["response"]["body"]["usage"]
     o200k = bpe_openai.get_encoding("o200k_base")  # an independent implementation of the encoding billed
-    words = lambda text: len(re.findall(r"\w+|[^\w\s]", text))
+
+    def words(text):
+        return len(re.findall(r"\w+|[^\w\s]", text))
+
     # two messages of 4 framing tokens each, and the 3 tokens that prime the reply (no output schema here)
     assert usage["prompt_tokens"] == len(o200k.encode_ordinary(system)) + len(o200k.encode_ordinary(user)) + 2 * 4 + 3
     assert usage["completion_tokens"] == words(message_content(line))

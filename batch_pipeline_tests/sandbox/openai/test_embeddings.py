@@ -22,28 +22,41 @@ def _vector(value) -> np.ndarray:
 
 
 def test_online_vectors_are_deterministic_unit_and_of_the_asked_dimension(client: openai.OpenAI, admin: SandboxAdmin):
-    floats = client.embeddings.create(model=MODEL, input="my invoice was charged twice", dimensions=32,
-                                      encoding_format="float")
-    raw = client.embeddings.with_raw_response.create(model=MODEL, input="my invoice was charged twice",
-                                                     dimensions=32, encoding_format="base64")
+    floats = client.embeddings.create(
+        model=MODEL, input="my invoice was charged twice", dimensions=32, encoding_format="float"
+    )
+    raw = client.embeddings.with_raw_response.create(
+        model=MODEL, input="my invoice was charged twice", dimensions=32, encoding_format="base64"
+    )
     packed = json.loads(raw.text)["data"][0]["embedding"]
     a, b = np.asarray(floats.data[0].embedding, np.float32), _vector(packed)
     assert a.shape == (32,) and np.allclose(a, b) and np.linalg.norm(a) == pytest.approx(1.0, abs=1e-5)
-    other = np.asarray(client.embeddings.create(model=MODEL, input="dark mode please", dimensions=32,
-                                                encoding_format="float").data[0].embedding)
+    other = np.asarray(
+        client.embeddings.create(model=MODEL, input="dark mode please", dimensions=32, encoding_format="float")
+        .data[0]
+        .embedding
+    )
     assert not np.allclose(a, other)
     assert floats.usage.prompt_tokens > 0
     ledger = admin.ledger()
-    assert len(ledger) == 3 and {e["output_tokens"] for e in ledger} == {0} and {e["mode"] for e in ledger} == {"online"}
+    assert (
+        len(ledger) == 3 and {e["output_tokens"] for e in ledger} == {0} and {e["mode"] for e in ledger} == {"online"}
+    )
 
 
-@pytest.mark.parametrize(("marker", "check"), [
-    ("bad_dimension", lambda v: v.shape == (15,)), ("nan_vector", lambda v: np.isnan(v).any()),
-    ("zero_vector", lambda v: not v.any())])
+@pytest.mark.parametrize(
+    ("marker", "check"),
+    [
+        ("bad_dimension", lambda v: v.shape == (15,)),
+        ("nan_vector", lambda v: np.isnan(v).any()),
+        ("zero_vector", lambda v: not v.any()),
+    ],
+)
 def test_a_fault_marker_spoils_the_first_answer_only(client: openai.OpenAI, admin: SandboxAdmin, marker, check):
     def ask() -> np.ndarray:
-        raw = client.embeddings.with_raw_response.create(model=MODEL, input=f"text [[sandbox:{marker}]]",
-                                                         dimensions=16, encoding_format="base64")
+        raw = client.embeddings.with_raw_response.create(
+            model=MODEL, input=f"text [[sandbox:{marker}]]", dimensions=16, encoding_format="base64"
+        )
         return _vector(json.loads(raw.text)["data"][0]["embedding"])
 
     first, second = ask(), ask()
@@ -61,13 +74,21 @@ def test_bad_requests_are_refused(client: openai.OpenAI, admin: SandboxAdmin):
 
 
 def _line(custom_id: str, text: str, **body) -> dict:
-    return {"custom_id": custom_id, "method": "POST", "url": "/v1/embeddings",
-            "body": {"model": MODEL, "input": text, "dimensions": 8, "encoding_format": "base64", **body}}
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/embeddings",
+        "body": {"model": MODEL, "input": text, "dimensions": 8, "encoding_format": "base64", **body},
+    }
 
 
 def test_an_embeddings_batch_answers_every_line_and_bills_each_once(client: openai.OpenAI, admin: SandboxAdmin):
-    lines = [_line("a", "my invoice"), _line("b", "my invoice"), _line("c", "x [[sandbox:poison]]"),
-             _line("d", "odd [[sandbox:nan_vector]]")]
+    lines = [
+        _line("a", "my invoice"),
+        _line("b", "my invoice"),
+        _line("c", "x [[sandbox:poison]]"),
+        _line("d", "odd [[sandbox:nan_vector]]"),
+    ]
     file_id = upload(client, lines)
     batch = client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings", completion_window="24h")
     done = wait_for(client, batch.id)

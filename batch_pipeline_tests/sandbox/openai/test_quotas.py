@@ -12,8 +12,18 @@ import pytest
 
 from batch_pipeline.sandbox import SandboxAdmin
 
-from ..support import (MODEL, assert_never_over, chat_line, load_events, poll, read_jsonl, retrieve, submit,
-                       to_jsonl, wait_for)
+from ..support import (
+    MODEL,
+    assert_never_over,
+    chat_line,
+    load_events,
+    poll,
+    read_jsonl,
+    retrieve,
+    submit,
+    to_jsonl,
+    wait_for,
+)
 
 TEXT = "Summarise this support ticket about a delayed parcel, a double charge and a broken lid, politely. " * 3
 LINES = [chat_line(f"r{i}", f"{TEXT} Ticket {i}.") for i in range(16)]  # about 1,200 prompt tokens in all
@@ -57,10 +67,18 @@ def test_enqueued_tokens_refuse_a_batch_exactly_past_the_cap_and_bill_it_nothing
     assert retrieve(client, first["id"])["status"] == "in_progress"
     refused = retrieve(client, second["id"])
     assert refused["status"] == "failed" and refused["request_counts"]["total"] == 0
-    assert refused["errors"] == {"object": "list", "data": [{
-        "code": "token_limit_exceeded", "param": None, "line": None,
-        "message": f"Enqueued token limit reached for {MODEL} in organization org-sandbox. Limit: {cap:,} enqueued "
-                   "tokens. Please try again once some in_progress batches have been completed."}]}
+    assert refused["errors"] == {
+        "object": "list",
+        "data": [
+            {
+                "code": "token_limit_exceeded",
+                "param": None,
+                "line": None,
+                "message": f"Enqueued token limit reached for {MODEL} in organization org-sandbox. Limit: {cap:,} enqueued "
+                "tokens. Please try again once some in_progress batches have been completed.",
+            }
+        ],
+    }
     assert "," in f"{cap:,}" and f"Limit: {cap:,} enqueued" in refused["errors"]["data"][0]["message"]
 
     admin.set_scenario("normal", quota_enqueued_tokens=2 * tokens)  # exactly two batches: not past the cap
@@ -102,8 +120,12 @@ def test_the_load_frees_when_a_batch_ends_and_two_keys_have_their_own_quota(keys
         mine = [e for e in load_events(load, "openai") if e["account"] == account]
         assert max(e["tokens"] for e in mine) == tokens
     kinds = [(e["batch_id"], e["event"]) for e in load_events(load, "openai") if e["account"] == "sk-one"]
-    assert kinds == [(held["id"], "enqueue"), (blocked["id"], "refuse"), (held["id"], "release"),
-                     (later["id"], "enqueue")]
+    assert kinds == [
+        (held["id"], "enqueue"),
+        (blocked["id"], "refuse"),
+        (held["id"], "release"),
+        (later["id"], "enqueue"),
+    ]
     assert admin.load()["refusals"] == 1
     admin.reset()
     assert admin.load() == {"events": [], "peak": [], "refusals": 0}
@@ -132,14 +154,19 @@ def test_azure_enqueued_tokens_are_per_key_and_deployment_and_free_when_a_batch_
     def azure(key: str) -> openai.AzureOpenAI:
         return openai.AzureOpenAI(azure_endpoint=sandbox_url, api_key=key, api_version="2024-10-21", max_retries=0)
 
-    lines = [{"custom_id": f"a{i}", "method": "POST", "url": "/chat/completions",
-              "body": {"model": "my-deployment", "messages": [{"role": "user", "content": f"{TEXT} {i}"}]}}
-             for i in range(4)]
+    lines = [
+        {
+            "custom_id": f"a{i}",
+            "method": "POST",
+            "url": "/chat/completions",
+            "body": {"model": "my-deployment", "messages": [{"role": "user", "content": f"{TEXT} {i}"}]},
+        }
+        for i in range(4)
+    ]
 
     def create(client: openai.AzureOpenAI) -> str:
         file_id = client.files.create(file=("in.jsonl", to_jsonl(lines)), purpose="batch").id
-        return client.batches.create(input_file_id=file_id, endpoint="/chat/completions",
-                                     completion_window="24h").id
+        return client.batches.create(input_file_id=file_id, endpoint="/chat/completions", completion_window="24h").id
 
     one, two = azure("az-one"), azure("az-two")
     probe = create(one)
@@ -152,15 +179,19 @@ def test_azure_enqueued_tokens_are_per_key_and_deployment_and_free_when_a_batch_
     assert [one.batches.retrieve(held).status, two.batches.retrieve(other_key).status] == ["in_progress"] * 2
     batch = one.batches.retrieve(refused)
     assert batch.status == "failed" and batch.errors.data[0].code == "token_limit_exceeded"
-    assert (f"Enqueued token limit reached for my-deployment in organization org-sandbox. Limit: {tokens:,} "
-            "enqueued tokens.") in batch.errors.data[0].message
+    assert (
+        f"Enqueued token limit reached for my-deployment in organization org-sandbox. Limit: {tokens:,} "
+        "enqueued tokens."
+    ) in batch.errors.data[0].message
     admin.clock(advance_s=11.0)  # both complete: the queue is free again
     later = create(one)
     end_validation(admin)
     assert one.batches.retrieve(later).status == "in_progress"
     load = admin.load()
     assert {(e["account"], e["model"]) for e in load_events(load, "azure")} == {
-        ("az-one", "my-deployment"), ("az-two", "my-deployment")}
+        ("az-one", "my-deployment"),
+        ("az-two", "my-deployment"),
+    }
     assert assert_never_over(load, "azure", "tokens", tokens) == tokens
     assert load_events(load, "openai") == [] and load["refusals"] == 1
     assert {e["batch_id"] for e in admin.ledger()} == {held, other_key}  # the refused batch bills nothing
