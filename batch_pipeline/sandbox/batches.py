@@ -11,11 +11,12 @@ import hashlib
 import math
 import random
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from batch_pipeline.sandbox.errors import bad_request
 from batch_pipeline.sandbox.scenarios import Scenario
+from batch_pipeline.sandbox.store import ScenarioRecord
 
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
 COMPLETION_WINDOW_S = 24 * 3600
@@ -62,8 +63,10 @@ class LineResult:
 
 
 @dataclass
-class BatchRecord:
+class BatchRecord(ScenarioRecord):
     """All the sandbox knows about one batch. Times are clock seconds (floats)."""
+
+    NESTED: ClassVar[dict[str, Any]] = {"results": LineResult}
 
     id: str
     input_file_id: str
@@ -92,24 +95,6 @@ class BatchRecord:
     def expires_at(self) -> float:
         """End of the 24 h completion window."""
         return self.created_at + COMPLETION_WINDOW_S
-
-    def duration(self, key: str) -> float:
-        """A lifecycle duration (``validating_s``, ...) from the batch's scenario."""
-        return float(self.scenario.param(key))
-
-    def to_json(self) -> dict[str, Any]:
-        """Plain JSON for persistence."""
-        data = asdict(self)
-        data["scenario"] = self.scenario.to_json()
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> BatchRecord:
-        """Inverse of ``to_json``."""
-        data = dict(data)
-        data["scenario"] = Scenario(**data["scenario"])
-        data["results"] = [LineResult(**r) for r in data["results"]]
-        return cls(**data)
 
 
 LineProcessor = Callable[[BatchRecord, int, float], LineResult]

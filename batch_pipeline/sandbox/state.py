@@ -17,6 +17,7 @@ from batch_pipeline.sandbox.bedrock.s3 import SandboxS3
 from batch_pipeline.sandbox.clock import SandboxClock
 from batch_pipeline.sandbox.errors import not_found
 from batch_pipeline.sandbox.google.gemini_batches import GeminiService
+from batch_pipeline.sandbox.google.gemini_files import GeminiFiles
 from batch_pipeline.sandbox.google.responder import GeminiResponder
 from batch_pipeline.sandbox.google.vertex_jobs import VertexJobs
 from batch_pipeline.sandbox.ids import new_id
@@ -87,8 +88,9 @@ class SandboxState:
         self.bedrock = BedrockJobs(
             AnthropicRunner(self.seen_custom_ids, self.seen_prompts), self._bill, SandboxS3(), self.book
         )
+        self.gemini_files = GeminiFiles(self.store)
         self.gemini = GeminiService(
-            GeminiResponder(self.seen_custom_ids, self.seen_prompts), self._bill, self.store, self.book
+            GeminiResponder(self.seen_custom_ids, self.seen_prompts), self._bill, self.gemini_files, self.book
         )
         self.vertex = VertexJobs(GeminiResponder(self.seen_custom_ids, self.seen_prompts), self._bill, load=self.book)
         self.reset(wipe_store=False)
@@ -109,6 +111,7 @@ class SandboxState:
         self.anthropic.clear()
         self.bedrock.clear()
         self.gemini.clear()
+        self.gemini_files.clear()
         self.vertex.clear()
         self.scenario = self.startup_scenario
         self.clock.reset()
@@ -259,7 +262,7 @@ class SandboxState:
                 "seen_prompts": sorted(self.seen_prompts),
                 "anthropic_batches": self.anthropic.to_json(),
                 "bedrock_jobs": self.bedrock.to_json(),
-                "gemini": self.gemini.to_json(),
+                "gemini": {"files": self.gemini_files.to_json(), "batches": self.gemini.to_json()},
                 "vertex_jobs": self.vertex.to_json(),
                 "load": self.book.to_json(),
             }
@@ -285,7 +288,9 @@ class SandboxState:
         self.seen_prompts.update(saved["seen_prompts"])
         self.anthropic.load(saved.get("anthropic_batches"))
         self.bedrock.load(saved.get("bedrock_jobs"))
-        self.gemini.load(saved.get("gemini"))
+        gemini = saved.get("gemini") or {}
+        self.gemini_files.load(gemini.get("files"))
+        self.gemini.load(gemini.get("batches"))
         self.vertex.load(saved.get("vertex_jobs"))
         self.book.load(saved.get("load"))
 

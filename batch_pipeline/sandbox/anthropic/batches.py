@@ -9,10 +9,8 @@ Only succeeded requests are billed, once, when the batch ends.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from batch_pipeline.sandbox.anthropic.errors import anthropic_error, invalid_request
 from batch_pipeline.sandbox.anthropic.responder import AnthropicResult, AnthropicRunner
@@ -20,22 +18,17 @@ from batch_pipeline.sandbox.batches import lines_due, output_order
 from batch_pipeline.sandbox.ids import new_id
 from batch_pipeline.sandbox.quotas import DEFAULT_ACCOUNT, Load, LoadBook
 from batch_pipeline.sandbox.scenarios import Scenario
+from batch_pipeline.sandbox.store import Bill, ProcessedRecord, RecordStore, bill_entry, rfc3339
 
 EXPIRY_S = 24 * 3600
 RESULTS_KEPT_S = 29 * 24 * 3600
-Bill = Callable[[list[dict[str, Any]]], None]
-
-
-def rfc3339(value: float | None) -> str | None:
-    """Clock seconds as an RFC 3339 UTC timestamp (None stays None)."""
-    if value is None:
-        return None
-    return datetime.fromtimestamp(value, UTC).isoformat().replace("+00:00", "Z")
 
 
 @dataclass
-class AnthropicBatch:
+class AnthropicBatch(ProcessedRecord):
     """All the sandbox knows about one message batch. Times are clock seconds."""
+
+    NESTED: ClassVar[dict[str, Any]] = {"results": AnthropicResult}
 
     id: str
     created_at: float
@@ -52,17 +45,6 @@ class AnthropicBatch:
     @property
     def expires_at(self) -> float:
         return self.created_at + EXPIRY_S
-
-    def duration(self, key: str) -> float:
-        return float(self.scenario.param(key))
-
-    @property
-    def processing_start(self) -> float:
-        return self.created_at + self.duration("validating_s")
-
-    @property
-    def processing_end(self) -> float:
-        return self.processing_start + self.duration("in_progress_s")
 
     @property
     def due_end(self) -> float:
@@ -112,33 +94,16 @@ class AnthropicBatch:
             "results_url": f"http://{host}/v1/messages/batches/{self.id}/results" if ended else None,
         }
 
-    def to_json(self) -> dict[str, Any]:
-        """Plain JSON for persistence."""
-        data = asdict(self)
-        data["scenario"] = self.scenario.to_json()
-        return data
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> AnthropicBatch:
-        """Inverse of ``to_json``."""
-        data = dict(data)
-        data["scenario"] = Scenario(**data["scenario"])
-        data["results"] = [AnthropicResult(**r) for r in data["results"]]
-        return cls(**data)
-
-
-class AnthropicBatches:
+class AnthropicBatches(RecordStore[AnthropicBatch]):
     """The message batches of one sandbox (callers hold the state lock)."""
 
+    record_type = AnthropicBatch
+
     def __init__(self, runner: AnthropicRunner, bill: Bill, load: LoadBook | None = None) -> None:
+        super().__init__(load)
         self.runner = runner
         self.bill = bill
-        self.book = load if load is not None else LoadBook()
-        self.batches: dict[str, AnthropicBatch] = {}
-
-    def clear(self) -> None:
-        """Forget every batch."""
-        self.batches.clear()
 
     def create(
         self, requests: list[dict[str, Any]], scenario: Scenario, now: float, account: str = DEFAULT_ACCOUNT
@@ -152,7 +117,7 @@ class AnthropicBatches:
             scenario,
             account=account,
         )
-        self.batches[batch.id] = batch
+        self.add(batch)
         per_model: dict[str, int] = {}
         for request in requests:
             model = str(request["params"]["model"])
@@ -162,18 +127,14 @@ class AnthropicBatches:
 
     def next_end(self, account: str) -> float | None:
         """The earliest end due among ``account``'s batches still processing (when its queue next shrinks)."""
-        ends = [b.due_end for b in self.batches.values() if b.account == account and b.processing_status != "ended"]
+        ends = [b.due_end for b in self.records.values() if b.account == account and b.processing_status != "ended"]
         return min(ends, default=None)
 
     def get(self, batch_id: str) -> AnthropicBatch:
         """A batch by id (404 ``not_found_error`` if unknown or deleted)."""
-        if batch_id not in self.batches:
+        if batch_id not in self.records:
             raise anthropic_error(404, f"No message batch with id {batch_id!r}.")
-        return self.batches[batch_id]
-
-    def newest_first(self) -> list[AnthropicBatch]:
-        """Every batch, most recently created first."""
-        return list(reversed(self.batches.values()))
+        return self.records[batch_id]
 
     def cancel(self, batch: AnthropicBatch, now: float) -> None:
         """Start canceling (requests processed so far are kept); 400 once the batch has ended."""
@@ -193,15 +154,8 @@ class AnthropicBatches:
                 f"Message batch {batch_id} is {batch.processing_status}; only ended batches can be deleted "
                 "(cancel it first)."
             )
-        del self.batches[batch_id]
+        del self.records[batch_id]
         self.book.release("anthropic", batch_id, batch.ended_at or 0.0)
-
-    def advance_all(self, now: float) -> bool:
-        """Bring every batch up to the clock; True if any changed."""
-        changed = False
-        for batch in self.batches.values():
-            changed = self.advance(batch, now) or changed
-        return changed
 
     def advance(self, batch: AnthropicBatch, now: float) -> bool:
         """Apply everything due by ``now``; True if anything changed."""
@@ -240,26 +194,18 @@ class AnthropicBatches:
         self.book.release("anthropic", batch.id, at)
         self.bill(
             [
-                {
-                    "provider": "anthropic",
-                    "batch_id": batch.id,
-                    "custom_id": r.custom_id,
-                    "model": r.model,
-                    "input_tokens": r.input_tokens + r.cache_creation_input_tokens + r.cache_read_input_tokens,
-                    "cached_tokens": r.cache_read_input_tokens,
-                    "cache_creation_input_tokens": r.cache_creation_input_tokens,
-                    "output_tokens": r.output_tokens,
-                    "billed_at": at,
-                }
+                bill_entry(
+                    "anthropic",
+                    batch.id,
+                    r.custom_id,
+                    r.model,
+                    input_tokens=r.input_tokens + r.cache_creation_input_tokens + r.cache_read_input_tokens,
+                    cached_tokens=r.cache_read_input_tokens,
+                    cache_creation_input_tokens=r.cache_creation_input_tokens,
+                    output_tokens=r.output_tokens,
+                    billed_at=at,
+                )
                 for r in batch.results
                 if r.succeeded
             ]
         )
-
-    def to_json(self) -> list[dict[str, Any]]:
-        """Every batch as plain JSON."""
-        return [b.to_json() for b in self.batches.values()]
-
-    def load(self, saved: list[dict[str, Any]] | None) -> None:
-        """Restore batches saved by ``to_json``."""
-        self.batches = {b["id"]: AnthropicBatch.from_json(b) for b in saved or []}

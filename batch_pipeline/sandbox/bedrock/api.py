@@ -120,7 +120,7 @@ class BedrockApi:
 
     def _job(self, request: Request) -> BedrockJob:
         ident = unquote(request.params["job"])
-        job = self.jobs.jobs.get(ident.rsplit("/", 1)[-1])
+        job = self.jobs.records.get(ident.rsplit("/", 1)[-1])
         if job is None or (ident.startswith("arn:") and ident != job.arn):
             raise BedrockError(404, f"The specified job {ident} does not exist.")
         return job

@@ -13,10 +13,9 @@ the successful records are billed, once.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from batch_pipeline.sandbox.anthropic.responder import AnthropicRunner
 from batch_pipeline.sandbox.batches import lines_due, output_order
@@ -24,10 +23,10 @@ from batch_pipeline.sandbox.bedrock.records import InputRecord, RecordResult, pr
 from batch_pipeline.sandbox.bedrock.s3 import SandboxS3, split_uri
 from batch_pipeline.sandbox.quotas import DEFAULT_ACCOUNT, Load, LoadBook
 from batch_pipeline.sandbox.scenarios import Scenario
+from batch_pipeline.sandbox.store import Bill, ProcessedRecord, RecordStore, bill_entry
 
 LIVE = ("Submitted", "Validating", "Scheduled", "InProgress")
 ENDED = frozenset({"Completed", "PartiallyCompleted", "Failed", "Stopped", "Expired"})
-Bill = Callable[[list[dict[str, Any]]], None]
 
 
 def iso(value: float | None) -> str | None:
@@ -38,8 +37,10 @@ def iso(value: float | None) -> str | None:
 
 
 @dataclass
-class BedrockJob:
+class BedrockJob(ProcessedRecord):
     """All the sandbox knows about one job. Times are clock seconds."""
+
+    NESTED: ClassVar[dict[str, Any]] = {"records": InputRecord, "results": RecordResult}
 
     job_id: str
     arn: str
@@ -64,8 +65,9 @@ class BedrockJob:
     account: str = DEFAULT_ACCOUNT  # the access key that created it: whose job quota it counts against
     input_error: str | None = None  # why the input fails validation (the job's message once Failed)
 
-    def duration(self, key: str) -> float:
-        return float(self.scenario.param(key))
+    @property
+    def created_at(self) -> float:  # Bedrock's name for it is the submit time
+        return self.submit_time
 
     @property
     def requests(self) -> list[InputRecord]:  # what ``lines_due`` counts
@@ -74,14 +76,6 @@ class BedrockJob:
     @property
     def expiration(self) -> float:
         return self.submit_time + self.timeout_hours * 3600
-
-    @property
-    def processing_start(self) -> float:
-        return self.submit_time + self.duration("validating_s")
-
-    @property
-    def processing_end(self) -> float:
-        return self.processing_start + self.duration("in_progress_s")
 
     def counts(self) -> dict[str, int]:
         ok = sum(1 for r in self.results if r.succeeded)
@@ -121,36 +115,28 @@ class BedrockJob:
         prefix = prefix.rstrip("/")
         return bucket, (prefix + "/" if prefix else "") + self.job_id + "/"
 
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["scenario"] = self.scenario.to_json()
-        return data
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> BedrockJob:
-        data = dict(data)
-        data["scenario"] = Scenario(**data["scenario"])
-        data["records"] = [InputRecord(**r) for r in data["records"]]
-        data["results"] = [RecordResult(**r) for r in data["results"]]
-        return cls(**data)
-
-
-class BedrockJobs:
+class BedrockJobs(RecordStore[BedrockJob]):
     """The jobs of one sandbox (callers hold the state lock)."""
 
+    record_type = BedrockJob
+
     def __init__(self, runner: AnthropicRunner, bill: Bill, s3: SandboxS3, load: LoadBook | None = None) -> None:
-        self.runner, self.bill, self.s3 = runner, bill, s3
-        self.book = load if load is not None else LoadBook()
-        self.jobs: dict[str, BedrockJob] = {}
         self.tokens: dict[str, str] = {}  # clientRequestToken -> job id: a retried create is the same job
+        super().__init__(load)
+        self.runner, self.bill, self.s3 = runner, bill, s3
+
+    @staticmethod
+    def key(record: BedrockJob) -> str:
+        return record.job_id
 
     def clear(self) -> None:
-        self.jobs.clear()
+        super().clear()
         self.tokens.clear()
 
-    def add(self, job: BedrockJob) -> None:
-        self.jobs[job.job_id] = job
+    def add(self, job: BedrockJob) -> BedrockJob:
         self.tokens[job.client_request_token] = job.job_id
+        return super().add(job)
 
     def submit(self, job: BedrockJob, refused: bool = False) -> None:
         """A new job: it counts against its account's job quota while live, unless a quota refused it."""
@@ -164,10 +150,11 @@ class BedrockJobs:
 
     def by_token(self, token: str) -> BedrockJob | None:
         job_id = self.tokens.get(token)
-        return self.jobs.get(job_id) if job_id else None
+        return self.records.get(job_id) if job_id else None
 
     def newest_first(self) -> list[BedrockJob]:
-        return sorted(self.jobs.values(), key=lambda j: j.submit_time, reverse=True)
+        """By submit time (a stable sort: jobs submitted at one clock time keep their order)."""
+        return sorted(self.records.values(), key=lambda j: j.submit_time, reverse=True)
 
     def stop(self, job: BedrockJob, now: float) -> bool:
         """Start stopping a live job; False when it has ended already (the caller answers 400)."""
@@ -180,12 +167,6 @@ class BedrockJobs:
             job.status, job.stop_requested_at, job.last_modified = "Stopping", now, now
             self.book.release("bedrock", job.job_id, now)
         return True
-
-    def advance_all(self, now: float) -> bool:
-        changed = False
-        for job in self.jobs.values():
-            changed = self.advance(job, now) or changed
-        return changed
 
     def advance(self, job: BedrockJob, now: float) -> bool:
         """Apply everything due by ``now``; True if anything changed."""
@@ -239,16 +220,16 @@ class BedrockJobs:
             self._write_output(job)
         self.bill(
             [
-                {
-                    "provider": "bedrock",
-                    "batch_id": job.job_id,
-                    "custom_id": job.records[r.index].record_id,
-                    "model": job.model_id,
-                    "input_tokens": r.input_tokens,
-                    "cached_tokens": r.cached_tokens,
-                    "output_tokens": r.output_tokens,
-                    "billed_at": at,
-                }
+                bill_entry(
+                    "bedrock",
+                    job.job_id,
+                    job.records[r.index].record_id,
+                    job.model_id,
+                    input_tokens=r.input_tokens,
+                    cached_tokens=r.cached_tokens,
+                    output_tokens=r.output_tokens,
+                    billed_at=at,
+                )
                 for r in job.results
                 if r.succeeded
             ]
@@ -271,14 +252,6 @@ class BedrockJobs:
             "outputTokenCount": sum(r.output_tokens for r in ok),
         }
         self.s3.write(bucket, prefix + "manifest.json.out", json.dumps(manifest).encode("utf-8"))
-
-    def to_json(self) -> list[dict[str, Any]]:
-        return [j.to_json() for j in self.jobs.values()]
-
-    def load(self, saved: list[dict[str, Any]] | None) -> None:
-        self.clear()
-        for data in saved or []:
-            self.add(BedrockJob.from_json(data))
 
 
 def new_job_order(records: list[InputRecord]) -> list[int]:

@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from batch_pipeline.sandbox.google.errors import GoogleError, error_info
-from batch_pipeline.sandbox.google.gemini_batches import MAX_INLINE_BYTES, GeminiFile, gemini_id
+from batch_pipeline.sandbox.google.gemini_batches import MAX_INLINE_BYTES, BatchAsk
+from batch_pipeline.sandbox.google.gemini_files import GeminiFile, gemini_id
 from batch_pipeline.sandbox.quotas import account_of, clock_scale
 from batch_pipeline.sandbox.routing import Request, Response, Router
 from batch_pipeline.sandbox.scenarios import UNKNOWN_MODEL_PREFIX
@@ -101,6 +102,7 @@ class GeminiApi:
     def __init__(self, state: SandboxState) -> None:
         self.state = state
         self.gemini = state.gemini
+        self.files = state.gemini_files
 
     def register(self, router: Router) -> None:
         """Routes (names are the scenario endpoint names); ``:download`` and ``:cancel`` before ``{id}``."""
@@ -124,7 +126,7 @@ class GeminiApi:
         if "start" in command:
             return self._start(request, version)
         session_id = request.query.get("upload_id")
-        session = self.gemini.uploads.get(session_id or "")
+        session = self.files.uploads.get(session_id or "")
         if session is None:
             raise GoogleError(404, "Unknown or finished upload session.", headers={"x-goog-upload-status": "final"})
         if not command & {"upload", "finalize"}:
@@ -144,7 +146,7 @@ class GeminiApi:
         data += request.body
         stored: GeminiFile = session["file"]
         if len(data) > stored.size:
-            del self.gemini.uploads[session_id or ""]
+            del self.files.uploads[session_id or ""]
             raise GoogleError(
                 400,
                 f"Received {len(data)} bytes; the upload declared {stored.size}.",
@@ -156,7 +158,7 @@ class GeminiApi:
                 content_type="text/plain",
                 headers={"x-goog-upload-status": "active", "x-goog-upload-size-received": str(len(data))},
             )
-        del self.gemini.uploads[session_id or ""]
+        del self.files.uploads[session_id or ""]
         if len(data) != stored.size:
             raise GoogleError(
                 400,
@@ -164,7 +166,7 @@ class GeminiApi:
                 headers={"x-goog-upload-status": "final"},
             )
         stored.data, stored.created_at = bytes(data), self.state.clock.now()
-        self.gemini.add_file(stored)
+        self.files.add(stored)
         return Response(
             payload={"file": stored.to_api(_host(request), version)}, headers={"x-goog-upload-status": "final"}
         )
@@ -189,12 +191,12 @@ class GeminiApi:
             or JSONL
         )
         name = str(meta.get("name") or "").removeprefix("files/") or gemini_id()
-        if name in self.gemini.files:
+        if name in self.files:
             raise GoogleError(409, f"File files/{name} already exists.")
         display = meta.get("displayName", meta.get("display_name"))
         display = display if isinstance(display, str) else None
         session_id = gemini_id() + gemini_id()
-        self.gemini.uploads[session_id] = {"file": GeminiFile(name, display, str(mime), 0.0, size), "data": bytearray()}
+        self.files.uploads[session_id] = {"file": GeminiFile(name, display, str(mime), 0.0, size), "data": bytearray()}
         url = f"http://{_host(request)}/upload/{version}/files?upload_id={session_id}&upload_protocol=resumable"
         return Response(
             payload=b"",
@@ -209,12 +211,12 @@ class GeminiApi:
     # files ----------------------------------------------------------------------------------------------------
     def get_file(self, request: Request) -> Response:
         version = _version(request)
-        return Response(payload=self.gemini.get_file(request.params["file_id"]).to_api(_host(request), version))
+        return Response(payload=self.files.get(request.params["file_id"]).to_api(_host(request), version))
 
     def list_files(self, request: Request) -> Response:
         version = _version(request)
         size, start = _page(request, 10, 100)
-        files = list(reversed(self.gemini.files.values()))
+        files = self.files.newest_first()
         payload: dict[str, Any] = {"files": [f.to_api(_host(request), version) for f in files[start : start + size]]}
         if start + size < len(files):
             payload["nextPageToken"] = str(start + size)
@@ -222,14 +224,14 @@ class GeminiApi:
 
     def delete_file(self, request: Request) -> Response:
         _version(request)
-        self.gemini.delete_file(request.params["file_id"])
+        self.files.delete(request.params["file_id"])
         return Response(payload={})
 
     def download(self, request: Request) -> Response:
         _version(request)
         if request.query.get("alt") != "media":
             raise GoogleError(400, "Downloads need alt=media.")
-        stored = self.gemini.get_file(request.params["file_id"])
+        stored = self.files.get(request.params["file_id"])
         if stored.source != "GENERATED":
             raise GoogleError(400, f"File files/{stored.id} was uploaded; only generated files can be downloaded.")
         return Response(payload=stored.data, content_type=JSONL)
@@ -267,12 +269,16 @@ class GeminiApi:
         fault = account_fault(self.state, model)
         if fault is not None:
             raise fault
-        args = (self.state.scenario, self.state.clock.now, account_of(request, "gemini"), clock_scale(self.state.clock))
-        record = (
-            self.gemini.create_inline(model, display, config["requests"], *args, embed=embed)
-            if inline
-            else self.gemini.create(model, display, file_name, *args, embed=embed)
+        ask = BatchAsk(
+            model,
+            display,
+            self.state.scenario,
+            self.state.clock.now,
+            account_of(request, "gemini"),
+            clock_scale(self.state.clock),
+            embed,
         )
+        record = self.gemini.create_inline(ask, config["requests"]) if inline else self.gemini.create(ask, file_name)
         return Response(payload=record.to_api(), batch_id=record.id)
 
     def get(self, request: Request) -> Response:

@@ -18,8 +18,7 @@ import base64
 import binascii
 import hashlib
 import json
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,6 +29,7 @@ from batch_pipeline.sandbox.google.vertex_gcs import GcsUnavailable, SandboxGcs
 from batch_pipeline.sandbox.ids import stable_hex
 from batch_pipeline.sandbox.quotas import Load, LoadBook
 from batch_pipeline.sandbox.scenarios import Scenario
+from batch_pipeline.sandbox.store import Bill, ProcessedRecord, RecordStore, bill_entry, rfc3339
 
 EXPIRY_S = 24 * 3600
 ID_LABEL = "batch_pipeline_rid"
@@ -54,13 +54,6 @@ REASON_PHRASES = {
 }
 INVALID_ARGUMENT, NOT_FOUND = 3, 5  # google.rpc.Code numbers, as a job's ``error`` carries them
 HTTP_OF_RPC = {rpc: http for http, rpc in sorted(RPC_CODES.items(), reverse=True)}
-Bill = Callable[[list[dict[str, Any]]], None]
-
-
-def rfc3339(value: float | None) -> str | None:
-    if value is None:
-        return None
-    return datetime.fromtimestamp(value, UTC).isoformat().replace("+00:00", "Z")
 
 
 def line_key(request: dict[str, Any]) -> str:
@@ -98,7 +91,7 @@ def parse_input(data: bytes) -> list[dict[str, Any]]:
 
 
 @dataclass
-class VertexJob:
+class VertexJob(ProcessedRecord):
     """All the sandbox knows about one batch prediction job. Times are clock seconds."""
 
     id: str
@@ -125,17 +118,6 @@ class VertexJob:
     @property
     def name(self) -> str:
         return f"projects/{self.project}/locations/{self.location}/batchPredictionJobs/{self.id}"
-
-    def duration(self, key: str) -> float:
-        return float(self.scenario.param(key))
-
-    @property
-    def processing_start(self) -> float:
-        return self.created_at + self.duration("validating_s")
-
-    @property
-    def processing_end(self) -> float:
-        return self.processing_start + self.duration("in_progress_s")
 
     def counts(self) -> dict[str, str]:
         """``completionStats`` (int64 fields, which REST JSON writes as strings)."""
@@ -167,33 +149,20 @@ class VertexJob:
             body["outputInfo"] = {"gcsOutputDirectory": self.output_dir}
         return body
 
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["scenario"] = self.scenario.to_json()
-        return data
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> VertexJob:
-        data = dict(data)
-        data["scenario"] = Scenario(**data["scenario"])
-        return cls(**data)
-
-
-class VertexJobs:
+class VertexJobs(RecordStore[VertexJob]):
     """The batch prediction jobs of one sandbox (callers hold the state lock)."""
+
+    record_type = VertexJob
 
     def __init__(
         self, responder: GeminiResponder, bill: Bill, gcs: SandboxGcs | None = None, load: LoadBook | None = None
     ) -> None:
+        super().__init__(load)
         self.responder = responder
         self.bill = bill
-        self.book = load if load is not None else LoadBook()
         self.gcs = gcs or SandboxGcs()
-        self.jobs: dict[str, VertexJob] = {}
         self._next = 0
-
-    def clear(self) -> None:
-        self.jobs.clear()
 
     def create(self, project: str, location: str, body: dict[str, Any], scenario: Scenario, now: float) -> VertexJob:
         """A new job in JOB_STATE_PENDING; its input is read now (a job whose input cannot be read fails)."""
@@ -225,29 +194,32 @@ class VertexJobs:
         )
         if not requests and error is None:
             job.error = {"code": INVALID_ARGUMENT, "message": "The input holds no requests."}
-        self.jobs[job.id] = job
+        self.add(job)
         self.book.hold("vertex", job.name, project, {job.model.rsplit("/", 1)[-1]: Load(0, len(requests), 1)}, now)
         return job
 
     def live(self, project: str, location: str) -> list[VertexJob]:
         """The jobs of a project and region that have not ended (what ``quota_concurrent_jobs`` counts)."""
         return [
-            j for j in self.jobs.values() if (j.project, j.location) == (project, location) and j.state not in TERMINAL
+            j
+            for j in self.records.values()
+            if (j.project, j.location) == (project, location) and j.state not in TERMINAL
         ]
 
     def get(self, job_id: str) -> VertexJob:
-        if job_id not in self.jobs:
+        if job_id not in self.records:
             raise GoogleError(404, f"The BatchPredictionJob {job_id} does not exist.")
-        return self.jobs[job_id]
+        return self.records[job_id]
 
     def delete(self, job_id: str) -> None:
         job = self.get(job_id)
         if job.state not in TERMINAL:
             raise GoogleError(400, f"The BatchPredictionJob {job.name} is {job.state}; cancel it before deleting it.")
-        del self.jobs[job_id]
+        del self.records[job_id]
 
     def newest_first(self) -> list[VertexJob]:
-        return sorted(self.jobs.values(), key=lambda j: (j.created_at, j.id), reverse=True)
+        """By creation time, then id (a job's id grows with its creation)."""
+        return sorted(self.records.values(), key=lambda j: (j.created_at, j.id), reverse=True)
 
     def cancel(self, job: VertexJob, now: float) -> None:
         """Start cancelling (processed requests are kept); 400 once the job has ended."""
@@ -258,12 +230,6 @@ class VertexJobs:
             )
         if job.state != "JOB_STATE_CANCELLING":
             job.state, job.cancel_at, job.updated_at = "JOB_STATE_CANCELLING", now, now
-
-    def advance_all(self, now: float) -> bool:
-        changed = False
-        for job in self.jobs.values():
-            changed = self.advance(job, now) or changed
-        return changed
 
     def advance(self, job: VertexJob, now: float) -> bool:
         """Apply everything due by ``now``; True if anything changed."""
@@ -318,15 +284,16 @@ class VertexJobs:
             job.lines.append(self._line(request, processed, response=answer.response, status=answer.error))
             if answer.succeeded:
                 job.billing.append(
-                    {
-                        "provider": "vertex",
-                        "batch_id": job.name,
-                        "custom_id": key,
-                        "model": model,
-                        "input_tokens": answer.prompt_tokens,
-                        "cached_tokens": answer.cached_tokens,
-                        "output_tokens": answer.output_tokens,
-                    }
+                    bill_entry(
+                        "vertex",
+                        job.name,
+                        key,
+                        model,
+                        input_tokens=answer.prompt_tokens,
+                        cached_tokens=answer.cached_tokens,
+                        output_tokens=answer.output_tokens,
+                        billed_at=0.0,  # set when the job ends and bills
+                    )
                 )
 
     @staticmethod
@@ -373,9 +340,3 @@ class VertexJobs:
         job.output_dir = directory
         self.bill([{**entry, "billed_at": at} for entry in job.billing])
         job.billing = []
-
-    def to_json(self) -> list[dict[str, Any]]:
-        return [job.to_json() for job in self.jobs.values()]
-
-    def load(self, saved: list[dict[str, Any]] | None) -> None:
-        self.jobs = {j["id"]: VertexJob.from_json(j) for j in saved or []}
