@@ -1,6 +1,6 @@
 """Every expected stop, wait and check failure, what it means and the command that fixes it.
 
-One table: the README's "Troubleshooting" section is rendered from it (``python -m
+One table: the docs' troubleshooting page (``docs/troubleshooting.md``) is rendered from it (``python -m
 batch_pipeline.core.troubleshooting``), and a test compares its rows with the stop codes, wait kinds and checks
 the code defines, so neither can drift. ``lookup`` and ``for_stop`` give the CLI the fix for a stop code, wait kind or check.
 """
@@ -256,7 +256,7 @@ def _cell(text: str) -> str:
 
 
 def render_markdown() -> str:
-    """The README's troubleshooting table."""
+    """The troubleshooting table of docs/troubleshooting.md (pasted between its markers; a test keeps them equal)."""
     lines = ["| shows as | name | what it means | what fixes it |", "|---|---|---|---|"]
     for t in TROUBLES:
         name = t.name if t.name == OTHER_PROVIDER_CODE else f"`{t.name}`"

@@ -1,5 +1,6 @@
-"""The README's troubleshooting table is the code's: every stop code, wait kind and check the code defines has a
-row, and no row names something the code cannot produce."""
+"""The troubleshooting page (docs/troubleshooting.md) shows the code's table: every stop code, wait kind and check
+the code defines has a row, no row names something the code cannot produce, and the page is what
+``render_markdown()`` renders today."""
 
 import ast
 from pathlib import Path
@@ -22,6 +23,7 @@ from batch_pipeline.executors.google.format import SYSTEMIC_REASONS
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "batch_pipeline"
+PAGE = REPO / "docs" / "troubleshooting.md"
 START, END = "<!-- troubleshooting:start -->", "<!-- troubleshooting:end -->"
 
 
@@ -84,14 +86,34 @@ def test_names_are_unique():
     assert len({t.name for t in TROUBLES}) == len(TROUBLES)
 
 
-def test_readme_shows_the_table_rendered_from_the_code():
-    readme = (REPO / "README.md").read_text()
-    assert "## Troubleshooting" in readme
-    section = readme.split(START, 1)[1].split(END, 1)[0].strip("\n") + "\n"
-    assert section == render_markdown(), (
-        "README's troubleshooting table is stale: paste `python -m batch_pipeline.core.troubleshooting` between "
-        "the markers"
+def shown_table(page: str) -> str:
+    """The text between the page's markers (each exactly once), as ``render_markdown()`` ends it."""
+    assert page.count(START) == 1 and page.count(END) == 1, f"{PAGE.name} needs each marker exactly once"
+    return page.split(START, 1)[1].split(END, 1)[0].strip("\n") + "\n"
+
+
+def test_the_docs_page_shows_the_table_rendered_from_the_code():
+    page = PAGE.read_text()
+    assert page.startswith("# Troubleshooting\n")
+    assert shown_table(page) == render_markdown(), (
+        f"{PAGE.relative_to(REPO)} is stale: paste `python -m batch_pipeline.core.troubleshooting` between the markers"
     )
+
+
+def test_a_drifted_page_fails_the_comparison():
+    """The comparison sees a row the code no longer renders, and a row the page lacks."""
+    table = render_markdown()
+    drifted = table.replace(f"| `{TROUBLES[0].name}` |", "| `renamed_code` |")
+    assert shown_table(f"{START}\n{drifted}{END}\n") != table
+    missing = "".join(line + "\n" for line in table.splitlines()[:-1])
+    assert shown_table(f"{START}\n{missing}{END}\n") != table
+    assert shown_table(f"x\n{START}\n{table}{END}\ny\n") == table
+
+
+def test_the_readme_links_the_page_and_keeps_no_copy():
+    readme = (REPO / "README.md").read_text()
+    assert "(docs/troubleshooting.md)" in readme
+    assert START not in readme and "| shows as | name |" not in readme  # one copy: the page's
 
 
 @pytest.mark.parametrize(
