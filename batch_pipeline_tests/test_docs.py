@@ -1,7 +1,7 @@
 """The docs stay navigable and true, checked without building them (CI's ``mkdocs build --strict`` in
 scripts/lint.sh checks links and anchors): every page in mkdocs.yml's nav exists and every page is in it, the
-README's links resolve and reach every page, every key of every backend's settings model is named on its docs page,
-and the architecture page lists the core's layers in the order the import test enforces."""
+README's links resolve and reach every page, every key of the job spec and of every backend's settings model is
+named on its docs page, and the architecture page lists the core's layers in the order the import test enforces."""
 
 import re
 from pathlib import Path
@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from batch_pipeline import core
+from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.executors import registry
 from batch_pipeline.executors.settings import BatchProviderSettings
 
@@ -89,6 +90,12 @@ def test_every_backend_setting_is_named_on_its_page(backend):
     inherited = set(BatchProviderSettings.model_fields)
     missing = [f for f in model.model_fields if f not in own and not (f in inherited and f in common)]
     assert missing == [], f"{backend}: settings not named on its docs page"
+
+
+def test_every_job_spec_key_is_in_the_configuration_table():
+    table = named(section((DOCS / "configuration.md").read_text(), "## Job spec keys"))
+    keys = set(JobSpec.model_fields) - {"source_path"}  # set by the loader, not written in a spec
+    assert sorted(keys - table) == []
 
 
 def test_the_architecture_page_lists_the_layers_in_order():
