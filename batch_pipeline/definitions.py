@@ -1,6 +1,11 @@
-"""Dagster entry point: one set of assets, checks and jobs per job spec in data/jobs/ (or $BATCH_PIPELINE_JOBS)."""
+"""Dagster entry point (``workspace.yaml``, ``batch-pipeline dev``, and the dg project's code location): one set of
+assets, checks, jobs and sensors per job of the project.
 
-from batch_pipeline.core.spec.loading import load_specs
-from batch_pipeline.defs.build import build_definitions, jobs_dir
+The project's jobs are the Components of the defs folder (``batch_pipeline/jobs/<job>/defs.yaml``, each a
+``BatchInferenceJob``) and the specs of the jobs folder (``data/jobs/*.yaml``). With ``$BATCH_PIPELINE_JOBS``
+naming another folder, that folder's specs are the code location's jobs, as before the defs folder.
+"""
 
-defs = build_definitions(load_specs(jobs_dir()))
+from batch_pipeline.defs.project import project_definitions
+
+defs = project_definitions()

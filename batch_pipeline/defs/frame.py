@@ -1,0 +1,90 @@
+"""What every asset of one job spec shares: keys ``<job>/<asset>``, its group and labels, the shard partitions
+and the shard steps' pools (``JobFrame``), and the helpers the asset builders all use."""
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import dagster as dg
+
+from batch_pipeline.core.errors import BatchPipelineError
+from batch_pipeline.core.settings import Settings
+from batch_pipeline.core.spec.job import JobSpec
+from batch_pipeline.core.spec.paths import JobPaths
+from batch_pipeline.defs.k8s import GPU_POOL, gpu_step_tags, is_gpu_backend
+from batch_pipeline.defs.metadata import spec_labels
+from batch_pipeline.executors.registry import account_pool
+
+SHARDS_TAG = "batch_pipeline/shards"  # the shards a range run moves (the others in its range are left alone)
+
+
+def shards_partitions(spec: JobSpec) -> dg.DynamicPartitionsDefinition:
+    return dg.DynamicPartitionsDefinition(name=f"{spec.name}_shards")
+
+
+def asset_key(spec: JobSpec, name: str) -> dg.AssetKey:
+    return dg.AssetKey([spec.name, name])
+
+
+def moving_shards(context: dg.AssetExecutionContext) -> list[str]:
+    """The shards this run moves: its partition keys, or those of them its ``SHARDS_TAG`` names (a range run
+    packed by ``shard_ranges`` leaves the other shards of its range to their own steps)."""
+    keys = list(context.partition_keys)
+    named = context.run.tags.get(SHARDS_TAG)
+    if not named:
+        return keys
+    wanted = set(named.split(","))
+    return [k for k in keys if k in wanted]
+
+
+def clean_failure(call):
+    """Our errors become a Dagster Failure whose description is the message a user needs (no traceback)."""
+    try:
+        return call()
+    except BatchPipelineError as exc:
+        raise dg.Failure(description=f"{type(exc).__name__}: {exc}") from exc
+
+
+@dataclass(frozen=True, eq=False)
+class JobFrame:
+    """What every asset of one job spec shares: its key prefix and group, the spec's labels, the shard partitions
+    and, for the shard steps, their pools and tags."""
+
+    spec: JobSpec
+
+    @property
+    def job(self) -> str:
+        return self.spec.name
+
+    @cached_property
+    def paths(self) -> JobPaths:
+        return JobPaths(self.spec.name)
+
+    @cached_property
+    def shards(self) -> dg.DynamicPartitionsDefinition:
+        return shards_partitions(self.spec)
+
+    def key(self, name: str) -> dg.AssetKey:
+        return asset_key(self.spec, name)
+
+    def asset_args(self, name: str, *deps: str, kinds: set[str], description: str) -> dict:
+        """The ``dg.asset`` arguments of ``<job>/<name>`` downstream of ``deps`` (asset names of the same job)."""
+        return {
+            "key": self.key(name),
+            "deps": [self.key(d) for d in deps],
+            "group_name": self.job,
+            **spec_labels(self.spec),  # the spec's owners and tags, on every asset of the job
+            "kinds": kinds,
+            "description": description,
+        }
+
+    def shard_step_args(self) -> dict:
+        """A shard asset's partitions, backfill policy and step options: self-hosted vLLM steps hold a GPU (pod
+        tags for the k8s executor, the ``gpu`` pool); provider batch steps share one pool per provider account."""
+        if is_gpu_backend(self.spec.backend.name):
+            step = {"op_tags": gpu_step_tags(), "pool": GPU_POOL}
+        else:
+            pool = account_pool(self.spec.backend)
+            step = {"pool": pool} if pool else {}
+        # a UI backfill of the shards runs ``shards_per_run`` of them per run (each shard takes the driver's step)
+        policy = dg.BackfillPolicy.multi_run(max_partitions_per_run=Settings.from_env().shards_per_run)
+        return {"partitions_def": self.shards, "backfill_policy": policy, **step}

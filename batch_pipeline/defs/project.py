@@ -1,0 +1,80 @@
+"""The project's jobs: the defs folder's Components and the jobs folder's specs, one code location.
+
+A job is found by its name in either place (``job_spec_path``, for the CLI). A job declared in both is one job
+only if the two specs are the same (``data/jobs/demo.yaml`` and ``batch_pipeline/jobs/demo/defs.yaml``);
+different specs under one name are refused, naming both files.
+"""
+
+from pathlib import Path
+
+import dagster as dg
+import yaml
+
+from batch_pipeline.core.errors import ConfigError
+from batch_pipeline.core.settings import PROJECT_ROOT, Settings
+from batch_pipeline.core.spec.job import JobSpec
+from batch_pipeline.core.spec.loading import load_specs
+from batch_pipeline.defs.build import build_definitions
+from batch_pipeline.defs.component import COMPONENT_TYPE, DEFS_FILE, BatchInferenceJob, placed
+
+DEFS_FOLDER = PROJECT_ROOT / "batch_pipeline" / "jobs"  # [tool.dg.project] defs_module = "batch_pipeline.jobs"
+DEFAULT_JOBS = PROJECT_ROOT / "data" / "jobs"
+
+
+def uses_project_jobs(settings: Settings) -> bool:
+    """Whether the jobs folder is the project's own (then the defs folder's Components are its jobs too)."""
+    return Path(settings.jobs).resolve() == DEFAULT_JOBS.resolve()
+
+
+def comparable(spec: JobSpec) -> dict:
+    """What makes two specs the same job: every key, relative paths read from where each spec is."""
+    data = spec.model_dump(mode="json", exclude={"source_path"})
+    base = spec.input_base_dir()
+    if data["input"].get("path") and "://" not in data["input"]["path"]:
+        data["input"]["path"] = str((base / data["input"]["path"]).resolve())
+    if (data.get("quality") or {}).get("golden"):
+        data["quality"]["golden"] = str((base / data["quality"]["golden"]).resolve())
+    data["owners"], data["tags"] = list(spec.owners), dict(spec.tags)
+    return data
+
+
+def not_declared(specs: list[JobSpec], components: list[BatchInferenceJob]) -> list[JobSpec]:
+    """The jobs folder's specs that no Component declares; one that a Component declares must be the same spec."""
+    declared = {c.name: c for c in components}
+    out = []
+    for spec in specs:
+        twin = declared.get(spec.name)
+        if twin is None:
+            out.append(spec)
+        elif comparable(twin) != comparable(spec):
+            raise ConfigError(
+                f"job {spec.name!r} is declared twice with different specs: {spec.source_path} and "
+                f"{twin.source_path}; keep one (a Component in the defs folder, or the spec in the jobs folder)"
+            )
+    return out
+
+
+def project_definitions(settings: Settings | None = None) -> dg.Definitions:
+    settings = settings or Settings.from_env()
+    specs = load_specs(settings.jobs)
+    if not uses_project_jobs(settings):
+        return build_definitions(specs)
+    tree = dg.ComponentTree.for_project(PROJECT_ROOT)
+    components = list(tree.get_all_components(of_type=BatchInferenceJob))
+    return dg.Definitions.merge(tree.build_defs(), build_definitions(not_declared(specs, components)))
+
+
+def defs_folder_specs(folder: Path = DEFS_FOLDER) -> dict[str, Path]:
+    """The defs folder's jobs by name: each ``defs.yaml`` of type ``BatchInferenceJob`` (read as YAML only)."""
+    out: dict[str, Path] = {}
+    for path in sorted(folder.rglob(DEFS_FILE)):
+        try:
+            doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(doc, dict) and doc.get("type") == COMPONENT_TYPE and isinstance(doc.get("attributes"), dict):
+            out.setdefault(str(doc["attributes"].get("name")), path)
+    return out
+
+
+__all__ = ["DEFS_FOLDER", "defs_folder_specs", "placed", "project_definitions"]

@@ -1,0 +1,192 @@
+"""The publish assets of one job: ``results`` (the staged table the blocking checks run on), ``validated`` (promoted
+only when they all passed), ``dead_letters`` and ``report``."""
+
+import base64
+from datetime import UTC, datetime
+
+import dagster as dg
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+
+from batch_pipeline.core.manifest.shards import Manifest
+from batch_pipeline.core.publish.plots import cost_over_time
+from batch_pipeline.core.publish.report import build_report, shard_table
+from batch_pipeline.core.publish.tables import JobState, dead_letters, promote, stage
+from batch_pipeline.core.run.hygiene import sweep_leftovers
+from batch_pipeline.defs.checks import CHECKS
+from batch_pipeline.defs.frame import JobFrame
+from batch_pipeline.defs.metadata import md_table, money_json, plain, provider_ceilings, table_meta
+from batch_pipeline.defs.resources import StoreResource
+from batch_pipeline.defs.runners import executor_for
+
+
+def unpassed_checks(instance: dg.DagsterInstance, results_key: dg.AssetKey) -> list[str]:
+    """The blocking checks that did not pass on the latest materialization of ``results`` (empty: promote).
+
+    Dagster already skips ``validated`` in a run where a blocking check failed; this also refuses a run that
+    selects ``validated`` alone after a failed (or unchecked) ``results``.
+    """
+    latest = instance.fetch_materializations(results_key, limit=1).records
+    if not latest:
+        return [f"{results_key.to_user_string()} was never materialized"]
+    keys = [dg.AssetCheckKey(results_key, name) for name in CHECKS]
+    records = instance.event_log_storage.get_latest_asset_check_execution_by_key(keys)
+    out = []
+    for key in keys:
+        rec = records.get(key)
+        done = rec is not None and rec.status in (
+            AssetCheckExecutionRecordStatus.SUCCEEDED,
+            AssetCheckExecutionRecordStatus.FAILED,
+        )
+        target = rec.evaluation.target_materialization_data if done and rec.evaluation else None
+        if target is None or target.storage_id != latest[0].storage_id:
+            out.append(f"{key.name} has not run on the latest materialization")
+        elif rec.status != AssetCheckExecutionRecordStatus.SUCCEEDED:
+            out.append(f"{key.name} failed")
+    return out
+
+
+def results_asset(frame: JobFrame) -> dg.AssetsDefinition:
+    spec, job, paths = frame.spec, frame.job, frame.paths
+
+    @dg.asset(
+        **frame.asset_args(
+            "results",
+            "shard_results",
+            kinds={"parquet"},
+            description="The staged table: one row per source row, latest valid result of its request. "
+            "The blocking checks run on it; users read the promoted copy, validated. A failed check "
+            "here keeps the previous validated table: each check's description says what it means "
+            "and what fixes it (README, Troubleshooting).",
+        )
+    )
+    def results(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
+        st = store.get()
+        if Manifest(job, st).last_generation() == 0:
+            raise dg.Failure(f"job {job} has no manifest in {st.root}; materialize {job}/manifest first")
+        swept = sweep_leftovers(spec, st, executor_for(spec))  # provider copies a killed run left (retention)
+        if swept.discarded or swept.failed:
+            (context.log.warning if swept.failed else context.log.info)(f"provider copies: {swept.describe()}")
+        state = JobState.load(spec, st)
+        outputs = stage(spec, st, state)
+        head, rows = st.read_head(paths.staged)  # footer + first rows: a 10M-row table is not read whole
+        table = pl.from_arrow(head)
+        context.log.info(f"staged table: {rows} rows -> {outputs['staged']}")
+        meta = plain({"rows": rows, **outputs})
+        meta["preview"] = md_table(
+            table.select("source_key", "output", "attempt", "input_tokens", "output_tokens", "cost_usd", "is_duplicate")
+        )
+        meta.update(table_meta(table.schema, rows))
+        return dg.MaterializeResult(metadata=meta)
+
+    return results
+
+
+def validated_asset(frame: JobFrame) -> dg.AssetsDefinition:
+    spec, job, paths = frame.spec, frame.job, frame.paths
+    results_key = frame.key("results")
+
+    @dg.asset(
+        **frame.asset_args(
+            "validated",
+            "results",
+            kinds={"parquet", "duckdb"},
+            description="The validated table users read (Parquet + DuckDB views): the staged table, promoted "
+            "only when every blocking check on results passed. Skipped or failed when one did not "
+            "pass: the previous table stays; fix what the failed check names, then run again.",
+        )
+    )
+    def validated(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
+        st = store.get()
+        unpassed = unpassed_checks(context.instance, results_key)
+        if unpassed:
+            raise dg.Failure(
+                description=f"not promoting {job}/results: {'; '.join(unpassed)}; the validated table is unchanged"
+            )
+        outputs = promote(spec, st)
+        footer = pq.read_metadata(pa.BufferReader(st.read_bytes(paths.validated)))
+        rows = footer.num_rows
+        context.log.info(f"validated table: {rows} rows -> {outputs['validated']}")
+        meta = plain({"rows": rows, **outputs})
+        meta.update(table_meta(footer.schema.to_arrow_schema(), rows))
+        return dg.MaterializeResult(metadata=meta)
+
+    return validated
+
+
+def dead_letters_asset(frame: JobFrame) -> dg.AssetsDefinition:
+    spec = frame.spec
+
+    @dg.asset(
+        **frame.asset_args(
+            "dead_letters",
+            "validated",
+            kinds={"parquet"},
+            description="Items whose retry budget is spent, with their last error code and message. "
+            f"After a fix, `batch-pipeline replay {frame.job} --code CODE` gives them a fresh budget "
+            "(e.g. --code truncated --max-tokens N).",
+        )
+    )
+    def dead_letters_asset(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
+        dead = dead_letters(JobState.load(spec, store.get()))
+        return dg.MaterializeResult(
+            metadata={
+                "count": dg.MetadataValue.int(dead.height),
+                "preview": md_table(dead.select("request_id", "failures", "last_error_code", "last_error")),
+                **table_meta(dead.schema, dead.height),
+            }
+        )
+
+    return dead_letters_asset
+
+
+def report_metadata(rep: dict, png: bytes, plot_path: str, shards: list[dict]) -> dict:
+    """The report's metadata: its scalar figures, its money tables in dollars, the spend plot and the shards."""
+    meta = plain({k: v for k, v in rep.items() if not isinstance(v, dict | list)})
+    for key in ("cost_by_pricing", "quoted_vs_actual", "cost_by_attempt"):  # amounts as dollars
+        meta[key] = dg.MetadataValue.json(
+            money_json(rep.get(key) or {}, money=key.startswith("cost_"), money_keys=("first_pass", "retries"))
+        )
+    if rep.get("golden_accuracy_by_shard"):
+        meta["golden_accuracy_by_shard"] = md_table(pl.DataFrame(rep["golden_accuracy_by_shard"]), limit=50)
+    meta["plot"] = dg.MetadataValue.md(f"![spend](data:image/png;base64,{base64.b64encode(png).decode()})")
+    meta["plot_path"] = dg.MetadataValue.path(plot_path)
+    meta["shards"] = md_table(pl.DataFrame(shards), limit=50)
+    if rep["open_batches"] or rep["held_shards"]:
+        meta["open_batches"] = dg.MetadataValue.json(rep["open_batches"])
+        meta["held_shards"] = dg.MetadataValue.json(rep["held_shards"])
+    return meta
+
+
+def report_asset(frame: JobFrame) -> dg.AssetsDefinition:
+    spec, job, paths = frame.spec, frame.job, frame.paths
+
+    @dg.asset(
+        **frame.asset_args(
+            "report",
+            "validated",
+            "dead_letters",
+            kinds={"python"},
+            description="Counts, tokens, cost per accepted item, quoted vs actual spend, "
+            "per-shard reconciliation. complete false means items are still "
+            f"pending: `batch-pipeline status {job}` says why they wait.",
+        )
+    )
+    def report(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
+        st = store.get()
+        state = JobState.load(spec, st)
+        outputs = {"validated": st.uri(paths.validated), "duckdb": str(st.local_path(paths.duckdb) or "")}
+        rep = build_report(spec, st, state, outputs=outputs)
+        rep.update(provider_ceilings(spec, st))  # open batches against their window and retention; held shards
+        # when this publish ended, and of which manifest: `status` says the job is done (and when) from these
+        rep["published_at"] = datetime.now(UTC).isoformat()
+        rep["manifest_generation"] = Manifest(job, st).last_generation()
+        st.write_json(paths.report, rep)
+        png = cost_over_time(state.scan.timeline)  # summed per recording time by the streaming scan
+        st.write_bytes(f"{paths.root}/report.png", png)
+        plot_path = st.uri(f"{paths.root}/report.png")
+        return dg.MaterializeResult(metadata=report_metadata(rep, png, plot_path, shard_table(state)))
+
+    return report
