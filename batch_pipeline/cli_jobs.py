@@ -1,18 +1,20 @@
-"""One way to name a job on the command line: a spec path, or the name of a job.
+"""One way to name a job on the command line: a spec path (a ``data/jobs``-style spec or a Component's
+``defs.yaml``), or the name of a job.
 
 A name is looked up first where the job's last run recorded its spec (``JobPaths.spec_source`` under the storage
-root, written by ``run``), then in the jobs folder (``data/jobs/<name>.yaml``). So ``batch-pipeline run
-/anywhere/job.yaml`` followed by ``batch-pipeline status job`` reads the same spec.
+root, written by ``run``), then in the jobs folder (``data/jobs/<name>.yaml``), then in the dg project's defs
+folder (``batch_pipeline/jobs/<name>/defs.yaml``, or any ``defs.yaml`` there declaring job ``name``). So
+``batch-pipeline run /anywhere/job.yaml`` followed by ``batch-pipeline status job`` reads the same spec.
 """
 
 from pathlib import Path
 
 from batch_pipeline.core.errors import ConfigError
+from batch_pipeline.core.settings import Settings
 from batch_pipeline.core.spec.job import JobSpec
-from batch_pipeline.core.spec.loading import load_spec
 from batch_pipeline.core.spec.paths import JobPaths
-from batch_pipeline.core.spec.settings import Settings
 from batch_pipeline.core.store import Store
+from batch_pipeline.job_files import DEFS_FOLDER, defs_folder_jobs, load_job_file
 
 
 def store_for(home: str | None) -> Store:
@@ -28,21 +30,25 @@ def resolve_job(arg: str, home: str | None) -> JobSpec:
     """The spec ``arg`` names (a path, or a job name); a ConfigError naming every place looked otherwise."""
     path = Path(arg)
     if path.is_file() or _looks_like_path(arg):
-        return load_spec(path)  # a path that cannot be read says so, with the path
+        return load_job_file(path)  # a path that cannot be read says so, with the path
     store = store_for(home)
     recorded = store.read_json(JobPaths(arg).spec_source) or {}
     recorded_path = recorded.get("path")
     if recorded_path and Path(recorded_path).is_file():
-        return load_spec(recorded_path)
+        return load_job_file(recorded_path)
     in_jobs = Settings.from_env().jobs / f"{arg}.yaml"
     if in_jobs.is_file():
-        return load_spec(in_jobs)
+        return load_job_file(in_jobs)
+    in_defs = defs_folder_jobs().get(arg)
+    if in_defs is not None:
+        return load_job_file(in_defs)
     where = f"the spec recorded by its last run ({store.uri(JobPaths(arg).spec_source)}" + (
         f" names {recorded_path}, which is gone)" if recorded_path else ": none)"
     )
     raise ConfigError(
-        f"no job {arg!r}: looked at {where} and in the jobs folder ({in_jobs}: not found); "
-        f"pass the spec's path, or run it once with `batch-pipeline run PATH`"
+        f"no job {arg!r}: looked at {where}, in the jobs folder ({in_jobs}: not found) and in the defs folder "
+        f"({DEFS_FOLDER / arg / 'defs.yaml'}: not found); pass the spec's path, or run it once with "
+        "`batch-pipeline run PATH`"
     )
 
 

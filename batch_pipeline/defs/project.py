@@ -1,6 +1,6 @@
 """The project's jobs: the defs folder's Components and the jobs folder's specs, one code location.
 
-A job is found by its name in either place (``job_spec_path``, for the CLI). A job declared in both is one job
+The CLI finds a job by its name in either place (``cli_jobs.resolve_job``). A job declared in both is one job
 only if the two specs are the same (``data/jobs/demo.yaml`` and ``batch_pipeline/jobs/demo/defs.yaml``);
 different specs under one name are refused, naming both files.
 """
@@ -8,17 +8,14 @@ different specs under one name are refused, naming both files.
 from pathlib import Path
 
 import dagster as dg
-import yaml
 
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.settings import PROJECT_ROOT, Settings
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.loading import load_specs
 from batch_pipeline.defs.build import build_definitions
-from batch_pipeline.defs.component import COMPONENT_TYPE, DEFS_FILE, BatchInferenceJob, placed
-
-DEFS_FOLDER = PROJECT_ROOT / "batch_pipeline" / "jobs"  # [tool.dg.project] defs_module = "batch_pipeline.jobs"
-DEFAULT_JOBS = PROJECT_ROOT / "data" / "jobs"
+from batch_pipeline.defs.component import BatchInferenceJob
+from batch_pipeline.job_files import DEFAULT_JOBS
 
 
 def uses_project_jobs(settings: Settings) -> bool:
@@ -62,19 +59,3 @@ def project_definitions(settings: Settings | None = None) -> dg.Definitions:
     tree = dg.ComponentTree.for_project(PROJECT_ROOT)
     components = list(tree.get_all_components(of_type=BatchInferenceJob))
     return dg.Definitions.merge(tree.build_defs(), build_definitions(not_declared(specs, components)))
-
-
-def defs_folder_specs(folder: Path = DEFS_FOLDER) -> dict[str, Path]:
-    """The defs folder's jobs by name: each ``defs.yaml`` of type ``BatchInferenceJob`` (read as YAML only)."""
-    out: dict[str, Path] = {}
-    for path in sorted(folder.rglob(DEFS_FILE)):
-        try:
-            doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError):
-            continue
-        if isinstance(doc, dict) and doc.get("type") == COMPONENT_TYPE and isinstance(doc.get("attributes"), dict):
-            out.setdefault(str(doc["attributes"].get("name")), path)
-    return out
-
-
-__all__ = ["DEFS_FOLDER", "defs_folder_specs", "placed", "project_definitions"]
