@@ -48,9 +48,9 @@ from batch_pipeline.cli_stops import (
 )
 from batch_pipeline.core import progress
 from batch_pipeline.core.errors import BatchPipelineError, SystemicError
-from batch_pipeline.core.run.control import JobPaused
+from batch_pipeline.core.ledger.control import JobPaused
+from batch_pipeline.core.settings import PROJECT_ROOT, Settings
 from batch_pipeline.core.spec.job import JobSpec
-from batch_pipeline.core.spec.settings import PROJECT_ROOT, Settings
 
 SANDBOX_URL_ENV = "BATCH_PIPELINE_SANDBOX_URL"
 # messages keep paths and fields on one line; tables get room when the output is not a terminal (CI logs, pipes)
@@ -271,17 +271,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     resources = {"store": StoreResource(root=settings.home), "prices": PricesResource(path=str(settings.prices))}
     console.print(f"[bold]job {spec.name}[/bold]: {spec.model} on {spec.backend.name}, input {spec.input.path}")
-    from batch_pipeline.core.run.control import JobControl, JobPaused
+    from batch_pipeline.core.ledger.control import JobControl, JobPaused
 
     store = Store(settings.home)
     remember_spec(spec, store)
     control = JobControl(store, spec.name)
     held = control.unpause()
     if held:
-        console.print(f"[yellow]resuming: the job was paused at {held['at']} ({held['reason']})[/yellow]")
+        console.print(f"[yellow]resuming: the job was paused at {held.at} ({held.reason})[/yellow]")
     stopped = control.clear()
     if stopped:
-        console.print(f"[yellow]resuming: the job was stopped at {stopped['at']}: {stopped['reason']}[/yellow]")
+        console.print(f"[yellow]resuming: the job was stopped at {stopped.at}: {stopped.reason}[/yellow]")
     released = control.release_holds()
     if released:
         console.print(
@@ -305,7 +305,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         stop = control.current()
         if stop is not None:  # an expected stop recorded by the run (bad key, budget, canary, retry cap, ...)
             log.discard()
-            return _stopped(spec, args.spec, stop["reason"], stop.get("code"))
+            return _stopped(spec, args.spec, stop.reason, stop.code)
         exit_code, code = classify_failure(exc.description)
         if exit_code != ExitCode.BUG:  # a failed check, a quote over budget, a bad spec or input
             log.discard()

@@ -6,7 +6,7 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
-from batch_pipeline.core.spec.settings import PROJECT_ROOT
+from batch_pipeline.core.settings import PROJECT_ROOT
 
 
 @contextmanager

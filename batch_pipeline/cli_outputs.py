@@ -17,7 +17,7 @@ from rich.table import Table
 
 from batch_pipeline.cli_jobs import resolve_job, store_for
 from batch_pipeline.cli_stops import ExitCode
-from batch_pipeline.core.money.usd import format_usd
+from batch_pipeline.core.pricing.usd import format_usd
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from batch_pipeline.cli_jobs import resolve_job, store_for
 from batch_pipeline.cli_stops import ExitCode
-from batch_pipeline.core.money.usd import format_usd
+from batch_pipeline.core.pricing.usd import format_usd
 
 COLUMNS = [
     "backend",
@@ -55,12 +55,12 @@ def cmd_quote(args: argparse.Namespace, console: Console) -> int:
     """Quote a job (building its manifest if needed; nothing is sent), optionally on every configured backend."""
     from batch_pipeline.core.manifest.shards import Manifest, build_manifest
     from batch_pipeline.core.money.compare import compare_backends
-    from batch_pipeline.core.money.cost import load_prices
-    from batch_pipeline.core.money.quote import make_quote
+    from batch_pipeline.core.money.job_quote import make_quote
+    from batch_pipeline.core.pricing.cost import load_prices
     from batch_pipeline.core.publish.tables import JobState
     from batch_pipeline.core.route.plan import route_pending
+    from batch_pipeline.core.settings import Settings
     from batch_pipeline.core.spec.job import CostCompareSpec
-    from batch_pipeline.core.spec.settings import Settings
     from batch_pipeline.executors.registry import route_profile, route_queues
 
     spec = resolve_job(args.job, args.home)
@@ -81,12 +81,12 @@ def cmd_quote(args: argparse.Namespace, console: Console) -> int:
     )
     if not args.compare:
         q = make_quote(spec, store, prices, state.items, state.results, state.states)
-        est = q["est_cost_usd"]
+        est = q.est_cost_usd
         console.print(
-            f"job {spec.name}: {q['pending_requests']} requests on {spec.backend.name}/{spec.model}: "
-            f"{format_usd(est['low'])} low, {format_usd(est['expected'])} expected, "
-            f"{format_usd(est['high'])} high (budget {format_usd(spec.budget_usd)}; within: "
-            f"{q['within_budget']})",
+            f"job {spec.name}: {q.pending_requests} requests on {spec.backend.name}/{spec.model}: "
+            f"{format_usd(est.low)} low, {format_usd(est.expected)} expected, "
+            f"{format_usd(est.high)} high (budget {format_usd(spec.budget_usd)}; within: "
+            f"{q.within_budget})",
             markup=False,
             highlight=False,
         )

@@ -17,17 +17,17 @@ COUNTS = ("expected", "valid", "invalid", "missing", "dead_lettered")
 
 
 def _store(args: argparse.Namespace):
-    from batch_pipeline.core.spec.settings import Settings
+    from batch_pipeline.core.settings import Settings
     from batch_pipeline.core.store import Store
 
     return Store(args.home or Settings.from_env().home)
 
 
 def status(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
+    from batch_pipeline.core.ledger.control import JobControl
+    from batch_pipeline.core.ledger.machine import ShardState
     from batch_pipeline.core.manifest.shards import Manifest
     from batch_pipeline.core.publish.tables import JobState
-    from batch_pipeline.core.run.control import JobControl
-    from batch_pipeline.core.state.machine import ShardState
     from batch_pipeline.core.state.view import load_view
     from batch_pipeline.executors.registry import batch_minimums, capacity_ledgers
 
@@ -97,11 +97,11 @@ def status(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
     control = JobControl(store, spec.name)
     stop, held = control.current(), control.paused()
     if stop:  # why it stopped, what that means, and the command that fixes it
-        console.print(f"[red]job stopped at {stop['at']} ({stop.get('code') or 'stop'}): {stop['reason']}[/red]")
-        console.print(f"means: {advice(stop.get('code')).means}")
-        console.print(fix_line(stop.get("code"), spec.name, spec.source_path or spec.name), markup=False)
+        console.print(f"[red]job stopped at {stop.at} ({stop.code or 'stop'}): {stop.reason}[/red]")
+        console.print(f"means: {advice(stop.code).means}")
+        console.print(fix_line(stop.code, spec.name, spec.source_path or spec.name), markup=False)
     if held:
-        console.print(f"[yellow]job paused at {held['at']}: {held['reason']}[/yellow]")
+        console.print(f"[yellow]job paused at {held.at}: {held.reason}[/yellow]")
         console.print(fix_line("paused", spec.name, spec.source_path or spec.name), markup=False)
     done = published(spec, store, view.summaries) if plan.publish else None
     console.print(done or f"next: {plan.describe()}", markup=False, highlight=False)
@@ -137,7 +137,7 @@ def _queue_lines(spec: JobSpec, view, ledgers, store, console: Console) -> None:
     """The account queues (what is held, the limit and where it came from), every open batch's age against its
     provider's window and retention (warnings while there is time), and the shards held for a human."""
     from batch_pipeline.core.ledger.ceilings import open_batch_ages
-    from batch_pipeline.core.run.control import JobControl
+    from batch_pipeline.core.ledger.control import JobControl
     from batch_pipeline.executors.registry import batch_ceilings
 
     for ledger in ledgers:
@@ -161,7 +161,7 @@ def _queue_lines(spec: JobSpec, view, ledgers, store, console: Console) -> None:
 
 
 def pause(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
-    from batch_pipeline.core.run.control import JobControl
+    from batch_pipeline.core.ledger.control import JobControl
 
     JobControl(_store(args), spec.name).pause(args.reason)
     console.print(
@@ -172,9 +172,9 @@ def pause(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
 
 
 def replay(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
+    from batch_pipeline.core.ledger.replay import Replays, select_dead_letters
     from batch_pipeline.core.publish.tables import JobState, dead_letters
-    from batch_pipeline.core.state.replay import Replays, select_dead_letters
-    from batch_pipeline.core.state.summary import ShardSummaries
+    from batch_pipeline.core.run.summary import ShardSummaries
 
     store = _store(args)
     state = JobState.load(spec, store)

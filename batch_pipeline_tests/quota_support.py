@@ -13,15 +13,15 @@ import polars as pl
 import pytest
 import yaml
 
+from batch_pipeline.core.ledger.attempts import Attempt, AttemptLog
 from batch_pipeline.core.ledger.capacity import CapacityLedger, CapacityScope
+from batch_pipeline.core.ledger.control import JobControl
+from batch_pipeline.core.ledger.reconcile import VALID
 from batch_pipeline.core.manifest.read import Manifest
 from batch_pipeline.core.manifest.shards import build_manifest
 from batch_pipeline.core.publish.tables import JobState
-from batch_pipeline.core.run.attempts import Attempt, AttemptLog
-from batch_pipeline.core.run.control import JobControl
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.loading import load_spec
-from batch_pipeline.core.state.reconcile import VALID
 from batch_pipeline.core.store import Store
 from batch_pipeline.sandbox import SandboxAdmin
 
@@ -121,7 +121,7 @@ def attempts(home: Path, spec: JobSpec) -> list[Attempt]:
 
 def batch_owners(home: Path, specs: Iterable[JobSpec]) -> dict[str, str]:
     """Provider batch ID -> the job whose attempt log records it."""
-    return {a.submitted["batch_id"]: spec.name for spec in specs for a in attempts(home, spec) if a.submitted}
+    return {a.submitted.batch_id: spec.name for spec in specs for a in attempts(home, spec) if a.submitted}
 
 
 def reservations(home: Path) -> list[dict]:

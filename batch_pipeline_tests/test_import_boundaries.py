@@ -155,3 +155,159 @@ def test_core_third_party_imports_are_runtime_dependencies():
             if not providers & declared:
                 missing.setdefault(top, set()).add(path.name)
     assert missing == {}, f"imported by core/ but not in [project].dependencies: {missing}"
+
+
+# -- inside core: the layers of batch_pipeline/core/__init__.py ------------------------------------------------
+def core_imports(root: Path) -> dict[str, set[tuple[str, bool]]]:
+    """For each module of the core tree at ``root``: the core modules it imports, each with whether the import sits
+    under ``if TYPE_CHECKING:`` (a hint only, never run). Imports inside functions count like any other."""
+    out: dict[str, set[tuple[str, bool]]] = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        parts = parts[:-1] if parts[-1] == "__init__" else parts
+        module = ".".join(("batch_pipeline", "core", *parts))
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        hinted = {
+            id(node)
+            for block in ast.walk(tree)
+            if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+            for stmt in block.body
+            for node in ast.walk(stmt)
+        }
+        found = out.setdefault(module, set())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                names = imported_names_of(node, package)
+                found.update((n, id(node) in hinted) for n in names if n.startswith("batch_pipeline.core."))
+    return out
+
+
+def imported_names_of(node: ast.Import | ast.ImportFrom, package: str) -> set[str]:
+    if isinstance(node, ast.Import):
+        return {alias.name for alias in node.names}
+    if node.level:
+        base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+        mod = ".".join(base + ([node.module] if node.module else []))
+    else:
+        mod = node.module or ""
+    return {mod} | {f"{mod}.{alias.name}" for alias in node.names}
+
+
+def part_of(module: str) -> str:
+    """``batch_pipeline.core.run.runner`` -> ``run``; ``batch_pipeline.core.errors`` -> ``errors``."""
+    return module.split(".")[2]
+
+
+def upward_imports(root: Path, layers: tuple[str, ...]) -> list[str]:
+    """Every import from a part of core to a part above it, and every part that is not in the layer list."""
+    floor = {name: i for i, name in enumerate(layers)}
+    problems = []
+    for module, imports in core_imports(root).items():
+        if module == "batch_pipeline.core":
+            continue
+        mine = part_of(module)
+        if mine not in floor:
+            problems.append(f"{module}: its part {mine!r} is in no layer of core/__init__.py LAYERS")
+            continue
+        for name, _ in sorted(imports):
+            theirs = part_of(name)
+            if theirs in floor and floor[theirs] > floor[mine]:
+                problems.append(f"{module} imports {name}: {theirs} is above {mine}")
+    return problems
+
+
+def import_circles(root: Path) -> list[list[str]]:
+    """Circles of core files importing each other (hints under TYPE_CHECKING apart), by Tarjan's algorithm."""
+    imports = core_imports(root)
+    graph = {
+        m: {n for n, hint in names if not hint and n in imports and n != m and not n.endswith(".__init__")}
+        for m, names in imports.items()
+    }
+    graph = {m: {n for n in edges if imports.get(n) is not None and n.count(".") >= 2} for m, edges in graph.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            circle = []
+            while True:
+                w = stack.pop()
+                circle.append(w)
+                if w == v:
+                    break
+            if len(circle) > 1:
+                circles.append(sorted(circle))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def package_inits(root: Path) -> set[str]:
+    return {".".join(("batch_pipeline", "core", *p.relative_to(root).parent.parts)) for p in root.rglob("__init__.py")}
+
+
+def test_core_imports_down_its_layers_only():
+    from batch_pipeline.core import LAYERS
+
+    parts = {p.name if p.is_dir() else p.stem for p in (PACKAGE_DIR / "core").iterdir() if p.name != "__pycache__"}
+    parts -= {"__init__"}
+    assert parts == set(LAYERS), f"parts of core and LAYERS differ: {sorted(parts ^ set(LAYERS))}"
+    assert upward_imports(PACKAGE_DIR / "core", LAYERS) == []
+
+
+def test_no_two_core_files_import_each_other_in_a_circle():
+    assert import_circles(PACKAGE_DIR / "core") == []
+
+
+def test_the_layer_check_fails_on_a_planted_upward_import(tmp_path):
+    """A copy of core with one planted module, ``spec/planted.py`` importing the publish part (inside a function,
+    where a runtime probe would never see it): the check names it; the copy without it passes."""
+    import shutil
+
+    from batch_pipeline.core import LAYERS
+
+    root = tmp_path / "core"
+    shutil.copytree(PACKAGE_DIR / "core", root, ignore=shutil.ignore_patterns("__pycache__"))
+    assert upward_imports(root, LAYERS) == [] and import_circles(root) == []
+    (root / "spec" / "planted.py").write_text(
+        "def later():\n    from batch_pipeline.core.publish.tables import stage\n\n    return stage\n"
+    )
+    assert upward_imports(root, LAYERS) == [
+        "batch_pipeline.core.spec.planted imports batch_pipeline.core.publish.tables: publish is above spec",
+        "batch_pipeline.core.spec.planted imports batch_pipeline.core.publish.tables.stage: publish is above spec",
+    ]
+    (root / "spec" / "planted.py").unlink()
+    (root / "extra").mkdir()
+    (root / "extra" / "__init__.py").write_text("")
+    assert upward_imports(root, LAYERS) == [
+        "batch_pipeline.core.extra: its part 'extra' is in no layer of core/__init__.py LAYERS"
+    ]
+
+
+def test_the_circle_check_finds_a_planted_circle(tmp_path):
+    """Two planted modules of one part that import each other, one of them inside a function, are a circle; a
+    ``TYPE_CHECKING`` hint back is not."""
+    root = tmp_path / "core"
+    (root / "spec").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "spec" / "__init__.py").write_text("")
+    (root / "spec" / "a.py").write_text("from batch_pipeline.core.spec.b import B\n")
+    (root / "spec" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from batch_pipeline.core.spec.a import A\nB = 1\n"
+    )
+    assert import_circles(root) == []
+    (root / "spec" / "b.py").write_text("def later():\n    from batch_pipeline.core.spec.a import A\n\n    return A\n")
+    assert import_circles(root) == [["batch_pipeline.core.spec.a", "batch_pipeline.core.spec.b"]]

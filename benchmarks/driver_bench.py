@@ -159,7 +159,7 @@ def _items_table(rng, sid: str, n: int, first_line: int):
     import polars as pl
 
     from batch_pipeline.core.manifest.shards import ITEM_SCHEMA, length_bucket
-    from batch_pipeline.core.money.cost import estimate_request_tokens
+    from batch_pipeline.core.pricing.cost import estimate_request_tokens
 
     raw = rng.bytes(32 * n)
     ids = sorted(raw[i * 32 : (i + 1) * 32].hex() for i in range(n))
@@ -186,7 +186,7 @@ def _result_part(ids, outcome, labels, sid: str, attempt: int, now: datetime):
     """RESULT_SCHEMA rows for one attempt: outcome 0 succeeded, 1 invalid, 2 errored (transient)."""
     import polars as pl
 
-    from batch_pipeline.core.run.results import RESULT_SCHEMA
+    from batch_pipeline.core.ledger.result_parts import RESULT_SCHEMA
 
     ok, inv, err = pl.col("o") == 0, pl.col("o") == 1, pl.col("o") == 2
     frame = pl.DataFrame({"request_id": ids, "o": outcome, "label": labels}).select(
@@ -261,9 +261,9 @@ def _build_shard(store, spec, summaries, number: int, n: int, kind: str, first_l
     import numpy as np
     import polars as pl
 
+    from batch_pipeline.core.ledger.attempts import AttemptLog
+    from batch_pipeline.core.ledger.result_parts import write_results
     from batch_pipeline.core.manifest.shards import shard_name
-    from batch_pipeline.core.run.attempts import AttemptLog
-    from batch_pipeline.core.run.results import write_results
     from batch_pipeline.core.spec.paths import JobPaths
 
     rng = np.random.default_rng([seed, number])
@@ -323,7 +323,7 @@ def _build_shard(store, spec, summaries, number: int, n: int, kind: str, first_l
                 "state": "completed",
                 "rows": part.num_rows,
                 "succeeded": int((outcome == 0).sum()),
-                "systemic": 0,
+                "systemic": None,
                 "provider_counts": {"total": len(members), "completed": part.num_rows, "failed": 0},
             },
         )
@@ -371,8 +371,8 @@ def _build_shard(store, spec, summaries, number: int, n: int, kind: str, first_l
 
 
 def build_chunk(home: str, spec_path: str, tasks: list[tuple[int, int, str, int]], seed: int) -> dict:
+    from batch_pipeline.core.run.summary import ShardSummaries
     from batch_pipeline.core.spec.loading import load_spec
-    from batch_pipeline.core.state.summary import ShardSummaries
     from batch_pipeline.core.store import Store
 
     spec = load_spec(spec_path)
@@ -494,8 +494,8 @@ def tick(spec, store):
 def old(spec, store):
     import polars as pl
 
+    from batch_pipeline.core.ledger.reconcile import INVALID, MISSING
     from batch_pipeline.core.publish.tables import JobState
-    from batch_pipeline.core.state.reconcile import INVALID, MISSING
 
     state = JobState.load(spec, store)
     todo = sorted(state.states.filter(pl.col("state").is_in([INVALID, MISSING]))["shard_id"].unique().to_list())
@@ -580,8 +580,8 @@ def child_variant(name: str, home: str, spec_path: str, times: int) -> dict:
 
 
 def _check_old(name: str, out, spec, store) -> dict[str, bool]:
-    from batch_pipeline.core.state.reconcile import counts_by_shard
-    from batch_pipeline.core.state.summary import ShardSummaries
+    from batch_pipeline.core.ledger.reconcile import counts_by_shard
+    from batch_pipeline.core.run.summary import ShardSummaries
 
     state = out[0]
     summaries = ShardSummaries(spec, store).all()
@@ -609,7 +609,7 @@ def _check_old(name: str, out, spec, store) -> dict[str, bool]:
 
 
 def time_refresh(home: str, spec_path: str, sid: str, times: int) -> list[float]:
-    from batch_pipeline.core.state.summary import ShardSummaries
+    from batch_pipeline.core.run.summary import ShardSummaries
 
     spec, store = _fresh(home, spec_path)
     summaries = ShardSummaries(spec, store)
@@ -643,11 +643,11 @@ def breakdown(home: str, spec_path: str, times: int) -> dict[str, float]:
     the summaries are read on ``ordered_map``'s pool threads, so the steps are timed one by one, serially."""
     import json as _json
 
+    from batch_pipeline.core.ledger.control import JobControl
     from batch_pipeline.core.manifest.shards import Manifest
-    from batch_pipeline.core.run.control import JobControl
+    from batch_pipeline.core.run.summary import ShardSummaries, ShardSummary
     from batch_pipeline.core.spec.paths import JobPaths
     from batch_pipeline.core.state.driver import next_steps
-    from batch_pipeline.core.state.summary import ShardSummaries, ShardSummary
     from batch_pipeline.core.state.view import (
         canary_status,
         load_view,
@@ -830,7 +830,7 @@ def main() -> int:
         }
 
         # ShardSummaries.refresh of one shard (the cost of each record write during a collection)
-        from batch_pipeline.core.run.attempts import AttemptLog
+        from batch_pipeline.core.ledger.attempts import AttemptLog
 
         spec, store = _fresh(home, spec_path)
         by_kind: dict[str, str] = {}

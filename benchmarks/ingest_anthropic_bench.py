@@ -114,7 +114,7 @@ def reference(path: str, out_dir: str) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA
+    from batch_pipeline.core.ledger.executor import RAW_RESULT_SCHEMA
 
     cpu0, started = cpu_s(), time.perf_counter()
     cols: dict[str, list] = {name: [] for name in RAW_RESULT_SCHEMA.names}
@@ -162,8 +162,9 @@ def ours(path: str, work: str) -> dict:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from batch_pipeline.core.run.executor import ShardWork
-    from batch_pipeline.core.run.results import build_results, new_part, write_part, write_payload
+    from batch_pipeline.core.ledger.executor import ShardWork
+    from batch_pipeline.core.ledger.result_parts import new_part, write_part, write_payload
+    from batch_pipeline.core.run.results import build_results
     from batch_pipeline.core.run.threads import default_workers, ordered_map
     from batch_pipeline.core.store import BackgroundWrites
     from batch_pipeline.executors.anthropic.format import parse_results_block
@@ -240,8 +241,8 @@ class _StubExecutor:
 
 
 def ours_runner(path: str, work: str, shard_lines: int = 5000) -> dict:
-    from batch_pipeline.core.run.attempts import Attempt
-    from batch_pipeline.core.run.executor import BatchHandle
+    from batch_pipeline.core.ledger.attempts import Attempt
+    from batch_pipeline.core.ledger.executor import BatchHandle
     from batch_pipeline.core.run.runner import ShardRunner
 
     spec, _plan, price, store = _setup_ours(work)

@@ -121,7 +121,7 @@ def reference(path: str, out_dir: str) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA
+    from batch_pipeline.core.ledger.executor import RAW_RESULT_SCHEMA
 
     cpu0, started = cpu_s(), time.perf_counter()
     cols: dict[str, list] = {name: [] for name in RAW_RESULT_SCHEMA.names}
@@ -168,8 +168,9 @@ def ours(path: str, work: str) -> dict:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from batch_pipeline.core.run.executor import ShardWork
-    from batch_pipeline.core.run.results import build_results, write_results
+    from batch_pipeline.core.ledger.executor import ShardWork
+    from batch_pipeline.core.ledger.result_parts import write_results
+    from batch_pipeline.core.run.results import build_results
     from batch_pipeline.core.run.threads import default_workers
     from batch_pipeline.core.store import BackgroundWrites
     from batch_pipeline.executors.bedrock.format import parse_output_block

@@ -200,7 +200,7 @@ def reference(files: list[str], out_dir: str) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA
+    from batch_pipeline.core.ledger.executor import RAW_RESULT_SCHEMA
 
     rss_before = maxrss_mb()
     cpu0 = cpu_s()
@@ -252,8 +252,8 @@ def reference(files: list[str], out_dir: str) -> dict:
 def _setup_ours(work: str):
     import pandas  # noqa: F401 - pyarrow imports it on its first Python-value conversion; not throughput
 
-    from batch_pipeline.core.money.cost import Price
-    from batch_pipeline.core.run.executor import RequestPlan
+    from batch_pipeline.core.ledger.executor import RequestPlan
+    from batch_pipeline.core.pricing.cost import Price
     from batch_pipeline.core.spec.loading import parse_spec
     from batch_pipeline.core.store import Store
 
@@ -267,10 +267,11 @@ def ours(files: list[str], work: str, sections: bool, profile: bool) -> dict:
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    from batch_pipeline.core.ledger.executor import ShardWork
+    from batch_pipeline.core.ledger.result_parts import new_part, write_part, write_payload
     from batch_pipeline.core.quality import validate as validate_mod
     from batch_pipeline.core.run import results as results_mod
-    from batch_pipeline.core.run.executor import ShardWork
-    from batch_pipeline.core.run.results import build_results, new_part, write_part, write_payload
+    from batch_pipeline.core.run.results import build_results
     from batch_pipeline.core.run.threads import default_workers, ordered_map
     from batch_pipeline.core.store import BackgroundWrites
     from batch_pipeline.executors.jsonl_blocks import iter_blocks
@@ -431,8 +432,8 @@ class _StubExecutor:
 
 
 def ours_runner(files: list[str], work: str, shard_lines: int = SHARD, split: bool = False) -> dict:
-    from batch_pipeline.core.run.attempts import Attempt
-    from batch_pipeline.core.run.executor import BatchHandle
+    from batch_pipeline.core.ledger.attempts import Attempt
+    from batch_pipeline.core.ledger.executor import BatchHandle
     from batch_pipeline.core.run.runner import ShardRunner
 
     spec, _plan, price, store = _setup_ours(work)
@@ -488,9 +489,10 @@ def breakdown(files: list[str], reps: int = 3) -> dict:
     import pyarrow.json as pajson
     import pyarrow.parquet as pq
 
+    from batch_pipeline.core.ledger.executor import ShardWork
+    from batch_pipeline.core.ledger.result_parts import PART_OPTIONS
     from batch_pipeline.core.quality.validate import validate
-    from batch_pipeline.core.run.executor import ShardWork
-    from batch_pipeline.core.run.results import PART_OPTIONS, build_results
+    from batch_pipeline.core.run.results import build_results
     from batch_pipeline.executors.jsonl_blocks import iter_blocks, lines_array
     from batch_pipeline.executors.openai.format import OUTPUT_LINE_SCHEMA, _parse_lines, parse_output_block
 

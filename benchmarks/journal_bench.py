@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA
+from batch_pipeline.core.ledger.executor import RAW_RESULT_SCHEMA
 from batch_pipeline.core.run.journal import AnswerJournal
 from batch_pipeline.core.store import Store
 

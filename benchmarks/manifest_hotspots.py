@@ -1,7 +1,7 @@
 """Micro-benchmarks behind the manifest hot spots: the current core step against candidate changes.
 
 Runs on the first ``--rows`` rows of the cached ``make_rows`` file, block by block (8 MB, as
-``inputs._jsonl`` cuts them), and prints seconds per million rows for each step, so the gains can be
+``jsonl.read_jsonl`` cuts them), and prints seconds per million rows for each step, so the gains can be
 compared with the ``manifest_bench.py --sections`` breakdown.
 
     python benchmarks/manifest_hotspots.py [--rows 200000]
@@ -25,7 +25,8 @@ import pyarrow.json as pajson  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from batch_pipeline.core.manifest import ids  # noqa: E402
-from batch_pipeline.core.manifest.inputs import CHUNK_BYTES, _jsonl_block  # noqa: E402
+from batch_pipeline.core.manifest.jsonl import _jsonl_block
+from batch_pipeline.core.manifest.rows import CHUNK_BYTES
 from batch_pipeline.core.manifest.shards import ITEM_SCHEMA, normalise_fields  # noqa: E402
 from benchmarks.make_rows import ensure_rows  # noqa: E402
 
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     schema = pa.schema([("body", pa.string()), ("id", pa.string())])
     options = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
 
-    print("read (inputs._jsonl_block):")
+    print("read (jsonl._jsonl_block):")
     frames = timeit(
         "core _jsonl_block (no blank lines: Arrow read_json on the block as is, from_arrow)",
         lambda: [_jsonl_block("f", b, 1, fields, "id", options).frame for b in blocks],

@@ -38,7 +38,7 @@ if str(HERE.parent) not in sys.path:
 import openai  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
-from batch_pipeline.core.run.executor import RequestPlan, ShardWork  # noqa: E402
+from batch_pipeline.core.ledger.executor import RequestPlan, ShardWork  # noqa: E402
 from batch_pipeline.core.spec.job import BackendSpec
 from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.executors.online.transport import BodyBuilder  # noqa: E402

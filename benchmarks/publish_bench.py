@@ -62,9 +62,9 @@ def _build_shards(home: str, numbers: list[int], seed: int) -> int:
     import polars as pl
     import pyarrow as pa
 
+    from batch_pipeline.core.ledger.result_parts import write_results
     from batch_pipeline.core.manifest.read import ITEM_SCHEMA
     from batch_pipeline.core.manifest.shards import shard_name
-    from batch_pipeline.core.run.results import write_results
     from batch_pipeline.core.spec.paths import JobPaths
     from batch_pipeline.core.store import Store
     from benchmarks.driver_bench import _result_part
@@ -253,12 +253,12 @@ def whole_frames(home: str) -> dict:
     """The approach before the streaming one (``JobState.load`` held every row; ``validated_table`` in Polars)."""
     import polars as pl
 
+    from batch_pipeline.core.ledger.reconcile import DEAD, check_invariant, counts_by_shard, item_states, job_counts
+    from batch_pipeline.core.ledger.result_parts import PART_SCHEMA, read_results
+    from batch_pipeline.core.manifest.read import VALIDATED_COLUMNS
     from batch_pipeline.core.manifest.shards import Manifest
     from batch_pipeline.core.publish.plots import cost_over_time
-    from batch_pipeline.core.publish.validated import VALIDATED_COLUMNS
-    from batch_pipeline.core.run.results import PART_SCHEMA, read_results
     from batch_pipeline.core.spec.paths import JobPaths
-    from batch_pipeline.core.state.reconcile import DEAD, check_invariant, counts_by_shard, item_states, job_counts
 
     spec, store = _setup(home)
     rss0 = maxrss_mb()

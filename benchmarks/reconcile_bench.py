@@ -35,11 +35,11 @@ import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
+from batch_pipeline.core.ledger.reconcile import check_invariant, counts_by_shard, item_states  # noqa: E402
+from batch_pipeline.core.ledger.result_parts import RESULT_SCHEMA, read_results, write_results  # noqa: E402
 from batch_pipeline.core.manifest.shards import ITEM_SCHEMA, Manifest, shard_name  # noqa: E402
-from batch_pipeline.core.run.results import RESULT_SCHEMA, read_results, write_results  # noqa: E402
 from batch_pipeline.core.run.runner import STATE_COLUMNS  # noqa: E402
 from batch_pipeline.core.spec.paths import JobPaths  # noqa: E402
-from batch_pipeline.core.state.reconcile import check_invariant, counts_by_shard, item_states  # noqa: E402
 from batch_pipeline.core.store import Store  # noqa: E402
 from benchmarks._harness import OUT, maxrss_mb, raw_payload_expr, repeat, summary  # noqa: E402
 
@@ -199,7 +199,7 @@ def _best(label: str, fn, reps: int = 3) -> float:
 
 def breakdown_in_memory(items: pl.DataFrame, res: pl.DataFrame, states: pl.DataFrame) -> dict:
     """The steps inside item_states and check_invariant, and the plain formulations they replaced."""
-    from batch_pipeline.core.state.reconcile import _item_states_by_id
+    from batch_pipeline.core.ledger.reconcile import _item_states_by_id
 
     print("    breakdown ('was' = the plain formulation, kept in core as the fallback on a hash collision):")
     out = {}

@@ -111,7 +111,7 @@ def compare(
     """Run both variants on one engine; return per-variant medians, the ratio and the cached share."""
     import pyarrow as pa
 
-    from batch_pipeline.core.run.executor import RequestPlan, ShardWork
+    from batch_pipeline.core.ledger.executor import RequestPlan, ShardWork
     from batch_pipeline.core.spec.job import OutputSpec, SamplingSpec
     from batch_pipeline.executors.vllm.engine import VllmSettings, load_engine
     from batch_pipeline.executors.vllm.offline import VllmOfflineExecutor

@@ -27,7 +27,7 @@ TMP_PREFIX = ".tmp-"
 
 
 def default_root() -> str:
-    from batch_pipeline.core.spec.settings import Settings
+    from batch_pipeline.core.settings import Settings
 
     return Settings.from_env().home
 

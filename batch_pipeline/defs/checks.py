@@ -8,10 +8,10 @@ import pandera.pandas as pa
 import polars as pl
 
 from batch_pipeline.core.errors import ReconciliationError
+from batch_pipeline.core.ledger.result_parts import read_results
 from batch_pipeline.core.publish.tables import JobState
 from batch_pipeline.core.quality.shard_stats import shard_outliers
 from batch_pipeline.core.quality.validate import validate
-from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.troubleshooting import lookup

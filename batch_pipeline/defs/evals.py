@@ -7,12 +7,12 @@ import base64
 import dagster as dg
 import polars as pl
 
+from batch_pipeline.core.ledger.executor import StreamExecutor
 from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.publish.plots import accuracy_history
 from batch_pipeline.core.publish.tables import JobState
 from batch_pipeline.core.quality.evals import load_golden, paired, run_golden, samples_needed, wilson
 from batch_pipeline.core.quality.judge import judge, stratified_sample, summarise
-from batch_pipeline.core.run.executor import StreamExecutor
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.defs.metadata import md_table, spec_labels

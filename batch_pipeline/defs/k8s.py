@@ -29,7 +29,7 @@ from collections.abc import Mapping
 
 from dagster import ExecutorDefinition, in_process_executor
 
-from batch_pipeline.core.spec.settings import Settings
+from batch_pipeline.core.settings import Settings
 
 GPU_POOL = "gpu"
 K8S_CONFIG_TAG = "dagster-k8s/config"

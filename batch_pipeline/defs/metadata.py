@@ -7,7 +7,7 @@ import polars as pl
 import pyarrow as pa
 
 from batch_pipeline.core import progress
-from batch_pipeline.core.money.usd import format_usd
+from batch_pipeline.core.pricing.usd import format_usd
 from batch_pipeline.core.spec.job import JobSpec
 
 # what a column of the published tables (validated, results, dead letters) holds, shown in the UI's schema
@@ -170,8 +170,8 @@ def provider_ceilings(spec: JobSpec, store) -> dict:
     """For the report: every open batch's age against its provider's window and retention (with the warnings)
     and the shards held for a human (results lost at the provider)."""
     from batch_pipeline.core.ledger.ceilings import open_batch_ages
-    from batch_pipeline.core.run.control import JobControl
-    from batch_pipeline.core.state.summary import ShardSummaries
+    from batch_pipeline.core.ledger.control import JobControl
+    from batch_pipeline.core.run.summary import ShardSummaries
     from batch_pipeline.executors.registry import batch_ceilings
 
     opened = [(s.shard_id, s.open.submitted) for s in ShardSummaries(spec, store).all() if s.open and s.open.submitted]

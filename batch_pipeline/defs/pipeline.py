@@ -15,13 +15,14 @@ import dagster as dg
 
 from batch_pipeline.core import progress
 from batch_pipeline.core.errors import BatchPipelineError
+from batch_pipeline.core.ledger.control import JobPaused
+from batch_pipeline.core.ledger.machine import ShardState
 from batch_pipeline.core.run.activity import Activity
-from batch_pipeline.core.run.control import JobPaused
+from batch_pipeline.core.settings import Settings
 from batch_pipeline.core.spec.job import JobSpec
-from batch_pipeline.core.spec.settings import Settings
 from batch_pipeline.core.state.driver import Action, WaitKind
-from batch_pipeline.core.state.machine import ShardState
 from batch_pipeline.core.state.ranges import ShardRange, shard_ranges
+from batch_pipeline.core.state.turns import MOVES, SENDS, TurnLimits
 from batch_pipeline.core.state.view import load_view
 from batch_pipeline.defs.assets import SHARDS_TAG, asset_key, shards_partitions
 from batch_pipeline.defs.build import build_definitions
@@ -34,7 +35,6 @@ log = logging.getLogger(__name__)
 RANGE_START = "dagster/asset_partition_range_start"
 RANGE_END = "dagster/asset_partition_range_end"
 SHARD_ASSETS = ["submissions", "shard_results"]
-MOVES = (Action.SUBMIT, Action.RESOLVE, Action.RESCUE, Action.COLLECT)
 
 
 def _quiet(level: str) -> dict:
@@ -77,8 +77,8 @@ def run_job(
     tail = spec.tail.backend.name if spec.tail is not None else None
     all_shards = instance.get_dynamic_partitions(shards_partitions(spec).name)
     passes = canaries = requotes = 0
-    max_passes = spec.retries.per_item + 2  # expired/cancelled items do not spend their budget
-    queue = QueueLoop(spec, store, stage)
+    limits = TurnLimits.for_spec(spec)
+    queue = QueueLoop(spec, store, stage, limits)
     while True:
         plan = load_view(
             spec,
@@ -86,6 +86,7 @@ def run_job(
             **batch_minimums(spec),
             capacity=queue.ledgers,
             batch_ended=queue.poller if queue.bound else None,
+            waits_inline=not queue.bound,  # shard_results waits on an open batch, unless the queue loop polls them
         ).plan()
         log.info("job %s: plan: %s", spec.name, plan.describe())
         if plan.stopped:
@@ -96,8 +97,8 @@ def run_job(
             break
         if plan.has(Action.REQUOTE):
             requotes += 1
-            if requotes > 3:
-                raise dg.Failure(f"the quote stays stale after {requotes - 1} re-quotes: {plan.describe()}")
+            if (why := limits.too_many_requotes(requotes, plan.describe())) is not None:
+                raise dg.Failure(why)
             run(["quote"])
             continue
         requotes = 0
@@ -110,10 +111,8 @@ def run_job(
         canary = plan.shards(Action.CANARY)
         if canary:
             canaries += 1
-            if canaries > spec.retries.per_item + 1:
-                raise dg.Failure(
-                    f"the canary shard {canary[0]} got no verdict after {canaries - 1} attempts: {plan.describe()}"
-                )
+            if (why := limits.too_many_canaries(canaries, canary[0], plan.describe())) is not None:
+                raise dg.Failure(why)
             stage(
                 f"canary: shard {canary[0]} ({spec.canary.size} items at most, alone)"
                 + (f" (attempt {canaries})" if canaries > 1 else "")
@@ -124,9 +123,8 @@ def run_job(
                 run(SHARD_ASSETS, partition_key=canary[0])  # its batch, if it makes one, is the one to collect
             stage(f"canary done: {did.since().describe()}")
             continue
-        # the CLI waits on open batches inline (shard_results polls them), so a submitted shard is work here
-        todo = sorted(set(plan.shards(*MOVES)) | {s for s, st in plan.states.items() if st == ShardState.SUBMITTED})
-        if not todo or passes >= max_passes:
+        todo = sorted(set(plan.shards(*MOVES)))
+        if not todo or passes >= limits.passes:
             if todo or plan.waiting:
                 log.warning("job %s: publishing what there is: %s", spec.name, plan.describe())
             break
@@ -134,7 +132,7 @@ def run_job(
         stage(f"pass {passes}: {len(todo)} shard(s), planned: {plan.describe()}")
         run(["quote"])  # every pass spends against a fresh quote
         did = Activity(store, spec.name, tail)
-        sends = set(plan.shards(Action.SUBMIT, Action.RESOLVE, Action.RESCUE))
+        sends = set(plan.shards(*SENDS))
         # batches open now (a rescue collects its own); each batch the pass makes adds one (progress.expect)
         open_now = [
             s for s in todo if s not in sends and plan.states.get(s) in (ShardState.SUBMITTED, ShardState.ENDED)
@@ -162,11 +160,10 @@ class QueueLoop:
     submits what the plan admits, collects the batches the provider ended (polled, as the sensor does), and waits
     one poll interval when neither moved, so the queue is refilled the moment a batch ends."""
 
-    IDLE_LIMIT = 5  # turns with the queue empty of everyone's batches and still nothing admitted
     REQUOTE_S = 60.0  # a sending turn re-quotes first when its last quote is older (the driver re-quotes stale ones)
 
-    def __init__(self, spec: JobSpec, store, stage: Callable[[str], None]):
-        self.spec, self.store, self.stage = spec, store, stage
+    def __init__(self, spec: JobSpec, store, stage: Callable[[str], None], limits: TurnLimits):
+        self.spec, self.store, self.stage, self.limits = spec, store, stage, limits
         self.ledgers = capacity_ledgers(store, spec.backend, spec.model)
         self.poller = batch_poller(spec)
         self.bound = False  # set once a shard waited for room: from then on, open batches are polled
@@ -178,7 +175,7 @@ class QueueLoop:
     def step(self, plan, run: Callable[[list[str], ShardRange], object], order: list[str], span: int) -> bool:
         """One turn; False when the plan has other work for the ordinary pass (the canary, a re-quote)."""
         self.bound = True
-        send = plan.shards(Action.SUBMIT, Action.RESOLVE, Action.RESCUE)
+        send = plan.shards(*SENDS)
         collect = plan.shards(Action.COLLECT)
         if send:
             if self.quoted is None or time.monotonic() - self.quoted > self.REQUOTE_S:
@@ -195,12 +192,8 @@ class QueueLoop:
         held = [h for ledger in self.ledgers for h in ledger.snapshot().holdings]
         if not open_batches and not held:
             self.idle += 1
-            if self.idle > self.IDLE_LIMIT:
-                raise dg.Failure(
-                    f"job {self.spec.name}: nothing it sends fits the account's queue even when the "
-                    f"queue is empty: {plan.describe()}; raise backend.settings.quota (or lower "
-                    "shards.max_requests) and run again"
-                )
+            if (why := self.limits.queue_never_fits(self.idle, self.spec.name, plan.describe())) is not None:
+                raise dg.Failure(why)
         if time.monotonic() - self.said > 30:
             self.said = time.monotonic()
             self.stage(f"waiting for room in the account's queue: {plan.describe()}")

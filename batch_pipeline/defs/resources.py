@@ -2,8 +2,8 @@
 
 import dagster as dg
 
-from batch_pipeline.core.money.cost import PriceTable, load_prices
-from batch_pipeline.core.spec.settings import PROJECT_ROOT, Settings
+from batch_pipeline.core.pricing.cost import PriceTable, load_prices
+from batch_pipeline.core.settings import PROJECT_ROOT, Settings
 from batch_pipeline.core.store import Store
 
 

@@ -1,16 +1,16 @@
 """The runners a shard asset drives: the job's backend (or each shard's routed one), the tail rescue and the
 fallback model, each behind the budget guard, with the golden probes riding on the primary's submissions."""
 
+from batch_pipeline.core.ledger.fallback import Stage, fallback_may_use_tail, fallback_tail_variant, fallback_variant
+from batch_pipeline.core.ledger.result_parts import read_results
 from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.money.budget import BudgetGuard
+from batch_pipeline.core.money.quote_record import read_quote
 from batch_pipeline.core.quality.golden import GoldenProbes
 from batch_pipeline.core.route.plan import RouteBook, candidate_for, routed_variant
-from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.run.runner import ShardRunner
 from batch_pipeline.core.spec.job import BackendSpec, JobSpec
-from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.state.execute import ShardDriver, ShardWaits
-from batch_pipeline.core.state.fallback import Stage, fallback_may_use_tail, fallback_tail_variant, fallback_variant
 from batch_pipeline.defs.resources import PricesResource, StoreResource
 from batch_pipeline.executors.registry import batch_minimums, create_executor
 
@@ -28,9 +28,9 @@ def shard_runner(
     st = store.get()
     executor = create_executor(backend)
     price = prices.get().lookup(backend.name, spec.model)
-    quote = st.read_json(JobPaths(spec.name).quote) or {}
+    quote = read_quote(st, spec.name)
     guard = BudgetGuard(
-        spec, st, price, quote.get("calibration", {}).get("factor", 1.0), batch=executor.pricing == "batch"
+        spec, st, price, quote.calibration.factor if quote is not None else 1.0, batch=executor.pricing == "batch"
     )
     return ShardRunner(
         spec,

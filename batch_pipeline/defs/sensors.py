@@ -15,13 +15,14 @@ from datetime import UTC, datetime
 import dagster as dg
 
 from batch_pipeline.core.errors import TransientError
+from batch_pipeline.core.ledger.executor import BatchExecutor
 from batch_pipeline.core.manifest.inputs import resolve_inputs
 from batch_pipeline.core.manifest.shards import Manifest
-from batch_pipeline.core.run.executor import BatchExecutor, BatchHandle
+from batch_pipeline.core.settings import Settings
 from batch_pipeline.core.spec.job import JobSpec
-from batch_pipeline.core.spec.settings import Settings
 from batch_pipeline.core.state.driver import Action, Step
 from batch_pipeline.core.state.ranges import ShardRange, shard_ranges
+from batch_pipeline.core.state.turns import STAGE_OF, RunStage, TurnLimits
 from batch_pipeline.core.state.view import load_view
 from batch_pipeline.defs.assets import SHARDS_TAG, shards_partitions
 from batch_pipeline.defs.jobs import job_names
@@ -41,10 +42,7 @@ RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_p
 INTERVAL_S = Settings.from_env().sensor_interval_s
 
 
-MAX_FAILED_RUNS = 3  # a shard whose run failed this often for the same attempt waits for a human
-MAX_POLLS_PER_TICK = 200  # provider polls per tick (the longest-waiting batches first); the rest wait a tick
 POLL_WORKERS = 8
-MAX_RUNS_PER_TICK = 40  # shard runs requested per tick; the rest are asked for on the next ticks
 
 
 def _in_flight(instance: dg.DagsterInstance, job_name: str, partition: str | None = None) -> bool:
@@ -73,9 +71,9 @@ def _run_key(step: str, ended: list[dg.DagsterRun]) -> str:
     return f"{step}:r{len(ended)}" if ended else step
 
 
-def _keyed_request(instance, job_name: str, shard: str, key: str) -> dg.RunRequest | None:
+def _keyed_request(instance, job_name: str, shard: str, key: str, limits: TurnLimits) -> dg.RunRequest | None:
     ended = _ended_runs(instance, job_name, key)
-    if _failures(ended) >= MAX_FAILED_RUNS:
+    if limits.stuck(_failures(ended)):
         return None
     return dg.RunRequest(
         job_name=job_name, partition_key=shard, run_key=_run_key(key, ended), tags={STEP_TAG: _step_tag(job_name, key)}
@@ -97,6 +95,7 @@ def _shard_requests(
     attempts: dict[str, int],
     order: list[str],
     span: int,
+    limits: TurnLimits,
     limit: int,
 ) -> tuple[list[dg.RunRequest], list[str]]:
     """The steps of one run job as at most ``limit`` runs: a single shard (the canary always) keeps its per-shard
@@ -114,7 +113,7 @@ def _shard_requests(
         ended = [] if r.single else _ended_runs(instance, job_name, step)
         if r.single or _failures(ended):
             for shard in r.shards:  # alone, or again shard by shard after the range failed
-                request = _keyed_request(instance, job_name, shard, keys[shard])
+                request = _keyed_request(instance, job_name, shard, keys[shard], limits)
                 requests.extend([request] if request is not None else [])
                 stuck.extend([] if request is not None else [shard])
             continue
@@ -193,13 +192,7 @@ def build_upstream_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
 
 def build_shard_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
     names = job_names(spec)
-    run_jobs = {
-        Action.CANARY: "submit",
-        Action.SUBMIT: "submit",
-        Action.RESOLVE: "submit",
-        Action.RESCUE: "submit",
-        Action.COLLECT: "collect",
-    }
+    limits = TurnLimits.for_spec(spec)
 
     @dg.sensor(
         name=f"{spec.name}_shard_driver",
@@ -237,16 +230,17 @@ def build_shard_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
             return dg.SkipReason("job paused: `batch-pipeline resume` continues it")
         requests: list[dg.RunRequest] = []
         stuck: list[str] = []
-        moves: dict[str, list[Step]] = {}
+        moves: dict[RunStage, list[Step]] = {}
         for step in plan.steps:
-            if step.action == Action.REQUOTE:
-                if not _in_flight(instance, names["quote"]):
-                    requests.append(dg.RunRequest(job_name=names["quote"], run_key=f"quote:{_now_bucket()}"))
-            elif step.action == Action.PUBLISH:
+            stage = STAGE_OF[step.action]
+            if stage == RunStage.QUOTE:
+                if not _in_flight(instance, names[stage]):
+                    requests.append(dg.RunRequest(job_name=names[stage], run_key=f"quote:{_now_bucket()}"))
+            elif stage == RunStage.PUBLISH:
                 settled = sum(s.valid + s.dead_lettered for s in view.summaries)
-                requests.append(dg.RunRequest(job_name=names["publish"], run_key=f"publish:{settled}"))
+                requests.append(dg.RunRequest(job_name=names[stage], run_key=f"publish:{settled}"))
             else:
-                moves.setdefault(run_jobs[step.action], []).append(step)
+                moves.setdefault(stage, []).append(step)
         if moves:
             order = instance.get_dynamic_partitions(shards_partitions(spec).name)
             span = Settings.from_env().shards_per_run
@@ -260,16 +254,17 @@ def build_shard_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
                     attempts,
                     order,
                     span,
-                    limit=MAX_RUNS_PER_TICK - len(shard_runs),
+                    limits,
+                    limit=limits.runs_per_tick - len(shard_runs),
                 )
                 shard_runs += made
                 stuck += held
-            requests += shard_runs[:MAX_RUNS_PER_TICK]
+            requests += shard_runs[: limits.runs_per_tick]
         if requests:
             return requests
         why = [plan.describe()]
         if stuck:
-            why.append(f"shard(s) {', '.join(stuck)} failed {MAX_FAILED_RUNS} runs in a row: look at their runs")
+            why.append(limits.stuck_reason(stuck))
         return dg.SkipReason("; ".join(why))
 
     return shard_sensor
@@ -282,28 +277,26 @@ def batch_poller(spec: JobSpec):
     def batch_ended(submitted) -> set[str]:
         backends = spec.sending_backends()
         ended: set[str] = set()
-        for name in sorted({s.open.submitted["backend"] for s in submitted if s.open and s.open.submitted}):
+        for name in sorted({s.open.submitted.backend for s in submitted if s.open and s.open.submitted}):
             executor = create_executor(backends[name]) if name in backends else None
             if isinstance(executor, BatchExecutor):
                 ended |= ended_batches(
                     executor,
-                    [s for s in submitted if s.open and s.open.submitted and s.open.submitted["backend"] == name],
+                    [s for s in submitted if s.open and s.open.submitted and s.open.submitted.backend == name],
                 )
         return ended
 
     return batch_ended
 
 
-def ended_batches(executor: BatchExecutor, submitted, limit: int = MAX_POLLS_PER_TICK) -> set[str]:
+def ended_batches(executor: BatchExecutor, submitted, limit: int = TurnLimits.polls_per_tick) -> set[str]:
     """The shards whose provider batch has ended, asking about the longest-waiting ``limit`` of them, concurrently
     (one tick of a 10,000-shard job must not make thousands of round trips one after another)."""
     waiting = sorted((s for s in submitted if s.open and s.open.submitted), key=lambda s: s.open.intent_at)[:limit]
 
     def ended(summary) -> str | None:
         try:
-            return (
-                summary.shard_id if executor.poll(BatchHandle.from_dict(summary.open.submitted)).state.ended else None
-            )
+            return summary.shard_id if executor.poll(summary.open.submitted.handle()).state.ended else None
         except TransientError:  # a flaky poll is asked again next tick
             return None
 

@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.ledger.capacity import CapacityScope
-from batch_pipeline.core.run.executor import BatchHandle, BatchStatus, ShardWork
+from batch_pipeline.core.ledger.executor import BatchHandle, BatchStatus, ShardWork
 from batch_pipeline.core.spec.quota import QuotaSpec
 
 log = logging.getLogger(__name__)

@@ -92,3 +92,28 @@ def classified(
         dimension=dimension.value if dimension is not None else None,
         limit=stated_limit(message),
     )
+
+
+def connection_error(
+    family: Family,
+    provider: str,
+    action: str,
+    exc: Exception,
+    *,
+    where: Where = Where.CALL,
+    dimension: Dimension | None = None,
+    secret: str | None = None,
+) -> BatchPipelineError:
+    """``classified`` for a call that got no answer (connection lost, timed out): the table's
+    ``connection_error`` row, the SDK's exception named in the message."""
+    return classified(
+        family,
+        provider,
+        action,
+        None,
+        "connection_error",
+        f"{type(exc).__name__}: {exc}",
+        where=where,
+        dimension=dimension,
+        secret=secret,
+    )

@@ -12,13 +12,13 @@ from pydantic import ValidationError
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.ledger.capacity import CapacityLedger, CapacityScope
 from batch_pipeline.core.ledger.ceilings import Ceilings
+from batch_pipeline.core.ledger.executor import BatchExecutor, StreamExecutor
+from batch_pipeline.core.ledger.fallback import fallback_backend
 from batch_pipeline.core.ledger.queue_clock import QueueClock
 from batch_pipeline.core.route.plan import BackendProfile, Queues
-from batch_pipeline.core.run.executor import BatchExecutor, StreamExecutor
 from batch_pipeline.core.run.lease import default_ttl
 from batch_pipeline.core.spec.job import AUTO_BACKEND, BackendSpec, JobSpec
 from batch_pipeline.core.spec.quota import QuotaSpec
-from batch_pipeline.core.state.fallback import fallback_backend
 from batch_pipeline.core.store import Store
 from batch_pipeline.executors.accounts import AccountSpread
 from batch_pipeline.executors.quota import QueueCapped

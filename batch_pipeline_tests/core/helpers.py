@@ -14,8 +14,8 @@ from typing import Any
 import pyarrow as pa
 import yaml
 
+from batch_pipeline.core.ledger.executor import RAW_RESULT_SCHEMA
 from batch_pipeline.core.manifest import ids
-from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.loading import load_spec
 

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batch_pipeline.core.run.results import RESULT_SCHEMA, read_results
+from batch_pipeline.core.ledger.result_parts import RESULT_SCHEMA, read_results
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import TMP_PREFIX, Store
 

@@ -11,11 +11,11 @@ import dagster as dg
 import polars as pl
 import pytest
 
+from batch_pipeline.core.ledger.control import JobControl
+from batch_pipeline.core.ledger.reconcile import check_invariant
 from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.publish.tables import JobState
-from batch_pipeline.core.run.control import JobControl
 from batch_pipeline.core.spec.paths import JobPaths
-from batch_pipeline.core.state.reconcile import check_invariant
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.pipeline import run_job
 

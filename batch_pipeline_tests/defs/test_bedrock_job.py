@@ -13,12 +13,12 @@ import polars as pl
 import pytest
 import yaml
 
+from batch_pipeline.core.ledger.control import JobControl
+from batch_pipeline.core.ledger.reconcile import check_invariant
 from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.publish.tables import JobState
-from batch_pipeline.core.run.control import JobControl
 from batch_pipeline.core.spec.loading import load_spec
 from batch_pipeline.core.spec.paths import JobPaths
-from batch_pipeline.core.state.reconcile import check_invariant
 from batch_pipeline.core.state.view import load_view
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.pipeline import run_job

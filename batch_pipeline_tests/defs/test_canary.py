@@ -4,9 +4,9 @@ import dagster as dg
 import polars as pl
 import pytest
 
+from batch_pipeline.core.ledger.control import JobControl
 from batch_pipeline.core.publish.tables import JobState
 from batch_pipeline.core.quality.golden import canary_passed, probe_accuracy
-from batch_pipeline.core.run.control import JobControl
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.assets import asset_key
 from batch_pipeline.defs.build import build_definitions
@@ -29,7 +29,7 @@ def test_a_failing_canary_blocks_every_other_shard(sandbox, make_job, instance, 
         run_job(spec, instance, resources)
     assert batch_creates(sandbox) == 1  # only the canary went out
     store = Store(home)
-    assert JobControl(store, spec.name).current()["code"] == "canary_failed"
+    assert JobControl(store, spec.name).current().code == "canary_failed"
     verdict = canary_passed(spec, store)
     assert verdict.passed is False and verdict.probes == 60 and verdict.accuracy < 0.5
     # a run started separately (a sensor, a user) for another shard is refused by the shard asset itself

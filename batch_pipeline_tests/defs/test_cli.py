@@ -40,7 +40,7 @@ def test_status_prints_every_shard_balanced(sandbox, instance, resources, home, 
     assert "4 settled" in brief and "s00002" not in brief and "(4 settled shards: --all shows them)" in brief
     assert "done: published at" in brief
     # a shard's state changed after that publish: publishing is what comes next again
-    from batch_pipeline.core.state.summary import ShardSummaries
+    from batch_pipeline.core.run.summary import ShardSummaries
     from batch_pipeline.core.store import Store
 
     ShardSummaries(spec, Store(home)).refresh("s00002")
@@ -51,7 +51,7 @@ def test_status_prints_every_shard_balanced(sandbox, instance, resources, home, 
 def test_status_shows_what_waits_and_why(sandbox, instance, resources, home, make_job, capsys):
     import dagster as dg
 
-    from batch_pipeline.core.run.control import JobControl
+    from batch_pipeline.core.ledger.control import JobControl
     from batch_pipeline.core.store import Store
     from batch_pipeline.defs.build import build_definitions
 

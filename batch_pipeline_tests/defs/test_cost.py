@@ -8,12 +8,14 @@ import dagster as dg
 import polars as pl
 import pytest
 
+from batch_pipeline.core.ledger.control import JobControl
 from batch_pipeline.core.manifest.shards import Manifest, build_manifest
-from batch_pipeline.core.money.cost import load_prices
-from batch_pipeline.core.money.quote import QuoteRefused, make_quote, quote_current, verify_quote
-from batch_pipeline.core.money.tokenizers import counter_for
+from batch_pipeline.core.money.job_quote import make_quote
+from batch_pipeline.core.money.quote import QuoteRefused, quote_current, verify_quote
+from batch_pipeline.core.money.quote_record import Quote
+from batch_pipeline.core.pricing.cost import load_prices
+from batch_pipeline.core.pricing.tokenizers import counter_for
 from batch_pipeline.core.publish.tables import JobState
-from batch_pipeline.core.run.control import JobControl
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.assets import asset_key
 from batch_pipeline.defs.build import build_definitions
@@ -24,7 +26,7 @@ from .conftest import REPO, SMALL, ledger_ids
 PRICES = load_prices(REPO / "data" / "prices.yaml")
 
 
-def quote_for(spec, store) -> dict:
+def quote_for(spec, store) -> Quote:
     state = JobState.load(spec, store)
     return make_quote(spec, store, PRICES, state.items, state.results, state.states)
 
@@ -37,13 +39,13 @@ def test_a_long_shared_system_prompt_is_counted_once_per_request(make_job, home)
     build_manifest(short, store)
     build_manifest(longer, store)
     q_short, q_long = quote_for(short, store), quote_for(longer, store)
-    n = q_long["pending_requests"]
+    n = q_long.pending_requests
     assert n == 40
-    extra_per_request = (q_long["passes"]["first"]["input_tokens"] - q_short["passes"]["first"]["input_tokens"]) / n
+    extra_per_request = (q_long.passes.first.input_tokens - q_short.passes.first.input_tokens) / n
     o200k = counter_for(longer.model)  # the model's own tokenizer counts the system prompt
     extra_system_tokens = o200k.count([long_system])[0] - o200k.count([short.prompt.system])[0]
     assert extra_per_request == pytest.approx(extra_system_tokens, rel=0.03)
-    assert q_long["cache_hit_share"]["high"] > 0.8 > q_short["cache_hit_share"]["high"]
+    assert q_long.cache_hit_share.high > 0.8 > q_short.cache_hit_share.high
 
 
 def test_calibrated_quote_matches_billed_tokens_within_5_percent(sandbox, make_job, instance, resources, home):
@@ -66,15 +68,15 @@ def test_calibrated_quote_matches_billed_tokens_within_5_percent(sandbox, make_j
     )
     store = Store(home)
     quote = quote_for(spec, store)
-    assert quote["calibration"]["items_measured"] == 10 and quote["pending_requests"] == 30
+    assert quote.calibration.items_measured == 10 and quote.pending_requests == 30
     billed_before = {e["custom_id"] for e in sandbox.ledger()}
     run_job(spec, instance, resources)
     rest = [e for e in sandbox.ledger() if e["custom_id"] not in billed_before]
     billed_input = sum(e["input_tokens"] for e in rest)
     assert len(rest) == 30
-    assert quote["passes"]["first"]["input_tokens"] == pytest.approx(billed_input, rel=0.05)
+    assert quote.passes.first.input_tokens == pytest.approx(billed_input, rel=0.05)
     billed_output = sum(e["output_tokens"] for e in rest)
-    assert quote["passes"]["first"]["output_tokens_expected"] == pytest.approx(billed_output, rel=0.05)
+    assert quote.passes.first.output_tokens_expected == pytest.approx(billed_output, rel=0.05)
 
 
 def test_the_driver_and_a_submission_judge_a_quote_by_one_freshness_rule(make_job, home):
@@ -87,8 +89,8 @@ def test_the_driver_and_a_submission_judge_a_quote_by_one_freshness_rule(make_jo
     store = Store(home)
     build_manifest(spec, store)
     quote = quote_for(spec, store)
-    store.write_json(JobPaths(spec.name).quote, quote)
-    expires = datetime.fromisoformat(quote["expires_at"])
+    store.write_json(JobPaths(spec.name).quote, quote.as_json())
+    expires = datetime.fromisoformat(quote.expires_at)
     for before, current in (
         (timedelta(minutes=3), True),
         (timedelta(minutes=1), False),
@@ -141,7 +143,7 @@ def test_budget_crossed_mid_run_stops_at_the_cap_and_resumes_when_raised(sandbox
     store = Store(home)
     build_manifest(probe, store)
     quote = quote_for(probe, store)
-    budget = quote["est_cost_usd"]["high"] * 1.01  # the uncalibrated quote fits; the real token count does not
+    budget = quote.est_cost_usd.high * 1.01  # the uncalibrated quote fits; the real token count does not
     spec = make_job(rows=rows, budget_usd=budget, **claude)
     with pytest.raises(dg.Failure, match="budget"):
         run_job(spec, instance, resources)
@@ -184,7 +186,7 @@ def test_budget_guard_refuses_the_submission_that_would_cross_and_stops_the_job(
     runner.submit("s00001")
     with pytest.raises(SystemicError, match="budget cap"):
         runner.submit("s00002")
-    assert JobControl(store, tight.name).current()["code"] == "budget"
+    assert JobControl(store, tight.name).current().code == "budget"
     creates = [r for r in sandbox.requests() if r["path"] == "/v1/batches" and r["method"] == "POST"]
     assert len(creates) == 1 and pending.num_rows == 10
 
@@ -234,13 +236,11 @@ def test_the_quote_of_a_job_with_a_golden_set_is_higher_by_exactly_its_probes(ma
     build_manifest(plain, store)
     build_manifest(gold, store)
     q_plain, q_gold = quote_for(plain, store), quote_for(gold, store)
-    assert q_plain["pending_requests"] == q_gold["pending_requests"] == 40
-    assert (
-        q_plain["probe_requests"] == 0 and q_gold["probe_requests"] == 60 + 3 == q_gold["passes"]["probes"]["requests"]
-    )
+    assert q_plain.pending_requests == q_gold.pending_requests == 40
+    assert q_plain.probe_requests == 0 and q_gold.probe_requests == 60 + 3 == q_gold.passes.probes.requests
     # the items' passes are the same; the probes are a pass of their own
-    assert q_gold["passes"]["first"] == q_plain["passes"]["first"]
-    assert q_gold["passes"]["retries"] == q_plain["passes"]["retries"]
+    assert q_gold.passes.first == q_plain.passes.first
+    assert q_gold.passes.retries == q_plain.passes.retries
     # the probes' estimate by hand, from the golden set's rendered prompts, priced at the high end: o200k tokens per
     # prompt + the system prompt + 4 per message x 2 + 3 priming + the output schema, x 1.25 before anything is
     # measured; 16 output tokens each (max_tokens); no cache read; gpt-4o-mini on the batch API
@@ -248,13 +248,15 @@ def test_the_quote_of_a_job_with_a_golden_set_is_higher_by_exactly_its_probes(ma
     o200k = counter_for(gold.model)
     per_request = o200k.count([gold.prompt.system])[0] + 4 + 4 + 3 + o200k.count([schema_text(gold)])[0]
     tokens = sum(o200k.count(prompts)) + len(prompts) * per_request
-    assert q_gold["passes"]["probes"]["input_tokens"] == tokens
+    assert q_gold.passes.probes.input_tokens == tokens
     high_by_hand = (tokens * 1.25 * 0.15 + 63 * 16 * 0.60) / 1e6 * 0.5
-    assert q_gold["passes"]["probes"]["cost_high"] == pytest.approx(high_by_hand, rel=1e-9)
+    assert q_gold.passes.probes.cost_high == pytest.approx(high_by_hand, rel=1e-9)
     for level in ("low", "expected", "high"):
-        extra = q_gold["est_cost_usd"][level] - q_plain["est_cost_usd"][level]
-        assert extra == pytest.approx(q_gold["passes"]["probes"][f"cost_{level}"], abs=2e-6)  # est is rounded to 1e-6
-    assert q_gold["est_cost_usd"]["high"] - q_plain["est_cost_usd"]["high"] == pytest.approx(high_by_hand, abs=2e-6)
+        extra = getattr(q_gold.est_cost_usd, level) - getattr(q_plain.est_cost_usd, level)
+        assert extra == pytest.approx(
+            getattr(q_gold.passes.probes, f"cost_{level}"), abs=2e-6
+        )  # est is rounded to 1e-6
+    assert q_gold.est_cost_usd.high - q_plain.est_cost_usd.high == pytest.approx(high_by_hand, abs=2e-6)
 
 
 def test_the_budget_guard_refuses_a_submission_its_probes_push_over_the_budget(
@@ -272,8 +274,8 @@ def test_the_budget_guard_refuses_a_submission_its_probes_push_over_the_budget(
     build_manifest(gold, store)
     # a real run: a budget between the items' quote and the items' + probes' quote
     items_high, all_high = (
-        quote_for(plain, store)["est_cost_usd"]["high"],
-        quote_for(gold, store)["est_cost_usd"]["high"],
+        quote_for(plain, store).est_cost_usd.high,
+        quote_for(gold, store).est_cost_usd.high,
     )
     assert all_high > items_high
     budget = (items_high + all_high) / 2
@@ -299,7 +301,7 @@ def test_the_budget_guard_refuses_a_submission_its_probes_push_over_the_budget(
     canary = canary_sample(items, tight.canary.size)
     with pytest.raises(SystemicError, match=r"budget cap: .*\(10 items \$.* \+ 60 golden probes \$"):
         runner.submit("s00001", only=canary, canary=True)
-    assert JobControl(store, tight.name).current()["code"] == "budget"
+    assert JobControl(store, tight.name).current().code == "budget"
     assert [r for r in sandbox.requests() if r["path"].startswith("/v1/")] == []
     # the same budget without a golden set: the same 10 items go out
     fits = make_job(name="plain2", budget_usd=tight.budget_usd)
@@ -326,7 +328,7 @@ def test_an_anthropic_job_costs_what_its_ledger_tokens_cost_by_hand(sandbox, mak
     store = Store(home)
     build_manifest(spec, store)
     quote = quote_for(spec, store)
-    assert quote["cache"]["writes_billed"] and quote["cache"]["first_write_batches"] == 4  # 4 shards of 10
+    assert quote.cache.writes_billed and quote.cache.first_write_batches == 4  # 4 shards of 10
     report = run_job(spec, instance, resources)
     assert report["complete"] and report["succeeded"] == 40
     ledger = sandbox.ledger()
@@ -345,15 +347,15 @@ def test_an_anthropic_job_costs_what_its_ledger_tokens_cost_by_hand(sandbox, mak
     assert float(state.results["cost_usd"].sum()) == pytest.approx(by_hand, rel=1e-9)
     writes_at_input_rate = ((total_in - reads) * 1.00 + reads * 0.10 + out * 5.00) / 1e6 * 0.5
     assert by_hand - writes_at_input_rate == pytest.approx(writes * 0.25 / 1e6 * 0.5, rel=1e-9)
-    assert float(state.results["cost_usd"].sum()) <= quote["est_cost_usd"]["high"]
+    assert float(state.results["cost_usd"].sum()) <= quote.est_cost_usd.high
 
 
 def test_the_budget_guard_counts_what_a_kill_may_have_billed(sandbox, make_job, instance, resources, home):
     """An online attempt a SIGKILL left with requests in flight (sent, no answer stored) counts at its upper bound:
     a submission that fits the budget only without that bound is refused."""
     from batch_pipeline.core.errors import SystemicError
+    from batch_pipeline.core.ledger.attempts import AttemptLog
     from batch_pipeline.core.money.budget import BudgetGuard
-    from batch_pipeline.core.run.attempts import AttemptLog
     from batch_pipeline.core.run.runner import ShardRunner
     from batch_pipeline.executors.registry import create_executor
 

@@ -8,13 +8,13 @@ import dagster as dg
 import polars as pl
 import pytest
 
+from batch_pipeline.core.ledger.attempts import AttemptLog
+from batch_pipeline.core.ledger.control import JobControl
+from batch_pipeline.core.ledger.machine import IllegalTransition, ShardState
+from batch_pipeline.core.ledger.result_parts import read_results
 from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.publish.tables import JobState
-from batch_pipeline.core.run.attempts import AttemptLog
-from batch_pipeline.core.run.control import JobControl
-from batch_pipeline.core.run.results import read_results
-from batch_pipeline.core.state.machine import IllegalTransition, ShardState
-from batch_pipeline.core.state.summary import ShardSummaries
+from batch_pipeline.core.run.summary import ShardSummaries
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.assets import asset_key
 from batch_pipeline.defs.build import build_definitions
@@ -117,7 +117,7 @@ def test_a_canary_without_a_golden_set_stops_a_job_whose_answers_break_the_contr
     assert batch_creates(sandbox) == 1
     [canary] = AttemptLog(Store(home), spec.name, "s00001").all()
     assert canary.canary and len(canary.request_ids) == 12
-    assert JobControl(Store(home), spec.name).current()["code"] == "canary_failed"
+    assert JobControl(Store(home), spec.name).current().code == "canary_failed"
 
 
 def test_the_canary_sample_spreads_over_prompt_lengths(sandbox, make_job, instance, resources, home):
@@ -168,6 +168,6 @@ def test_an_orphaned_intent_does_not_stall_a_sensor_driven_job(sandbox, make_job
         if published:
             break
     assert published, "the job never published"
-    assert AttemptLog(store, spec.name, "s00002").all()[0].records.get("abandoned")  # resolved: nothing at the provider
+    assert AttemptLog(store, spec.name, "s00002").all()[0].abandoned  # resolved: nothing at the provider
     billed = Counter(ledger_ids(sandbox))
     assert len(billed) == 40 and set(billed.values()) == {1}

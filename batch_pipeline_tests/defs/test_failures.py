@@ -10,11 +10,11 @@ import dagster as dg
 import polars as pl
 import pytest
 
+from batch_pipeline.core.ledger.control import JobControl
+from batch_pipeline.core.ledger.reconcile import DEAD
 from batch_pipeline.core.publish.tables import JobState
-from batch_pipeline.core.run.control import JobControl
 from batch_pipeline.core.run.lease import LeaseHeldError
 from batch_pipeline.core.run.runner import ShardRunner
-from batch_pipeline.core.state.reconcile import DEAD
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.pipeline import run_job
 from batch_pipeline.executors.registry import create_executor

@@ -9,7 +9,7 @@ import duckdb
 import polars as pl
 import pytest
 
-from batch_pipeline.core.run.results import read_results, write_results
+from batch_pipeline.core.ledger.result_parts import read_results, write_results
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.assets import asset_key

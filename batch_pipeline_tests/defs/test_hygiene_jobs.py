@@ -13,8 +13,8 @@ from collections import Counter
 import dagster as dg
 import pytest
 
+from batch_pipeline.core.ledger.attempts import Attempt, AttemptLog
 from batch_pipeline.core.manifest.shards import Manifest
-from batch_pipeline.core.run.attempts import Attempt, AttemptLog
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.pipeline import run_job
@@ -106,7 +106,7 @@ def test_after_a_job_with_retention_delete_the_provider_holds_none_of_its_data(
     assert attempts and all("collected" in a.records and a.closed for a in attempts)
     assert holdings(spec) == set()
     for attempt in attempts:  # each recorded what it deleted, its own ids among them
-        deleted = set(attempt.records["discarded"]["deleted"])
+        deleted = set(attempt.discarded.deleted)
         assert own_ids(attempt) <= deleted and len(deleted) >= per_attempt(provider), (attempt.number, deleted)
 
 
@@ -154,7 +154,7 @@ def test_a_kill_between_storing_and_deleting_is_cleaned_by_the_next_run_billing_
     attempts = batch_attempts(spec, home)
     assert all("discarded" in a.records for a in attempts)
     assert own_ids(stored) <= set(
-        AttemptLog(Store(home), spec.name, stored.key.split(":")[1]).all()[0].records["discarded"]["deleted"]
+        AttemptLog(Store(home), spec.name, stored.key.split(":")[1]).all()[0].discarded.deleted
     )  # deleted by the next run's sweep
     billed = Counter(ledger_ids(provider_sandbox))
     assert len(billed) == 40 and set(billed.values()) == {1}

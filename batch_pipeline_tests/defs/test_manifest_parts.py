@@ -123,4 +123,4 @@ def test_file_parts_as_partitions_merge_to_the_one_process_shards(tmp_path, monk
         part_meta = runs[0].asset_materializations_for_node("t__manifest_file_part")[0].metadata
         assert part_meta["from_byte"].value > 0 and part_meta["rows_read"].value == 150
         assert shards_of(store) == shards_of(ref_store)
-        assert Manifest("t", store).latest()["files"][0]["action"] == "appended"
+        assert Manifest("t", store).latest().files[0].action.value == "appended"

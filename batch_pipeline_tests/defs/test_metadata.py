@@ -7,9 +7,9 @@ import pyarrow as pa
 import pytest
 
 from batch_pipeline.core.errors import ConfigError
-from batch_pipeline.core.money.cost import load_prices
 from batch_pipeline.core.money.quote import quote_components
-from batch_pipeline.core.money.usd import format_usd
+from batch_pipeline.core.pricing.cost import load_prices
+from batch_pipeline.core.pricing.usd import format_usd
 from batch_pipeline.defs.assets import asset_key
 from batch_pipeline.defs.build import build_definitions
 from batch_pipeline.defs.metadata import column_schema, md_table, money_json, plain

@@ -16,7 +16,7 @@ from collections import Counter
 
 import polars as pl
 
-from batch_pipeline.core.run.results import read_results
+from batch_pipeline.core.ledger.result_parts import read_results
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 from batch_pipeline.sandbox import SandboxAdmin

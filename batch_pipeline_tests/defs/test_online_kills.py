@@ -12,7 +12,7 @@ from collections import Counter
 
 import yaml
 
-from batch_pipeline.core.money.cost import load_prices
+from batch_pipeline.core.pricing.cost import load_prices
 from batch_pipeline.core.publish.tables import JobState
 from batch_pipeline.core.store import Store
 

@@ -11,10 +11,10 @@ import dagster as dg
 import polars as pl
 
 from batch_pipeline.cli import main
+from batch_pipeline.core.ledger.attempts import AttemptLog
+from batch_pipeline.core.ledger.control import JobControl
+from batch_pipeline.core.ledger.result_parts import read_results
 from batch_pipeline.core.publish.tables import JobState
-from batch_pipeline.core.run.attempts import AttemptLog
-from batch_pipeline.core.run.control import JobControl
-from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.jobs import build_jobs
 from batch_pipeline.defs.pipeline import run_job
@@ -64,7 +64,7 @@ def test_pause_mid_shard_then_resume_sends_nothing_twice(sandbox, sandbox_proc, 
     assert 3 <= len(billed) < 40
     assert set(_completion_ids(store, spec.name)) == set(billed)  # every paid answer was stored before returning
     [attempt] = AttemptLog(store, spec.name, "s00001").all()
-    assert attempt.records["abandoned"]["reason"].startswith("paused")  # the lease and the shard were given back
+    assert attempt.abandoned.reason.startswith("paused")  # the lease and the shard were given back
     # while paused, the shard driver launches nothing
     with dg.DagsterInstance.ephemeral() as instance:
         from batch_pipeline.defs.resources import PricesResource, StoreResource

@@ -6,12 +6,12 @@ import dagster as dg
 import polars as pl
 import pytest
 
+from batch_pipeline.core.ledger.attempts import AttemptLog
+from batch_pipeline.core.ledger.reconcile import DEAD, VALID
 from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.publish.tables import JobState
 from batch_pipeline.core.quality.golden import GoldenProbes
-from batch_pipeline.core.run.attempts import AttemptLog
 from batch_pipeline.core.spec.paths import JobPaths
-from batch_pipeline.core.state.reconcile import DEAD, VALID
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.assets import asset_key
 from batch_pipeline.defs.build import build_definitions
@@ -164,7 +164,7 @@ def test_reconciliation_check_blocks_publishing_when_results_do_not_add_up(
     run_job(spec, instance, resources)
     store = Store(home)
     # a result for an ID the manifest never had: the blocking check must fail the publish run
-    from batch_pipeline.core.run.results import read_results, write_results
+    from batch_pipeline.core.ledger.result_parts import read_results, write_results
 
     stray = read_results(store, spec.name).head(1).with_columns(pl.lit("f" * 64).alias("request_id"))
     write_results(store, spec.name, "s00001", 99, 1, stray.to_arrow())

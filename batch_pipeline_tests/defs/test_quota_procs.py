@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
+from batch_pipeline.core.ledger.attempts import AttemptLog
 from batch_pipeline.core.ledger.capacity import CapacityLedger, Need
 from batch_pipeline.core.manifest.read import Manifest
-from batch_pipeline.core.run.attempts import AttemptLog
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.quota import QuotaSpec
 from batch_pipeline.core.store import Store
@@ -248,13 +248,13 @@ def test_a_run_killed_after_the_create_reattaches_and_the_ledger_ends_empty(
 
     # the orphan's batch was found at the provider and holds its place: its own reservation, bound to that batch
     [after] = [a for a in logs[shard].all() if a.number == orphan.number]
-    assert after.submitted and after.submitted.get("reattached"), after.records
-    batch_id = after.submitted["batch_id"]
+    assert after.submitted and after.submitted.reattached, after.records
+    batch_id = after.submitted.batch_id
     assert batch_id in at_provider
     [held] = [r for r in reservations(home) if r["number"] == held["number"]]
     assert held["bound"] and held["bound"]["batch_id"] == batch_id, held
     # every batch created once: one create per batch our attempt logs record, and none again after the kill
-    submitted = [a.submitted["batch_id"] for log in logs.values() for a in log.all() if a.submitted]
+    submitted = [a.submitted.batch_id for log in logs.values() for a in log.all() if a.submitted]
     assert len(submitted) == len(set(submitted)) == batch_creates(sandbox), "a batch was created twice"
     assert at_provider <= set(submitted)
     assert_finished_once(home, [spec], sandbox)

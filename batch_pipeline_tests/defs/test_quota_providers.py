@@ -11,10 +11,10 @@ import polars as pl
 import pytest
 import yaml
 
+from batch_pipeline.core.ledger.attempts import AttemptLog
+from batch_pipeline.core.ledger.reconcile import VALID
 from batch_pipeline.core.manifest.read import Manifest
 from batch_pipeline.core.publish.tables import JobState
-from batch_pipeline.core.run.attempts import AttemptLog
-from batch_pipeline.core.state.reconcile import VALID
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.pipeline import run_job
 from batch_pipeline.defs.resources import PricesResource

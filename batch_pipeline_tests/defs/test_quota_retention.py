@@ -11,12 +11,12 @@ import openai
 from rich.console import Console
 
 from batch_pipeline.cli_state import status
+from batch_pipeline.core.ledger.attempts import AttemptLog
 from batch_pipeline.core.ledger.ceilings import open_batch_ages
+from batch_pipeline.core.ledger.control import JobControl
 from batch_pipeline.core.manifest.read import Manifest
 from batch_pipeline.core.publish.tables import JobState
-from batch_pipeline.core.run.attempts import AttemptLog
-from batch_pipeline.core.run.control import JobControl
-from batch_pipeline.core.state.summary import ShardSummaries
+from batch_pipeline.core.run.summary import ShardSummaries
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.assets import SHARDS_TAG, asset_key
 from batch_pipeline.defs.build import build_definitions
@@ -96,7 +96,7 @@ def test_results_lost_to_retention_hold_their_shard_and_the_rest_finishes(sandbo
     counts = JobState.load(spec, store).check()  # balanced: the lost items are missing, counted once
     assert counts.balanced and counts.missing == summaries[lost].expected
     attempt = AttemptLog(store, spec.name, lost).all()[-1]
-    assert attempt.records["collected"]["state"] == "lost"
+    assert attempt.collected.state == "lost"
     assert report["held_shards"] == held
     out = status_text(spec, home)
     assert f"shard {lost} held: batch" in out and "resume" in out and "shard held" in out  # why, and the fix

@@ -9,11 +9,11 @@ from collections import Counter
 import polars as pl
 import pytest
 
+from batch_pipeline.core.ledger.attempts import AttemptLog
 from batch_pipeline.core.ledger.capacity import CapacityLedger, CapacityScope, Dimension
+from batch_pipeline.core.ledger.reconcile import VALID
 from batch_pipeline.core.manifest.read import Manifest
 from batch_pipeline.core.publish.tables import JobState
-from batch_pipeline.core.run.attempts import AttemptLog
-from batch_pipeline.core.state.reconcile import VALID
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.pipeline import run_job
 
@@ -167,7 +167,7 @@ def test_shards_spread_over_the_accounts_that_have_room(sandbox, make_job, insta
     assert len(peaks) == 2 and all(0 < t <= each for t in peaks.values()), peaks  # both used, neither past its cap
     store = Store(home)
     used = {
-        a.submitted.get("account")
+        a.submitted.account
         for shard in Manifest(spec.name, store).shard_ids()
         for a in AttemptLog(store, spec.name, shard).all()
         if a.submitted

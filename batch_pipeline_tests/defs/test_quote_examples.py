@@ -9,8 +9,8 @@ import polars as pl
 import pytest
 
 from batch_pipeline.core.manifest.shards import Manifest
-from batch_pipeline.core.money.cost import fixed_request_tokens
 from batch_pipeline.core.money.quote import probe_estimates
+from batch_pipeline.core.pricing.cost import fixed_request_tokens
 from batch_pipeline.core.quality.golden import GoldenProbes
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store

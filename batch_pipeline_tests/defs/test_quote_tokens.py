@@ -8,11 +8,13 @@ import dagster as dg
 import pyarrow.compute as pc
 import pytest
 
+from batch_pipeline.core.ledger.executor import RequestPlan, ShardWork
 from batch_pipeline.core.manifest.shards import Manifest, build_manifest
-from batch_pipeline.core.money.cost import load_prices
-from batch_pipeline.core.money.quote import make_quote, schema_tokens
+from batch_pipeline.core.money.job_quote import make_quote
+from batch_pipeline.core.money.quote import schema_tokens
+from batch_pipeline.core.money.quote_record import Quote
+from batch_pipeline.core.pricing.cost import load_prices
 from batch_pipeline.core.publish.tables import JobState
-from batch_pipeline.core.run.executor import RequestPlan, ShardWork
 from batch_pipeline.core.spec.loading import load_spec
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.assets import asset_key
@@ -39,7 +41,7 @@ BACKENDS = [
 ]
 
 
-def quote_now(spec, store) -> dict:
+def quote_now(spec, store) -> Quote:
     state = JobState.load(spec, store)
     return make_quote(spec, store, PRICES, state.items, state.results, state.states)
 
@@ -63,7 +65,7 @@ def test_quote_is_within_10_percent_before_calibration_and_5_after(
     )
     store = Store(home)
     first = quote_now(spec, store)
-    assert first["calibration"]["items_measured"] == 0 and first["pending_requests"] == 40
+    assert first.calibration.items_measured == 0 and first.pending_requests == 40
     dg.materialize(
         assets,
         selection=[asset_key(spec, "submissions"), asset_key(spec, "shard_results")],
@@ -72,7 +74,7 @@ def test_quote_is_within_10_percent_before_calibration_and_5_after(
         resources=defs.resources,
     )
     calibrated = quote_now(spec, store)
-    assert calibrated["calibration"]["items_measured"] == 10 and calibrated["pending_requests"] == 30
+    assert calibrated.calibration.items_measured == 10 and calibrated.pending_requests == 30
     canary = len(sandbox.ledger())
     run_job(spec, instance, resources)
     ledger = sandbox.ledger()  # in billing order (online requests carry no custom_id)
@@ -80,11 +82,11 @@ def test_quote_is_within_10_percent_before_calibration_and_5_after(
     billed_all = sum(e["input_tokens"] for e in ledger)
     billed_rest = sum(e["input_tokens"] for e in ledger[canary:])
     print(
-        f"{backend['name']}: first quote {first['passes']['first']['input_tokens']} vs billed {billed_all}; "
-        f"calibrated {calibrated['passes']['first']['input_tokens']} vs billed {billed_rest}"
+        f"{backend['name']}: first quote {first.passes.first.input_tokens} vs billed {billed_all}; "
+        f"calibrated {calibrated.passes.first.input_tokens} vs billed {billed_rest}"
     )
-    assert first["passes"]["first"]["input_tokens"] == pytest.approx(billed_all, rel=0.10)
-    assert calibrated["passes"]["first"]["input_tokens"] == pytest.approx(billed_rest, rel=0.05)
+    assert first.passes.first.input_tokens == pytest.approx(billed_all, rel=0.10)
+    assert calibrated.passes.first.input_tokens == pytest.approx(billed_rest, rel=0.05)
 
 
 def test_the_whole_demo_job_is_quoted_within_2_percent_of_what_the_sandbox_bills(tmp_path):
@@ -95,7 +97,7 @@ def test_the_whole_demo_job_is_quoted_within_2_percent_of_what_the_sandbox_bills
     build_manifest(spec, store)
     manifest = Manifest(spec.name, store)
     quote = make_quote(spec.model_copy(update={"quality": None}), store, PRICES)
-    assert quote["tokenizer"]["tokenizer"] == "o200k_base" and quote["tokenizer"]["exact"]
+    assert quote.tokenizer.tokenizer == "o200k_base" and quote.tokenizer.exact
     plan = RequestPlan.from_spec(spec)
     billed = old = 0
     for shard in manifest.shard_ids():
@@ -107,9 +109,7 @@ def test_the_whole_demo_job_is_quoted_within_2_percent_of_what_the_sandbox_bills
             request_input_tokens(json.loads(line)["body"]) for line in request_lines(work).decode().splitlines()
         )
         old += pc.sum(items.column("est_input_tokens")).as_py()
-    assert quote["pending_requests"] == sum(
-        manifest.shard_items(s, ["request_id"]).num_rows for s in manifest.shard_ids()
-    )
-    assert quote["passes"]["first"]["input_tokens"] == pytest.approx(billed, rel=0.02)
-    old += quote["pending_requests"] * schema_tokens(spec)  # the old quote: bytes / 4 and the schema's bytes / 4
-    print(f"demo: billed {billed}, quoted {quote['passes']['first']['input_tokens']}, bytes/4 quote {old}")
+    assert quote.pending_requests == sum(manifest.shard_items(s, ["request_id"]).num_rows for s in manifest.shard_ids())
+    assert quote.passes.first.input_tokens == pytest.approx(billed, rel=0.02)
+    old += quote.pending_requests * schema_tokens(spec)  # the old quote: bytes / 4 and the schema's bytes / 4
+    print(f"demo: billed {billed}, quoted {quote.passes.first.input_tokens}, bytes/4 quote {old}")

@@ -5,15 +5,18 @@ import uuid
 
 import dagster as dg
 
-from batch_pipeline.core.state.machine import ShardState
+from batch_pipeline.core.ledger.machine import ShardState
+from batch_pipeline.core.state.turns import TurnLimits
 from batch_pipeline.core.state.view import load_view
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.assets import SHARDS_TAG
 from batch_pipeline.defs.jobs import build_jobs
-from batch_pipeline.defs.sensors import MAX_RUNS_PER_TICK, RANGE_END, RANGE_START, STEP_TAG, build_shard_sensor
+from batch_pipeline.defs.sensors import RANGE_END, RANGE_START, STEP_TAG, build_shard_sensor
 
 from .conftest import batch_creates
 from .test_sensors import _execute, _requests, moved
+
+MAX_RUNS_PER_TICK = TurnLimits.runs_per_tick
 
 
 def _tick(driver, instance, resources) -> list[dg.RunRequest]:

@@ -7,9 +7,9 @@ import dagster as dg
 import polars as pl
 import pytest
 
+from batch_pipeline.core.ledger.control import JobControl
+from batch_pipeline.core.ledger.reconcile import DEAD, VALID
 from batch_pipeline.core.publish.tables import JobState
-from batch_pipeline.core.run.control import JobControl
-from batch_pipeline.core.state.reconcile import DEAD, VALID
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.pipeline import run_job
 

@@ -5,7 +5,7 @@ import time
 
 import dagster as dg
 
-from batch_pipeline.core.run.control import JobControl
+from batch_pipeline.core.ledger.control import JobControl
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.assets import SHARDS_TAG, asset_key
 from batch_pipeline.defs.build import build_definitions

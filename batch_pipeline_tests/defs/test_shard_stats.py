@@ -3,8 +3,8 @@
 import dagster as dg
 import polars as pl
 
+from batch_pipeline.core.ledger.result_parts import read_results
 from batch_pipeline.core.quality.shard_stats import shard_outliers
-from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.assets import asset_key
 from batch_pipeline.defs.build import build_definitions

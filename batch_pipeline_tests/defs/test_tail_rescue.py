@@ -4,7 +4,7 @@ from datetime import UTC, datetime, timedelta
 
 import polars as pl
 
-from batch_pipeline.core.run.results import read_results
+from batch_pipeline.core.ledger.result_parts import read_results
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.pipeline import run_job
 

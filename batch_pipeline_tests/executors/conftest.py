@@ -2,7 +2,7 @@
 
 import time
 
-from batch_pipeline.core.run.executor import BatchExecutor, BatchHandle, BatchStatus
+from batch_pipeline.core.ledger.executor import BatchExecutor, BatchHandle, BatchStatus
 from batch_pipeline_tests.gcs_fixtures import gcs_emulator, vertex_sandbox, vertex_sandbox_proc  # noqa: F401
 
 

@@ -19,7 +19,7 @@ import pytest
 from batch_pipeline.core import error_table as et
 from batch_pipeline.core.error_table import ROWS, Family, Where, lookup
 from batch_pipeline.core.errors import QuotaError, SystemicError, TransientError
-from batch_pipeline.core.run.executor import RequestPlan, ShardWork
+from batch_pipeline.core.ledger.executor import RequestPlan, ShardWork
 from batch_pipeline.core.spec.job import BackendSpec
 from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.executors.online.executor import classify

@@ -9,8 +9,8 @@ import json
 import pyarrow as pa
 import pytest
 
+from batch_pipeline.core.ledger.executor import ItemShape, RequestPlan, ShardWork
 from batch_pipeline.core.manifest.shards import Manifest, build_manifest
-from batch_pipeline.core.run.executor import ItemShape, RequestPlan, ShardWork
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.store import Store
 from batch_pipeline.executors.anthropic.format import batch_requests

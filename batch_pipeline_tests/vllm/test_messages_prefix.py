@@ -6,8 +6,8 @@ import json
 
 import polars as pl
 
-from batch_pipeline.core.run.executor import ItemShape, RequestPlan
-from batch_pipeline.core.run.results import read_results
+from batch_pipeline.core.ledger.executor import ItemShape, RequestPlan
+from batch_pipeline.core.ledger.result_parts import read_results
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.pipeline import run_job

@@ -8,10 +8,10 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
+from batch_pipeline.core.ledger.control import JobControl
+from batch_pipeline.core.ledger.executor import RequestPlan, ShardWork
+from batch_pipeline.core.ledger.result_parts import read_results
 from batch_pipeline.core.manifest.shards import build_manifest
-from batch_pipeline.core.run.control import JobControl
-from batch_pipeline.core.run.executor import RequestPlan, ShardWork
-from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.run.runner import ShardRunner
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
@@ -103,7 +103,7 @@ def test_a_truncating_canary_stops_the_job_before_the_other_shards(make_job, ins
     with pytest.raises(dg.Failure, match="canary"):
         run_job(spec, instance, resources)
     store = Store(home)
-    assert JobControl(store, "vcanary").current()["code"] == "canary_failed"
+    assert JobControl(store, "vcanary").current().code == "canary_failed"
     verdict = store.read_json(JobPaths("vcanary").canary_verdict)
     assert not verdict["passed"] and verdict["failure_rate"] == 1.0 and verdict["items"] == 10
     results = read_results(store, "vcanary")

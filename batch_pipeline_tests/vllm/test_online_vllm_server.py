@@ -17,7 +17,7 @@ import polars as pl
 import psutil
 import pytest
 
-from batch_pipeline.core.run.results import read_results
+from batch_pipeline.core.ledger.result_parts import read_results
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.pipeline import run_job

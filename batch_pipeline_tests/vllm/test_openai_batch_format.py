@@ -6,9 +6,9 @@ import subprocess
 
 import polars as pl
 
+from batch_pipeline.core.ledger.executor import RequestPlan, ShardWork
 from batch_pipeline.core.manifest.shards import Manifest, build_manifest
 from batch_pipeline.core.quality.validate import validate
-from batch_pipeline.core.run.executor import RequestPlan, ShardWork
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.pipeline import run_job

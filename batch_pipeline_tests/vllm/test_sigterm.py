@@ -14,9 +14,9 @@ import time
 
 import polars as pl
 
-from batch_pipeline.core.run.attempts import AttemptLog
+from batch_pipeline.core.ledger.attempts import AttemptLog
+from batch_pipeline.core.ledger.result_parts import read_results
 from batch_pipeline.core.run.lease import current_token
-from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.spec.job import CanarySpec
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store

@@ -1,5 +1,7 @@
-"""The ledger layer: records shared by every job on a home that the run and the driver read back.
+"""The records every other part of core reads back, and the vocabulary they are read in.
 
-``capacity``: the per-(provider, account, model) capacity ledger that admits provider batches into an account's
-queue (conditional-write reservations, limits configured or learned from refusals).
+``reconcile`` (item states), ``machine`` (shard states and the moves between them), ``attempts`` (attempts and
+intents), ``control`` (pause and stop records), ``result_parts`` (append-only result rows), ``replay``,
+``fallback`` (the stage an item is on), ``executor`` and ``outcomes`` (what an executor is and returns), and the
+per-(provider, account, model) capacity ledger (``capacity``, ``admission``, ``queue_clock``, ``ceilings``).
 """

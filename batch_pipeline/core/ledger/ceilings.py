@@ -8,6 +8,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from batch_pipeline.core.ledger.attempts import SubmittedRecord
+
 WARN_WINDOW_SHARE = 0.75  # warn once a batch has used this share of its completion window
 WARN_RETENTION_SHARE = 0.8  # ... or this share of its provider's retention
 
@@ -74,7 +76,10 @@ def batch_age(
 
 
 def open_batch_ages(
-    open_batches: Iterable[tuple[str, dict]], ceilings: Ceilings | None, job: str, now: datetime | None = None
+    open_batches: Iterable[tuple[str, SubmittedRecord]],
+    ceilings: Ceilings | None,
+    job: str,
+    now: datetime | None = None,
 ) -> list[OpenBatchAge]:
     """(shard, submitted record) of every open batch -> its age against the ceilings, oldest first."""
     if ceilings is None:
@@ -82,8 +87,8 @@ def open_batch_ages(
     out = []
     for shard_id, submitted in open_batches:
         try:
-            at = datetime.fromisoformat(str(submitted.get("at")))
+            at = datetime.fromisoformat(submitted.at)
         except ValueError:
             continue
-        out.append(batch_age(shard_id, str(submitted.get("batch_id")), at, ceilings, job, now))
+        out.append(batch_age(shard_id, submitted.batch_id, at, ceilings, job, now))
     return sorted(out, key=lambda a: a.submitted_at)

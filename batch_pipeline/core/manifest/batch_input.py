@@ -14,9 +14,9 @@ from collections.abc import Iterator
 
 import polars as pl
 
-from batch_pipeline.core.manifest.inputs import KEY, LINE, InputFile, Reject, RowBatch
 from batch_pipeline.core.manifest.messages import TurnError, canonical_turns
 from batch_pipeline.core.manifest.reasons import json_reason, json_type
+from batch_pipeline.core.manifest.rows import KEY, LINE, InputFile, Reject, RowBatch
 
 CHAT_URL = "/v1/chat/completions"
 BLOCK_LINES = 50_000

@@ -12,8 +12,8 @@ from collections.abc import Callable
 import numpy as np
 import polars as pl
 
-from batch_pipeline.core.manifest.inputs import LINE
 from batch_pipeline.core.manifest.read import ITEM_SCHEMA
+from batch_pipeline.core.manifest.rows import LINE
 from batch_pipeline.core.store import BackgroundWrites, Store
 
 OPEN_SHARD_WINDOW = 8

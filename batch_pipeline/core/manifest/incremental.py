@@ -11,7 +11,7 @@ import hashlib
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
-from batch_pipeline.core.manifest.inputs import InputFile
+from batch_pipeline.core.manifest.rows import InputFile
 
 DIGEST_BYTES = 64 * 1024  # head and tail windows checked to call a grown file an append
 

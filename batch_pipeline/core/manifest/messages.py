@@ -22,7 +22,8 @@ import pyarrow.parquet as pq
 
 from batch_pipeline.core.errors import InputError
 from batch_pipeline.core.manifest import ids
-from batch_pipeline.core.manifest.inputs import (
+from batch_pipeline.core.manifest.reasons import json_reason, json_type
+from batch_pipeline.core.manifest.rows import (
     CHUNK_BYTES,
     KEY,
     LINE,
@@ -32,7 +33,6 @@ from batch_pipeline.core.manifest.inputs import (
     Reject,
     RowBatch,
 )
-from batch_pipeline.core.manifest.reasons import json_reason, json_type
 
 ROLES = ("user", "assistant")
 BLOCK_ROWS = 50_000

@@ -18,15 +18,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batch_pipeline.core.manifest.incremental import FilePlan, plan_files
-from batch_pipeline.core.manifest.inputs import (
-    LINE,
-    InputFile,
-    ReadExtent,
-    Reject,
-    resolve_inputs,
-)
+from batch_pipeline.core.manifest.inputs import resolve_inputs
 from batch_pipeline.core.manifest.prepare import BLOCK_COLUMNS, Block, FilePreparer
 from batch_pipeline.core.manifest.read import REJECT_SCHEMA, Manifest
+from batch_pipeline.core.manifest.rows import LINE, InputFile, ReadExtent, Reject
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store

@@ -13,16 +13,10 @@ import polars as pl
 from batch_pipeline.core.manifest import ids
 from batch_pipeline.core.manifest.batch_input import read_openai_batch
 from batch_pipeline.core.manifest.incremental import FilePlan
-from batch_pipeline.core.manifest.inputs import (
-    LINE,
-    ReadExtent,
-    Reject,
-    RowBatch,
-    prefetch,
-    read_batches,
-)
+from batch_pipeline.core.manifest.inputs import prefetch, read_batches
 from batch_pipeline.core.manifest.messages import read_messages
-from batch_pipeline.core.money.cost import estimate_request_tokens
+from batch_pipeline.core.manifest.rows import LINE, ReadExtent, Reject, RowBatch
+from batch_pipeline.core.pricing.cost import estimate_request_tokens
 from batch_pipeline.core.spec.job import JobSpec
 
 BUCKET_EDGES = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]

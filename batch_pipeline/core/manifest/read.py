@@ -11,6 +11,8 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from batch_pipeline.core.ledger.result_parts import PART_SCHEMA
+from batch_pipeline.core.manifest.generation import GenerationRecord
 from batch_pipeline.core.manifest.incremental import FileState
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
@@ -46,6 +48,33 @@ REJECT_SCHEMA = pa.schema(
         ("raw", pa.string()),
     ]
 )
+# a job's validated table (publish.validated writes it; an upstream job's is read as the next job's input)
+VALIDATED_SCHEMA = pa.schema(
+    [
+        *ROW_SCHEMA,  # source, line, source_key, request_id
+        PART_SCHEMA.field("shard_id"),
+        pa.field("output", pa.string()),
+        *[
+            PART_SCHEMA.field(c)
+            for c in (
+                "output_text",
+                "finish_reason",
+                "model",
+                "prompt_version",
+                "backend",
+                "pricing",
+                "attempt",
+                "input_tokens",
+                "cached_tokens",
+                "output_tokens",
+                "cost_usd",
+            )
+        ],
+        pa.field("is_duplicate", pa.bool_()),
+        PART_SCHEMA.field("provider_batch_id"),
+    ]
+)
+VALIDATED_COLUMNS = VALIDATED_SCHEMA.names
 
 
 def canary_of(shard_ids: Sequence[str]) -> str | None:
@@ -60,20 +89,20 @@ class Manifest:
     def __init__(self, job: str, store: Store):
         self.job, self.store, self.paths = job, store, JobPaths(job)
 
-    def generations(self) -> list[dict]:
+    def generations(self) -> list[GenerationRecord]:
         out = [self.store.read_json(p) for p in self.store.list_files(self.paths.generations, suffix=".json")]
-        return [g for g in out if g]
+        return [GenerationRecord.model_validate(g) for g in out if g]
 
     def last_generation(self) -> int:
         gens = self.generations()
-        return max((g["generation"] for g in gens), default=0)
+        return max((g.generation for g in gens), default=0)
 
-    def latest(self) -> dict | None:
+    def latest(self) -> GenerationRecord | None:
         gens = self.generations()
-        return max(gens, key=lambda g: g["generation"]) if gens else None
+        return max(gens, key=lambda g: g.generation) if gens else None
 
     def shard_ids(self) -> list[str]:
-        return sorted(s for g in self.generations() for s in g["new_shards"])
+        return sorted(s for g in self.generations() for s in g.new_shards)
 
     def canary_shard_id(self) -> str | None:
         """The canary shard (``canary_of``)."""
@@ -93,10 +122,10 @@ class Manifest:
         tables = [self.shard_items(s, cols) for s in self.shard_ids()]
         return pa.concat_tables(tables) if tables else _empty(pa.schema([ITEM_SCHEMA.field(c) for c in cols]))
 
-    def file_states(self, latest: dict | None = None) -> dict[str, FileState]:
+    def file_states(self, latest: GenerationRecord | None = None) -> dict[str, FileState]:
         """Each input file as the latest generation left it (none for generations before incremental builds)."""
         latest = latest if latest is not None else self.latest()
-        return {d["uri"]: FileState.from_dict(d) for d in (latest or {}).get("files", [])}
+        return {state.uri: state for state in latest.files} if latest is not None else {}
 
     def live_parts(self) -> dict[int, list[str]]:
         """Generation -> the sources whose live rows are in that generation's rows and rejects parts."""
@@ -105,7 +134,7 @@ class Manifest:
             return {}
         states = self.file_states(latest)
         if not states:  # a generation before incremental builds: its own parts hold every row
-            return {latest["generation"]: []}
+            return {latest.generation: []}
         out: dict[int, list[str]] = {}
         for uri, state in states.items():
             for g in state.row_generations:

@@ -22,6 +22,7 @@ from batch_pipeline.core import progress as meters
 from batch_pipeline.core.errors import ReconciliationError
 from batch_pipeline.core.manifest.deal import OPEN_SHARD_WINDOW, Dealer, shard_name
 from batch_pipeline.core.manifest.dedup import BlockSpool, Dedup
+from batch_pipeline.core.manifest.generation import GenerationRecord
 from batch_pipeline.core.manifest.incremental import (
     FileAction,
     FilePlan,
@@ -30,7 +31,6 @@ from batch_pipeline.core.manifest.incremental import (
     state_after,
 )
 from batch_pipeline.core.manifest.index import IdIndex, index_path, index_writer
-from batch_pipeline.core.manifest.inputs import KEY, LINE, ReadExtent, Reject
 from batch_pipeline.core.manifest.prepare import (
     BUCKET_EDGES,
     REQUEST_FRAMING_BYTES,
@@ -46,6 +46,7 @@ from batch_pipeline.core.manifest.read import (
     ROW_SCHEMA,
     Manifest,
 )
+from batch_pipeline.core.manifest.rows import KEY, LINE, ReadExtent, Reject
 from batch_pipeline.core.manifest.upstream import job_inputs
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.paths import JobPaths
@@ -148,14 +149,14 @@ class ManifestBuilder:
         started = time.perf_counter()
         spec = self.spec
         generations = self.manifest.generations()
-        latest = max(generations, key=lambda g: g["generation"]) if generations else None
-        gen = (latest["generation"] if latest else 0) + 1
+        latest = max(generations, key=lambda g: g.generation) if generations else None
+        gen = (latest.generation if latest else 0) + 1
         summary = ManifestSummary(job=spec.name, generation=gen)
-        existing = int(latest.get("unique_requests", 0)) if latest else 0
+        existing = latest.unique_requests if latest else 0
         files = job_inputs(spec, self.store)  # files, or another job's validated table (upstream.py)
         plans = plan_files(files, self.manifest.file_states(latest))
         summary.input_files = len(files)
-        index = IdIndex(self.store, self.paths, {g["generation"]: g["new_shards"] for g in generations})
+        index = IdIndex(self.store, self.paths, {g.generation: g.new_shards for g in generations})
         index.ensure()
         preparer = FilePreparer(spec, self.caps.max_bytes)
         system_bytes = preparer.system_bytes
@@ -165,7 +166,7 @@ class ManifestBuilder:
         files_done = 0
         rows_ahead = _count_rows(reading, enough=OPEN_SHARD_WINDOW * self.caps.max_requests)
         window = max(1, min(OPEN_SHARD_WINDOW, math.ceil(max(rows_ahead, 1) / self.caps.max_requests)))
-        first_shard = max((int(s[1:]) for g in generations for s in g["new_shards"]), default=0) + 1
+        first_shard = max((int(s[1:]) for g in generations for s in g.new_shards), default=0) + 1
         rejects: list[Reject] = []
         states: list[FileState] = []
         dedup = Dedup(index, existing, self.dedup_budget)
@@ -248,12 +249,11 @@ class ManifestBuilder:
         # rows read that created no item: repeats within what was read, or of an item an earlier generation holds
         summary.duplicates_collapsed = summary.accepted_rows - summary.new_requests
         summary.known_requests = verdict.reused
-        summary.shards_total = sum(len(g["new_shards"]) for g in generations) + len(summary.new_shards)
+        summary.shards_total = sum(len(g.new_shards) for g in generations) + len(summary.new_shards)
         summary.spilled = dedup.deferred_rows > 0  # rows were decided by hash range, past the memory bound
         summary.seconds = round(time.perf_counter() - started, 3)
-        record = summary.as_dict()
-        record["files"] = [s.as_dict() for s in states]
-        self.store.write_json(self.paths.generation(gen), record)  # the commit point
+        record = GenerationRecord.model_validate({**summary.as_dict(), "files": states})
+        self.store.write_json(self.paths.generation(gen), record.as_json())  # the commit point
         log.info(
             "manifest %s gen %d: %d files (%s), %d rows, %d rejected, %d new requests in %d new shards (%.1fs)",
             spec.name,

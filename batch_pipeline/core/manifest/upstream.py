@@ -32,9 +32,11 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from batch_pipeline.core.errors import ConfigError, InputError
+from batch_pipeline.core.ledger.result_parts import read_results
 from batch_pipeline.core.manifest import ids
-from batch_pipeline.core.manifest.inputs import KEY, LINE, InputFile, Reject, RowBatch, read_batches, resolve_inputs
-from batch_pipeline.core.run.results import read_results
+from batch_pipeline.core.manifest.inputs import read_batches, resolve_inputs
+from batch_pipeline.core.manifest.read import VALIDATED_SCHEMA
+from batch_pipeline.core.manifest.rows import KEY, LINE, InputFile, Reject, RowBatch
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.loading import load_spec
 from batch_pipeline.core.spec.paths import JobPaths
@@ -173,20 +175,11 @@ def _first_line(exc: Exception) -> str:
     return str(exc).strip().splitlines()[0]
 
 
-def upstream_table_schema() -> pa.Schema:
-    """The upstream job's validated table's columns (``publish.validated.VALIDATED_SCHEMA``)."""
-    from batch_pipeline.core.publish.validated import (
-        VALIDATED_SCHEMA,  # publish imports the manifest
-    )
-
-    return VALIDATED_SCHEMA
-
-
 def checked_condition(spec: JobSpec, upstream: JobSpec | None = None) -> str:
     """``condition_sql`` checked against the validated columns (no upstream table needed)."""
     upstream = upstream or upstream_spec(spec)
     condition = condition_sql(spec, upstream)
-    check_condition(spec, condition, upstream_table_schema())
+    check_condition(spec, condition, VALIDATED_SCHEMA)
     return condition
 
 
@@ -338,7 +331,7 @@ class UpstreamTable:
 
     def _answers(self) -> pl.DataFrame:
         """The upstream's latest valid answer per request so far, as rows of the validated columns."""
-        schema = upstream_table_schema()
+        schema = VALIDATED_SCHEMA
         got = read_results(
             self.store,
             self.upstream.name,

@@ -1,1 +1,1 @@
-"""Prices, quotes, budgets, the retry-spend cap, backend comparison."""
+"""Quotes, the budget guard, routed and fallback allowances, the retry-spend cap, backend comparison."""

@@ -1,7 +1,7 @@
 """What a routed job or a job with a fallback adds to the quote: each shard priced on the backend the router chose
 for it (``core/route``), and the fallback allowance.
 
-A routed quote is the plain quote (``quote.make_quote``) of each group of shards on its chosen backend and model,
+A routed quote is the plain quote (``quote.plain_quote``) of each group of shards on its chosen backend and model,
 summed, with the route (every shard's choice, its reason and the cost of each candidate) beside it. The fallback
 allowance is the fallback model's quote of the pending items times the share expected to reach it: the measured
 share of tried items the primary handed over (on the canary first), or ``DEFAULT_FALLBACK_SHARE`` before anything
@@ -11,13 +11,15 @@ was tried. Both are bound to the job's own fingerprint, so ``verify_quote`` chec
 import polars as pl
 
 from batch_pipeline.core.errors import ConfigError
+from batch_pipeline.core.ledger.fallback import fallback_variant, handed_over
+from batch_pipeline.core.ledger.reconcile import DEAD, VALID
 from batch_pipeline.core.manifest.shards import Manifest
-from batch_pipeline.core.money.cost import Price, PriceTable
-from batch_pipeline.core.money.usd import usd_figure
+from batch_pipeline.core.money.quote import digest, plain_quote, quote_components, quote_price
+from batch_pipeline.core.money.quote_record import FallbackPass, Levels, Quote, RouteGroup
+from batch_pipeline.core.pricing.cost import PriceTable
+from batch_pipeline.core.pricing.usd import usd_figure
 from batch_pipeline.core.route.plan import RouteBook, candidate_for, routed_variant
 from batch_pipeline.core.spec.job import AUTO_BACKEND, JobSpec
-from batch_pipeline.core.state.fallback import fallback_variant, handed_over
-from batch_pipeline.core.state.reconcile import DEAD, VALID
 
 DEFAULT_FALLBACK_SHARE = 0.02  # items expected to reach the fallback before anything is measured
 _SUMMED = (
@@ -29,15 +31,6 @@ _SUMMED = (
     "cost_expected",
     "cost_high",
 )
-
-
-def quote_price(spec: JobSpec, prices: PriceTable) -> Price:
-    """The price a quote's fingerprint binds: the job's, or a routed job's first candidate's."""
-    if spec.backend.name == AUTO_BACKEND:
-        assert spec.route is not None
-        first = spec.route.candidates[0]
-        return prices.lookup(first.backend.name, first.model or spec.model)
-    return prices.lookup(spec.backend.name, spec.model)
 
 
 def fallback_share(states: pl.DataFrame | None) -> tuple[float, int]:
@@ -57,24 +50,28 @@ def extended_quote(
     items: pl.DataFrame | None,
     results: pl.DataFrame | None,
     states: pl.DataFrame | None,
-) -> dict:
-    from batch_pipeline.core.money.quote import _sha, make_quote, quote_components
-
+) -> Quote:
     plain = spec.model_copy(update={"fallback": None})
     if spec.backend.name == AUTO_BACKEND:
-        quote = _routed(plain, store, prices, items, results, states, make_quote)
+        quote = _routed(plain, store, prices, items, results, states, plain_quote)
     else:
-        quote = make_quote(plain, store, prices, items, results, states)
+        quote = plain_quote(plain, store, prices, items, results, states)
     if spec.fallback is not None:
-        _add_fallback(spec, store, prices, quote, items, results, states, make_quote)
+        quote = _add_fallback(spec, store, prices, quote, items, results, states, plain_quote)
     components = quote_components(spec, Manifest(spec.name, store).last_generation(), quote_price(spec, prices), store)
-    quote.update(components=components, fingerprint=_sha(components), backend=spec.backend.name, model=spec.model)
-    high = quote["est_cost_usd"]["high"]
-    quote["within_budget"] = spec.budget_usd is None or quote["spent_usd"] + high <= spec.budget_usd
-    return quote
+    within = spec.budget_usd is None or quote.spent_usd + quote.est_cost_usd.high <= spec.budget_usd
+    return quote.model_copy(
+        update={
+            "components": components,
+            "fingerprint": digest(components),
+            "backend": spec.backend.name,
+            "model": spec.model,
+            "within_budget": within,
+        }
+    )
 
 
-def _routed(spec: JobSpec, store, prices: PriceTable, items, results, states, make_quote) -> dict:
+def _routed(spec: JobSpec, store, prices: PriceTable, items, results, states, plain_quote) -> Quote:
     manifest = Manifest(spec.name, store)
     if items is None or "shard_id" not in items.columns:
         frame = pl.from_arrow(manifest.item_index(["request_id", "shard_id", "est_input_tokens"]))
@@ -107,48 +104,65 @@ def _routed(spec: JobSpec, store, prices: PriceTable, items, results, states, ma
         subset = items.filter(pl.col("shard_id").is_in(shards))
         parts[f"{backend}/{model}"] = (
             shards,
-            make_quote(routed_variant(spec, cand.backend, model), store, prices, subset, results, states),
+            plain_quote(routed_variant(spec, cand.backend, model), store, prices, subset, results, states),
         )
     if not parts:  # nothing pending: the first candidate's (empty) quote
         first = spec.route.candidates[0] if spec.route else None
         assert first is not None
-        return {
-            **make_quote(routed_variant(spec, first.backend, first.model), store, prices, items, results, states),
-            "route": [],
-            "route_groups": {},
+        empty = plain_quote(routed_variant(spec, first.backend, first.model), store, prices, items, results, states)
+        return empty.model_copy(update={"route": [], "route_groups": {}})
+    quotes = [q for _, q in parts.values()]
+    base = max(quotes, key=lambda q: q.pending_requests)
+    passes = {
+        name: getattr(base.passes, name).model_copy(
+            update={
+                key: sum(getattr(getattr(q.passes, name), key) for q in quotes)
+                for key in _SUMMED
+                if key in type(getattr(base.passes, name)).model_fields
+            }
+        )
+        for name in ("first", "probes", "retries")
+    }
+    return base.model_copy(
+        update={
+            "passes": base.passes.model_copy(update=passes),
+            "est_cost_usd": Levels(
+                **{k: usd_figure(sum(getattr(q.est_cost_usd, k) for q in quotes)) for k in ("low", "expected", "high")}
+            ),
+            "pending_requests": sum(q.pending_requests for q in quotes),
+            "probe_requests": sum(q.probe_requests for q in quotes),
+            "route": route,
+            "route_groups": {
+                label: RouteGroup(shards=len(shards), requests=q.pending_requests, est_cost_usd=q.est_cost_usd)
+                for label, (shards, q) in parts.items()
+            },
         }
-    base = dict(max(parts.values(), key=lambda p: p[1]["pending_requests"])[1])
-    base["passes"] = {k: dict(v) for k, v in base["passes"].items()}
-    for name in ("first", "probes", "retries"):
-        for key in _SUMMED + ("cost_expected", "cost_high"):
-            if key in base["passes"][name]:
-                base["passes"][name][key] = sum(q["passes"][name].get(key, 0) for _, q in parts.values())
-    base["est_cost_usd"] = {
-        k: usd_figure(sum(q["est_cost_usd"][k] for _, q in parts.values())) for k in ("low", "expected", "high")
-    }
-    base["pending_requests"] = sum(q["pending_requests"] for _, q in parts.values())
-    base["probe_requests"] = sum(q["probe_requests"] for _, q in parts.values())
-    base["route"] = route
-    base["route_groups"] = {
-        label: {"shards": len(shards), "requests": q["pending_requests"], "est_cost_usd": q["est_cost_usd"]}
-        for label, (shards, q) in parts.items()
-    }
-    return base
+    )
 
 
-def _add_fallback(spec: JobSpec, store, prices: PriceTable, quote: dict, items, results, states, make_quote) -> None:
+def _add_fallback(spec: JobSpec, store, prices: PriceTable, quote: Quote, items, results, states, plain_quote) -> Quote:
+    """``quote`` with the fallback's allowance as a pass of its own, and in its range."""
     fb = fallback_variant(spec).model_copy(update={"fallback": None, "route": None})
     share, tried = fallback_share(states)
-    fq = make_quote(fb, store, prices, items, results, states)
-    allowance = {k: fq["passes"]["first"][f"cost_{k}"] * share for k in ("low", "expected", "high")}
-    quote["passes"]["fallback"] = {
-        "model": fb.model,
-        "backend": fb.backend.name,
-        "share": round(share, 4),
-        "measured_on": tried,
-        "requests_expected": round(fq["pending_requests"] * share, 1),
+    fq = plain_quote(fb, store, prices, items, results, states)
+    first = fq.passes.first
+    allowance = {k: getattr(first, f"cost_{k}") * share for k in ("low", "expected", "high")}
+    fallback = FallbackPass(
+        model=fb.model,
+        backend=fb.backend.name,
+        share=round(share, 4),
+        measured_on=tried,
+        requests_expected=round(fq.pending_requests * share, 1),
         # the fallback's own count of a request (its tokenizer, the prompt's prefix)
-        "input_tokens_per_request": round(fq["passes"]["first"]["input_tokens"] / max(fq["pending_requests"], 1), 1),
-        **{f"cost_{k}": v for k, v in allowance.items()},
-    }
-    quote["est_cost_usd"] = {k: usd_figure(v + allowance[k]) for k, v in quote["est_cost_usd"].items()}
+        input_tokens_per_request=round(first.input_tokens / max(fq.pending_requests, 1), 1),
+        cost_low=allowance["low"],
+        cost_expected=allowance["expected"],
+        cost_high=allowance["high"],
+    )
+    est = quote.est_cost_usd
+    return quote.model_copy(
+        update={
+            "passes": quote.passes.model_copy(update={"fallback": fallback}),
+            "est_cost_usd": Levels(**{k: usd_figure(getattr(est, k) + allowance[k]) for k in allowance}),
+        }
+    )

@@ -14,8 +14,10 @@ import polars as pl
 import pyarrow as pa
 
 from batch_pipeline.core.errors import SystemicError
+from batch_pipeline.core.ledger.attempts import AttemptLog
+from batch_pipeline.core.ledger.control import JobControl
+from batch_pipeline.core.ledger.result_parts import read_results
 from batch_pipeline.core.manifest.shards import Manifest
-from batch_pipeline.core.money.cost import Price
 from batch_pipeline.core.money.quote import (
     UNCALIBRATED_MARGIN,
     cache_prefix_tokens,
@@ -25,10 +27,8 @@ from batch_pipeline.core.money.quote import (
     riding_probes,
     schema_tokens,
 )
+from batch_pipeline.core.pricing.cost import Price
 from batch_pipeline.core.quality.golden import GoldenProbes
-from batch_pipeline.core.run.attempts import AttemptLog
-from batch_pipeline.core.run.control import JobControl
-from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.store import Store
 
@@ -84,8 +84,8 @@ class BudgetGuard:
         total = 0.0
         for shard in self.manifest.shard_ids():
             for attempt in AttemptLog(self.store, self.spec.name, shard).all():
-                if not attempt.open and "abandoned" in attempt.records:  # a kill: sent, maybe billed, no answer
-                    total += float(attempt.records["abandoned"].get("possibly_billed_usd") or 0.0)
+                if not attempt.open and attempt.abandoned is not None:  # a kill: sent, maybe billed, no answer
+                    total += attempt.abandoned.possibly_billed_usd or 0.0
                     continue
                 if attempt.open and attempt.submitted:
                     items = pl.from_arrow(self.manifest.shard_items(shard, ["request_id", "est_input_tokens"]))

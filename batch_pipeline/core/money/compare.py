@@ -7,8 +7,8 @@ output tokens / decode tokens/s) / 3600 / utilisation / (1 - spot loss). The bre
 utilisation at which that equals the batch API's expected cost (cost scales with 1 / utilisation).
 """
 
-from batch_pipeline.core.money.cost import PriceTable
-from batch_pipeline.core.money.quote import make_quote
+from batch_pipeline.core.money.job_quote import make_quote
+from batch_pipeline.core.pricing.cost import PriceTable
 from batch_pipeline.core.spec.job import BackendChoice, BackendSpec, CostCompareSpec, JobSpec, SelfHostedCost
 
 
@@ -73,20 +73,20 @@ def compare_backends(
     for choice in choices:
         variant = spec.model_copy(update={"backend": choice.backend, "model": choice.model or spec.model})
         q = make_quote(variant, store, prices, items, results, states)
-        n = q["pending_requests"]
+        n = q.pending_requests
         rows.append(
             {
                 "scope": scope,
                 "backend": choice.backend.name,
                 "model": variant.model,
                 "requests": n,
-                "cost_expected_usd": q["est_cost_usd"]["expected"],
-                "cost_high_usd": q["est_cost_usd"]["high"],
-                "cost_per_million_items_usd": round(q["est_cost_usd"]["expected"] / n * 1e6, 2) if n else None,
-                "input_tokens": q["passes"]["first"]["input_tokens"],
-                "output_tokens": q["passes"]["first"]["output_tokens_expected"],
-                "tokenizer": q["tokenizer"]["tokenizer"],
-                "checked": q["price"]["checked"],
+                "cost_expected_usd": q.est_cost_usd.expected,
+                "cost_high_usd": q.est_cost_usd.high,
+                "cost_per_million_items_usd": round(q.est_cost_usd.expected / n * 1e6, 2) if n else None,
+                "input_tokens": q.passes.first.input_tokens,
+                "output_tokens": q.passes.first.output_tokens_expected,
+                "tokenizer": q.tokenizer.tokenizer,
+                "checked": q.price.checked.isoformat(),  # as the stored quote shows it
             }
         )
     if compare.self_hosted is not None and rows:

@@ -17,13 +17,13 @@ from dataclasses import asdict, dataclass
 import polars as pl
 
 from batch_pipeline.core.manifest.shards import Manifest
-from batch_pipeline.core.money.cost import (
+from batch_pipeline.core.pricing.cost import (
     MESSAGE_OVERHEAD_TOKENS,
     REQUEST_OVERHEAD_TOKENS,
     fixed_request_tokens,
 )
-from batch_pipeline.core.money.tokenizers import TokenCounter, counter_for
-from batch_pipeline.core.quality.validate import choice_schema
+from batch_pipeline.core.pricing.tokenizers import TokenCounter, counter_for
+from batch_pipeline.core.spec.contract_floor import choice_schema
 from batch_pipeline.core.spec.job import JobSpec
 
 SAMPLE_ITEMS = 2048

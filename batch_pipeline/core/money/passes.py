@@ -17,9 +17,10 @@ import polars as pl
 
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.manifest.upstream import PassShare, ShareSource, UpstreamTable, chain, downstream_specs
-from batch_pipeline.core.money.cost import BYTES_PER_TOKEN, PriceTable, fixed_request_tokens
 from batch_pipeline.core.money.estimate import schema_text
-from batch_pipeline.core.money.usd import format_usd, usd_figure
+from batch_pipeline.core.money.quote_record import Cascade, CascadePass, CascadeTotal, read_quote
+from batch_pipeline.core.pricing.cost import BYTES_PER_TOKEN, PriceTable, fixed_request_tokens
+from batch_pipeline.core.pricing.usd import format_usd, usd_figure
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
@@ -42,15 +43,15 @@ class PassQuote:
     spent_usd: float = 0.0
     priced_from: str = "own quote"  # or "this job's items" (a pass not built yet), "its quote and report"
 
-    def as_dict(self) -> dict:
+    def as_record(self) -> CascadePass:
         out = asdict(self)
         out["cost_expected"], out["cost_high"] = usd_figure(self.cost_expected), usd_figure(self.cost_high)
-        return out
+        return CascadePass(**out)
 
 
 def cascade_quote(
     spec: JobSpec, store: Store, prices: PriceTable, items: pl.DataFrame, own: dict[str, float]
-) -> dict | None:
+) -> Cascade | None:
     """The passes of ``spec``'s cascade, priced (None for a one-pass job). ``items``: this job's items
     (est_input_tokens); ``own``: this job's remaining ``requests``, ``cost_expected`` and ``cost_high``."""
     before = chain(spec)[:-1]
@@ -103,15 +104,15 @@ def cascade_quote(
                 priced_from=f"{spec.name}'s items",
             )
         )
-    return {
-        "passes": [p.as_dict() for p in passes],
-        "total": {
-            "expected": usd_figure(sum(p.cost_expected for p in passes)),
-            "high": usd_figure(sum(p.cost_high for p in passes)),
-            "spent_usd": usd_figure(sum(p.spent_usd for p in passes)),
-        },
-        "left_out": left_out,
-    }
+    return Cascade(
+        passes=[p.as_record() for p in passes],
+        total=CascadeTotal(
+            expected=usd_figure(sum(p.cost_expected for p in passes)),
+            high=usd_figure(sum(p.cost_high for p in passes)),
+            spent_usd=usd_figure(sum(p.spent_usd for p in passes)),
+        ),
+        left_out=left_out,
+    )
 
 
 def _after(spec: JobSpec) -> list[tuple[int, JobSpec]]:
@@ -166,11 +167,10 @@ def _template_parts(template: str) -> list[tuple[str, str | None, str | None, st
 def _quoted(number: int, spec: JobSpec, store: Store) -> PassQuote:
     """A pass before this one, as its own quote and report left it."""
     paths = JobPaths(spec.name)
-    quote = store.read_json(paths.quote) or {}
+    quote = read_quote(store, spec.name)
     report = store.read_json(paths.report) or {}
     share = _share(spec, store) if spec.input.from_job is not None else None
     done = bool(report.get("complete"))
-    est = quote.get("est_cost_usd") or {}
     return PassQuote(
         number,
         spec.name,
@@ -179,19 +179,19 @@ def _quoted(number: int, spec: JobSpec, store: Store) -> PassQuote:
         share.share if share else 1.0,
         share.source.value if share else "all",
         share.measured_on if share else 0,
-        int(report.get("unique_requests") or quote.get("pending_requests") or 0),
-        0.0 if done else float(est.get("expected", 0.0)),
-        0.0 if done else float(est.get("high", 0.0)),
-        spent_usd=float(report.get("cost_usd") or quote.get("spent_usd") or 0.0),
+        int(report.get("unique_requests") or (quote.pending_requests if quote else 0)),
+        0.0 if done or quote is None else quote.est_cost_usd.expected,
+        0.0 if done or quote is None else quote.est_cost_usd.high,
+        spent_usd=float(report.get("cost_usd") or (quote.spent_usd if quote else 0.0)),
         priced_from="its quote and report",
     )
 
 
-def describe(cascade: dict) -> str:
+def describe(cascade: Cascade) -> str:
     """One line for the passes, for logs and the CLI."""
     parts = [
-        f"pass {p['number']} {p['job']}: {p['requests']} requests at share {p['share']:.2f} "
-        f"({p['share_source']}), {format_usd(p['cost_expected'])} expected"
-        for p in cascade["passes"]
+        f"pass {p.number} {p.job}: {p.requests} requests at share {p.share:.2f} "
+        f"({p.share_source}), {format_usd(p.cost_expected)} expected"
+        for p in cascade.passes
     ]
-    return "; ".join([*parts, f"total {format_usd(cascade['total']['expected'])} expected"])
+    return "; ".join([*parts, f"total {format_usd(cascade.total.expected)} expected"])

@@ -29,14 +29,10 @@ from datetime import UTC, datetime, timedelta
 import polars as pl
 
 from batch_pipeline.core.errors import ConfigError
+from batch_pipeline.core.ledger.reconcile import DEAD, VALID
+from batch_pipeline.core.ledger.result_parts import read_results
 from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.manifest.upstream import job_inputs
-from batch_pipeline.core.money.cost import (
-    BYTES_PER_TOKEN,
-    Price,
-    PriceTable,
-    estimate_request_tokens,
-)
 from batch_pipeline.core.money.estimate import (
     RequestTokens,
     measured_ratio,
@@ -45,13 +41,27 @@ from batch_pipeline.core.money.estimate import (
     token_calibration,
 )
 from batch_pipeline.core.money.passes import cascade_quote
-from batch_pipeline.core.money.tokenizers import counter_for
-from batch_pipeline.core.money.usd import format_usd, usd_figure
+from batch_pipeline.core.money.quote_record import (
+    CacheTerms,
+    Calibration,
+    Levels,
+    PassCost,
+    ProbePass,
+    Quote,
+    QuotePasses,
+    RetryPass,
+)
+from batch_pipeline.core.pricing.cost import (
+    BYTES_PER_TOKEN,
+    Price,
+    PriceTable,
+    estimate_request_tokens,
+)
+from batch_pipeline.core.pricing.tokenizers import counter_for
+from batch_pipeline.core.pricing.usd import format_usd, usd_figure
 from batch_pipeline.core.quality.golden import GoldenProbes, canary_passed
-from batch_pipeline.core.quality.validate import choice_schema
-from batch_pipeline.core.run.results import read_results
+from batch_pipeline.core.spec.contract_floor import choice_schema
 from batch_pipeline.core.spec.job import AUTO_BACKEND, JobSpec
-from batch_pipeline.core.state.reconcile import DEAD, VALID
 
 QUOTE_TTL = timedelta(minutes=30)
 QUOTE_MARGIN = timedelta(minutes=2)  # a quote this close to expiry is re-made before spending on it
@@ -63,7 +73,7 @@ class QuoteRefused(ConfigError):
     """No spend without a current quote: missing, expired, changed, or over budget."""
 
 
-def _sha(obj: object) -> str:
+def digest(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -71,11 +81,11 @@ def quote_components(spec: JobSpec, manifest_generation: int, price: Price, stor
     """What the quote depends on, each hashed apart so a refusal can say which one changed."""
     files = job_inputs(spec, store)  # files, or the upstream's table (input.from_job)
     return {
-        "input files": _sha([(f.uri, f.size) for f in files]),
-        "job spec": _sha(spec.model_dump(mode="json", exclude={"budget_usd", "deadline", "description"})),
+        "input files": digest([(f.uri, f.size) for f in files]),
+        "job spec": digest(spec.model_dump(mode="json", exclude={"budget_usd", "deadline", "description"})),
         "prompt version": spec.prompt.version,
         "model": spec.model,
-        "prices": _sha(price.model_dump(mode="json")),
+        "prices": digest(price.model_dump(mode="json")),
         "manifest generation": str(manifest_generation),
     }
 
@@ -184,18 +194,14 @@ def cache_scenarios(
     }
 
 
-def make_quote(
+def plain_quote(
     spec: JobSpec,
     store,
     prices: PriceTable,
     items: pl.DataFrame | None = None,
     results: pl.DataFrame | None = None,
     states: pl.DataFrame | None = None,
-) -> dict:
-    if spec.backend.name == AUTO_BACKEND or spec.fallback is not None:  # routed shards, a fallback allowance
-        from batch_pipeline.core.money.allowance import extended_quote
-
-        return extended_quote(spec, store, prices, items, results, states)
+) -> Quote:
     price = prices.lookup(spec.backend.name, spec.model)
     manifest = Manifest(spec.name, store)
     if items is None:
@@ -296,38 +302,38 @@ def make_quote(
         spent = max(spent, float(stored["cost_usd"].sum() or 0.0))
     components = quote_components(spec, manifest.last_generation(), price, store)
     now = datetime.now(UTC)
-    return {
-        "job": spec.name,
-        "model": spec.model,
-        "backend": spec.backend.name,
-        "pending_requests": n,
-        "probe_requests": n_probes,
-        "price": price.model_dump(mode="json"),
-        "calibration": {"factor": bytes_factor, "items_measured": calibrated_on, "tokenizer_factor": factor},
-        "tokenizer": model.as_dict(),
-        "cache_hit_share": {level: read for level, (read, _) in cache.items()},
-        "cache_write_share": {level: write for level, (_, write) in cache.items()},
-        "cache": {
-            "prefix_tokens": prefix,
-            "writes_billed": price.writes_cache,
-            "ttl": price.cache_ttl,
-            "write_multiplier": price.cache_write_multiplier,
-            "first_write_batches": write_batches,
-        },
-        "passes": {"first": first, "probes": probe_pass, "retries": retries},
+    return Quote(
+        job=spec.name,
+        model=spec.model,
+        backend=spec.backend.name,
+        pending_requests=n,
+        probe_requests=n_probes,
+        price=price,
+        calibration=Calibration(factor=bytes_factor, items_measured=calibrated_on, tokenizer_factor=factor),
+        tokenizer=model,
+        cache_hit_share=Levels(**{level: read for level, (read, _) in cache.items()}),
+        cache_write_share=Levels(**{level: write for level, (_, write) in cache.items()}),
+        cache=CacheTerms(
+            prefix_tokens=prefix,
+            writes_billed=price.writes_cache,
+            ttl=price.cache_ttl,
+            write_multiplier=price.cache_write_multiplier,
+            first_write_batches=write_batches,
+        ),
+        passes=QuotePasses(first=PassCost(**first), probes=ProbePass(**probe_pass), retries=RetryPass(**retries)),
         # multi-pass jobs: every pass of the cascade (core/money/passes.py); None for a one-pass job
-        "cascade": cascade_quote(
+        cascade=cascade_quote(
             spec, store, prices, items, {"requests": n, "cost_expected": total["expected"], "cost_high": total["high"]}
         ),
-        "est_cost_usd": {k: usd_figure(v) for k, v in total.items()},
-        "spent_usd": usd_figure(spent),
-        "budget_usd": spec.budget_usd,
-        "within_budget": spec.budget_usd is None or spent + total["high"] <= spec.budget_usd,
-        "components": components,
-        "fingerprint": _sha(components),
-        "created_at": now.isoformat(),
-        "expires_at": (now + QUOTE_TTL).isoformat(),
-    }
+        est_cost_usd=Levels(**{k: usd_figure(v) for k, v in total.items()}),
+        spent_usd=usd_figure(spent),
+        budget_usd=spec.budget_usd,
+        within_budget=spec.budget_usd is None or spent + total["high"] <= spec.budget_usd,
+        components=components,
+        fingerprint=digest(components),
+        created_at=now.isoformat(),
+        expires_at=(now + QUOTE_TTL).isoformat(),
+    )
 
 
 def _measured_retry_share(results: pl.DataFrame) -> float:
@@ -335,39 +341,46 @@ def _measured_retry_share(results: pl.DataFrame) -> float:
     return float(per_item["failed"].mean() or 0.0)
 
 
-def quote_current(quote: dict | None, now: datetime | None = None) -> bool:
+def quote_price(spec: JobSpec, prices: PriceTable) -> Price:
+    """The price a quote's fingerprint binds: the job's, or a routed job's first candidate's."""
+    if spec.backend.name == AUTO_BACKEND:
+        assert spec.route is not None
+        first = spec.route.candidates[0]
+        return prices.lookup(first.backend.name, first.model or spec.model)
+    return prices.lookup(spec.backend.name, spec.model)
+
+
+def quote_current(quote: Quote | None, now: datetime | None = None) -> bool:
     """The one freshness rule: a quote is spent on until ``QUOTE_MARGIN`` before it expires. The driver re-quotes
     from then on, and a submission refuses it, so the two never disagree about the same quote."""
     now = now or datetime.now(UTC)
-    return bool(quote) and datetime.fromisoformat(quote["expires_at"]) > now + QUOTE_MARGIN
+    return quote is not None and datetime.fromisoformat(quote.expires_at) > now + QUOTE_MARGIN
 
 
-def verify_quote(spec: JobSpec, store, prices: PriceTable, quote: dict | None, now: datetime | None = None) -> dict:
+def verify_quote(spec: JobSpec, store, prices: PriceTable, quote: Quote | None, now: datetime | None = None) -> Quote:
     """Refuse spend on a missing, expired, changed or over-budget quote; say exactly why."""
     if quote is None:
         raise QuoteRefused(f"job {spec.name} has no quote; materialize {spec.name}/quote first")
     now = now or datetime.now(UTC)
     if not quote_current(quote, now):
         raise QuoteRefused(
-            f"job {spec.name}: the quote expired at {quote['expires_at']} (or is in its last "
+            f"job {spec.name}: the quote expired at {quote.expires_at} (or is in its last "
             f"{QUOTE_MARGIN.seconds // 60} min, when nothing is spent on it); quote again "
             f"(materialize {spec.name}/quote) before spending"
         )
-    from batch_pipeline.core.money.allowance import quote_price
-
     price = quote_price(spec, prices)
     current = quote_components(spec, Manifest(spec.name, store).last_generation(), price, store)
-    changed = [k for k, v in current.items() if quote.get("components", {}).get(k) != v]
+    changed = [k for k, v in current.items() if quote.components.get(k) != v]
     if changed:
         raise QuoteRefused(
             f"job {spec.name}: the quote no longer matches its inputs; changed since it was made: "
             f"{', '.join(changed)}; quote again before spending"
         )
-    spent = quote.get("spent_usd", 0.0)
-    if spec.budget_usd is not None and spent + quote["est_cost_usd"]["high"] > spec.budget_usd:
+    high = quote.est_cost_usd.high
+    if spec.budget_usd is not None and quote.spent_usd + high > spec.budget_usd:
         raise QuoteRefused(
-            f"job {spec.name}: spent {format_usd(spent)} + the quote's high estimate "
-            f"{format_usd(quote['est_cost_usd']['high'])} exceeds budget_usd ${spec.budget_usd}; "
+            f"job {spec.name}: spent {format_usd(quote.spent_usd)} + the quote's high estimate "
+            f"{format_usd(high)} exceeds budget_usd ${spec.budget_usd}; "
             "nothing was submitted"
         )
     return quote

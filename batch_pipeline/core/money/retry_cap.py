@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from batch_pipeline.core.state.reconcile import spends_budget
+from batch_pipeline.core.ledger.reconcile import spends_budget
 
 
 @dataclass

@@ -4,15 +4,16 @@ from datetime import datetime
 
 import polars as pl
 
+from batch_pipeline.core.ledger.attempts import AttemptLog
+from batch_pipeline.core.ledger.replay import Replays
 from batch_pipeline.core.manifest.shards import Manifest
+from batch_pipeline.core.money.quote_record import read_quote
 from batch_pipeline.core.publish.cascade import pass_costs
 from batch_pipeline.core.publish.scan import JobScan
 from batch_pipeline.core.publish.tables import JobState
 from batch_pipeline.core.quality.golden import GoldenProbes, probe_accuracy
-from batch_pipeline.core.run.attempts import AttemptLog
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.paths import JobPaths
-from batch_pipeline.core.state.replay import Replays
 from batch_pipeline.core.store import Store
 
 
@@ -23,7 +24,7 @@ def shard_table(state: JobState) -> list[dict]:
 def build_report(spec: JobSpec, store: Store, state: JobState, outputs: dict[str, str] | None = None) -> dict:
     """The report, from the job's one streaming pass (``JobState.scan``) and the attempt logs."""
     manifest = Manifest(spec.name, store)
-    latest = manifest.latest() or {}
+    latest = manifest.latest()
     accepted, rejected = manifest.live_counts()
     scan = state.scan
     totals = scan.totals
@@ -35,7 +36,7 @@ def build_report(spec: JobSpec, store: Store, state: JobState, outputs: dict[str
             attempts += 1
             for event, rec in a.records.items():
                 if event != "discarded":  # provider housekeeping after the work (maybe at a later publish)
-                    times.append(datetime.fromisoformat(rec["at"]))
+                    times.append(datetime.fromisoformat(rec.at))
     span = (max(times) - min(times)).total_seconds() if times else 0.0
     report = {
         "job": spec.name,
@@ -44,7 +45,7 @@ def build_report(spec: JobSpec, store: Store, state: JobState, outputs: dict[str
         "prompt_version": spec.prompt.version,
         # the job's whole input (every generation's live rows), and what the latest manifest run read anew
         "input_rows": accepted + rejected,
-        "new_input_rows": latest.get("input_rows", 0),
+        "new_input_rows": latest.input_rows if latest else 0,
         "rejected_rows": rejected,
         "accepted_rows": accepted,
         "unique_requests": totals.expected,
@@ -90,9 +91,10 @@ def spend_range(spec: JobSpec, store: Store, recorded: float) -> dict:
     requests = 0
     for shard in Manifest(spec.name, store).shard_ids():
         for attempt in AttemptLog(store, spec.name, shard).all():
-            gone = attempt.records.get("abandoned") or {}
-            bound += float(gone.get("possibly_billed_usd") or 0.0)
-            requests += int(gone.get("possibly_billed") or 0)
+            gone = attempt.abandoned
+            if gone is not None:
+                bound += gone.possibly_billed_usd or 0.0
+                requests += gone.possibly_billed or 0
     return {
         "cost_possibly_billed_usd": round(bound, 6),
         "requests_possibly_billed": requests,
@@ -103,8 +105,8 @@ def spend_range(spec: JobSpec, store: Store, recorded: float) -> dict:
 def model_costs(spec: JobSpec, store: Store) -> dict:
     """Cost by model and by backend, and the fallback's part apart: what it answered and what it cost (only
     jobs that can answer with more than one model or backend read this)."""
-    from batch_pipeline.core.run.results import read_results
-    from batch_pipeline.core.state.fallback import fallback_backend, is_fallback_row
+    from batch_pipeline.core.ledger.fallback import fallback_backend, is_fallback_row
+    from batch_pipeline.core.ledger.result_parts import read_results
 
     rows = read_results(store, spec.name, columns=["request_id", "attempt", "model", "backend", "status", "cost_usd"])
     out: dict = {
@@ -137,29 +139,29 @@ def model_costs(spec: JobSpec, store: Store) -> dict:
 def quoted_vs_actual(spec: JobSpec, store: Store, scan: JobScan) -> dict:
     """The first quote of the job against what was spent, explained by pass, cache-hit share and tokens."""
     quotes = store.list_files(f"{JobPaths(spec.name).root}/quotes", suffix=".json")
-    first = store.read_json(quotes[0]) if quotes else None
+    first = read_quote(store, spec.name, quotes[0]) if quotes else None
     if first is None or scan.requests_sent == 0:
         return {}
-    passes = first["passes"]
+    passes = first.passes
     return {
-        "quoted_at": first["created_at"],
-        "quoted_usd": first["est_cost_usd"],
+        "quoted_at": first.created_at,
+        "quoted_usd": first.est_cost_usd.model_dump(mode="json"),
         "actual_usd": round(scan.cost_usd, 6),
         "first_pass": {
-            "quoted_expected": round(passes["first"]["cost_expected"], 6),
+            "quoted_expected": round(passes.first.cost_expected, 6),
             "actual": round(scan.first_try_cost_usd, 6),
         },
         "retries": {
-            "quoted_expected": round(passes["retries"]["cost_expected"], 6),
+            "quoted_expected": round(passes.retries.cost_expected, 6),
             "actual": round(scan.retry_cost_usd, 6),
         },
-        "input_tokens": {"quoted": passes["first"]["input_tokens"], "actual": scan.input_tokens},
-        "output_tokens": {"quoted_expected": passes["first"]["output_tokens_expected"], "actual": scan.output_tokens},
+        "input_tokens": {"quoted": passes.first.input_tokens, "actual": scan.input_tokens},
+        "output_tokens": {"quoted_expected": passes.first.output_tokens_expected, "actual": scan.output_tokens},
         "cache_hit_share": {
-            "quoted": first["cache_hit_share"],
+            "quoted": first.cache_hit_share.model_dump(mode="json"),
             "actual": round(float(scan.cached_tokens) / max(scan.input_tokens, 1), 4),
         },
-        "calibration_factor_at_quote": first["calibration"]["factor"],
+        "calibration_factor_at_quote": first.calibration.factor,
     }
 
 

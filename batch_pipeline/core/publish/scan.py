@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from batch_pipeline.core.errors import ReconciliationError
+from batch_pipeline.core.ledger.reconcile import DEAD, Counts, check_invariant, counts_by_shard, item_states
+from batch_pipeline.core.ledger.replay import Replays
+from batch_pipeline.core.ledger.result_parts import read_parts, result_parts
 from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.quality.golden import GoldenProbes
-from batch_pipeline.core.run.results import read_parts, result_parts
 from batch_pipeline.core.spec.job import JobSpec
-from batch_pipeline.core.state.reconcile import DEAD, Counts, check_invariant, counts_by_shard, item_states
-from batch_pipeline.core.state.replay import Replays
 from batch_pipeline.core.store import Store
 
 log = logging.getLogger(__name__)
@@ -150,8 +150,8 @@ def scan_job(spec: JobSpec, store: Store, group_items: int = GROUP_ITEMS) -> Job
 
 def _groups(manifest: Manifest, shard_ids: list[str], group_items: int) -> list[list[str]]:
     """Consecutive shards of about ``group_items`` items together (the shard size from the latest generation)."""
-    latest = manifest.latest() or {}
-    per_shard = max(1, (latest.get("unique_requests") or 1) // max(1, len(shard_ids)))
+    latest = manifest.latest()
+    per_shard = max(1, (latest.unique_requests if latest else 1) // max(1, len(shard_ids)))
     size = max(1, group_items // per_shard)
     return [shard_ids[i : i + size] for i in range(0, len(shard_ids), size)]
 

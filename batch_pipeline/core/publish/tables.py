@@ -19,16 +19,17 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from batch_pipeline.core.ledger.reconcile import Counts, item_states
+from batch_pipeline.core.ledger.replay import Replays
+from batch_pipeline.core.ledger.result_parts import PART_SCHEMA, read_results
+from batch_pipeline.core.manifest.read import VALIDATED_COLUMNS
 from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.publish.cascade import cascade_view
 from batch_pipeline.core.publish.scan import JobScan, scan_job
-from batch_pipeline.core.publish.validated import VALIDATED_COLUMNS, write_validated
+from batch_pipeline.core.publish.validated import write_validated
 from batch_pipeline.core.quality.golden import GoldenProbes
-from batch_pipeline.core.run.results import PART_SCHEMA, read_results
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.paths import JobPaths
-from batch_pipeline.core.state.reconcile import Counts, item_states
-from batch_pipeline.core.state.replay import Replays
 from batch_pipeline.core.store import Store
 
 log = logging.getLogger(__name__)

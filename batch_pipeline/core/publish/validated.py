@@ -19,9 +19,9 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from batch_pipeline.core.manifest.read import ROW_SCHEMA
+from batch_pipeline.core.ledger.result_parts import PART_SCHEMA, result_parts
+from batch_pipeline.core.manifest.read import ROW_SCHEMA, VALIDATED_SCHEMA
 from batch_pipeline.core.manifest.shards import Manifest
-from batch_pipeline.core.run.results import PART_SCHEMA, result_parts
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.store import Store
 
@@ -47,32 +47,6 @@ _RESULT_COLUMNS = [
     "cost_usd",
     "provider_batch_id",
 ]
-VALIDATED_SCHEMA = pa.schema(
-    [
-        *ROW_SCHEMA,  # source, line, source_key, request_id
-        PART_SCHEMA.field("shard_id"),
-        pa.field("output", pa.string()),
-        *[
-            PART_SCHEMA.field(c)
-            for c in (
-                "output_text",
-                "finish_reason",
-                "model",
-                "prompt_version",
-                "backend",
-                "pricing",
-                "attempt",
-                "input_tokens",
-                "cached_tokens",
-                "output_tokens",
-                "cost_usd",
-            )
-        ],
-        pa.field("is_duplicate", pa.bool_()),
-        PART_SCHEMA.field("provider_batch_id"),
-    ]
-)
-VALIDATED_COLUMNS = VALIDATED_SCHEMA.names
 EMBEDDING = "embedding"
 
 

@@ -13,10 +13,10 @@ import polars as pl
 import pyarrow as pa
 
 from batch_pipeline.core.errors import ConfigError
+from batch_pipeline.core.ledger.executor import RequestPlan, ShardWork, StreamExecutor
 from batch_pipeline.core.manifest import ids
 from batch_pipeline.core.manifest.shards import normalise_fields, render_expr
 from batch_pipeline.core.quality.validate import SUCCEEDED, validate
-from batch_pipeline.core.run.executor import RequestPlan, ShardWork, StreamExecutor
 from batch_pipeline.core.spec.job import JobSpec, PromptSpec
 
 Z95 = 1.959964

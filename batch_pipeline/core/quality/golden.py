@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass
 import polars as pl
 import pyarrow as pa
 
+from batch_pipeline.core.ledger.control import JobControl
 from batch_pipeline.core.quality.evals import load_golden, wilson
-from batch_pipeline.core.run.control import JobControl
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store

@@ -9,9 +9,9 @@ import math
 import polars as pl
 import pyarrow as pa
 
+from batch_pipeline.core.ledger.executor import RequestPlan, ShardWork, StreamExecutor
 from batch_pipeline.core.quality.evals import Interval, wilson
 from batch_pipeline.core.quality.validate import validate
-from batch_pipeline.core.run.executor import RequestPlan, ShardWork, StreamExecutor
 from batch_pipeline.core.spec.job import JobSpec, OutputSpec, SamplingSpec
 
 VERDICTS = ["pass", "fail"]

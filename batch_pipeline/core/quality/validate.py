@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batch_pipeline.core.errors import ErrorClass, classify_line_error
+from batch_pipeline.core.spec.contract_floor import CHOICE_KEY
 from batch_pipeline.core.spec.job import OutputSpec
 
 
@@ -29,7 +30,6 @@ class ResultStatus(StrEnum):
 
 
 SUCCEEDED, INVALID, ERRORED = (s.value for s in ResultStatus)  # plain strings for Arrow and Polars expressions
-CHOICE_KEY = "label"
 
 
 @dataclass
@@ -39,16 +39,6 @@ class Verdicts:
     error_class: pa.Array
     error_code: pa.Array
     error_message: pa.Array
-
-
-def choice_schema(labels: list[str]) -> dict:
-    """The JSON schema a backend without native choice decoding uses to enforce a label set."""
-    return {
-        "type": "object",
-        "properties": {CHOICE_KEY: {"type": "string", "enum": labels}},
-        "required": [CHOICE_KEY],
-        "additionalProperties": False,
-    }
 
 
 def _parse_choice(texts: list[str | None], labels: set[str]) -> list[tuple[str | None, str | None]]:

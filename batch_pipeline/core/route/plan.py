@@ -15,7 +15,7 @@ import polars as pl
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.ledger.capacity import Need
 from batch_pipeline.core.ledger.queue_clock import QueueClock
-from batch_pipeline.core.money.cost import PriceTable
+from batch_pipeline.core.pricing.cost import PriceTable
 from batch_pipeline.core.route.rules import Candidate, RouteChoice, ShardFacts, choose
 from batch_pipeline.core.spec.job import BackendSpec, JobSpec, RouteCandidate
 from batch_pipeline.core.spec.paths import JobPaths
@@ -197,7 +197,7 @@ def route_pending(
         return {}
     pending, attempted = items, set()
     if states is not None and states.height:
-        from batch_pipeline.core.state.reconcile import DEAD, VALID
+        from batch_pipeline.core.ledger.reconcile import DEAD, VALID
 
         pending = items.join(
             states.filter(pl.col("state").is_in([VALID, DEAD])).select("request_id"), on="request_id", how="anti"

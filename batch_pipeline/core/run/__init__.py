@@ -1,1 +1,1 @@
-"""Executor protocols, the shard runner, attempts and intents, leases, job control, result parts."""
+"""The shard runner (submit, collect, stream), admission into an account's queue, leases, per-shard summaries."""

@@ -9,9 +9,13 @@ Only the records that appeared since the start are read, each once.
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
+from batch_pipeline.core.ledger.attempts import AttemptEvent, CollectedRecord, IntentRecord, SubmittedRecord
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
+
+Record = TypeVar("Record", bound=AttemptEvent)
 
 
 @dataclass
@@ -53,7 +57,7 @@ class Activity:
 
     def __init__(self, store: Store, job: str, tail_backend: str | None = None):
         self.store, self.root, self.tail_backend = store, f"{JobPaths(job).root}/attempts", tail_backend
-        self._records: dict[str, dict] = {}
+        self._records: dict[str, Any] = {}
         self.before = set(self._events())
 
     def _events(self) -> list[str]:
@@ -62,9 +66,11 @@ class Activity:
         except (FileNotFoundError, OSError):
             return []
 
-    def _read(self, rel: str) -> dict:
+    def _read(self, rel: str, kind: type[Record]) -> Record | None:
+        """One attempt event's typed record (None when torn or gone), read once."""
         if rel not in self._records:
-            self._records[rel] = self.store.read_json(rel) or {}
+            raw = self.store.read_json(rel)
+            self._records[rel] = kind.model_validate(raw) if raw else None
         return self._records[rel]
 
     def since(self) -> Did:
@@ -82,7 +88,8 @@ class Activity:
             submitted = events.get("submitted")
             mine = "submitted" in new
             if mine:
-                if self._read(submitted).get("reattached"):
+                record = self._read(submitted, SubmittedRecord) if submitted else None
+                if record is not None and record.reattached:
                     did.reattached += 1
                 else:
                     did.sent += 1
@@ -90,17 +97,18 @@ class Activity:
                 did.collected += 1
                 did.collected_earlier += not mine
             elif "collected" in new and "intent" in events:  # answered without a batch: a stream run
-                intent = self._read(events["intent"])
-                backend = str(intent.get("backend") or "?")
+                intent = self._read(events["intent"], IntentRecord)
+                backend = (intent.backend if intent else None) or "?"
                 how = (
                     "answered by the fallback"
-                    if intent.get("stage") == "fallback"
+                    if intent is not None and intent.stage == "fallback"
                     else "rescued"
                     if backend == self.tail_backend
                     else "answered inline"
                 )
                 did.answered[(how, backend)] += 1
-                did.answers[(how, backend)] += int(self._read(events["collected"]).get("rows") or 0)
+                collected = self._read(events["collected"], CollectedRecord)
+                did.answers[(how, backend)] += collected.rows if collected else 0
             elif mine and "collected" not in events and "abandoned" not in events:
                 did.open += 1
             if "abandoned" in new:

@@ -23,9 +23,9 @@ from batch_pipeline.core.ledger.admission import decide, fitting_prefix
 from batch_pipeline.core.ledger.capacity import CapacityLedger, CapacityScope, Dimension, Holding, Need, Snapshot
 from batch_pipeline.core.manifest.read import Manifest
 from batch_pipeline.core.money.estimate import RequestTokens
+from batch_pipeline.core.money.quote_record import read_quote
 from batch_pipeline.core.run.lease import default_ttl
 from batch_pipeline.core.spec.job import JobSpec
-from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.spec.quota import QuotaSpec
 from batch_pipeline.core.store import Store
 
@@ -68,10 +68,9 @@ class TokenCounts:
     """Input tokens per request as the quote counts them (its tokenizer model and calibration), plus headroom."""
 
     def __init__(self, store: Store, spec: JobSpec, headroom: float = 0.0):
-        quote = store.read_json(JobPaths(spec.name).quote) or {}
-        raw = quote.get("tokenizer")
-        self.model = RequestTokens(**raw) if isinstance(raw, dict) else None
-        self.factor = float((quote.get("calibration") or {}).get("tokenizer_factor") or 1.0) * (1 + headroom)
+        quote = read_quote(store, spec.name)
+        self.model: RequestTokens | None = quote.tokenizer if quote is not None else None
+        self.factor = (quote.calibration.tokenizer_factor if quote is not None else 1.0) * (1 + headroom)
 
     def per_item(self, est: np.ndarray) -> np.ndarray:
         est = est.astype(np.float64)

@@ -19,15 +19,16 @@ from batch_pipeline.core.errors import (
     SystemicError,
     TransientError,
 )
+from batch_pipeline.core.ledger.attempts import Attempt, AttemptLog
 from batch_pipeline.core.ledger.capacity import Dimension, stated_limit
-from batch_pipeline.core.run.attempts import Attempt, AttemptLog
-from batch_pipeline.core.run.control import JobPaused
-from batch_pipeline.core.run.executor import BatchExecutor, BatchHandle, BatchState, BatchStatus, ShardWork
+from batch_pipeline.core.ledger.control import JobPaused
+from batch_pipeline.core.ledger.executor import BatchExecutor, BatchHandle, BatchState, BatchStatus, ShardWork
+from batch_pipeline.core.ledger.outcomes import CollectOutcome
+from batch_pipeline.core.ledger.result_parts import new_part, write_part, write_payload
 from batch_pipeline.core.run.faults import crash_point, faults_armed
 from batch_pipeline.core.run.hygiene import discard_collected
 from batch_pipeline.core.run.lease import Lease, acquire
-from batch_pipeline.core.run.outcomes import CollectOutcome
-from batch_pipeline.core.run.results import build_results, new_part, write_part, write_payload
+from batch_pipeline.core.run.results import build_results
 from batch_pipeline.core.run.stream import StreamShape
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ class CollectShape:
     def poll(self, shard_id: str) -> list[tuple[Attempt, BatchStatus]]:
         executor = self.executor
         assert isinstance(executor, BatchExecutor)
-        return [(a, executor.poll(BatchHandle.from_dict(a.submitted or {}))) for a in self.open_attempts(shard_id)]
+        return [(a, executor.poll(a.submitted.handle())) for a in self.open_attempts(shard_id) if a.submitted]
 
     def collect(
         self,
@@ -81,7 +82,8 @@ class CollectShape:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         renew_at = time.monotonic() + lease.ttl.total_seconds() / 3
         for attempt in self.open_attempts(shard_id):
-            handle = BatchHandle.from_dict(attempt.submitted or {})
+            assert attempt.submitted is not None  # open_attempts: submitted ones only
+            handle = attempt.submitted.handle()
             transient_in_a_row = 0
             while True:
                 try:

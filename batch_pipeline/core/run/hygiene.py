@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batch_pipeline.core.errors import BatchPipelineError
+from batch_pipeline.core.ledger.attempts import Attempt, AttemptLog
+from batch_pipeline.core.ledger.executor import BatchHandle, DiscardableBatch
 from batch_pipeline.core.manifest.shards import Manifest
-from batch_pipeline.core.run.attempts import Attempt, AttemptLog
-from batch_pipeline.core.run.executor import BatchHandle, DiscardableBatch
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.quota import Retention
 from batch_pipeline.core.store import Store
@@ -74,7 +74,7 @@ def discard_collected(
 
 def left_at_provider(attempt: Attempt) -> bool:
     """A provider batch whose results are stored and whose copies were not deleted (yet)."""
-    return attempt.submitted is not None and "collected" in attempt.records and DISCARDED not in attempt.records
+    return attempt.submitted is not None and attempt.collected is not None and attempt.discarded is None
 
 
 def leftovers(spec: JobSpec, store: Store) -> Iterator[tuple[str, Attempt]]:
@@ -108,7 +108,8 @@ def sweep_leftovers(spec: JobSpec, store: Store, executor_for: Callable[[str], A
     outcome = SweepOutcome()
     executors: dict[str, Any] = {}
     for shard_id, attempt in leftovers(spec, store):
-        handle = BatchHandle.from_dict(attempt.submitted or {})
+        assert attempt.submitted is not None  # leftovers: submitted attempts only
+        handle = attempt.submitted.handle()
         if handle.backend not in executors:
             try:
                 executors[handle.backend] = executor_for(handle.backend)

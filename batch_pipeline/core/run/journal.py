@@ -26,7 +26,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from batch_pipeline.core.run.executor import RAW_OPTIONAL_SCHEMA, RAW_RESULT_SCHEMA
+from batch_pipeline.core.ledger.executor import RAW_OPTIONAL_SCHEMA, RAW_RESULT_SCHEMA
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 

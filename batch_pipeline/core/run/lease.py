@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from batch_pipeline.core.errors import BatchPipelineError, StaleAttemptError
+from batch_pipeline.core.settings import Settings
 from batch_pipeline.core.spec.paths import JobPaths
-from batch_pipeline.core.spec.settings import Settings
 from batch_pipeline.core.store import Store
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ class LeaseHeldError(BatchPipelineError):
 
 
 def default_ttl() -> timedelta:
-    """``$BATCH_PIPELINE_LEASE_TTL_S`` seconds if set (core/spec/settings.py), else ``DEFAULT_TTL``."""
+    """``$BATCH_PIPELINE_LEASE_TTL_S`` seconds if set (core/settings.py), else ``DEFAULT_TTL``."""
     seconds = Settings.from_env().lease_ttl_s
     return timedelta(seconds=seconds) if seconds else DEFAULT_TTL
 

@@ -19,24 +19,24 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batch_pipeline.core.errors import QuotaError, SystemicError, TransientError
+from batch_pipeline.core.ledger.attempts import AttemptLog
+from batch_pipeline.core.ledger.control import JobControl
+from batch_pipeline.core.ledger.executor import BatchExecutor, RequestPlan, ShardWork, StreamExecutor
+from batch_pipeline.core.ledger.fallback import Stage
+from batch_pipeline.core.ledger.outcomes import CollectOutcome, SubmitOutcome  # noqa: F401  (CollectOutcome: callers)
+from batch_pipeline.core.ledger.reconcile import DEAD, VALID, spends_budget
+from batch_pipeline.core.ledger.replay import Replays
+from batch_pipeline.core.ledger.result_parts import read_results
 from batch_pipeline.core.manifest.shards import Manifest
-from batch_pipeline.core.money.cost import Price
 from batch_pipeline.core.money.retry_cap import RetryCosts
+from batch_pipeline.core.pricing.cost import Price
 from batch_pipeline.core.run.admission import Admission, Admitted
-from batch_pipeline.core.run.attempts import AttemptLog
 from batch_pipeline.core.run.collect import CollectShape
-from batch_pipeline.core.run.control import JobControl
-from batch_pipeline.core.run.executor import BatchExecutor, BatchHandle, RequestPlan, ShardWork, StreamExecutor
 from batch_pipeline.core.run.faults import crash_point
 from batch_pipeline.core.run.lease import Lease, LeaseHeldError, acquire, default_owner
-from batch_pipeline.core.run.outcomes import CollectOutcome, SubmitOutcome  # noqa: F401  (CollectOutcome: callers)
-from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.run.stream import StreamShape
+from batch_pipeline.core.run.summary import ShardSummaries, ShardSummary, shard_item_states
 from batch_pipeline.core.spec.job import JobSpec
-from batch_pipeline.core.state.fallback import Stage
-from batch_pipeline.core.state.reconcile import DEAD, VALID, spends_budget
-from batch_pipeline.core.state.replay import Replays
-from batch_pipeline.core.state.summary import ShardSummaries, ShardSummary, shard_item_states
 from batch_pipeline.core.store import Store
 
 log = logging.getLogger(__name__)
@@ -167,13 +167,13 @@ class ShardRunner(StreamShape, CollectShape):
                     "shard %s: attempt %d already submitted as %s; re-attaching",
                     shard_id,
                     attempt.number,
-                    attempt.submitted["batch_id"],
+                    attempt.submitted.batch_id,
                 )
                 return SubmitOutcome(
                     shard_id,
                     attempt.number,
                     len(attempt.request_ids),
-                    BatchHandle.from_dict(attempt.submitted),
+                    attempt.submitted.handle(),
                     reattached=True,
                 )
             if attempt.backend not in (None, executor.name):
@@ -188,7 +188,7 @@ class ShardRunner(StreamShape, CollectShape):
                     executor.find,
                     attempt.key,
                     request_ids=attempt.request_ids,
-                    not_before=attempt.records["intent"]["at"],
+                    not_before=attempt.intent.at,
                 )
             )
             if found is not None:
@@ -205,11 +205,11 @@ class ShardRunner(StreamShape, CollectShape):
                     attempt.request_ids,
                     found.batch_id,
                     found.account,
-                    attempt.records["intent"].get("capacity"),
+                    attempt.intent.capacity,
                 )
                 self._changed(shard_id)
                 return SubmitOutcome(shard_id, attempt.number, len(attempt.request_ids), found, reattached=True)
-            age = (datetime.now(UTC) - datetime.fromisoformat(attempt.records["intent"]["at"])).total_seconds()
+            age = (datetime.now(UTC) - datetime.fromisoformat(attempt.intent.at)).total_seconds()
             grace = float(getattr(executor, "find_grace_s", 0.0))
             if age < grace:
                 raise TransientError(
@@ -329,7 +329,7 @@ class ShardRunner(StreamShape, CollectShape):
         latest = self.manifest.latest()
         assert latest is not None  # there are pending items, so there is a manifest
         costs = sum((s.retry_costs for s in self._job_summaries()), RetryCosts())
-        spend = costs.spend(latest["unique_requests"], retry_items, self.spec.retries.spend_cap_share)
+        spend = costs.spend(latest.unique_requests, retry_items, self.spec.retries.spend_cap_share)
         if spend.exceeded:
             reason = f"retry-spend cap reached before resubmitting shard {shard_id}: {spend.describe()}"
             self.control.stop(reason, code="retry_cap")

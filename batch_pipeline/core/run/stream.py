@@ -11,15 +11,16 @@ from collections.abc import Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batch_pipeline.core.run.attempts import AttemptLog
-from batch_pipeline.core.run.control import JobPaused
-from batch_pipeline.core.run.executor import ShardWork, StreamExecutor
+from batch_pipeline.core.ledger.attempts import AttemptLog
+from batch_pipeline.core.ledger.control import JobPaused
+from batch_pipeline.core.ledger.executor import ShardWork, StreamExecutor
+from batch_pipeline.core.ledger.outcomes import CollectOutcome
+from batch_pipeline.core.ledger.result_parts import read_results, write_results
 from batch_pipeline.core.run.faults import crash_point
 from batch_pipeline.core.run.journal import AnswerJournal, replay
 from batch_pipeline.core.run.journal import discard as discard_journal
 from batch_pipeline.core.run.lease import acquire
-from batch_pipeline.core.run.outcomes import CollectOutcome
-from batch_pipeline.core.run.results import build_results, read_results, write_results
+from batch_pipeline.core.run.results import build_results
 
 log = logging.getLogger(__name__)
 

@@ -1,1 +1,1 @@
-"""The job spec, the settings read once, and where every record lives (JobPaths)."""
+"""The job spec and where every record lives (JobPaths)."""

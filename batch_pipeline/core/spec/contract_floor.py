@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from batch_pipeline.core.spec.job import OutputSpec
 
-WRAPPED = "wrapped"  # {"label": "<label>"}: the choice enforced as a JSON schema (core/validate.choice_schema)
+CHOICE_KEY = "label"  # the key of a wrapped choice answer
+WRAPPED = "wrapped"  # {"label": "<label>"}: the choice enforced as a JSON schema (choice_schema below)
 BARE = "bare"  # the label itself, decoded natively from the label set
 # How each backend returns a choice answer (see batch_pipeline/executors/*). openai_batch and online send
 # ``response_format: json_schema`` with ``choice_schema`` (openai_format.response_format); anthropic_batch forces
@@ -127,9 +128,6 @@ def _wrapper_schema(output: "OutputSpec", backend: str | None) -> dict[str, Any]
     if output.json_schema is not None:
         return output.json_schema
     if output.choice is not None and CHOICE_FORMS.get(backend or "", BARE) == WRAPPED:
-        # imported here: validate imports spec, which imports this module
-        from batch_pipeline.core.quality.validate import choice_schema
-
         return choice_schema(list(output.choice))
     return None
 
@@ -347,3 +345,13 @@ def _number(schema: dict[str, Any], integer: bool) -> int | float:
     if not high_x:
         return high
     return (low + high) / 2
+
+
+def choice_schema(labels: list[str]) -> dict:
+    """The JSON schema a backend without native choice decoding uses to enforce a label set."""
+    return {
+        "type": "object",
+        "properties": {CHOICE_KEY: {"type": "string", "enum": labels}},
+        "required": [CHOICE_KEY],
+        "additionalProperties": False,
+    }

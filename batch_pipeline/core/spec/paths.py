@@ -59,7 +59,7 @@ class JobPaths:
     def attempt_event(self, shard_id: str, attempt: int, event: str) -> str:
         return f"{self.attempts(shard_id)}/attempt-{attempt:04d}.{event}.json"
 
-    # state: one summary per shard (core/state/summary.py), job-wide flags
+    # state: one summary per shard (core/run/summary.py), job-wide flags
     def shard_summary(self, shard_id: str) -> str:
         return f"{self.root}/state/shards/{shard_id}.json"
 

@@ -1,1 +1,1 @@
-"""The item and shard state machine, the per-shard summaries it is read from, and the one driver."""
+"""The one driver that decides every next action, the job view it decides from, and shard ranges."""

@@ -11,6 +11,7 @@ its plan (or ``shard_step`` for one shard) and never re-derive it. The rules, in
 | settled                                           | -           | (nothing left)                 |
 | submitted, deadline near, tail configured         | RESCUE      |                                |
 | submitted, the provider ended the batch           | COLLECT     |                                |
+| submitted, the caller waits on batches inline     | COLLECT     |                                |
 | submitted                                         | -           | batch open at the provider     |
 | intent without a submission                       | RESOLVE     |                                |
 | canary pending, this is the canary shard          | CANARY      |                                |
@@ -25,7 +26,7 @@ The minimum (``JobFacts.min_batch``, e.g. Bedrock's records per job) applies to 
 shard's pending items, or the canary sample. Below it nothing is submitted as a batch: with a tail backend the
 items go there (the canary too, ``Step.tail``), without one the shard waits and says why.
 
-The fallback (``fallback:``, core/state/fallback.py) answers the items the primary gave up on once the primary has
+The fallback (``fallback:``, core/ledger/fallback.py) answers the items the primary gave up on once the primary has
 nothing left to send in the shard (``Step.fallback``); the primary's rules (rescue, minimum) count only the
 primary's own pending items. The fallback's backend has its own minimum (``JobFacts.fallback_min_batch``, e.g. a
 Bedrock fallback's records per job): below it the items go to the tail backend with the fallback model
@@ -41,8 +42,8 @@ from enum import StrEnum
 
 from batch_pipeline.core.ledger.admission import Room
 from batch_pipeline.core.ledger.capacity import Need
-from batch_pipeline.core.state.machine import ShardState
-from batch_pipeline.core.state.summary import ShardSummary
+from batch_pipeline.core.ledger.machine import ShardState
+from batch_pipeline.core.run.summary import ShardSummary
 
 
 class Action(StrEnum):
@@ -113,6 +114,7 @@ class JobFacts:
     room: Room | None = None  # the account queue's free capacity (None: the backend has none)
     needs: dict[str, Need] = field(default_factory=dict)  # what each shard's next batch would hold in the queue
     held: dict[str, str] = field(default_factory=dict)  # shards held for a human (results lost at the provider)
+    waits_inline: bool = False  # the caller's collect run waits on an open batch itself (the CLI's passes)
 
 
 @dataclass
@@ -176,7 +178,11 @@ def shard_step(s: ShardSummary, facts: JobFacts) -> Step | Wait | None:
             return Step(Action.RESCUE, s.shard_id, "deadline near: cancel the batch, keep its results, rest online")
         if s.state == ShardState.ENDED or s.shard_id in facts.ended:
             return Step(Action.COLLECT, s.shard_id, "the provider ended the batch")
-        batch = (s.open.submitted or {}).get("batch_id") if s.open else None
+        batch = s.open.submitted.batch_id if s.open and s.open.submitted else None
+        if facts.waits_inline:
+            return Step(
+                Action.COLLECT, s.shard_id, f"batch open at the provider{f' ({batch})' if batch else ''}: wait on it"
+            )
         return Wait(WaitKind.BATCH_OPEN, f"batch open at the provider{f' ({batch})' if batch else ''}")
     if s.state == ShardState.INTENT:
         return Step(

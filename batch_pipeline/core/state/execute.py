@@ -12,18 +12,18 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from batch_pipeline.core.errors import BatchPipelineError, SystemicError
+from batch_pipeline.core.ledger.control import JobPaused
+from batch_pipeline.core.ledger.executor import BatchStatus, StreamExecutor
+from batch_pipeline.core.ledger.fallback import Stage
+from batch_pipeline.core.ledger.result_parts import read_results
 from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.quality.golden import canary_sample, judge_canary
 from batch_pipeline.core.run.admission import QuotaWait
-from batch_pipeline.core.run.control import JobPaused
-from batch_pipeline.core.run.executor import BatchStatus, StreamExecutor
 from batch_pipeline.core.run.rescue import deadline_near, rescue_reason
-from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.run.runner import ShardRunner
+from batch_pipeline.core.run.summary import shard_item_states
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.state.driver import Action, Step, Wait, WaitKind, shard_step
-from batch_pipeline.core.state.fallback import Stage
-from batch_pipeline.core.state.summary import shard_item_states
 from batch_pipeline.core.state.view import load_shard
 from batch_pipeline.core.store import Store
 

@@ -7,19 +7,19 @@ from datetime import datetime
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.ledger.admission import Room
 from batch_pipeline.core.ledger.capacity import CapacityLedger, Need
+from batch_pipeline.core.ledger.control import JobControl, PauseRecord
+from batch_pipeline.core.ledger.fallback import fallback_may_use_tail
+from batch_pipeline.core.ledger.machine import ShardState
 from batch_pipeline.core.manifest.read import canary_of
 from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.money.quote import quote_current
+from batch_pipeline.core.money.quote_record import read_quote
 from batch_pipeline.core.quality.golden import canary_passed
 from batch_pipeline.core.run.admission import TokenCounts
-from batch_pipeline.core.run.control import JobControl
 from batch_pipeline.core.run.rescue import deadline_near
+from batch_pipeline.core.run.summary import ShardSummaries, ShardSummary
 from batch_pipeline.core.spec.job import JobSpec
-from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.state.driver import CanaryStatus, JobFacts, Plan, next_steps
-from batch_pipeline.core.state.fallback import fallback_may_use_tail
-from batch_pipeline.core.state.machine import ShardState
-from batch_pipeline.core.state.summary import ShardSummaries, ShardSummary
 from batch_pipeline.core.store import Store
 
 
@@ -34,11 +34,11 @@ def canary_status(spec: JobSpec, store: Store, shard_ids: list[str]) -> CanarySt
 
 
 def quote_fresh(store: Store, job: str, now: datetime | None = None) -> bool:
-    return quote_current(store.read_json(JobPaths(job).quote), now)
+    return quote_current(read_quote(store, job), now)
 
 
-def paused(store: Store, job: str) -> dict | None:
-    return store.read_json(JobPaths(job).pause)
+def paused(store: Store, job: str) -> PauseRecord | None:
+    return JobControl(store, job).paused()
 
 
 @dataclass
@@ -66,7 +66,7 @@ def load_facts(
     stop = JobControl(store, spec.name).current()
     return JobFacts(
         canary=canary_status(spec, store, shard_ids),
-        stopped=stop["reason"] if stop else None,
+        stopped=stop.reason if stop else None,
         paused=paused(store, spec.name) is not None,
         quote_fresh=quote_fresh(store, spec.name),
         deadline_near=deadline_near(spec),
@@ -119,9 +119,11 @@ def load_view(
     min_batch: int = 0,
     fallback_min_batch: int = 0,
     capacity: list[CapacityLedger] | None = None,
+    waits_inline: bool = False,
 ) -> JobView:
     """``batch_ended`` asks the provider which of the submitted shards have ended (the sensor polls them, at most
-    a bounded number per tick; the CLI collects inline). ``capacity``: the ledger of the account's queue, so the
+    a bounded number per tick). ``waits_inline``: the caller's collect run waits on open batches itself (the CLI's
+    passes), so an open batch is a COLLECT step, not a wait. ``capacity``: the ledger of the account's queue, so the
     plan says which shards wait for room."""
     summaries = ShardSummaries(spec, store).all()
     submitted = [s for s in summaries if s.state == ShardState.SUBMITTED and s.shard_id not in in_flight]
@@ -141,6 +143,8 @@ def load_view(
     room, needs = capacity_facts(spec, store, capacity or [], summaries)
     if room is not None:
         facts = replace(facts, room=room, needs=needs)
+    if waits_inline:
+        facts = replace(facts, waits_inline=True)
     return JobView(summaries, facts)
 
 

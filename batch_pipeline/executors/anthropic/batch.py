@@ -42,13 +42,14 @@ from pydantic import Field
 from batch_pipeline.core.error_table import Family, Where
 from batch_pipeline.core.errors import BatchPipelineError, ConfigError, QuotaError, ResultsGoneError, TransientError
 from batch_pipeline.core.ledger.capacity import Dimension
-from batch_pipeline.core.run.executor import BatchHandle, BatchState, BatchStatus, ShardWork
+from batch_pipeline.core.ledger.executor import BatchHandle, BatchState, BatchStatus, ShardWork
 from batch_pipeline.core.run.threads import default_workers, ordered_map
 from batch_pipeline.core.spec.quota import Retention
-from batch_pipeline.executors.anthropic.format import batch_requests, parse_results_block
+from batch_pipeline.executors.anthropic.format import parse_results_block
+from batch_pipeline.executors.anthropic.request_format import batch_requests
 from batch_pipeline.executors.endpoint import resolve_endpoint
 from batch_pipeline.executors.jsonl_blocks import iter_blocks
-from batch_pipeline.executors.provider_errors import classified, redact, retry_after_s, retry_wait_s
+from batch_pipeline.executors.provider_errors import classified, connection_error, redact, retry_after_s, retry_wait_s
 from batch_pipeline.executors.quota import QueueCapped
 from batch_pipeline.executors.settings import BatchProviderSettings
 
@@ -97,16 +98,8 @@ def translate(
             secret=secret,
         )
     if isinstance(exc, anthropic.APIConnectionError):
-        return classified(
-            Family.ANTHROPIC,
-            "Anthropic",
-            action,
-            None,
-            "connection_error",
-            f"{type(exc).__name__}: {exc}",
-            where=where,
-            dimension=dimension,
-            secret=secret,
+        return connection_error(
+            Family.ANTHROPIC, "Anthropic", action, exc, where=where, dimension=dimension, secret=secret
         )
     return BatchPipelineError(redact(f"Anthropic {action} failed: {exc}", secret))
 

@@ -1,11 +1,8 @@
-"""The Anthropic Message Batches format, both ways: request entries out, result lines in (column-wise).
+"""The Anthropic Message Batches result lines, read column-wise (the request side is ``request_format.py``).
 
-Requests carry the system prompt as one cacheable block (``cache_control: ephemeral``), so every request of a
-job shares a cached prefix. A choice or JSON-schema contract becomes one forced tool (``answer``) whose
-``input_schema`` is the contract; its ``input`` comes back as the output text, so ``{"label": ...}``
-validates as a choice. Result lines become ``RAW_RESULT_SCHEMA`` rows plus ``cache_write_tokens``
-(``ANTHROPIC_RAW_SCHEMA``); only the rows with a ``tool_use`` block are decoded in Python (their ``input`` is an
-arbitrary object).
+Result lines become ``RAW_RESULT_SCHEMA`` rows plus ``cache_write_tokens`` (``ANTHROPIC_RAW_SCHEMA``); only the
+rows with a ``tool_use`` block (the forced ``answer`` tool of a choice or JSON-schema contract) are decoded in
+Python (their ``input`` is an arbitrary object, which comes back as the output text).
 
 Usage: Anthropic's ``input_tokens`` excludes both cache reads and cache writes. Our ``input_tokens`` is all of
 the input (uncached + ``cache_creation_input_tokens`` + ``cache_read_input_tokens``), ``cached_tokens`` the
@@ -13,15 +10,13 @@ cache reads and ``cache_write_tokens`` the cache writes, so that ``Price.cost`` 
 """
 
 import json
-import re
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batch_pipeline.core.errors import ConfigError
-from batch_pipeline.core.quality.validate import choice_schema
-from batch_pipeline.core.run.executor import RAW_OPTIONAL_SCHEMA, RAW_RESULT_SCHEMA, RequestPlan, ShardWork
+from batch_pipeline.core.ledger.executor import RAW_OPTIONAL_SCHEMA, RAW_RESULT_SCHEMA
+from batch_pipeline.executors.anthropic.request_format import batch_requests, output_schema
 from batch_pipeline.executors.jsonl_blocks import (
     extract_block,
     json_paths_sql,
@@ -30,8 +25,6 @@ from batch_pipeline.executors.jsonl_blocks import (
     utf8_or_marker,
 )
 
-TOOL_NAME = "answer"
-CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 FINISH_REASONS = {
     "end_turn": "stop",
     "tool_use": "stop",
@@ -59,6 +52,8 @@ UNRUN = {
     "expired": ("batch_expired", "This request was not executed before the batch expired (24 h)."),
 }
 
+# the request side lives in request_format.py; batch_requests and output_schema stay importable from here
+__all__ = ["ANTHROPIC_RAW_SCHEMA", "FINISH_REASONS", "batch_requests", "output_schema", "parse_results_block"]
 _STR, _INT = pa.string(), pa.int64()
 # the result rows of this format: the raw columns, then the cache writes Anthropic bills apart
 ANTHROPIC_RAW_SCHEMA = pa.schema([*RAW_RESULT_SCHEMA, RAW_OPTIONAL_SCHEMA.field("cache_write_tokens")])
@@ -83,78 +78,6 @@ _ERROR = pa.struct([("type", _STR), ("error", pa.struct([("type", _STR), ("messa
 RESULT_LINE_SCHEMA = pa.schema(
     [("custom_id", _STR), ("result", pa.struct([("type", _STR), ("message", _MESSAGE), ("error", _ERROR)]))]
 )
-
-
-def output_schema(plan: RequestPlan) -> dict[str, Any] | None:
-    """The tool input schema that enforces the output contract (None for free text)."""
-    if plan.output.kind == "choice":
-        return choice_schema(plan.output.choice or [])
-    if plan.output.kind == "json_schema":
-        return plan.output.json_schema
-    return None
-
-
-def shared_params(plan: RequestPlan) -> dict[str, Any]:
-    """Everything in ``params`` except the messages: model, limits, sampling, cacheable system, forced tool.
-
-    ``sampling.seed`` is not sent: the Messages API has no seed.
-    """
-    sampling = plan.sampling
-    if sampling.temperature > 1:
-        raise ConfigError(f"sampling.temperature is {sampling.temperature}; Anthropic accepts 0 to 1")
-    params: dict[str, Any] = {
-        "model": plan.model,
-        "max_tokens": sampling.max_tokens,
-        "temperature": sampling.temperature,
-    }
-    if sampling.top_p is not None:
-        params["top_p"] = sampling.top_p
-    if plan.system:
-        params["system"] = [{"type": "text", "text": plan.system, "cache_control": {"type": "ephemeral"}}]
-    schema = output_schema(plan)
-    if schema is not None:
-        params["tools"] = [
-            {"name": TOOL_NAME, "description": "Give the answer in the required structure.", "input_schema": schema}
-        ]
-        params["tool_choice"] = {"type": "tool", "name": TOOL_NAME}
-    return params
-
-
-def example_messages(plan: RequestPlan, cache: bool = True) -> list[dict[str, Any]]:
-    """The few-shot examples as messages; with ``cache`` the last one ends on a ``cache_control`` breakpoint, so
-    the cached prefix is the system prompt and every example (two of the four breakpoints a request may use)."""
-    turns: list[dict[str, Any]] = list(plan.example_turns())
-    if cache and turns:
-        last = turns[-1]
-        turns[-1] = {
-            "role": last["role"],
-            "content": [{"type": "text", "text": last["content"], "cache_control": {"type": "ephemeral"}}],
-        }
-    return turns
-
-
-def batch_requests(work: ShardWork) -> tuple[list[dict[str, Any]], int]:
-    """The ``requests`` of a create call, and an upper bound of the JSON body's size in bytes.
-
-    ``messages``: the examples, then the item's turns (its one user message, or the row's turns)."""
-    shared = shared_params(work.plan)
-    examples = example_messages(work.plan)
-    row_turns = work.plan.row_turns
-    ids = work.items.column("request_id").to_pylist()
-    prompts = work.items.column("user_prompt").to_pylist()
-    bad = next((rid for rid in ids if not isinstance(rid, str) or not CUSTOM_ID.match(rid)), None)
-    if bad is not None:
-        raise ConfigError(f"request_id {bad!r} is not a valid Anthropic custom_id (^[a-zA-Z0-9_-]{{1,64}}$)")
-    frame = len(
-        json.dumps({"custom_id": "", "params": {**shared, "messages": [*examples, {"role": "user", "content": ""}]}})
-    )
-    # json.dumps of the prompt text bounds its turns too (a TURNS prompt is their JSON, escaped once more)
-    size = 16 + sum(frame + 2 + len(rid) + len(json.dumps(prompt)) for rid, prompt in zip(ids, prompts))
-    requests = [
-        {"custom_id": rid, "params": {**shared, "messages": [*examples, *row_turns(prompt)]}}
-        for rid, prompt in zip(ids, prompts)
-    ]
-    return requests, size
 
 
 def _lookup(values: pa.Array, mapping: dict[str, Any], value_type: pa.DataType) -> pa.Array:

@@ -27,7 +27,7 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, 
 from batch_pipeline.core.error_table import Family, Where
 from batch_pipeline.core.errors import BatchPipelineError, ConfigError, QuotaError, SystemicError, TransientError
 from batch_pipeline.core.ledger.capacity import Dimension
-from batch_pipeline.core.run.executor import BatchHandle, BatchState, BatchStatus, ShardWork
+from batch_pipeline.core.ledger.executor import BatchHandle, BatchState, BatchStatus, ShardWork
 from batch_pipeline.core.run.threads import default_workers
 from batch_pipeline.core.spec.quota import Retention
 from batch_pipeline.executors.bedrock.format import parse_output_block, request_lines
@@ -35,7 +35,7 @@ from batch_pipeline.executors.bedrock.sandbox import SANDBOX_CREDENTIALS, sandbo
 from batch_pipeline.executors.bedrock.settings import SANDBOX_ROLE_ARN, BedrockBatchSettings, S3Location
 from batch_pipeline.executors.endpoint import resolve_endpoint
 from batch_pipeline.executors.jsonl_blocks import parse_stream
-from batch_pipeline.executors.provider_errors import classified, redact, retry_after_s, retry_wait_s
+from batch_pipeline.executors.provider_errors import classified, connection_error, redact, retry_after_s, retry_wait_s
 from batch_pipeline.executors.quota import QueueCapped
 
 log = logging.getLogger(__name__)
@@ -93,16 +93,7 @@ def translate(
             code="access_denied",
         )
     if isinstance(exc, BotoCoreError):
-        return classified(
-            Family.BEDROCK,
-            "Bedrock",
-            action,
-            None,
-            "connection_error",
-            f"{type(exc).__name__}: {exc}",
-            where=where,
-            dimension=dimension,
-        )
+        return connection_error(Family.BEDROCK, "Bedrock", action, exc, where=where, dimension=dimension)
     return BatchPipelineError(redact(f"Bedrock {action} failed: {exc}"))
 
 

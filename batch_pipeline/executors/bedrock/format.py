@@ -16,8 +16,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batch_pipeline.core.errors import ConfigError
-from batch_pipeline.core.run.executor import RequestPlan, ShardWork
-from batch_pipeline.executors.anthropic.format import ANTHROPIC_RAW_SCHEMA, FINISH_REASONS, shared_params
+from batch_pipeline.core.ledger.executor import RequestPlan, ShardWork
+from batch_pipeline.executors.anthropic.format import ANTHROPIC_RAW_SCHEMA, FINISH_REASONS
+from batch_pipeline.executors.anthropic.request_format import shared_params
 from batch_pipeline.executors.jsonl_blocks import extract_block, json_paths_sql, replace_rows
 
 ANTHROPIC_VERSION = "bedrock-2023-05-31"
@@ -116,20 +117,7 @@ def _parse_fast(block: bytes) -> pa.Table | None:
     lines, t = read
     col = t.column
     ok = pc.fill_null(col("ok"), False)
-    table = _assemble(
-        col("record_id"),
-        ok,
-        col("text"),
-        col("stop_reason"),
-        col("input_tokens"),
-        col("output_tokens"),
-        col("cache_creation"),
-        col("cache_read"),
-        col("error_code"),
-        col("error_message"),
-        col("message_id"),
-        lines,
-    )
+    table = _assemble_columns(col, ok, lines)
     odd = pc.fill_null(col("_odd"), True)
     if not pc.any(odd).as_py():
         return table
@@ -218,10 +206,14 @@ def _parse_lines(block: bytes) -> pa.Table:
     if not rows:
         return BEDROCK_RAW_SCHEMA.empty_table()
     t = pa.Table.from_pylist(rows, schema=_LINE_SCHEMA)
-    col = t.column
+    return _assemble_columns(t.column, t.column("ok"), t.column("raw"))
+
+
+def _assemble_columns(col: Any, ok: Any, raw: Any) -> pa.Table:
+    """``_assemble`` of the named columns both paths extract (DuckDB's and the per-line one)."""
     return _assemble(
         col("record_id"),
-        col("ok"),
+        ok,
         col("text"),
         col("stop_reason"),
         col("input_tokens"),
@@ -231,7 +223,7 @@ def _parse_lines(block: bytes) -> pa.Table:
         col("error_code"),
         col("error_message"),
         col("message_id"),
-        col("raw"),
+        raw,
     )
 
 

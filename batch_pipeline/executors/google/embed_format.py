@@ -17,14 +17,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from batch_pipeline.core.run.executor import ShardWork
+from batch_pipeline.core.ledger.executor import ShardWork
 from batch_pipeline.executors.google.format import _int, error_columns, parse_block
 from batch_pipeline.executors.jsonl_blocks import RESULT_BLOCK_BYTES, parse_stream
 from batch_pipeline.executors.openai.embeddings import (
-    EMBEDDING_RAW_SCHEMA,
     decode_vector,
     embedding_body,
-    vectors_array,
+    embedding_table,
 )
 
 
@@ -76,25 +75,8 @@ def parse_embed_block(block: bytes) -> pa.Table:
     """Result lines of an embeddings batch -> ``EMBEDDING_RAW_SCHEMA`` rows (no output text, no output tokens)."""
     rows = [_row(line) for line in block.split(b"\n") if line.strip()]
     ids, status, vectors, tokens, codes, messages, lines = (list(c) for c in zip(*rows)) if rows else ([],) * 7
-    n = len(rows)
     zero = [0 if v is not None else None for v in vectors]
-    return pa.Table.from_arrays(
-        [
-            pa.array(ids, pa.string()),
-            pa.array(status, pa.int32()),
-            pa.nulls(n, pa.string()),
-            pa.nulls(n, pa.string()),
-            pa.array(tokens, pa.int64()),
-            pa.array(zero, pa.int64()),
-            pa.array(zero, pa.int64()),
-            pa.array(codes, pa.string()),
-            pa.array(messages, pa.string()),
-            pa.nulls(n, pa.string()),
-            pa.array(lines, pa.string()),
-            vectors_array(vectors),
-        ],
-        schema=EMBEDDING_RAW_SCHEMA,
-    )
+    return embedding_table(ids, status, tokens, zero, codes, messages, None, lines, vectors)
 
 
 def is_embed_block(block: bytes) -> bool:

@@ -36,8 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batch_pipeline.core.error_table import Family, reason_stops
-from batch_pipeline.core.quality.validate import choice_schema
-from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA, ItemShape, RequestPlan
+from batch_pipeline.core.ledger.executor import RAW_RESULT_SCHEMA, ItemShape, RequestPlan
 from batch_pipeline.executors.jsonl_blocks import (
     RESULT_BLOCK_BYTES,
     extract_block,
@@ -45,6 +44,7 @@ from batch_pipeline.executors.jsonl_blocks import (
     parse_stream,
     replace_rows,
 )
+from batch_pipeline.executors.output_contract import output_schema
 
 JSON_MIME = "application/json"
 GEMINI_ROLES = {"user": "user", "assistant": "model"}  # a Content's role: the model's own turns are "model"
@@ -88,15 +88,6 @@ RPC_CODES = {
 
 
 # -- requests -------------------------------------------------------------------------------------------------
-def output_schema(plan: RequestPlan) -> dict[str, Any] | None:
-    """The JSON schema the response must follow (None for free text)."""
-    if plan.output.kind == "choice":
-        return choice_schema(plan.output.choice or [])
-    if plan.output.kind == "json_schema":
-        return plan.output.json_schema
-    return None
-
-
 def request_template(plan: RequestPlan) -> dict[str, Any]:
     """Everything of a ``GenerateContentRequest`` except ``contents``: the same for every request of a job."""
     sampling = plan.sampling
@@ -287,19 +278,7 @@ def _row(line: bytes, layout: LineLayout) -> tuple[Any, ...]:
     if isinstance(error, dict):
         return (key, *error_columns(error), None, raw)
     if not isinstance(response, dict):
-        return (
-            key,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            "missing_result",
-            "the result line has neither a response nor an error",
-            None,
-            raw,
-        )
+        return missing_result(key, "the result line has neither a response nor an error", raw)
     return (key, *response_columns(response), raw)
 
 
@@ -352,3 +331,8 @@ def response_columns(response: dict[str, Any]) -> tuple[Any, ...]:
     text = "".join(texts) if texts and not refused else None
     response_id = response.get("responseId") if isinstance(response.get("responseId"), str) else None
     return (200, text, reason, *tokens, None, message, response_id)
+
+
+def missing_result(key: str | None, message: str, raw: str) -> tuple[Any, ...]:
+    """The row of a line that answers nothing (neither a response nor an error): ``missing_result``, line kept."""
+    return (key, None, None, None, None, None, None, "missing_result", message, None, raw)

@@ -23,61 +23,35 @@ predictions back from GCS, cancel, find.
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 import google.genai as genai
-import httpx2
 import pyarrow as pa
-from google.genai import errors as genai_errors
 from google.genai import types as gtypes
 from google.oauth2.credentials import Credentials
 from pydantic import Field, model_validator
 
-from batch_pipeline.core.error_table import Family, Where
-from batch_pipeline.core.errors import BatchPipelineError, ConfigError, QuotaError, SystemicError, TransientError
+from batch_pipeline.core.error_table import Family
+from batch_pipeline.core.errors import ConfigError, TransientError
 from batch_pipeline.core.ledger.capacity import Dimension
-from batch_pipeline.core.run.executor import BatchHandle, BatchState, BatchStatus, ShardWork
+from batch_pipeline.core.ledger.executor import BatchHandle, BatchStatus, ShardWork
 from batch_pipeline.core.run.threads import default_workers
-from batch_pipeline.core.spec.quota import Retention
 from batch_pipeline.executors.endpoint import SANDBOX_URL_ENV, resolve_endpoint
-from batch_pipeline.executors.google.format import ERROR_INFO
 from batch_pipeline.executors.google.gcs import AttemptObjects, Gcs, parse_gs_uri, sandbox_emulator_url
+from batch_pipeline.executors.google.genai_executor import STATE_MAP, GenaiBatchExecutor
+from batch_pipeline.executors.google.sdk_errors import retry_delay_s
 from batch_pipeline.executors.google.vertex_lines import content_index, parse_predictions_block, request_lines
 from batch_pipeline.executors.jsonl_blocks import parse_stream
-from batch_pipeline.executors.provider_errors import classified, redact, retry_after_s, retry_wait_s
-from batch_pipeline.executors.quota import QueueCapped
 from batch_pipeline.executors.settings import BatchProviderSettings
 
 log = logging.getLogger(__name__)
 
 S = gtypes.JobState
-STATE_MAP = {
-    S.JOB_STATE_QUEUED: BatchState.VALIDATING,
-    S.JOB_STATE_PENDING: BatchState.VALIDATING,
-    S.JOB_STATE_RUNNING: BatchState.RUNNING,
-    S.JOB_STATE_UPDATING: BatchState.RUNNING,
-    S.JOB_STATE_PAUSED: BatchState.RUNNING,
-    S.JOB_STATE_CANCELLING: BatchState.CANCELLING,
-    S.JOB_STATE_SUCCEEDED: BatchState.COMPLETED,
-    S.JOB_STATE_PARTIALLY_SUCCEEDED: BatchState.COMPLETED,
-    S.JOB_STATE_FAILED: BatchState.FAILED,
-    S.JOB_STATE_CANCELLED: BatchState.CANCELLED,
-    S.JOB_STATE_EXPIRED: BatchState.EXPIRED,
-}
+__all__ = ["STATE_MAP", "VertexBatchExecutor", "VertexBatchSettings", "retry_delay_s"]
 SANDBOX_TOKEN = "sandbox-vertex-token"
 SANDBOX_PROJECT = "sandbox-project"
 SANDBOX_BUCKET = "batch-pipeline-sandbox"
 DEFAULT_LOCATION = "us-central1"
-RETRY_INFO = "type.googleapis.com/google.rpc.RetryInfo"
-_TRANSPORT_ERRORS: tuple[type[Exception], ...] = (httpx2.TransportError,)
-try:  # google-genai uses httpx2 when it is installed, else httpx
-    import httpx
-
-    _TRANSPORT_ERRORS += (httpx.TransportError,)
-except ImportError:  # pragma: no cover
-    pass
 
 
 class VertexBatchSettings(BatchProviderSettings):
@@ -101,74 +75,11 @@ class VertexBatchSettings(BatchProviderSettings):
         return self
 
 
-def translate(
-    exc: Exception,
-    action: str,
-    secret: str | None = None,
-    *,
-    where: Where = Where.CALL,
-    dimension: Dimension | None = None,
-) -> BatchPipelineError:
-    """SDK exception -> our error class, by the one error table; secrets redacted. ``where=CREATE`` (with the
-    ``dimension`` it fills) for the batch job create."""
-    if isinstance(exc, genai_errors.APIError):
-        status = exc.status or ""
-        detail = exc.message or str(exc.details)
-        headers = getattr(exc.response, "headers", None) if exc.response is not None else None
-        wait = retry_after_s(headers) if headers is not None else None
-        error = exc.details.get("error") if isinstance(exc.details, dict) else None
-        reason = next(
-            (
-                d.get("reason")
-                for d in (error or {}).get("details") or []
-                if isinstance(d, dict) and d.get("@type") == ERROR_INFO
-            ),
-            None,
-        )
-        return classified(
-            Family.VERTEX,
-            "Vertex AI",
-            action,
-            exc.code,
-            status.lower() or None,
-            detail,
-            shown=status,
-            reason=reason if isinstance(reason, str) else None,
-            retry_after=wait or retry_delay_s(exc.details),
-            where=where,
-            dimension=dimension,
-            secret=secret,
-        )
-    if isinstance(exc, _TRANSPORT_ERRORS):
-        return classified(
-            Family.VERTEX,
-            "Vertex AI",
-            action,
-            None,
-            "connection_error",
-            f"{type(exc).__name__}: {exc}",
-            where=where,
-            dimension=dimension,
-            secret=secret,
-        )
-    return BatchPipelineError(redact(f"Vertex AI {action} failed: {type(exc).__name__}: {exc}", secret))
-
-
-def retry_delay_s(details: Any) -> float | None:
-    """The wait a Google error states in its ``google.rpc.RetryInfo`` detail (``"retryDelay": "1.5s"``)."""
-    error = details.get("error") if isinstance(details, dict) else None
-    for detail in (error or {}).get("details") or []:
-        delay = detail.get("retryDelay") if isinstance(detail, dict) and detail.get("@type") == RETRY_INFO else None
-        if isinstance(delay, str) and delay.endswith("s"):
-            try:
-                return max(0.0, float(delay[:-1]))
-            except ValueError:
-                return None
-    return None
-
-
-class VertexBatchExecutor(QueueCapped):
+class VertexBatchExecutor(GenaiBatchExecutor):
     name = "vertex_batch"
+    family = Family.VERTEX
+    provider = "Vertex AI"
+    batch_noun = "batch job"
     quota_dimensions = (Dimension.JOBS,)
     quota_per_model = False  # concurrent jobs per project and region
     window_hours = None  # outputs land in our own bucket; no provider window is stated here
@@ -195,7 +106,7 @@ class VertexBatchExecutor(QueueCapped):
         )
         options = gtypes.HttpOptions(base_url=base_url, timeout=int(settings.timeout_s * 1000))
         credentials = Credentials(token=SANDBOX_TOKEN) if settings.sandbox else None  # else ADC, loaded by the SDK
-        self._token = SANDBOX_TOKEN if settings.sandbox else None
+        self._secret = SANDBOX_TOKEN if settings.sandbox else None
         try:
             self.client = genai.Client(
                 vertexai=True,
@@ -210,20 +121,6 @@ class VertexBatchExecutor(QueueCapped):
         self.gcs = Gcs(self.project, emulator_url=emulator, timeout_s=settings.timeout_s)
         if settings.sandbox:
             self.gcs.ensure_bucket(self.bucket)
-
-    def _call(self, action: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """One SDK call, retried on transient errors (honouring Retry-After); the SDK itself does not retry."""
-        for attempt in range(self.settings.max_retries + 1):
-            try:
-                return fn(*args, **kwargs)
-            except (genai_errors.APIError, *_TRANSPORT_ERRORS) as exc:
-                error = translate(exc, action, self._token)
-                if not isinstance(error, TransientError) or attempt == self.settings.max_retries:
-                    raise error from None
-                wait = retry_wait_s(attempt, error.retry_after_s or None)
-                log.info("%s: %s; retrying in %.2f s", action, error, wait)
-                time.sleep(wait)
-        raise AssertionError("unreachable")
 
     # -- submit ---------------------------------------------------------------------------------------------
     def submit(self, work: ShardWork) -> BatchHandle:
@@ -240,38 +137,13 @@ class VertexBatchExecutor(QueueCapped):
             )
         objects = AttemptObjects.for_key(self.bucket, self.settings.prefix, work.key)
         self.gcs.upload(objects.bucket, objects.input_name, data)
-        return self._create_once(work, objects)
-
-    def _create_once(self, work: ShardWork, objects: AttemptObjects) -> BatchHandle:
-        """Create the job without blind retries: a create that failed in transit may have created it, so before
-        each retry the job is looked up by its display name (the attempt key)."""
         config = gtypes.CreateBatchJobConfig(display_name=work.key, dest=objects.output_uri)
-        for attempt in range(self.settings.max_retries + 1):
-            try:
-                job = self.client.batches.create(model=work.plan.model, src=objects.input_uri, config=config)
-                return BatchHandle(self.name, str(job.name), work.key, objects.input_uri)
-            except (genai_errors.APIError, *_TRANSPORT_ERRORS) as exc:
-                error = translate(exc, "batch job create", self._token, where=Where.CREATE, dimension=Dimension.JOBS)
-                if isinstance(error, QuotaError):  # RESOURCE_EXHAUSTED: the project's concurrent jobs are all running
-                    raise error from None
-                if not isinstance(error, TransientError):
-                    raise error from None
-                if not (isinstance(exc, genai_errors.APIError) and exc.code == 429):  # a 429 created nothing
-                    found = self.find(work.key)
-                    if found is not None:
-                        log.warning(
-                            "batch job create for %s failed (%s) but the job exists as %s; using it",
-                            work.key,
-                            error,
-                            found.batch_id,
-                        )
-                        return found
-                if attempt == self.settings.max_retries:
-                    raise error from None
-                wait = retry_wait_s(attempt, error.retry_after_s or None)
-                log.info("batch job create for %s: %s; retrying in %.2f s", work.key, error, wait)
-                time.sleep(wait)
-        raise AssertionError("unreachable")
+        return self._create_once(
+            work.key,
+            lambda: self.client.batches.create(model=work.plan.model, src=objects.input_uri, config=config),
+            Dimension.JOBS,  # RESOURCE_EXHAUSTED: the project's concurrent jobs are all running
+            objects.input_uri,
+        )
 
     # -- poll / fetch / cancel --------------------------------------------------------------------------------
     def _get(self, handle: BatchHandle) -> gtypes.BatchJob:
@@ -281,10 +153,7 @@ class VertexBatchExecutor(QueueCapped):
         return self._status(self._get(handle))
 
     def _status(self, job: gtypes.BatchJob) -> BatchStatus:
-        try:
-            state = STATE_MAP[job.state]  # type: ignore[index]
-        except KeyError:
-            raise BatchPipelineError(f"Vertex batch job {job.name} has unknown state {job.state!r}") from None
+        state = self._state(job)
         stats = job.completion_stats
         ok, failed, incomplete = (
             (stats.successful_count or 0, stats.failed_count or 0, stats.incomplete_count or 0)
@@ -347,18 +216,6 @@ class VertexBatchExecutor(QueueCapped):
 
         return lookup
 
-    def cancel(self, handle: BatchHandle) -> None:
-        try:
-            self._call("batch job cancel", self.client.batches.cancel, name=handle.batch_id)
-        except SystemicError:
-            if self.poll(handle).state.ended:  # it ended on its own meanwhile: nothing to cancel
-                return
-            raise
-
-    @property
-    def retention(self) -> Retention:
-        return self.settings.retention
-
     def discard(self, handle: BatchHandle) -> list[str]:
         """Delete our own GCS objects of the attempt once its results are stored: the input we uploaded and
         everything under the job's output prefix (``AttemptObjects``: ``.../ATTEMPT-NONCE/output/``, this attempt's
@@ -388,19 +245,7 @@ class VertexBatchExecutor(QueueCapped):
     ) -> BatchHandle | None:
         """The job whose display name is the attempt key (the newest, should there be several)."""
         config = gtypes.ListBatchJobsConfig(page_size=100, filter=f'display_name="{key}"')
-        pager = self._call("batch job list", self.client.batches.list, config=config)
-        matches: list[gtypes.BatchJob] = []
-        scanned = 0
-        try:
-            for job in pager:  # the pager fetches further pages as it goes
-                scanned += 1
-                if job.display_name == key:
-                    matches.append(job)
-                if scanned >= self.settings.find_scan_limit:
-                    log.warning("find(%s): stopped after %d jobs", key, scanned)
-                    break
-        except (genai_errors.APIError, *_TRANSPORT_ERRORS) as exc:
-            raise translate(exc, "batch job list", self._token) from None
+        matches = list(self._named(key, config))
         if not matches:
             return None
         job = max(matches, key=lambda j: (j.create_time is not None, j.create_time))

@@ -29,11 +29,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batch_pipeline.core.errors import ConfigError
-from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA, ShardWork
+from batch_pipeline.core.ledger.executor import RAW_RESULT_SCHEMA, ShardWork
 from batch_pipeline.executors.google.format import (
     LineLayout,
     contents_writer,
     error_columns,
+    missing_result,
     parse_block,
     request_template,
     response_columns,
@@ -152,19 +153,7 @@ def _row(line: bytes, lookup: IdLookup | None) -> tuple[Any, ...]:
         return (rid, *error_columns(status), None, raw)
     if isinstance(response, dict) and response:
         return (rid, *response_columns(response), raw)
-    return (
-        rid,
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-        "missing_result",
-        "the prediction line has neither a response nor a status",
-        None,
-        raw,
-    )
+    return missing_result(rid, "the prediction line has neither a response nor a status", raw)
 
 
 def parse_lines(block: bytes, lookup: IdLookup | None = None) -> pa.Table:

@@ -12,7 +12,8 @@ from typing import Any
 import openai
 import pyarrow as pa
 
-from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA, RequestPlan, raw_table
+from batch_pipeline.core.ledger.executor import RAW_RESULT_SCHEMA, RequestPlan, raw_table
+from batch_pipeline.executors.online.replies import unparseable_row
 from batch_pipeline.executors.openai.embeddings import (
     EMBEDDING_FIELD,
     embedding_body,
@@ -59,17 +60,7 @@ def embedding_success_row(request_id: str, payload: str, provider_request_id: st
         vector, tokens = embedding_from_response(body if isinstance(body, dict) else {})
     except ValueError as exc:
         return (
-            request_id,
-            200,
-            None,
-            None,
-            None,
-            None,
-            None,
-            "unparseable_response",
-            f"the 200 response is not JSON: {exc}",
-            provider_request_id,
-            payload,
+            *unparseable_row(request_id, f"the 200 response is not JSON: {exc}", provider_request_id, payload),
             None,
         )
     code = None if vector is not None else "unparseable_response"

@@ -13,7 +13,6 @@ sends nothing more, lets the requests in flight finish (up to ``timeout_s``) and
 yielded for ``take_unflushed(work.key)``: those requests were paid for, and the runner stores them before it stops.
 """
 
-import json
 import logging
 import random
 import threading
@@ -24,9 +23,8 @@ from typing import Any, Literal
 import pyarrow as pa
 from pydantic import Field
 
-from batch_pipeline.core.error_table import Family, Where, decide
 from batch_pipeline.core.errors import ConfigError, SystemicError
-from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA, ShardWork
+from batch_pipeline.core.ledger.executor import ShardWork
 from batch_pipeline.executors.endpoint import resolve_endpoint
 from batch_pipeline.executors.online.embeddings import (
     EMBEDDINGS_PATH,
@@ -34,7 +32,9 @@ from batch_pipeline.executors.online.embeddings import (
     embedding_success_row,
     rows_table,
 )
+from batch_pipeline.executors.online.pool import RunPool
 from batch_pipeline.executors.online.rate_limit import RateLimiter
+from batch_pipeline.executors.online.replies import classify, error_row, success_row
 from batch_pipeline.executors.online.transport import BodyBuilder, HttpTransport, Reply, SdkTransport, Transport
 from batch_pipeline.executors.openai.embeddings import is_embedding
 from batch_pipeline.executors.provider_errors import redact, retry_after_s
@@ -63,111 +63,6 @@ class OnlineSettings(ProviderSettings):
     progress_interval_s: float = Field(default=10, gt=0)
     extra_body: dict[str, Any] = Field(default_factory=dict, description="merged into every body (vLLM options)")
     pricing: str = Field(default="online", description="which price applies to the results")
-
-
-class Outcome:
-    """How to treat one reply: ``ok``, ``poison``, ``transient`` or ``systemic``, with the code and message."""
-
-    __slots__ = ("kind", "status", "code", "message", "payload")
-
-    def __init__(self, kind: str, status: int | None, code: str | None, message: str, payload: str) -> None:
-        self.kind, self.status, self.code, self.message, self.payload = kind, status, code, message, payload
-
-
-def classify(reply: Reply) -> Outcome:
-    """Sort one reply into ok / poison / transient / systemic by the one error table (``core/error_table.py``; the
-    provider's ``x-should-retry`` decides between transient and poison)."""
-    if reply.status is None:  # no answer: the table's row for our transport's failure (timeout, connection_error)
-        failure = reply.failure or "connection_error"
-        decision = decide(Family.OPENAI, None, failure, reply.detail, where=Where.REQUEST)
-        return Outcome(decision.kind.value, None, failure, reply.detail, "")
-    text = reply.body.decode("utf-8", "replace")
-    if reply.status == 200:
-        return Outcome("ok", 200, None, "", text)
-    code, kind, message = None, None, text[:500]
-    try:
-        error = json.loads(text).get("error")
-        if isinstance(error, dict):
-            kind = error.get("type") if isinstance(error.get("type"), str) else None
-            code = str(error["code"]) if error.get("code") is not None else kind
-            message = str(error.get("message") or message)
-        elif isinstance(error, str):
-            message = error
-    except (ValueError, AttributeError):
-        pass
-    should_retry = reply.headers.get("x-should-retry")
-    decision = decide(
-        Family.OPENAI,
-        reply.status,
-        code,
-        message,
-        reason=kind,
-        where=Where.REQUEST,
-        should_retry={"true": True, "false": False}.get(should_retry or ""),
-    )
-    return Outcome(decision.kind.value, reply.status, decision.stop or code or f"http_{reply.status}", message, text)
-
-
-_COLUMNS = RAW_RESULT_SCHEMA.names
-
-
-def success_row(request_id: str, outcome: Outcome, headers: dict[str, str]) -> tuple[Any, ...]:
-    """A RAW_RESULT_SCHEMA row from a 200 body (an unreadable body is a row with an error code)."""
-    rid = headers.get("x-request-id")
-    try:
-        body = json.loads(outcome.payload)
-        choice = body["choices"][0]
-        message = choice.get("message") or {}
-        usage = body.get("usage") or {}
-        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-        content = message.get("content")
-        if content is not None and not isinstance(content, str):
-            content = json.dumps(content)
-        refusal = message.get("refusal")
-        return (
-            request_id,
-            200,
-            content,
-            choice.get("finish_reason"),
-            usage.get("prompt_tokens"),
-            cached,
-            usage.get("completion_tokens"),
-            None,
-            f"refused: {refusal}" if refusal else None,
-            rid,
-            outcome.payload,
-        )
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
-        return (
-            request_id,
-            200,
-            None,
-            None,
-            None,
-            None,
-            None,
-            "unparseable_response",
-            f"the 200 response is not a chat completion: {exc!r}",
-            rid,
-            outcome.payload,
-        )
-
-
-def error_row(request_id: str, outcome: Outcome, headers: dict[str, str], secret: str | None) -> tuple[Any, ...]:
-    """A RAW_RESULT_SCHEMA row for a request that failed for good (poison, or retries spent)."""
-    return (
-        request_id,
-        outcome.status,
-        None,
-        None,
-        None,
-        None,
-        None,
-        outcome.code,
-        redact(outcome.message, secret),
-        headers.get("x-request-id"),
-        redact(outcome.payload, secret) or None,
-    )
 
 
 class _Stats:
@@ -243,88 +138,100 @@ class OnlineExecutor:
             else BodyBuilder(work.plan, s.extra_body)
         )
         limiter = RateLimiter(s.rpm, s.tpm)
-        items = iter(zip(ids, prompts, strict=True))
-        items_lock = threading.Lock()
-        # Finished rows wait in `buffer` until the very moment they are yielded, so that a run left at any point
-        # (an interrupt may be raised between any two calls) still holds each of them in one place: a row taken out
-        # of a queue into a local would be lost with it.
-        buffer: list[tuple[Any, ...]] = []  # workers append; only the loop below removes
-        failures: list[BaseException] = []
-        ended: list[str] = []  # workers that are done
-        wake = threading.Event()
-        stop = threading.Event()
+        pool = RunPool(iter(zip(ids, prompts, strict=True)))
         stats = _Stats()
         shared = self._transport(builder) if s.transport == "sdk" else None
-
-        def worker() -> None:
-            transport = shared or self._transport(builder)
-            try:
-                while not stop.is_set():
-                    with items_lock:
-                        item = next(items, None)
-                    if item is None:
-                        break
-                    row = self._one(item[0], item[1], transport, builder, limiter, stop, stats)
-                    if row is not None:
-                        if work.journal is not None:  # paid: durable before it is counted (core/run/journal.py)
-                            work.journal(row)
-                        buffer.append(row)
-                        wake.set()
-            except BaseException as exc:  # SystemicError, or a bug: stop the run and surface it
-                stop.set()
-                failures.append(exc)
-            finally:
-                if shared is None:
-                    transport.close()
-                ended.append(threading.current_thread().name)
-                wake.set()
-
-        threads = [
-            threading.Thread(target=worker, name=f"online-{i}", daemon=True) for i in range(min(s.concurrency, total))
+        pool.threads = [
+            threading.Thread(
+                target=self._worker, args=(pool, work, shared, builder, limiter, stats), name=f"online-{i}", daemon=True
+            )
+            for i in range(min(s.concurrency, total))
         ]
-        for thread in threads:
+        for thread in pool.threads:
             thread.start()
-        log.info("online %s: %d requests to %s, concurrency %d", work.key, total, self.base_url, len(threads))
-        started = last_flush = last_log = time.monotonic()
+        log.info("online %s: %d requests to %s, concurrency %d", work.key, total, self.base_url, len(pool.threads))
+        started = time.monotonic()
         try:
-            while True:
-                wake.clear()
-                done = len(ended) == len(threads)  # read first: a worker appends its rows before it ends
-                now = time.monotonic()
-                if buffer and (done or len(buffer) >= s.flush_every or now - last_flush >= s.flush_interval_s):
-                    last_flush = now
-                    n = min(len(buffer), s.flush_every)
-                    table = rows_table(buffer[:n])
-                    del buffer[:n]  # no call from here to the yield: nothing can be raised in between
-                    yield table
-                    continue
-                if done:
-                    break
-                if now - last_flush >= s.flush_interval_s:
-                    last_flush = now
-                if now - last_log >= s.progress_interval_s:
-                    last_log = now
-                    self._progress(work, stats, total, started, limiter)
-                wake.wait(max(0.0, min(last_flush + s.flush_interval_s, last_log + s.progress_interval_s) - now))
+            yield from self._flushes(pool, work, stats, total, started, limiter)
         finally:
-            stop.set()  # done, or left early: no worker takes another item or sends another attempt
-            try:
-                for thread in threads:
-                    thread.join(timeout=s.timeout_s + 1)  # requests in flight finish and buffer their rows
-            finally:
-                if shared is not None:
-                    shared.close()
-                if buffer:  # only a run left early holds rows here: a finished one yielded them all
-                    self._keep_unflushed(work.key, buffer[:])
-                if any(thread.is_alive() for thread in threads):
-                    log.warning(
-                        "online %s: requests still in flight after %.0f s; their results are lost",
-                        work.key,
-                        s.timeout_s + 1,
-                    )
+            self._wind_down(pool, work.key, shared)
         self._progress(work, stats, total, started, limiter)
-        if failures:
-            raise failures[0]
+        if pool.failures:
+            raise pool.failures[0]
+
+    def _worker(
+        self,
+        pool: RunPool,
+        work: ShardWork,
+        shared: Transport | None,
+        builder: BodyBuilder,
+        limiter: RateLimiter,
+        stats: _Stats,
+    ) -> None:
+        """One worker thread: take the next item, send it, buffer its row, until the items run out or the run stops."""
+        transport = shared or self._transport(builder)
+        try:
+            while not pool.stop.is_set():
+                item = pool.next_item()
+                if item is None:
+                    break
+                row = self._one(item[0], item[1], transport, builder, limiter, pool.stop, stats)
+                if row is not None:
+                    if work.journal is not None:  # paid: durable before it is counted (core/run/journal.py)
+                        work.journal(row)
+                    pool.buffer.append(row)
+                    pool.wake.set()
+        except BaseException as exc:  # SystemicError, or a bug: stop the run and surface it
+            pool.stop.set()
+            pool.failures.append(exc)
+        finally:
+            if shared is None:
+                transport.close()
+            pool.ended.append(threading.current_thread().name)
+            pool.wake.set()
+
+    def _flushes(
+        self, pool: RunPool, work: ShardWork, stats: _Stats, total: int, started: float, limiter: RateLimiter
+    ) -> Iterator[pa.Table]:
+        """The buffered rows as tables, every ``flush_every`` rows or ``flush_interval_s``, until the workers end."""
+        s = self.settings
+        last_flush = last_log = started
+        buffer = pool.buffer
+        while True:
+            pool.wake.clear()
+            done = pool.done  # read first: a worker appends its rows before it ends
+            now = time.monotonic()
+            if buffer and (done or len(buffer) >= s.flush_every or now - last_flush >= s.flush_interval_s):
+                last_flush = now
+                n = min(len(buffer), s.flush_every)
+                table = rows_table(buffer[:n])
+                del buffer[:n]  # no call from here to the yield: nothing can be raised in between
+                yield table
+                continue
+            if done:
+                break
+            if now - last_flush >= s.flush_interval_s:
+                last_flush = now
+            if now - last_log >= s.progress_interval_s:
+                last_log = now
+                self._progress(work, stats, total, started, limiter)
+            pool.wake.wait(max(0.0, min(last_flush + s.flush_interval_s, last_log + s.progress_interval_s) - now))
+
+    def _wind_down(self, pool: RunPool, key: str, shared: Transport | None) -> None:
+        """Done, or left early: no worker takes another item or sends another attempt; the requests in flight
+        finish and buffer their rows, which a run left early keeps for ``take_unflushed``."""
+        timeout = self.settings.timeout_s + 1
+        pool.stop.set()
+        try:
+            for thread in pool.threads:
+                thread.join(timeout=timeout)
+        finally:
+            if shared is not None:
+                shared.close()
+            if pool.buffer:  # only a run left early holds rows here: a finished one yielded them all
+                self._keep_unflushed(key, pool.buffer[:])
+            if any(thread.is_alive() for thread in pool.threads):
+                log.warning("online %s: requests still in flight after %.0f s; their results are lost", key, timeout)
 
     def _progress(self, work: ShardWork, stats: _Stats, total: int, started: float, limiter: RateLimiter) -> None:
         elapsed = max(time.monotonic() - started, 1e-9)

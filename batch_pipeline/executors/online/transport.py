@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import httpx2
 import openai
 
-from batch_pipeline.core.run.executor import RequestPlan
+from batch_pipeline.core.ledger.executor import RequestPlan
 from batch_pipeline.executors.openai.format import body_settings, chat_messages, messages_head
 
 USER_AGENT = "batch-pipeline-online/1"

@@ -14,7 +14,7 @@ from pydantic import Field
 
 from batch_pipeline.core.error_table import Family
 from batch_pipeline.core.errors import ConfigError
-from batch_pipeline.core.run.executor import ShardWork
+from batch_pipeline.core.ledger.executor import ShardWork
 from batch_pipeline.executors.endpoint import resolve_endpoint
 from batch_pipeline.executors.openai.batch import OpenAIBatchExecutor, OpenAIBatchSettings
 from batch_pipeline.executors.openai.format import request_lines

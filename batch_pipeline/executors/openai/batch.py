@@ -25,7 +25,7 @@ from batch_pipeline.core.errors import (
     TransientError,
 )
 from batch_pipeline.core.ledger.capacity import Dimension
-from batch_pipeline.core.run.executor import BatchHandle, BatchState, BatchStatus, ShardWork
+from batch_pipeline.core.ledger.executor import BatchHandle, BatchState, BatchStatus, ShardWork
 from batch_pipeline.core.run.threads import default_workers
 from batch_pipeline.core.spec.quota import Retention
 from batch_pipeline.executors.endpoint import resolve_endpoint
@@ -36,7 +36,7 @@ from batch_pipeline.executors.openai.embeddings import (
     parse_embedding_stream,
 )
 from batch_pipeline.executors.openai.format import CHAT_URL, parse_output_stream, request_lines
-from batch_pipeline.executors.provider_errors import classified, redact, retry_after_s
+from batch_pipeline.executors.provider_errors import classified, connection_error, redact, retry_after_s
 from batch_pipeline.executors.quota import QueueCapped
 from batch_pipeline.executors.settings import BatchProviderSettings
 
@@ -96,17 +96,7 @@ def translate(
             secret=secret,
         )
     if isinstance(exc, openai.APIConnectionError | openai.APITimeoutError):
-        return classified(
-            family,
-            provider,
-            action,
-            None,
-            "connection_error",
-            f"{type(exc).__name__}: {exc}",
-            where=where,
-            dimension=dimension,
-            secret=secret,
-        )
+        return connection_error(family, provider, action, exc, where=where, dimension=dimension, secret=secret)
     return BatchPipelineError(redact(f"{provider} {action} failed: {exc}", secret))
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from batch_pipeline.core.errors import ConfigError
-from batch_pipeline.core.run.executor import (
+from batch_pipeline.core.ledger.executor import (
     RAW_OPTIONAL_SCHEMA,
     RAW_RESULT_SCHEMA,
     RequestPlan,
@@ -122,7 +122,6 @@ FROM (SELECT {json_paths_sql(_PATHS)} AS v FROM lines)
 
 
 def _table(ids, status, vectors, tokens, codes, messages, provider_ids, lines) -> pa.Table:
-    n = len(lines)
     answered = [s == 200 and v is not None for s, v in zip(status, vectors)]
     codes = [
         c if c is not None or s != 200 or v is not None else "unparseable_response"
@@ -133,6 +132,23 @@ def _table(ids, status, vectors, tokens, codes, messages, provider_ids, lines) -
         for m, s, v in zip(messages, status, vectors)
     ]
     zero = [0 if a else None for a in answered]
+    return embedding_table(ids, status, tokens, zero, codes, messages, provider_ids, lines, vectors)
+
+
+def embedding_table(
+    ids: list[Any],
+    status: list[Any],
+    tokens: list[Any],
+    zero: list[Any],
+    codes: list[Any],
+    messages: list[Any],
+    provider_ids: list[Any] | None,
+    lines: list[Any],
+    vectors: list[Any],
+) -> pa.Table:
+    """``EMBEDDING_RAW_SCHEMA`` rows from their columns, for every embeddings format: no output text or finish
+    reason; ``zero`` (0 for an answered row, else null) stands for the cached and output tokens."""
+    n = len(ids)
     return pa.Table.from_arrays(
         [
             pa.array(ids, pa.string()),
@@ -144,7 +160,7 @@ def _table(ids, status, vectors, tokens, codes, messages, provider_ids, lines) -
             pa.array(zero, pa.int64()),
             pa.array(codes, pa.string()),
             pa.array(messages, pa.string()),
-            pa.array(provider_ids, pa.string()),
+            pa.array(provider_ids, pa.string()) if provider_ids is not None else pa.nulls(n, pa.string()),
             pa.array(lines, pa.string()),
             vectors_array(vectors),
         ],

@@ -10,8 +10,8 @@ from collections.abc import Iterable, Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batch_pipeline.core.quality.validate import choice_schema
-from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA, RequestPlan, ShardWork
+from batch_pipeline.core.ledger.executor import RAW_RESULT_SCHEMA, RequestPlan, ShardWork
+from batch_pipeline.core.spec.contract_floor import choice_schema
 from batch_pipeline.executors.jsonl_blocks import (
     RESULT_BLOCK_BYTES,
     extract,

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from batch_pipeline.core.errors import ConfigError
-from batch_pipeline.core.run.executor import ShardWork
+from batch_pipeline.core.ledger.executor import ShardWork
 from batch_pipeline.executors.online.embeddings import rows_table
 from batch_pipeline.executors.openai.embeddings import embedding_body
 from batch_pipeline.executors.vllm.engine import VllmSettings

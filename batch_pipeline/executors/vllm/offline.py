@@ -31,13 +31,14 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
 from batch_pipeline.core.errors import SystemicError, TransientError
-from batch_pipeline.core.run.executor import ShardWork, raw_table
+from batch_pipeline.core.ledger.executor import ShardWork, raw_table
 from batch_pipeline.executors.openai.embeddings import is_embedding
 from batch_pipeline.executors.vllm.embed import embed_rows, pooling_settings
 from batch_pipeline.executors.vllm.engine import VllmSettings, load_engine, release_engines
@@ -112,73 +113,23 @@ class VllmOfflineExecutor:
         started = time.monotonic()
         llm = load_engine(s)
         engine = llm.llm_engine
-        tokenizer = llm.get_tokenizer()
-        prompts = PromptRenderer.for_plan(tokenizer, work.plan).token_ids(work.items.column("user_prompt").to_pylist())
-        params = sampling_params(work.plan, s)
-        # as LLM.generate does: rendered engine inputs (raw prompts are deprecated in vLLM 0.32), else raw
-        render = getattr(llm, "_preprocess_cmpl_one", None) or (lambda prompt: prompt)
-        max_len = llm.llm_engine.model_config.max_model_len
-        lengths = [len(p) for p in prompts]
-        preflight, ordered = order_items(lengths, s.length_bucket_tokens, s.seed, s.preflight_longest)
+        shard = _Prepared.of(llm, work, s)
+        preflight, ordered = order_items(shard.lengths, s.length_bucket_tokens, s.seed, s.preflight_longest)
         m = _Metrics(work, started)
         m.prep_s = time.monotonic() - started
         rows: list[tuple] = []
-        last_flush = time.monotonic()
         live: dict[str, int] = {}  # engine request id -> item index, while in the engine
         with _StopSignals() as stops:
             try:
                 for phase, indexes in (("preflight", preflight), ("bulk", ordered)):
-                    for i in indexes:
-                        ext = f"{work.key}#{i}"
-                        if lengths[i] >= max_len:
-                            rows.append(
-                                _error_row(
-                                    ids[i],
-                                    ext,
-                                    400,
-                                    "context_length_exceeded",
-                                    f"prompt is {lengths[i]} tokens; max_model_len is {max_len}",
-                                )
-                            )
-                            continue
-                        try:
-                            engine.add_request(ext, render({"prompt_token_ids": prompts[i]}), params)
-                        except (ValueError, TypeError) as exc:
-                            rows.append(_error_row(ids[i], ext, 400, "invalid_request", str(exc)[:500]))
-                            continue
-                        live[ext] = i
+                    rows.extend(shard.submit(engine, indexes, live))
                     try:
-                        while live and stops.received is None:
-                            t0 = time.monotonic()
-                            outputs = engine.step()
-                            m.engine_s += time.monotonic() - t0
-                            for out in outputs:
-                                if out.finished and out.request_id in live:
-                                    row = _row(ids[live.pop(out.request_id)], out)
-                                    if row is not None:
-                                        rows.append(row)
-                                        m.add(row)
-                            while len(rows) >= s.flush_every:  # a part every flush_every items
-                                yield from m.flushed(rows[: s.flush_every])
-                                rows, last_flush = rows[s.flush_every :], time.monotonic()
-                            if rows and time.monotonic() - last_flush >= s.flush_interval_s:
-                                yield from m.flushed(rows)
-                                rows, last_flush = [], time.monotonic()
+                        yield from self._drive(engine, shard, live, rows, m, stops)
                     except Exception as exc:
                         live.clear()
                         release_engines()  # a failed engine is not reused
                         yield from m.flushed(rows)
-                        where = (
-                            f"on the {len(indexes)} longest prompts (up to {max(lengths)} tokens)"
-                            if phase == "preflight"
-                            else f"after {m.items} results"
-                        )
-                        raise SystemicError(
-                            f"vLLM engine failed {where} of shard {work.shard_id}: {exc!r}; check "
-                            "max_model_len, max_num_batched_tokens, max_num_seqs and the memory "
-                            "settings",
-                            code="engine_failed",
-                        ) from exc
+                        raise _engine_failure(exc, phase, len(indexes), max(shard.lengths), m, work) from exc
                     if stops.received is not None:
                         _abort(engine, live)
                         yield from m.flushed(rows)
@@ -189,6 +140,100 @@ class VllmOfflineExecutor:
                 _abort(engine, live)  # the consumer stopped early: nothing of this shard stays in the engine
         yield from m.flushed(rows)
         m.finish(self)
+
+    def _drive(
+        self,
+        engine: Any,
+        shard: "_Prepared",
+        live: dict[str, int],
+        rows: list[tuple],
+        m: "_Metrics",
+        stops: _StopSignals,
+    ) -> Iterator[pa.Table]:
+        """Step the engine until the phase's requests are done (or a stop signal came); ``rows`` are flushed every
+        ``flush_every`` items and every ``flush_interval_s``, and what is left in it stays for the caller."""
+        s = self.settings
+        while live and stops.received is None:
+            t0 = time.monotonic()
+            outputs = engine.step()
+            m.engine_s += time.monotonic() - t0
+            for out in outputs:
+                if out.finished and out.request_id in live:
+                    row = _row(shard.ids[live.pop(out.request_id)], out)
+                    if row is not None:
+                        rows.append(row)
+                        m.add(row)
+            while len(rows) >= s.flush_every:  # a part every flush_every items
+                yield from m.flushed(rows[: s.flush_every])
+                del rows[: s.flush_every]
+                m.last_flush = time.monotonic()
+            if rows and time.monotonic() - m.last_flush >= s.flush_interval_s:
+                yield from m.flushed(rows[:])
+                rows.clear()
+                m.last_flush = time.monotonic()
+
+
+@dataclass
+class _Prepared:
+    """A shard's prompts as the engine takes them: token IDs, their lengths, the render and sampling parameters."""
+
+    key: str
+    ids: list[str]
+    prompts: list[list[int]]
+    lengths: list[int]
+    max_len: int
+    render: Callable[[dict[str, Any]], Any]
+    params: Any
+
+    @classmethod
+    def of(cls, llm: Any, work: ShardWork, s: VllmSettings) -> "_Prepared":
+        renderer = PromptRenderer.for_plan(llm.get_tokenizer(), work.plan)
+        prompts = renderer.token_ids(work.items.column("user_prompt").to_pylist())
+        # as LLM.generate does: rendered engine inputs (raw prompts are deprecated in vLLM 0.32), else raw
+        render = getattr(llm, "_preprocess_cmpl_one", None) or (lambda prompt: prompt)
+        return cls(
+            work.key,
+            work.items.column("request_id").to_pylist(),
+            prompts,
+            [len(p) for p in prompts],
+            llm.llm_engine.model_config.max_model_len,
+            render,
+            sampling_params(work.plan, s),
+        )
+
+    def submit(self, engine: Any, indexes: list[int], live: dict[str, int]) -> list[tuple]:
+        """Put the items at ``indexes`` in the engine (``live``); the error rows of those it cannot take: a prompt
+        longer than ``max_model_len`` or one the engine refuses is a poison row, not a crash."""
+        errors = []
+        for i in indexes:
+            ext = f"{self.key}#{i}"
+            if self.lengths[i] >= self.max_len:
+                message = f"prompt is {self.lengths[i]} tokens; max_model_len is {self.max_len}"
+                errors.append(_error_row(self.ids[i], ext, 400, "context_length_exceeded", message))
+                continue
+            try:
+                engine.add_request(ext, self.render({"prompt_token_ids": self.prompts[i]}), self.params)
+            except (ValueError, TypeError) as exc:
+                errors.append(_error_row(self.ids[i], ext, 400, "invalid_request", str(exc)[:500]))
+                continue
+            live[ext] = i
+        return errors
+
+
+def _engine_failure(
+    exc: Exception, phase: str, count: int, longest: int, m: "_Metrics", work: ShardWork
+) -> SystemicError:
+    """The engine failed: a stop for the job, saying when (the pre-flight's longest prompts, or how far in)."""
+    where = (
+        f"on the {count} longest prompts (up to {longest} tokens)"
+        if phase == "preflight"
+        else f"after {m.items} results"
+    )
+    return SystemicError(
+        f"vLLM engine failed {where} of shard {work.shard_id}: {exc!r}; check "
+        "max_model_len, max_num_batched_tokens, max_num_seqs and the memory settings",
+        code="engine_failed",
+    )
 
 
 def _abort(engine: Any, live: dict[str, int]) -> None:
@@ -251,6 +296,7 @@ class _Metrics:
         self.engine_s = self.flush_s = self.prep_s = 0.0
         self.reasons: Counter[str] = Counter()
         self.phases: dict[str, float] = {}
+        self.last_flush = time.monotonic()  # when rows were last handed to the runner
 
     def add(self, row: tuple) -> None:
         self.items += 1

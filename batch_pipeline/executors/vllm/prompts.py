@@ -5,7 +5,7 @@ import json
 import random
 from typing import Any
 
-from batch_pipeline.core.run.executor import ItemShape, RequestPlan
+from batch_pipeline.core.ledger.executor import ItemShape, RequestPlan
 from batch_pipeline.executors.vllm.engine import VllmSettings
 
 _SENTINEL = "\x00batch-pipeline-user\x00"

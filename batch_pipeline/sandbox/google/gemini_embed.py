@@ -12,12 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from batch_pipeline.sandbox.google.errors import status_object
-from batch_pipeline.sandbox.google.responder import (
-    SEEN_PREFIX,
-    GeminiAnswer,
-    line_error,
-)
+from batch_pipeline.sandbox.google.responder import GeminiAnswer, fault_answer, sighting
 from batch_pipeline.sandbox.openai.embeddings import (
     MARKER_RE,
     embed_text,
@@ -73,21 +68,12 @@ class GeminiEmbedder:
     def answer(
         self, key: str, model: str, request: dict[str, Any], scenario: Scenario, tokens: int | None = None
     ) -> GeminiAnswer:
-        seen_key = SEEN_PREFIX + key
-        sightings = self.seen_keys.get(seen_key, 0)
-        self.seen_keys[seen_key] = sightings + 1
+        sightings = sighting(self.seen_keys, key)
         text = embed_text_of(request)
         marks = set(MARKER_RE.findall(text))
-        if "poison" in marks:
-            return GeminiAnswer(
-                key,
-                model,
-                error=status_object(
-                    400, "The input token count exceeds the maximum number of tokens allowed (sandbox marker poison)."
-                ),
-            )
-        if scenario.line_error_due(key, sightings):
-            return line_error(key, model, scenario)
+        failed = fault_answer(key, model, marks, scenario, sightings)
+        if failed is not None:
+            return failed
         name = model.removeprefix("models/")
         vector = embed_text(name, text, int(dimensions_of(request)))
         vector = faulty(vector, marks) if sightings == 0 else vector

@@ -117,6 +117,30 @@ def prompt_tokens(model: str, request: dict[str, Any]) -> int:
     )
 
 
+def sighting(seen_keys: dict[str, int], key: str) -> int:
+    """How often ``key`` was seen before (0: this is its first sighting), counting this one."""
+    seen_key = SEEN_PREFIX + key
+    sightings = seen_keys.get(seen_key, 0)
+    seen_keys[seen_key] = sightings + 1
+    return sightings
+
+
+def fault_answer(key: str, model: str, marks: set[str], scenario: Scenario, sightings: int) -> GeminiAnswer | None:
+    """The answer a request gets whatever it asks (generate or embed): the ``poison`` marker's 400, or a fault of
+    the ``line_errors`` scenario that is due; None when it is to be answered."""
+    if "poison" in marks:
+        return GeminiAnswer(
+            key,
+            model,
+            error=status_object(
+                400, "The input token count exceeds the maximum number of tokens allowed (sandbox marker poison)."
+            ),
+        )
+    if scenario.line_error_due(key, sightings):
+        return line_error(key, model, scenario)
+    return None
+
+
 def line_error(key: str, model: str, scenario: Scenario) -> GeminiAnswer:
     """The failed answer the ``line_errors`` scenario gives (its ``code``), for generate and embed requests."""
     code, message, reason = LINE_ERRORS.get(
@@ -142,21 +166,12 @@ class GeminiResponder:
     ) -> GeminiAnswer:
         """The answer to ``request`` (a ``GenerateContentRequest``) under ``scenario``; ``salt`` (the batch)
         makes the response ID unique; ``prompt``: its ``prompt_tokens`` when already counted."""
-        seen_key = SEEN_PREFIX + key
-        sightings = self.seen_keys.get(seen_key, 0)
-        self.seen_keys[seen_key] = sightings + 1
+        sightings = sighting(self.seen_keys, key)
         text = user_text(request)
         marks = set(MARKER_RE.findall(text))
-        if "poison" in marks:
-            return GeminiAnswer(
-                key,
-                model,
-                error=status_object(
-                    400, "The input token count exceeds the maximum number of tokens allowed (sandbox marker poison)."
-                ),
-            )
-        if scenario.line_error_due(key, sightings):
-            return line_error(key, model, scenario)
+        failed = fault_answer(key, model, marks, scenario, sightings)
+        if failed is not None:
+            return failed
         system = system_text(request)
         config = request.get("generationConfig") if isinstance(request.get("generationConfig"), dict) else {}
         prompt = prompt_tokens(model, request) if prompt is None else prompt

@@ -47,33 +47,10 @@ class LineRunner:
         if batch.endpoint == EMBEDDINGS_URL:
             return embedding_line(batch, index, custom_id, body, request_id, sightings)
         marks = markers(body)
-        if "poison" in marks:
-            return LineResult(
-                index,
-                custom_id,
-                400,
-                request_id,
-                error_body(
-                    "This request is malformed or its context is too long (sandbox marker poison).",
-                    type="invalid_request_error",
-                    code="context_length_exceeded",
-                    param="messages",
-                ),
-            )
         scenario = batch.scenario
-        if scenario.line_error_due(custom_id, sightings):
-            status, kind, code = scenario.line_error()
-            return LineResult(
-                index,
-                custom_id,
-                status,
-                request_id,
-                error_body(
-                    f"The request failed with {code} (sandbox scenario line_errors).",
-                    type=kind,
-                    code=code,
-                ),
-            )
+        failed = fault_line(index, custom_id, request_id, "poison" in marks, "messages", scenario, sightings)
+        if failed is not None:
+            return failed
         cached = 0
         prefix = cacheable_prefix(body)
         if prefix is not None:
@@ -100,34 +77,36 @@ class LineRunner:
         )
 
 
+def fault_line(
+    index: int, custom_id: str, request_id: str, poisoned: bool, param: str, scenario: Any, sightings: int
+) -> LineResult | None:
+    """The line a request gets whatever it asks (chat or embeddings): the ``poison`` marker's 400 on ``param``
+    (``messages`` or ``input``), or a fault of the ``line_errors`` scenario that is due; None when it is answered."""
+    if poisoned:
+        what = "context" if param == "messages" else param
+        body = error_body(
+            f"This request is malformed or its {what} is too long (sandbox marker poison).",
+            type="invalid_request_error",
+            code="context_length_exceeded",
+            param=param,
+        )
+        return LineResult(index, custom_id, 400, request_id, body)
+    if scenario.line_error_due(custom_id, sightings):
+        status, kind, code = scenario.line_error()
+        message = f"The request failed with {code} (sandbox scenario line_errors)."
+        return LineResult(index, custom_id, status, request_id, error_body(message, type=kind, code=code))
+    return None
+
+
 def embedding_line(
     batch: BatchRecord, index: int, custom_id: str, body: dict[str, Any], request_id: str, sightings: int
 ) -> LineResult:
     """One embeddings line: the poison marker, the ``line_errors`` scenario, then a deterministic vector (with the
     fault markers on the first sighting of the custom_id)."""
-    if "poison" in input_markers(body):
-        return LineResult(
-            index,
-            custom_id,
-            400,
-            request_id,
-            error_body(
-                "This request is malformed or its input is too long (sandbox marker poison).",
-                type="invalid_request_error",
-                code="context_length_exceeded",
-                param="input",
-            ),
-        )
-    scenario = batch.scenario
-    if scenario.line_error_due(custom_id, sightings):
-        status, kind, code = scenario.line_error()
-        return LineResult(
-            index,
-            custom_id,
-            status,
-            request_id,
-            error_body(f"The request failed with {code} (sandbox scenario line_errors).", type=kind, code=code),
-        )
+    poisoned = "poison" in input_markers(body)
+    failed = fault_line(index, custom_id, request_id, poisoned, "input", batch.scenario, sightings)
+    if failed is not None:
+        return failed
     try:
         response, tokens = embedding_response(body, first_sighting=sightings == 0)
     except EmbeddingRequestError as exc:

@@ -5,8 +5,8 @@ import json
 
 import pyarrow as pa
 
+from batch_pipeline.core.ledger.executor import RequestPlan, ShardWork
 from batch_pipeline.core.manifest.shards import Manifest, build_manifest
-from batch_pipeline.core.run.executor import RequestPlan, ShardWork
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.store import Store
 from batch_pipeline.executors.openai.format import request_lines

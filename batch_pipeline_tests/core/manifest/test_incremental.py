@@ -68,7 +68,7 @@ def test_unchanged_files_are_skipped_and_nothing_is_read(job):
     assert shard_bytes(job["store"], job["m"]) == before
     check_rows_answer(job, rows(0, 120) + rows(1000, 80))
     record = job["m"].latest()
-    assert {f["action"] for f in record["files"]} == {"skipped"}
+    assert {f.action.value for f in record.files} == {"skipped"}
 
 
 def test_an_appended_file_is_read_from_its_old_end(job):
@@ -88,8 +88,8 @@ def test_an_appended_file_is_read_from_its_old_end(job):
     write_jsonl(job["a"], rows(150, 10), mode="ab")
     third = build_manifest(job["spec"], job["store"])
     assert third.input_rows == 10 and third.new_requests == 10
-    state = {f["uri"].rsplit("/", 1)[1]: f for f in job["m"].latest()["files"]}
-    assert state["a.jsonl"]["row_generations"] == [1, 2, 3] and state["b.jsonl"]["row_generations"] == [1]
+    state = {f.uri.rsplit("/", 1)[1]: f for f in job["m"].latest().files}
+    assert state["a.jsonl"].row_generations == [1, 2, 3] and state["b.jsonl"].row_generations == [1]
     check_rows_answer(job, rows(0, 160) + rows(0, 5) + rows(1000, 80))
 
 

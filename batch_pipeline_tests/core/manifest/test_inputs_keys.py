@@ -6,7 +6,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.json as pajson
 
-from batch_pipeline.core.manifest.inputs import InputFile, _read_block, read_batches
+from batch_pipeline.core.manifest.inputs import read_batches
+from batch_pipeline.core.manifest.jsonl import _read_block
+from batch_pipeline.core.manifest.rows import InputFile
 
 
 def test_numeric_key_block_parses_column_wise_as_text():

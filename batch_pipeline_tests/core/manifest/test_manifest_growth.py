@@ -137,7 +137,7 @@ def test_rebuilding_unchanged_input_adds_nothing(grown):
     assert third.unique_requests == 300 and third.shards_total == len(before)
     assert shard_files(store, m) == before
     # the generation record is the commit: every generation is listed
-    assert [g["generation"] for g in sorted(m.generations(), key=lambda g: g["generation"])] == [1, 2, 3]
+    assert [g.generation for g in sorted(m.generations(), key=lambda g: g.generation)] == [1, 2, 3]
 
 
 def test_shard_items_files_are_sorted_and_self_describing(grown):

@@ -9,9 +9,9 @@ import pytest
 
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.manifest import ids
+from batch_pipeline.core.manifest.read import VALIDATED_SCHEMA
 from batch_pipeline.core.manifest.shards import Manifest, build_manifest
 from batch_pipeline.core.manifest.upstream import ShareSource, UpstreamTable, chain, checked_condition
-from batch_pipeline.core.publish.validated import VALIDATED_SCHEMA
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 from batch_pipeline_tests.core.helpers import base_spec_dict, write_jsonl, write_spec

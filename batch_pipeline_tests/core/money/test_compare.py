@@ -4,7 +4,7 @@ import pytest
 
 from batch_pipeline.core.manifest.shards import build_manifest
 from batch_pipeline.core.money.compare import compare_backends, self_hosted
-from batch_pipeline.core.money.cost import load_prices
+from batch_pipeline.core.pricing.cost import load_prices
 from batch_pipeline.core.spec.job import SelfHostedCost
 from batch_pipeline.core.spec.loading import load_spec
 from batch_pipeline.core.store import Store

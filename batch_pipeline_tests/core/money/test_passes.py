@@ -3,9 +3,9 @@
 import polars as pl
 import pytest
 
-from batch_pipeline.core.money.cost import BYTES_PER_TOKEN, fixed_request_tokens, load_prices
 from batch_pipeline.core.money.estimate import schema_text
 from batch_pipeline.core.money.passes import cascade_quote, price_pass
+from batch_pipeline.core.pricing.cost import BYTES_PER_TOKEN, fixed_request_tokens, load_prices
 from batch_pipeline.core.store import Store
 from batch_pipeline_tests.core.helpers import REPO, base_spec_dict, write_spec
 
@@ -43,12 +43,12 @@ def test_the_first_pass_quote_prices_the_next_pass_at_the_assumed_share(tmp_path
     cascade = cascade_quote(
         up, Store(tmp_path / "home"), PRICES, items, {"requests": 20, "cost_expected": 0.01, "cost_high": 0.02}
     )
-    first, second = cascade["passes"]
-    assert (first["job"], first["share_source"], first["cost_expected"]) == ("up", "all", 0.01)
-    assert (second["job"], second["share"], second["share_source"], second["requests"]) == ("down", 0.4, "assumed", 8)
+    first, second = cascade.passes
+    assert (first.job, first.share_source, first.cost_expected) == ("up", "all", 0.01)
+    assert (second.job, second.share, second.share_source, second.requests) == ("down", 0.4, "assumed", 8)
     user = 80 - fixed_request_tokens(len(up.prompt.system.encode()))
-    assert second["cost_expected"] == pytest.approx(price_pass(down, PRICES, 8, user)[0], abs=1e-6)
-    assert cascade["total"]["expected"] == pytest.approx(0.01 + second["cost_expected"], abs=1e-6)
+    assert second.cost_expected == pytest.approx(price_pass(down, PRICES, 8, user)[0], abs=1e-6)
+    assert cascade.total.expected == pytest.approx(0.01 + second.cost_expected, abs=1e-6)
     assert (
         cascade_quote(
             write_spec(tmp_path / "solo", base_spec_dict("x", name="solo")),
@@ -89,4 +89,4 @@ def test_a_later_pass_counts_its_few_shot_examples_and_this_jobs_rows_less_their
     cascade = cascade_quote(
         up_shots, Store(tmp_path / "home"), PRICES, items, {"requests": 1, "cost_expected": 0.0, "cost_high": 0.0}
     )
-    assert cascade["passes"][1]["cost_expected"] == pytest.approx(price_pass(shots, PRICES, 0.4, 200)[0], abs=1e-9)
+    assert cascade.passes[1].cost_expected == pytest.approx(price_pass(shots, PRICES, 0.4, 200)[0], abs=1e-9)

@@ -9,15 +9,17 @@ import pyarrow.parquet as pq
 import pytest
 
 from batch_pipeline.core.errors import ReconciliationError
+from batch_pipeline.core.ledger.executor import RequestPlan, ShardWork, raw_table
+from batch_pipeline.core.ledger.reconcile import DEAD, counts_by_shard
+from batch_pipeline.core.ledger.result_parts import write_results
+from batch_pipeline.core.manifest.read import VALIDATED_COLUMNS
 from batch_pipeline.core.manifest.shards import Manifest, build_manifest
 from batch_pipeline.core.publish.report import build_report, shard_table
 from batch_pipeline.core.publish.scan import scan_job
 from batch_pipeline.core.publish.tables import JobState, dead_letters, promote, stage
-from batch_pipeline.core.publish.validated import VALIDATED_COLUMNS, write_validated
-from batch_pipeline.core.run.executor import RequestPlan, ShardWork, raw_table
-from batch_pipeline.core.run.results import build_results, write_results
+from batch_pipeline.core.publish.validated import write_validated
+from batch_pipeline.core.run.results import build_results
 from batch_pipeline.core.spec.paths import JobPaths
-from batch_pipeline.core.state.reconcile import DEAD, counts_by_shard
 from batch_pipeline.core.store import Store
 from batch_pipeline_tests.core.helpers import base_spec_dict, write_jsonl, write_spec
 

@@ -7,10 +7,12 @@ import pyarrow as pa
 import pytest
 
 from batch_pipeline.core.errors import ErrorClass
-from batch_pipeline.core.money.cost import Price
-from batch_pipeline.core.quality.validate import choice_schema, validate
-from batch_pipeline.core.run.executor import RequestPlan, ShardWork
-from batch_pipeline.core.run.results import RESULT_SCHEMA, build_results, read_results, write_results
+from batch_pipeline.core.ledger.executor import RequestPlan, ShardWork
+from batch_pipeline.core.ledger.result_parts import RESULT_SCHEMA, read_results, write_results
+from batch_pipeline.core.pricing.cost import Price
+from batch_pipeline.core.quality.validate import validate
+from batch_pipeline.core.run.results import build_results
+from batch_pipeline.core.spec.contract_floor import choice_schema
 from batch_pipeline.core.spec.job import OutputSpec, SamplingSpec
 from batch_pipeline.core.store import Store
 from batch_pipeline_tests.core.helpers import raw_results

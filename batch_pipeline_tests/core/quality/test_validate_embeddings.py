@@ -4,8 +4,8 @@ import math
 
 import pyarrow as pa
 
+from batch_pipeline.core.ledger.executor import raw_table
 from batch_pipeline.core.quality.validate import validate
-from batch_pipeline.core.run.executor import raw_table
 from batch_pipeline.core.spec.job import OutputSpec
 
 OUTPUT = OutputSpec(embedding={"dimensions": 3})

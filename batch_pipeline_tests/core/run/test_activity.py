@@ -1,7 +1,7 @@
 """What a run did, from the attempt log: counts that add up, and every kind of action named."""
 
+from batch_pipeline.core.ledger.attempts import AttemptLog
 from batch_pipeline.core.run.activity import Activity
-from batch_pipeline.core.run.attempts import AttemptLog
 from batch_pipeline.core.store import Store
 
 JOB = "act"
@@ -15,15 +15,21 @@ def test_a_run_s_counts_add_up_and_name_batches_of_earlier_runs_and_online_answe
     store = Store(tmp_path)
     s1, s2, s3 = (AttemptLog(store, JOB, s) for s in ("s00001", "s00002", "s00003"))
     _intent(s1, 1)
-    s1.record(1, "submitted", {"batch_id": "b1"})  # an earlier run sent this batch
+    s1.record(
+        1, "submitted", {"backend": "openai_batch", "key": "k1", "batch_id": "b1"}
+    )  # an earlier run sent this batch
     activity = Activity(store, JOB, tail_backend="online")
     assert not activity.since().anything and activity.since().describe() == "nothing sent or collected"
 
     s1.record(1, "collected", {"state": "completed", "rows": 10})  # collected in this run
     _intent(s2, 1)
-    s2.record(1, "submitted", {"batch_id": "b2"})  # sent in this run, still open
+    s2.record(
+        1, "submitted", {"backend": "openai_batch", "key": "k1", "batch_id": "b2"}
+    )  # sent in this run, still open
     _intent(s3, 1)
-    s3.record(1, "submitted", {"batch_id": "b3", "reattached": True})  # an orphaned intent, found (resolve)
+    s3.record(
+        1, "submitted", {"backend": "openai_batch", "key": "k1", "batch_id": "b3", "reattached": True}
+    )  # an orphaned intent, found (resolve)
     s3.record(1, "collected", {"state": "expired", "rows": 4})
     _intent(s3, 2, backend="online")  # the rest rescued online
     s3.record(2, "collected", {"state": "completed", "rows": 6})

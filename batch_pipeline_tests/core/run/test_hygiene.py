@@ -8,15 +8,15 @@ from datetime import date
 
 import pytest
 
+from batch_pipeline.core.ledger.attempts import AttemptLog
+from batch_pipeline.core.ledger.executor import BatchHandle
+from batch_pipeline.core.ledger.machine import IllegalTransition, ShardState, check_attempt_event, last_event
 from batch_pipeline.core.manifest.shards import build_manifest
-from batch_pipeline.core.money.cost import Price
-from batch_pipeline.core.run.attempts import AttemptLog
-from batch_pipeline.core.run.executor import BatchHandle
+from batch_pipeline.core.pricing.cost import Price
 from batch_pipeline.core.run.hygiene import DISCARDED, discard_collected, leftovers, sweep_leftovers
 from batch_pipeline.core.run.runner import ShardRunner
+from batch_pipeline.core.run.summary import ShardSummaries
 from batch_pipeline.core.spec.job import BackendSpec
-from batch_pipeline.core.state.machine import IllegalTransition, ShardState, check_attempt_event, last_event
-from batch_pipeline.core.state.summary import ShardSummaries
 from batch_pipeline.core.store import Store
 from batch_pipeline.executors.registry import create_executor
 from batch_pipeline_tests.core.helpers import base_spec_dict, write_jsonl, write_spec
@@ -71,7 +71,7 @@ def test_a_collected_attempt_has_its_files_deleted_and_stays_collected_and_close
     (attempt,) = AttemptLog(store, spec.name, SHARD).all()
     assert set(attempt.records) == {"intent", "submitted", "collected", DISCARDED}
     ours = batch_files(ex, handle.batch_id)
-    assert len(ours) == 2 and set(attempt.records[DISCARDED]["deleted"]) == ours  # input and output
+    assert len(ours) == 2 and set(attempt.discarded.deleted) == ours  # input and output
     assert file_ids(ex) == set()  # the sandbox holds none of the job's files
     assert attempt.closed and not attempt.open and attempt.submitted is not None
     assert last_event(attempt.records) == DISCARDED
@@ -94,7 +94,7 @@ def test_keep_deletes_and_records_nothing_and_a_later_delete_sweeps_the_files(ad
     assert (kept.discarded, kept.kept, kept.failed) == (0, 1, []) and ours <= file_ids(keeper)
     swept = sweep_leftovers(spec, store, lambda name: openai() if name == "openai_batch" else None)
     assert swept.discarded == 1 and set(swept.deleted) == ours and not ours & file_ids(keeper)
-    assert AttemptLog(store, spec.name, SHARD).all()[0].records[DISCARDED]["deleted"] == swept.deleted
+    assert AttemptLog(store, spec.name, SHARD).all()[0].discarded.deleted == swept.deleted
 
 
 def test_a_failing_delete_leaves_the_collection_whole_and_the_sweep_deletes_later(admin, job, caplog):
@@ -133,6 +133,6 @@ def test_discarded_is_recorded_once_when_two_runs_race(admin, job):
     log_ = AttemptLog(store, spec.name, SHARD)
     assert log_.record_once(1, DISCARDED, {"deleted": ["a"]}) is True
     assert log_.record_once(1, DISCARDED, {"deleted": ["b"]}) is False
-    assert log_.all()[0].records[DISCARDED]["deleted"] == ["a"]
+    assert log_.all()[0].discarded.deleted == ["a"]
     again = discard_collected(store, spec.name, SHARD, 1, BatchHandle.from_dict(handle.as_dict()), openai())
     assert again is None  # already discarded: no second delete

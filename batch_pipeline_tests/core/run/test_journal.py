@@ -5,7 +5,7 @@ import threading
 
 import pyarrow as pa
 
-from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA
+from batch_pipeline.core.ledger.executor import RAW_RESULT_SCHEMA
 from batch_pipeline.core.run.journal import AnswerJournal, discard, journal_rel, replay
 from batch_pipeline.core.store import Store
 

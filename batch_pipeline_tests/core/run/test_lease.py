@@ -16,8 +16,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from batch_pipeline.core.errors import ConfigError, StaleAttemptError
+from batch_pipeline.core.ledger.attempts import AttemptLog
 from batch_pipeline.core.manifest.shards import build_manifest
-from batch_pipeline.core.run.attempts import AttemptLog
 from batch_pipeline.core.run.lease import TTL_ENV, LeaseHeldError, acquire, current_token, default_ttl
 from batch_pipeline.core.run.runner import ShardRunner
 from batch_pipeline.core.spec.loading import parse_spec

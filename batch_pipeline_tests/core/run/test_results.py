@@ -9,18 +9,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA, RequestPlan, ShardWork, raw_table
-from batch_pipeline.core.run.results import (
+from batch_pipeline.core.ledger.executor import RAW_RESULT_SCHEMA, RequestPlan, ShardWork, raw_table
+from batch_pipeline.core.ledger.result_parts import (
     PART_SCHEMA,
     PAYLOAD_SCHEMA,
     RESULT_SCHEMA,
-    build_results,
     new_part,
     read_results,
     write_part,
     write_payload,
     write_results,
 )
+from batch_pipeline.core.run.results import build_results
 from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store

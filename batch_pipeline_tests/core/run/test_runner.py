@@ -13,15 +13,15 @@ import pyarrow as pa
 import pytest
 
 from batch_pipeline.core.errors import SystemicError
+from batch_pipeline.core.ledger.attempts import AttemptLog
+from batch_pipeline.core.ledger.control import JobControl
+from batch_pipeline.core.ledger.executor import BatchExecutor, BatchHandle, BatchState, BatchStatus, ShardWork
+from batch_pipeline.core.ledger.reconcile import DEAD, INVALID, MISSING, VALID, check_invariant, item_states
+from batch_pipeline.core.ledger.result_parts import read_results
 from batch_pipeline.core.manifest.shards import Manifest, build_manifest
-from batch_pipeline.core.money.cost import Price
-from batch_pipeline.core.run.attempts import AttemptLog
-from batch_pipeline.core.run.control import JobControl
-from batch_pipeline.core.run.executor import BatchExecutor, BatchHandle, BatchState, BatchStatus, ShardWork
-from batch_pipeline.core.run.results import read_results
+from batch_pipeline.core.pricing.cost import Price
 from batch_pipeline.core.run.runner import STATE_COLUMNS, ShardRunner
 from batch_pipeline.core.spec.paths import JobPaths
-from batch_pipeline.core.state.reconcile import DEAD, INVALID, MISSING, VALID, check_invariant, item_states
 from batch_pipeline.core.store import Store
 from batch_pipeline_tests.core.helpers import base_spec_dict, raw_results, write_jsonl, write_spec
 
@@ -164,7 +164,7 @@ def test_submit_collect_resume_until_only_dead_letters_remain(job, caplog):
     ok = results.filter(pl.col("status") == "succeeded")
     assert ok["cost_usd"].to_list() == pytest.approx([PRICE.cost(100, 2, 0, batch=True)] * 8)
     log = AttemptLog(store, spec.name, "s00001").all()
-    assert [(a.number, a.closed, a.records["collected"]["rows"]) for a in log] == [(1, True, 9), (2, True, 3)]
+    assert [(a.number, a.closed, a.collected.rows) for a in log] == [(1, True, 9), (2, True, 3)]
 
 
 def test_an_open_submitted_attempt_is_reattached_not_resubmitted(job):
@@ -209,12 +209,12 @@ def test_intent_without_a_provider_batch_is_abandoned_and_retried(job):
     with pytest.raises(SystemicError, match="is stopped since"):
         runner.submit("s00001")
     provider.fail_submit_with = None
-    assert JobControl(store, spec.name).clear()["code"] == "invalid_api_key"  # the user resumes
+    assert JobControl(store, spec.name).clear().code == "invalid_api_key"  # the user resumes
     outcome = runner.submit("s00001")
     assert outcome.attempt == 2 and outcome.requests == 10 and not outcome.reattached
     log = AttemptLog(store, spec.name, "s00001").all()
     assert "abandoned" in log[0].records and log[0].closed
-    assert log[1].open and log[1].submitted["batch_id"] == "batch_1"
+    assert log[1].open and log[1].submitted.batch_id == "batch_1"
 
 
 def test_recollecting_an_attempt_changes_nothing(job):
@@ -289,10 +289,10 @@ def test_attempt_log_ignores_torn_records_and_numbers_attempts(tmp_path):
     path.write_bytes(b'{"backend": "x", "batch')  # torn
     attempts = log.all()
     assert [a.number for a in attempts] == [1, 2]
-    assert attempts[0].submitted["batch_id"] == "b1" and attempts[0].open and attempts[0].key == "job:s1:1"
+    assert attempts[0].submitted.batch_id == "b1" and attempts[0].open and attempts[0].key == "job:s1:1"
     assert attempts[1].submitted is None and attempts[1].request_ids == ["b"]
     assert log.next_number() == 3
-    log.record(1, "collected", {"rows": 2})
+    log.record(1, "collected", {"state": "completed", "rows": 2})
     assert log.all()[0].closed and not log.all()[0].open
 
 
@@ -313,7 +313,7 @@ def test_the_retry_spend_cap_stops_a_resubmission_that_would_pass_it(tmp_path, s
         with pytest.raises(SystemicError, match="retry-spend cap") as raised:
             runner.submit("s00001")
         assert raised.value.code == "retry_cap"
-        assert JobControl(store, spec.name).current()["code"] == "retry_cap"
+        assert JobControl(store, spec.name).current().code == "retry_cap"
         assert len(provider.batches) == 1  # nothing was sent
     else:
         assert runner.submit("s00001").requests == 3  # the poison item is not retried

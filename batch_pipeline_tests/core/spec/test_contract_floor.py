@@ -12,13 +12,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from batch_pipeline.core.errors import ConfigError
-from batch_pipeline.core.quality.validate import choice_schema, validate
-from batch_pipeline.core.run.executor import RequestPlan
+from batch_pipeline.core.ledger.executor import RequestPlan
+from batch_pipeline.core.quality.validate import validate
 from batch_pipeline.core.spec.contract_floor import (
     BARE,
     CHOICE_FORMS,
     WRAPPED,
     answer_floor,
+    choice_schema,
     min_answer_tokens,
     shortest_answer,
     token_floor,

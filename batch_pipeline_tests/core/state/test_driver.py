@@ -1,8 +1,9 @@
 """The driver's rule table, one row at a time, on synthetic summaries (no store, no provider)."""
 
+from batch_pipeline.core.ledger.attempts import SubmittedRecord
+from batch_pipeline.core.ledger.machine import ShardState
+from batch_pipeline.core.run.summary import OpenAttempt, ShardSummary
 from batch_pipeline.core.state.driver import Action, CanaryStatus, JobFacts, Wait, WaitKind, next_steps, shard_step
-from batch_pipeline.core.state.machine import ShardState
-from batch_pipeline.core.state.summary import OpenAttempt, ShardSummary
 
 
 def summary(
@@ -16,7 +17,9 @@ def summary(
             "openai_batch",
             "2026-12-01T00:00:00+00:00",
             False,
-            {"batch_id": "batch_1"} if submitted or state == ShardState.SUBMITTED else None,
+            SubmittedRecord(backend="openai_batch", batch_id="batch_1", key=f"j:{shard}:1")
+            if submitted or state == ShardState.SUBMITTED
+            else None,
         )
     valid = 10 - retryable
     return ShardSummary(
@@ -68,6 +71,12 @@ def test_an_open_batch_waits_until_the_provider_ends_it_then_is_collected():
     s = summary("s00002", ShardState.SUBMITTED)
     assert step_of(s) == Wait(WaitKind.BATCH_OPEN, "batch open at the provider (batch_1)")
     assert step_of(s, ended=frozenset({"s00002"})).action == Action.COLLECT
+    # a caller whose collect run waits on the batch itself (the CLI's passes) is told to collect it now
+    inline = step_of(s, waits_inline=True)
+    assert (inline.action, inline.reason) == (Action.COLLECT, "batch open at the provider (batch_1): wait on it")
+    # but not while the shard's own run is in flight, nor after the deadline asks for a rescue
+    assert step_of(s, waits_inline=True, in_flight=frozenset({"s00002"})).kind == WaitKind.IN_FLIGHT
+    assert step_of(s, waits_inline=True, deadline_near=True, has_tail=True).action == Action.RESCUE
 
 
 def test_an_orphaned_intent_is_resolved_not_waited_on():

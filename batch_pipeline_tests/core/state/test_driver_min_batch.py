@@ -1,8 +1,8 @@
 """The driver's batch-minimum rule (Bedrock's records per job): what would be sent below it is never a batch."""
 
+from batch_pipeline.core.ledger.machine import ShardState
+from batch_pipeline.core.run.summary import ShardSummary
 from batch_pipeline.core.state.driver import Action, CanaryStatus, JobFacts, Wait, WaitKind, next_steps, shard_step
-from batch_pipeline.core.state.machine import ShardState
-from batch_pipeline.core.state.summary import ShardSummary
 
 PASSED = CanaryStatus("s00001", True, "passed", size=300)
 

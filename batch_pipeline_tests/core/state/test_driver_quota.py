@@ -3,9 +3,9 @@ for a human, and a canary collected but never judged (a kill between the two).""
 
 from batch_pipeline.core.ledger.admission import Room
 from batch_pipeline.core.ledger.capacity import CapacityScope, Dimension, Holding, Limits, Need, Snapshot
+from batch_pipeline.core.ledger.machine import ShardState
+from batch_pipeline.core.run.summary import ShardSummary
 from batch_pipeline.core.state.driver import Action, CanaryStatus, JobFacts, WaitKind, next_steps, shard_step
-from batch_pipeline.core.state.machine import ShardState
-from batch_pipeline.core.state.summary import ShardSummary
 
 PASSED = CanaryStatus("s00001", True, "passed", size=300)
 SCOPE = CapacityScope("openai_batch", "OPENAI_API_KEY", "gpt-4o-mini")

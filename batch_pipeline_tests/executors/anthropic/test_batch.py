@@ -9,10 +9,10 @@ import pytest
 from anthropic.types.messages import MessageBatch
 
 from batch_pipeline.core.errors import ConfigError, ErrorClass, SystemicError, TransientError, classify_line_error
+from batch_pipeline.core.ledger.attempts import AttemptLog
+from batch_pipeline.core.ledger.executor import BatchState, RequestPlan, ShardWork
 from batch_pipeline.core.manifest.shards import build_manifest
 from batch_pipeline.core.quality.validate import validate
-from batch_pipeline.core.run.attempts import AttemptLog
-from batch_pipeline.core.run.executor import BatchState, RequestPlan, ShardWork
 from batch_pipeline.core.run.runner import ShardRunner
 from batch_pipeline.core.spec.job import BackendSpec
 from batch_pipeline.core.spec.loading import parse_spec

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from batch_pipeline.core.errors import SystemicError
-from batch_pipeline.core.run.executor import DiscardableBatch, RequestPlan, ShardWork
+from batch_pipeline.core.ledger.executor import DiscardableBatch, RequestPlan, ShardWork
 from batch_pipeline.core.spec.job import BackendSpec
 from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.core.spec.quota import Retention

@@ -2,9 +2,9 @@
 
 import json
 
+from batch_pipeline.core.ledger.attempts import AttemptLog
+from batch_pipeline.core.ledger.executor import ShardWork
 from batch_pipeline.core.manifest.shards import build_manifest
-from batch_pipeline.core.run.attempts import AttemptLog
-from batch_pipeline.core.run.executor import ShardWork
 from batch_pipeline.core.run.runner import ShardRunner
 from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.core.store import Store

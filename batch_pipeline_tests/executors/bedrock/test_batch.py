@@ -9,8 +9,8 @@ import pyarrow.compute as pc
 import pytest
 
 from batch_pipeline.core.errors import ConfigError, ErrorClass, SystemicError, TransientError, classify_line_error
+from batch_pipeline.core.ledger.executor import BatchHandle, BatchState, RequestPlan, ShardWork
 from batch_pipeline.core.quality.validate import validate
-from batch_pipeline.core.run.executor import BatchHandle, BatchState, RequestPlan, ShardWork
 from batch_pipeline.core.spec.job import BackendSpec
 from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.executors.bedrock.batch import STATUS_MAP, BedrockBatchExecutor, job_name, request_token

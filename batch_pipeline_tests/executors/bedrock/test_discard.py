@@ -4,7 +4,7 @@ attempt's objects stay; a second discard deletes nothing new and still succeeds.
 
 import pyarrow as pa
 
-from batch_pipeline.core.run.executor import DiscardableBatch, RequestPlan, ShardWork
+from batch_pipeline.core.ledger.executor import DiscardableBatch, RequestPlan, ShardWork
 from batch_pipeline.core.spec.job import BackendSpec
 from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.core.spec.quota import Retention

@@ -6,8 +6,8 @@ import json
 import pyarrow as pa
 import pytest
 
+from batch_pipeline.core.ledger.executor import RAW_RESULT_SCHEMA, RequestPlan
 from batch_pipeline.core.quality.validate import validate
-from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA, RequestPlan
 from batch_pipeline.core.spec.job import OutputSpec, SamplingSpec
 from batch_pipeline.executors.google.format import (
     LineLayout,

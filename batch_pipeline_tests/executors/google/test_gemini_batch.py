@@ -8,8 +8,8 @@ import pytest
 from google.genai import types
 
 from batch_pipeline.core.errors import ConfigError, SystemicError, TransientError
+from batch_pipeline.core.ledger.executor import BatchState, RequestPlan, ShardWork
 from batch_pipeline.core.quality.validate import validate
-from batch_pipeline.core.run.executor import BatchState, RequestPlan, ShardWork
 from batch_pipeline.core.spec.job import BackendSpec
 from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.executors.google.gemini_batch import (

@@ -6,7 +6,7 @@ deleted, read from the batch."""
 import pyarrow as pa
 import pytest
 
-from batch_pipeline.core.run.executor import BatchHandle, DiscardableBatch, RequestPlan, ShardWork
+from batch_pipeline.core.ledger.executor import BatchHandle, DiscardableBatch, RequestPlan, ShardWork
 from batch_pipeline.core.spec.job import BackendSpec
 from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.core.spec.quota import Retention

@@ -10,7 +10,7 @@ from google.cloud import storage
 from google.genai import types as gtypes
 
 from batch_pipeline.core.errors import ConfigError, ErrorClass, SystemicError, classify_line_error
-from batch_pipeline.core.run.executor import BatchState, RequestPlan, ShardWork
+from batch_pipeline.core.ledger.executor import BatchState, RequestPlan, ShardWork
 from batch_pipeline.core.spec.job import BackendSpec, OutputSpec, SamplingSpec
 from batch_pipeline.executors.google.gcs import parse_gs_uri
 from batch_pipeline.executors.google.vertex_batch import (

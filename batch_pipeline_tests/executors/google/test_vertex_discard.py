@@ -6,7 +6,7 @@ import hashlib
 
 import pyarrow as pa
 
-from batch_pipeline.core.run.executor import DiscardableBatch, RequestPlan, ShardWork
+from batch_pipeline.core.ledger.executor import DiscardableBatch, RequestPlan, ShardWork
 from batch_pipeline.core.spec.job import BackendSpec, OutputSpec, SamplingSpec
 from batch_pipeline.core.spec.quota import Retention
 from batch_pipeline.executors.google.gcs import parse_gs_uri

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from batch_pipeline.core.errors import ConfigError, SystemicError
-from batch_pipeline.core.run.executor import RAW_RESULT_SCHEMA, RequestPlan, ShardWork, StreamExecutor
+from batch_pipeline.core.ledger.executor import RAW_RESULT_SCHEMA, RequestPlan, ShardWork, StreamExecutor
 from batch_pipeline.core.spec.job import BackendSpec
 from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.executors.online.executor import OnlineExecutor, classify

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from batch_pipeline.core.errors import ConfigError, SystemicError
-from batch_pipeline.core.run.executor import BatchState, RequestPlan, ShardWork
+from batch_pipeline.core.ledger.executor import BatchState, RequestPlan, ShardWork
 from batch_pipeline.core.spec.job import BackendSpec
 from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.executors.endpoint import SANDBOX_URL_ENV

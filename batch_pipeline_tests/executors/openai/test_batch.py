@@ -8,9 +8,9 @@ import pyarrow as pa
 import pytest
 
 from batch_pipeline.core.errors import ConfigError, SystemicError
+from batch_pipeline.core.ledger.attempts import AttemptLog
+from batch_pipeline.core.ledger.executor import BatchState, RequestPlan, ShardWork
 from batch_pipeline.core.manifest.shards import build_manifest
-from batch_pipeline.core.run.attempts import AttemptLog
-from batch_pipeline.core.run.executor import BatchState, RequestPlan, ShardWork
 from batch_pipeline.core.run.runner import ShardRunner
 from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.core.store import Store
@@ -230,7 +230,7 @@ def test_a_download_that_breaks_half_way_is_a_transient_error(monkeypatch):
     import threading
 
     from batch_pipeline.core.errors import TransientError
-    from batch_pipeline.core.run.executor import BatchHandle
+    from batch_pipeline.core.ledger.executor import BatchHandle
 
     line = json.dumps({"id": "r", "custom_id": "a", "error": None, "response": {"status_code": 200, "body": {}}})
 

@@ -7,8 +7,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batch_pipeline.core.run.executor import RequestPlan, ShardWork
-from batch_pipeline.core.run.results import build_results, write_results
+from batch_pipeline.core.ledger.executor import RequestPlan, ShardWork
+from batch_pipeline.core.ledger.result_parts import write_results
+from batch_pipeline.core.run.results import build_results
 from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store

@@ -15,7 +15,7 @@ from batch_pipeline.core.errors import ErrorClass, ReconciliationError
 
 class Reconciled(StrEnum):
     """Where an item stands in the accounting (``expected = valid + invalid + missing + dead_lettered``); the state
-    machine's ItemState is this plus whether an attempt is open (core/state/machine.py ``item_state``)."""
+    machine's ItemState is this plus whether an attempt is open (core/ledger/machine.py ``item_state``)."""
 
     VALID = "valid"
     INVALID = "invalid"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from batch_pipeline.core.state.machine import (
+from batch_pipeline.core.ledger.machine import (
     ATTEMPT_EVENTS,
     SHARD_TRANSITIONS,
     IllegalTransition,
@@ -53,7 +53,7 @@ def test_attempt_events_follow_their_order(last):
 
 
 def test_item_state_from_the_accounting():
-    from batch_pipeline.core.state.machine import ItemState, item_state
+    from batch_pipeline.core.ledger.machine import ItemState, item_state
 
     assert item_state("valid") == ItemState.SUCCEEDED
     assert item_state("valid", rescued=True) == ItemState.RESCUED

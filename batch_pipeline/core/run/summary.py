@@ -5,27 +5,34 @@ recomputed from that one shard's attempt log and result parts (never the whole j
 10,000-shard job reads 10,000 small JSON objects instead of every result row. A summary that is missing
 (an older store, a crash between a record and its summary) is rebuilt on read; a stale one is repaired by
 ``refresh`` the next time the shard is touched, and the state it moves to is checked against the machine.
+
+A summary is a typed record with a ``version``: 1 is the shape written before it carried one (no ``version`` key)
+and since. It stays a dataclass (the driver's tests build thousands positionally); its JSON is read and written by
+one pydantic ``TypeAdapter``, which checks the types (the open attempt's handle is a ``SubmittedRecord``) and
+ignores unknown keys: a summary is a cache of the shard's own records, recomputed by ``refresh``, so a newer
+release's extra fields are never needed to decide.
 """
 
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import polars as pl
+from pydantic import TypeAdapter
 
+from batch_pipeline.core.ledger.attempts import Attempt, AttemptLog, SubmittedRecord
+from batch_pipeline.core.ledger.fallback import Stage, is_fallback_row, staged_item_states
+from batch_pipeline.core.ledger.machine import ShardState, check_summary_move
+from batch_pipeline.core.ledger.reconcile import DEAD, INVALID, MISSING, RETRYABLE, VALID
+from batch_pipeline.core.ledger.replay import Replays
+from batch_pipeline.core.ledger.result_parts import read_results
 from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.money.retry_cap import RetryCosts, retry_costs
 from batch_pipeline.core.quality.golden import GoldenProbes
-from batch_pipeline.core.run.attempts import Attempt, AttemptLog
-from batch_pipeline.core.run.results import read_results
 from batch_pipeline.core.run.threads import ordered_map
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.paths import JobPaths
-from batch_pipeline.core.state.fallback import Stage, is_fallback_row, staged_item_states
-from batch_pipeline.core.state.machine import ShardState, check_summary_move
-from batch_pipeline.core.state.reconcile import DEAD, INVALID, MISSING, RETRYABLE, VALID
-from batch_pipeline.core.state.replay import Replays
 from batch_pipeline.core.store import Store
 
 log = logging.getLogger(__name__)
@@ -50,8 +57,11 @@ class OpenAttempt:
     backend: str | None
     intent_at: str
     canary: bool
-    submitted: dict[str, Any] | None  # the provider handle, once the provider accepted the batch
+    submitted: SubmittedRecord | None  # the provider handle, once the provider accepted the batch
     stage: str = Stage.PRIMARY.value  # the fallback's attempts are collected by the fallback's runner
+
+
+SUMMARY_VERSION = 1
 
 
 @dataclass
@@ -71,12 +81,13 @@ class ShardSummary:
     first_tries: int = 0
     retry_cost: float = 0.0
     retry_tries: int = 0
-    fallback_pending: int = 0  # retryable items handed to the fallback model (core/state/fallback.py)
+    fallback_pending: int = 0  # retryable items handed to the fallback model (core/ledger/fallback.py)
     fallback_valid: int = 0  # items the fallback answered
     pending_est_tokens: int = 0  # the manifest's input estimate of the items still to send (admission)
     possibly_billed_usd: float = 0.0  # requests a kill left in flight (sent, no answer): at their highest cost
     open: OpenAttempt | None = None
     updated_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
+    version: int = SUMMARY_VERSION
 
     @property
     def retryable(self) -> int:
@@ -91,14 +102,14 @@ class ShardSummary:
         return self.expected == self.valid + self.invalid + self.missing + self.dead_lettered
 
     def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["state"] = self.state.value
-        return out
+        return _SUMMARY.dump_python(self, mode="json")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ShardSummary":
-        opened = d.get("open")
-        return cls(**{**d, "state": ShardState(d["state"]), "open": OpenAttempt(**opened) if opened else None})
+        return _SUMMARY.validate_python(d)
+
+
+_SUMMARY = TypeAdapter(ShardSummary)
 
 
 def _open_attempt(attempts: list[Attempt]) -> OpenAttempt | None:
@@ -106,15 +117,7 @@ def _open_attempt(attempts: list[Attempt]) -> OpenAttempt | None:
     if not live:
         return None
     a = live[-1]
-    return OpenAttempt(
-        a.number,
-        a.key,
-        a.backend,
-        a.records["intent"]["at"],
-        a.canary,
-        a.submitted,
-        a.records["intent"].get("stage", Stage.PRIMARY.value),
-    )
+    return OpenAttempt(a.number, a.key, a.backend, a.intent.at, a.canary, a.submitted, a.intent.stage)
 
 
 def derive_state(open_attempt: OpenAttempt | None, attempts: int, retryable: int) -> ShardState:
@@ -129,7 +132,7 @@ def shard_item_states(
     spec: JobSpec, store: Store, shard_id: str, results: pl.DataFrame, items: pl.DataFrame | None = None
 ) -> pl.DataFrame:
     """Every item of one shard with its state (``reconcile.item_states``) and stage (primary or fallback,
-    ``core/state/fallback.py``), this shard's replays applied. ``items`` (request_id, shard_id, ...) is read from
+    ``core/ledger/fallback.py``), this shard's replays applied. ``items`` (request_id, shard_id, ...) is read from
     the manifest when not given; probe rows are the caller's to drop."""
     if items is None:
         frame = pl.from_arrow(Manifest(spec.name, store).shard_items(shard_id, ["request_id", "shard_id"]))
@@ -187,7 +190,7 @@ class ShardSummaries:
         staged = _stage_counts(states)
         opened = _open_attempt(attempts)
         closed = [a for a in attempts if not a.open]
-        collected = [a for a in closed if "collected" in a.records]
+        collected = [a for a in closed if a.collected is not None]
         retryable = sum(counts.get(state, 0) for state in RETRYABLE)
         pending = (
             with_est
@@ -211,13 +214,13 @@ class ShardSummaries:
             first_tries=costs.first_tries,
             retry_cost=round(costs.retry_cost, 10),
             retry_tries=costs.retry_tries,
-            last_final_state=collected[-1].records["collected"].get("state") if collected else None,
+            last_final_state=collected[-1].collected.state if collected and collected[-1].collected else None,
             open=opened,
             fallback_pending=staged.get("pending", 0),
             fallback_valid=staged.get("valid", 0),
             pending_est_tokens=int(pending["est_input_tokens"].sum() or 0),
             possibly_billed_usd=round(
-                sum(float((a.records.get("abandoned") or {}).get("possibly_billed_usd") or 0.0) for a in attempts), 10
+                sum(a.abandoned.possibly_billed_usd or 0.0 for a in attempts if a.abandoned is not None), 10
             ),
         )
 

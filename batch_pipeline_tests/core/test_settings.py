@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from batch_pipeline.core.errors import ConfigError
-from batch_pipeline.core.spec.settings import PROJECT_ROOT, Settings
+from batch_pipeline.core.settings import PROJECT_ROOT, Settings
 from batch_pipeline.core.store import Store
 
 

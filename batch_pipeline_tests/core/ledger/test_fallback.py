@@ -1,13 +1,13 @@
-"""The fallback's share of the item states and of the driver's plan (core/state/fallback.py, driver.py)."""
+"""The fallback's share of the item states and of the driver's plan (core/ledger/fallback.py, driver.py)."""
 
 import polars as pl
 
+from batch_pipeline.core.ledger.fallback import Stage, fallback_variant, staged_item_states
+from batch_pipeline.core.ledger.machine import ShardState
+from batch_pipeline.core.ledger.reconcile import DEAD, MISSING, VALID, item_states
+from batch_pipeline.core.run.summary import ShardSummary
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.state.driver import Action, JobFacts, Step, shard_step
-from batch_pipeline.core.state.fallback import Stage, fallback_variant, staged_item_states
-from batch_pipeline.core.state.machine import ShardState
-from batch_pipeline.core.state.reconcile import DEAD, MISSING, VALID, item_states
-from batch_pipeline.core.state.summary import ShardSummary
 
 BASE = {
     "name": "t",

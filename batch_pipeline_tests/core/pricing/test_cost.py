@@ -5,10 +5,11 @@ import json
 import pyarrow as pa
 import pytest
 
-from batch_pipeline.core.money.cost import Price, load_prices
+from batch_pipeline.core.ledger.executor import RequestPlan, ShardWork
+from batch_pipeline.core.ledger.result_parts import RESULT_SCHEMA, read_results, write_results
 from batch_pipeline.core.money.quote import cache_scenarios
-from batch_pipeline.core.run.executor import RequestPlan, ShardWork
-from batch_pipeline.core.run.results import RESULT_SCHEMA, build_results, read_results, write_results
+from batch_pipeline.core.pricing.cost import Price, load_prices
+from batch_pipeline.core.run.results import build_results
 from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store

@@ -23,7 +23,7 @@ import tiktoken
 
 from batch_pipeline import bpe
 from batch_pipeline.core.errors import ConfigError
-from batch_pipeline.core.money.cost import BYTES_PER_TOKEN
+from batch_pipeline.core.pricing.cost import BYTES_PER_TOKEN
 
 CLAUDE_CHARS_PER_TOKEN = 3.5  # Anthropic's documented average for English
 GEMINI_CHARS_PER_TOKEN = 4.0  # Google's documented average for Gemini

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from batch_pipeline.core.run.executor import BatchHandle
+from batch_pipeline.core.ledger.executor import BatchHandle
 
 
 @dataclass

@@ -11,7 +11,7 @@ import tiktoken_ext.openai_public
 
 from batch_pipeline.bpe import BPE
 from batch_pipeline.core.money.estimate import prompt_sample, request_tokens, schema_text
-from batch_pipeline.core.money.tokenizers import (
+from batch_pipeline.core.pricing.tokenizers import (
     CLAUDE_CHARS_PER_TOKEN,
     GEMINI_CHARS_PER_TOKEN,
     BpeCounter,

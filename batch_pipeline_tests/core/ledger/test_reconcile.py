@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batch_pipeline.core.errors import ErrorClass, ReconciliationError, classify_line_error
-from batch_pipeline.core.state.reconcile import (
+from batch_pipeline.core.ledger.reconcile import (
     DEAD,
     INVALID,
     MISSING,

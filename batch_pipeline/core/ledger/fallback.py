@@ -16,8 +16,8 @@ from enum import StrEnum
 import polars as pl
 
 from batch_pipeline.core.errors import ErrorClass
+from batch_pipeline.core.ledger.reconcile import DEAD, VALID, item_states
 from batch_pipeline.core.spec.job import BackendSpec, JobSpec
-from batch_pipeline.core.state.reconcile import DEAD, VALID, item_states
 
 
 class Stage(StrEnum):

@@ -2,7 +2,7 @@
 
 The manifest stores a cheap per-item estimate (UTF-8 bytes / 4 plus per-message framing: ``est_input_tokens``),
 which sizes shards and bounds the budget. The quote rescales it with the model family's tokenizer
-(``core/money/tokenizers.py``, ``core/money/estimate.py``) and calibrates that on measured usage.
+(``core/pricing/tokenizers.py``, ``core/money/estimate.py``) and calibrates that on measured usage.
 """
 
 import math

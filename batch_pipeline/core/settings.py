@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from batch_pipeline.core.errors import ConfigError
 
-PROJECT_ROOT = Path(__file__).resolve().parents[3]  # the checkout: data/jobs, data/prices.yaml, dagster.yaml
+PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the checkout: data/jobs, data/prices.yaml, dagster.yaml
 PREFIX = "BATCH_PIPELINE_"
 
 

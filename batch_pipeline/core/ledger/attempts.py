@@ -1,0 +1,221 @@
+"""Attempt records: an intent before every paid call, then what the provider said, then the collection.
+
+Each event is its own immutable JSON object (``attempt-0003.intent.json``, ``.submitted.json``,
+``.collected.json``, ``.abandoned.json``), so a crash at any point leaves a readable history: an intent
+without a submission means "we may or may not have paid"; the runner asks the provider (``find``)
+before it ever submits those items again. A collected attempt may get ``.discarded.json`` once its files at
+the provider are deleted (``core/run/hygiene.py``); it stays collected and closed.
+"""
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from batch_pipeline.core.ledger.executor import BatchHandle
+from batch_pipeline.core.ledger.machine import check_attempt_event, last_event
+from batch_pipeline.core.spec.paths import JobPaths
+from batch_pipeline.core.store import Store
+
+EVENTS = ("intent", "submitted", "collected", "abandoned", "discarded")  # discarded: core/run/hygiene.py
+ATTEMPT_VERSION = 1
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+class AttemptEvent(BaseModel):
+    """One event of an attempt, as it is stored. Version 1 is the shape written before the records were typed (no
+    ``version`` key) and since. Unknown keys are kept (``extra="allow"``): the log is the audit history of paid
+    calls, written once and never rewritten, so a newer writer's fields (or a provider's note) stay readable."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    version: int = ATTEMPT_VERSION
+    at: str = Field(default_factory=now_iso)
+
+
+class IntentRecord(AttemptEvent):
+    """Written before a paid call: which items, under which idempotency key, on which backend."""
+
+    key: str
+    request_ids: list[str]
+    backend: str | None = None
+    lease_token: int | str | None = None  # the fencing token (core/run/lease.py) it ran under
+    requests: int | None = None
+    canary: bool = False
+    stage: str = "primary"  # ledger.fallback.Stage: the fallback's attempts are its runner's
+    capacity: int | None = None  # the capacity ledger's holding (core/ledger/capacity.py)
+    account: str | None = None
+
+
+class SubmittedRecord(AttemptEvent):
+    """The provider accepted the batch: its handle (``BatchHandle``)."""
+
+    backend: str
+    batch_id: str
+    key: str
+    input_file_id: str | None = None
+    account: str | None = None
+    reattached: bool = False  # found at the provider after a crash between the call and this record
+
+    def handle(self) -> BatchHandle:
+        return BatchHandle(self.backend, self.batch_id, self.key, self.input_file_id, self.account)
+
+
+class CollectedRecord(AttemptEvent):
+    """The attempt ended at the provider and what it answered is stored (or lost, or refused)."""
+
+    state: str  # the provider's final state (BatchState value), or "lost"
+    rows: int = 0
+    succeeded: int = 0
+    errors: list[str] = Field(default_factory=list)
+    systemic: dict[str, Any] | None = None
+    provider_counts: dict[str, int] | None = None
+    provider_state: str | None = None  # of a lost batch
+    lost: str | None = None
+    refused: dict[str, Any] | None = None  # refused for capacity after it was accepted: nothing billed
+
+
+class AbandonedRecord(AttemptEvent):
+    """The attempt was closed without a collection (nothing at the provider, interrupted, refused)."""
+
+    reason: str
+    rows: int | None = None
+    refused: dict[str, Any] | None = None  # a quota refusal: nothing billed
+    possibly_billed: int | None = None  # requests in flight at a kill: sent, no answer
+    possibly_billed_usd: float | None = None
+
+
+class DiscardedRecord(AttemptEvent):
+    """The batch's copies at the provider were deleted (``core/run/hygiene.py``)."""
+
+    backend: str | None = None
+    batch_id: str | None = None
+    deleted: list[str] = Field(default_factory=list)
+
+
+EVENT_RECORDS: dict[str, type[AttemptEvent]] = {
+    "intent": IntentRecord,
+    "submitted": SubmittedRecord,
+    "collected": CollectedRecord,
+    "abandoned": AbandonedRecord,
+    "discarded": DiscardedRecord,
+}
+
+
+def event_record(event: str, payload: dict[str, Any] | AttemptEvent) -> AttemptEvent:
+    """The typed record of one event (a payload dict is checked against the event's record)."""
+    if isinstance(payload, AttemptEvent):
+        return payload
+    return EVENT_RECORDS[event].model_validate(payload)
+
+
+def _stored(record: AttemptEvent) -> dict[str, Any]:
+    """What is written: the writer's fields, the time and the version (defaults left out, as before)."""
+    return {**record.model_dump(mode="json", exclude_unset=True), "version": record.version, "at": record.at}
+
+
+@dataclass
+class Attempt:
+    number: int
+    records: dict[str, AttemptEvent] = field(default_factory=dict)  # event -> its record
+
+    @property
+    def intent(self) -> IntentRecord:
+        record = self.records["intent"]
+        assert isinstance(record, IntentRecord)
+        return record
+
+    @property
+    def submitted(self) -> SubmittedRecord | None:
+        return self._of("submitted", SubmittedRecord)
+
+    @property
+    def collected(self) -> CollectedRecord | None:
+        return self._of("collected", CollectedRecord)
+
+    @property
+    def abandoned(self) -> AbandonedRecord | None:
+        return self._of("abandoned", AbandonedRecord)
+
+    @property
+    def discarded(self) -> DiscardedRecord | None:
+        return self._of("discarded", DiscardedRecord)
+
+    def _of(self, event: str, kind: type[AttemptEvent]) -> Any:
+        record = self.records.get(event)
+        assert record is None or isinstance(record, kind)
+        return record
+
+    @property
+    def key(self) -> str:
+        return self.intent.key
+
+    @property
+    def request_ids(self) -> list[str]:
+        return self.intent.request_ids
+
+    @property
+    def closed(self) -> bool:
+        return "collected" in self.records or "abandoned" in self.records
+
+    @property
+    def open(self) -> bool:
+        return "intent" in self.records and not self.closed
+
+    @property
+    def canary(self) -> bool:
+        return self.intent.canary
+
+    @property
+    def backend(self) -> str | None:
+        return self.intent.backend
+
+
+class AttemptLog:
+    def __init__(self, store: Store, job: str, shard_id: str):
+        self.store, self.paths, self.shard_id = store, JobPaths(job), shard_id
+
+    def all(self) -> list[Attempt]:
+        by_number: dict[int, dict[str, AttemptEvent]] = {}
+        for rel in self.store.list_files(self.paths.attempts(self.shard_id), suffix=".json"):
+            name = rel.rsplit("/", 1)[1]  # attempt-0003.intent.json
+            stem, event, _ = name.split(".")
+            record = self.store.read_json(rel)
+            if record is not None and event in EVENTS:
+                by_number.setdefault(int(stem.split("-")[1]), {})[event] = event_record(event, record)
+        return [Attempt(n, recs) for n, recs in sorted(by_number.items()) if "intent" in recs]
+
+    def next_number(self) -> int:
+        attempts = self.all()
+        return attempts[-1].number + 1 if attempts else 1
+
+    def events(self, attempt: int) -> dict[str, bool]:
+        return {e: True for e in EVENTS if self.store.exists(self.paths.attempt_event(self.shard_id, attempt, e))}
+
+    def record(self, attempt: int, event: str, payload: dict[str, Any] | AttemptEvent) -> None:
+        """Append one event; an event the attempt's state does not allow raises ``IllegalTransition``."""
+        record = event_record(event, payload)
+        check_attempt_event(self.shard_id, attempt, last_event(self.events(attempt)), event)
+        self.store.write_json(self.paths.attempt_event(self.shard_id, attempt, event), _stored(record))
+
+    def record_once(self, attempt: int, event: str, payload: dict[str, Any] | AttemptEvent) -> bool:
+        """Append an event two runs may race to write (a collection and the publish run's sweep): the first one
+        wins, the other gets False. An event the attempt's state does not allow raises ``IllegalTransition``."""
+        events = self.events(attempt)
+        if event in events:
+            return False
+        record = event_record(event, payload)
+        check_attempt_event(self.shard_id, attempt, last_event(events), event)
+        return self.store.create_json_exclusive(
+            self.paths.attempt_event(self.shard_id, attempt, event), _stored(record)
+        )
+
+    def create_intent(self, attempt: int, payload: dict[str, Any] | IntentRecord) -> bool:
+        """Record the intent only if no one else claimed this attempt number (True if we did)."""
+        record = event_record("intent", payload)
+        return self.store.create_json_exclusive(
+            self.paths.attempt_event(self.shard_id, attempt, "intent"), _stored(record)
+        )

@@ -1,0 +1,93 @@
+"""The rows an input reader yields and the checks every reader shares: a batch of good rows with the rejects
+found beside it, each reject named by source, line and field."""
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import polars as pl
+import pyarrow.fs as pafs
+
+from batch_pipeline.core.manifest.reasons import json_type
+
+LINE = "_line"
+KEY = "_key"
+CHUNK_BYTES = 8 * 2**20
+RAW_PREVIEW = 200
+
+
+@dataclass(frozen=True)
+class InputFile:
+    uri: str  # what users see in rejects and reports
+    fs: pafs.FileSystem
+    path: str
+    format: str
+    size: int
+    mtime_ns: int | None = None  # with uri and size, the identity an incremental build compares
+    # a source that is not a file of rows (another job's table, core/manifest/upstream.py): its batches, given
+    # the fields and the key field; the identity above is then what that source says changes with its rows
+    reader: Callable[[list[str], str | None], Iterator["RowBatch"]] | None = field(default=None, compare=False)
+
+
+@dataclass
+class ReadExtent:
+    """How far a reader got in a file: bytes consumed and the last line number (for the next append)."""
+
+    bytes_read: int = 0
+    lines: int = 0
+    ends_clean: bool = False  # the part read ends with a newline
+
+
+@dataclass
+class Reject:
+    source: str
+    line: int
+    field: str
+    kind: str  # bad_utf8 | bad_json | not_object | missing_field | wrong_type | empty_text | too_long
+    reason: str
+    raw: str = ""
+
+
+@dataclass
+class RowBatch:
+    """Good rows of one block: ``_line``, ``_key`` and every requested field as text."""
+
+    source: str
+    frame: pl.DataFrame
+    rejects: list[Reject] = field(default_factory=list)
+
+
+def bad_field(row: dict, fields: list[str]) -> tuple[str, str, str] | None:
+    for name in fields:
+        value = row.get(name)
+        if value is None:  # absent and null are the same reject, whichever reader saw the row
+            return name, "missing_field", f"missing or null field '{name}'"
+        if not isinstance(value, str):
+            return name, "wrong_type", f"field '{name}' must be a string, got {json_type(value)}"
+    return None
+
+
+def split_missing(
+    source: str, frame: pl.DataFrame, fields: list[str], raw_lines: Callable[[], list[bytes]] | None
+) -> RowBatch:
+    """Rows with a null required field become rejects (Arrow cannot tell missing from null).
+
+    ``raw_lines`` gives the frame's lines (row i is line i), for the reject previews; called only if needed.
+    """
+    null_any = pl.any_horizontal([pl.col(n).is_null() for n in fields])
+    if not frame.select(null_any.any()).item():
+        return RowBatch(source, frame.select([*fields, LINE, KEY]))
+    lines = raw_lines() if raw_lines else None
+    bad = frame.with_row_index("_i").filter(null_any)
+    rejects = []
+    for row in bad.iter_rows(named=True):
+        name = next(n for n in fields if row[n] is None)
+        raw = lines[row["_i"]][:RAW_PREVIEW].decode("utf-8", "replace") if lines else ""
+        rejects.append(Reject(source, row[LINE], name, "missing_field", f"missing or null field '{name}'", raw))
+    return RowBatch(source, frame.filter(~null_any).select([*fields, LINE, KEY]), rejects)
+
+
+def empty_frame(fields: list[str]) -> pl.DataFrame:
+    return pl.DataFrame(schema={**{n: pl.String for n in fields}, LINE: pl.Int64, KEY: pl.String})
+
+
+# -- CSV and Parquet -------------------------------------------------------------------------------
