@@ -5,9 +5,11 @@ only if the two specs are the same (``data/jobs/demo.yaml`` and ``batch_pipeline
 different specs under one name are refused, naming both files.
 """
 
+import warnings
 from pathlib import Path
 
 import dagster as dg
+from dagster_shared.utils.warnings import PreviewWarning
 
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.settings import PROJECT_ROOT, Settings
@@ -56,6 +58,9 @@ def project_definitions(settings: Settings | None = None) -> dg.Definitions:
     specs = load_specs(settings.jobs)
     if not uses_project_jobs(settings):
         return build_definitions(specs)
-    tree = dg.ComponentTree.for_project(PROJECT_ROOT)
-    components = list(tree.get_all_components(of_type=BatchInferenceJob))
-    return dg.Definitions.merge(tree.build_defs(), build_definitions(not_declared(specs, components)))
+    with warnings.catch_warnings():  # the defs folder's __init__.py is loaded as a module: a "preview" API
+        warnings.simplefilter("ignore", PreviewWarning)
+        tree = dg.ComponentTree.for_project(PROJECT_ROOT)
+        components = list(tree.get_all_components(of_type=BatchInferenceJob))
+        component_defs = tree.build_defs()
+    return dg.Definitions.merge(component_defs, build_definitions(not_declared(specs, components)))
