@@ -22,20 +22,86 @@ from batch_pipeline.executors.registry import create_executor
 WEEKLY = dg.WeeklyPartitionsDefinition(start_date="2026-01-04", day_offset=1)  # weeks start on Monday
 
 
-def build_eval_defs(spec: JobSpec) -> tuple[list, list, list]:
-    """(assets, jobs, schedules) for a job with a golden set; nothing otherwise."""
-    if spec.quality is None:
-        return [], [], []
+def stream_executor(backend, what: str) -> StreamExecutor:
+    """The inline executor an eval or a judge runs on; a Failure naming the key when it is a batch backend."""
+    executor = create_executor(backend)
+    if not isinstance(executor, StreamExecutor):
+        raise dg.Failure(
+            f"{what} {backend.name!r} must be an online or self-hosted backend "
+            "(evals run inline, not through a 24-hour batch)"
+        )
+    return executor
+
+
+def golden_row(spec: JobSpec, executor: StreamExecutor, week: str) -> tuple[dict, dict]:
+    """This week's golden-set figures (one history row) and, with ``quality.compare``, the paired comparison's
+    metadata."""
+    quality = spec.quality
+    assert quality is not None
+    a = run_golden(spec, executor, load_golden(spec), key=f"eval-{week}")
+    acc = wilson(int(a["correct"].sum()), a.height)
+    row = {
+        "week": week,
+        "model": spec.model,
+        "prompt_version": spec.prompt.version,
+        "n": a.height,
+        "accuracy": acc.estimate,
+        "accuracy_low": acc.low,
+        "accuracy_high": acc.high,
+        "samples_needed": samples_needed(min(max(acc.estimate, 0.5), 0.99), quality.target_half_width),
+    }
+    if quality.compare is None:
+        return row, {}
+    prompt_b = quality.compare.prompt or spec.prompt
+    b = run_golden(
+        spec,
+        executor,
+        load_golden(spec, prompt_b),
+        model=quality.compare.model,
+        prompt=prompt_b,
+        key=f"eval-b-{week}",
+    )
+    pair = paired(a.sort("row")["correct"].to_list(), b.sort("row")["correct"].to_list())
+    row.update(
+        {
+            "b_model": quality.compare.model or spec.model,
+            "b_prompt_version": prompt_b.version,
+            "b_accuracy": pair.b_accuracy,
+            "difference": pair.difference.estimate,
+            "difference_low": pair.difference.low,
+            "difference_high": pair.difference.high,
+            "b_wins": pair.b_wins,
+            "b_losses": pair.b_losses,
+        }
+    )
+    return row, {"comparison": dg.MetadataValue.json(pair.as_dict())}
+
+
+def write_history(st, paths: JobPaths, row: dict) -> tuple[pl.DataFrame, bytes]:
+    """The eval history with this week's row (replacing an earlier run of the same week), and its plot."""
+    rel = f"{paths.root}/evals/history.parquet"
+    old = pl.read_parquet(st.read_bytes(rel)) if st.exists(rel) else None
+    history = pl.DataFrame([row])
+    if old is not None:
+        history = pl.concat([old.filter(pl.col("week") != row["week"]), history], how="diagonal_relaxed")
+    history = history.sort("week")
+    st.write_table(rel, history.to_arrow())
+    png = accuracy_history(history)
+    st.write_bytes(f"{paths.root}/evals/history.png", png)
+    return history, png
+
+
+def eval_asset(spec: JobSpec) -> dg.AssetsDefinition:
+    assert spec.quality is not None
     quality = spec.quality
     paths = JobPaths(spec.name)
-    labels = spec_labels(spec)
 
     @dg.asset(
         key=dg.AssetKey([spec.name, "eval"]),
         partitions_def=WEEKLY,
         group_name=spec.name,
         kinds={"python"},
-        **labels,
+        **spec_labels(spec),
         description="Weekly golden-set accuracy (with its interval) and an optional paired "
         "comparison, run inline on quality.eval_backend. Fails when that backend is a "
         "batch one (name an online or self-hosted backend) or refuses the job (the "
@@ -43,67 +109,18 @@ def build_eval_defs(spec: JobSpec) -> tuple[list, list, list]:
     )
     def weekly_eval(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
         st = store.get()
-        executor = create_executor(quality.eval_backend)
-        if not isinstance(executor, StreamExecutor):
-            raise dg.Failure(
-                f"quality.eval_backend {quality.eval_backend.name!r} must be an online or self-hosted "
-                "backend (evals run inline, not through a 24-hour batch)"
-            )
-        golden = load_golden(spec)
-        a = run_golden(spec, executor, golden, key=f"eval-{context.partition_key}")
-        acc = wilson(int(a["correct"].sum()), a.height)
-        row = {
-            "week": context.partition_key,
-            "model": spec.model,
-            "prompt_version": spec.prompt.version,
-            "n": a.height,
-            "accuracy": acc.estimate,
-            "accuracy_low": acc.low,
-            "accuracy_high": acc.high,
-            "samples_needed": samples_needed(min(max(acc.estimate, 0.5), 0.99), quality.target_half_width),
-        }
-        meta: dict = {}
-        if quality.compare is not None:
-            prompt_b = quality.compare.prompt or spec.prompt
-            b = run_golden(
-                spec,
-                executor,
-                load_golden(spec, prompt_b),
-                model=quality.compare.model,
-                prompt=prompt_b,
-                key=f"eval-b-{context.partition_key}",
-            )
-            pair = paired(a.sort("row")["correct"].to_list(), b.sort("row")["correct"].to_list())
-            row.update(
-                {
-                    "b_model": quality.compare.model or spec.model,
-                    "b_prompt_version": prompt_b.version,
-                    "b_accuracy": pair.b_accuracy,
-                    "difference": pair.difference.estimate,
-                    "difference_low": pair.difference.low,
-                    "difference_high": pair.difference.high,
-                    "b_wins": pair.b_wins,
-                    "b_losses": pair.b_losses,
-                }
-            )
-            meta["comparison"] = dg.MetadataValue.json(pair.as_dict())
-        rel = f"{paths.root}/evals/history.parquet"
-        old = pl.read_parquet(st.read_bytes(rel)) if st.exists(rel) else None
-        history = pl.DataFrame([row])
-        if old is not None:
-            history = pl.concat([old.filter(pl.col("week") != row["week"]), history], how="diagonal_relaxed")
-        history = history.sort("week")
-        st.write_table(rel, history.to_arrow())
-        png = accuracy_history(history)
-        st.write_bytes(f"{paths.root}/evals/history.png", png)
+        executor = stream_executor(quality.eval_backend, "quality.eval_backend")
+        row, meta = golden_row(spec, executor, context.partition_key)
+        history, png = write_history(st, paths, row)
+        acc_low, acc_high, n = row["accuracy_low"], row["accuracy_high"], row["n"]
         context.log.info(
-            f"week {row['week']}: accuracy {acc.estimate:.3f} [{acc.low:.3f}, {acc.high:.3f}] on "
-            f"{a.height} golden items ({row['samples_needed']} needed for +-{quality.target_half_width})"
+            f"week {row['week']}: accuracy {row['accuracy']:.3f} [{acc_low:.3f}, {acc_high:.3f}] on "
+            f"{n} golden items ({row['samples_needed']} needed for +-{quality.target_half_width})"
         )
         meta.update(
             {
-                "accuracy": dg.MetadataValue.float(acc.estimate),
-                "interval": dg.MetadataValue.text(f"[{acc.low:.3f}, {acc.high:.3f}] (95%, n={a.height})"),
+                "accuracy": dg.MetadataValue.float(row["accuracy"]),
+                "interval": dg.MetadataValue.text(f"[{acc_low:.3f}, {acc_high:.3f}] (95%, n={n})"),
                 "samples_needed": dg.MetadataValue.int(row["samples_needed"]),
                 "history": md_table(history.select("week", "n", "accuracy", "accuracy_low", "accuracy_high"), limit=60),
                 "plot": dg.MetadataValue.md(f"![history](data:image/png;base64,{base64.b64encode(png).decode()})"),
@@ -112,18 +129,73 @@ def build_eval_defs(spec: JobSpec) -> tuple[list, list, list]:
         )
         return dg.MaterializeResult(metadata=meta)
 
-    assets = [weekly_eval]
-    if quality.judge is not None:  # graded in the same weekly run as the eval
+    return weekly_eval
+
+
+def build_eval_defs(spec: JobSpec) -> tuple[list, list, list]:
+    """(assets, jobs, schedules) for a job with a golden set; nothing otherwise."""
+    if spec.quality is None:
+        return [], [], []
+    assets = [eval_asset(spec)]
+    if spec.quality.judge is not None:  # graded in the same weekly run as the eval
         assets.append(build_judge_asset(spec))
     job = dg.define_asset_job(
         f"{spec.name}_eval",
         selection=assets,
         partitions_def=WEEKLY,
-        **labels,
+        **spec_labels(spec),
         description="The weekly golden-set eval" + (" and judge sample." if len(assets) > 1 else "."),
     )
     schedule = dg.build_schedule_from_partitioned_job(job, hour_of_day=6, name=f"{spec.name}_weekly_eval")
     return assets, [job], [schedule]
+
+
+def judge_pool(spec: JobSpec, st, state: JobState) -> pl.DataFrame:
+    """The accepted outputs a judge may sample: request, shard, length bucket, prompt and answer."""
+    items = state.items.join(
+        pl.from_arrow(Manifest(spec.name, st).item_index(["request_id", "user_prompt"])), on="request_id"
+    )
+    accepted = (
+        state.results.filter(pl.col("status") == "succeeded")
+        .sort("attempt")
+        .unique("request_id", keep="last")
+        .select("request_id", pl.col("output_text").alias("answer"))
+    )
+    return items.join(accepted, on="request_id").select(
+        "request_id", "shard_id", "length_bucket", "user_prompt", "answer"
+    )
+
+
+def with_golden_probes(st, paths: JobPaths, state: JobState, sample: pl.DataFrame):
+    """The sample plus the answered golden probes (graded too, to measure the judge), and the probes' truth (None
+    without probes)."""
+    probes = state.probe_results
+    if probes is None or not probes.height:
+        return sample, None
+    known = pl.concat(
+        [pl.read_parquet(st.read_bytes(p)) for p in st.list_files(f"{paths.root}/golden/probes", suffix=".parquet")]
+    )
+    answered = probes.filter(pl.col("status") != "errored").sort("attempt").unique("request_id", keep="last")
+    golden = answered.join(known.select("request_id", "user_prompt", "label"), on="request_id")
+    truth = golden.select("request_id", (pl.col("parsed_output") == pl.col("label")).alias("correct"))
+    sample = pl.concat(
+        [
+            sample.select("request_id", "user_prompt", "answer"),
+            golden.select("request_id", "user_prompt", pl.col("output_text").alias("answer")),
+        ]
+    )
+    return sample, truth
+
+
+def judge_metadata(summary: dict, strata: pl.DataFrame) -> dict:
+    return {
+        **{
+            k: dg.MetadataValue.float(float(v)) if isinstance(v, float) else dg.MetadataValue.int(int(v))
+            for k, v in summary.items()
+            if k != "week"
+        },
+        "strata": md_table(strata, limit=100),
+    }
 
 
 def build_judge_asset(spec: JobSpec) -> dg.AssetsDefinition:
@@ -149,37 +221,8 @@ def build_judge_asset(spec: JobSpec) -> dg.AssetsDefinition:
         if not isinstance(executor, StreamExecutor):
             raise dg.Failure(f"quality.judge.backend {cfg.backend.name!r} must be an online or self-hosted backend")
         state = JobState.load(spec, st)
-        items = state.items.join(
-            pl.from_arrow(Manifest(spec.name, st).item_index(["request_id", "user_prompt"])), on="request_id"
-        )
-        accepted = (
-            state.results.filter(pl.col("status") == "succeeded")
-            .sort("attempt")
-            .unique("request_id", keep="last")
-            .select("request_id", pl.col("output_text").alias("answer"))
-        )
-        pool = items.join(accepted, on="request_id").select(
-            "request_id", "shard_id", "length_bucket", "user_prompt", "answer"
-        )
-        sample = stratified_sample(pool, cfg.sample_size)
-        truth = None
-        probes = state.probe_results
-        if probes is not None and probes.height:
-            known = pl.concat(
-                [
-                    pl.read_parquet(st.read_bytes(p))
-                    for p in st.list_files(f"{paths.root}/golden/probes", suffix=".parquet")
-                ]
-            )
-            answered = probes.filter(pl.col("status") != "errored").sort("attempt").unique("request_id", keep="last")
-            golden = answered.join(known.select("request_id", "user_prompt", "label"), on="request_id")
-            truth = golden.select("request_id", (pl.col("parsed_output") == pl.col("label")).alias("correct"))
-            sample = pl.concat(
-                [
-                    sample.select("request_id", "user_prompt", "answer"),
-                    golden.select("request_id", "user_prompt", pl.col("output_text").alias("answer")),
-                ]
-            )
+        pool = judge_pool(spec, st, state)
+        sample, truth = with_golden_probes(st, paths, state, stratified_sample(pool, cfg.sample_size))
         graded = judge(
             spec, executor, sample.select("request_id", "user_prompt", "answer"), key=f"judge-{context.partition_key}"
         )
@@ -199,15 +242,6 @@ def build_judge_asset(spec: JobSpec) -> dg.AssetsDefinition:
             f"judge: pass rate {summary['pass_rate']:.3f} on {summary['judged']} sampled outputs"
             + (f", agreement with golden {summary['agreement']:.3f}" if "agreement" in summary else "")
         )
-        return dg.MaterializeResult(
-            metadata={
-                **{
-                    k: dg.MetadataValue.float(float(v)) if isinstance(v, float) else dg.MetadataValue.int(int(v))
-                    for k, v in summary.items()
-                    if k != "week"
-                },
-                "strata": md_table(strata, limit=100),
-            }
-        )
+        return dg.MaterializeResult(metadata=judge_metadata(summary, strata))
 
     return judge_sample
