@@ -32,6 +32,20 @@ class Request:
             raise ApiError(400, "The body must be a JSON object.")
         return value
 
+    def query_int(self, name: str, default: int, low: int, high: int, refuse: Callable[[bool], Exception]) -> int:
+        """The integer query parameter ``name`` (``default`` when absent or empty); ``refuse(out_of_range)`` is the
+        provider's own 400 for one that is not an integer (False) or not within ``low``..``high`` (True)."""
+        raw = self.query.get(name)
+        if raw is None or raw == "":
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise refuse(False) from None
+        if not low <= value <= high:
+            raise refuse(True)
+        return value
+
 
 @dataclass
 class Response:

@@ -111,6 +111,17 @@ class RecordStore(Generic[R]):
         """The id a record is kept under."""
         return str(record.id)  # type: ignore[attr-defined]
 
+    def get(self, record_id: str) -> R:
+        """A record by id; the provider's own 404 (``not_found``) when there is none."""
+        record = self.records.get(record_id)
+        if record is None:
+            raise self.not_found(record_id)
+        return record
+
+    def not_found(self, record_id: str) -> Exception:
+        """The error the provider answers for an unknown id."""
+        return LookupError(record_id)
+
     def add(self, record: R) -> R:
         self.records[self.key(record)] = record
         return record

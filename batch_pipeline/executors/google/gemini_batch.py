@@ -195,16 +195,11 @@ class GeminiBatchExecutor(GenaiBatchExecutor):
             )
 
     # -- poll / fetch / cancel ------------------------------------------------------------------------------
-    def _get(self, handle: BatchHandle) -> types.BatchJob:
-        return self._call("batch get", self.client.batches.get, name=handle.batch_id)
-
-    def poll(self, handle: BatchHandle) -> BatchStatus:
-        return self._status(self._get(handle))
-
     def _status(self, job: types.BatchJob) -> BatchStatus:
         mapped = self._state(job)
         errors = self._failure(str(job.name)) if mapped == BatchState.FAILED else []
-        return BatchStatus(mapped, job.state.value, errors=errors)  # type: ignore[union-attr]  # the SDK drops batchStats: counts come from lines
+        # the SDK drops batchStats: the counts come from the lines
+        return BatchStatus(mapped, job.state.value, errors=errors)  # type: ignore[union-attr]
 
     def _failure(self, name: str) -> list[str]:
         """Why a batch failed: the operation's ``error``, which the SDK's BatchJob does not map (one raw GET

@@ -140,7 +140,14 @@ class GenaiBatchExecutor(QueueCapped):
             raise BatchPipelineError(f"{self.provider} {self.batch_noun} {job.name} has unknown state {state!r}")
         return STATE_MAP[state]
 
+    def _get(self, handle: BatchHandle) -> types.BatchJob:
+        return self._call(f"{self.batch_noun} get", self.client.batches.get, name=handle.batch_id)
+
     def poll(self, handle: BatchHandle) -> BatchStatus:
+        return self._status(self._get(handle))
+
+    def _status(self, job: types.BatchJob) -> BatchStatus:
+        """What a poll reports of ``job`` (its state by ``_state``, and what the provider says beside it)."""
         raise NotImplementedError
 
     def cancel(self, handle: BatchHandle) -> None:

@@ -146,12 +146,6 @@ class VertexBatchExecutor(GenaiBatchExecutor):
         )
 
     # -- poll / fetch / cancel --------------------------------------------------------------------------------
-    def _get(self, handle: BatchHandle) -> gtypes.BatchJob:
-        return self._call("batch job get", self.client.batches.get, name=handle.batch_id)
-
-    def poll(self, handle: BatchHandle) -> BatchStatus:
-        return self._status(self._get(handle))
-
     def _status(self, job: gtypes.BatchJob) -> BatchStatus:
         state = self._state(job)
         stats = job.completion_stats

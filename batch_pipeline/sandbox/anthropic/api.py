@@ -45,16 +45,12 @@ def check_anthropic_auth(request: Request) -> None:
 
 
 def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
-    raw = request.query.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise invalid_request(f"{name}: Input should be a valid integer") from None
-    if not low <= value <= high:
-        raise invalid_request(f"{name}: Input should be between {low} and {high}")
-    return value
+    def refuse(out_of_range: bool) -> Exception:
+        if out_of_range:
+            return invalid_request(f"{name}: Input should be between {low} and {high}")
+        return invalid_request(f"{name}: Input should be a valid integer")
+
+    return request.query_int(name, default, low, high, refuse)
 
 
 def _check_request(index: int, item: Any, seen: set[str]) -> dict[str, Any]:

@@ -130,11 +130,9 @@ class AnthropicBatches(RecordStore[AnthropicBatch]):
         ends = [b.due_end for b in self.records.values() if b.account == account and b.processing_status != "ended"]
         return min(ends, default=None)
 
-    def get(self, batch_id: str) -> AnthropicBatch:
-        """A batch by id (404 ``not_found_error`` if unknown or deleted)."""
-        if batch_id not in self.records:
-            raise anthropic_error(404, f"No message batch with id {batch_id!r}.")
-        return self.records[batch_id]
+    def not_found(self, batch_id: str) -> Exception:
+        """404 ``not_found_error`` (unknown or deleted)."""
+        return anthropic_error(404, f"No message batch with id {batch_id!r}.")
 
     def cancel(self, batch: AnthropicBatch, now: float) -> None:
         """Start canceling (requests processed so far are kept); 400 once the batch has ended."""

@@ -144,10 +144,8 @@ class GeminiService(RecordStore[GeminiBatch]):
             details=[{"@type": RETRY_INFO, "retryDelay": f"{wait}s"}],
         )
 
-    def get(self, batch_id: str) -> GeminiBatch:
-        if batch_id not in self.records:
-            raise GoogleError(404, f"Batch batches/{batch_id} not found.")
-        return self.records[batch_id]
+    def not_found(self, batch_id: str) -> Exception:
+        return GoogleError(404, f"Batch batches/{batch_id} not found.")
 
     def cancel(self, batch: GeminiBatch, now: float) -> None:
         """Stop processing; the batch is CANCELLED ``cancelling_s`` later (400 once it has ended)."""

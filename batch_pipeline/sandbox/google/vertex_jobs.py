@@ -206,10 +206,8 @@ class VertexJobs(RecordStore[VertexJob]):
             if (j.project, j.location) == (project, location) and j.state not in TERMINAL
         ]
 
-    def get(self, job_id: str) -> VertexJob:
-        if job_id not in self.records:
-            raise GoogleError(404, f"The BatchPredictionJob {job_id} does not exist.")
-        return self.records[job_id]
+    def not_found(self, job_id: str) -> Exception:
+        return GoogleError(404, f"The BatchPredictionJob {job_id} does not exist.")
 
     def delete(self, job_id: str) -> None:
         job = self.get(job_id)

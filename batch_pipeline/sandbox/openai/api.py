@@ -21,16 +21,12 @@ METADATA_MAX_PAIRS, METADATA_MAX_KEY, METADATA_MAX_VALUE = 16, 64, 512
 
 
 def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
-    raw = request.query.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise bad_request(f"{name} must be an integer.", param=name) from None
-    if not low <= value <= high:
-        raise bad_request(f"{name} must be between {low} and {high}.", param=name, code="invalid_value")
-    return value
+    def refuse(out_of_range: bool) -> Exception:
+        if out_of_range:
+            return bad_request(f"{name} must be between {low} and {high}.", param=name, code="invalid_value")
+        return bad_request(f"{name} must be an integer.", param=name)
+
+    return request.query_int(name, default, low, high, refuse)
 
 
 def _page(items: list[dict[str, Any]], after: str | None, limit: int) -> dict[str, Any]:
