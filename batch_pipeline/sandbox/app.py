@@ -56,22 +56,12 @@ class SandboxApp:
                 changed = self.state.advance_all()
                 response = self._dispatch(request)
             except ApiError as exc:
-                if is_gemini_request(request) or is_vertex_path(request.path):
-                    exc = as_google(exc)
-                elif is_anthropic_path(request.path):
-                    exc = as_anthropic(exc)
-                elif is_bedrock_path(request.path):
-                    exc = as_bedrock(exc)
+                exc = in_provider_envelope(exc, request)
                 response = Response(exc.status, exc.body(), dict(exc.headers), batch_id=request.params.get("batch_id"))
             except Exception as exc:  # a sandbox bug: answer in the envelope, report on stderr
                 traceback.print_exc(file=sys.stderr)
                 error = ApiError(500, f"Sandbox internal error: {exc!r}", type="server_error", code="sandbox_bug")
-                if is_gemini_request(request) or is_vertex_path(request.path):
-                    error = as_google(error)
-                elif is_anthropic_path(request.path):
-                    error = as_anthropic(error)
-                elif is_bedrock_path(request.path):
-                    error = as_bedrock(error)
+                error = in_provider_envelope(error, request)
                 response = Response(500, error.body(), {"x-should-retry": "false"})
             response.headers["x-request-id"] = request_id
             if is_anthropic_path(request.path):
@@ -157,3 +147,14 @@ class SandboxApp:
                 "request_key": request_key(request),
             }
         )
+
+
+def in_provider_envelope(error: ApiError, request: Request) -> ApiError:
+    """``error`` as the provider the request was meant for shapes its errors (OpenAI's envelope otherwise)."""
+    if is_gemini_request(request) or is_vertex_path(request.path):
+        return as_google(error)
+    if is_anthropic_path(request.path):
+        return as_anthropic(error)
+    if is_bedrock_path(request.path):
+        return as_bedrock(error)
+    return error

@@ -152,6 +152,12 @@ def chat_completion(
     return Completion(response, prompt, cached_tokens, completion)
 
 
+def poison_message(param: str) -> str:
+    """What the ``poison`` marker's 400 says, on ``param``: the ``messages`` (a chat) or the ``input`` (embeddings)."""
+    what = "context" if param == "messages" else param
+    return f"This request is malformed or its {what} is too long (sandbox marker poison)."
+
+
 def error_body(message: str, *, type: str, code: str | None, param: str | None = None) -> dict[str, Any]:
     """The error envelope carried by a failed request's response line."""
     return {"error": {"message": message, "type": type, "param": param, "code": code}}

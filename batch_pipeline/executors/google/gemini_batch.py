@@ -34,7 +34,7 @@ from google.genai import errors as genai_errors
 from google.genai import types
 from pydantic import Field
 
-from batch_pipeline.core.error_table import Family, Where
+from batch_pipeline.core.error_table import Family
 from batch_pipeline.core.errors import BatchPipelineError, ConfigError, TransientError
 from batch_pipeline.core.ledger.capacity import Dimension
 from batch_pipeline.core.ledger.executor import BatchHandle, BatchState, BatchStatus, ShardWork
@@ -43,7 +43,7 @@ from batch_pipeline.executors.endpoint import resolve_endpoint
 from batch_pipeline.executors.google.embed_format import embed_input_file, parse_any_stream
 from batch_pipeline.executors.google.format import contents_writer, request_template
 from batch_pipeline.executors.google.genai_executor import REFUSED_STATES, STATE_MAP, GenaiBatchExecutor
-from batch_pipeline.executors.google.sdk_errors import SDK_ERRORS, translate_sdk_error
+from batch_pipeline.executors.google.sdk_errors import SDK_ERRORS
 from batch_pipeline.executors.openai.embeddings import is_embedding
 from batch_pipeline.executors.provider_errors import redact
 from batch_pipeline.executors.settings import BatchProviderSettings
@@ -54,7 +54,7 @@ KEY_ENV, FALLBACK_KEY_ENV = "GEMINI_API_KEY", "GOOGLE_API_KEY"
 INPUT_MIME = "jsonl"  # what the batch-mode docs upload with
 _DOWNLOAD_QUEUE_CHUNKS = 16  # 1 MiB chunks held between the download thread and the parser
 S = types.JobState
-__all__ = ["REFUSED_STATES", "STATE_MAP", "GeminiBatchExecutor", "GeminiBatchSettings", "input_file", "translate"]
+__all__ = ["REFUSED_STATES", "STATE_MAP", "GeminiBatchExecutor", "GeminiBatchSettings", "input_file"]
 
 
 class GeminiBatchSettings(BatchProviderSettings):
@@ -63,21 +63,6 @@ class GeminiBatchSettings(BatchProviderSettings):
 
     api_key_env: str | None = KEY_ENV
     api_version: str | None = Field(default=None, description="e.g. v1beta; default: the SDK's (v1)")
-
-
-def translate(
-    exc: Exception,
-    action: str,
-    secret: str | None = None,
-    *,
-    where: Where = Where.CALL,
-    dimension: Dimension | None = None,
-) -> BatchPipelineError:
-    """SDK exception -> our error class (``sdk_errors.translate_sdk_error``); an upload session that broke in
-    the SDK's hands (a ValueError or KeyError while uploading) is transient: the upload starts over."""
-    if isinstance(exc, ValueError | KeyError) and action == "file upload":
-        return TransientError(redact(f"Gemini {action} failed: {exc}", secret))
-    return translate_sdk_error(exc, Family.GEMINI, "Gemini", action, secret, where=where, dimension=dimension)
 
 
 def _unless_gone(fn: Callable[..., Any], gone: tuple[int, ...]) -> Callable[..., Any]:
@@ -151,7 +136,11 @@ class GeminiBatchExecutor(GenaiBatchExecutor):
         return self._secret
 
     def _translate(self, exc: Exception, action: str, **where: Any) -> BatchPipelineError:
-        return translate(exc, action, self._secret, **where)
+        """As for Vertex (``sdk_errors``), but an upload session that broke in the SDK's hands (a ValueError or
+        KeyError while uploading) is transient: the upload starts over."""
+        if isinstance(exc, ValueError | KeyError) and action == "file upload":
+            return TransientError(redact(f"Gemini {action} failed: {exc}", self._secret))
+        return super()._translate(exc, action, **where)
 
     def _retried_errors(self) -> tuple[type[Exception], ...]:
         return (*SDK_ERRORS, ValueError, KeyError)  # the upload session's own breakages (``translate``)
@@ -246,7 +235,7 @@ class GeminiBatchExecutor(GenaiBatchExecutor):
         try:
             while (item := chunks.get()) is not done:
                 if isinstance(item, BaseException):
-                    raise translate(item, "file download", self._secret) from None
+                    raise self._translate(item, "file download") from None
                 yield item
         finally:
             stop.set()

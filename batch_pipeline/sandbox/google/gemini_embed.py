@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from batch_pipeline.sandbox.google.responder import GeminiAnswer, fault_answer, sighting
+from batch_pipeline.sandbox.google.responder import GeminiAnswer, screen
 from batch_pipeline.sandbox.openai.embeddings import (
-    MARKER_RE,
     embed_text,
     encode,
     faulty,
@@ -68,10 +67,8 @@ class GeminiEmbedder:
     def answer(
         self, key: str, model: str, request: dict[str, Any], scenario: Scenario, tokens: int | None = None
     ) -> GeminiAnswer:
-        sightings = sighting(self.seen_keys, key)
         text = embed_text_of(request)
-        marks = set(MARKER_RE.findall(text))
-        failed = fault_answer(key, model, marks, scenario, sightings)
+        sightings, marks, failed = screen(self.seen_keys, key, model, text, scenario)
         if failed is not None:
             return failed
         name = model.removeprefix("models/")

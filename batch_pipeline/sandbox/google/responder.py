@@ -117,28 +117,22 @@ def prompt_tokens(model: str, request: dict[str, Any]) -> int:
     )
 
 
-def sighting(seen_keys: dict[str, int], key: str) -> int:
-    """How often ``key`` was seen before (0: this is its first sighting), counting this one."""
+def screen(
+    seen_keys: dict[str, int], key: str, model: str, text: str, scenario: Scenario
+) -> tuple[int, set[str], GeminiAnswer | None]:
+    """What every request (generate or embed) goes through first: (how often ``key`` was seen before, counting
+    this sighting; the markers in ``text``; the answer it gets whatever it asks: the ``poison`` marker's 400, or
+    a fault of the ``line_errors`` scenario that is due, else None)."""
     seen_key = SEEN_PREFIX + key
     sightings = seen_keys.get(seen_key, 0)
     seen_keys[seen_key] = sightings + 1
-    return sightings
-
-
-def fault_answer(key: str, model: str, marks: set[str], scenario: Scenario, sightings: int) -> GeminiAnswer | None:
-    """The answer a request gets whatever it asks (generate or embed): the ``poison`` marker's 400, or a fault of
-    the ``line_errors`` scenario that is due; None when it is to be answered."""
+    marks = set(MARKER_RE.findall(text))
     if "poison" in marks:
-        return GeminiAnswer(
-            key,
-            model,
-            error=status_object(
-                400, "The input token count exceeds the maximum number of tokens allowed (sandbox marker poison)."
-            ),
-        )
+        message = "The input token count exceeds the maximum number of tokens allowed (sandbox marker poison)."
+        return sightings, marks, GeminiAnswer(key, model, error=status_object(400, message))
     if scenario.line_error_due(key, sightings):
-        return line_error(key, model, scenario)
-    return None
+        return sightings, marks, line_error(key, model, scenario)
+    return sightings, marks, None
 
 
 def line_error(key: str, model: str, scenario: Scenario) -> GeminiAnswer:
@@ -166,10 +160,8 @@ class GeminiResponder:
     ) -> GeminiAnswer:
         """The answer to ``request`` (a ``GenerateContentRequest``) under ``scenario``; ``salt`` (the batch)
         makes the response ID unique; ``prompt``: its ``prompt_tokens`` when already counted."""
-        sightings = sighting(self.seen_keys, key)
         text = user_text(request)
-        marks = set(MARKER_RE.findall(text))
-        failed = fault_answer(key, model, marks, scenario, sightings)
+        _, marks, failed = screen(self.seen_keys, key, model, text, scenario)
         if failed is not None:
             return failed
         system = system_text(request)

@@ -17,7 +17,7 @@ from typing import Any
 from batch_pipeline.sandbox.errors import ApiError, bad_request
 from batch_pipeline.sandbox.ids import new_id
 from batch_pipeline.sandbox.openai import embeddings
-from batch_pipeline.sandbox.responder import cacheable_prefix, chat_completion, markers
+from batch_pipeline.sandbox.responder import cacheable_prefix, chat_completion, markers, poison_message
 from batch_pipeline.sandbox.routing import Request, Response, Router
 from batch_pipeline.sandbox.state import SandboxState
 from batch_pipeline.sandbox.tokens import request_input_tokens
@@ -154,13 +154,7 @@ class ChatApi:
         headers = self._admit(request_input_tokens(body) + _max_tokens(body))
         marks = markers(body)
         if "poison" in marks:
-            raise ApiError(
-                400,
-                "This request is malformed or its context is too long (sandbox marker poison).",
-                code="context_length_exceeded",
-                param="messages",
-                headers=headers,
-            )
+            raise _poisoned("messages", headers)
         self._line_error(key, headers)
         cached = 0
         prefix = cacheable_prefix(body)
@@ -204,13 +198,7 @@ class ChatApi:
         request.params[KEY_PARAM] = key
         headers = self._admit(embeddings.input_tokens(texts))
         if "poison" in embeddings.input_markers(body):
-            raise ApiError(
-                400,
-                "This request is malformed or its input is too long (sandbox marker poison).",
-                code="context_length_exceeded",
-                param="input",
-                headers=headers,
-            )
+            raise _poisoned("input", headers)
         self._line_error(key, headers)
         seen_key = "embeddings:" + key
         sightings = self.state.seen_custom_ids.get(seen_key, 0)
@@ -249,3 +237,8 @@ class ChatApi:
                 code="server_error",
                 headers=headers,
             )
+
+
+def _poisoned(param: str, headers: dict[str, str]) -> ApiError:
+    """The ``poison`` marker's 400 for an online request (the batch line's is ``processing.fault_line``)."""
+    return ApiError(400, poison_message(param), code="context_length_exceeded", param=param, headers=headers)

@@ -15,7 +15,14 @@ from batch_pipeline.sandbox.openai.embeddings import (
 )
 from batch_pipeline.sandbox.openai.embeddings import input_tokens as embedding_tokens
 from batch_pipeline.sandbox.openai.validation import AZURE_CHAT_URL, CHAT_URL, EMBEDDINGS_URL
-from batch_pipeline.sandbox.responder import cacheable_prefix, chat_completion, error_body, last_user_text, markers
+from batch_pipeline.sandbox.responder import (
+    cacheable_prefix,
+    chat_completion,
+    error_body,
+    last_user_text,
+    markers,
+    poison_message,
+)
 from batch_pipeline.sandbox.schema_fill import pick_label
 from batch_pipeline.sandbox.tokens import request_input_tokens
 
@@ -83,13 +90,8 @@ def fault_line(
     """The line a request gets whatever it asks (chat or embeddings): the ``poison`` marker's 400 on ``param``
     (``messages`` or ``input``), or a fault of the ``line_errors`` scenario that is due; None when it is answered."""
     if poisoned:
-        what = "context" if param == "messages" else param
-        body = error_body(
-            f"This request is malformed or its {what} is too long (sandbox marker poison).",
-            type="invalid_request_error",
-            code="context_length_exceeded",
-            param=param,
-        )
+        message = poison_message(param)
+        body = error_body(message, type="invalid_request_error", code="context_length_exceeded", param=param)
         return LineResult(index, custom_id, 400, request_id, body)
     if scenario.line_error_due(custom_id, sightings):
         status, kind, code = scenario.line_error()
