@@ -94,7 +94,7 @@ def test_a_bad_azure_key_stops_the_job_once(sandbox, instance, resources, home, 
     assert len(uploads) == 1 and uploads[0]["status"] == 401  # one failed submission, not one per shard
     store = Store(home)
     stop = JobControl(store, spec.name).current()
-    assert stop is not None and "401" in stop["reason"]
+    assert stop is not None and "401" in stop.reason
     assert sandbox.ledger() == []
     monkeypatch.setenv("AZURE_OPENAI_API_KEY", "good-key")
     JobControl(store, spec.name).clear()

@@ -149,7 +149,7 @@ def test_access_denied_or_an_unknown_model_stops_the_job_once(
     assert [c["status"] for c in creates(sandbox)] == [status]  # one failed create, not one per shard
     store = Store(home)
     stop = JobControl(store, spec.name).current()
-    assert stop is not None and words in stop["reason"] and sandbox.ledger() == []
+    assert stop is not None and words in stop.reason and sandbox.ledger() == []
     sandbox.set_scenario("normal", min_records=10)  # the fix, then a resume
     JobControl(store, spec.name).clear()
     report = run_job(spec, instance, resources)

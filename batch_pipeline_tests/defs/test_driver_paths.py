@@ -87,7 +87,7 @@ def test_systemic_codes_inside_a_batch_error_file_stop_the_job_once_without_burn
     )  # one message, not one per line
     store = Store(home)
     stop = JobControl(store, spec.name).current()
-    assert stop["code"] == "invalid_api_key"
+    assert stop.code == "invalid_api_key"
     creates = batch_creates(sandbox)
     assert creates == 4  # the first pass went out; nothing was resubmitted into the revoked key
     states = JobState.load(spec, store).states

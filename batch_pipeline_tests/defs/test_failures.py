@@ -50,7 +50,7 @@ def test_bad_key_on_a_5000_item_job_stops_once_then_resumes_after_the_fix(
     state = JobState.load(spec, store)
     assert state.results.height == 0 and state.states.filter(pl.col("state") == DEAD).height == 0
     stop = JobControl(store, spec.name).current()
-    assert stop is not None and "401" in stop["reason"]
+    assert stop is not None and "401" in stop.reason
     # the fix: a good key; the user resumes (the CLI clears the stop), and the same job completes
     monkeypatch.setenv("OPENAI_API_KEY", "sk-sandbox")
     JobControl(store, spec.name).clear()

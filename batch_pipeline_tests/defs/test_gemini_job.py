@@ -159,7 +159,7 @@ def test_a_bad_gemini_key_stops_the_job_once(sandbox, instance, gemini_resources
     assert len(uploads) == 1 and uploads[0]["status"] == 400  # one failed submission, not one per shard
     store = Store(home)
     stop = JobControl(store, spec.name).current()
-    assert stop is not None and "API key not valid" in stop["reason"]
+    assert stop is not None and "API key not valid" in stop.reason
     assert sandbox.ledger() == []
     monkeypatch.setenv("GEMINI_API_KEY", "good-key")
     JobControl(store, spec.name).clear()

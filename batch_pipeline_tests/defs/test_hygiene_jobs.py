@@ -88,10 +88,11 @@ def batch_attempts(spec: JobSpec, home) -> list[Attempt]:
 
 def own_ids(attempt: Attempt) -> set[str]:
     """The ids an attempt's handle names at the provider (its batch, and the input it uploaded where recorded)."""
-    handle = attempt.submitted or {}
-    ids = {handle["batch_id"], handle.get("input_file_id")} - {None}
-    if handle["backend"] in ("openai_batch", "vertex_batch", "bedrock_batch"):
-        ids.discard(handle["batch_id"])  # the batch (job) record stays at the provider: it holds no data
+    handle = attempt.submitted
+    assert handle is not None
+    ids = {handle.batch_id, handle.input_file_id} - {None}
+    if handle.backend in ("openai_batch", "vertex_batch", "bedrock_batch"):
+        ids.discard(handle.batch_id)  # the batch (job) record stays at the provider: it holds no data
     return ids
 
 

@@ -57,11 +57,11 @@ def priced(resources, tmp_path, monkeypatch) -> dict:
 def refused(spec, home) -> list[dict]:
     store = Store(home)
     return [
-        r["refused"]
+        r.refused
         for shard in Manifest(spec.name, store).shard_ids()
         for a in AttemptLog(store, spec.name, shard).all()
         for r in a.records.values()
-        if "refused" in r
+        if getattr(r, "refused", None) is not None
     ]
 
 

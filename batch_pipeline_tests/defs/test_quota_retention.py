@@ -11,7 +11,7 @@ import openai
 from rich.console import Console
 
 from batch_pipeline.cli_state import status
-from batch_pipeline.core.ledger.attempts import AttemptLog
+from batch_pipeline.core.ledger.attempts import AttemptLog, SubmittedRecord
 from batch_pipeline.core.ledger.ceilings import open_batch_ages
 from batch_pipeline.core.ledger.control import JobControl
 from batch_pipeline.core.manifest.read import Manifest
@@ -64,7 +64,7 @@ def test_open_batches_are_aged_against_their_providers_ceilings(make_job, monkey
         ).backend
     )
     at = datetime(2026, 11, 1, tzinfo=UTC)
-    submitted = {"batch_id": "batch_1", "at": at.isoformat()}
+    submitted = SubmittedRecord(backend="openai_batch", batch_id="batch_1", key="j:s00001:1", at=at.isoformat())
     (fresh,) = open_batch_ages([("s00001", submitted)], openai, "j", now=at + timedelta(hours=2))
     assert fresh.warning is None and fresh.expires_at == at + timedelta(hours=24)
     (late,) = open_batch_ages([("s00001", submitted)], openai, "j", now=at + timedelta(hours=20))

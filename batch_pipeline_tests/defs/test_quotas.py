@@ -60,8 +60,8 @@ def refusals(home, spec) -> list[dict]:
     for shard in Manifest(spec.name, store).shard_ids():
         for attempt in AttemptLog(store, spec.name, shard).all():
             for record in attempt.records.values():
-                if "refused" in record:
-                    out.append(record["refused"])
+                if getattr(record, "refused", None) is not None:
+                    out.append(record.refused)
     return out
 
 

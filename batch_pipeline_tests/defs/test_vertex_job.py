@@ -158,7 +158,7 @@ def test_permission_denied_stops_the_job_once_and_it_resumes_after_the_fix(
     assert [r["status"] for r in creates] == [403]  # one failed submission, not one per shard or retry
     store = Store(home)
     stop = JobControl(store, spec.name).current()
-    assert stop is not None and "PERMISSION_DENIED" in stop["reason"]
+    assert stop is not None and "PERMISSION_DENIED" in stop.reason
     assert vertex_sandbox.ledger() == []
     monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "granted-project")
     JobControl(store, spec.name).clear()
