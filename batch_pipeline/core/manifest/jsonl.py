@@ -10,7 +10,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.json as pajson
 
-from batch_pipeline.core.manifest.reasons import json_reason, json_type
+from batch_pipeline.core.manifest.reasons import json_type
 from batch_pipeline.core.manifest.rows import (
     CHUNK_BYTES,
     KEY,
@@ -22,6 +22,7 @@ from batch_pipeline.core.manifest.rows import (
     RowBatch,
     bad_field,
     empty_frame,
+    parse_line,
     split_missing,
 )
 
@@ -174,25 +175,11 @@ def _jsonl_slow(
     keys: list[str | None] = []
     lines: list[int] = []
     for raw, line in zip(raw_lines, line_numbers):
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            rejects.append(
-                Reject(
-                    source,
-                    line,
-                    "",
-                    "bad_utf8",
-                    f"not valid UTF-8 (byte {exc.start}: {raw[exc.start : exc.start + 1]!r})",
-                    raw[:RAW_PREVIEW].decode("utf-8", "replace"),
-                )
-            )
+        parsed = parse_line(source, line, raw)
+        if isinstance(parsed, Reject):
+            rejects.append(parsed)
             continue
-        try:
-            row = json.loads(text)
-        except json.JSONDecodeError as exc:
-            rejects.append(Reject(source, line, "", "bad_json", json_reason(exc), text[:RAW_PREVIEW]))
-            continue
+        row, text = parsed
         if not isinstance(row, dict):
             rejects.append(
                 Reject(

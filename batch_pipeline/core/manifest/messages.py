@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from batch_pipeline.core.errors import InputError
 from batch_pipeline.core.manifest import ids
-from batch_pipeline.core.manifest.reasons import json_reason, json_type
+from batch_pipeline.core.manifest.reasons import json_type
 from batch_pipeline.core.manifest.rows import (
     CHUNK_BYTES,
     KEY,
@@ -32,6 +32,7 @@ from batch_pipeline.core.manifest.rows import (
     ReadExtent,
     Reject,
     RowBatch,
+    parse_line,
 )
 
 ROLES = ("user", "assistant")
@@ -224,25 +225,11 @@ def _jsonl(
 def _line(rows: _Rows, raw: bytes, line: int) -> None:
     if not raw.strip():
         return
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        rows.rejects.append(
-            Reject(
-                rows.source,
-                line,
-                "",
-                "bad_utf8",
-                f"not valid UTF-8 (byte {exc.start})",
-                raw[:RAW_PREVIEW].decode("utf-8", "replace"),
-            )
-        )
+    parsed = parse_line(rows.source, line, raw)
+    if isinstance(parsed, Reject):
+        rows.rejects.append(parsed)
         return
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        rows.rejects.append(Reject(rows.source, line, "", "bad_json", json_reason(exc), text[:RAW_PREVIEW]))
-        return
+    obj, text = parsed
     rows.add(obj, line, text)
 
 

@@ -1,13 +1,14 @@
 """The rows an input reader yields and the checks every reader shares: a batch of good rows with the rejects
 found beside it, each reject named by source, line and field."""
 
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import polars as pl
 import pyarrow.fs as pafs
 
-from batch_pipeline.core.manifest.reasons import json_type
+from batch_pipeline.core.manifest.reasons import json_reason, json_type
 
 LINE = "_line"
 KEY = "_key"
@@ -91,3 +92,22 @@ def empty_frame(fields: list[str]) -> pl.DataFrame:
 
 
 # -- CSV and Parquet -------------------------------------------------------------------------------
+
+
+def parse_line(source: str, line: int, raw: bytes) -> tuple[object, str] | Reject:
+    """One JSONL line as (its JSON value, its text), or the reject that says why it is not JSON text."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return Reject(
+            source,
+            line,
+            "",
+            "bad_utf8",
+            f"not valid UTF-8 (byte {exc.start}: {raw[exc.start : exc.start + 1]!r})",
+            raw[:RAW_PREVIEW].decode("utf-8", "replace"),
+        )
+    try:
+        return json.loads(text), text
+    except json.JSONDecodeError as exc:
+        return Reject(source, line, "", "bad_json", json_reason(exc), text[:RAW_PREVIEW])
