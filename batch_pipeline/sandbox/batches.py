@@ -200,19 +200,16 @@ class Lifecycle:
             return True
         if status == "in_progress":
             return self._step_in_progress(batch, now)
-        if status == "finalizing":
-            assert batch.finalizing_at is not None
-            due = batch.finalizing_at + batch.duration("finalizing_s")
+        if status in ("finalizing", "cancelling"):  # a wait, then the end it leads to
+            finalizing = status == "finalizing"
+            if finalizing:
+                assert batch.finalizing_at is not None
+                due = batch.finalizing_at + batch.duration("finalizing_s")
+            else:
+                due = batch.cancel_due(batch.cancelling_at)
             if now < due:
                 return False
-            self._close(batch, "completed", due)
-            return True
-        if status == "cancelling":
-            assert batch.cancelling_at is not None
-            due = batch.cancelling_at + batch.duration("cancelling_s")
-            if now < due:
-                return False
-            self._close(batch, "cancelled", due)
+            self._close(batch, "completed" if finalizing else "cancelled", due)
             return True
         raise AssertionError(f"unexpected status {status}")
 

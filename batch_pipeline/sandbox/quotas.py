@@ -40,19 +40,14 @@ class Load:
         return Load(self.tokens - other.tokens, self.requests - other.requests, self.jobs - other.jobs)
 
 
-def _bearer(request: Request) -> str:
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    return token.strip() if scheme.lower() == "bearer" else ""
-
-
 def account_of(request: Request, provider: str) -> str:
     """The account a request is made for: the key it presents (OpenAI/Azure/Anthropic/Gemini), the SigV4 access
     key id (Bedrock) or the project in the path (Vertex); ``default`` when there is none."""
     headers = request.headers
     if provider == "azure":
-        key = headers.get("api-key", "").strip() or _bearer(request)
+        key = request.presented_key("api-key")
     elif provider == "anthropic":
-        key = headers.get("x-api-key", "").strip() or _bearer(request)
+        key = request.presented_key("x-api-key")
     elif provider == "gemini":
         key = headers.get("x-goog-api-key", "").strip() or request.query.get("key", "").strip()
     elif provider == "bedrock":
@@ -61,7 +56,7 @@ def account_of(request: Request, provider: str) -> str:
     elif provider == "vertex":
         key = request.params.get("project", "")
     else:
-        key = _bearer(request)
+        key = request.bearer()
     return key or DEFAULT_ACCOUNT
 
 

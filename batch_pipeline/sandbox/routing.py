@@ -32,6 +32,15 @@ class Request:
             raise ApiError(400, "The body must be a JSON object.")
         return value
 
+    def bearer(self) -> str:
+        """The token of an ``Authorization: Bearer TOKEN`` header ("" without one)."""
+        scheme, _, token = self.headers.get("authorization", "").partition(" ")
+        return token.strip() if scheme.lower() == "bearer" else ""
+
+    def presented_key(self, header: str) -> str:
+        """The key in the provider's own ``header``, else a bearer token ("" when the request carries neither)."""
+        return self.headers.get(header, "").strip() or self.bearer()
+
     def query_int(self, name: str, default: int, low: int, high: int, refuse: Callable[[bool], Exception]) -> int:
         """The integer query parameter ``name`` (``default`` when absent or empty); ``refuse(out_of_range)`` is the
         provider's own 400 for one that is not an integer (False) or not within ``low``..``high`` (True)."""

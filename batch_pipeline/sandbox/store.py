@@ -64,6 +64,11 @@ class ScenarioRecord:
         """A lifecycle duration (``validating_s``, ``in_progress_s``, ...) from the record's scenario."""
         return float(self.scenario.param(key))
 
+    def cancel_due(self, requested_at: float | None) -> float:
+        """When a cancel requested at ``requested_at`` completes (``cancelling_s`` later)."""
+        assert requested_at is not None, "a record that is cancelling knows when the cancel was asked"
+        return requested_at + self.duration("cancelling_s")
+
     def to_json(self) -> dict[str, Any]:
         """Plain JSON for persistence."""
         data = asdict(self)  # type: ignore[call-overload]

@@ -43,14 +43,13 @@ from batch_pipeline.core.error_table import Family, Where
 from batch_pipeline.core.errors import BatchPipelineError, ConfigError, QuotaError, ResultsGoneError, TransientError
 from batch_pipeline.core.ledger.capacity import Dimension
 from batch_pipeline.core.ledger.executor import BatchHandle, BatchState, BatchStatus, ShardWork
-from batch_pipeline.core.run.threads import default_workers, ordered_map
-from batch_pipeline.core.spec.quota import Retention
+from batch_pipeline.core.run.threads import ordered_map
 from batch_pipeline.executors.anthropic.format import parse_results_block
 from batch_pipeline.executors.anthropic.request_format import batch_requests
+from batch_pipeline.executors.batch_backend import BatchBackend
 from batch_pipeline.executors.endpoint import resolve_endpoint
 from batch_pipeline.executors.jsonl_blocks import iter_blocks
 from batch_pipeline.executors.provider_errors import classified, connection_error, redact, retry_after_s, retry_wait_s
-from batch_pipeline.executors.quota import QueueCapped
 from batch_pipeline.executors.settings import BatchProviderSettings
 
 log = logging.getLogger(__name__)
@@ -109,7 +108,7 @@ def _as_datetime(value: datetime | str) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
-class AnthropicBatchExecutor(QueueCapped):
+class AnthropicBatchExecutor(BatchBackend):
     name = "anthropic_batch"
     quota_dimensions = (Dimension.REQUESTS,)
     retention_days = RETENTION_DAYS
@@ -120,9 +119,7 @@ class AnthropicBatchExecutor(QueueCapped):
     settings_model = AnthropicBatchSettings
 
     def __init__(self, settings: AnthropicBatchSettings):
-        self.settings = settings
-        self.poll_interval_s = settings.poll_interval()
-        self.parse_workers = settings.parse_workers or default_workers()
+        super().__init__(settings)
         base_url, api_key = resolve_endpoint(
             self.name, sandbox=settings.sandbox, base_url=settings.base_url, api_key_env=settings.api_key_env
         )
@@ -230,10 +227,6 @@ class AnthropicBatchExecutor(QueueCapped):
             raise translate(exc, "batch cancel", self.client.api_key) from None
         except anthropic.AnthropicError as exc:
             raise translate(exc, "batch cancel", self.client.api_key) from None
-
-    @property
-    def retention(self) -> Retention:
-        return self.settings.retention
 
     def discard(self, handle: BatchHandle) -> list[str]:
         """Delete the ended batch and its results (``messages.batches.delete``) once they are stored; a batch

@@ -28,15 +28,13 @@ from batch_pipeline.core.error_table import Family, Where
 from batch_pipeline.core.errors import BatchPipelineError, ConfigError, QuotaError, SystemicError, TransientError
 from batch_pipeline.core.ledger.capacity import Dimension
 from batch_pipeline.core.ledger.executor import BatchHandle, BatchState, BatchStatus, ShardWork
-from batch_pipeline.core.run.threads import default_workers
-from batch_pipeline.core.spec.quota import Retention
+from batch_pipeline.executors.batch_backend import BatchBackend
 from batch_pipeline.executors.bedrock.format import parse_output_block, request_lines
 from batch_pipeline.executors.bedrock.sandbox import SANDBOX_CREDENTIALS, sandbox_s3
 from batch_pipeline.executors.bedrock.settings import SANDBOX_ROLE_ARN, BedrockBatchSettings, S3Location
 from batch_pipeline.executors.endpoint import resolve_endpoint
 from batch_pipeline.executors.jsonl_blocks import parse_stream
 from batch_pipeline.executors.provider_errors import classified, connection_error, redact, retry_after_s, retry_wait_s
-from batch_pipeline.executors.quota import QueueCapped
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +95,7 @@ def translate(
     return BatchPipelineError(redact(f"Bedrock {action} failed: {exc}"))
 
 
-class BedrockBatchExecutor(QueueCapped):
+class BedrockBatchExecutor(BatchBackend):
     name = "bedrock_batch"
     quota_dimensions = (Dimension.JOBS,)
     pricing = "batch"
@@ -111,9 +109,7 @@ class BedrockBatchExecutor(QueueCapped):
         return settings.min_records
 
     def __init__(self, settings: BedrockBatchSettings):
-        self.settings = settings
-        self.poll_interval_s = settings.poll_interval()
-        self.parse_workers = settings.parse_workers or default_workers()
+        super().__init__(settings)
         self.min_requests_per_batch = settings.min_records
         base_url, _ = resolve_endpoint(
             self.name, sandbox=settings.sandbox, base_url=settings.base_url, api_key_env=None, key_required=False
@@ -298,10 +294,6 @@ class BedrockBatchExecutor(QueueCapped):
             ):
                 return  # it ended between our poll and the stop: nothing to stop
             raise error from None
-
-    @property
-    def retention(self) -> Retention:
-        return self.settings.retention
 
     def discard(self, handle: BatchHandle) -> list[str]:
         """Delete our own S3 objects of the attempt once its results are stored: the input we uploaded and the

@@ -38,7 +38,6 @@ from batch_pipeline.core.error_table import Family
 from batch_pipeline.core.errors import BatchPipelineError, ConfigError, TransientError
 from batch_pipeline.core.ledger.capacity import Dimension
 from batch_pipeline.core.ledger.executor import BatchHandle, BatchState, BatchStatus, ShardWork
-from batch_pipeline.core.run.threads import default_workers
 from batch_pipeline.executors.endpoint import resolve_endpoint
 from batch_pipeline.executors.google.embed_format import embed_input_file, parse_any_stream
 from batch_pipeline.executors.google.format import contents_writer, request_template
@@ -118,9 +117,7 @@ class GeminiBatchExecutor(GenaiBatchExecutor):
     settings_model = GeminiBatchSettings
 
     def __init__(self, settings: GeminiBatchSettings):
-        self.settings = settings
-        self.poll_interval_s = settings.poll_interval()
-        self.parse_workers = settings.parse_workers or default_workers()
+        super().__init__(settings)
         base_url, api_key = resolve_endpoint(
             self.name, sandbox=settings.sandbox, base_url=settings.base_url, api_key_env=resolve_key_env(settings)
         )

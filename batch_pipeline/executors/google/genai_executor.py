@@ -21,10 +21,9 @@ from batch_pipeline.core.error_table import Family, Where
 from batch_pipeline.core.errors import BatchPipelineError, QuotaError, SystemicError, TransientError
 from batch_pipeline.core.ledger.capacity import Dimension
 from batch_pipeline.core.ledger.executor import BatchHandle, BatchState, BatchStatus
-from batch_pipeline.core.spec.quota import Retention
+from batch_pipeline.executors.batch_backend import BatchBackend
 from batch_pipeline.executors.google.sdk_errors import SDK_ERRORS, translate_sdk_error
 from batch_pipeline.executors.provider_errors import retry_wait_s
-from batch_pipeline.executors.quota import QueueCapped
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +44,7 @@ STATE_MAP = {
 REFUSED_STATES = frozenset({S.JOB_STATE_UNSPECIFIED})  # a batch in no state is an error, as an unknown one
 
 
-class GenaiBatchExecutor(QueueCapped):
+class GenaiBatchExecutor(BatchBackend):
     """The calls, retries, create-once, find, cancel and state mapping of a ``google-genai`` batch backend.
 
     A subclass sets ``family`` and ``provider`` (the error table's and the messages'), ``client`` and
@@ -157,7 +156,3 @@ class GenaiBatchExecutor(QueueCapped):
             if self.poll(handle).state.ended:  # it ended on its own meanwhile: nothing to cancel
                 return
             raise
-
-    @property
-    def retention(self) -> Retention:
-        return self.settings.retention

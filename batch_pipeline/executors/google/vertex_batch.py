@@ -35,7 +35,6 @@ from batch_pipeline.core.error_table import Family
 from batch_pipeline.core.errors import ConfigError, TransientError
 from batch_pipeline.core.ledger.capacity import Dimension
 from batch_pipeline.core.ledger.executor import BatchHandle, BatchStatus, ShardWork
-from batch_pipeline.core.run.threads import default_workers
 from batch_pipeline.executors.endpoint import SANDBOX_URL_ENV, resolve_endpoint
 from batch_pipeline.executors.google.gcs import AttemptObjects, Gcs, parse_gs_uri, sandbox_emulator_url
 from batch_pipeline.executors.google.genai_executor import STATE_MAP, GenaiBatchExecutor
@@ -89,9 +88,7 @@ class VertexBatchExecutor(GenaiBatchExecutor):
     settings_model = VertexBatchSettings
 
     def __init__(self, settings: VertexBatchSettings):
-        self.settings = settings
-        self.poll_interval_s = settings.poll_interval()
-        self.parse_workers = settings.parse_workers or default_workers()
+        super().__init__(settings)
         self.project = (
             settings.project
             or os.environ.get("GOOGLE_CLOUD_PROJECT")

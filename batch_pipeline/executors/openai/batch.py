@@ -26,8 +26,7 @@ from batch_pipeline.core.errors import (
 )
 from batch_pipeline.core.ledger.capacity import Dimension
 from batch_pipeline.core.ledger.executor import BatchHandle, BatchState, BatchStatus, ShardWork
-from batch_pipeline.core.run.threads import default_workers
-from batch_pipeline.core.spec.quota import Retention
+from batch_pipeline.executors.batch_backend import BatchBackend
 from batch_pipeline.executors.endpoint import resolve_endpoint
 from batch_pipeline.executors.openai.embeddings import (
     EMBEDDINGS_URL,
@@ -37,7 +36,6 @@ from batch_pipeline.executors.openai.embeddings import (
 )
 from batch_pipeline.executors.openai.format import CHAT_URL, parse_output_stream, request_lines
 from batch_pipeline.executors.provider_errors import classified, connection_error, redact, retry_after_s
-from batch_pipeline.executors.quota import QueueCapped
 from batch_pipeline.executors.settings import BatchProviderSettings
 
 log = logging.getLogger(__name__)
@@ -100,7 +98,7 @@ def translate(
     return BatchPipelineError(redact(f"{provider} {action} failed: {exc}", secret))
 
 
-class OpenAIBatchExecutor(QueueCapped):
+class OpenAIBatchExecutor(BatchBackend):
     """Subclasses (Azure) override ``_make_client`` and ``_request_lines`` and state their own ``chat_url`` (and
     ``embeddings_url``: None where embeddings jobs are not offered)."""
 
@@ -117,9 +115,7 @@ class OpenAIBatchExecutor(QueueCapped):
     settings_model = OpenAIBatchSettings
 
     def __init__(self, settings: OpenAIBatchSettings):
-        self.settings = settings
-        self.poll_interval_s = settings.poll_interval()
-        self.parse_workers = settings.parse_workers or default_workers()
+        super().__init__(settings)
         self.client, self.secret = self._make_client(settings)
 
     def _make_client(self, settings: OpenAIBatchSettings) -> tuple[openai.OpenAI, str | None]:
@@ -273,10 +269,6 @@ class OpenAIBatchExecutor(QueueCapped):
 
     def cancel(self, handle: BatchHandle) -> None:
         self._call("batch cancel", self.client.batches.cancel, handle.batch_id)
-
-    @property
-    def retention(self) -> Retention:
-        return self.settings.retention
 
     def discard(self, handle: BatchHandle) -> list[str]:
         """Delete the batch's input, output and error files once its results are stored (files stay until

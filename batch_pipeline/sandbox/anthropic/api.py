@@ -30,10 +30,7 @@ def is_anthropic_path(path: str) -> bool:
 def check_anthropic_auth(request: Request) -> None:
     """401 unless ``x-api-key`` or ``Authorization: Bearer`` carries a key (``sk-sandbox-bad`` is refused);
     400 without an ``anthropic-version`` header (any value is accepted)."""
-    key = request.headers.get("x-api-key", "").strip()
-    if not key:
-        scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
-        key = bearer.strip() if scheme.lower() == "bearer" else ""
+    key = request.presented_key("x-api-key")
     if not key:
         raise AnthropicError(
             401, "x-api-key header is required (any key works on the sandbox).", type="authentication_error"

@@ -50,7 +50,7 @@ class AnthropicBatch(ProcessedRecord):
     def due_end(self) -> float:
         """When the batch will end as things stand (its natural end, or its cancel's)."""
         if self.cancel_initiated_at is not None:
-            return self.cancel_initiated_at + self.duration("cancelling_s")
+            return self.cancel_due(self.cancel_initiated_at)
         return self.processing_end + self.duration("finalizing_s")
 
     def archived_at(self, now: float, kept_s: float = RESULTS_KEPT_S) -> float | None:
@@ -172,8 +172,7 @@ class AnthropicBatches(RecordStore[AnthropicBatch]):
             else:
                 self._process_until(batch, now)
         elif batch.processing_status == "canceling":
-            assert batch.cancel_initiated_at is not None
-            due = batch.cancel_initiated_at + batch.duration("cancelling_s")
+            due = batch.cancel_due(batch.cancel_initiated_at)
             if now >= due:
                 self._close(batch, "canceled", due)
         return before != (batch.processing_status, len(batch.results))

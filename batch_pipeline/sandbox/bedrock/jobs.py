@@ -172,8 +172,7 @@ class BedrockJobs(RecordStore[BedrockJob]):
         """Apply everything due by ``now``; True if anything changed."""
         before = (job.status, len(job.results))
         if job.status == "Stopping":
-            assert job.stop_requested_at is not None
-            due = job.stop_requested_at + job.duration("cancelling_s")
+            due = job.cancel_due(job.stop_requested_at)
             if now >= due:
                 self._close(job, "Stopped", due)
         elif job.status in LIVE:

@@ -172,7 +172,7 @@ class GeminiService(RecordStore[GeminiBatch]):
         before = (batch.state, len(batch.results))
         expires = batch.expires_at
         if batch.cancel_at is not None:
-            due = batch.cancel_at + batch.duration("cancelling_s")
+            due = batch.cancel_due(batch.cancel_at)
             if now >= due:
                 self._close(batch, "BATCH_STATE_CANCELLED", due)
         elif now >= batch.processing_start and batch.invalid is not None:

@@ -37,8 +37,8 @@ def is_vertex_path(path: str) -> bool:
 
 def check_vertex_auth(request: Request) -> None:
     """401 without a bearer token or with ``sandbox-bad``; 403 for a ``denied-*`` project."""
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip() or token.strip() == BAD_TOKEN:
+    token = request.bearer()
+    if not token or token == BAD_TOKEN:
         raise GoogleError(
             401,
             "Request had invalid authentication credentials. Expected OAuth 2 access token, "

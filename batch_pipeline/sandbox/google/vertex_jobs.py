@@ -253,8 +253,7 @@ class VertexJobs(RecordStore[VertexJob]):
             else:
                 self._process_until(job, now)
         elif job.state == "JOB_STATE_CANCELLING":
-            assert job.cancel_at is not None
-            due = job.cancel_at + job.duration("cancelling_s")
+            due = job.cancel_due(job.cancel_at)
             if now >= due:
                 self._end(job, "JOB_STATE_CANCELLED", due)
         if (job.state, len(job.lines)) != before:

@@ -186,9 +186,8 @@ class OpenAIApi:
 
 def check_auth(request: Request) -> None:
     """401 unless ``Authorization: Bearer <non-empty key>``; the key ``sk-sandbox-bad`` is refused."""
-    header = request.headers.get("authorization", "")
-    scheme, _, key = header.partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
+    key = request.bearer()
+    if not key:
         raise ApiError(401, "You didn't provide an API key: send 'Authorization: Bearer KEY' (any key works here).")
-    if key.strip() == BAD_KEY:
+    if key == BAD_KEY:
         raise ApiError(401, f"Incorrect API key provided: {BAD_KEY}.", code="invalid_api_key")

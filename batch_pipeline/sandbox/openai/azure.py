@@ -39,10 +39,7 @@ def check_azure_auth(request: Request) -> None:
     found = _API_VERSION.match(version)
     if found is None or found.group(1) < FIRST_BATCH_VERSION:
         raise ApiError(404, "Resource not found", code="404")
-    key = request.headers.get("api-key", "").strip()
-    if not key:
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        key = token.strip() if scheme.lower() == "bearer" else ""
+    key = request.presented_key("api-key")
     if not key:
         raise ApiError(
             401,
