@@ -79,7 +79,9 @@ class GenaiBatchExecutor(BatchBackend):
 
     @staticmethod
     def _sleep(error: TransientError, attempt: int, action: str) -> None:
-        wait = retry_wait_s(attempt, error.retry_after_s)
+        """Wait what the server asked, else back off; a stated wait of 0 s is no ask (backing off spares a
+        server that is already refusing us)."""
+        wait = retry_wait_s(attempt, error.retry_after_s or None)
         log.info("%s: %s; retrying in %.2f s", action, error, wait)
         time.sleep(wait)
 

@@ -21,7 +21,7 @@ from batch_pipeline.sandbox.openai.embeddings import (
 from batch_pipeline.sandbox.scenarios import Scenario
 from batch_pipeline.sandbox.tokens import input_tokens
 
-# the operation's ``@type`` URLs for an embeddings batch (those of a generate batch: gemini_batches.py)
+# the operation's ``@type`` URLs for an embeddings batch (those of a generate batch: gemini_record.py)
 EMBED_METADATA_TYPE = "type.googleapis.com/google.ai.generativelanguage.v1main.EmbedContentBatch"
 EMBED_OUTPUT_TYPE = "type.googleapis.com/google.ai.generativelanguage.v1main.EmbedContentBatchOutput"
 NATIVE_DIMENSIONS = 3072  # gemini-embedding-001's full size, and the most it gives
