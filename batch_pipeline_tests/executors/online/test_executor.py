@@ -22,6 +22,7 @@ from batch_pipeline.executors.openai.format import body_settings, chat_messages
 from batch_pipeline.executors.provider_errors import retry_after_s
 from batch_pipeline.executors.registry import batch_limits, create_executor, names
 from batch_pipeline.sandbox import SandboxAdmin
+from batch_pipeline.sandbox.openai.chat import _messages_key
 
 CHAT = "/v1/chat/completions"
 LABELS = ["billing", "bug", "other"]
@@ -122,16 +123,38 @@ def test_429_storm_honours_retry_after_ms(admin):
 
 def test_backoff_without_a_header_is_jittered_and_bounded(admin):
     admin.set_scenario("server_error", times=24, on=["chat_completions"])  # a 500 carries no retry-after
-    ex = executor(concurrency=6, max_attempts_per_request=8, backoff_base_s=0.1, backoff_max_s=0.2)
-    rows = pa.concat_tables(list(ex.run(work(6)))).to_pylist()
-    assert all(r["http_status"] == 200 for r in rows)
-    gaps = []
-    for attempts in by_request(chat_log(admin)).values():
-        for n, (before, after) in enumerate(zip(attempts, attempts[1:]), start=1):
-            gap = after["monotonic"] - before["monotonic"]
-            assert gap <= min(0.2, 0.1 * 2 ** (n - 1)) + 0.2  # full jitter below the exponential ceiling (+ slack)
-            gaps.append(gap)
-    assert len(gaps) == 24 and statistics.pstdev(gaps) > 0.01  # not one fixed delay
+    # more attempts than there are faults: however the 24 fall on the 6 requests, every request ends in a 200
+    ex = executor(concurrency=6, max_attempts_per_request=25, backoff_base_s=0.1, backoff_max_s=0.2)
+    drawn: dict[str, list[tuple[int, float]]] = defaultdict(list)  # prompt -> (attempt, wait drawn after it)
+    current = threading.local()
+    one, delay = ex._one, ex._delay
+
+    def one_noted(request_id: str, prompt: str, *rest: Any) -> Any:
+        current.prompt = prompt
+        return one(request_id, prompt, *rest)
+
+    def delay_noted(attempt: int, reply: Reply) -> tuple[float, bool]:
+        wait, said = delay(attempt, reply)
+        drawn[current.prompt].append((attempt, wait))
+        return wait, said
+
+    ex._one, ex._delay = one_noted, delay_noted  # type: ignore[method-assign]
+    items = work(6)
+    rows = pa.concat_tables(list(ex.run(items))).to_pylist()
+    assert len(rows) == 6 and all(r["http_status"] == 200 for r in rows)
+    keys = {_messages_key(chat_messages(items.plan, p)): p for p in items.items.column("user_prompt").to_pylist()}
+    waits = []
+    for key, attempts in by_request(chat_log(admin)).items():
+        noted = drawn[keys[key]]
+        assert [a for a, _ in noted] == list(range(1, len(attempts)))  # one wait after each failed attempt
+        for (before, after), (n, wait) in zip(zip(attempts, attempts[1:]), noted):
+            assert before["status"] == 500 and before["retry_count"] == n - 1
+            assert 0 <= wait <= min(0.2, 0.1 * 2 ** (n - 1))  # full jitter below the exponential ceiling
+            # the wait was kept: the retry reached the sandbox no sooner (its clock and ours are the host's)
+            assert after["monotonic"] - before["monotonic"] >= wait - 0.001
+            waits.append(wait)
+    assert len(waits) == sum(map(len, drawn.values())) == 24
+    assert statistics.pstdev(waits) > 0.01  # not one fixed delay
 
 
 def test_retries_spent_leave_a_transient_row(admin):
