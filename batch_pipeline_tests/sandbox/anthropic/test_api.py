@@ -39,7 +39,7 @@ def retrieve(client: anthropic.Anthropic, batch_id: str) -> dict[str, Any]:
     return json.loads(client.messages.batches.with_raw_response.retrieve(batch_id).text())
 
 
-def wait_ended(client: anthropic.Anthropic, batch_id: str, timeout: float = 10.0) -> dict[str, Any]:
+def wait_ended(client: anthropic.Anthropic, batch_id: str, timeout: float = 60.0) -> dict[str, Any]:
     """Poll until processing_status is ended."""
     deadline = time.monotonic() + timeout
     while True:

@@ -107,9 +107,11 @@ def test_a_mixed_model_batch_counts_per_model_against_one_queue(keys, admin):
 
 def test_results_are_gone_after_retention_from_creation_and_not_before(keys, admin):
     client = keys[0]
-    ended = wait_ended(client, create(client, BATCH)["id"])
-    admin.clock(freeze=True)  # a fraction of a second after the batch was created
-    admin.clock(advance_s=29 * 24 * 3600 - 5)
+    admin.clock(freeze=True)  # every age below is on the sandbox clock, however long the machine takes to answer
+    created = create(client, BATCH)
+    admin.clock(advance_s=1.0)  # past its 0.3 s lifecycle
+    ended = wait_ended(client, created["id"])
+    admin.clock(advance_s=29 * 24 * 3600 - 5 - 1.0)  # 5 s before the retention from creation ends
     assert len(results(client, ended["id"])) == len(BATCH) and retrieve(client, ended["id"])["archived_at"] is None
     admin.clock(advance_s=10.0)
     with pytest.raises(anthropic.NotFoundError) as gone:
