@@ -20,7 +20,7 @@ from batch_pipeline.core.ledger.machine import ShardState
 from batch_pipeline.core.run.activity import Activity
 from batch_pipeline.core.settings import Settings
 from batch_pipeline.core.spec.job import JobSpec
-from batch_pipeline.core.state.driver import Action, WaitKind
+from batch_pipeline.core.state.driver import Action, Plan, WaitKind
 from batch_pipeline.core.state.ranges import ShardRange, shard_ranges
 from batch_pipeline.core.state.turns import MOVES, SENDS, TurnLimits
 from batch_pipeline.core.state.view import load_view
@@ -50,19 +50,37 @@ def run_job(
     log_level: str = "WARNING",
     on_stage: Callable[[str], None] | None = None,
 ) -> dict:
-    defs = build_definitions([spec], resources)
-    graph_assets = list(defs.assets or []) + list(defs.asset_checks or [])
-    resources = defs.resources
-    stage = on_stage or (lambda s: None)
+    """Prepare, carry out the driver's plans until it says publish (or a limit is reached), publish; the report."""
     span = shards_per_run or Settings.from_env().shards_per_run
+    return PassLoop(spec, instance, resources, span, log_level, on_stage or (lambda s: None)).run()
 
-    def run(names: list[str], **kwargs) -> dg.ExecuteInProcessResult:
+
+class PassLoop:
+    """The CLI's loop: each turn asks the driver for the plan and materializes what it says, in-process."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        instance: dg.DagsterInstance,
+        resources: dict | None,
+        span: int,
+        log_level: str,
+        stage: Callable[[str], None],
+    ):
+        defs = build_definitions([spec], resources)
+        self.spec, self.instance, self.span, self.log_level, self.stage = spec, instance, span, log_level, stage
+        self.graph_assets = list(defs.assets or []) + list(defs.asset_checks or [])
+        self.resources = defs.resources
+        self.limits = TurnLimits.for_spec(spec)
+        self.passes = self.canaries = self.requotes = 0
+
+    def materialize(self, names: list[str], **kwargs) -> dg.ExecuteInProcessResult:
         result = dg.materialize(
-            graph_assets,
-            selection=[asset_key(spec, n) for n in names],
-            instance=instance,
-            resources=resources,
-            run_config=_quiet(log_level),
+            self.graph_assets,
+            selection=[asset_key(self.spec, n) for n in names],
+            instance=self.instance,
+            resources=self.resources,
+            run_config=_quiet(self.log_level),
             raise_on_error=False,
             **kwargs,
         )
@@ -70,68 +88,89 @@ def run_job(
             raise dg.Failure(_failure_message(result))
         return result
 
-    stage("manifest")
-    with progress.opened("manifest", None, "bytes"):  # a bar only when there is something to read
-        run(["manifest", *(["backend_comparison"] if spec.cost_compare is not None else [])])
-    store = resources["store"].get()
-    tail = spec.tail.backend.name if spec.tail is not None else None
-    all_shards = instance.get_dynamic_partitions(shards_partitions(spec).name)
-    passes = canaries = requotes = 0
-    limits = TurnLimits.for_spec(spec)
-    queue = QueueLoop(spec, store, stage, limits)
-    while True:
+    def run(self) -> dict:
+        spec = self.spec
+        self.stage("manifest")
+        with progress.opened("manifest", None, "bytes"):  # a bar only when there is something to read
+            self.materialize(["manifest", *(["backend_comparison"] if spec.cost_compare is not None else [])])
+        self.store = self.resources["store"].get()
+        self.tail = spec.tail.backend.name if spec.tail is not None else None
+        self.all_shards = self.instance.get_dynamic_partitions(shards_partitions(spec).name)
+        self.queue = QueueLoop(spec, self.store, self.stage, self.limits)
+        while self._turn(self._plan()):
+            pass
+        self.stage("publish")
+        self.materialize(PUBLISH_ASSETS)
+        report = self.store.read_json(f"jobs/{spec.name}/report.json") or {}
+        report["passes"] = self.passes
+        return report
+
+    def _plan(self) -> Plan:
+        queue = self.queue
         plan = load_view(
-            spec,
-            store,
-            **batch_minimums(spec),
+            self.spec,
+            self.store,
+            **batch_minimums(self.spec),
             capacity=queue.ledgers,
             batch_ended=queue.poller if queue.bound else None,
             waits_inline=not queue.bound,  # shard_results waits on an open batch, unless the queue loop polls them
         ).plan()
-        log.info("job %s: plan: %s", spec.name, plan.describe())
+        log.info("job %s: plan: %s", self.spec.name, plan.describe())
         if plan.stopped:
             raise dg.Failure(f"job stopped: {plan.stopped}")
         if plan.paused:  # a deploy: running shards stored what finished and returned; nothing new goes out
-            raise JobPaused(f"job {spec.name} is paused: {plan.describe()}")
+            raise JobPaused(f"job {self.spec.name} is paused: {plan.describe()}")
+        return plan
+
+    def _turn(self, plan: Plan) -> bool:
+        """One turn of the plan; False when it is time to publish."""
         if plan.publish:
-            break
+            return False
         if plan.has(Action.REQUOTE):
-            requotes += 1
-            if (why := limits.too_many_requotes(requotes, plan.describe())) is not None:
+            self.requotes += 1
+            if (why := self.limits.too_many_requotes(self.requotes, plan.describe())) is not None:
                 raise dg.Failure(why)
-            run(["quote"])
-            continue
-        requotes = 0
+            self.materialize(["quote"])
+            return True
+        self.requotes = 0
         if plan.waiting_for(WaitKind.QUOTA) and not plan.has(Action.CANARY):
             # the account's queue is full: send what fits, collect what ended, wait on the provider in between
-            if queue.step(
-                plan, lambda names, r: run(names, **({"tags": range_tags(r)} if r else {})), all_shards, span
-            ):
-                continue
+            if self.queue.step(plan, self._ranged, self.all_shards, self.span):
+                return True
         canary = plan.shards(Action.CANARY)
         if canary:
-            canaries += 1
-            if (why := limits.too_many_canaries(canaries, canary[0], plan.describe())) is not None:
-                raise dg.Failure(why)
-            stage(
-                f"canary: shard {canary[0]} ({spec.canary.size} items at most, alone)"
-                + (f" (attempt {canaries})" if canaries > 1 else "")
-            )
-            run(["quote"])  # the canary spends against a fresh quote too
-            did = Activity(store, spec.name, tail)
-            with progress.opened("submit", 1, "shards"), progress.opened("collect", 0, "shards"):
-                run(SHARD_ASSETS, partition_key=canary[0])  # its batch, if it makes one, is the one to collect
-            stage(f"canary done: {did.since().describe()}")
-            continue
+            self._canary(canary[0], plan)
+            return True
         todo = sorted(set(plan.shards(*MOVES)))
-        if not todo or passes >= limits.passes:
+        if not todo or self.passes >= self.limits.passes:
             if todo or plan.waiting:
-                log.warning("job %s: publishing what there is: %s", spec.name, plan.describe())
-            break
-        passes += 1
-        stage(f"pass {passes}: {len(todo)} shard(s), planned: {plan.describe()}")
-        run(["quote"])  # every pass spends against a fresh quote
-        did = Activity(store, spec.name, tail)
+                log.warning("job %s: publishing what there is: %s", self.spec.name, plan.describe())
+            return False
+        self._pass(plan, todo)
+        return True
+
+    def _ranged(self, names: list[str], r: ShardRange | None) -> None:
+        self.materialize(names, **({"tags": range_tags(r)} if r else {}))
+
+    def _canary(self, shard: str, plan: Plan) -> None:
+        self.canaries += 1
+        if (why := self.limits.too_many_canaries(self.canaries, shard, plan.describe())) is not None:
+            raise dg.Failure(why)
+        self.stage(
+            f"canary: shard {shard} ({self.spec.canary.size} items at most, alone)"
+            + (f" (attempt {self.canaries})" if self.canaries > 1 else "")
+        )
+        self.materialize(["quote"])  # the canary spends against a fresh quote too
+        did = Activity(self.store, self.spec.name, self.tail)
+        with progress.opened("submit", 1, "shards"), progress.opened("collect", 0, "shards"):
+            self.materialize(SHARD_ASSETS, partition_key=shard)  # its batch, if it makes one, is the one to collect
+        self.stage(f"canary done: {did.since().describe()}")
+
+    def _pass(self, plan: Plan, todo: list[str]) -> None:
+        self.passes += 1
+        self.stage(f"pass {self.passes}: {len(todo)} shard(s), planned: {plan.describe()}")
+        self.materialize(["quote"])  # every pass spends against a fresh quote
+        did = Activity(self.store, self.spec.name, self.tail)
         sends = set(plan.shards(*SENDS))
         # batches open now (a rescue collects its own); each batch the pass makes adds one (progress.expect)
         open_now = [
@@ -141,14 +180,9 @@ def run_job(
             progress.opened("submit", len(sends & set(todo)), "shards"),
             progress.opened("collect", len(open_now), "shards"),
         ):
-            for r in shard_ranges(all_shards, todo, span):  # the ranges' assets count towards the pass's bars
-                run(SHARD_ASSETS, tags=range_tags(r))
-        stage(f"pass {passes} done: {did.since().describe()}")  # what it did, whatever the plan said
-    stage("publish")
-    run(PUBLISH_ASSETS)
-    report = store.read_json(f"jobs/{spec.name}/report.json") or {}
-    report["passes"] = passes
-    return report
+            for r in shard_ranges(self.all_shards, todo, self.span):  # the ranges' assets count towards the bars
+                self.materialize(SHARD_ASSETS, tags=range_tags(r))
+        self.stage(f"pass {self.passes} done: {did.since().describe()}")  # what it did, whatever the plan said
 
 
 def range_tags(r: ShardRange) -> dict[str, str]:

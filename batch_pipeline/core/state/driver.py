@@ -190,46 +190,10 @@ def shard_step(s: ShardSummary, facts: JobFacts) -> Step | Wait | None:
             s.shard_id,
             "an intent with no recorded submission: ask the provider, else close it and resubmit",
         )
-    canary = facts.canary
-    if canary.pending:
-        if s.shard_id != canary.shard_id:
-            return Wait(WaitKind.CANARY, f"waits for the canary shard {canary.shard_id}")
-        if not facts.quote_fresh:
-            return Wait(WaitKind.QUOTE, "waits for a fresh quote")
-        why = (
-            "the canary runs first, alone"
-            if not s.canary_done
-            else "the canary has no verdict yet: it runs again (what is still pending in its sample)"
-        )
-        small = _below_minimum(min(canary.size or s.expected, _pending(s)), facts.min_batch)
-        if small is None:
-            return Step(Action.CANARY, s.shard_id, why)
-        return (
-            Step(Action.CANARY, s.shard_id, f"{why}; {small}: on the tail backend", tail=True)
-            if facts.has_tail
-            else Wait(WaitKind.BELOW_MINIMUM, f"the canary sample has {small}{_NO_TAIL}")
-        )
+    if facts.canary.pending:
+        return _canary_step(s, facts)
     if s.fallback_pending and _pending(s) <= s.fallback_pending:
-        if not facts.quote_fresh:
-            return Wait(WaitKind.QUOTE, "waits for a fresh quote")
-        what = f"{s.fallback_pending} item(s) the primary could not answer"
-        small = _below_minimum(s.fallback_pending, facts.fallback_min_batch, "the fallback backend's")
-        if small is None:
-            return Step(Action.SUBMIT, s.shard_id, f"{what}: to the fallback model", fallback=True)
-        if facts.fallback_tail:
-            return Step(
-                Action.SUBMIT,
-                s.shard_id,
-                f"{what}: {small}: to the fallback model on the tail backend",
-                fallback=True,
-                tail=True,
-            )
-        return Wait(
-            WaitKind.BELOW_MINIMUM,
-            f"{what} for the fallback model: {small}; they wait (a `tail:` backend "
-            "with a price for the fallback model answers them online; or a fallback "
-            "backend without a minimum)",
-        )
+        return _fallback_step(s, facts)
     if rescue:
         return Step(Action.RESCUE, s.shard_id, "deadline near: the shard goes to the tail backend")
     if not facts.quote_fresh:
@@ -243,6 +207,52 @@ def shard_step(s: ShardSummary, facts: JobFacts) -> Step | Wait | None:
         )
     what = "new" if s.state == ShardState.NEW else f"{s.retryable - s.fallback_pending} retryable item(s)"
     return Step(Action.SUBMIT, s.shard_id, what)
+
+
+def _canary_step(s: ShardSummary, facts: JobFacts) -> Step | Wait:
+    """While the canary is pending: the canary shard runs its sample alone; every other shard waits for it."""
+    canary = facts.canary
+    if s.shard_id != canary.shard_id:
+        return Wait(WaitKind.CANARY, f"waits for the canary shard {canary.shard_id}")
+    if not facts.quote_fresh:
+        return Wait(WaitKind.QUOTE, "waits for a fresh quote")
+    why = (
+        "the canary runs first, alone"
+        if not s.canary_done
+        else "the canary has no verdict yet: it runs again (what is still pending in its sample)"
+    )
+    small = _below_minimum(min(canary.size or s.expected, _pending(s)), facts.min_batch)
+    if small is None:
+        return Step(Action.CANARY, s.shard_id, why)
+    return (
+        Step(Action.CANARY, s.shard_id, f"{why}; {small}: on the tail backend", tail=True)
+        if facts.has_tail
+        else Wait(WaitKind.BELOW_MINIMUM, f"the canary sample has {small}{_NO_TAIL}")
+    )
+
+
+def _fallback_step(s: ShardSummary, facts: JobFacts) -> Step | Wait:
+    """Only items the primary gave up on are left: they go to the fallback model (or its tail), or wait."""
+    if not facts.quote_fresh:
+        return Wait(WaitKind.QUOTE, "waits for a fresh quote")
+    what = f"{s.fallback_pending} item(s) the primary could not answer"
+    small = _below_minimum(s.fallback_pending, facts.fallback_min_batch, "the fallback backend's")
+    if small is None:
+        return Step(Action.SUBMIT, s.shard_id, f"{what}: to the fallback model", fallback=True)
+    if facts.fallback_tail:
+        return Step(
+            Action.SUBMIT,
+            s.shard_id,
+            f"{what}: {small}: to the fallback model on the tail backend",
+            fallback=True,
+            tail=True,
+        )
+    return Wait(
+        WaitKind.BELOW_MINIMUM,
+        f"{what} for the fallback model: {small}; they wait (a `tail:` backend "
+        "with a price for the fallback model answers them online; or a fallback "
+        "backend without a minimum)",
+    )
 
 
 _NO_TAIL = (
