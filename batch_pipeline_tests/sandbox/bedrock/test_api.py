@@ -61,13 +61,15 @@ def create(bedrock, uri: str, bucket: str, name: str = "job-1", **extra) -> str:
     )["jobArn"]
 
 
-def wait(bedrock, arn: str) -> dict:
-    for _ in range(200):
+def wait(bedrock, arn: str, timeout: float = 60.0) -> dict:
+    """Poll until the job has ended (a generous deadline: a loaded machine is slow, not wrong)."""
+    deadline = time.monotonic() + timeout
+    while True:
         job = bedrock.get_model_invocation_job(jobIdentifier=arn)
         if job["status"] in ("Completed", "PartiallyCompleted", "Failed", "Stopped", "Expired"):
             return job
+        assert time.monotonic() < deadline, f"job {arn} never ended: {job['status']}"
         time.sleep(0.05)
-    raise AssertionError("job never ended")
 
 
 def output(s3, bucket: str, arn: str) -> dict[str, bytes]:
@@ -157,15 +159,17 @@ def test_list_filters_and_pages_and_an_unknown_job_is_not_found(aws, admin):
     bedrock, s3, bucket = aws
     uri = put_input(s3, bucket, "in/c.jsonl", [record(i) for i in range(100)])
     arns = [create(bedrock, uri, bucket, name=f"demo-s0000{i}-1") for i in range(3)]
-    create(bedrock, uri, bucket, name="other-job")
+    other = create(bedrock, uri, bucket, name="other-job")
     found = bedrock.list_model_invocation_jobs(nameContains="demo-s0000")["invocationJobSummaries"]
     assert [j["jobArn"] for j in found] == arns[::-1]  # newest first
     page = bedrock.list_model_invocation_jobs(maxResults=2)
     rest = bedrock.list_model_invocation_jobs(maxResults=2, nextToken=page["nextToken"])
     assert len(page["invocationJobSummaries"]) == 2 and len(rest["invocationJobSummaries"]) == 2
     assert "nextToken" not in rest
+    # a real job's ARN with its last digit changed to one no job of this (freshly reset) sandbox has
+    unknown = next(a for a in (arns[0][:-1] + c for c in "0123456789abcdef") if a not in {*arns, other})
     with pytest.raises(ClientError) as caught:
-        bedrock.get_model_invocation_job(jobIdentifier=arns[0][:-1] + "0")
+        bedrock.get_model_invocation_job(jobIdentifier=unknown)
     assert caught.value.response["Error"]["Code"] == "ResourceNotFoundException"
     assert bedrock.get_model_invocation_job(jobIdentifier=arns[0].rsplit("/", 1)[-1])["jobArn"] == arns[0]
 
