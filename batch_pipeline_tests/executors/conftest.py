@@ -6,11 +6,13 @@ from batch_pipeline.core.ledger.executor import BatchExecutor, BatchHandle, Batc
 from batch_pipeline_tests.gcs_fixtures import gcs_emulator, vertex_sandbox, vertex_sandbox_proc  # noqa: F401
 
 
-def wait_ended(ex: BatchExecutor, handle: BatchHandle) -> BatchStatus:
-    """Poll until the sandbox batch has ended (its clock runs fast)."""
-    for _ in range(200):
+def wait_ended(ex: BatchExecutor, handle: BatchHandle, timeout: float = 60.0) -> BatchStatus:
+    """Poll until the sandbox batch has ended (its clock runs fast), to a generous deadline: a loaded machine is
+    slow, not wrong."""
+    deadline = time.monotonic() + timeout
+    while True:
         status = ex.poll(handle)
         if status.state.ended:
             return status
+        assert time.monotonic() < deadline, f"batch {handle.batch_id} never ended: {status.state}"
         time.sleep(0.05)
-    raise AssertionError("batch never ended")
