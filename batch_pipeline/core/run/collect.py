@@ -27,7 +27,7 @@ from batch_pipeline.core.ledger.outcomes import CollectOutcome
 from batch_pipeline.core.ledger.result_parts import new_part, write_part, write_payload
 from batch_pipeline.core.run.faults import crash_point, faults_armed
 from batch_pipeline.core.run.hygiene import discard_collected
-from batch_pipeline.core.run.lease import Lease, acquire
+from batch_pipeline.core.run.lease import Lease, LeaseKeeper, acquire
 from batch_pipeline.core.run.results import build_results
 from batch_pipeline.core.run.stream import StreamShape
 
@@ -78,98 +78,121 @@ class CollectShape:
         on_status: Callable[[str, BatchStatus], None] | None,
     ) -> CollectOutcome:
         outcome = CollectOutcome(shard_id)
-        log_ = AttemptLog(self.store, self.spec.name, shard_id)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        renew_at = time.monotonic() + lease.ttl.total_seconds() / 3
+        keeper = LeaseKeeper(lease)
         for attempt in self.open_attempts(shard_id):
             assert attempt.submitted is not None  # open_attempts: submitted ones only
             handle = attempt.submitted.handle()
-            transient_in_a_row = 0
-            while True:
-                try:
-                    status = self._guard(partial(executor.poll, handle))
-                    transient_in_a_row = 0
-                except TransientError as exc:  # a flaky poll is not a failed batch: wait and ask again
-                    transient_in_a_row += 1
-                    if transient_in_a_row > MAX_TRANSIENT_POLLS:
-                        raise
-                    wait = min(exc.retry_after_s or poll_interval_s * 2**transient_in_a_row, 60.0)
-                    log.warning(
-                        "shard %s: polling %s failed (%s); again in %.1fs", shard_id, handle.batch_id, exc, wait
-                    )
-                    time.sleep(wait)
-                    continue
-                if time.monotonic() > renew_at:
-                    lease.renew()
-                    renew_at = time.monotonic() + lease.ttl.total_seconds() / 3
-                if on_status:
-                    on_status(shard_id, status)
-                if status.state.ended:
-                    break
-                if self.control.paused():  # the batch keeps running at the provider; a later run collects it
-                    raise JobPaused(
-                        f"job {self.spec.name} paused: batch {handle.batch_id} of shard {shard_id} is "
-                        f"left running ({status.provider_status}); resume collects it"
-                    )
-                if self._cancel_when is not None and status.state != BatchState.CANCELLING and self._cancel_when():
-                    log.warning("shard %s: cancelling batch %s to rescue its tail", shard_id, handle.batch_id)
-                    self._guard(partial(executor.cancel, handle))
-                    self._cancel_when = None
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TransientError(f"shard {shard_id}: batch {handle.batch_id} still {status.provider_status}")
-                time.sleep(poll_interval_s)
-            if status.state == BatchState.FAILED and QUOTA_BATCH_CODES & set(status.codes):
-                self._refused_batch(shard_id, attempt.number, handle, status, lease)  # nothing billed: it waits
-                outcome.attempts.append(attempt.number)
-                outcome.final_states.append(status.state.value)
-                continue
-            if status.state == BatchState.FAILED:
-                lease.check("record a failed batch")
-                log_.record(attempt.number, "collected", {"state": status.state.value, "errors": status.errors})
-                self.admission.release(shard_id, attempt.number, f"batch {status.provider_status}")
-                self._changed(shard_id)
-                reason = f"shard {shard_id}: batch {handle.batch_id} failed at the provider: " + "; ".join(
-                    status.errors[:5]
-                )
-                self.control.stop(reason, code="batch_failed")
-                raise SystemicError(reason, code="batch_failed")
+            status = self._wait_until_ended(shard_id, handle, executor, keeper, poll_interval_s, deadline, on_status)
+            self._take(shard_id, attempt, handle, status, executor, lease, outcome)
+        return outcome
+
+    def _wait_until_ended(
+        self,
+        shard_id: str,
+        handle: BatchHandle,
+        executor: BatchExecutor,
+        keeper: "LeaseKeeper",
+        poll_interval_s: float,
+        deadline: float | None,
+        on_status: Callable[[str, BatchStatus], None] | None,
+    ) -> BatchStatus:
+        """Poll the batch until the provider ends it (a flaky poll is asked again; a pause or the deadline stops
+        the wait, the batch keeps running); cancel it when the tail rescue asks."""
+        transient_in_a_row = 0
+        while True:
             try:
-                rows, ok, systemic = self._ingest_with_retries(attempt, handle, lease)
-            except ResultsGoneError as exc:  # billed, then deleted at the provider: a human decides what next
-                self._lost(shard_id, attempt.number, handle, status, lease, exc)
-                outcome.attempts.append(attempt.number)
-                outcome.final_states.append("lost")
+                status = self._guard(partial(executor.poll, handle))
+                transient_in_a_row = 0
+            except TransientError as exc:  # a flaky poll is not a failed batch: wait and ask again
+                transient_in_a_row += 1
+                if transient_in_a_row > MAX_TRANSIENT_POLLS:
+                    raise
+                wait = min(exc.retry_after_s or poll_interval_s * 2**transient_in_a_row, 60.0)
+                log.warning("shard %s: polling %s failed (%s); again in %.1fs", shard_id, handle.batch_id, exc, wait)
+                time.sleep(wait)
                 continue
-            crash_point("before_collected")
-            lease.check("mark the attempt collected")
-            log_.record(
-                attempt.number,
-                "collected",
-                {
-                    "state": status.state.value,
-                    "rows": rows,
-                    "succeeded": ok,
-                    "systemic": systemic,
-                    "provider_counts": {"total": status.total, "completed": status.completed, "failed": status.failed},
-                },
-            )
+            keeper.tick()
+            if on_status:
+                on_status(shard_id, status)
+            if status.state.ended:
+                return status
+            if self.control.paused():  # the batch keeps running at the provider; a later run collects it
+                raise JobPaused(
+                    f"job {self.spec.name} paused: batch {handle.batch_id} of shard {shard_id} is "
+                    f"left running ({status.provider_status}); resume collects it"
+                )
+            if self._cancel_when is not None and status.state != BatchState.CANCELLING and self._cancel_when():
+                log.warning("shard %s: cancelling batch %s to rescue its tail", shard_id, handle.batch_id)
+                self._guard(partial(executor.cancel, handle))
+                self._cancel_when = None
+            if deadline is not None and time.monotonic() > deadline:
+                raise TransientError(f"shard {shard_id}: batch {handle.batch_id} still {status.provider_status}")
+            time.sleep(poll_interval_s)
+
+    def _take(
+        self,
+        shard_id: str,
+        attempt: Attempt,
+        handle: BatchHandle,
+        status: BatchStatus,
+        executor: BatchExecutor,
+        lease: Lease,
+        outcome: CollectOutcome,
+    ) -> None:
+        """An ended batch: refused for quota (waits), failed (stops the job), or ingested and recorded."""
+        if status.state == BatchState.FAILED and QUOTA_BATCH_CODES & set(status.codes):
+            self._refused_batch(shard_id, attempt.number, handle, status, lease)  # nothing billed: it waits
+            outcome.attempts.append(attempt.number)
+            outcome.final_states.append(status.state.value)
+            return
+        log_ = AttemptLog(self.store, self.spec.name, shard_id)
+        if status.state == BatchState.FAILED:
+            lease.check("record a failed batch")
+            log_.record(attempt.number, "collected", {"state": status.state.value, "errors": status.errors})
             self.admission.release(shard_id, attempt.number, f"batch {status.provider_status}")
             self._changed(shard_id)
-            crash_point("after_collected")
-            crash_point("before_discard")  # stored, not yet deleted at the provider: the publish run's sweep deletes
-            discard_collected(self.store, self.spec.name, shard_id, attempt.number, handle, executor)
-            if systemic:  # recorded (no item's budget spent on it), then the job stops once, with one message
-                reason = (
-                    f"shard {shard_id}: batch {handle.batch_id}: {systemic['count']} request(s) failed with "
-                    f"{systemic['code']}: {systemic['message']}"
-                )
-                self.control.stop(reason, code=systemic["code"])
-                raise SystemicError(reason, code=systemic["code"])
+            reason = f"shard {shard_id}: batch {handle.batch_id} failed at the provider: " + "; ".join(
+                status.errors[:5]
+            )
+            self.control.stop(reason, code="batch_failed")
+            raise SystemicError(reason, code="batch_failed")
+        try:
+            rows, ok, systemic = self._ingest_with_retries(attempt, handle, lease)
+        except ResultsGoneError as exc:  # billed, then deleted at the provider: a human decides what next
+            self._lost(shard_id, attempt.number, handle, status, lease, exc)
             outcome.attempts.append(attempt.number)
-            outcome.rows += rows
-            outcome.succeeded += ok
-            outcome.final_states.append(status.state.value)
-        return outcome
+            outcome.final_states.append("lost")
+            return
+        crash_point("before_collected")
+        lease.check("mark the attempt collected")
+        log_.record(
+            attempt.number,
+            "collected",
+            {
+                "state": status.state.value,
+                "rows": rows,
+                "succeeded": ok,
+                "systemic": systemic,
+                "provider_counts": {"total": status.total, "completed": status.completed, "failed": status.failed},
+            },
+        )
+        self.admission.release(shard_id, attempt.number, f"batch {status.provider_status}")
+        self._changed(shard_id)
+        crash_point("after_collected")
+        crash_point("before_discard")  # stored, not yet deleted at the provider: the publish run's sweep deletes
+        discard_collected(self.store, self.spec.name, shard_id, attempt.number, handle, executor)
+        if systemic:  # recorded (no item's budget spent on it), then the job stops once, with one message
+            reason = (
+                f"shard {shard_id}: batch {handle.batch_id}: {systemic['count']} request(s) failed with "
+                f"{systemic['code']}: {systemic['message']}"
+            )
+            self.control.stop(reason, code=systemic["code"])
+            raise SystemicError(reason, code=systemic["code"])
+        outcome.attempts.append(attempt.number)
+        outcome.rows += rows
+        outcome.succeeded += ok
+        outcome.final_states.append(status.state.value)
 
     def _refused_batch(
         self, shard_id: str, number: int, handle: BatchHandle, status: BatchStatus, lease: Lease

@@ -215,3 +215,16 @@ def _read_record(store: Store, rel: str, tries: int = 20) -> dict:
         time.sleep(0.01)
     log.warning("lease record %s is unreadable; treating it as expired", store.uri(rel))
     return {}
+
+
+class LeaseKeeper:
+    """Renews a shard's lease every third of its TTL while a collection waits on the provider."""
+
+    def __init__(self, lease: Lease):
+        self.lease = lease
+        self.renew_at = time.monotonic() + lease.ttl.total_seconds() / 3
+
+    def tick(self) -> None:
+        if time.monotonic() > self.renew_at:
+            self.lease.renew()
+            self.renew_at = time.monotonic() + self.lease.ttl.total_seconds() / 3

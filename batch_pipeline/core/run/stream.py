@@ -5,7 +5,6 @@ closes the attempt and gives the shard back.
 """
 
 import logging
-import time
 from collections.abc import Callable
 
 import pyarrow as pa
@@ -19,7 +18,7 @@ from batch_pipeline.core.ledger.result_parts import read_results, write_results
 from batch_pipeline.core.run.faults import crash_point
 from batch_pipeline.core.run.journal import AnswerJournal, replay
 from batch_pipeline.core.run.journal import discard as discard_journal
-from batch_pipeline.core.run.lease import acquire
+from batch_pipeline.core.run.lease import Lease, LeaseKeeper, acquire
 from batch_pipeline.core.run.results import build_results
 
 log = logging.getLogger(__name__)
@@ -49,95 +48,28 @@ class StreamShape:
             for attempt in attempts.all():
                 if attempt.open:
                     self.settle_interrupted(shard_id, attempts, attempt)
-            outcome = CollectOutcome(shard_id)
             started = self._start_attempt(shard_id, attempts, lease, executor.name, only, canary)
             if started is None:
-                return outcome
-            work = started[0]  # a stream backend has no provider queue: no reservation
-            journal = (
-                AnswerJournal(self.store, self.spec.name, shard_id, work.attempt)
-                if self.pricing != "self_hosted"
-                else None
-            )  # paid answers are durable before they are counted
-            work.journal = journal.append if journal is not None else None
-            number, total = work.attempt, work.items.num_rows
-            expected = pa.array(work.request_ids, pa.string())
-            renew_at = time.monotonic() + lease.ttl.total_seconds() / 3
-            flush = 0
-
-            def store_flush(raw: pa.Table) -> None:
-                nonlocal flush
-                lease.check("write a result part")  # fenced: a stale attempt writes no part
-                flush += 1
-                raw = raw.filter(pc.is_in(raw.column("request_id"), value_set=expected))
-                table = build_results(
-                    raw,
-                    work,
-                    backend=executor.name,
-                    pricing=self.pricing,
-                    prompt_version=self.spec.prompt.version,
-                    price=self.price,
-                    provider_batch_id=None,
-                )
-                write_results(self.store, self.spec.name, shard_id, number, flush, table)
-                outcome.rows += table.num_rows
-                outcome.succeeded += pc.sum(pc.equal(table.column("status"), "succeeded")).as_py() or 0
-
-            in_hand: pa.Table | None = None  # yielded by the engine, not yet stored
-            stream = self._guarded(executor.run(work))
+                return CollectOutcome(shard_id)
+            run = _AttemptRun(self, shard_id, started[0], lease, attempts)  # a stream backend has no reservation
+            stream = self._guarded(executor.run(run.work))
             try:
                 for raw in stream:
-                    in_hand = raw
-                    store_flush(raw)
-                    in_hand = None
+                    run.take(raw)
                     crash_point("mid_stream")
                     if self.control.paused():  # a deploy: finish what is in flight, store it, give the shard back
                         raise JobPaused(
                             f"job {self.spec.name} paused: shard {shard_id} stopped after "
-                            f"{outcome.rows} of {total} results"
+                            f"{run.outcome.rows} of {run.total} results"
                         )
                     if on_flush:
-                        on_flush(outcome.rows, total)
-                    if time.monotonic() > renew_at:
-                        lease.renew()
-                        renew_at = time.monotonic() + lease.ttl.total_seconds() / 3
+                        on_flush(run.outcome.rows, run.total)
+                    run.keeper.tick()
             except BaseException as exc:
-                # interrupted (SIGTERM, a pause, a systemic stop): results the engine already has were paid for,
-                # so they are stored before the attempt is left open for the next run to close
                 stream.close()  # the engine stops sending and hands over what it holds
-                if journal is not None:
-                    journal.close()  # kept: the next run replays it before it sends anything
-                if not lease.is_current():  # fenced: a stale attempt stores and records nothing more
-                    raise
-                if in_hand is not None:  # interrupted while storing it: store it whole (re-written rows dedupe)
-                    store_flush(in_hand)
-                unflushed = getattr(executor, "take_unflushed", None)
-                leftover = unflushed(work.key) if unflushed else None
-                if leftover is not None and leftover.num_rows:
-                    store_flush(leftover)
-                    log.warning(
-                        "shard %s: interrupted; %d finished results stored before stopping", shard_id, leftover.num_rows
-                    )
-                if isinstance(exc, JobPaused):
-                    attempts.record(
-                        number, "abandoned", {"reason": "paused; flushed results kept", "rows": outcome.rows}
-                    )
-                    if journal is not None:
-                        discard_journal(self.store, self.spec.name, shard_id, number)  # every answer is stored
-                    self._changed(shard_id)
+                run.interrupted(exc)
                 raise
-            if journal is not None:
-                journal.close()
-            lease.check("mark the attempt collected")
-            attempts.record(
-                number, "collected", {"state": "completed", "rows": outcome.rows, "succeeded": outcome.succeeded}
-            )
-            if journal is not None:
-                discard_journal(self.store, self.spec.name, shard_id, number)  # folded into the parts
-            self._changed(shard_id)
-            outcome.attempts.append(number)
-            outcome.final_states.append("completed")
-            return outcome
+            return run.completed()
 
     def settle_interrupted(self, shard_id: str, attempts: AttemptLog, attempt) -> None:
         """Close a stream attempt a crash left open: its journal's answers (paid, maybe never folded) are stored as
@@ -203,3 +135,85 @@ class StreamShape:
 
 
 JOURNAL_PART = 9999  # the part number of answers replayed from an interrupted attempt's journal
+
+
+class _AttemptRun:
+    """One stream attempt while it runs: each flush stored as a result part (fenced by the lease), its paid
+    answers journalled first, and what an interruption leaves in hand stored before the attempt is left open."""
+
+    def __init__(self, runner: "StreamShape", shard_id: str, work, lease: Lease, attempts: AttemptLog):
+        self.runner, self.shard_id, self.work, self.lease, self.attempts = runner, shard_id, work, lease, attempts
+        self.store, self.job = runner.store, runner.spec.name
+        self.journal = (
+            AnswerJournal(self.store, self.job, shard_id, work.attempt) if runner.pricing != "self_hosted" else None
+        )  # paid answers are durable before they are counted
+        work.journal = self.journal.append if self.journal is not None else None
+        self.number, self.total = work.attempt, work.items.num_rows
+        self.expected = pa.array(work.request_ids, pa.string())
+        self.outcome = CollectOutcome(shard_id)
+        self.keeper = LeaseKeeper(lease)
+        self.flush = 0
+        self.in_hand: pa.Table | None = None  # yielded by the engine, not yet stored
+
+    def take(self, raw: pa.Table) -> None:
+        self.in_hand = raw
+        self.store_flush(raw)
+        self.in_hand = None
+
+    def store_flush(self, raw: pa.Table) -> None:
+        runner = self.runner
+        self.lease.check("write a result part")  # fenced: a stale attempt writes no part
+        self.flush += 1
+        raw = raw.filter(pc.is_in(raw.column("request_id"), value_set=self.expected))
+        table = build_results(
+            raw,
+            self.work,
+            backend=runner.executor.name,
+            pricing=runner.pricing,
+            prompt_version=runner.spec.prompt.version,
+            price=runner.price,
+            provider_batch_id=None,
+        )
+        write_results(self.store, self.job, self.shard_id, self.number, self.flush, table)
+        self.outcome.rows += table.num_rows
+        self.outcome.succeeded += pc.sum(pc.equal(table.column("status"), "succeeded")).as_py() or 0
+
+    def interrupted(self, exc: BaseException) -> None:
+        """Interrupted (SIGTERM, a pause, a systemic stop): results the engine already has were paid for, so they
+        are stored before the attempt is left open for the next run to close."""
+        if self.journal is not None:
+            self.journal.close()  # kept: the next run replays it before it sends anything
+        if not self.lease.is_current():  # fenced: a stale attempt stores and records nothing more
+            return
+        if self.in_hand is not None:  # interrupted while storing it: store it whole (re-written rows dedupe)
+            self.store_flush(self.in_hand)
+        unflushed = getattr(self.runner.executor, "take_unflushed", None)
+        leftover = unflushed(self.work.key) if unflushed else None
+        if leftover is not None and leftover.num_rows:
+            self.store_flush(leftover)
+            log.warning(
+                "shard %s: interrupted; %d finished results stored before stopping", self.shard_id, leftover.num_rows
+            )
+        if isinstance(exc, JobPaused):
+            self.attempts.record(
+                self.number, "abandoned", {"reason": "paused; flushed results kept", "rows": self.outcome.rows}
+            )
+            if self.journal is not None:
+                discard_journal(self.store, self.job, self.shard_id, self.number)  # every answer is stored
+            self.runner._changed(self.shard_id)
+
+    def completed(self) -> CollectOutcome:
+        if self.journal is not None:
+            self.journal.close()
+        self.lease.check("mark the attempt collected")
+        self.attempts.record(
+            self.number,
+            "collected",
+            {"state": "completed", "rows": self.outcome.rows, "succeeded": self.outcome.succeeded},
+        )
+        if self.journal is not None:
+            discard_journal(self.store, self.job, self.shard_id, self.number)  # folded into the parts
+        self.runner._changed(self.shard_id)
+        self.outcome.attempts.append(self.number)
+        self.outcome.final_states.append("completed")
+        return self.outcome
