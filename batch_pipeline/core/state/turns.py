@@ -75,4 +75,3 @@ class TurnLimits:
             f"job {job}: nothing it sends fits the account's queue even when the queue is empty: {plan}; "
             "raise backend.settings.quota (or lower shards.max_requests) and run again"
         )
-
