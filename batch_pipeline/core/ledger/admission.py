@@ -12,7 +12,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from batch_pipeline.core.ledger.capacity import NOTHING, Dimension, Need, Snapshot
+from batch_pipeline.core.ledger.capacity_records import NOTHING, Dimension, Need, Snapshot
 
 PARTIAL_SHARE = 0.25
 SPLITTABLE = (Dimension.TOKENS, Dimension.REQUESTS)  # jobs and creates per hour are whole batches

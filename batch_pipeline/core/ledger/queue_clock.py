@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from batch_pipeline.core.ledger.admission import Verdict, decide
-from batch_pipeline.core.ledger.capacity import NOTHING, Need, Snapshot
+from batch_pipeline.core.ledger.capacity_records import NOTHING, Need, Snapshot
 
 
 @dataclass
