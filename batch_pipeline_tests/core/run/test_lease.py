@@ -18,6 +18,7 @@ import pytest
 from batch_pipeline.core.errors import ConfigError, StaleAttemptError
 from batch_pipeline.core.ledger.attempts import AttemptLog
 from batch_pipeline.core.manifest.shards import build_manifest
+from batch_pipeline.core.run import lease as lease_module
 from batch_pipeline.core.run.lease import TTL_ENV, LeaseHeldError, acquire, current_token, default_ttl
 from batch_pipeline.core.run.runner import ShardRunner
 from batch_pipeline.core.spec.loading import parse_spec
@@ -32,6 +33,25 @@ LONG = timedelta(minutes=5)  # the taking-over owner's lease: it must not expire
 
 def expiry_of(store: Store, lease) -> datetime:
     return datetime.fromisoformat(store.read_json(lease._rel(lease.token))["expires_at"])
+
+
+class WallClock:
+    """The lease module's wall clock, stopped: it moves only by ``advance``, so a ttl runs out when the test says and
+    never because a loaded machine was slow between two steps."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.at = datetime.now(UTC)
+        clock = self
+
+        class Stopped(datetime):
+            @classmethod
+            def now(cls, tz=None):  # type: ignore[override]
+                return clock.at if tz is None else clock.at.astimezone(tz)
+
+        monkeypatch.setattr(lease_module, "datetime", Stopped)
+
+    def advance(self, seconds: float) -> None:
+        self.at += timedelta(seconds=seconds)
 
 
 # -- the lease itself ---------------------------------------------------------------------------------------------
@@ -73,12 +93,14 @@ def test_two_owners_race_for_a_shard_exactly_one_wins_and_the_other_is_told_who_
     assert not old.is_current()
 
 
-def test_an_expired_lease_of_a_live_remote_holder_is_taken_over_and_the_old_holder_is_fenced(tmp_path):
+def test_an_expired_lease_of_a_live_remote_holder_is_taken_over_and_the_old_holder_is_fenced(tmp_path, monkeypatch):
+    clock = WallClock(monkeypatch)
     store = Store(tmp_path)
     old = acquire(store, JOB, SHARD, owner="remote-host:4242:old", ttl=timedelta(seconds=0.3))
+    clock.advance(0.29)
     with pytest.raises(LeaseHeldError, match=r"leased by remote-host:4242:old until"):
         acquire(store, JOB, SHARD, owner="remote-host:7:new", ttl=LONG)
-    time.sleep(0.4)  # the remote holder is not known to be dead: only its expiry frees the shard
+    clock.advance(0.02)  # the remote holder is not known to be dead: only its expiry frees the shard
     new = acquire(store, JOB, SHARD, owner="remote-host:7:new", ttl=LONG)
     assert new.token == old.token + 1 == current_token(store, JOB, SHARD)
     with pytest.raises(StaleAttemptError, match=r"token 1 of remote-host:4242:old is stale; refusing to write"):
@@ -136,16 +158,19 @@ def test_a_takeover_says_why_the_holder_is_gone_or_how_long_ago_its_lease_expire
     assert " s ago, without a renewal" in expired and "process" not in expired
 
 
-def test_a_renewed_lease_extends_its_expiry_and_keeps_contenders_out_past_the_first_one(tmp_path):
+def test_a_renewed_lease_extends_its_expiry_and_keeps_contenders_out_past_the_first_one(tmp_path, monkeypatch):
+    clock = WallClock(monkeypatch)
     store = Store(tmp_path)
-    lease = acquire(store, JOB, SHARD, owner="remote-host:1:holder", ttl=timedelta(seconds=1.2))
+    ttl = 60.0  # a third of it (the heartbeat's own monotonic wait) never passes by itself during the test
+    lease = acquire(store, JOB, SHARD, owner="remote-host:1:holder", ttl=timedelta(seconds=ttl))
     first = expiry_of(store, lease)
     assert lease.heartbeat() is False  # not a third of the ttl yet: no write
-    time.sleep(0.45)
+    lease.renewed_at -= ttl / 3  # a third of the ttl has passed for the holder ...
+    clock.advance(ttl / 3)  # ... and for the wall clock
     assert lease.heartbeat() is True
     renewed = expiry_of(store, lease)
-    assert renewed >= first + timedelta(seconds=0.4)
-    time.sleep(max(0.0, (first - datetime.now(UTC)).total_seconds()) + 0.05)  # the first expiry has passed
+    assert renewed == first + timedelta(seconds=ttl / 3)
+    clock.advance(ttl * 2 / 3 + 1)  # the first expiry has passed, the renewed one has not
     with pytest.raises(LeaseHeldError, match=renewed.isoformat().replace("+", r"\+")):
         acquire(store, JOB, SHARD, owner="remote-host:2:contender", ttl=LONG)
     assert lease.is_current() and lease.token == 1
@@ -191,7 +216,7 @@ def parts(store: Store, attempt: int) -> list[str]:
 
 def take_over(store: Store, owner: str = "other-host:77:taker"):
     """Another run takes the shard once the stalled holder's lease has expired (it asks until it may)."""
-    deadline = time.monotonic() + 10 * SHORT_TTL_S
+    deadline = time.monotonic() + 60  # a generous deadline: a loaded machine is slow, not wrong
     while True:
         try:
             return acquire(store, JOB, SHARD, owner=owner, ttl=LONG)
