@@ -300,6 +300,12 @@ def test_a_stream_that_lost_its_lease_while_the_engine_stalled_writes_no_further
         try:
             for i, table in enumerate(inner):
                 if i == 1:
+                    # meanwhile its worker answers every request (the event, not a hope that the stall is long
+                    # enough): all 8 are paid for by the run that is about to lose its lease
+                    deadline = time.monotonic() + 60
+                    while len(admin.ledger()) < 8:
+                        assert time.monotonic() < deadline, "the stalled run's worker did not answer every request"
+                        time.sleep(0.02)
                     taker.append(take_over(store))
                 yield table
         finally:
