@@ -93,7 +93,7 @@ def vertex_sandbox(vertex_sandbox_proc, gcs_emulator: str, monkeypatch) -> Sandb
     """That sandbox, reset for this test, wired in through $BATCH_PIPELINE_SANDBOX_URL and $STORAGE_EMULATOR_HOST,
     with no Google project, credentials or key of the environment in reach."""
     _, url = vertex_sandbox_proc
-    admin = SandboxAdmin(url)
+    admin = SandboxAdmin(url, timeout=60.0)  # 10 s timed out on a loaded machine
     admin.reset()
     monkeypatch.setenv("BATCH_PIPELINE_SANDBOX_URL", url)
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)

@@ -128,11 +128,13 @@ def test_cancel_keeps_processed_rows_and_delete_waits_for_the_end(vertex_sandbox
         src=put_input(gcs, "c/input.jsonl", [REQUEST] * 10),
         config={"dest": f"gs://{BUCKET}/c"},
     )
+    vertex_sandbox.clock(freeze=True)  # cancelling lasts 0.05 s of sandbox time: none passes until we advance it
     with pytest.raises(genai_errors.APIError) as error:
         c.batches.delete(name=job.name)
     assert error.value.code == 400
     c.batches.cancel(name=job.name)
     assert c.batches.get(name=job.name).state == gtypes.JobState.JOB_STATE_CANCELLING
+    vertex_sandbox.clock(advance_s=1.0)  # past cancelling_s
     done = wait(c, job.name)
     assert done.state == gtypes.JobState.JOB_STATE_CANCELLED and done.completion_stats.incomplete_count > 0
     with pytest.raises(genai_errors.APIError) as error:
