@@ -4,7 +4,10 @@ concurrent jobs (429 RESOURCE_EXHAUSTED), Bedrock's job quota (ServiceQuotaExcee
 recorded with nothing billed, the limit is learned, and every item is billed exactly once. And a shard bigger than
 the whole cap is sent in parts that fit."""
 
+import threading
+import time
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 
 import polars as pl
@@ -75,6 +78,28 @@ def assert_finished_once(spec, home, sandbox, report) -> None:
     assert billed == Counter(dict.fromkeys(valid, 1))
 
 
+@contextmanager
+def frozen_until_refused(sandbox, timeout_s: float = 120.0):
+    """The sandbox clock stands still until the sandbox refused a create (or ``timeout_s`` passed: the test then
+    fails its assertions, not hangs): on a loaded machine the creates came slower than a batch ends (0.5 s), the
+    cap was never full, and nothing was refused. With the clock frozen no batch ends before the next create."""
+
+    def thaw() -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not sandbox.load()["refusals"]:
+            time.sleep(0.1)
+        sandbox.clock(freeze=False)
+
+    sandbox.clock(freeze=True)
+    thread = threading.Thread(target=thaw, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join(timeout=1)
+        sandbox.clock(freeze=False)
+
+
 def peak(sandbox, provider: str, what: str) -> int:
     return max((e[what] for e in sandbox.load()["events"] if e["provider"] == provider), default=0)
 
@@ -100,8 +125,9 @@ def test_gemini_resource_exhausted_waits_and_finishes(sandbox, make_job, instanc
     cap = int(max(deltas) * 1.5)  # one batch fits, two do not
     sandbox.reset()
     sandbox.set_scenario("normal", quota_enqueued_tokens=cap, in_progress_s=0.5)
-    spec = make_job(model="gemini-2.5-flash", backend=backend)
-    report = run_job(spec, instance, priced)
+    spec = make_job(model="gemini-2.5-flash", backend=backend, canary_first=False)  # every shard offered at once
+    with frozen_until_refused(sandbox):
+        report = run_job(spec, instance, priced)
     assert_finished_once(spec, home, sandbox, report)
     assert refused(spec, home)  # RESOURCE_EXHAUSTED on create, recorded with nothing billed
     assert 0 < peak(sandbox, "gemini", "tokens") <= cap
@@ -109,8 +135,10 @@ def test_gemini_resource_exhausted_waits_and_finishes(sandbox, make_job, instanc
 
 def test_vertex_concurrent_jobs_wait_and_finish(vertex_sandbox, make_job, instance, priced, home):
     vertex_sandbox.set_scenario("normal", quota_concurrent_jobs=1, in_progress_s=0.5)
-    spec = make_job(model="gemini-2.5-flash", backend={"name": "vertex_batch", "settings": {"sandbox": True}})
-    report = run_job(spec, instance, priced)
+    backend = {"name": "vertex_batch", "settings": {"sandbox": True}}
+    spec = make_job(model="gemini-2.5-flash", backend=backend, canary_first=False)  # every shard offered at once
+    with frozen_until_refused(vertex_sandbox):
+        report = run_job(spec, instance, priced)
     assert_finished_once(spec, home, vertex_sandbox, report)
     refusals = refused(spec, home)
     assert refusals and {r["dimension"] for r in refusals} == {"jobs"}
