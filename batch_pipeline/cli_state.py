@@ -24,8 +24,6 @@ def _store(args: argparse.Namespace):
 
 
 def status(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
-    from batch_pipeline.core.ledger.control import JobControl
-    from batch_pipeline.core.ledger.machine import ShardState
     from batch_pipeline.core.manifest.shards import Manifest
     from batch_pipeline.core.publish.tables import JobState
     from batch_pipeline.core.state.view import load_view
@@ -41,11 +39,29 @@ def status(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
     ledgers = capacity_ledgers(store, spec.backend, spec.model)
     view = load_view(spec, store, **batch_minimums(spec), capacity=ledgers)
     plan = view.plan()
+    table = _shard_table(spec, store, view, plan, args.all)
+    console.print(table)
+    _spend_bound_line(view, console)
+    _queue_lines(spec, view, ledgers, store, console)
+    _control_lines(spec, store, console)
+    done = published(spec, store, view.summaries) if plan.publish else None
+    console.print(done or f"next: {plan.describe()}", markup=False, highlight=False)
+    if args.check:  # the full reconciliation from independent sets (reads every result row)
+        counts = JobState.load(spec, store).check()
+        console.print(f"reconciliation over every result row: {counts.as_dict()} balanced={counts.balanced}")
+    return 0
+
+
+def _shard_table(spec: JobSpec, store, view, plan, show_all: bool) -> Table:
+    """Every shard not settled (every shard with --all: a 10,000-shard table takes seconds to draw), its counts,
+    spend and next step, and the totals."""
+    from batch_pipeline.core.ledger.control import JobControl
+    from batch_pipeline.core.ledger.machine import ShardState
+
     by_state: dict[str, int] = {}
     for state in plan.states.values():
         by_state[state.value] = by_state.get(state.value, 0) + 1
-    # every shard with --all; otherwise the ones not settled (a 10,000-shard table takes seconds to draw)
-    shown = [s for s in view.summaries if args.all or plan.states[s.shard_id] != ShardState.SETTLED]
+    shown = [s for s in view.summaries if show_all or plan.states[s.shard_id] != ShardState.SETTLED]
     table = Table(
         title=f"job {spec.name}: {len(view.summaries)} shards ({store.root}): "
         + ", ".join(f"{n} {state}" for state, n in sorted(by_state.items()))
@@ -84,7 +100,10 @@ def status(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
         "",
         style="bold",
     )
-    console.print(table)
+    return table
+
+
+def _spend_bound_line(view, console: Console) -> None:
     bound = sum(s.possibly_billed_usd for s in view.summaries)
     if bound:  # a hard kill left requests in flight: billed, maybe, with no answer stored
         recorded = sum(s.spend_usd for s in view.summaries)
@@ -93,7 +112,12 @@ def status(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
             "billed for requests in flight at a kill (sent, no answer stored)",
             markup=False,
         )
-    _queue_lines(spec, view, ledgers, store, console)
+
+
+def _control_lines(spec: JobSpec, store, console: Console) -> None:
+    """Why the job stopped or paused, what that means, and the command that continues it."""
+    from batch_pipeline.core.ledger.control import JobControl
+
     control = JobControl(store, spec.name)
     stop, held = control.current(), control.paused()
     if stop:  # why it stopped, what that means, and the command that fixes it
@@ -103,12 +127,6 @@ def status(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
     if held:
         console.print(f"[yellow]job paused at {held.at}: {held.reason}[/yellow]")
         console.print(fix_line("paused", spec.name, spec.source_path or spec.name), markup=False)
-    done = published(spec, store, view.summaries) if plan.publish else None
-    console.print(done or f"next: {plan.describe()}", markup=False, highlight=False)
-    if args.check:  # the full reconciliation from independent sets (reads every result row)
-        counts = JobState.load(spec, store).check()
-        console.print(f"reconciliation over every result row: {counts.as_dict()} balanced={counts.balanced}")
-    return 0
 
 
 def published(spec: JobSpec, store, summaries) -> str | None:
