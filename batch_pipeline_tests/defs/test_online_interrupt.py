@@ -58,6 +58,15 @@ def _billed(admin: SandboxAdmin) -> list[str]:
     return [e["completion_id"] for e in admin.ledger() if e["mode"] == "online"]
 
 
+def _wait_billed(admin: SandboxAdmin, proc: subprocess.Popen, count: int, timeout_s: float, why: str) -> None:
+    """Poll until ``count`` online requests were billed, while ``proc`` runs (``why`` once ``timeout_s`` passed)."""
+    deadline = time.monotonic() + timeout_s
+    while len(_billed(admin)) < count:
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.monotonic() < deadline, why
+        time.sleep(0.1)
+
+
 def test_sigterm_mid_online_shard_stores_what_was_billed_and_the_rerun_bills_the_rest_once(
     sandbox, sandbox_proc, make_job, home, tmp_path
 ):
@@ -69,13 +78,12 @@ def test_sigterm_mid_online_shard_stores_what_was_billed_and_the_rerun_bills_the
     sandbox.set_scenario("normal", rpm=60)  # one online request a second
     proc = _run_cli(spec.source_path, home, dagster_home, url)
     try:
-        deadline = time.monotonic() + 90
-        while len(_billed(sandbox)) < 3:
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "the run never billed an online request"
-            time.sleep(0.1)
+        # the run's readiness is its first billed request: a subprocess start and the dagster import took over
+        # 90 s on a loaded machine, so the start gets 300 s, then the next two billed requests (1 s apart) 120 s
+        _wait_billed(sandbox, proc, 1, 300.0, "the run never billed an online request")
+        _wait_billed(sandbox, proc, 3, 120.0, "the run billed one online request, then no more")
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
+        out, _ = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
             proc.kill()
