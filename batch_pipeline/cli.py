@@ -145,6 +145,23 @@ def _stopped(spec: JobSpec, arg: str, reason: str, code: str | None) -> int:
     return ExitCode.STOPPED
 
 
+def _resume(control):
+    """A run resumes the job: a pause, a stop and held shards are lifted, each said on one line."""
+    held = control.unpause()
+    if held:
+        console.print(f"[yellow]resuming: the job was paused at {held.at} ({held.reason})[/yellow]")
+    stopped = control.clear()
+    if stopped:
+        console.print(f"[yellow]resuming: the job was stopped at {stopped.at}: {stopped.reason}[/yellow]")
+    released = control.release_holds()
+    if released:
+        console.print(
+            f"[yellow]resuming: shard(s) {', '.join(released)} were held (results lost at the provider); "
+            "their items are sent again[/yellow]"
+        )
+    return control
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from batch_pipeline.core.store import Store
 
@@ -165,19 +182,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     store = Store(settings.home)
     remember_spec(spec, store)
-    control = JobControl(store, spec.name)
-    held = control.unpause()
-    if held:
-        console.print(f"[yellow]resuming: the job was paused at {held.at} ({held.reason})[/yellow]")
-    stopped = control.clear()
-    if stopped:
-        console.print(f"[yellow]resuming: the job was stopped at {stopped.at}: {stopped.reason}[/yellow]")
-    released = control.release_holds()
-    if released:
-        console.print(
-            f"[yellow]resuming: shard(s) {', '.join(released)} were held (results lost at the provider); "
-            "their items are sent again[/yellow]"
-        )
+    control = _resume(JobControl(store, spec.name))
     started = time.perf_counter()
     term = _TermAsInterrupt()  # SIGTERM: a stream shard stores what finished, then we exit 143 (no traceback)
     # Dagster's console log (stack traces included) is shown for bugs only; a verbose level shows it live
