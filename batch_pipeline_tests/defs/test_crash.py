@@ -7,6 +7,8 @@ import sys
 import time
 from collections import Counter
 
+import pytest
+
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 
@@ -28,6 +30,7 @@ def _run_cli(spec_path: str, home, dagster_home, url: str) -> subprocess.Popen:
     )
 
 
+@pytest.mark.timeout(600)  # two CLI runs, each given a generous deadline
 def test_sigkill_mid_collection_then_rerun_bills_each_request_once(sandbox, sandbox_proc, make_job, home, tmp_path):
     spec = make_job()
     _, url = sandbox_proc
@@ -37,7 +40,7 @@ def test_sigkill_mid_collection_then_rerun_bills_each_request_once(sandbox, sand
     sandbox.clock(freeze=True)  # batches stay in progress: the run sits in its collection step
     proc = _run_cli(spec.source_path, home, dagster_home, url)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180  # generous: a loaded machine takes over a minute to start the CLI
         while time.monotonic() < deadline:
             if _count(store, spec.name, ".submitted.json") == 1:  # the canary shard is in flight
                 break
@@ -45,7 +48,11 @@ def test_sigkill_mid_collection_then_rerun_bills_each_request_once(sandbox, sand
             time.sleep(0.1)
         else:
             raise AssertionError("the run never submitted its canary shard")
-        time.sleep(0.5)  # now polling inside shard_results
+        deadline = time.monotonic() + 60  # now polling inside shard_results: the sandbox has seen it ask
+        while not [r for r in sandbox.requests() if r["method"] == "GET" and r["path"].startswith("/v1/batches/")]:
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "the run never polled its canary batch"
+            time.sleep(0.1)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
     finally:
@@ -56,7 +63,7 @@ def test_sigkill_mid_collection_then_rerun_bills_each_request_once(sandbox, sand
     assert batch_creates(sandbox) == 1
     sandbox.clock(freeze=False)
     again = _run_cli(spec.source_path, home, dagster_home, url)
-    out, _ = again.communicate(timeout=120)
+    out, _ = again.communicate(timeout=240)
     assert again.returncode == 0, out
     assert batch_creates(sandbox) == 4  # the canary re-attached, the other 3 shards once each
     billed = Counter(ledger_ids(sandbox))
