@@ -15,6 +15,7 @@ import time
 from collections import Counter
 
 import polars as pl
+import pytest
 
 from batch_pipeline.core.ledger.result_parts import read_results
 from batch_pipeline.core.spec.paths import JobPaths
@@ -67,6 +68,7 @@ def _wait_billed(admin: SandboxAdmin, proc: subprocess.Popen, count: int, timeou
         time.sleep(0.1)
 
 
+@pytest.mark.timeout(900)  # its own deadlines (start, stop, re-run) add up past the 300 s default
 def test_sigterm_mid_online_shard_stores_what_was_billed_and_the_rerun_bills_the_rest_once(
     sandbox, sandbox_proc, make_job, home, tmp_path
 ):

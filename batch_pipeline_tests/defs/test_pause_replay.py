@@ -9,6 +9,7 @@ from collections import Counter
 
 import dagster as dg
 import polars as pl
+import pytest
 
 from batch_pipeline.cli import main
 from batch_pipeline.core.ledger.attempts import AttemptLog
@@ -32,6 +33,7 @@ def _completion_ids(store: Store, job: str) -> pl.Series:
     return results["raw_payload"].map_elements(lambda p: json.loads(p)["id"], return_dtype=pl.String)
 
 
+@pytest.mark.timeout(900)  # its own deadlines (start, stop, re-run) add up past the 300 s default
 def test_pause_mid_shard_then_resume_sends_nothing_twice(sandbox, sandbox_proc, make_job, home, tmp_path, capsys):
     spec = make_job(backend=ONLINE, canary_first=False, shards={"max_requests": 20})
     _, url = sandbox_proc
