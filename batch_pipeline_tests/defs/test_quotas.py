@@ -55,13 +55,18 @@ def peak_tokens(sandbox) -> int:
 
 
 def refusals(home, spec) -> list[dict]:
+    return [refusal for _, refusal in shard_refusals(home, spec)]
+
+
+def shard_refusals(home, spec) -> list[tuple[str, dict]]:
+    """Each refusal the attempt logs recorded, with its shard."""
     store = Store(home)
     out = []
     for shard in Manifest(spec.name, store).shard_ids():
         for attempt in AttemptLog(store, spec.name, shard).all():
             for record in attempt.records.values():
                 if getattr(record, "refused", None) is not None:
-                    out.append(record.refused)
+                    out.append((shard, record.refused))
     return out
 
 
@@ -136,7 +141,10 @@ def test_an_unconfigured_cap_is_learned_from_the_refusal_and_the_job_still_finis
     assert peak_tokens(sandbox) <= cap  # a refused batch never counted as load
     ledger = CapacityLedger(Store(home), CapacityScope("openai_batch", "OPENAI_API_KEY", spec.model))
     assert ledger.limits().values[Dimension.TOKENS] == cap  # the limit OpenAI's message states
-    assert len(refused) < 20  # learned: not every shard was refused
+    # learned: not every shard was refused (how many creates raced the first refusal depends on the machine's load,
+    # so the count of refusals is not bounded here; the shards accepted at their first try are)
+    shards = Manifest(spec.name, Store(home)).shard_ids()
+    assert len({shard for shard, _ in shard_refusals(home, spec)}) < len(shards)
 
 
 def test_shards_spread_over_the_accounts_that_have_room(sandbox, make_job, instance, resources, home, cap, monkeypatch):
