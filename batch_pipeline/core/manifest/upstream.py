@@ -14,7 +14,9 @@ again, and the ordinary dedup makes new items only of rows whose request changed
 upstream's answer as well (``ids.with_upstream``), so a changed upstream answer re-runs that row only, even when
 the template does not show the answer.
 
-Upstream specs are found beside this job's spec (the same jobs folder), by name.
+Upstream specs are found by name beside this job's spec: in the same jobs folder, or, for a job of the project's
+own, in either of its two places (the jobs folder and the dg defs folder's ``defs.yaml`` Components;
+``core/spec/job_files.sibling_job_files``).
 """
 
 import hashlib
@@ -24,7 +26,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
 from functools import lru_cache
-from pathlib import Path
 
 import duckdb
 import polars as pl
@@ -38,7 +39,7 @@ from batch_pipeline.core.manifest.inputs import read_batches, resolve_inputs
 from batch_pipeline.core.manifest.read import VALIDATED_SCHEMA
 from batch_pipeline.core.manifest.rows import KEY, LINE, InputFile, Reject, RowBatch
 from batch_pipeline.core.spec.job import JobSpec
-from batch_pipeline.core.spec.loading import load_spec
+from batch_pipeline.core.spec.job_files import load_job_file, sibling_job_files
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 
@@ -70,21 +71,21 @@ class PassShare:
 
 # -- the chain of jobs ---------------------------------------------------------------------------
 def sibling_specs(spec: JobSpec) -> dict[str, JobSpec]:
-    """Every job spec in this spec's folder, by name (a spec that does not load is left out, with a warning)."""
+    """Every job spec beside this one (``sibling_job_files``), by name; of two under one name, the one in this
+    spec's own place; a spec that does not load is left out, with a warning."""
     if spec.source_path is None:
         return {spec.name: spec}
-    folder = Path(spec.source_path).resolve().parent
-    listing = tuple((str(p), p.stat().st_mtime_ns) for p in sorted(folder.glob("*.yaml")))
-    return {**_load_folder(listing), spec.name: spec}
+    listing = tuple((str(p), p.stat().st_mtime_ns) for p in sibling_job_files(spec.source_path))
+    return {**_load_files(listing), spec.name: spec}
 
 
 @lru_cache(maxsize=16)
-def _load_folder(listing: tuple[tuple[str, int], ...]) -> dict[str, JobSpec]:
-    """The specs of a folder listing (path, mtime): loaded once per version of the folder."""
+def _load_files(listing: tuple[tuple[str, int], ...]) -> dict[str, JobSpec]:
+    """The specs of a listing of spec files (path, mtime): loaded once per version of the files."""
     out: dict[str, JobSpec] = {}
     for path, _ in listing:
         try:
-            other = load_spec(path)
+            other = load_job_file(path)
         except ConfigError as exc:
             log.warning("multi-pass: %s does not load, left out: %s", path, str(exc).splitlines()[0])
             continue
@@ -100,7 +101,7 @@ def upstream_spec(spec: JobSpec) -> JobSpec:
     if found is None:
         raise ConfigError(
             f"{spec.source_path or spec.name}: input.from_job names job {name!r}, which has no spec "
-            "in the same jobs folder"
+            "in the same jobs folder (or the project's defs folder)"
         )
     return found
 
