@@ -34,7 +34,7 @@ class BatchProviderSettings(ProviderSettings):
     parse_workers: int | None = Field(
         default=None, ge=1, le=32, description="threads parsing a downloaded result file; default: the cores, at most 4"
     )
-    quota: QuotaSpec = Field(default_factory=QuotaSpec, description="the account's queue caps (docs: Provider quotas)")
+    quota: QuotaSpec = Field(default_factory=QuotaSpec, description="the account's queue caps (docs/quotas.md)")
     account: str | None = Field(
         default=None,
         description="the capacity ledger's name for this account (default: "

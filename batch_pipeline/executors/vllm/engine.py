@@ -108,7 +108,7 @@ def load_engine(settings: VllmSettings):
     if not Path(settings.model).is_dir():
         raise ConfigError(
             f"backend vllm: model {settings.model!r} is not a local directory; weights are never "
-            "downloaded at run time (fill the model cache first, see README)"
+            "downloaded at run time (fill the model cache first: docs/kubernetes.md, step 4, Model cache)"
         )
     release_engines()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
