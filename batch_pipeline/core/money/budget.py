@@ -18,8 +18,8 @@ from batch_pipeline.core.ledger.attempts import AttemptLog
 from batch_pipeline.core.ledger.control import JobControl
 from batch_pipeline.core.ledger.result_parts import read_results
 from batch_pipeline.core.manifest.shards import Manifest
+from batch_pipeline.core.money.pass_cost import UNCALIBRATED_MARGIN
 from batch_pipeline.core.money.quote import (
-    UNCALIBRATED_MARGIN,
     cache_prefix_tokens,
     calibration,
     max_output_tokens,

@@ -40,6 +40,7 @@ from batch_pipeline.core.money.estimate import (
     request_tokens,
     token_calibration,
 )
+from batch_pipeline.core.money.pass_cost import PassPricing, probe_pass, retry_pass
 from batch_pipeline.core.money.passes import cascade_quote
 from batch_pipeline.core.money.quote_record import (
     CacheTerms,
@@ -65,8 +66,6 @@ from batch_pipeline.core.spec.job import AUTO_BACKEND, JobSpec
 
 QUOTE_TTL = timedelta(minutes=30)
 QUOTE_MARGIN = timedelta(minutes=2)  # a quote this close to expiry is re-made before spending on it
-DEFAULT_RETRY_SHARE = 0.02  # expected share of items retried before anything is measured
-UNCALIBRATED_MARGIN = 1.25  # token estimates are bytes/4 until usage is measured
 
 
 class QuoteRefused(ConfigError):
@@ -165,35 +164,6 @@ def riding_probes(
     return probe_estimates(spec, riding).select(columns)
 
 
-def cache_scenarios(
-    prefix_share: float, first_write_share: float, writes_billed: bool, measured: tuple[float, float] | None
-) -> dict[str, tuple[float, float]]:
-    """(cache-read share, cache-write share) of the input tokens when cache hits are low, expected and high.
-
-    ``prefix_share``: the cacheable prefix's share of the input; ``first_write_share``: the share written by the
-    first request of each batch; ``measured``: (read, write) shares of the results so far, if any.
-    """
-    read_m, write_m = measured if measured is not None else (None, None)
-    high_read = max(prefix_share, read_m or 0.0)
-    if not writes_billed:  # automatic caching: a miss is billed as plain input
-        return {
-            "low": (0.0, 0.0),
-            "expected": (read_m if read_m is not None else prefix_share / 2, 0.0),
-            "high": (high_read, 0.0),
-        }
-    first = min(first_write_share, high_read)
-    expected = (
-        (read_m, write_m or 0.0)
-        if read_m is not None
-        else (min(prefix_share / 2, prefix_share - first), max(prefix_share / 2, first))
-    )
-    return {
-        "low": (0.0, max(prefix_share, (read_m or 0.0) + (write_m or 0.0))),
-        "expected": expected,
-        "high": (high_read - first, first),
-    }
-
-
 def plain_quote(
     spec: JobSpec,
     store,
@@ -202,21 +172,13 @@ def plain_quote(
     results: pl.DataFrame | None = None,
     states: pl.DataFrame | None = None,
 ) -> Quote:
+    """The quote of a job on its own backend and model: the pending items' first pass, the golden probes riding
+    along with them and the expected retries."""
     price = prices.lookup(spec.backend.name, spec.model)
     manifest = Manifest(spec.name, store)
-    if items is None:
-        frame = pl.from_arrow(manifest.item_index(["request_id", "shard_id", "est_input_tokens"]))
-        assert isinstance(frame, pl.DataFrame)
-        items = frame
-    elif "shard_id" not in items.columns:
-        index = pl.from_arrow(manifest.item_index(["request_id", "shard_id"]))
-        assert isinstance(index, pl.DataFrame)
-        items = items.join(index, on="request_id", how="left")
+    items = _items_with_shards(manifest, items)
     results = results if results is not None else pl.DataFrame()
-    pending = items
-    if states is not None and states.height:
-        done = states.filter(pl.col("state").is_in([VALID, DEAD])).select("request_id")
-        pending = items.join(done, on="request_id", how="anti")
+    pending = _pending_items(items, states)
     per_request_extra = schema_tokens(spec)
     bytes_factor, calibrated_on = calibration(items, results, per_request_extra)  # what the budget guard scales
     n = pending.height
@@ -224,82 +186,23 @@ def plain_quote(
     model = request_tokens(spec, prompt_sample(manifest, pending if n else items), counter)
     factor, _ = token_calibration(items, results, model)
     input_tokens = model.tokens(float(pending["est_input_tokens"].sum() or 0), n) * factor
-    ok = results.filter(pl.col("status") == "succeeded") if results.height else results
-    out_cap = max_output_tokens(spec)
-    mean_out = float(ok["output_tokens"].mean() or 0.0) if ok.height else float(out_cap)
-    batch = spec.backend.name.endswith("_batch")
-    margin = 1.0 if calibrated_on else UNCALIBRATED_MARGIN  # the high end must hold before anything is measured
-
-    # the cache: the prefix's share of the input, the first write of each batch, what was measured
-    prefix = cache_prefix_tokens(spec, price, model)
+    pricing = PassPricing.of(spec, price, cache_prefix_tokens(spec, price, model), factor, results, bool(calibrated_on))
     pending_by_shard = dict(pending.group_by("shard_id").len().iter_rows()) if n else {}
-    canary_shard = manifest.canary_shard_id() if pending_by_shard else None
-    write_batches = len(pending_by_shard) if price.writes_cache and prefix else 0
-    if (
-        write_batches
-        and canary_passed(spec, store) is None
-        and pending_by_shard.get(canary_shard, 0) > spec.canary.size
-    ):
-        write_batches += 1  # the canary sample goes in a batch of its own
-    measured = None
-    if results.height and "cached_tokens" in results.columns:
-        billed_input = max(float(results["input_tokens"].sum()), 1.0)
-        writes = float(results["cache_write_tokens"].sum()) if "cache_write_tokens" in results.columns else 0.0
-        measured = (float(results["cached_tokens"].sum()) / billed_input, writes / billed_input)
-
-    def scenarios(requests: int, tokens: float, first_writes: int) -> dict[str, tuple[float, float]]:
-        share = min(1.0, prefix * requests * factor / max(tokens, 1.0)) if prefix and requests else 0.0
-        first = min(share, prefix * first_writes * factor / max(tokens, 1.0)) if prefix else 0.0
-        return cache_scenarios(share, first, price.writes_cache, measured)
-
-    def priced(tokens: float, out_tokens: float, shares: tuple[float, float]) -> float:
-        read, write = shares
-        return price.cost(
-            tokens, out_tokens, cached_tokens=tokens * read, batch=batch, cache_write_tokens=tokens * write
-        )
-
-    def one_pass(requests: int, tokens: float, cache: dict[str, tuple[float, float]]) -> dict:
-        return {
-            "requests": requests,
-            "input_tokens": round(tokens),
-            "output_tokens_expected": round(requests * mean_out),
-            "output_tokens_max": requests * out_cap,
-            "cost_low": priced(tokens, requests * mean_out, cache["high"]),
-            "cost_expected": priced(tokens, requests * mean_out, cache["expected"]),
-            "cost_high": priced(tokens * margin, requests * out_cap, cache["low"]),
-        }
-
-    cache = scenarios(n, input_tokens, write_batches)
-    first = one_pass(n, input_tokens, cache)
-    shard_sizes = (
-        dict(items.filter(pl.col("shard_id").is_in(list(pending_by_shard))).group_by("shard_id").len().iter_rows())
-        if pending_by_shard
-        else {}
-    )
+    write_batches = _first_write_batches(spec, store, manifest, pricing, pending_by_shard)
+    cache = pricing.scenarios(n, input_tokens, write_batches)
+    first = pricing.one_pass(n, input_tokens, cache)
     # with a golden set, ``results`` are the items' (JobState keeps probe rows apart): every row, for the probes
     # already answered and for what was spent on them
     stored = read_results(store, spec.name, columns=["request_id", "cost_usd"]) if spec.quality else None
-    probes = riding_probes(spec, store, manifest, shard_sizes, stored, with_prompt=True)
-    n_probes = probes.height  # few, and their prompts are at hand: counted one by one
-    probe_tokens = (sum(counter.count(probes["user_prompt"].to_list())) + n_probes * model.fixed_tokens) * factor
-    probe_pass = {
-        **one_pass(n_probes, probe_tokens, scenarios(n_probes, probe_tokens, 0)),
-        "shards": probes["shard_id"].n_unique(),
-    }  # they ride in the items' batches: no write of their own
-    retry_share = _measured_retry_share(results) if results.height else DEFAULT_RETRY_SHARE
-    retries = {
-        "expected_share": retry_share,
-        "cost_expected": first["cost_expected"] * retry_share,
-        "cost_high": first["cost_high"] * spec.retries.spend_cap_share,
-    }  # probes are not retried
+    probes = riding_probes(spec, store, manifest, _pending_shard_sizes(items, pending_by_shard), stored, True)
+    probe_costs = probe_pass(pricing, probes, counter, model)
+    retries = retry_pass(spec, results, first)
     total = {
-        "low": first["cost_low"] + probe_pass["cost_low"],
-        "expected": first["cost_expected"] + probe_pass["cost_expected"] + retries["cost_expected"],
-        "high": first["cost_high"] + probe_pass["cost_high"] + retries["cost_high"],
+        "low": first["cost_low"] + probe_costs["cost_low"],
+        "expected": first["cost_expected"] + probe_costs["cost_expected"] + retries["cost_expected"],
+        "high": first["cost_high"] + probe_costs["cost_high"] + retries["cost_high"],
     }
-    spent = float(results["cost_usd"].sum() or 0.0) if results.height and "cost_usd" in results.columns else 0.0
-    if stored is not None:  # probes are paid too
-        spent = max(spent, float(stored["cost_usd"].sum() or 0.0))
+    spent = _spent_usd(results, stored)
     components = quote_components(spec, manifest.last_generation(), price, store)
     now = datetime.now(UTC)
     return Quote(
@@ -307,20 +210,20 @@ def plain_quote(
         model=spec.model,
         backend=spec.backend.name,
         pending_requests=n,
-        probe_requests=n_probes,
+        probe_requests=probes.height,
         price=price,
         calibration=Calibration(factor=bytes_factor, items_measured=calibrated_on, tokenizer_factor=factor),
         tokenizer=model,
         cache_hit_share=Levels(**{level: read for level, (read, _) in cache.items()}),
         cache_write_share=Levels(**{level: write for level, (_, write) in cache.items()}),
         cache=CacheTerms(
-            prefix_tokens=prefix,
+            prefix_tokens=pricing.prefix,
             writes_billed=price.writes_cache,
             ttl=price.cache_ttl,
             write_multiplier=price.cache_write_multiplier,
             first_write_batches=write_batches,
         ),
-        passes=QuotePasses(first=PassCost(**first), probes=ProbePass(**probe_pass), retries=RetryPass(**retries)),
+        passes=QuotePasses(first=PassCost(**first), probes=ProbePass(**probe_costs), retries=RetryPass(**retries)),
         # multi-pass jobs: every pass of the cascade (core/money/passes.py); None for a one-pass job
         cascade=cascade_quote(
             spec, store, prices, items, {"requests": n, "cost_expected": total["expected"], "cost_high": total["high"]}
@@ -336,9 +239,56 @@ def plain_quote(
     )
 
 
-def _measured_retry_share(results: pl.DataFrame) -> float:
-    per_item = results.group_by("request_id").agg((pl.col("status") != "succeeded").any().alias("failed"))
-    return float(per_item["failed"].mean() or 0.0)
+def _items_with_shards(manifest: Manifest, items: pl.DataFrame | None) -> pl.DataFrame:
+    """The items to price, each with its shard: the manifest's index when none are given, else joined to it."""
+    if items is None:
+        frame = pl.from_arrow(manifest.item_index(["request_id", "shard_id", "est_input_tokens"]))
+        assert isinstance(frame, pl.DataFrame)
+        return frame
+    if "shard_id" not in items.columns:
+        index = pl.from_arrow(manifest.item_index(["request_id", "shard_id"]))
+        assert isinstance(index, pl.DataFrame)
+        return items.join(index, on="request_id", how="left")
+    return items
+
+
+def _pending_items(items: pl.DataFrame, states: pl.DataFrame | None) -> pl.DataFrame:
+    """The items still to answer: all but the valid and the dead-lettered ones."""
+    if states is None or not states.height:
+        return items
+    done = states.filter(pl.col("state").is_in([VALID, DEAD])).select("request_id")
+    return items.join(done, on="request_id", how="anti")
+
+
+def _first_write_batches(
+    spec: JobSpec, store, manifest: Manifest, pricing: PassPricing, pending_by_shard: dict[str, int]
+) -> int:
+    """The batches whose first request writes the cached prefix (where writes are billed): one per shard with
+    pending items, and the canary sample's own."""
+    canary_shard = manifest.canary_shard_id() if pending_by_shard else None
+    write_batches = len(pending_by_shard) if pricing.price.writes_cache and pricing.prefix else 0
+    if (
+        write_batches
+        and canary_passed(spec, store) is None
+        and pending_by_shard.get(canary_shard, 0) > spec.canary.size
+    ):
+        write_batches += 1  # the canary sample goes in a batch of its own
+    return write_batches
+
+
+def _pending_shard_sizes(items: pl.DataFrame, pending_by_shard: dict[str, int]) -> dict[str, int]:
+    """Each shard with pending items -> its item count (what decides the golden probes riding along)."""
+    if not pending_by_shard:
+        return {}
+    return dict(items.filter(pl.col("shard_id").is_in(list(pending_by_shard))).group_by("shard_id").len().iter_rows())
+
+
+def _spent_usd(results: pl.DataFrame, stored: pl.DataFrame | None) -> float:
+    """What the job has spent: its results' cost, or all stored rows' where that is more (probes are paid too)."""
+    spent = float(results["cost_usd"].sum() or 0.0) if results.height and "cost_usd" in results.columns else 0.0
+    if stored is not None:
+        spent = max(spent, float(stored["cost_usd"].sum() or 0.0))
+    return spent
 
 
 def quote_price(spec: JobSpec, prices: PriceTable) -> Price:

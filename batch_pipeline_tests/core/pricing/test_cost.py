@@ -7,7 +7,7 @@ import pytest
 
 from batch_pipeline.core.ledger.executor import RequestPlan, ShardWork
 from batch_pipeline.core.ledger.result_parts import RESULT_SCHEMA, read_results, write_results
-from batch_pipeline.core.money.quote import cache_scenarios
+from batch_pipeline.core.money.pass_cost import cache_scenarios
 from batch_pipeline.core.pricing.cost import Price, load_prices
 from batch_pipeline.core.run.results import build_results
 from batch_pipeline.core.spec.loading import parse_spec
