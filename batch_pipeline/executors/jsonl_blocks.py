@@ -24,6 +24,7 @@ from batch_pipeline.core.run.threads import ordered_map
 RESULT_BLOCK_BYTES = 16 * 2**20
 MIN_BLOCK_BYTES = 2**20
 _SPACE_BYTES = list(b" \t\r\x0b\x0c\n")  # what ``bytes.strip`` removes
+_STRING = pa.string()
 _duckdb = threading.local()
 
 
@@ -135,12 +136,47 @@ def extract_block(block: bytes, sql: str) -> tuple[pa.StringArray, pa.Table] | N
     return None if t is None else (lines, t)
 
 
+def parse_columnwise(
+    block: bytes,
+    sql: str,
+    assemble: Callable[[pa.Table, pa.StringArray], pa.Table],
+    parse_lines: Callable[[bytes], pa.Table],
+) -> pa.Table | None:
+    """A block's rows read column-wise: ``sql`` over its lines, ``assemble``d (extracted columns, lines) into the
+    format's rows, and the rows its ``_odd`` column marks (or leaves null) parsed again by the format's per-line
+    ``parse_lines``, in their place. None when the column path refuses the block, for ``parse_lines`` to take
+    it whole."""
+    read = extract_block(block, sql)
+    if read is None:
+        return None
+    lines, extracted = read
+    table = assemble(extracted, lines)
+    odd = pc.fill_null(extracted.column("_odd"), True)
+    if not pc.any(odd).as_py():
+        return table
+    return replace_rows(table, odd, parse_lines(b"\n".join(s.as_py().encode() for s in lines.filter(odd))))
+
+
 def replace_rows(table: pa.Table, mask: pa.Array | pa.ChunkedArray, replacement: pa.Table) -> pa.Table:
     """``table`` with the rows where ``mask`` is true replaced, in order, by the rows of ``replacement``."""
     odd = pc.indices_nonzero(mask)
     regular = pc.indices_nonzero(pc.invert(mask))
     merged = pa.concat_tables([table.take(regular), replacement.select(table.column_names).cast(table.schema)])
     return merged.take(pc.sort_indices(pa.concat_arrays([regular, odd])))
+
+
+def lookup(
+    values: pa.Array | pa.ChunkedArray, mapping: dict, value_type: pa.DataType, key_type: pa.DataType = _STRING
+) -> pa.Array:
+    """``mapping[value]`` element-wise; null where the value is null or not a key."""
+    keys = list(mapping)
+    index = pc.index_in(values, value_set=pa.array(keys, key_type))
+    return pc.take(pa.array([mapping[k] for k in keys], value_type), index)
+
+
+def one_chunk(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """A column as one array (``Table.from_arrays`` takes arrays of one kind)."""
+    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
 
 
 def utf8_or_marker(lines: list[bytes], marker: bytes) -> list[bytes]:

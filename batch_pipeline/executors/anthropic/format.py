@@ -18,10 +18,11 @@ import pyarrow.compute as pc
 from batch_pipeline.core.ledger.executor import RAW_OPTIONAL_SCHEMA, RAW_RESULT_SCHEMA
 from batch_pipeline.executors.anthropic.request_format import batch_requests, output_schema
 from batch_pipeline.executors.jsonl_blocks import (
-    extract_block,
     json_paths_sql,
+    lookup,
+    one_chunk,
+    parse_columnwise,
     read_lines,
-    replace_rows,
     utf8_or_marker,
 )
 
@@ -78,13 +79,6 @@ _ERROR = pa.struct([("type", _STR), ("error", pa.struct([("type", _STR), ("messa
 RESULT_LINE_SCHEMA = pa.schema(
     [("custom_id", _STR), ("result", pa.struct([("type", _STR), ("message", _MESSAGE), ("error", _ERROR)]))]
 )
-
-
-def _lookup(values: pa.Array, mapping: dict[str, Any], value_type: pa.DataType) -> pa.Array:
-    """``mapping[value]`` element-wise; null where the value is null or not a key."""
-    keys = list(mapping)
-    index = pc.index_in(values, value_set=pa.array(keys, _STR))
-    return pc.take(pa.array([mapping[k] for k in keys], value_type), index)
 
 
 def _zero(values: pa.Array) -> pa.Array:
@@ -160,13 +154,13 @@ FROM (SELECT {json_paths_sql(_PATHS)} AS v FROM lines)
 def _parse_fast(block: bytes) -> pa.Table | None:
     """Column-wise parse; None to send the whole block to the per-line path (blank lines, bad UTF-8, a line
     that is not JSON). Odd rows (see ``_PATHS``) are parsed per line and put back in their place."""
-    read = extract_block(block, _EXTRACT_SQL)
-    if read is None:
-        return None
-    lines, t = read
+    return parse_columnwise(block, _EXTRACT_SQL, _assemble_extracted, _parse_lines)
+
+
+def _assemble_extracted(t: pa.Table, lines: pa.StringArray) -> pa.Table:
     col = t.column
     has_usage = pc.or_(pc.is_valid(col("input_tokens")), pc.is_valid(col("output_tokens")))
-    table = _assemble(
+    return _assemble(
         col("custom_id"),
         col("kind"),
         col("text"),
@@ -181,10 +175,6 @@ def _parse_fast(block: bytes) -> pa.Table | None:
         col("message_id"),
         lines,
     )
-    odd = pc.fill_null(col("_odd"), True)
-    if not pc.any(odd).as_py():
-        return table
-    return replace_rows(table, odd, _parse_lines(b"\n".join(s.as_py().encode() for s in lines.filter(odd))))
 
 
 def _parse_lines(block: bytes) -> pa.Table:
@@ -245,7 +235,7 @@ def _assemble(
         pa.scalar(200, pa.int32()),
         pc.if_else(
             pc.equal(kind, "errored"),
-            pc.fill_null(_lookup(error_type, ERROR_STATUS, pa.int32()), 400),
+            pc.fill_null(lookup(error_type, ERROR_STATUS, pa.int32()), 400),
             pa.scalar(None, pa.int32()),
         ),
     )
@@ -253,22 +243,22 @@ def _assemble(
     code = pc.if_else(
         succeeded,
         pa.scalar(None, _STR),
-        pc.coalesce(error_type, _lookup(kind, unrun, _STR), kind, pa.scalar("missing_result", _STR)),
+        pc.coalesce(error_type, lookup(kind, unrun, _STR), kind, pa.scalar("missing_result", _STR)),
     )
     refused = pc.if_else(
         pc.fill_null(pc.equal(stop, "refusal"), False),
         pa.scalar("refused (stop_reason=refusal)", _STR),
         pa.scalar(None, _STR),
     )
-    error_message = pc.coalesce(error_text, _lookup(kind, {k: v[1] for k, v in UNRUN.items()}, _STR), refused)
+    error_message = pc.coalesce(error_text, lookup(kind, {k: v[1] for k, v in UNRUN.items()}, _STR), refused)
     cache_read, cache_creation = _zero(cache_read), _zero(cache_creation)
     total_input = pc.add(pc.add(input_tokens, cache_read), cache_creation)  # all input: uncached + reads + writes
     return pa.Table.from_arrays(
         [
-            _chunk(custom_id),
+            one_chunk(custom_id),
             status,
-            pc.if_else(succeeded, _chunk(text), pa.scalar(None, _STR)),
-            pc.coalesce(_lookup(stop, FINISH_REASONS, _STR), stop),
+            pc.if_else(succeeded, one_chunk(text), pa.scalar(None, _STR)),
+            pc.coalesce(lookup(stop, FINISH_REASONS, _STR), stop),
             total_input,
             pc.if_else(has_usage, cache_read, pa.scalar(None, _INT)),
             output_tokens,
@@ -280,10 +270,6 @@ def _assemble(
         ],
         schema=ANTHROPIC_RAW_SCHEMA,
     )
-
-
-def _chunk(values: Column) -> pa.Array:
-    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
 
 
 def _loose_line(line: bytes) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.ledger.executor import RequestPlan, ShardWork
 from batch_pipeline.executors.anthropic.format import ANTHROPIC_RAW_SCHEMA, FINISH_REASONS
 from batch_pipeline.executors.anthropic.request_format import shared_params
-from batch_pipeline.executors.jsonl_blocks import extract_block, json_paths_sql, replace_rows
+from batch_pipeline.executors.jsonl_blocks import json_paths_sql, lookup, one_chunk, parse_columnwise
 
 ANTHROPIC_VERSION = "bedrock-2023-05-31"
 BEDROCK_RAW_SCHEMA = ANTHROPIC_RAW_SCHEMA  # the raw columns, then the cache writes
@@ -73,7 +73,7 @@ def request_lines(work: ShardWork) -> bytes:
 
 def parse_output_block(block: bytes) -> pa.Table:
     """``.jsonl.out`` lines -> BEDROCK_RAW_SCHEMA rows: column-wise in DuckDB, per line for odd blocks and rows."""
-    fast = _parse_fast(block)
+    fast = parse_columnwise(block, _EXTRACT_SQL, _assemble_extracted, _parse_lines)
     return fast if fast is not None else _parse_lines(block)
 
 
@@ -110,18 +110,8 @@ FROM (SELECT {json_paths_sql(_PATHS)} AS v FROM lines)
 """
 
 
-def _parse_fast(block: bytes) -> pa.Table | None:
-    read = extract_block(block, _EXTRACT_SQL)
-    if read is None:
-        return None
-    lines, t = read
-    col = t.column
-    ok = pc.fill_null(col("ok"), False)
-    table = _assemble_columns(col, ok, lines)
-    odd = pc.fill_null(col("_odd"), True)
-    if not pc.any(odd).as_py():
-        return table
-    return replace_rows(table, odd, _parse_lines(b"\n".join(s.as_py().encode() for s in lines.filter(odd))))
+def _assemble_extracted(t: pa.Table, lines: pa.StringArray) -> pa.Table:
+    return _assemble_columns(t.column, pc.fill_null(t.column("ok"), False), lines)
 
 
 def _line_row(raw: bytes) -> dict[str, Any]:
@@ -227,12 +217,6 @@ def _assemble_columns(col: Any, ok: Any, raw: Any) -> pa.Table:
     )
 
 
-def _lookup(values: Any, mapping: dict[Any, Any], key_type: pa.DataType, value_type: pa.DataType) -> pa.Array:
-    keys = list(mapping)
-    index = pc.index_in(values, value_set=pa.array(keys, key_type))
-    return pc.take(pa.array([mapping[k] for k in keys], value_type), index)
-
-
 def _assemble(
     record_id: Any,
     ok: Any,
@@ -252,7 +236,7 @@ def _assemble(
     error_code = pc.cast(error_code, pa.int32())
     status = pc.if_else(ok, pa.scalar(200, pa.int32()), error_code)
     name = pc.coalesce(
-        _lookup(error_code, ERROR_NAMES, pa.int32(), _STR),
+        lookup(error_code, ERROR_NAMES, _STR, pa.int32()),
         pc.if_else(pc.is_valid(error_code), pa.scalar("bedrock_error", _STR), pa.scalar("unparseable_line", _STR)),
     )
     refused = pc.if_else(
@@ -262,24 +246,20 @@ def _assemble(
     cache_read, cache_creation = pc.fill_null(cache_read, 0), pc.fill_null(cache_creation, 0)
     return pa.Table.from_arrays(
         [
-            _chunk(record_id),
-            _chunk(status),
-            _chunk(pc.if_else(ok, text, pa.scalar(None, _STR))),
-            _chunk(pc.coalesce(_lookup(stop, FINISH_REASONS, _STR, _STR), stop)),
-            _chunk(
+            one_chunk(record_id),
+            one_chunk(status),
+            one_chunk(pc.if_else(ok, text, pa.scalar(None, _STR))),
+            one_chunk(pc.coalesce(lookup(stop, FINISH_REASONS, _STR), stop)),
+            one_chunk(
                 pc.if_else(has_usage, pc.add(pc.add(input_tokens, cache_read), cache_creation), pa.scalar(None, _INT))
             ),
-            _chunk(pc.if_else(has_usage, cache_read, pa.scalar(None, _INT))),
-            _chunk(pc.if_else(ok, output_tokens, pa.scalar(None, _INT))),
-            _chunk(pc.if_else(ok, pa.scalar(None, _STR), name)),
-            _chunk(pc.if_else(ok, refused, error_text)),
-            _chunk(message_id),
-            _chunk(raw),
-            _chunk(pc.if_else(has_usage, cache_creation, pa.scalar(None, _INT))),
+            one_chunk(pc.if_else(has_usage, cache_read, pa.scalar(None, _INT))),
+            one_chunk(pc.if_else(ok, output_tokens, pa.scalar(None, _INT))),
+            one_chunk(pc.if_else(ok, pa.scalar(None, _STR), name)),
+            one_chunk(pc.if_else(ok, refused, error_text)),
+            one_chunk(message_id),
+            one_chunk(raw),
+            one_chunk(pc.if_else(has_usage, cache_creation, pa.scalar(None, _INT))),
         ],
         schema=BEDROCK_RAW_SCHEMA,
     )
-
-
-def _chunk(values: Any) -> pa.Array:
-    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values

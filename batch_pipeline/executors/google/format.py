@@ -33,17 +33,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from batch_pipeline.core.error_table import Family, reason_stops
 from batch_pipeline.core.ledger.executor import RAW_RESULT_SCHEMA, ItemShape, RequestPlan
-from batch_pipeline.executors.jsonl_blocks import (
-    RESULT_BLOCK_BYTES,
-    extract_block,
-    json_paths_sql,
-    parse_stream,
-    replace_rows,
-)
+from batch_pipeline.executors.jsonl_blocks import RESULT_BLOCK_BYTES, json_paths_sql, parse_columnwise, parse_stream
 from batch_pipeline.executors.output_contract import output_schema
 
 JSON_MIME = "application/json"
@@ -224,16 +217,12 @@ def parse_block(block: bytes, layout: LineLayout = LineLayout()) -> pa.Table:
     sql = _SQL_CACHE.get(layout)
     if sql is None:
         sql = _SQL_CACHE[layout] = _sql(layout)
-    read = extract_block(block, sql)
-    if read is None:
-        return parse_lines(block, layout)
-    lines, t = read
-    odd = pc.fill_null(t.column("_odd"), True)
-    table = pa.Table.from_arrays([*t.drop_columns(["_odd"]).columns, lines], schema=RAW_RESULT_SCHEMA)
-    if not pc.any(odd).as_py():
-        return table
-    slow = parse_lines(b"\n".join(s.as_py().encode() for s in lines.filter(odd)), layout)
-    return replace_rows(table, odd, slow)
+    fast = parse_columnwise(block, sql, _with_raw_lines, lambda odd: parse_lines(odd, layout))
+    return fast if fast is not None else parse_lines(block, layout)
+
+
+def _with_raw_lines(t: pa.Table, lines: pa.StringArray) -> pa.Table:
+    return pa.Table.from_arrays([*t.drop_columns(["_odd"]).columns, lines], schema=RAW_RESULT_SCHEMA)
 
 
 def parse_result_stream(
