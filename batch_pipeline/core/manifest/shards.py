@@ -8,6 +8,7 @@ input keeps every existing item where it is and puts only new items into new sha
 written last, commits the build and says what was done with each input file.
 """
 
+import functools
 import logging
 import math
 import time
@@ -21,7 +22,7 @@ import polars as pl
 from batch_pipeline.core import progress as meters
 from batch_pipeline.core.errors import ReconciliationError
 from batch_pipeline.core.manifest.deal import OPEN_SHARD_WINDOW, Dealer, shard_name
-from batch_pipeline.core.manifest.dedup import BlockSpool, Dedup
+from batch_pipeline.core.manifest.dedup import BlockSpool, Dedup, Verdict
 from batch_pipeline.core.manifest.generation import GenerationRecord
 from batch_pipeline.core.manifest.incremental import (
     FileAction,
@@ -123,6 +124,39 @@ class ShardCaps:
         )
 
 
+@dataclass
+class _Intake:
+    """What one build collects while it reads its files: the rejects, each file's state after the read, the
+    rows spooled past the dedup's memory bound, and the bytes read so far (for the progress bar)."""
+
+    summary: ManifestSummary
+    preparer: FilePreparer
+    read_meter: meters.Meter
+    rejects: list[Reject] = field(default_factory=list)
+    states: list[FileState] = field(default_factory=list)
+    spool: BlockSpool | None = None
+    files_done: int = 0  # bytes of the files read to their end
+
+    def show_read(self, in_file: int = 0) -> None:
+        """The bar at the files read so far and ``in_file`` bytes of the one being read."""
+        self.read_meter.set(self.files_done + in_file)
+        self.read_meter.describe(f"{self.summary.input_rows:,} rows")
+
+
+def _take_dealt(summary: ManifestSummary, dealer: Dealer, verdict: Verdict) -> None:
+    """The dealer's new items and shards into the summary; nothing is committed when the items dealt, the new
+    IDs and the items written to shards disagree."""
+    summary.new_requests = dealer.dealt
+    summary.est_input_tokens_new = dealer.est_tokens
+    summary.new_shards = sorted(dealer.new_shards)
+    written = sum(dealer.written.values())
+    if written != summary.new_requests or verdict.added != summary.new_requests:
+        raise ReconciliationError(
+            f"manifest {summary.job} gen {summary.generation}: {summary.new_requests} new items dealt, "
+            f"{verdict.added} new IDs, {written} written to shards (nothing committed)"
+        )
+
+
 class ManifestBuilder:
     def __init__(
         self,
@@ -146,104 +180,37 @@ class ManifestBuilder:
         )
 
     def build(self) -> ManifestSummary:
+        """One generation: read what changed, deal its new items to new shards, then commit the record."""
         started = time.perf_counter()
-        spec = self.spec
         generations = self.manifest.generations()
         latest = max(generations, key=lambda g: g.generation) if generations else None
         gen = (latest.generation if latest else 0) + 1
-        summary = ManifestSummary(job=spec.name, generation=gen)
+        summary = ManifestSummary(job=self.spec.name, generation=gen)
         existing = latest.unique_requests if latest else 0
-        files = job_inputs(spec, self.store)  # files, or another job's validated table (upstream.py)
+        files = job_inputs(self.spec, self.store)  # files, or another job's validated table (upstream.py)
         plans = plan_files(files, self.manifest.file_states(latest))
         summary.input_files = len(files)
         index = IdIndex(self.store, self.paths, {g.generation: g.new_shards for g in generations})
         index.ensure()
-        preparer = FilePreparer(spec, self.caps.max_bytes)
-        system_bytes = preparer.system_bytes
+        preparer = FilePreparer(self.spec, self.caps.max_bytes)
         reading = [p for p in plans if p.reads]
         # the bytes this generation reads (a file's new part only): the bar's total, shown once reading starts
         read_meter = meters.meter("manifest", total=sum(max(p.file.size - p.offset, 0) for p in reading), unit="bytes")
-        files_done = 0
+        intake = _Intake(summary, preparer, read_meter)
         rows_ahead = _count_rows(reading, enough=OPEN_SHARD_WINDOW * self.caps.max_requests)
         window = max(1, min(OPEN_SHARD_WINDOW, math.ceil(max(rows_ahead, 1) / self.caps.max_requests)))
         first_shard = max((int(s[1:]) for g in generations for s in g.new_shards), default=0) + 1
-        rejects: list[Reject] = []
-        states: list[FileState] = []
         dedup = Dedup(index, existing, self.dedup_budget)
-        spool: BlockSpool | None = None
         try:
-            # row groups (in order, one thread) and shard files (two threads: when they fall behind, the main
-            # thread waits and both cores compress) are written in the background: Parquet and zstd release the GIL
-            with (
-                self.store.parquet_writer(
-                    self.paths.rows(gen), ROW_SCHEMA, use_dictionary=["source"], compression_level=1
-                ) as rows_out,
-                BackgroundWrites(depth=2) as row_writes,
-                BackgroundWrites(depth=4, workers=2) as writes,
-            ):
-                dealer = Dealer(
-                    self.store,
-                    self.paths.shard_items,
-                    gen,
-                    first_shard,
-                    window,
-                    self.caps.max_requests,
-                    self.caps.max_bytes,
-                    REQUEST_FRAMING_BYTES + system_bytes,
-                    writes,
-                )
-                for plan in plans:
-                    summary.files[plan.action.value].append(plan.file.uri)
-                    if not plan.reads:
-                        states.append(state_after(plan, gen, 0, 0, False))
-                        continue
-                    f, extent = plan.file, ReadExtent()
-                    for block in self._blocks(preparer, plan, extent):
-                        summary.input_rows += block.rows_in
-                        rejects.extend(block.rejects)
-                        frame = block.frame
-                        if frame.height == 0:
-                            continue
-                        row_writes.submit(_write_rows, rows_out, frame.select(LINE, KEY, "request_id"), block.source)
-                        summary.accepted_rows += frame.height
-                        keep = dedup.offer(block.ids())
-                        if keep is None:  # past the memory bound: decided once every row is in
-                            spool = spool or BlockSpool()
-                            spool.append(frame.select(DEAL_COLUMNS))
-                        else:
-                            dealer.deal(frame.select(DEAL_COLUMNS), np.asarray(keep, dtype=np.bool_))
-                        if self.progress:
-                            self.progress(f.uri, summary.input_rows)
-                        read_meter.set(files_done + min(max(extent.bytes_read - plan.offset, 0), f.size - plan.offset))
-                        read_meter.describe(f"{summary.input_rows:,} rows")
-                    files_done += max(f.size - plan.offset, 0)
-                    read_meter.set(files_done)
-                    read_meter.describe(f"{summary.input_rows:,} rows")
-                    states.append(state_after(plan, gen, extent.bytes_read, extent.lines, extent.ends_clean))
-                with index_writer(self.store, index_path(self.paths, gen)) as emit:
-                    verdict = dedup.finish(emit)
-                if spool is not None:
-                    at = 0
-                    for frame in spool.replay():
-                        dealer.deal(frame, verdict.is_new[at : at + frame.height])
-                        at += frame.height
-                dealer.close()
+            dealer, verdict = self._read_and_deal(plans, intake, dedup, first_shard, window)
         finally:
             dedup.close()
-            if spool is not None:
-                spool.close()
-        summary.new_requests = dealer.dealt
-        summary.est_input_tokens_new = dealer.est_tokens
-        summary.new_shards = sorted(dealer.new_shards)
-        written = sum(dealer.written.values())
-        if written != summary.new_requests or verdict.added != summary.new_requests:
-            raise ReconciliationError(
-                f"manifest {spec.name} gen {gen}: {summary.new_requests} new items dealt, "
-                f"{verdict.added} new IDs, {written} written to shards (nothing committed)"
-            )
-        self._write_rejects(gen, rejects)
-        summary.rejected_rows = len(rejects)
-        for r in rejects:
+            if intake.spool is not None:
+                intake.spool.close()
+        _take_dealt(summary, dealer, verdict)
+        self._write_rejects(gen, intake.rejects)
+        summary.rejected_rows = len(intake.rejects)
+        for r in intake.rejects:
             summary.rejects_by_reason[r.kind] = summary.rejects_by_reason.get(r.kind, 0) + 1
         summary.unique_requests = existing + summary.new_requests
         # rows read that created no item: repeats within what was read, or of an item an earlier generation holds
@@ -252,13 +219,93 @@ class ManifestBuilder:
         summary.shards_total = sum(len(g.new_shards) for g in generations) + len(summary.new_shards)
         summary.spilled = dedup.deferred_rows > 0  # rows were decided by hash range, past the memory bound
         summary.seconds = round(time.perf_counter() - started, 3)
+        self._commit(summary, intake.states)
+        return summary
+
+    def _read_and_deal(
+        self, plans: list[FilePlan], intake: _Intake, dedup: Dedup, first_shard: int, window: int
+    ) -> tuple[Dealer, Verdict]:
+        """Read every file the plans read, write their rows and deal their new items to shards; the dedup's
+        verdict once every row is in (the rows spooled past its memory bound are dealt then)."""
+        gen = intake.summary.generation
+        # row groups (in order, one thread) and shard files (two threads: when they fall behind, the main
+        # thread waits and both cores compress) are written in the background: Parquet and zstd release the GIL
+        with (
+            self.store.parquet_writer(
+                self.paths.rows(gen), ROW_SCHEMA, use_dictionary=["source"], compression_level=1
+            ) as rows_out,
+            BackgroundWrites(depth=2) as row_writes,
+            BackgroundWrites(depth=4, workers=2) as writes,
+        ):
+            dealer = Dealer(
+                self.store,
+                self.paths.shard_items,
+                gen,
+                first_shard,
+                window,
+                self.caps.max_requests,
+                self.caps.max_bytes,
+                REQUEST_FRAMING_BYTES + intake.preparer.system_bytes,
+                writes,
+            )
+            write_rows = functools.partial(row_writes.submit, _write_rows, rows_out)
+            for plan in plans:
+                self._read_file(plan, intake, dedup, dealer, write_rows)
+            with index_writer(self.store, index_path(self.paths, gen)) as emit:
+                verdict = dedup.finish(emit)
+            if intake.spool is not None:
+                at = 0
+                for frame in intake.spool.replay():
+                    dealer.deal(frame, verdict.is_new[at : at + frame.height])
+                    at += frame.height
+            dealer.close()
+        return dealer, verdict
+
+    def _read_file(
+        self,
+        plan: FilePlan,
+        intake: _Intake,
+        dedup: Dedup,
+        dealer: Dealer,
+        write_rows: Callable[[pl.DataFrame, str], object],
+    ) -> None:
+        """One input file as its plan says: skipped, or read block by block into rows, rejects and dealt items."""
+        summary = intake.summary
+        summary.files[plan.action.value].append(plan.file.uri)
+        if not plan.reads:
+            intake.states.append(state_after(plan, summary.generation, 0, 0, False))
+            return
+        f, extent = plan.file, ReadExtent()
+        for block in self._blocks(intake.preparer, plan, extent):
+            summary.input_rows += block.rows_in
+            intake.rejects.extend(block.rejects)
+            frame = block.frame
+            if frame.height == 0:
+                continue
+            write_rows(frame.select(LINE, KEY, "request_id"), block.source)
+            summary.accepted_rows += frame.height
+            keep = dedup.offer(block.ids())
+            if keep is None:  # past the memory bound: decided once every row is in
+                intake.spool = intake.spool or BlockSpool()
+                intake.spool.append(frame.select(DEAL_COLUMNS))
+            else:
+                dealer.deal(frame.select(DEAL_COLUMNS), np.asarray(keep, dtype=np.bool_))
+            if self.progress:
+                self.progress(f.uri, summary.input_rows)
+            intake.show_read(min(max(extent.bytes_read - plan.offset, 0), f.size - plan.offset))
+        intake.files_done += max(f.size - plan.offset, 0)
+        intake.show_read()
+        intake.states.append(state_after(plan, summary.generation, extent.bytes_read, extent.lines, extent.ends_clean))
+
+    def _commit(self, summary: ManifestSummary, states: list[FileState]) -> None:
+        """Write the generation record, the build's commit point, with each input file's state after it."""
         record = GenerationRecord.model_validate({**summary.as_dict(), "files": states})
-        self.store.write_json(self.paths.generation(gen), record.as_json())  # the commit point
+        self.store.write_json(self.paths.generation(summary.generation), record.as_json())
         log.info(
             "manifest %s gen %d: %d files (%s), %d rows, %d rejected, %d new requests in %d new shards (%.1fs)",
-            spec.name,
-            gen,
-            len(files),
+            summary.job,
+            summary.generation,
+            summary.input_files,
             summary.files_line(),
             summary.input_rows,
             summary.rejected_rows,
@@ -266,7 +313,6 @@ class ManifestBuilder:
             len(summary.new_shards),
             summary.seconds,
         )
-        return summary
 
     def _blocks(self, preparer: FilePreparer, plan: FilePlan, extent: ReadExtent) -> Iterator[Block]:
         """The file's prepared blocks: from a part prepared on its own for this plan, or read here."""
