@@ -59,16 +59,11 @@ def cascade_quote(
     if not before and not after:
         return None
     passes = [_quoted(i + 1, up, store) for i, up in enumerate(before)]
-    share = _share(spec, store) if spec.input.from_job is not None else None
     passes.append(
-        PassQuote(
+        _pass_of(
             len(before) + 1,
-            spec.name,
-            spec.model,
-            spec.backend.name,
-            share.share if share else 1.0,
-            share.source.value if share else "all",
-            share.measured_on if share else 0,
+            spec,
+            _upstream_share(spec, store),
             int(own["requests"]),
             own["cost_expected"],
             own["cost_high"],
@@ -90,19 +85,7 @@ def cascade_quote(
         rows[down.name] = requests
         expected, high = price_pass(down, prices, requests, user_tokens)
         passes.append(
-            PassQuote(
-                len(before) + 1 + depth,
-                down.name,
-                down.model,
-                down.backend.name,
-                s.share,
-                s.source.value,
-                s.measured_on,
-                math.ceil(requests),
-                expected,
-                high,
-                priced_from=f"{spec.name}'s items",
-            )
+            _pass_of(len(before) + 1 + depth, down, s, math.ceil(requests), expected, high, f"{spec.name}'s items")
         )
     return Cascade(
         passes=[p.as_record() for p in passes],
@@ -133,6 +116,38 @@ def _share(spec: JobSpec, store: Store) -> PassShare:
         return UpstreamTable(spec, store).share()
     except FileNotFoundError:
         return PassShare(spec.input.assumed_share, ShareSource.ASSUMED, 0)
+
+
+def _upstream_share(spec: JobSpec, store: Store) -> PassShare | None:
+    """The share of its upstream's rows that reach ``spec``; None for the first pass (it reads files)."""
+    return _share(spec, store) if spec.input.from_job is not None else None
+
+
+def _pass_of(
+    number: int,
+    spec: JobSpec,
+    share: PassShare | None,
+    requests: int,
+    cost_expected: float,
+    cost_high: float,
+    priced_from: str = "own quote",
+    spent_usd: float = 0.0,
+) -> PassQuote:
+    """``spec``'s pass, named by its job, model and backend; ``share`` None: the first pass, every row."""
+    return PassQuote(
+        number,
+        spec.name,
+        spec.model,
+        spec.backend.name,
+        share.share if share else 1.0,
+        share.source.value if share else "all",
+        share.measured_on if share else 0,
+        requests,
+        cost_expected,
+        cost_high,
+        spent_usd=spent_usd,
+        priced_from=priced_from,
+    )
 
 
 def _user_tokens(spec: JobSpec, items: pl.DataFrame) -> float:
@@ -169,21 +184,16 @@ def _quoted(number: int, spec: JobSpec, store: Store) -> PassQuote:
     paths = JobPaths(spec.name)
     quote = read_quote(store, spec.name)
     report = store.read_json(paths.report) or {}
-    share = _share(spec, store) if spec.input.from_job is not None else None
     done = bool(report.get("complete"))
-    return PassQuote(
+    return _pass_of(
         number,
-        spec.name,
-        spec.model,
-        spec.backend.name,
-        share.share if share else 1.0,
-        share.source.value if share else "all",
-        share.measured_on if share else 0,
+        spec,
+        _upstream_share(spec, store),
         int(report.get("unique_requests") or (quote.pending_requests if quote else 0)),
         0.0 if done or quote is None else quote.est_cost_usd.expected,
         0.0 if done or quote is None else quote.est_cost_usd.high,
+        "its quote and report",
         spent_usd=float(report.get("cost_usd") or (quote.spent_usd if quote else 0.0)),
-        priced_from="its quote and report",
     )
 
 
