@@ -15,6 +15,7 @@ from batch_pipeline.core.errors import BatchPipelineError, SystemicError
 from batch_pipeline.core.ledger.control import JobPaused
 from batch_pipeline.core.ledger.executor import BatchStatus, StreamExecutor
 from batch_pipeline.core.ledger.fallback import Stage
+from batch_pipeline.core.ledger.outcomes import CollectOutcome, SubmitOutcome
 from batch_pipeline.core.ledger.result_parts import read_results
 from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.quality.golden import canary_sample, judge_canary
@@ -45,6 +46,22 @@ class ShardReport:
     collected: int = 0  # provider batches (attempts) collected
     batches: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+
+    def streamed(self, out: CollectOutcome) -> "ShardReport":
+        """An inline run of the shard: every request it sent has its result."""
+        self.sent = self.results = out.rows
+        self.succeeded = out.succeeded
+        return self
+
+    def submitted(self, sub: SubmitOutcome) -> "ShardReport":
+        """A batch submission: what it sent (nothing when it re-attached), a capacity refusal, the batch made."""
+        self.sent = sub.requests if not sub.reattached else 0
+        if sub.refused:
+            self.action = "wait"
+            self.notes.append(f"refused for capacity (nothing billed): {sub.refused}")
+        if sub.handle:
+            self.batches.append(f"{self.shard_id}:{sub.handle.batch_id}{' (re-attached)' if sub.reattached else ''}")
+        return self
 
 
 class ShardDriver:
@@ -170,37 +187,21 @@ class ShardDriver:
         late = canary and self.tail is not None and (step.tail or deadline_near(self.spec))
         if self.stream or late:
             out = (self._tail() if late else self.runner).run_stream(shard_id, only=only, canary=canary)
-            report.sent = report.results = out.rows
-            report.succeeded = out.succeeded
+            report.streamed(out)
             if canary:
                 self.judge(shard_id, nothing_left=out.rows == 0)
             return report
         sub = self.runner.submit(shard_id, only=only, canary=canary)
-        report.sent = sub.requests if not sub.reattached else 0
-        if sub.refused:
-            report.action = "wait"
-            report.notes.append(f"refused for capacity (nothing billed): {sub.refused}")
-        if sub.handle:
-            report.batches.append(f"{shard_id}:{sub.handle.batch_id}{' (re-attached)' if sub.reattached else ''}")
-        elif canary:
+        report.submitted(sub)
+        if canary and not sub.handle:
             self.judge(shard_id, nothing_left=True)
         return report
 
     def _send(self, runner: ShardRunner, shard_id: str, report: ShardReport) -> ShardReport:
         """The shard's pending items of ``runner``'s stage: inline on a stream backend, else one batch."""
         if isinstance(runner.executor, StreamExecutor):
-            out = runner.run_stream(shard_id)
-            report.sent = report.results = out.rows
-            report.succeeded = out.succeeded
-            return report
-        sub = runner.submit(shard_id)
-        report.sent = sub.requests if not sub.reattached else 0
-        if sub.refused:
-            report.action = "wait"
-            report.notes.append(f"refused for capacity (nothing billed): {sub.refused}")
-        if sub.handle:
-            report.batches.append(f"{shard_id}:{sub.handle.batch_id}{' (re-attached)' if sub.reattached else ''}")
-        return report
+            return report.streamed(runner.run_stream(shard_id))
+        return report.submitted(runner.submit(shard_id))
 
     def collect_phase(self, shard_id: str, on_status: Callable[[str, BatchStatus], None] | None = None) -> ShardReport:
         report = ShardReport(shard_id, "collect")
