@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from batch_pipeline.sandbox.errors import bad_request
 from batch_pipeline.sandbox.scenarios import Scenario
-from batch_pipeline.sandbox.store import ScenarioRecord
+from batch_pipeline.sandbox.store import BilledTokens, ScenarioRecord
 
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
 COMPLETION_WINDOW_S = 24 * 3600
@@ -49,17 +49,14 @@ def lines_due(batch: Any, start: float, at: float) -> int:
 
 
 @dataclass
-class LineResult:
-    """One processed request: its status code, response body and token counts."""
+class LineResult(BilledTokens):
+    """One processed request: its status code, response body and the tokens it is billed for."""
 
     index: int
     custom_id: str
     status_code: int
     request_id: str
     body: dict[str, Any]
-    input_tokens: int = 0
-    cached_tokens: int = 0
-    output_tokens: int = 0
 
 
 @dataclass

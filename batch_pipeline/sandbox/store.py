@@ -9,7 +9,7 @@ fix to persistence or billing reaches all providers at once.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Generic, Self, TypeVar
 
@@ -26,30 +26,30 @@ def rfc3339(value: float | None) -> str | None:
     return datetime.fromtimestamp(value, UTC).isoformat().replace("+00:00", "Z")
 
 
-def bill_entry(
-    provider: str,
-    batch_id: str,
-    custom_id: str,
-    model: str,
-    *,
-    input_tokens: int,
-    cached_tokens: int,
-    output_tokens: int,
-    billed_at: float,
-    **extra: int,
-) -> dict[str, Any]:
-    """One ledger row for a billed request (``extra``: a provider's own counts, such as cache writes)."""
-    return {
-        "provider": provider,
-        "batch_id": batch_id,
-        "custom_id": custom_id,
-        "model": model,
-        "input_tokens": input_tokens,
-        "cached_tokens": cached_tokens,
-        **extra,
-        "output_tokens": output_tokens,
-        "billed_at": billed_at,
-    }
+@dataclass(kw_only=True)
+class BilledTokens:
+    """The tokens one processed request is billed for if it succeeded (once, when its batch ends): all of its
+    input, cache reads and writes included, the cache reads among it, and its output."""
+
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+
+    def ledger_row(
+        self, provider: str, batch_id: str, custom_id: str, model: str | None, billed_at: float, **extra: int
+    ) -> dict[str, Any]:
+        """This request's row of the billing ledger (``extra``: a provider's own counts, such as cache writes)."""
+        return {
+            "provider": provider,
+            "batch_id": batch_id,
+            "custom_id": custom_id,
+            "model": model,
+            "input_tokens": self.input_tokens,
+            "cached_tokens": self.cached_tokens,
+            **extra,
+            "output_tokens": self.output_tokens,
+            "billed_at": billed_at,
+        }
 
 
 class ScenarioRecord:

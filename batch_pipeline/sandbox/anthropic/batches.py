@@ -18,7 +18,7 @@ from batch_pipeline.sandbox.batches import lines_due, output_order
 from batch_pipeline.sandbox.ids import new_id
 from batch_pipeline.sandbox.quotas import DEFAULT_ACCOUNT, Load, LoadBook
 from batch_pipeline.sandbox.scenarios import Scenario
-from batch_pipeline.sandbox.store import Bill, ProcessedRecord, RecordStore, bill_entry, rfc3339
+from batch_pipeline.sandbox.store import Bill, ProcessedRecord, RecordStore, rfc3339
 
 EXPIRY_S = 24 * 3600
 RESULTS_KEPT_S = 29 * 24 * 3600
@@ -191,16 +191,13 @@ class AnthropicBatches(RecordStore[AnthropicBatch]):
         self.book.release("anthropic", batch.id, at)
         self.bill(
             [
-                bill_entry(
+                r.billed().ledger_row(
                     "anthropic",
                     batch.id,
                     r.custom_id,
                     r.model,
-                    input_tokens=r.input_tokens + r.cache_creation_input_tokens + r.cache_read_input_tokens,
-                    cached_tokens=r.cache_read_input_tokens,
+                    at,
                     cache_creation_input_tokens=r.cache_creation_input_tokens,
-                    output_tokens=r.output_tokens,
-                    billed_at=at,
                 )
                 for r in batch.results
                 if r.succeeded

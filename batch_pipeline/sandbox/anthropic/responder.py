@@ -22,6 +22,7 @@ from batch_pipeline.sandbox.ids import stable_hex
 from batch_pipeline.sandbox.responder import CACHE_MIN_TOKENS, last_user_text, markers, render_content
 from batch_pipeline.sandbox.scenarios import Scenario
 from batch_pipeline.sandbox.schema_fill import fill_schema
+from batch_pipeline.sandbox.store import BilledTokens
 from batch_pipeline.sandbox.tokens import PER_MESSAGE_TOKENS, count_tokens, input_tokens, truncate_tokens
 
 REFUSAL_MARKER, TRUNCATE_MARKER, POISON_MARKER = "refuse", "truncate", "poison"
@@ -44,6 +45,14 @@ class AnthropicResult:
     def succeeded(self) -> bool:
         """True for a ``succeeded`` result."""
         return self.result.get("type") == "succeeded"
+
+    def billed(self) -> BilledTokens:
+        """The tokens as billed: all of the input (uncached, cache writes and cache reads), the reads cached."""
+        return BilledTokens(
+            input_tokens=self.input_tokens + self.cache_creation_input_tokens + self.cache_read_input_tokens,
+            cached_tokens=self.cache_read_input_tokens,
+            output_tokens=self.output_tokens,
+        )
 
 
 @dataclass

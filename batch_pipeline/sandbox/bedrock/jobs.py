@@ -23,7 +23,7 @@ from batch_pipeline.sandbox.bedrock.records import InputRecord, RecordResult, pr
 from batch_pipeline.sandbox.bedrock.s3 import SandboxS3, split_uri
 from batch_pipeline.sandbox.quotas import DEFAULT_ACCOUNT, Load, LoadBook
 from batch_pipeline.sandbox.scenarios import Scenario
-from batch_pipeline.sandbox.store import Bill, ProcessedRecord, RecordStore, bill_entry
+from batch_pipeline.sandbox.store import Bill, ProcessedRecord, RecordStore
 
 LIVE = ("Submitted", "Validating", "Scheduled", "InProgress")
 ENDED = frozenset({"Completed", "PartiallyCompleted", "Failed", "Stopped", "Expired"})
@@ -219,16 +219,7 @@ class BedrockJobs(RecordStore[BedrockJob]):
             self._write_output(job)
         self.bill(
             [
-                bill_entry(
-                    "bedrock",
-                    job.job_id,
-                    job.records[r.index].record_id,
-                    job.model_id,
-                    input_tokens=r.input_tokens,
-                    cached_tokens=r.cached_tokens,
-                    output_tokens=r.output_tokens,
-                    billed_at=at,
-                )
+                r.ledger_row("bedrock", job.job_id, job.records[r.index].record_id, job.model_id, at)
                 for r in job.results
                 if r.succeeded
             ]

@@ -9,12 +9,13 @@ answer itself comes from the Anthropic responder: ``modelOutput`` is the InvokeM
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from batch_pipeline.sandbox.anthropic.responder import AnthropicRunner
 from batch_pipeline.sandbox.ids import stable_hex
 from batch_pipeline.sandbox.scenarios import Scenario
+from batch_pipeline.sandbox.store import BilledTokens
 
 ANTHROPIC_VERSION = "bedrock-2023-05-31"
 ERROR_CODES = {
@@ -45,14 +46,11 @@ class InputRecord:
 
 
 @dataclass
-class RecordResult:
-    """A processed record: its output line and the tokens to bill (success only)."""
+class RecordResult(BilledTokens):
+    """A processed record: its output line and the tokens it is billed for."""
 
     index: int
     output: dict[str, Any]
-    input_tokens: int = 0
-    cached_tokens: int = 0
-    output_tokens: int = 0
 
     @property
     def succeeded(self) -> bool:
@@ -121,7 +119,4 @@ def process(
         k: usage.get(k, 0)
         for k in ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
     }
-    total_input = result.input_tokens + result.cache_creation_input_tokens + result.cache_read_input_tokens
-    return RecordResult(
-        index, {**head, "modelOutput": message}, total_input, result.cache_read_input_tokens, result.output_tokens
-    )
+    return RecordResult(index, {**head, "modelOutput": message}, **asdict(result.billed()))

@@ -34,7 +34,7 @@ from batch_pipeline.sandbox.google.gemini_record import GeminiBatch
 from batch_pipeline.sandbox.google.responder import GeminiResponder, prompt_tokens
 from batch_pipeline.sandbox.quotas import DEFAULT_ACCOUNT, Load, LoadBook, quota, retry_after_s
 from batch_pipeline.sandbox.scenarios import Scenario
-from batch_pipeline.sandbox.store import Bill, RecordStore, bill_entry
+from batch_pipeline.sandbox.store import Bill, RecordStore
 
 MAX_INLINE_BYTES = 20 * 2**20  # the API's request payload limit, which bounds a create with inline requests
 
@@ -227,18 +227,10 @@ class GeminiService(RecordStore[GeminiBatch]):
                 )
             )
             batch.output_file = f"files/{stored.id}"
+        model = batch.model.removeprefix("models/")
         self.bill(
             [
-                bill_entry(
-                    "gemini",
-                    f"batches/{batch.id}",
-                    r.key,
-                    batch.model.removeprefix("models/"),
-                    input_tokens=r.prompt_tokens,
-                    cached_tokens=r.cached_tokens,
-                    output_tokens=r.output_tokens,
-                    billed_at=at,
-                )
+                r.billed().ledger_row("gemini", f"batches/{batch.id}", r.key, model, at)
                 for r in batch.results
                 if r.succeeded
             ]

@@ -25,6 +25,7 @@ from batch_pipeline.sandbox.ids import stable_fraction, stable_hex
 from batch_pipeline.sandbox.responder import CACHE_MIN_TOKENS, MARKER_RE
 from batch_pipeline.sandbox.scenarios import Scenario
 from batch_pipeline.sandbox.schema_fill import fill_schema, pick_label
+from batch_pipeline.sandbox.store import BilledTokens
 from batch_pipeline.sandbox.tokens import count_tokens, input_tokens, truncate_tokens
 
 SEEN_PREFIX = "gemini|"  # keys in the state's shared memories (keys seen, cached prefixes)
@@ -56,6 +57,12 @@ class GeminiAnswer:
     @property
     def succeeded(self) -> bool:
         return self.response is not None
+
+    def billed(self) -> BilledTokens:
+        """The tokens as billed (``prompt_tokens``: all of the input, the cached part included)."""
+        return BilledTokens(
+            input_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens, output_tokens=self.output_tokens
+        )
 
 
 def _texts(content: Any) -> list[str]:

@@ -29,7 +29,7 @@ from batch_pipeline.sandbox.google.vertex_gcs import GcsUnavailable, SandboxGcs
 from batch_pipeline.sandbox.ids import stable_hex
 from batch_pipeline.sandbox.quotas import Load, LoadBook
 from batch_pipeline.sandbox.scenarios import Scenario
-from batch_pipeline.sandbox.store import Bill, ProcessedRecord, RecordStore, bill_entry, rfc3339
+from batch_pipeline.sandbox.store import Bill, ProcessedRecord, RecordStore, rfc3339
 
 EXPIRY_S = 24 * 3600
 ID_LABEL = "batch_pipeline_rid"
@@ -280,18 +280,8 @@ class VertexJobs(RecordStore[VertexJob]):
             answer = self.responder.answer(key, model, request, job.scenario, job.id)
             job.lines.append(self._line(request, processed, response=answer.response, status=answer.error))
             if answer.succeeded:
-                job.billing.append(
-                    bill_entry(
-                        "vertex",
-                        job.name,
-                        key,
-                        model,
-                        input_tokens=answer.prompt_tokens,
-                        cached_tokens=answer.cached_tokens,
-                        output_tokens=answer.output_tokens,
-                        billed_at=0.0,  # set when the job ends and bills
-                    )
-                )
+                unbilled = 0.0  # billed_at: set when the job ends and bills
+                job.billing.append(answer.billed().ledger_row("vertex", job.name, key, model, unbilled))
 
     @staticmethod
     def _line(

@@ -78,9 +78,9 @@ class LineRunner:
             200,
             request_id,
             completion.body,
-            completion.prompt_tokens,
-            completion.cached_tokens,
-            completion.completion_tokens,
+            input_tokens=completion.prompt_tokens,
+            cached_tokens=completion.cached_tokens,
+            output_tokens=completion.completion_tokens,
         )
 
 
@@ -119,7 +119,7 @@ def embedding_line(
             request_id,
             error_body(str(exc), type="invalid_request_error", code=exc.code, param=exc.param),
         )
-    return LineResult(index, custom_id, 200, request_id, response, tokens, 0, 0)
+    return LineResult(index, custom_id, 200, request_id, response, input_tokens=tokens)
 
 
 def billed_input_tokens(endpoint: str, request: dict[str, Any], scenario: Any) -> int:
@@ -199,17 +199,9 @@ def result_lines(batch: BatchRecord) -> tuple[list[dict[str, Any]], list[dict[st
 
 def ledger_entries(batch: BatchRecord, billed_at: float) -> list[dict[str, Any]]:
     """One billing entry per successful request of a finished batch."""
+    provider = PROVIDER_BY_ENDPOINT[batch.endpoint]
     return [
-        {
-            "provider": PROVIDER_BY_ENDPOINT[batch.endpoint],
-            "batch_id": batch.id,
-            "custom_id": r.custom_id,
-            "model": batch.model,
-            "input_tokens": r.input_tokens,
-            "cached_tokens": r.cached_tokens,
-            "output_tokens": r.output_tokens,
-            "billed_at": billed_at,
-        }
+        r.ledger_row(provider, batch.id, r.custom_id, batch.model, billed_at)
         for r in batch.results
         if r.status_code == 200
     ]
