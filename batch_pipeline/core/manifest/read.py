@@ -48,28 +48,27 @@ REJECT_SCHEMA = pa.schema(
         ("raw", pa.string()),
     ]
 )
+# the columns of a request's valid result that the validated table carries as they are, after its output
+ANSWER_COLUMNS = (
+    "output_text",
+    "finish_reason",
+    "model",
+    "prompt_version",
+    "backend",
+    "pricing",
+    "attempt",
+    "input_tokens",
+    "cached_tokens",
+    "output_tokens",
+    "cost_usd",
+)
 # a job's validated table (publish.validated writes it; an upstream job's is read as the next job's input)
 VALIDATED_SCHEMA = pa.schema(
     [
         *ROW_SCHEMA,  # source, line, source_key, request_id
         PART_SCHEMA.field("shard_id"),
         pa.field("output", pa.string()),
-        *[
-            PART_SCHEMA.field(c)
-            for c in (
-                "output_text",
-                "finish_reason",
-                "model",
-                "prompt_version",
-                "backend",
-                "pricing",
-                "attempt",
-                "input_tokens",
-                "cached_tokens",
-                "output_tokens",
-                "cost_usd",
-            )
-        ],
+        *[PART_SCHEMA.field(c) for c in ANSWER_COLUMNS],
         pa.field("is_duplicate", pa.bool_()),
         PART_SCHEMA.field("provider_batch_id"),
     ]

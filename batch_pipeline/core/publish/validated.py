@@ -20,7 +20,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from batch_pipeline.core.ledger.result_parts import PART_SCHEMA, result_parts
-from batch_pipeline.core.manifest.read import ROW_SCHEMA, VALIDATED_SCHEMA
+from batch_pipeline.core.manifest.read import ANSWER_COLUMNS, ROW_SCHEMA, VALIDATED_SCHEMA
 from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.store import Store
@@ -29,24 +29,8 @@ log = logging.getLogger(__name__)
 
 MEMORY_LIMIT = "1GB"  # DuckDB's own buffers; the join and the sort spill past it
 BATCH_ROWS = 100_000
-_RESULT_COLUMNS = [
-    "request_id",
-    "shard_id",
-    "attempt",
-    "status",
-    "parsed_output",
-    "output_text",
-    "finish_reason",
-    "model",
-    "prompt_version",
-    "backend",
-    "pricing",
-    "input_tokens",
-    "cached_tokens",
-    "output_tokens",
-    "cost_usd",
-    "provider_batch_id",
-]
+# what the query reads of the result parts: the request, its shard and status, its parsed output, what it carries
+_RESULT_COLUMNS = ["request_id", "shard_id", "status", "parsed_output", *ANSWER_COLUMNS, "provider_batch_id"]
 EMBEDDING = "embedding"
 
 
