@@ -12,7 +12,6 @@ import pyarrow.json as pajson
 
 from batch_pipeline.core.manifest.reasons import json_type
 from batch_pipeline.core.manifest.rows import (
-    CHUNK_BYTES,
     KEY,
     LINE,
     RAW_PREVIEW,
@@ -22,6 +21,7 @@ from batch_pipeline.core.manifest.rows import (
     RowBatch,
     bad_field,
     empty_frame,
+    line_blocks,
     parse_line,
     split_missing,
 )
@@ -37,33 +37,8 @@ def read_jsonl(
     wanted = list(dict.fromkeys(fields + ([key_field] if key_field else [])))
     schema = pa.schema([(name, pa.string()) for name in wanted])
     options = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
-    next_line = first_line
-    carry = b""
-    remaining = f.size - offset
-    extent.bytes_read, extent.lines, extent.ends_clean = offset, first_line - 1, True
-    with f.fs.open_input_file(f.path) as stream:
-        if offset:
-            stream.seek(offset)
-        while True:
-            chunk = stream.read(min(CHUNK_BYTES, remaining)) if remaining > 0 else b""
-            remaining -= len(chunk)
-            data = carry + chunk
-            if not chunk:
-                if data:
-                    yield _jsonl_block(f.uri, data, next_line, fields, key_field, options)
-                    extent.bytes_read += len(data)
-                    extent.lines, extent.ends_clean = next_line, False
-                return
-            ends = line_ends(data)  # the newlines, found once per block
-            if not len(ends):
-                carry = data
-                continue
-            cut = ends[-1]
-            block, carry = data[: cut + 1], data[cut + 1 :]
-            yield _jsonl_block(f.uri, block, next_line, fields, key_field, options, ends)
-            next_line += len(ends)
-            extent.bytes_read += len(block)
-            extent.lines = next_line - 1
+    for line, block in line_blocks(f, offset, first_line, extent):
+        yield _jsonl_block(f.uri, block, line, fields, key_field, options)
 
 
 _STRIP_BYTES = list(b" \t\n\r\x0b\x0c")  # what ``bytes.strip`` removes
@@ -84,13 +59,12 @@ def first_bytes(block: bytes, ends: pl.Series) -> pl.Series:
     return view.gather(starts)
 
 
-def _clean_line_count(block: bytes, ends: pl.Series | None = None) -> int | None:
+def _clean_line_count(block: bytes) -> int | None:
     """The number of lines of a block that ends with a newline and has no line that is blank or starts with
-    whitespace (so no line needs the per-line filter); None otherwise. ``ends``: the block's newline offsets."""
+    whitespace (so no line needs the per-line filter); None otherwise."""
     if not block.endswith(b"\n"):
         return None
-    if ends is None:
-        ends = line_ends(block)
+    ends = line_ends(block)
     return None if first_bytes(block, ends).is_in(_STRIP_BYTES).any() else len(ends)
 
 
@@ -101,9 +75,8 @@ def _jsonl_block(
     fields: list[str],
     key_field: str | None,
     options: pajson.ParseOptions,
-    ends: pl.Series | None = None,
 ) -> RowBatch:
-    n = _clean_line_count(block, ends)
+    n = _clean_line_count(block)
     if n:  # every line is a candidate row: parse the block as it is, no split, filter and join
         try:
             table = _read_block(block, options, key_field)

@@ -24,7 +24,6 @@ from batch_pipeline.core.errors import InputError
 from batch_pipeline.core.manifest import ids
 from batch_pipeline.core.manifest.reasons import json_type
 from batch_pipeline.core.manifest.rows import (
-    CHUNK_BYTES,
     KEY,
     LINE,
     RAW_PREVIEW,
@@ -32,6 +31,7 @@ from batch_pipeline.core.manifest.rows import (
     ReadExtent,
     Reject,
     RowBatch,
+    line_blocks,
     parse_line,
 )
 
@@ -188,38 +188,12 @@ def _jsonl(
     f: InputFile, field: str, key_field: str | None, system: str, offset: int, first_line: int, extent: ReadExtent
 ) -> Iterator[RowBatch]:
     """Line by line (json.loads): a messages row is nested, and each turn is checked on its own."""
-    remaining = f.size - offset
-    line = first_line
-    carry = b""
-    extent.bytes_read, extent.lines, extent.ends_clean = offset, first_line - 1, True
-    with f.fs.open_input_file(f.path) as stream:
-        if offset:
-            stream.seek(offset)
-        while True:
-            chunk = stream.read(min(CHUNK_BYTES, remaining)) if remaining > 0 else b""
-            remaining -= len(chunk)
-            data = carry + chunk
-            if chunk:
-                cut = data.rfind(b"\n")
-                if cut < 0:
-                    carry = data
-                    continue
-                block, carry = data[: cut + 1], data[cut + 1 :]
-                raw_lines = block.split(b"\n")[:-1]
-            else:
-                if not data:
-                    return
-                block, raw_lines = data, [data]
-            rows = _Rows(f.uri, field, key_field, system)
-            for raw in raw_lines:
-                _line(rows, raw, line)
-                line += 1
-            yield rows.batch()
-            extent.bytes_read += len(block)
-            extent.lines = line - 1
-            if not chunk:
-                extent.ends_clean = False
-                return
+    for line, block in line_blocks(f, offset, first_line, extent):
+        raw_lines = block.split(b"\n")[:-1] if block.endswith(b"\n") else [block]
+        rows = _Rows(f.uri, field, key_field, system)
+        for at, raw in enumerate(raw_lines, start=line):
+            _line(rows, raw, at)
+        yield rows.batch()
 
 
 def _line(rows: _Rows, raw: bytes, line: int) -> None:

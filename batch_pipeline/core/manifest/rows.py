@@ -91,6 +91,39 @@ def empty_frame(fields: list[str]) -> pl.DataFrame:
     return pl.DataFrame(schema={**{n: pl.String for n in fields}, LINE: pl.Int64, KEY: pl.String})
 
 
+def line_blocks(f: InputFile, offset: int, first_line: int, extent: ReadExtent) -> Iterator[tuple[int, bytes]]:
+    """The bytes ``[offset, f.size)`` of a file of lines as blocks of whole lines, each with its first line's
+    number: every block ends with a newline but a last line without one, handed out alone. A writer appending
+    meanwhile is read by the next generation. ``extent`` reaches to the end of the blocks taken so far (it moves
+    when the next is asked for, so a block the caller has not finished with is not counted)."""
+    line = first_line
+    carry = b""
+    remaining = f.size - offset
+    extent.bytes_read, extent.lines, extent.ends_clean = offset, first_line - 1, True
+    with f.fs.open_input_file(f.path) as stream:
+        if offset:
+            stream.seek(offset)
+        while True:
+            chunk = stream.read(min(CHUNK_BYTES, remaining)) if remaining > 0 else b""
+            remaining -= len(chunk)
+            data = carry + chunk
+            if not chunk:
+                if data:
+                    yield line, data
+                    extent.bytes_read += len(data)
+                    extent.lines, extent.ends_clean = line, False
+                return
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                carry = data
+                continue
+            block, carry = data[: cut + 1], data[cut + 1 :]
+            yield line, block
+            line += block.count(b"\n")
+            extent.bytes_read += len(block)
+            extent.lines = line - 1
+
+
 # -- CSV and Parquet -------------------------------------------------------------------------------
 
 

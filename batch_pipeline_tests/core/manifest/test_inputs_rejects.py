@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from batch_pipeline.core.errors import InputError
-from batch_pipeline.core.manifest import jsonl
+from batch_pipeline.core.manifest import rows as manifest_rows
 from batch_pipeline.core.manifest.inputs import read_batches, resolve_inputs
 from batch_pipeline.core.manifest.shards import Manifest, build_manifest
 from batch_pipeline.core.spec.loading import load_spec
@@ -184,7 +184,7 @@ def test_line_numbers_survive_block_boundaries(tmp_path, monkeypatch):
             lines.append({"id": f"n{i}", "subject": "no body"})
     path = write_jsonl(tmp_path / "in.jsonl", lines)
     frame_big, rejects_big = read_all(path)
-    monkeypatch.setattr(jsonl, "CHUNK_BYTES", 50)  # configuration, not behaviour: smaller blocks
+    monkeypatch.setattr(manifest_rows, "CHUNK_BYTES", 50)  # configuration, not behaviour: smaller blocks
     frame_small, rejects_small = read_all(path)
     assert frame_small.equals(frame_big)
     assert [(r.line, r.kind) for r in rejects_small] == [(r.line, r.kind) for r in rejects_big]
