@@ -13,17 +13,18 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
+from pydantic import Field
 
 from batch_pipeline.core import progress as meters
 from batch_pipeline.core.errors import ReconciliationError
 from batch_pipeline.core.manifest.deal import OPEN_SHARD_WINDOW, Dealer, shard_name
 from batch_pipeline.core.manifest.dedup import BlockSpool, Dedup, Verdict
-from batch_pipeline.core.manifest.generation import GenerationRecord
+from batch_pipeline.core.manifest.generation import GenerationCounts, GenerationRecord
 from batch_pipeline.core.manifest.incremental import (
     FileAction,
     FilePlan,
@@ -75,29 +76,14 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class ManifestSummary:
-    job: str
-    generation: int
-    input_files: int = 0
-    input_rows: int = 0
-    rejected_rows: int = 0
-    accepted_rows: int = 0
-    unique_requests: int = 0
-    new_requests: int = 0
-    duplicates_collapsed: int = 0  # accepted rows read that made no new item
-    known_requests: int = 0  # distinct IDs read that an earlier generation already holds
-    shards_total: int = 0
-    new_shards: list[str] = field(default_factory=list)
-    est_input_tokens_new: int = 0
-    seconds: float = 0.0
-    rejects_by_reason: dict[str, int] = field(default_factory=dict)
-    # what this generation did with each input file (FileAction value -> URIs); counts are of the rows read
-    files: dict[str, list[str]] = field(default_factory=lambda: {a.value: [] for a in FileAction})
-    spilled: bool = False  # the dedup went past its memory bound and decided by hash range
+class ManifestSummary(GenerationCounts):
+    """What one build did: the generation's counts, and what it did with each input file."""
+
+    # FileAction value -> URIs; the counts are of the rows read
+    files: dict[str, list[str]] = Field(default_factory=lambda: {a.value: [] for a in FileAction})
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return self.model_dump()
 
     def files_line(self) -> str:
         """``2 read, 5 skipped, 1 appended, 0 reread``: the summary's view of the input files."""
