@@ -145,21 +145,17 @@ ROWS: tuple[Row, ...] = (
             "path, nothing in one item's body, so a 404 (vLLM's unknown model, a server without /v1) is every "
             "request's", where=_only(Where.REQUEST), advice=OPENAI_ADVICE),
     # -- OpenAI and Azure (platform.openai.com/docs/guides/error-codes; Azure OpenAI's REST errors) -----------
-    Row(OPENAI_LIKE, None, "insufficient_quota", S, "429 'You exceeded your current quota': no credit left or the "
-        "monthly budget spent; OpenAI sends x-should-retry: false, no wait brings it back",
-        stop="insufficient_quota", advice=CREDIT_ADVICE),
-    Row(OPENAI_LIKE, None, "billing_hard_limit_reached", S, "the organization's own spend limit is reached",
-        stop="billing_hard_limit_reached", advice=SPEND_ADVICE),
-    Row(OPENAI_LIKE, None, "invalid_api_key", S, "401 'Incorrect API key provided'", stop="invalid_api_key",
-        advice=OPENAI_ADVICE),
-    Row(OPENAI_LIKE, None, "invalid_organization", S, "401: the key belongs to no organization it may use",
-        stop="invalid_organization", advice=OPENAI_ADVICE),
-    Row(OPENAI_LIKE, None, "account_deactivated", S, "401: the account or project is deactivated",
-        stop="account_deactivated", advice=OPENAI_ADVICE),
-    Row(OPENAI_LIKE, None, "unsupported_country_region_territory", S, "403 'Country, region, or territory not "
-        "supported'", stop="unsupported_country_region_territory", advice=OPENAI_ADVICE),
-    Row(OPENAI_LIKE, None, "model_not_found", S, "the model does not exist or the key may not use it",
-        stop="model_not_found", advice=MODEL_ADVICE),
+    # the codes that stop the job, each stop carrying the code itself
+    *(Row(OPENAI_LIKE, None, code, S, why, stop=code, advice=advice) for code, why, advice in (
+        ("insufficient_quota", "429 'You exceeded your current quota': no credit left or the monthly budget "
+         "spent; OpenAI sends x-should-retry: false, no wait brings it back", CREDIT_ADVICE),
+        ("billing_hard_limit_reached", "the organization's own spend limit is reached", SPEND_ADVICE),
+        ("invalid_api_key", "401 'Incorrect API key provided'", OPENAI_ADVICE),
+        ("invalid_organization", "401: the key belongs to no organization it may use", OPENAI_ADVICE),
+        ("account_deactivated", "401: the account or project is deactivated", OPENAI_ADVICE),
+        ("unsupported_country_region_territory", "403 'Country, region, or territory not supported'",
+         OPENAI_ADVICE),
+        ("model_not_found", "the model does not exist or the key may not use it", MODEL_ADVICE))),
     Row((Family.AZURE,), None, "DeploymentNotFound", S, "Azure: no deployment of that name in the resource (the "
         "line's model is the deployment name)", stop="model_not_found", advice=MODEL_ADVICE),
     Row(OPENAI_LIKE, None, "token_limit_exceeded", Q, "a batch failed in validation for the model's enqueued "
@@ -193,14 +189,12 @@ ROWS: tuple[Row, ...] = (
     Row((Family.ANTHROPIC,), 429, "ramp_limit_exceeded", T, "429: usage grew faster than the acceleration limit; "
         "it passes with time"),
     # -- Gemini and Vertex (ai.google.dev/gemini-api/docs/troubleshooting, Vertex's error codes, google.rpc.Code) -
-    Row(GOOGLE, None, "API_KEY_INVALID", S, "ErrorInfo API_KEY_INVALID (400 INVALID_ARGUMENT): the key is wrong",
-        stop="invalid_api_key", advice=GEMINI_BILLING_ADVICE),
-    Row(GOOGLE, None, "API_KEY_EXPIRED", S, "ErrorInfo API_KEY_EXPIRED: renew the key", stop="invalid_api_key",
-        advice=GEMINI_BILLING_ADVICE),
-    Row(GOOGLE, None, "BILLING_DISABLED", S, "ErrorInfo BILLING_DISABLED (403): the project has no billing",
-        stop="insufficient_quota", advice=GEMINI_BILLING_ADVICE),
-    Row(GOOGLE, None, "CONSUMER_SUSPENDED", S, "ErrorInfo CONSUMER_SUSPENDED: the project is suspended",
-        stop="account_deactivated", advice=GEMINI_BILLING_ADVICE),
+    # the ErrorInfo reasons that stop the job, each with the stop code that says the same
+    *(Row(GOOGLE, None, reason, S, why, stop=stop, advice=GEMINI_BILLING_ADVICE) for reason, stop, why in (
+        ("API_KEY_INVALID", "invalid_api_key", "ErrorInfo API_KEY_INVALID (400 INVALID_ARGUMENT): the key is wrong"),
+        ("API_KEY_EXPIRED", "invalid_api_key", "ErrorInfo API_KEY_EXPIRED: renew the key"),
+        ("BILLING_DISABLED", "insufficient_quota", "ErrorInfo BILLING_DISABLED (403): the project has no billing"),
+        ("CONSUMER_SUSPENDED", "account_deactivated", "ErrorInfo CONSUMER_SUSPENDED: the project is suspended"))),
     Row(GOOGLE, (403, 429), None, S, "403/429 'This API method requires billing to be enabled'",
         when=NO_BILLING, stop="insufficient_quota", advice="billing is not enabled on the project"),
     Row((Family.GEMINI,), (401, 403), None, S, "401 UNAUTHENTICATED, 403 PERMISSION_DENIED: the key or its "
