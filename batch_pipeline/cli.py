@@ -21,14 +21,13 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Self
 
 from rich.console import Console
 
 from batch_pipeline.cli_home import dagster_home as _dagster_home
 from batch_pipeline.cli_home import dagster_instance as _dagster_instance
-from batch_pipeline.cli_jobs import remember_spec, resolve_job
+from batch_pipeline.cli_jobs import cli_settings, remember_spec, resolve_job
 from batch_pipeline.cli_outputs import add_output_commands, print_summary
 from batch_pipeline.cli_progress import RunProgress
 from batch_pipeline.cli_quote import add_quote_command
@@ -42,7 +41,7 @@ from batch_pipeline.cli_stops import (
 )
 from batch_pipeline.core.errors import BatchPipelineError, SystemicError
 from batch_pipeline.core.ledger.control import JobPaused
-from batch_pipeline.core.settings import PROJECT_ROOT, Settings
+from batch_pipeline.core.settings import PROJECT_ROOT
 from batch_pipeline.core.spec.job import JobSpec
 
 SANDBOX_URL_ENV = "BATCH_PIPELINE_SANDBOX_URL"
@@ -165,22 +164,20 @@ def _resume(control):
 def cmd_run(args: argparse.Namespace) -> int:
     from batch_pipeline.core.store import Store
 
-    spec = resolve_job(args.spec, args.home)
-    if args.home:
-        os.environ["BATCH_PIPELINE_HOME"] = str(Path(args.home).resolve()) if "://" not in args.home else args.home
-    settings = Settings.from_env()
-    os.environ["BATCH_PIPELINE_HOME"] = settings.home  # the runs' resources and any child process read it
+    settings = args.settings
+    spec = resolve_job(args.spec, settings)
+    os.environ["BATCH_PIPELINE_HOME"] = settings.home  # any child process (a sandbox, a step pod) reads it
     _dagster_home()
     import dagster as dg
 
     from batch_pipeline.defs.pipeline import run_job
-    from batch_pipeline.defs.resources import PricesResource, StoreResource
+    from batch_pipeline.defs.resources import resources_of
 
-    resources = {"store": StoreResource(root=settings.home), "prices": PricesResource(path=str(settings.prices))}
+    resources = resources_of(settings)
     console.print(f"[bold]job {spec.name}[/bold]: {spec.model} on {spec.backend.name}, input {spec.input.path}")
     from batch_pipeline.core.ledger.control import JobControl, JobPaused
 
-    store = Store(settings.home)
+    store = Store.of(settings)
     remember_spec(spec, store)
     control = _resume(JobControl(store, spec.name))
     started = time.perf_counter()
@@ -198,7 +195,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             _dagster_instance() as instance,
             RunProgress(spec, store, console) as progress,
         ):
-            report = run_job(spec, instance, resources, log_level=args.log_level, on_stage=progress.set_stage)
+            report = run_job(
+                spec, instance, resources, settings=settings, log_level=args.log_level, on_stage=progress.set_stage
+            )
     except dg.Failure as exc:
         if term.received:
             log.discard()
@@ -258,7 +257,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     from batch_pipeline.cli_procs import start_in_session, stop_tree, term_as_interrupt
 
     home = _dagster_home()
-    os.environ["BATCH_PIPELINE_HOME"] = Settings.from_env().home
+    os.environ["BATCH_PIPELINE_HOME"] = args.settings.home
     with term_as_interrupt(), _sandbox_if_needed(None, force=not os.environ.get(SANDBOX_URL_ENV)):
         console.print(f"dagster dev on http://127.0.0.1:{args.port} (DAGSTER_HOME={home})")
         dagster = start_in_session(
@@ -327,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
+        args.settings = cli_settings(getattr(args, "home", None))  # the edge: one Settings, handed to the command
         return int(args.fn(args))
     except (SystemicError, JobPaused) as exc:  # stopped for a human, outside a run
         errors.print(f"stopped: {one_line(str(exc))}", markup=False)

@@ -17,26 +17,32 @@ from batch_pipeline.core.store import Store
 from batch_pipeline.job_files import DEFS_FOLDER, defs_folder_jobs, load_job_file
 
 
-def store_for(home: str | None) -> Store:
+def cli_settings(home: str | None) -> Settings:
+    """The CLI's edge: the settings of the environment, on ``--home`` when given; every command gets these."""
+    settings = Settings.from_env()
+    return settings.with_home(home) if home else settings
+
+
+def store_for(settings: Settings) -> Store:
     """The storage root a command reads: ``--home``, else ``$BATCH_PIPELINE_HOME``, else ./.batch_pipeline."""
-    return Store(home or Settings.from_env().home)
+    return Store.of(settings)
 
 
 def _looks_like_path(arg: str) -> bool:
     return arg.endswith((".yaml", ".yml")) or "/" in arg or "\\" in arg
 
 
-def resolve_job(arg: str, home: str | None) -> JobSpec:
+def resolve_job(arg: str, settings: Settings) -> JobSpec:
     """The spec ``arg`` names (a path, or a job name); a ConfigError naming every place looked otherwise."""
     path = Path(arg)
     if path.is_file() or _looks_like_path(arg):
         return load_job_file(path)  # a path that cannot be read says so, with the path
-    store = store_for(home)
+    store = store_for(settings)
     recorded = store.read_json(JobPaths(arg).spec_source) or {}
     recorded_path = recorded.get("path")
     if recorded_path and Path(recorded_path).is_file():
         return load_job_file(recorded_path)
-    in_jobs = Settings.from_env().jobs / f"{arg}.yaml"
+    in_jobs = settings.jobs / f"{arg}.yaml"
     if in_jobs.is_file():
         return load_job_file(in_jobs)
     in_defs = defs_folder_jobs().get(arg)

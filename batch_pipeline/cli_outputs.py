@@ -76,8 +76,8 @@ def _read(store: Store, rel: str) -> pl.DataFrame | None:
 
 
 def cmd_export(args: argparse.Namespace, console: Console) -> int:
-    spec = resolve_job(args.job, args.home)
-    store, paths = store_for(args.home), JobPaths(spec.name)
+    spec = resolve_job(args.job, args.settings)
+    store, paths = store_for(args.settings), JobPaths(spec.name)
     validated = _read(store, paths.validated)
     if validated is None:
         console.print(
@@ -155,8 +155,8 @@ def duckdb_remote_query(uri: str) -> str:
 
 
 def cmd_report(args: argparse.Namespace, console: Console) -> int:
-    spec = resolve_job(args.job, args.home)
-    store, paths = store_for(args.home), JobPaths(spec.name)
+    spec = resolve_job(args.job, args.settings)
+    store, paths = store_for(args.settings), JobPaths(spec.name)
     report = store.read_json(paths.report)
     if report is None:
         console.print(

@@ -59,16 +59,15 @@ def cmd_quote(args: argparse.Namespace, console: Console) -> int:
     from batch_pipeline.core.pricing.cost import load_prices
     from batch_pipeline.core.publish.tables import JobState
     from batch_pipeline.core.route.plan import route_pending
-    from batch_pipeline.core.settings import Settings
     from batch_pipeline.core.spec.job import CostCompareSpec
     from batch_pipeline.executors.registry import route_profile, route_queues
 
-    spec = resolve_job(args.job, args.home)
-    store = store_for(args.home)
+    spec = resolve_job(args.job, args.settings)
+    store = store_for(args.settings)
     if Manifest(spec.name, store).last_generation() == 0:
         summary = build_manifest(spec, store)
         console.print(f"manifest built: {summary.new_requests} requests in {len(summary.new_shards)} shards")
-    prices = load_prices(Settings.from_env().prices)
+    prices = load_prices(args.settings.prices)
     state = JobState.load(spec, store)
     routes = route_pending(
         spec,

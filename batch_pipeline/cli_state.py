@@ -17,10 +17,9 @@ COUNTS = ("expected", "valid", "invalid", "missing", "dead_lettered")
 
 
 def _store(args: argparse.Namespace):
-    from batch_pipeline.core.settings import Settings
     from batch_pipeline.core.store import Store
 
-    return Store(args.home or Settings.from_env().home)
+    return Store.of(args.settings)
 
 
 def status(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
@@ -216,11 +215,11 @@ def replay(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:
 
 
 def add_commands(sub, resolve, console: Console) -> None:
-    """Register the commands on the CLI's subparsers; ``resolve(job, home)`` turns a job name or spec path into a
-    JobSpec."""
+    """Register the commands on the CLI's subparsers; ``resolve(job, settings)`` turns a job name or spec path into
+    a JobSpec."""
 
     def wrap(fn):
-        return lambda args: fn(resolve(args.job, args.home), args, console)
+        return lambda args: fn(resolve(args.job, args.settings), args, console)
 
     p = sub.add_parser("status", help="per-shard state, counts and spend, and what happens next")
     p.add_argument("job", help="job name or spec path")

@@ -1,28 +1,84 @@
 """Every ``BATCH_PIPELINE_*`` environment setting, read in one place, with one default for each.
 
-``Settings.from_env()`` reads the environment when called (the CLI sets ``BATCH_PIPELINE_HOME`` from ``--home``
-before it builds anything), so callers ask for it where they need it instead of reading ``os.environ``.
+The environment is read only at the edges of a process: the CLI command (``cli.main``), the code location's load
+(``defs/project.py``) and a Component's load (``BatchInferenceJob.build_defs``). Each builds one ``Settings`` with
+``Settings.from_env()`` and hands it down; nothing below reads ``os.environ`` for these (a test asserts it). A run's
+steps get the storage root and the lease ttl through the store resource the edge built.
 """
 
 import os
 from collections.abc import Mapping
+from datetime import timedelta
 from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from batch_pipeline.core.errors import ConfigError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the checkout: data/jobs, data/prices.yaml, dagster.yaml
 PREFIX = "BATCH_PIPELINE_"
+DEFAULT_LEASE_TTL = timedelta(minutes=15)
+DEFAULT_ENV_SECRETS = ("batch-pipeline-provider-keys", "batch-pipeline-storage")
+
+
+def _csv(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    parts = value.split(",") if isinstance(value, str) else value
+    return tuple(p.strip() for p in parts if p.strip())
+
+
+class K8sSettings(BaseModel):
+    """The Kubernetes step executor and GPU step pods (``defs/k8s.py``); set by ``k8s/helm/values.yaml``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    executor: Literal["k8s", "in_process"] | None = Field(
+        default=None, description="k8s: one pod per step; in_process: the whole run in its worker; unset: Dagster's"
+    )
+    namespace: str = "batch-pipeline"
+    env_secrets: tuple[str, ...] = Field(default=DEFAULT_ENV_SECRETS, description="Secrets in every step pod")
+    env_vars: tuple[str, ...] = Field(default=(), description="more variables copied from the run pod")
+    step_cpu: str = "500m"
+    step_memory: str = "1Gi"
+    step_memory_limit: str = "4Gi"
+    step_grace_s: int = Field(default=120, ge=0, description="time for a step to flush and release its lease")
+    gpu_image: str | None = Field(default=None, description="image of GPU steps (unset: the code location's)")
+    gpu_node_selector: str | None = Field(default=None, description="JSON object or k=v,k2=v2 (unset: GPU nodes)")
+    gpu_toleration_key: str = "nvidia.com/gpu"
+    gpu_cpu: str = "8"
+    gpu_memory: str = "32Gi"
+    gpu_shm: str = "8Gi"
+
+    @field_validator("executor", mode="before")
+    @classmethod
+    def _lower(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
+
+    @field_validator("env_secrets", "env_vars", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        return _csv(value) if isinstance(value, (str, tuple, list)) else value
+
+
+# the variable each k8s setting comes from (after the prefix)
+K8S_ENV = {
+    "executor": "EXECUTOR",
+    "namespace": "K8S_NAMESPACE",
+    "env_secrets": "K8S_ENV_SECRETS",
+    "env_vars": "K8S_ENV_VARS",
+    **{f: f.upper() for f in K8sSettings.model_fields if f.startswith(("step_", "gpu_"))},
+}
 
 
 class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)  # strings from the environment are coerced
 
-    home: str = Field(description="storage root: a local folder or s3://bucket/prefix (default ./.batch_pipeline)")
-    jobs: Path = Field(description="folder of job specs (default data/jobs of the checkout)")
-    prices: Path = Field(description="price table (default data/prices.yaml of the checkout)")
-    sandbox_url: str | None = Field(default=None, description="a running provider sandbox, e.g. http://127.0.0.1:8765")
+    home: str = Field(
+        default_factory=lambda: str(Path.cwd() / ".batch_pipeline"),
+        description="storage root: a local folder or s3://bucket/prefix (default ./.batch_pipeline)",
+    )
+    jobs: Path = Field(default=PROJECT_ROOT / "data" / "jobs", description="folder of job specs")
+    prices: Path = Field(default=PROJECT_ROOT / "data" / "prices.yaml", description="price table")
     sensor_interval_s: int = Field(default=30, gt=0)
     shards_per_run: int = Field(
         default=50,
@@ -30,32 +86,39 @@ class Settings(BaseModel):
         description="at most this many shards move in one Dagster run (a partition range of at most this length)",
     )
     lease_ttl_s: float | None = Field(default=None, gt=0, description="shard lease ttl (default 15 minutes)")
-    gpu_node_selector: str | None = None
-    gpu_image: str | None = None
+    k8s: K8sSettings = Field(default_factory=K8sSettings)
+
+    @property
+    def lease_ttl(self) -> timedelta:
+        """How long a lease or a capacity hold written under this home stays valid without a renewal."""
+        return timedelta(seconds=self.lease_ttl_s) if self.lease_ttl_s else DEFAULT_LEASE_TTL
+
+    def with_home(self, home: str) -> "Settings":
+        """These settings on another storage root (``--home``): a local path is made absolute."""
+        return self.model_copy(update={"home": home if "://" in home else str(Path(home).resolve())})
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+        """The settings of this process's environment; a bad value is a ConfigError naming its variable."""
         env = os.environ if env is None else env
 
-        def get(name: str) -> str | None:
-            value = env.get(PREFIX + name, "").strip()
-            return value or None
+        def given(names: Mapping[str, str]) -> dict[str, str]:
+            out = {}
+            for field, name in names.items():
+                value = env.get(PREFIX + name, "").strip()
+                if value:
+                    out[field] = value
+            return out
 
-        raw = {
-            "home": get("HOME") or str(Path.cwd() / ".batch_pipeline"),
-            "jobs": get("JOBS") or PROJECT_ROOT / "data" / "jobs",
-            "prices": get("PRICES") or PROJECT_ROOT / "data" / "prices.yaml",
-            "sandbox_url": get("SANDBOX_URL"),
-            "sensor_interval_s": get("SENSOR_INTERVAL_S") or 30,
-            "shards_per_run": get("SHARDS_PER_RUN") or 50,
-            "lease_ttl_s": get("LEASE_TTL_S"),
-            "gpu_node_selector": get("GPU_NODE_SELECTOR"),
-            "gpu_image": get("GPU_IMAGE"),
-        }
+        top = {f: f.upper() for f in cls.model_fields if f != "k8s"}
         try:
-            return cls.model_validate(raw)
+            return cls.model_validate({**given(top), "k8s": given(K8S_ENV)})
         except ValidationError as exc:
-            problems = "; ".join(
-                f"${PREFIX}{'.'.join(map(str, e['loc'])).upper()}={e.get('input')!r}: {e['msg']}" for e in exc.errors()
-            )
+            problems = "; ".join(_problem(e, top) for e in exc.errors())
             raise ConfigError(f"invalid environment setting: {problems}") from None
+
+
+def _problem(error: Mapping, top: Mapping[str, str]) -> str:
+    loc = [str(part) for part in error["loc"]]
+    name = K8S_ENV.get(loc[1], loc[1].upper()) if loc[0] == "k8s" and len(loc) > 1 else top.get(loc[0], loc[0])
+    return f"${PREFIX}{name}={error.get('input')!r}: {error['msg']}"

@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,22 +22,22 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from batch_pipeline.core.settings import DEFAULT_LEASE_TTL, Settings
+
 log = logging.getLogger(__name__)
 
 TMP_PREFIX = ".tmp-"
 
 
-def default_root() -> str:
-    from batch_pipeline.core.settings import Settings
-
-    return Settings.from_env().home
-
-
 class Store:
-    """Files under one root, addressed by relative paths with forward slashes."""
+    """Files under one root, addressed by relative paths with forward slashes.
 
-    def __init__(self, root: str | os.PathLike[str] | None = None):
-        root = str(root if root is not None else default_root())
+    ``lease_ttl`` is how long a lease or capacity hold written here stays valid without a renewal: every process
+    sharing a root must agree on it, so it travels with the root."""
+
+    def __init__(self, root: str | os.PathLike[str], lease_ttl: timedelta = DEFAULT_LEASE_TTL):
+        root = str(root)
+        self.lease_ttl = lease_ttl
         if "://" in root:
             self.fs, base = pafs.FileSystem.from_uri(root)
             self.scheme = root.split("://", 1)[0]
@@ -49,6 +50,11 @@ class Store:
             self.is_local = True
         self.root = root
         self.base = base.rstrip("/")
+
+    @classmethod
+    def of(cls, settings: Settings) -> "Store":
+        """The storage root the settings name, with their lease ttl."""
+        return cls(settings.home, lease_ttl=settings.lease_ttl)
 
     def __repr__(self) -> str:
         return f"Store({self.root!r})"

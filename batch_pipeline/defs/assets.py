@@ -8,6 +8,7 @@ Each asset is built by a module-level builder of its concept over the job's ``Jo
 
 import dagster as dg
 
+from batch_pipeline.core.settings import Settings
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.defs.checks import build_result_checks, build_shard_stats_check
 from batch_pipeline.defs.frame import SHARDS_TAG, JobFrame, asset_key, moving_shards, shards_partitions
@@ -18,9 +19,11 @@ from batch_pipeline.defs.shard_assets import shard_results_asset, submissions_as
 __all__ = ["SHARDS_TAG", "asset_key", "build_job_assets", "moving_shards", "shards_partitions"]
 
 
-def build_job_assets(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list[dg.AssetChecksDefinition]]:
-    """Every asset and check of one job spec, in graph order."""
-    frame = JobFrame(spec)
+def build_job_assets(
+    spec: JobSpec, settings: Settings | None = None
+) -> tuple[list[dg.AssetsDefinition], list[dg.AssetChecksDefinition]]:
+    """Every asset and check of one job spec, in graph order (``settings``: the edge's; unset: the defaults)."""
+    frame = JobFrame(spec, settings or Settings())
     results = results_asset(frame)
     assets = [
         manifest_asset(frame),

@@ -6,8 +6,6 @@ from ``definitions.py``, which loads every spec of the project at import: ``batc
 own job, so a broken unrelated spec cannot break a run.
 """
 
-from pathlib import Path
-
 import dagster as dg
 
 from batch_pipeline.core.settings import Settings
@@ -15,19 +13,17 @@ from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.defs.assets import build_job_assets
 from batch_pipeline.defs.evals import build_eval_defs
 from batch_pipeline.defs.jobs import build_jobs
-from batch_pipeline.defs.k8s import executor_from_env
-from batch_pipeline.defs.resources import default_resources
+from batch_pipeline.defs.k8s import location_executor
+from batch_pipeline.defs.resources import resources_of
 from batch_pipeline.defs.sensors import build_new_data_sensor, build_shard_sensor, build_upstream_sensor
 
 
-def jobs_dir() -> Path:
-    return Settings.from_env().jobs
-
-
-def build_job_defs(spec: JobSpec) -> dg.Definitions:
-    """One job spec's assets, checks, jobs, sensors and schedules (no resources, no executor)."""
+def build_job_defs(spec: JobSpec, settings: Settings | None = None) -> dg.Definitions:
+    """One job spec's assets, checks, jobs, sensors and schedules (no resources, no executor). ``settings``: the
+    edge's (unset: the defaults, not the environment)."""
+    settings = settings or Settings()
     eval_assets, eval_jobs, eval_schedules = build_eval_defs(spec)
-    assets, checks = build_job_assets(spec)
+    assets, checks = build_job_assets(spec, settings)
     job_defs = build_jobs(spec)
     # a job's input is files (a new-data sensor) or another job's table (a sensor on its publishes)
     start = build_upstream_sensor if spec.input.from_job else build_new_data_sensor
@@ -35,15 +31,19 @@ def build_job_defs(spec: JobSpec) -> dg.Definitions:
         assets=[*eval_assets, *assets],
         asset_checks=checks,
         jobs=[*eval_jobs, *job_defs.values()],
-        sensors=[start(spec, job_defs), build_shard_sensor(spec, job_defs)],
+        sensors=[start(spec, job_defs, settings), build_shard_sensor(spec, job_defs, settings)],
         schedules=eval_schedules,
     )
 
 
-def location_defs(resources: dict | None = None) -> dg.Definitions:
+def location_defs(settings: Settings, resources: dict | None = None) -> dg.Definitions:
     """What the code location adds to its jobs: the store and prices resources, and the executor."""
-    return dg.Definitions(resources=resources or default_resources(), executor=executor_from_env())
+    return dg.Definitions(resources=resources or resources_of(settings), executor=location_executor(settings.k8s))
 
 
-def build_definitions(specs: list[JobSpec], resources: dict | None = None) -> dg.Definitions:
-    return dg.Definitions.merge(*[build_job_defs(spec) for spec in specs], location_defs(resources))
+def build_definitions(
+    specs: list[JobSpec], resources: dict | None = None, settings: Settings | None = None
+) -> dg.Definitions:
+    """Several jobs with the code location's resources (``resources``, else the settings') and executor."""
+    settings = settings or Settings()
+    return dg.Definitions.merge(*[build_job_defs(spec, settings) for spec in specs], location_defs(settings, resources))

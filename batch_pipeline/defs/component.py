@@ -13,6 +13,7 @@ from pydantic import Field
 from pydantic.json_schema import SkipJsonSchema
 
 from batch_pipeline.core.errors import ConfigError
+from batch_pipeline.core.settings import Settings
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.defs.build import build_job_defs
 from batch_pipeline.defs.scaffold import BatchInferenceJobScaffolder
@@ -38,4 +39,5 @@ class BatchInferenceJob(JobSpec, dg.Component):
         return placed(attributes, context.path / DEFS_FILE, context.project_root)
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
-        return build_job_defs(self)
+        """The job's definitions, with the settings of this load's environment (the Component's edge)."""
+        return build_job_defs(self, Settings.from_env())

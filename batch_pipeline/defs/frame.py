@@ -1,7 +1,7 @@
 """What every asset of one job spec shares: keys ``<job>/<asset>``, its group and labels, the shard partitions
 and the shard steps' pools (``JobFrame``), and the helpers the asset builders all use."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import dagster as dg
@@ -50,6 +50,7 @@ class JobFrame:
     and, for the shard steps, their pools and tags."""
 
     spec: JobSpec
+    settings: Settings = field(default_factory=Settings)  # the edge's (the defaults when none is handed down)
 
     @property
     def job(self) -> str:
@@ -81,10 +82,10 @@ class JobFrame:
         """A shard asset's partitions, backfill policy and step options: self-hosted vLLM steps hold a GPU (pod
         tags for the k8s executor, the ``gpu`` pool); provider batch steps share one pool per provider account."""
         if is_gpu_backend(self.spec.backend.name):
-            step = {"op_tags": gpu_step_tags(), "pool": GPU_POOL}
+            step = {"op_tags": gpu_step_tags(self.settings.k8s), "pool": GPU_POOL}
         else:
             pool = account_pool(self.spec.backend)
             step = {"pool": pool} if pool else {}
         # a UI backfill of the shards runs ``shards_per_run`` of them per run (each shard takes the driver's step)
-        policy = dg.BackfillPolicy.multi_run(max_partitions_per_run=Settings.from_env().shards_per_run)
+        policy = dg.BackfillPolicy.multi_run(max_partitions_per_run=self.settings.shards_per_run)
         return {"partitions_def": self.shards, "backfill_policy": policy, **step}

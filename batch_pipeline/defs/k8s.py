@@ -1,10 +1,10 @@
 """Kubernetes: the step executor, and the ``dagster-k8s/config`` tags that put vLLM shard steps on GPU nodes.
 
 On Kubernetes every step runs in its own pod (``k8s_job_executor``), so the store must be object storage
-(``BATCH_PIPELINE_HOME=s3://...``). Nothing here names a cluster: every value comes from the environment
-of the code server (set by ``k8s/helm/values.yaml``), with these defaults:
+(``BATCH_PIPELINE_HOME=s3://...``). Nothing here names a cluster: every value is a field of ``K8sSettings``
+(``core/settings.py``), read from the environment of the code server (set by ``k8s/helm/values.yaml``):
 
-- ``BATCH_PIPELINE_EXECUTOR`` (unset): ``k8s`` makes ``executor_from_env()`` return ``k8s_executor()``
+- ``BATCH_PIPELINE_EXECUTOR`` (unset): ``k8s`` makes ``location_executor()`` return ``k8s_executor()``
 - ``BATCH_PIPELINE_K8S_NAMESPACE`` (``batch-pipeline``): namespace of the step Jobs
 - ``BATCH_PIPELINE_K8S_ENV_SECRETS`` (``batch-pipeline-provider-keys,batch-pipeline-storage``): Secrets
   loaded into every step pod (``envFrom``)
@@ -24,12 +24,11 @@ GPU steps also share the concurrency pool ``GPU_POOL``; its limit lives in the D
 """
 
 import json
-import os
 from collections.abc import Mapping
 
 from dagster import ExecutorDefinition, in_process_executor
 
-from batch_pipeline.core.settings import Settings
+from batch_pipeline.core.settings import K8sSettings
 
 GPU_POOL = "gpu"
 K8S_CONFIG_TAG = "dagster-k8s/config"
@@ -39,15 +38,8 @@ MODEL_CACHE_VOLUME = "model-cache"
 SHM_VOLUME = "dshm"
 GPU_RESOURCE = "nvidia.com/gpu"
 
-DEFAULT_NAMESPACE = "batch-pipeline"
-DEFAULT_ENV_SECRETS = ("batch-pipeline-provider-keys", "batch-pipeline-storage")
 PASSTHROUGH_ENV_VARS = ("BATCH_PIPELINE_HOME",)
 DEFAULT_GPU_NODE_SELECTOR = {"nvidia.com/gpu.present": "true"}
-
-
-def _env(name: str, default: str) -> str:
-    value = os.environ.get(name, "").strip()
-    return value or default
 
 
 def _csv(value: str) -> list[str]:
@@ -73,49 +65,48 @@ def parse_node_selector(text: str) -> dict[str, str]:
     return out
 
 
-def gpu_node_selector() -> dict[str, str]:
-    raw = Settings.from_env().gpu_node_selector
+def gpu_node_selector(k8s: K8sSettings) -> dict[str, str]:
+    raw = k8s.gpu_node_selector
     return dict(DEFAULT_GPU_NODE_SELECTOR) if raw is None else parse_node_selector(raw)
 
 
-def k8s_executor_config() -> dict:
+def k8s_executor_config(k8s: K8sSettings) -> dict:
     """The ``k8s_job_executor`` config for every step: namespace, secrets, env, default resources."""
     env_vars = list(PASSTHROUGH_ENV_VARS)
-    env_vars += [v for v in _csv(_env("BATCH_PIPELINE_K8S_ENV_VARS", "")) if v not in env_vars]
+    env_vars += [v for v in k8s.env_vars if v not in env_vars]
     return {
-        "job_namespace": _env("BATCH_PIPELINE_K8S_NAMESPACE", DEFAULT_NAMESPACE),
-        "env_secrets": _csv(_env("BATCH_PIPELINE_K8S_ENV_SECRETS", ",".join(DEFAULT_ENV_SECRETS))),
+        "job_namespace": k8s.namespace,
+        "env_secrets": list(k8s.env_secrets),
         # a name without "=value" is copied from the run pod's environment when the step is launched
         "env_vars": env_vars,
         "resources": {
             "requests": {
-                "cpu": _env("BATCH_PIPELINE_STEP_CPU", "500m"),
-                "memory": _env("BATCH_PIPELINE_STEP_MEMORY", "1Gi"),
+                "cpu": k8s.step_cpu,
+                "memory": k8s.step_memory,
             },
-            "limits": {"memory": _env("BATCH_PIPELINE_STEP_MEMORY_LIMIT", "4Gi")},
+            "limits": {"memory": k8s.step_memory_limit},
         },
         "step_k8s_config": {
             "pod_spec_config": {
-                "termination_grace_period_seconds": int(_env("BATCH_PIPELINE_STEP_GRACE_S", "120")),
+                "termination_grace_period_seconds": k8s.step_grace_s,
             },
         },
     }
 
 
-def k8s_executor() -> ExecutorDefinition:
-    """``k8s_job_executor`` configured from the environment: each step is a Kubernetes Job."""
+def k8s_executor(k8s: K8sSettings) -> ExecutorDefinition:
+    """``k8s_job_executor`` configured by the settings: each step is a Kubernetes Job."""
     from dagster_k8s import k8s_job_executor  # here, not at import: the Kubernetes client costs ~0.7 s to load
 
-    return k8s_job_executor.configured(k8s_executor_config(), name="batch_pipeline_k8s")
+    return k8s_job_executor.configured(k8s_executor_config(k8s), name="batch_pipeline_k8s")
 
 
-def executor_from_env() -> ExecutorDefinition | None:
+def location_executor(k8s: K8sSettings) -> ExecutorDefinition | None:
     """``BATCH_PIPELINE_EXECUTOR``: ``k8s`` (set by the Helm values) -> one pod per step; ``in_process`` -> the
     whole run in its worker (fast local runs, sensors on a laptop); unset -> Dagster's default."""
-    choice = _env("BATCH_PIPELINE_EXECUTOR", "").lower()
-    if choice == "k8s":
-        return k8s_executor()
-    if choice == "in_process":
+    if k8s.executor == "k8s":
+        return k8s_executor(k8s)
+    if k8s.executor == "in_process":
         return in_process_executor
     return None
 
@@ -126,7 +117,10 @@ def is_gpu_backend(name: str) -> bool:
 
 
 def gpu_step_tags(
-    gpus: int = 1, node_selector: Mapping[str, str] | None = None, model_cache_claim: str = MODEL_CACHE_CLAIM
+    k8s: K8sSettings,
+    gpus: int = 1,
+    node_selector: Mapping[str, str] | None = None,
+    model_cache_claim: str = MODEL_CACHE_CLAIM,
 ) -> dict:
     """``op_tags`` for a shard step that runs vLLM in its own pod on a GPU node.
 
@@ -136,27 +130,26 @@ def gpu_step_tags(
     """
     if gpus < 1:
         raise ValueError(f"gpus must be >= 1, got {gpus}")
-    memory = _env("BATCH_PIPELINE_GPU_MEMORY", "32Gi")
+    memory = k8s.gpu_memory
     container: dict = {
         "resources": {
             "limits": {GPU_RESOURCE: str(gpus), "memory": memory},
-            "requests": {"cpu": _env("BATCH_PIPELINE_GPU_CPU", "8"), "memory": memory},
+            "requests": {"cpu": k8s.gpu_cpu, "memory": memory},
         },
         "volume_mounts": [
             {"name": MODEL_CACHE_VOLUME, "mount_path": MODEL_CACHE_MOUNT, "read_only": True},
             {"name": SHM_VOLUME, "mount_path": "/dev/shm"},
         ],
     }
-    image = Settings.from_env().gpu_image or ""
-    if image:
-        container["image"] = image
+    if k8s.gpu_image:
+        container["image"] = k8s.gpu_image
     config = {
         "container_config": container,
         "pod_spec_config": {
-            "node_selector": dict(node_selector) if node_selector is not None else gpu_node_selector(),
+            "node_selector": dict(node_selector) if node_selector is not None else gpu_node_selector(k8s),
             "tolerations": [
                 {
-                    "key": _env("BATCH_PIPELINE_GPU_TOLERATION_KEY", GPU_RESOURCE),
+                    "key": k8s.gpu_toleration_key,
                     "operator": "Exists",
                     "effect": "NoSchedule",
                 }
@@ -168,7 +161,7 @@ def gpu_step_tags(
                 },
                 {
                     "name": SHM_VOLUME,
-                    "empty_dir": {"medium": "Memory", "size_limit": _env("BATCH_PIPELINE_GPU_SHM", "8Gi")},
+                    "empty_dir": {"medium": "Memory", "size_limit": k8s.gpu_shm},
                 },
             ],
         },

@@ -46,13 +46,16 @@ def run_job(
     instance: dg.DagsterInstance,
     resources: dict | None = None,
     *,
+    settings: Settings | None = None,
     shards_per_run: int | None = None,
     log_level: str = "WARNING",
     on_stage: Callable[[str], None] | None = None,
 ) -> dict:
-    """Prepare, carry out the driver's plans until it says publish (or a limit is reached), publish; the report."""
-    span = shards_per_run or Settings.from_env().shards_per_run
-    return PassLoop(spec, instance, resources, span, log_level, on_stage or (lambda s: None)).run()
+    """Prepare, carry out the driver's plans until it says publish (or a limit is reached), publish; the report.
+    ``settings``: the edge's (the CLI's); unset, the defaults; ``resources`` default to the settings'."""
+    settings = settings or Settings()
+    span = shards_per_run or settings.shards_per_run
+    return PassLoop(spec, instance, resources, settings, span, log_level, on_stage or (lambda s: None)).run()
 
 
 class PassLoop:
@@ -63,11 +66,12 @@ class PassLoop:
         spec: JobSpec,
         instance: dg.DagsterInstance,
         resources: dict | None,
+        settings: Settings,
         span: int,
         log_level: str,
         stage: Callable[[str], None],
     ):
-        defs = build_definitions([spec], resources)
+        defs = build_definitions([spec], resources, settings)
         self.spec, self.instance, self.span, self.log_level, self.stage = spec, instance, span, log_level, stage
         self.graph_assets = list(defs.assets or []) + list(defs.asset_checks or [])
         self.resources = defs.resources

@@ -54,13 +54,14 @@ def not_declared(specs: list[JobSpec], components: list[BatchInferenceJob]) -> l
 
 
 def project_definitions(settings: Settings | None = None) -> dg.Definitions:
+    """The code location: its environment's settings (the edge) unless handed some, every job, one executor."""
     settings = settings or Settings.from_env()
     specs = load_specs(settings.jobs)
     if not uses_project_jobs(settings):
-        return build_definitions(specs)
+        return build_definitions(specs, settings=settings)
     with warnings.catch_warnings():  # the defs folder's __init__.py is loaded as a module: a "preview" API
         warnings.simplefilter("ignore", PreviewWarning)
         tree = dg.ComponentTree.for_project(PROJECT_ROOT)
         components = list(tree.get_all_components(of_type=BatchInferenceJob))
         component_defs = tree.build_defs()
-    return dg.Definitions.merge(component_defs, build_definitions(not_declared(specs, components)))
+    return dg.Definitions.merge(component_defs, build_definitions(not_declared(specs, components), settings=settings))

@@ -1,5 +1,7 @@
 """Dagster resources: where the store lives and where prices come from (thin wrappers over core)."""
 
+from datetime import timedelta
+
 import dagster as dg
 
 from batch_pipeline.core.pricing.cost import PriceTable, load_prices
@@ -8,12 +10,14 @@ from batch_pipeline.core.store import Store
 
 
 class StoreResource(dg.ConfigurableResource):
-    """The storage root: a local directory or s3://bucket/prefix (BATCH_PIPELINE_HOME)."""
+    """The storage root: a local directory or s3://bucket/prefix (BATCH_PIPELINE_HOME), and the ttl of the leases
+    and capacity holds written there (BATCH_PIPELINE_LEASE_TTL_S; unset: 15 minutes)."""
 
     root: str = "./.batch_pipeline"
+    lease_ttl_s: float | None = None
 
     def get(self) -> Store:
-        return Store(self.root)
+        return Store(self.root, lease_ttl=timedelta(seconds=self.lease_ttl_s)) if self.lease_ttl_s else Store(self.root)
 
 
 class PricesResource(dg.ConfigurableResource):
@@ -23,6 +27,7 @@ class PricesResource(dg.ConfigurableResource):
         return load_prices(self.path)
 
 
-def default_resources() -> dict:
-    settings = Settings.from_env()
-    return {"store": StoreResource(root=settings.home), "prices": PricesResource(path=str(settings.prices))}
+def resources_of(settings: Settings) -> dict:
+    """The store and prices resources the settings name (what a run of the code location or the CLI uses)."""
+    store = StoreResource(root=settings.home, lease_ttl_s=settings.lease_ttl_s)
+    return {"store": store, "prices": PricesResource(path=str(settings.prices))}

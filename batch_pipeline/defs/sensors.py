@@ -39,7 +39,6 @@ FAILED = [dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
 ENDED = [dg.DagsterRunStatus.SUCCESS, *FAILED]
 STEP_TAG = "batch_pipeline/step"  # the run job and what it does: its run key without the ``:rN`` of a repeat
 RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
-INTERVAL_S = Settings.from_env().sensor_interval_s
 
 
 POLL_WORKERS = 8
@@ -142,11 +141,14 @@ def _now_bucket() -> str:
     return datetime.now(UTC).strftime("%Y%m%dT%H%M")
 
 
-def build_new_data_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
+def build_new_data_sensor(spec: JobSpec, jobs: dict, settings: Settings | None = None) -> dg.SensorDefinition:
+    """New or grown input files -> a manifest run. ``settings``: the edge's (unset: the defaults)."""
+    settings = settings or Settings()
+
     @dg.sensor(
         name=f"{spec.name}_new_data",
         job=jobs["prepare"],
-        minimum_interval_seconds=INTERVAL_S,
+        minimum_interval_seconds=settings.sensor_interval_s,
         description=f"New or grown input files of job {spec.name} -> a manifest run.",
     )
     def new_data(context: dg.SensorEvaluationContext):
@@ -162,16 +164,17 @@ def build_new_data_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
     return new_data
 
 
-def build_upstream_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
+def build_upstream_sensor(spec: JobSpec, jobs: dict, settings: Settings | None = None) -> dg.SensorDefinition:
     """A later pass of a multi-pass job (``input.from_job``): each new publish of the upstream's ``validated``
     asset -> a manifest run of this job (its new rows, and the rows whose upstream answer changed)."""
     assert spec.input.from_job is not None
+    settings = settings or Settings()
     upstream = dg.AssetKey([spec.input.from_job, "validated"])
 
     @dg.sensor(
         name=f"{spec.name}_upstream",
         job=jobs["prepare"],
-        minimum_interval_seconds=INTERVAL_S,
+        minimum_interval_seconds=settings.sensor_interval_s,
         description=f"A new publish of {upstream.to_user_string()} -> a manifest run of job {spec.name}.",
     )
     def upstream_published(context: dg.SensorEvaluationContext):
@@ -190,14 +193,16 @@ def build_upstream_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
     return upstream_published
 
 
-def build_shard_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
+def build_shard_sensor(spec: JobSpec, jobs: dict, settings: Settings | None = None) -> dg.SensorDefinition:
+    """The driver's plan each tick -> the runs it asks for. ``settings``: the edge's (unset: the defaults)."""
+    settings = settings or Settings()
     names = job_names(spec)
     limits = TurnLimits.for_spec(spec)
 
     @dg.sensor(
         name=f"{spec.name}_shard_driver",
         jobs=[jobs["quote"], jobs["submit"], jobs["collect"], jobs["publish"]],
-        minimum_interval_seconds=INTERVAL_S,
+        minimum_interval_seconds=settings.sensor_interval_s,
         description=f"Drives job {spec.name}'s shards by the driver's plan: the canary first, then submit, "
         "resolve orphaned intents, rescue near the deadline, collect ended batches, publish when "
         "every item is settled.",
@@ -243,7 +248,7 @@ def build_shard_sensor(spec: JobSpec, jobs: dict) -> dg.SensorDefinition:
                 moves.setdefault(stage, []).append(step)
         if moves:
             order = instance.get_dynamic_partitions(shards_partitions(spec).name)
-            span = Settings.from_env().shards_per_run
+            span = settings.shards_per_run
             shard_runs: list[dg.RunRequest] = []
             for stage, steps in moves.items():
                 made, held = _shard_requests(

@@ -16,7 +16,6 @@ from batch_pipeline.core.ledger.executor import BatchExecutor, StreamExecutor
 from batch_pipeline.core.ledger.fallback import fallback_backend
 from batch_pipeline.core.ledger.queue_clock import QueueClock
 from batch_pipeline.core.route.plan import BackendProfile, Queues
-from batch_pipeline.core.run.lease import default_ttl
 from batch_pipeline.core.spec.job import AUTO_BACKEND, BackendSpec, JobSpec
 from batch_pipeline.core.spec.quota import QuotaSpec
 from batch_pipeline.core.store import Store
@@ -101,7 +100,9 @@ def capacity_of(backend: BackendSpec, model: str) -> list[tuple[CapacityScope, Q
 
 def capacity_ledgers(store: Store, backend: BackendSpec, model: str) -> list[CapacityLedger]:
     """The capacity ledgers of the backend's account queues on this home ([]: the backend has no queue)."""
-    return [CapacityLedger(store, scope, quota, hold_ttl=default_ttl()) for scope, quota in capacity_of(backend, model)]
+    return [
+        CapacityLedger(store, scope, quota, hold_ttl=store.lease_ttl) for scope, quota in capacity_of(backend, model)
+    ]
 
 
 def account_pool(backend: BackendSpec) -> str | None:

@@ -19,7 +19,7 @@ import pytest
 import requests
 import yaml
 
-from batch_pipeline.cli_jobs import resolve_job
+from batch_pipeline.cli_jobs import cli_settings, resolve_job
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.manifest.read import Manifest
 from batch_pipeline.core.manifest.shards import build_manifest
@@ -144,13 +144,14 @@ def test_the_demo_has_the_same_request_and_shard_ids_from_either_file(tmp_path):
 
 def test_the_cli_finds_a_defs_folder_job_by_name_and_reads_a_defs_yaml_by_path(project, monkeypatch, tmp_path):
     monkeypatch.setenv("BATCH_PIPELINE_JOBS", str(tmp_path / "no_jobs"))  # not in the jobs folder
-    spec = resolve_job("demo", str(tmp_path / "home"))
+    settings = cli_settings(str(tmp_path / "home"))
+    spec = resolve_job("demo", settings)
     assert spec.source_path == str(DEMO_DEFS) and spec.input.path == str(REPO / "data/samples/tickets/*.jsonl")
     triage = project / "batch_pipeline" / "jobs" / "triage" / "defs.yaml"
-    by_path = resolve_job(str(triage), str(tmp_path / "home"))
+    by_path = resolve_job(str(triage), settings)
     assert by_path.name == "triage" and by_path.input.path == str(project / "data/samples/tickets_small/*.jsonl")
     with pytest.raises(ConfigError, match="in the defs folder"):
-        resolve_job("nope", str(tmp_path / "home"))
+        resolve_job("nope", settings)
 
 
 def test_a_broken_defs_yaml_read_by_the_cli_names_its_file_line_and_field(tmp_path):

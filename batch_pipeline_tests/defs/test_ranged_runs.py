@@ -6,6 +6,7 @@ import uuid
 import dagster as dg
 
 from batch_pipeline.core.ledger.machine import ShardState
+from batch_pipeline.core.settings import Settings
 from batch_pipeline.core.state.turns import TurnLimits
 from batch_pipeline.core.state.view import load_view
 from batch_pipeline.core.store import Store
@@ -115,11 +116,10 @@ def test_runs_per_tick_are_bounded(make_job, instance, resources, monkeypatch):
         for i in range(MAX_RUNS_PER_TICK + 5)
     ]
     spec = make_job(rows=rows, shards={"max_requests": 1}, canary_first=False)
-    driver = build_shard_sensor(spec, build_jobs(spec))
+    jobs = build_jobs(spec)
     _execute(spec, instance, resources, dg.RunRequest(), "prepare")
-    monkeypatch.setenv("BATCH_PIPELINE_SHARDS_PER_RUN", "1")
-    requests = _tick(driver, instance, resources)
+    one_per_run = build_shard_sensor(spec, jobs, Settings(shards_per_run=1))
+    requests = _tick(one_per_run, instance, resources)
     assert len(requests) == MAX_RUNS_PER_TICK and all(r.partition_key for r in requests)
-    monkeypatch.setenv("BATCH_PIPELINE_SHARDS_PER_RUN", "50")
-    [ranged] = _tick(driver, instance, resources)
+    [ranged] = _tick(build_shard_sensor(spec, jobs, Settings(shards_per_run=50)), instance, resources)
     assert len(moved(ranged)) == MAX_RUNS_PER_TICK + 5

@@ -6,6 +6,7 @@ import time
 import dagster as dg
 
 from batch_pipeline.core.ledger.control import JobControl
+from batch_pipeline.core.settings import Settings
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.assets import SHARDS_TAG, asset_key
 from batch_pipeline.defs.build import build_definitions
@@ -162,10 +163,10 @@ def test_driver_skips_a_stopped_job_and_resubmits_retryable_shards(
     # the retryable canary shard and the three new ones: one range, keyed by each shard's next attempt
     [again] = _requests(driver(dg.build_sensor_context(instance=instance, resources=resources)))
     assert again.job_name.endswith("_submit") and moved(again) == ["s00001", "s00002", "s00003", "s00004"]
-    monkeypatch.setenv("BATCH_PIPELINE_SHARDS_PER_RUN", "1")  # a shard per run: the per-shard key says the attempt
-    again = [
+    one_per_run = build_shard_sensor(spec, jobs, Settings(shards_per_run=1))  # the per-shard key
+    again = [  # says the attempt
         r
-        for r in _requests(driver(dg.build_sensor_context(instance=instance, resources=resources)))
+        for r in _requests(one_per_run(dg.build_sensor_context(instance=instance, resources=resources)))
         if r.partition_key == "s00001"
     ]
     assert len(again) == 1 and again[0].job_name.endswith("_submit") and again[0].run_key == "submit:s00001:2"

@@ -23,6 +23,8 @@ from dagster_k8s.job import (
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
+from batch_pipeline.core.settings import K8sSettings, Settings
+
 REPO = Path(__file__).resolve().parents[2]
 K8S_DIR = REPO / "k8s"
 HELM_VALUES = K8S_DIR / "helm" / "values.yaml"
@@ -234,3 +236,8 @@ def mutated(values: dict, path: list, change) -> dict:
         parent = parent[key]
     change(parent, path[-1])
     return out
+
+
+def from_env() -> K8sSettings:
+    """The Kubernetes settings of this test's environment, built as the code location's load builds them."""
+    return Settings.from_env().k8s

@@ -6,12 +6,12 @@ from dagster._core.errors import DagsterInvalidConfigError
 from dagster_k8s import k8s_job_executor
 from dagster_k8s.container_context import K8sContainerContext
 
-from batch_pipeline.defs.k8s import executor_from_env, k8s_executor, k8s_executor_config
-from batch_pipeline_tests.k8s.support import shard_job
+from batch_pipeline.defs.k8s import k8s_executor, k8s_executor_config, location_executor
+from batch_pipeline_tests.k8s.support import from_env, shard_job
 
 
 def test_configured_executor_resolves_in_a_job():
-    _, _, resolved = shard_job(None, None, k8s_executor())
+    _, _, resolved = shard_job(None, None, k8s_executor(from_env()))
     assert resolved["job_namespace"] == "batch-pipeline"
     assert resolved["env_secrets"] == ["batch-pipeline-provider-keys", "batch-pipeline-storage"]
     assert resolved["env_vars"] == ["BATCH_PIPELINE_HOME"]
@@ -25,7 +25,7 @@ def test_environment_drives_the_config(monkeypatch):
     monkeypatch.setenv("BATCH_PIPELINE_K8S_ENV_SECRETS", "keys-a")
     monkeypatch.setenv("BATCH_PIPELINE_K8S_ENV_VARS", "BATCH_PIPELINE_JOBS, BATCH_PIPELINE_HOME")
     monkeypatch.setenv("BATCH_PIPELINE_STEP_GRACE_S", "300")
-    _, _, resolved = shard_job(None, None, k8s_executor())
+    _, _, resolved = shard_job(None, None, k8s_executor(from_env()))
     assert resolved["job_namespace"] == "team-a"
     assert resolved["env_secrets"] == ["keys-a"]
     assert resolved["env_vars"] == ["BATCH_PIPELINE_HOME", "BATCH_PIPELINE_JOBS"]
@@ -33,14 +33,14 @@ def test_environment_drives_the_config(monkeypatch):
 
 
 def test_a_misspelled_key_is_rejected():
-    bad = {**k8s_executor_config(), "job_namspace": "x"}
+    bad = {**k8s_executor_config(from_env()), "job_namspace": "x"}
     with pytest.raises(DagsterInvalidConfigError, match="job_namspace"):
         shard_job(None, None, k8s_job_executor.configured(bad, name="bad_k8s"))
 
 
 def test_the_store_must_be_passed_through(monkeypatch):
     """A step pod without BATCH_PIPELINE_HOME would write to its own disk: launching it fails instead."""
-    _, _, resolved = shard_job(None, None, k8s_executor())
+    _, _, resolved = shard_job(None, None, k8s_executor(from_env()))
     monkeypatch.delenv("BATCH_PIPELINE_HOME", raising=False)
     with pytest.raises(Exception, match="BATCH_PIPELINE_HOME"):
         K8sContainerContext(env_vars=resolved["env_vars"])
@@ -50,9 +50,9 @@ def test_the_store_must_be_passed_through(monkeypatch):
     assert {"name": "BATCH_PIPELINE_HOME", "value": "s3://bucket/prefix"} in env
 
 
-def test_executor_from_env(monkeypatch):
-    assert executor_from_env() is None
+def test_the_executor_follows_the_environment(monkeypatch):
+    assert location_executor(from_env()) is None
     monkeypatch.setenv("BATCH_PIPELINE_EXECUTOR", "k8s")
-    executor = executor_from_env()
+    executor = location_executor(from_env())
     assert isinstance(executor, dg.ExecutorDefinition)
     assert executor.name == "batch_pipeline_k8s"

@@ -14,7 +14,7 @@ from batch_pipeline.defs.k8s import (
     k8s_executor,
     parse_node_selector,
 )
-from batch_pipeline_tests.k8s.support import gpu_problems, render_step_job, shard_job, validate_k8s
+from batch_pipeline_tests.k8s.support import from_env, gpu_problems, render_step_job, shard_job, validate_k8s
 
 STORE = "s3://batch-pipeline-test/prefix"
 
@@ -26,7 +26,7 @@ def s3_store(monkeypatch):
 
 
 def gpu_job(**kwargs) -> dict:
-    tags, pool, executor_config = shard_job(gpu_step_tags(**kwargs), GPU_POOL, k8s_executor())
+    tags, pool, executor_config = shard_job(gpu_step_tags(from_env(), **kwargs), GPU_POOL, k8s_executor(from_env()))
     assert pool == GPU_POOL
     return render_step_job(tags, executor_config)
 
@@ -54,7 +54,7 @@ def test_gpu_step_job_has_gpu_node_selector_tolerations_and_model_cache():
 
 
 def test_a_step_without_gpu_tags_fails_the_gpu_check():
-    tags, pool, executor_config = shard_job(None, None, k8s_executor())
+    tags, pool, executor_config = shard_job(None, None, k8s_executor(from_env()))
     job = render_step_job(tags, executor_config)
     assert pool is None
     assert gpu_problems(job) == [
@@ -92,17 +92,17 @@ def test_node_selector_parsing():
 
 
 def test_tags_are_what_the_k8s_executor_parses():
-    tags = gpu_step_tags()
+    tags = gpu_step_tags(from_env())
     assert set(tags) == {K8S_CONFIG_TAG}
     parsed = get_user_defined_k8s_config({K8S_CONFIG_TAG: json.dumps(tags[K8S_CONFIG_TAG])})
     assert parsed.container_config["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert parsed.pod_spec_config["tolerations"][0]["key"] == "nvidia.com/gpu"
     with pytest.raises(ValueError):
-        gpu_step_tags(gpus=0)
+        gpu_step_tags(from_env(), gpus=0)
 
 
 def test_a_misspelled_field_in_the_tag_is_rejected_like_the_executor_would():
-    config = gpu_step_tags()[K8S_CONFIG_TAG]
+    config = gpu_step_tags(from_env())[K8S_CONFIG_TAG]
     config["pod_spec_config"]["node_selektor"] = config["pod_spec_config"].pop("node_selector")
     with pytest.raises(Exception, match="node_selektor"):
         get_user_defined_k8s_config({K8S_CONFIG_TAG: json.dumps(config)})

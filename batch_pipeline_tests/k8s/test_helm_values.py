@@ -4,7 +4,8 @@ import dagster as dg
 import pytest
 import yaml
 
-from batch_pipeline.defs.k8s import DEFAULT_ENV_SECRETS, parse_node_selector
+from batch_pipeline.core.settings import DEFAULT_ENV_SECRETS
+from batch_pipeline.defs.k8s import parse_node_selector
 from batch_pipeline_tests.k8s.support import (
     CHART_SCHEMA,
     HELM_VALUES,

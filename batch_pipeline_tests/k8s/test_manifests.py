@@ -5,7 +5,8 @@ import copy
 import kubernetes_validate
 import pytest
 
-from batch_pipeline.defs.k8s import DEFAULT_ENV_SECRETS, DEFAULT_GPU_NODE_SELECTOR, MODEL_CACHE_CLAIM
+from batch_pipeline.core.settings import DEFAULT_ENV_SECRETS
+from batch_pipeline.defs.k8s import DEFAULT_GPU_NODE_SELECTOR, MODEL_CACHE_CLAIM
 from batch_pipeline_tests.k8s.support import K8S_DIR, by_kind, load_docs, validate_k8s
 
 MANIFESTS = sorted(K8S_DIR.glob("*.yaml"))

@@ -24,7 +24,6 @@ from batch_pipeline.core.ledger.capacity import CapacityLedger, CapacityScope, D
 from batch_pipeline.core.manifest.read import Manifest
 from batch_pipeline.core.money.estimate import RequestTokens
 from batch_pipeline.core.money.quote_record import read_quote
-from batch_pipeline.core.run.lease import default_ttl
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.quota import QuotaSpec
 from batch_pipeline.core.store import Store
@@ -51,7 +50,7 @@ def ledgers_for(store: Store, executor: object, model: str) -> dict[str | None, 
     if not isinstance(executor, QueueCappedExecutor):
         return {}
     return {
-        label: CapacityLedger(store, scope, quota, hold_ttl=default_ttl())
+        label: CapacityLedger(store, scope, quota, hold_ttl=store.lease_ttl)
         for label, scope, quota in executor.capacities(model)
     }
 

@@ -11,7 +11,7 @@ nothing more. The check is a listing of the shard's lease directory plus one exi
 lands in the instant between the check and a takeover is the only window left (a takeover needs the ttl to pass
 without a renewal, or the holder's process to be gone). Holders renew every ttl/3 (``Lease.heartbeat``).
 
-The ttl is ``DEFAULT_TTL`` (15 minutes) unless ``$BATCH_PIPELINE_LEASE_TTL_S`` says otherwise (seconds).
+The ttl is the store's (``Store.lease_ttl``: 15 minutes unless ``$BATCH_PIPELINE_LEASE_TTL_S`` says otherwise).
 """
 
 import json
@@ -24,25 +24,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from batch_pipeline.core.errors import BatchPipelineError, StaleAttemptError
-from batch_pipeline.core.settings import Settings
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 
 log = logging.getLogger(__name__)
-DEFAULT_TTL = timedelta(minutes=15)
-TTL_ENV = "BATCH_PIPELINE_LEASE_TTL_S"
 
 
 class LeaseHeldError(BatchPipelineError):
     """Another run holds the shard; this run must not touch it now (retry later)."""
 
     retryable = True
-
-
-def default_ttl() -> timedelta:
-    """``$BATCH_PIPELINE_LEASE_TTL_S`` seconds if set (core/settings.py), else ``DEFAULT_TTL``."""
-    seconds = Settings.from_env().lease_ttl_s
-    return timedelta(seconds=seconds) if seconds else DEFAULT_TTL
 
 
 def default_owner() -> str:
@@ -138,7 +129,7 @@ def acquire(store: Store, job: str, shard_id: str, owner: str | None = None, ttl
     A lease is taken over when it was released, has expired, or its holder ran on this host and its process is
     gone; the new lease has the next token, and the old holder's next ``check`` raises ``StaleAttemptError``."""
     owner = owner or default_owner()
-    ttl = ttl or default_ttl()
+    ttl = ttl or store.lease_ttl
     token = current_token(store, job, shard_id)
     probe = Lease(store, job, shard_id, owner, token, ttl)
     if token:

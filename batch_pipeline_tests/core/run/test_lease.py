@@ -19,8 +19,9 @@ from batch_pipeline.core.errors import ConfigError, StaleAttemptError
 from batch_pipeline.core.ledger.attempts import AttemptLog
 from batch_pipeline.core.manifest.shards import build_manifest
 from batch_pipeline.core.run import lease as lease_module
-from batch_pipeline.core.run.lease import TTL_ENV, LeaseHeldError, acquire, current_token, default_ttl
+from batch_pipeline.core.run.lease import LeaseHeldError, acquire, current_token
 from batch_pipeline.core.run.runner import ShardRunner
+from batch_pipeline.core.settings import Settings
 from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
@@ -176,18 +177,20 @@ def test_a_renewed_lease_extends_its_expiry_and_keeps_contenders_out_past_the_fi
     assert lease.is_current() and lease.token == 1
 
 
-def test_the_lease_ttl_comes_from_the_environment_when_set(monkeypatch):
-    monkeypatch.delenv(TTL_ENV, raising=False)
-    assert default_ttl() == timedelta(minutes=15)
-    monkeypatch.setenv(TTL_ENV, "2.5")
-    assert default_ttl() == timedelta(seconds=2.5)
-    monkeypatch.setenv(TTL_ENV, "0")
-    with pytest.raises(ConfigError, match=TTL_ENV):
-        default_ttl()
+def test_the_lease_ttl_comes_from_the_settings_with_the_store(tmp_path):
+    """The ttl travels with the store the edge built: 15 minutes, or ``$BATCH_PIPELINE_LEASE_TTL_S`` seconds."""
+    home = {"BATCH_PIPELINE_HOME": str(tmp_path / "home")}
+    plain = Store.of(Settings.from_env(home))
+    assert plain.lease_ttl == timedelta(minutes=15)
+    assert acquire(plain, JOB, SHARD).ttl == timedelta(minutes=15)
+    short = Store.of(Settings.from_env({**home, "BATCH_PIPELINE_LEASE_TTL_S": "2.5"}))
+    assert acquire(short, JOB, "s00002").ttl == timedelta(seconds=2.5)
+    with pytest.raises(ConfigError, match="BATCH_PIPELINE_LEASE_TTL_S"):
+        Settings.from_env({**home, "BATCH_PIPELINE_LEASE_TTL_S": "0"})
 
 
 # -- a real runner against the sandbox loses its lease mid-run ---------------------------------------------------
-def make_job(tmp_path, backend: str, n: int = 8):
+def make_job(tmp_path, backend: str, n: int = 8, ttl: timedelta = timedelta(seconds=SHORT_TTL_S)):
     (tmp_path / "in.jsonl").write_text(
         "".join(json.dumps({"body": f"ticket {i}: my invoice was wrong"}) + "\n" for i in range(n))
     )
@@ -200,7 +203,7 @@ backend: {backend}
 sampling: {{max_tokens: 16}}
 output: {{choice: [billing, bug, other]}}
 """)
-    store = Store(tmp_path / "home")
+    store = Store(tmp_path / "home", lease_ttl=ttl)  # the runner's lease: short, so that a stall outlives it
     build_manifest(spec, store)
     return spec, store
 
@@ -237,7 +240,6 @@ STREAM = "{name: online, settings: {sandbox: true, concurrency: 1, flush_every: 
 
 
 def test_a_batch_collection_that_lost_its_lease_while_polling_writes_no_result_part(admin, tmp_path, monkeypatch):
-    monkeypatch.setenv(TTL_ENV, str(SHORT_TTL_S))
     spec, store = make_job(tmp_path, BATCH)
     runner = ShardRunner(spec, store, create_executor(spec.backend), None)
     submitted = runner.submit(SHARD)
@@ -262,7 +264,6 @@ def test_a_batch_collection_that_lost_its_lease_while_polling_writes_no_result_p
 def test_a_batch_collection_that_lost_its_lease_during_the_download_writes_no_collected_record(
     admin, tmp_path, monkeypatch
 ):
-    monkeypatch.setenv(TTL_ENV, str(SHORT_TTL_S))
     spec, store = make_job(tmp_path, BATCH)
     executor = create_executor(spec.backend)
     download = executor.fetch
@@ -288,7 +289,6 @@ def test_a_batch_collection_that_lost_its_lease_during_the_download_writes_no_co
 
 
 def test_a_stream_that_lost_its_lease_while_the_engine_stalled_writes_no_further_part(admin, tmp_path, monkeypatch):
-    monkeypatch.setenv(TTL_ENV, str(SHORT_TTL_S))
     spec, store = make_job(tmp_path, STREAM)
     executor = create_executor(spec.backend)
     engine = executor.run
