@@ -12,9 +12,9 @@ from pathlib import Path
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.settings import Settings
 from batch_pipeline.core.spec.job import JobSpec
+from batch_pipeline.core.spec.job_files import DEFS_FOLDER, defs_folder_jobs, load_job_file
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
-from batch_pipeline.job_files import DEFS_FOLDER, defs_folder_jobs, load_job_file
 
 
 def cli_settings(home: str | None) -> Settings:

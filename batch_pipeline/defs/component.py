@@ -15,9 +15,9 @@ from pydantic.json_schema import SkipJsonSchema
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.settings import Settings
 from batch_pipeline.core.spec.job import JobSpec
+from batch_pipeline.core.spec.job_files import DEFS_FILE, placed
 from batch_pipeline.defs.build import build_job_defs
 from batch_pipeline.defs.scaffold import BatchInferenceJobScaffolder
-from batch_pipeline.job_files import DEFS_FILE, placed
 
 
 @dg.scaffold_with(BatchInferenceJobScaffolder)

@@ -14,10 +14,10 @@ from dagster_shared.utils.warnings import PreviewWarning
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.settings import PROJECT_ROOT, Settings
 from batch_pipeline.core.spec.job import JobSpec
+from batch_pipeline.core.spec.job_files import DEFAULT_JOBS
 from batch_pipeline.core.spec.loading import load_specs
 from batch_pipeline.defs.build import build_definitions
 from batch_pipeline.defs.component import BatchInferenceJob
-from batch_pipeline.job_files import DEFAULT_JOBS
 
 
 def uses_project_jobs(settings: Settings) -> bool:

@@ -24,12 +24,12 @@ from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.manifest.read import Manifest
 from batch_pipeline.core.manifest.shards import build_manifest
 from batch_pipeline.core.settings import Settings
+from batch_pipeline.core.spec.job_files import DEFS_FOLDER, load_defs_yaml, load_job_file
 from batch_pipeline.core.spec.loading import load_spec
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.build import build_definitions
 from batch_pipeline.defs.component import BatchInferenceJob
 from batch_pipeline.defs.project import not_declared, project_definitions
-from batch_pipeline.job_files import DEFS_FOLDER, load_defs_yaml, load_job_file
 from batch_pipeline_tests.e2e.conftest import STARTUP_TIMEOUT_S, GraphQL, _alive, _descendants, _stop, free_port
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import yaml
 
 from batch_pipeline.core.manifest.upstream import chain, downstream_specs
 from batch_pipeline.core.spec.job import JobSpec
-from batch_pipeline.job_files import COMPONENT_TYPE, load_job_file
+from batch_pipeline.core.spec.job_files import COMPONENT_TYPE, load_job_file
 from batch_pipeline_tests.core.helpers import base_spec_dict, write_jsonl
 
 DOWN_INPUT = {"from_job": "up", "text_field": "body"}
