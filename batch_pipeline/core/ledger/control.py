@@ -11,7 +11,7 @@ are only ever written whole and deleted, never edited, so nothing is lost.
 """
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -64,42 +64,59 @@ def _read(store: Store, rel: str, model: type[ControlRecord]) -> Any:
         return model.model_validate({"reason": f"unreadable record {rel}", "at": str(at or "?")})
 
 
+R = TypeVar("R", bound=ControlRecord)
+
+
 class JobPaused(BatchPipelineError):
     """The job is paused (a deploy, a human): nothing new is sent; open batches keep running at the provider."""
 
     retryable = True
 
 
+class ControlFile(Generic[R]):
+    """One control record at one path: written whole, read (an unreadable one still holds), taken away."""
+
+    def __init__(self, store: Store, rel: str, model: type[R]):
+        self.store, self.rel, self.model = store, rel, model
+
+    def put(self, record: R) -> None:
+        self.store.write_json(self.rel, record.model_dump(mode="json"))
+
+    def get(self) -> R | None:
+        return _read(self.store, self.rel, self.model)
+
+    def take(self) -> R | None:
+        """The record, deleted (None: there was none)."""
+        held = self.get()
+        if held is not None:
+            self.store.delete(self.rel)
+        return held
+
+
 class JobControl:
     def __init__(self, store: Store, job: str):
         self.store, self.job = store, job
-        self.rel = JobPaths(job).stop
-        self.pause_rel = JobPaths(job).pause
+        self._stop = ControlFile(store, JobPaths(job).stop, StopRecord)
+        self._pause = ControlFile(store, JobPaths(job).pause, PauseRecord)
 
     # -- pause: a deploy or a human holds the job; resume continues with nothing sent twice -------------------
     def pause(self, reason: str = "paused") -> None:
-        self.store.write_json(self.pause_rel, PauseRecord(reason=reason).model_dump(mode="json"))
+        self._pause.put(PauseRecord(reason=reason))
 
     def paused(self) -> PauseRecord | None:
-        return _read(self.store, self.pause_rel, PauseRecord)
+        return self._pause.get()
 
     def unpause(self) -> PauseRecord | None:
-        held = self.paused()
-        if held is not None:
-            self.store.delete(self.pause_rel)
-        return held
+        return self._pause.take()
 
     def stop(self, reason: str, *, code: str | None = None) -> None:
-        self.store.write_json(self.rel, StopRecord(reason=reason, code=code).model_dump(mode="json"))
+        self._stop.put(StopRecord(reason=reason, code=code))
 
     def current(self) -> StopRecord | None:
-        return _read(self.store, self.rel, StopRecord)
+        return self._stop.get()
 
     def clear(self) -> StopRecord | None:
-        stop = self.current()
-        if stop is not None:
-            self.store.delete(self.rel)
-        return stop
+        return self._stop.take()
 
     # -- shard holds: one shard waits for a human (its paid results were lost at the provider); the rest go on ----
     def hold_shard(self, shard_id: str, reason: str) -> None:
