@@ -10,6 +10,7 @@ from batch_pipeline.core.errors import BatchPipelineError
 from batch_pipeline.core.settings import Settings
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.paths import JobPaths
+from batch_pipeline.defs.catalog import JOB_ASSETS, AssetEntry
 from batch_pipeline.defs.k8s import GPU_POOL, gpu_step_tags, is_gpu_backend
 from batch_pipeline.defs.metadata import spec_labels
 from batch_pipeline.executors.registry import account_pool
@@ -67,16 +68,26 @@ class JobFrame:
     def key(self, name: str) -> dg.AssetKey:
         return asset_key(self.spec, name)
 
-    def asset_args(self, name: str, *deps: str, kinds: set[str], description: str) -> dict:
-        """The ``dg.asset`` arguments of ``<job>/<name>`` downstream of ``deps`` (asset names of the same job)."""
+    def asset_args(self, name: str) -> dict:
+        """The ``dg.asset`` arguments of ``<job>/<name>``: its row of the job's asset table (defs/catalog.py)."""
+        entry = JOB_ASSETS[name]
         return {
             "key": self.key(name),
-            "deps": [self.key(d) for d in deps],
+            "deps": self.deps_of(entry),
             "group_name": self.job,
             **spec_labels(self.spec),  # the spec's owners and tags, on every asset of the job
-            "kinds": kinds,
-            "description": description,
+            "kinds": set(entry.kinds),
+            "description": entry.describe(self.job),
         }
+
+    def deps_of(self, entry: AssetEntry) -> list[dg.AssetKey]:
+        """The keys an asset reads: its upstream assets of this job and, on a later pass of a multi-pass job
+        (``input.from_job``), the upstream job's asset it reads."""
+        deps = [self.key(d) for d in entry.deps]
+        upstream_job = self.spec.input.from_job
+        if upstream_job and entry.upstream_job_asset:
+            deps.append(dg.AssetKey([upstream_job, entry.upstream_job_asset]))
+        return deps
 
     def shard_step_args(self) -> dict:
         """A shard asset's partitions, backfill policy and step options: self-hosted vLLM steps hold a GPU (pod

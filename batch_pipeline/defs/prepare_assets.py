@@ -39,18 +39,8 @@ def manifest_metadata(summary, rejects: pl.DataFrame, items_dir: str) -> dict:
 
 def manifest_asset(frame: JobFrame) -> dg.AssetsDefinition:
     spec, job, paths, shards = frame.spec, frame.job, frame.paths, frame.shards
-    args = frame.asset_args(
-        "manifest",
-        kinds={"parquet"},
-        description=f"Every item of job {job}: request IDs, prompts, token estimates, shards; rejects. "
-        "Fails when the input cannot be read at all (the message names the file or field): fix "
-        "input in the spec, then `batch-pipeline run`. A bad row is not a failure: it is a "
-        "reject (rejects_by_reason).",
-    )
-    # a later pass of a multi-pass job reads its upstream's validated table: the chain shows in the asset graph
-    args["deps"] = [dg.AssetKey([spec.input.from_job, "validated"])] if spec.input.from_job else None
 
-    @dg.asset(**args)
+    @dg.asset(**frame.asset_args("manifest"))  # on a later pass, downstream of its upstream job's validated table
     def manifest(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
         st = store.get()
         last = [time.monotonic()]
@@ -110,18 +100,7 @@ def quote_metadata(q: Quote) -> dict:
 def quote_asset(frame: JobFrame) -> dg.AssetsDefinition:
     spec, paths = frame.spec, frame.paths
 
-    @dg.asset(
-        **frame.asset_args(
-            "quote",
-            "manifest",
-            kinds={"python"},
-            description="The remaining work priced before any spend: a low/expected/high range per pass, "
-            "calibrated on measured usage, bound to a fingerprint of its inputs, expiring after 30 "
-            "minutes. Fails on a model with no price row (add it to data/prices.yaml); its "
-            "check quote_within_budget holds every submission while the high estimate passes "
-            "budget_usd.",
-        )
-    )
+    @dg.asset(**frame.asset_args("quote"))
     def quote(context: dg.AssetExecutionContext, store: StoreResource, prices: PricesResource) -> dg.MaterializeResult:
         st = store.get()
         state = JobState.load(spec, st)
@@ -169,18 +148,7 @@ def comparison_asset(frame: JobFrame) -> dg.AssetsDefinition:
     step, the ``<job>_prepare`` job), so the graph has no asset that never runs."""
     spec, paths = frame.spec, frame.paths
 
-    @dg.asset(
-        **frame.asset_args(
-            "backend_comparison",
-            "manifest",
-            kinds={"python"},
-            description="The remaining work's request plan quoted on every backend of cost_compare, and the "
-            "self-hosted break-even utilisation; made with the manifest, before anything is spent "
-            "(`batch-pipeline quote --compare` prices the whole job too). A backend or model with no "
-            "price row is named in its metadata (add it to data/prices.yaml or drop it from "
-            "cost_compare); the job goes on.",
-        )
-    )
+    @dg.asset(**frame.asset_args("backend_comparison"))
     def backend_comparison(
         context: dg.AssetExecutionContext, store: StoreResource, prices: PricesResource
     ) -> dg.MaterializeResult:

@@ -51,17 +51,7 @@ def unpassed_checks(instance: dg.DagsterInstance, results_key: dg.AssetKey) -> l
 def results_asset(frame: JobFrame) -> dg.AssetsDefinition:
     spec, job, paths = frame.spec, frame.job, frame.paths
 
-    @dg.asset(
-        **frame.asset_args(
-            "results",
-            "shard_results",
-            kinds={"parquet"},
-            description="The staged table: one row per source row, latest valid result of its request. "
-            "The blocking checks run on it; users read the promoted copy, validated. A failed check "
-            "here keeps the previous validated table: each check's description says what it means "
-            "and what fixes it (README, Troubleshooting).",
-        )
-    )
+    @dg.asset(**frame.asset_args("results"))
     def results(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
         st = store.get()
         if Manifest(job, st).last_generation() == 0:
@@ -88,16 +78,7 @@ def validated_asset(frame: JobFrame) -> dg.AssetsDefinition:
     spec, job, paths = frame.spec, frame.job, frame.paths
     results_key = frame.key("results")
 
-    @dg.asset(
-        **frame.asset_args(
-            "validated",
-            "results",
-            kinds={"parquet", "duckdb"},
-            description="The validated table users read (Parquet + DuckDB views): the staged table, promoted "
-            "only when every blocking check on results passed. Skipped or failed when one did not "
-            "pass: the previous table stays; fix what the failed check names, then run again.",
-        )
-    )
+    @dg.asset(**frame.asset_args("validated"))
     def validated(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
         st = store.get()
         unpassed = unpassed_checks(context.instance, results_key)
@@ -119,16 +100,7 @@ def validated_asset(frame: JobFrame) -> dg.AssetsDefinition:
 def dead_letters_asset(frame: JobFrame) -> dg.AssetsDefinition:
     spec = frame.spec
 
-    @dg.asset(
-        **frame.asset_args(
-            "dead_letters",
-            "validated",
-            kinds={"parquet"},
-            description="Items whose retry budget is spent, with their last error code and message. "
-            f"After a fix, `batch-pipeline replay {frame.job} --code CODE` gives them a fresh budget "
-            "(e.g. --code truncated --max-tokens N).",
-        )
-    )
+    @dg.asset(**frame.asset_args("dead_letters"))
     def dead_letters_asset(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
         dead = dead_letters(JobState.load(spec, store.get()))
         return dg.MaterializeResult(
@@ -163,17 +135,7 @@ def report_metadata(rep: dict, png: bytes, plot_path: str, shards: list[dict]) -
 def report_asset(frame: JobFrame) -> dg.AssetsDefinition:
     spec, job, paths = frame.spec, frame.job, frame.paths
 
-    @dg.asset(
-        **frame.asset_args(
-            "report",
-            "validated",
-            "dead_letters",
-            kinds={"python"},
-            description="Counts, tokens, cost per accepted item, quoted vs actual spend, "
-            "per-shard reconciliation. complete false means items are still "
-            f"pending: `batch-pipeline status {job}` says why they wait.",
-        )
-    )
+    @dg.asset(**frame.asset_args("report"))
     def report(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
         st = store.get()
         state = JobState.load(spec, st)

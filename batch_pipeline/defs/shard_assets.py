@@ -59,16 +59,7 @@ def submissions_asset(frame: JobFrame) -> dg.AssetsDefinition:
     spec = frame.spec
 
     @dg.asset(
-        **frame.asset_args(
-            "submissions",
-            "quote",
-            kinds={"python"},
-            description="Submit each shard's pending items (re-attach to an open batch); "
-            "self-hosted and online backends run the shard inline. A failure is "
-            "a job stop (bad key, budget, canary, retry cap: the message says "
-            "which and what fixes it, then `batch-pipeline resume`) or a shard "
-            "that must wait (ShardWaits: the canary, a stale quote).",
-        ),
+        **frame.asset_args("submissions"),
         **frame.shard_step_args(),
     )
     def submissions(
@@ -104,16 +95,7 @@ def shard_results_asset(frame: JobFrame) -> dg.AssetsDefinition:
     spec = frame.spec
 
     @dg.asset(
-        **frame.asset_args(
-            "shard_results",
-            "submissions",
-            kinds={"parquet"},
-            description="Collect each shard's ended batches; validate and append results; "
-            "rescue the tail online near the deadline or after an expiry. Fails "
-            "when the provider failed a batch or refused the job (a job stop: "
-            "`batch-pipeline status` shows why; fix it, then `batch-pipeline "
-            "resume`); the other shards' ended batches are still collected.",
-        ),
+        **frame.asset_args("shard_results"),
         **frame.shard_step_args(),
     )
     def shard_results(
