@@ -15,6 +15,7 @@ from batch_pipeline.core.quality.evals import load_golden, paired, run_golden, s
 from batch_pipeline.core.quality.judge import judge, stratified_sample, summarise
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.paths import JobPaths
+from batch_pipeline.defs.frame import JobFrame
 from batch_pipeline.defs.metadata import md_table, spec_labels
 from batch_pipeline.defs.resources import StoreResource
 from batch_pipeline.executors.registry import create_executor
@@ -91,22 +92,12 @@ def write_history(st, paths: JobPaths, row: dict) -> tuple[pl.DataFrame, bytes]:
     return history, png
 
 
-def eval_asset(spec: JobSpec) -> dg.AssetsDefinition:
+def eval_asset(frame: JobFrame) -> dg.AssetsDefinition:
+    spec, paths = frame.spec, frame.paths
     assert spec.quality is not None
     quality = spec.quality
-    paths = JobPaths(spec.name)
 
-    @dg.asset(
-        key=dg.AssetKey([spec.name, "eval"]),
-        partitions_def=WEEKLY,
-        group_name=spec.name,
-        kinds={"python"},
-        **spec_labels(spec),
-        description="Weekly golden-set accuracy (with its interval) and an optional paired "
-        "comparison, run inline on quality.eval_backend. Fails when that backend is a "
-        "batch one (name an online or self-hosted backend) or refuses the job (the "
-        "message says why: key, model); a low accuracy is a figure, not a failure.",
-    )
+    @dg.asset(**frame.asset_args("eval"), partitions_def=WEEKLY)
     def weekly_eval(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
         st = store.get()
         executor = stream_executor(quality.eval_backend, "quality.eval_backend")
@@ -136,9 +127,10 @@ def build_eval_defs(spec: JobSpec) -> tuple[list, list, list]:
     """(assets, jobs, schedules) for a job with a golden set; nothing otherwise."""
     if spec.quality is None:
         return [], [], []
-    assets = [eval_asset(spec)]
+    frame = JobFrame(spec)  # its asset table's rows; the eval assets read no settings
+    assets = [eval_asset(frame)]
     if spec.quality.judge is not None:  # graded in the same weekly run as the eval
-        assets.append(build_judge_asset(spec))
+        assets.append(build_judge_asset(frame))
     job = dg.define_asset_job(
         f"{spec.name}_eval",
         selection=assets,
@@ -198,23 +190,12 @@ def judge_metadata(summary: dict, strata: pl.DataFrame) -> dict:
     }
 
 
-def build_judge_asset(spec: JobSpec) -> dg.AssetsDefinition:
+def build_judge_asset(frame: JobFrame) -> dg.AssetsDefinition:
+    spec, paths = frame.spec, frame.paths
     assert spec.quality is not None and spec.quality.judge is not None
     cfg = spec.quality.judge
-    paths = JobPaths(spec.name)
 
-    @dg.asset(
-        key=dg.AssetKey([spec.name, "judge"]),
-        deps=[dg.AssetKey([spec.name, "results"])],
-        group_name=spec.name,
-        partitions_def=WEEKLY,
-        kinds={"python"},
-        **spec_labels(spec),
-        description="Weekly: a stratified sample of accepted outputs graded pass/fail by a judge model, with "
-        "the judge's agreement against the golden labels (on the golden probes). Fails when "
-        "quality.judge.backend is a batch backend or refuses the job; a low agreement means the "
-        "judge cannot be trusted on this task: change quality.judge.model or instructions.",
-    )
+    @dg.asset(**frame.asset_args("judge"), partitions_def=WEEKLY)
     def judge_sample(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
         st = store.get()
         executor = create_executor(cfg.backend)
