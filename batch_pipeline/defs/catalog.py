@@ -7,17 +7,22 @@ the asset means and what fixes it.
 """
 
 from dataclasses import dataclass
+from typing import Literal
+
+# how an asset is partitioned: one step per shard (``<job>_shards``), or per week (the weekly eval job)
+Partitioning = Literal["shard", "week"]
 
 
 @dataclass(frozen=True)
 class AssetEntry:
-    """One asset of a job: the assets of the same job it reads, its kinds and its description."""
+    """One asset of a job: the assets of the same job it reads, its kinds, its description, its partitions."""
 
     deps: tuple[str, ...]
     kinds: tuple[str, ...]
     description: str  # ``{job}`` stands for the job's name
     # the asset of ``input.from_job`` it reads on a later pass of a multi-pass job (the chain shows in the graph)
     upstream_job_asset: str | None = None
+    partitions: Partitioning | None = None
 
     def describe(self, job: str) -> str:
         """The description as the asset carries it: one line, naming ``job``."""
@@ -64,6 +69,7 @@ JOB_ASSETS: dict[str, AssetEntry] = {
             what fixes it, then `batch-pipeline resume`) or a shard that must wait (ShardWaits: the canary, a stale
             quote).
         """,
+        partitions="shard",
     ),
     "shard_results": AssetEntry(
         deps=("submissions",),
@@ -74,6 +80,7 @@ JOB_ASSETS: dict[str, AssetEntry] = {
             `batch-pipeline status` shows why; fix it, then `batch-pipeline resume`); the other shards' ended
             batches are still collected.
         """,
+        partitions="shard",
     ),
     "results": AssetEntry(
         deps=("shard_results",),
@@ -118,6 +125,7 @@ JOB_ASSETS: dict[str, AssetEntry] = {
             quality.eval_backend. Fails when that backend is a batch one (name an online or self-hosted backend) or
             refuses the job (the message says why: key, model); a low accuracy is a figure, not a failure.
         """,
+        partitions="week",
     ),
     "judge": AssetEntry(
         deps=("results",),
@@ -128,5 +136,6 @@ JOB_ASSETS: dict[str, AssetEntry] = {
             backend or refuses the job; a low agreement means the judge cannot be trusted on this task: change
             quality.judge.model or instructions.
         """,
+        partitions="week",
     ),
 }

@@ -15,12 +15,10 @@ from batch_pipeline.core.quality.evals import load_golden, paired, run_golden, s
 from batch_pipeline.core.quality.judge import judge, stratified_sample, summarise
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.paths import JobPaths
-from batch_pipeline.defs.frame import JobFrame
+from batch_pipeline.defs.frame import WEEKLY, JobFrame
 from batch_pipeline.defs.metadata import md_table, spec_labels
 from batch_pipeline.defs.resources import StoreResource
 from batch_pipeline.executors.registry import create_executor
-
-WEEKLY = dg.WeeklyPartitionsDefinition(start_date="2026-01-04", day_offset=1)  # weeks start on Monday
 
 
 def stream_executor(backend, what: str) -> StreamExecutor:
@@ -97,7 +95,7 @@ def eval_asset(frame: JobFrame) -> dg.AssetsDefinition:
     assert spec.quality is not None
     quality = spec.quality
 
-    @dg.asset(**frame.asset_args("eval"), partitions_def=WEEKLY)
+    @dg.asset(**frame.asset_args("eval"))  # partitioned by week
     def weekly_eval(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
         st = store.get()
         executor = stream_executor(quality.eval_backend, "quality.eval_backend")
@@ -195,7 +193,7 @@ def build_judge_asset(frame: JobFrame) -> dg.AssetsDefinition:
     assert spec.quality is not None and spec.quality.judge is not None
     cfg = spec.quality.judge
 
-    @dg.asset(**frame.asset_args("judge"), partitions_def=WEEKLY)
+    @dg.asset(**frame.asset_args("judge"))  # partitioned by week
     def judge_sample(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
         st = store.get()
         executor = create_executor(cfg.backend)

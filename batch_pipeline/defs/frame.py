@@ -1,5 +1,6 @@
-"""What every asset of one job spec shares: keys ``<job>/<asset>``, its group and labels, the shard partitions
-and the shard steps' pools (``JobFrame``), and the helpers the asset builders all use."""
+"""What every asset of one job spec shares: keys ``<job>/<asset>``, its group and labels, the shard and weekly
+partitions and the shard steps' pools (``JobFrame``, over each asset's row of defs/catalog.py), and the helpers the
+asset builders all use."""
 
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -10,12 +11,13 @@ from batch_pipeline.core.errors import BatchPipelineError
 from batch_pipeline.core.settings import Settings
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.paths import JobPaths
-from batch_pipeline.defs.catalog import JOB_ASSETS, AssetEntry
+from batch_pipeline.defs.catalog import JOB_ASSETS, AssetEntry, Partitioning
 from batch_pipeline.defs.k8s import GPU_POOL, gpu_step_tags, is_gpu_backend
 from batch_pipeline.defs.metadata import spec_labels
 from batch_pipeline.executors.registry import account_pool
 
 SHARDS_TAG = "batch_pipeline/shards"  # the shards a range run moves (the others in its range are left alone)
+WEEKLY = dg.WeeklyPartitionsDefinition(start_date="2026-01-04", day_offset=1)  # the weekly eval's; weeks start Monday
 
 
 def shards_partitions(spec: JobSpec) -> dg.DynamicPartitionsDefinition:
@@ -78,6 +80,7 @@ class JobFrame:
             **spec_labels(self.spec),  # the spec's owners and tags, on every asset of the job
             "kinds": set(entry.kinds),
             "description": entry.describe(self.job),
+            **self.partition_args(entry.partitions),
         }
 
     def deps_of(self, entry: AssetEntry) -> list[dg.AssetKey]:
@@ -88,6 +91,14 @@ class JobFrame:
         if upstream_job and entry.upstream_job_asset:
             deps.append(dg.AssetKey([upstream_job, entry.upstream_job_asset]))
         return deps
+
+    def partition_args(self, partitions: Partitioning | None) -> dict:
+        """The ``dg.asset`` arguments of an asset's partitions: a shard step's, or the weekly eval's."""
+        if partitions == "shard":
+            return self.shard_step_args()
+        if partitions == "week":
+            return {"partitions_def": WEEKLY}
+        return {}
 
     def shard_step_args(self) -> dict:
         """A shard asset's partitions, backfill policy and step options: self-hosted vLLM steps hold a GPU (pod

@@ -58,10 +58,7 @@ class SubmitTally:
 def submissions_asset(frame: JobFrame) -> dg.AssetsDefinition:
     spec = frame.spec
 
-    @dg.asset(
-        **frame.asset_args("submissions"),
-        **frame.shard_step_args(),
-    )
+    @dg.asset(**frame.asset_args("submissions"))  # one step per shard
     def submissions(
         context: dg.AssetExecutionContext, store: StoreResource, prices: PricesResource
     ) -> dg.MaterializeResult:
@@ -94,10 +91,7 @@ def submissions_asset(frame: JobFrame) -> dg.AssetsDefinition:
 def shard_results_asset(frame: JobFrame) -> dg.AssetsDefinition:
     spec = frame.spec
 
-    @dg.asset(
-        **frame.asset_args("shard_results"),
-        **frame.shard_step_args(),
-    )
+    @dg.asset(**frame.asset_args("shard_results"))  # one step per shard
     def shard_results(
         context: dg.AssetExecutionContext, store: StoreResource, prices: PricesResource
     ) -> dg.MaterializeResult:
