@@ -141,15 +141,23 @@ def _now_bucket() -> str:
     return datetime.now(UTC).strftime("%Y%m%dT%H%M")
 
 
+def sensor_args(spec: JobSpec, settings: Settings, name: str, description: str) -> dict:
+    """What the sensors of one job share: the name ``<job>_<name>`` and the tick of ``sensor_interval_s``
+    (each sensor adds the job or jobs it starts)."""
+    return {
+        "name": f"{spec.name}_{name}",
+        "minimum_interval_seconds": settings.sensor_interval_s,
+        "description": description,
+    }
+
+
 def build_new_data_sensor(spec: JobSpec, jobs: dict, settings: Settings | None = None) -> dg.SensorDefinition:
     """New or grown input files -> a manifest run. ``settings``: the edge's (unset: the defaults)."""
     settings = settings or Settings()
 
     @dg.sensor(
-        name=f"{spec.name}_new_data",
+        **sensor_args(spec, settings, "new_data", f"New or grown input files of job {spec.name} -> a manifest run."),
         job=jobs["prepare"],
-        minimum_interval_seconds=settings.sensor_interval_s,
-        description=f"New or grown input files of job {spec.name} -> a manifest run.",
     )
     def new_data(context: dg.SensorEvaluationContext):
         try:
@@ -172,10 +180,13 @@ def build_upstream_sensor(spec: JobSpec, jobs: dict, settings: Settings | None =
     upstream = dg.AssetKey([spec.input.from_job, "validated"])
 
     @dg.sensor(
-        name=f"{spec.name}_upstream",
+        **sensor_args(
+            spec,
+            settings,
+            "upstream",
+            f"A new publish of {upstream.to_user_string()} -> a manifest run of job {spec.name}.",
+        ),
         job=jobs["prepare"],
-        minimum_interval_seconds=settings.sensor_interval_s,
-        description=f"A new publish of {upstream.to_user_string()} -> a manifest run of job {spec.name}.",
     )
     def upstream_published(context: dg.SensorEvaluationContext):
         latest = context.instance.fetch_materializations(upstream, limit=1).records
@@ -200,12 +211,15 @@ def build_shard_sensor(spec: JobSpec, jobs: dict, settings: Settings | None = No
     limits = TurnLimits.for_spec(spec)
 
     @dg.sensor(
-        name=f"{spec.name}_shard_driver",
+        **sensor_args(
+            spec,
+            settings,
+            "shard_driver",
+            f"Drives job {spec.name}'s shards by the driver's plan: the canary first, then submit, "
+            "resolve orphaned intents, rescue near the deadline, collect ended batches, publish when "
+            "every item is settled.",
+        ),
         jobs=[jobs["quote"], jobs["submit"], jobs["collect"], jobs["publish"]],
-        minimum_interval_seconds=settings.sensor_interval_s,
-        description=f"Drives job {spec.name}'s shards by the driver's plan: the canary first, then submit, "
-        "resolve orphaned intents, rescue near the deadline, collect ended batches, publish when "
-        "every item is settled.",
     )
     def shard_sensor(context: dg.SensorEvaluationContext, store: StoreResource):
         st = store.get()
@@ -247,24 +261,9 @@ def build_shard_sensor(spec: JobSpec, jobs: dict, settings: Settings | None = No
             else:
                 moves.setdefault(stage, []).append(step)
         if moves:
-            order = instance.get_dynamic_partitions(shards_partitions(spec).name)
-            span = settings.shards_per_run
-            shard_runs: list[dg.RunRequest] = []
-            for stage, steps in moves.items():
-                made, held = _shard_requests(
-                    instance,
-                    stage,
-                    names[stage],
-                    steps,
-                    attempts,
-                    order,
-                    span,
-                    limits,
-                    limit=limits.runs_per_tick - len(shard_runs),
-                )
-                shard_runs += made
-                stuck += held
-            requests += shard_runs[: limits.runs_per_tick]
+            shard_runs, held = _move_requests(instance, spec, moves, attempts, limits, settings.shards_per_run)
+            requests += shard_runs
+            stuck += held
         if requests:
             return requests
         why = [plan.describe()]
@@ -273,6 +272,37 @@ def build_shard_sensor(spec: JobSpec, jobs: dict, settings: Settings | None = No
         return dg.SkipReason("; ".join(why))
 
     return shard_sensor
+
+
+def _move_requests(
+    instance: dg.DagsterInstance,
+    spec: JobSpec,
+    moves: dict[RunStage, list[Step]],
+    attempts: dict[str, int],
+    limits: TurnLimits,
+    span: int,
+) -> tuple[list[dg.RunRequest], list[str]]:
+    """The shard runs of one tick, run job by run job, at most ``runs_per_tick`` in all; and the shards that
+    failed too often."""
+    names = job_names(spec)
+    order = instance.get_dynamic_partitions(shards_partitions(spec).name)
+    shard_runs: list[dg.RunRequest] = []
+    stuck: list[str] = []
+    for stage, steps in moves.items():
+        made, held = _shard_requests(
+            instance,
+            stage,
+            names[stage],
+            steps,
+            attempts,
+            order,
+            span,
+            limits,
+            limit=limits.runs_per_tick - len(shard_runs),
+        )
+        shard_runs += made
+        stuck += held
+    return shard_runs[: limits.runs_per_tick], stuck
 
 
 def batch_poller(spec: JobSpec):
