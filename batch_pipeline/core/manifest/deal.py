@@ -54,7 +54,8 @@ class Dealer:
         self.next_shard = first_shard + window
         self.turn = 0
         self.new_shards: list[str] = []
-        self.written: dict[str, int] = {}
+        self.written: dict[str, int] = {}  # shard -> items written
+        self.written_est: dict[str, int] = {}  # shard -> the sum of its items' est_input_tokens
         self.dealt = 0
         self.est_tokens = 0
 
@@ -131,7 +132,15 @@ class Dealer:
             .cast(ITEM_SCHEMA)
         )
         self.store.write_table(self.shard_path(sid), table, **SHARD_PARQUET)
+        self.written_est[sid] = int(frame.get_column("est_input_tokens").cast(pl.Int64).sum() or 0)
         self.written[sid] = table.num_rows
+
+    def totals(self, shard_ids: list[str]) -> dict[str, list[int]]:
+        """``GenerationRecord.shard_totals`` of the shards written (in ``shard_ids`` order), once all are."""
+        return {
+            "items": [self.written[s] for s in shard_ids],
+            "est_input_tokens": [self.written_est[s] for s in shard_ids],
+        }
 
 
 def _stratified_order(frame: pl.DataFrame, keep: np.ndarray) -> np.ndarray:

@@ -116,10 +116,27 @@ class Manifest:
             raise FileNotFoundError(f"manifest of job {self.job} has no readable items for shard {shard_id}")
         return table
 
+    def shard_totals(self) -> dict[str, tuple[int, int]]:
+        """Every shard -> (items, sum of their est_input_tokens), in shard order: as each generation stored them
+        (``GenerationRecord.shard_totals``), or, for a generation written before it stored them, computed from its
+        shard files (the est_input_tokens column of each)."""
+        out: dict[str, tuple[int, int]] = {}
+        for g in self.generations():
+            stored = g.totals()
+            if stored is None:
+                stored = {s: _column_totals(self.shard_items(s, ["est_input_tokens"])) for s in g.new_shards}
+            out.update(stored)
+        return dict(sorted(out.items()))
+
+    def items_of(self, shard_ids: Sequence[str], columns: list[str]) -> pa.Table:
+        """The items of the listed shards (``columns`` of them), in that order."""
+        tables = [self.shard_items(s, columns) for s in shard_ids]
+        return pa.concat_tables(tables) if tables else _empty(pa.schema([ITEM_SCHEMA.field(c) for c in columns]))
+
     def item_index(self, columns: list[str] | None = None) -> pa.Table:
-        cols = columns or ["request_id", "shard_id", "est_input_tokens", "length_bucket"]
-        tables = [self.shard_items(s, cols) for s in self.shard_ids()]
-        return pa.concat_tables(tables) if tables else _empty(pa.schema([ITEM_SCHEMA.field(c) for c in cols]))
+        return self.items_of(
+            self.shard_ids(), columns or ["request_id", "shard_id", "est_input_tokens", "length_bucket"]
+        )
 
     def file_states(self, latest: GenerationRecord | None = None) -> dict[str, FileState]:
         """Each input file as the latest generation left it (none for generations before incremental builds)."""
@@ -179,6 +196,11 @@ class Manifest:
                 t = t.filter(pc.is_in(t.column("source"), value_set=pa.array(sources, pa.string())))
             tables.append(t.cast(schema))
         return pa.concat_tables(tables) if tables else _empty(schema)
+
+
+def _column_totals(table: pa.Table) -> tuple[int, int]:
+    """(rows, sum of est_input_tokens) of a shard file's column."""
+    return table.num_rows, int(pc.sum(table.column("est_input_tokens")).as_py() or 0)
 
 
 def _empty(schema: pa.Schema) -> pa.Table:

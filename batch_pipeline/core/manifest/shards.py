@@ -24,7 +24,7 @@ from batch_pipeline.core import progress as meters
 from batch_pipeline.core.errors import ReconciliationError
 from batch_pipeline.core.manifest.deal import OPEN_SHARD_WINDOW, Dealer, shard_name
 from batch_pipeline.core.manifest.dedup import BlockSpool, Dedup, Verdict
-from batch_pipeline.core.manifest.generation import GenerationCounts, GenerationRecord
+from batch_pipeline.core.manifest.generation import GENERATION_VERSION, GenerationCounts, GenerationRecord
 from batch_pipeline.core.manifest.incremental import (
     FileAction,
     FilePlan,
@@ -205,7 +205,7 @@ class ManifestBuilder:
         summary.shards_total = sum(len(g.new_shards) for g in generations) + len(summary.new_shards)
         summary.spilled = dedup.deferred_rows > 0  # rows were decided by hash range, past the memory bound
         summary.seconds = round(time.perf_counter() - started, 3)
-        self._commit(summary, intake.states)
+        self._commit(summary, intake.states, dealer.totals(summary.new_shards))
         return summary
 
     def _read_and_deal(
@@ -283,9 +283,12 @@ class ManifestBuilder:
         intake.show_read()
         intake.states.append(state_after(plan, summary.generation, extent.bytes_read, extent.lines, extent.ends_clean))
 
-    def _commit(self, summary: ManifestSummary, states: list[FileState]) -> None:
-        """Write the generation record, the build's commit point, with each input file's state after it."""
-        record = GenerationRecord.model_validate({**summary.as_dict(), "files": states})
+    def _commit(self, summary: ManifestSummary, states: list[FileState], totals: dict[str, list[int]]) -> None:
+        """Write the generation record, the build's commit point, with each input file's state after it and each
+        new shard's totals (items, est_input_tokens)."""
+        record = GenerationRecord.model_validate(
+            {**summary.as_dict(), "files": states, "shard_totals": totals, "version": GENERATION_VERSION}
+        )
         self.store.write_json(self.paths.generation(summary.generation), record.as_json())
         log.info(
             "manifest %s gen %d: %d files (%s), %d rows, %d rejected, %d new requests in %d new shards (%.1fs)",

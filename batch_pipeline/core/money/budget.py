@@ -1,6 +1,8 @@
 """The hard budget during a run: before every paid call, committed spend plus what is in flight plus the
 cost of the next submission (at its high estimate) must fit in ``budget_usd``; otherwise the job stops,
-resumable, at the cap. Raising the budget and resuming continues without repeating anything.
+resumable, at the cap. Raising the budget and resuming continues without repeating anything. It reads the items
+of the shards it prices (the next one, those in flight) and, to calibrate, those of the shards with results: never
+every item of the job.
 
 A submission is its pending items and the golden probes that ride along with it (all of the golden set with
 the canary, ``quality.golden_share`` of a shard otherwise; see ``core/quality/golden.py``): probes are paid requests, so
@@ -19,6 +21,7 @@ from batch_pipeline.core.ledger.control import JobControl
 from batch_pipeline.core.ledger.result_parts import read_results
 from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.money.pass_cost import UNCALIBRATED_MARGIN
+from batch_pipeline.core.money.pending import est_total, measured_items
 from batch_pipeline.core.money.quote import (
     cache_prefix_tokens,
     calibration,
@@ -50,11 +53,9 @@ class BudgetGuard:
         """Measured usage beats the quote's factor; before anything is measured, keep a safety margin.
         ``results``: the job's results with ``input_tokens``, when the caller has read them already."""
         if results is None:
-            results = read_results(self.store, self.spec.name, columns=["input_tokens"])
-        if results.height:
-            items = pl.from_arrow(self.manifest.item_index(["request_id", "est_input_tokens"]))
-            assert isinstance(items, pl.DataFrame)
-            factor, measured = calibration(items, results, self.schema_tokens)
+            results = read_results(self.store, self.spec.name, columns=["shard_id", "input_tokens"])
+        if results.height:  # the items of the shards with results (all of them where results carry no shard)
+            factor, measured = calibration(measured_items(self.manifest, results), results, self.schema_tokens)
             if measured:
                 self.factor = factor
                 return
@@ -91,7 +92,7 @@ class BudgetGuard:
                     items = pl.from_arrow(self.manifest.shard_items(shard, ["request_id", "est_input_tokens"]))
                     assert isinstance(items, pl.DataFrame)
                     sent = items.filter(pl.col("request_id").is_in(attempt.request_ids))
-                    total += self.request_cost_high(float(sent["est_input_tokens"].sum() or 0), sent.height)
+                    total += self.request_cost_high(float(est_total(sent)), sent.height)
                     recorded = self.probes.recorded(shard) if self.probes.enabled else None
                     if recorded is not None:
                         probes = probe_estimates(
@@ -110,12 +111,12 @@ class BudgetGuard:
         probes = self.riding_probes(shard_id)
         if pending.num_rows == 0 and probes.height == 0:
             return
-        results = read_results(self.store, self.spec.name, columns=["input_tokens", "cost_usd"])
+        results = read_results(self.store, self.spec.name, columns=["shard_id", "input_tokens", "cost_usd"])
         self._calibrate(results)
         items = pl.from_arrow(self.manifest.shard_items(shard_id, ["request_id", "est_input_tokens"]))
         assert isinstance(items, pl.DataFrame)
         nxt = items.filter(pl.col("request_id").is_in(pending.column("request_id").to_pylist()))
-        next_items = self.request_cost_high(float(nxt["est_input_tokens"].sum() or 0), nxt.height)
+        next_items = self.request_cost_high(float(est_total(nxt)), nxt.height)
         next_probes = (
             self.request_cost_high(float(probes["est_input_tokens"].sum()), probes.height) if probes.height else 0.0
         )

@@ -66,19 +66,33 @@ def prompt_sample(
 ) -> pl.DataFrame:
     """request_id, user_prompt and est_input_tokens of up to ``limit`` pending items (``pending``: request_id,
     shard_id)."""
-    if pending.height == 0:
+    ids = sorted(pending["shard_id"].unique().to_list()) if pending.height else []
+    return sample_shards(manifest, ids, pending.select("request_id"), "semi", limit, shards)
+
+
+def sample_shards(
+    manifest: Manifest,
+    shard_ids: list[str],
+    ids: pl.DataFrame | None,
+    how: str = "semi",
+    limit: int = SAMPLE_ITEMS,
+    shards: int = SAMPLE_SHARDS,
+) -> pl.DataFrame:
+    """``prompt_sample`` from up to ``shards`` of ``shard_ids`` (sorted, each with items to sample), spread over
+    them: the rows of each shard's file that ``ids`` (request_id) keeps (``how="semi"``) or leaves (``"anti"``;
+    every row when ``ids`` is None), the lowest request IDs first."""
+    if not shard_ids:
         return pl.DataFrame(schema={"request_id": pl.String, "user_prompt": pl.String, "est_input_tokens": pl.Int64})
-    ids = sorted(pending["shard_id"].unique().to_list())
-    step = max(1, len(ids) / shards)
-    chosen = [ids[int(i * step)] for i in range(min(shards, len(ids)))]
+    step = max(1, len(shard_ids) / shards)
+    chosen = [shard_ids[int(i * step)] for i in range(min(shards, len(shard_ids)))]
     per_shard = math.ceil(limit / len(chosen))
     parts = []
     for shard in chosen:
         frame = pl.from_arrow(manifest.shard_items(shard, ["request_id", "user_prompt", "est_input_tokens"]))
         assert isinstance(frame, pl.DataFrame)
-        parts.append(
-            frame.join(pending.select("request_id"), on="request_id", how="semi").sort("request_id").head(per_shard)
-        )
+        if ids is not None:
+            frame = frame.join(ids, on="request_id", how=how)  # type: ignore[arg-type]
+        parts.append(frame.sort("request_id").head(per_shard))
     return pl.concat(parts).select("request_id", "user_prompt", pl.col("est_input_tokens").cast(pl.Int64))
 
 
@@ -124,7 +138,7 @@ def measured_ratio(
     joined = measured.join(items.select("request_id", "est_input_tokens"), on="request_id")
     if joined.height == 0:
         return 1.0, 0
-    estimated = estimate(float(joined["est_input_tokens"].sum()), joined.height)
+    estimated = estimate(float(joined["est_input_tokens"].cast(pl.Int64).sum()), joined.height)
     return float(joined["input_tokens"].sum()) / max(estimated, 1.0), joined.height
 
 

@@ -50,10 +50,11 @@ class PassQuote:
 
 
 def cascade_quote(
-    spec: JobSpec, store: Store, prices: PriceTable, items: pl.DataFrame, own: dict[str, float]
+    spec: JobSpec, store: Store, prices: PriceTable, items: pl.DataFrame | tuple[int, int], own: dict[str, float]
 ) -> Cascade | None:
     """The passes of ``spec``'s cascade, priced (None for a one-pass job). ``items``: this job's items
-    (est_input_tokens); ``own``: this job's remaining ``requests``, ``cost_expected`` and ``cost_high``."""
+    (est_input_tokens), or their count and the sum of their est_input_tokens; ``own``: this job's remaining
+    ``requests``, ``cost_expected`` and ``cost_high``."""
     before = chain(spec)[:-1]
     after = _after(spec)
     if not before and not after:
@@ -69,8 +70,9 @@ def cascade_quote(
             own["cost_high"],
         )
     )
-    user_tokens = _user_tokens(spec, items)
-    rows = {spec.name: float(items.height)}
+    n_items, est_sum = _item_totals(items)
+    user_tokens = _user_tokens(spec, n_items, est_sum)
+    rows = {spec.name: float(n_items)}
     left_out: dict[str, str] = {}  # a later pass whose spec is broken does not break this job's quote
     for depth, down in after:
         if down.input.from_job not in rows:
@@ -150,12 +152,21 @@ def _pass_of(
     )
 
 
-def _user_tokens(spec: JobSpec, items: pl.DataFrame) -> float:
+def _item_totals(items: pl.DataFrame | tuple[int, int]) -> tuple[int, int | None]:
+    """(items, the sum of their est_input_tokens; None without the column)."""
+    if isinstance(items, tuple):
+        return items
+    if "est_input_tokens" not in items.columns:
+        return items.height, None
+    return items.height, int(items["est_input_tokens"].cast(pl.Int64).sum() or 0)
+
+
+def _user_tokens(spec: JobSpec, n_items: int, est_sum: int | None) -> float:
     """The mean row content of this job's items in tokens (the estimate less its system and framing part)."""
-    if items.height == 0 or "est_input_tokens" not in items.columns:
+    if n_items == 0 or est_sum is None:
         return 0.0
     fixed = fixed_request_tokens(len(spec.prompt.prefix_text.encode()))  # as the manifest counted it
-    return max(float(items["est_input_tokens"].mean() or 0.0) - fixed, 0.0)  # type: ignore[arg-type]
+    return max(float(est_sum) / n_items - fixed, 0.0)  # the mean, as Polars takes it: the sum over the count
 
 
 def price_pass(spec: JobSpec, prices: PriceTable, requests: float, user_tokens: float) -> tuple[float, float]:

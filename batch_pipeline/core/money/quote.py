@@ -29,19 +29,19 @@ from datetime import UTC, datetime, timedelta
 import polars as pl
 
 from batch_pipeline.core.errors import ConfigError
-from batch_pipeline.core.ledger.reconcile import DEAD, VALID
 from batch_pipeline.core.ledger.result_parts import read_results
 from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.manifest.upstream import job_inputs
 from batch_pipeline.core.money.estimate import (
     RequestTokens,
     measured_ratio,
-    prompt_sample,
     request_tokens,
+    sample_shards,
     token_calibration,
 )
 from batch_pipeline.core.money.pass_cost import PassPricing, probe_pass, retry_pass
 from batch_pipeline.core.money.passes import cascade_quote
+from batch_pipeline.core.money.pending import PendingWork
 from batch_pipeline.core.money.quote_record import (
     CacheTerms,
     Calibration,
@@ -176,25 +176,26 @@ def plain_quote(
     along with them and the expected retries."""
     price = prices.lookup(spec.backend.name, spec.model)
     manifest = Manifest(spec.name, store)
-    items = _items_with_shards(manifest, items)
     results = results if results is not None else pl.DataFrame()
-    pending = _pending_items(items, states)
+    work = pending_work(manifest, items, states)
     per_request_extra = schema_tokens(spec)
-    bytes_factor, calibrated_on = calibration(items, results, per_request_extra)  # what the budget guard scales
-    n = pending.height
+    measured_items = work.measured_items(results)
+    bytes_factor, calibrated_on = calibration(measured_items, results, per_request_extra)  # the budget guard's
+    n = work.requests
     counter = counter_for(spec.model, spec.backend.settings)
-    model = request_tokens(spec, prompt_sample(manifest, pending if n else items), counter)
-    factor, _ = token_calibration(items, results, model)
-    input_tokens = model.tokens(float(pending["est_input_tokens"].sum() or 0), n) * factor
+    model = request_tokens(spec, sample_shards(manifest, *work.sample_source()), counter)
+    factor, _ = token_calibration(measured_items, results, model)
+    input_tokens = model.tokens(work.est_sum, n) * factor
     pricing = PassPricing.of(spec, price, cache_prefix_tokens(spec, price, model), factor, results, bool(calibrated_on))
-    pending_by_shard = dict(pending.group_by("shard_id").len().iter_rows()) if n else {}
+    pending_by_shard = work.pending_by_shard
     write_batches = _first_write_batches(spec, store, manifest, pricing, pending_by_shard)
     cache = pricing.scenarios(n, input_tokens, write_batches)
     first = pricing.one_pass(n, input_tokens, cache)
     # with a golden set, ``results`` are the items' (JobState keeps probe rows apart): every row, for the probes
     # already answered and for what was spent on them
     stored = read_results(store, spec.name, columns=["request_id", "cost_usd"]) if spec.quality else None
-    probes = riding_probes(spec, store, manifest, _pending_shard_sizes(items, pending_by_shard), stored, True)
+    sizes = {sid: work.shard_sizes[sid] for sid in pending_by_shard}  # what decides the probes riding along
+    probes = riding_probes(spec, store, manifest, sizes, stored, True)
     probe_costs = probe_pass(pricing, probes, counter, model)
     retries = retry_pass(spec, results, first)
     total = {
@@ -226,7 +227,11 @@ def plain_quote(
         passes=QuotePasses(first=PassCost(**first), probes=ProbePass(**probe_costs), retries=RetryPass(**retries)),
         # multi-pass jobs: every pass of the cascade (core/money/passes.py); None for a one-pass job
         cascade=cascade_quote(
-            spec, store, prices, items, {"requests": n, "cost_expected": total["expected"], "cost_high": total["high"]}
+            spec,
+            store,
+            prices,
+            (work.items, work.items_est),
+            {"requests": n, "cost_expected": total["expected"], "cost_high": total["high"]},
         ),
         est_cost_usd=Levels(**{k: usd_figure(v) for k, v in total.items()}),
         spent_usd=usd_figure(spent),
@@ -239,25 +244,16 @@ def plain_quote(
     )
 
 
-def _items_with_shards(manifest: Manifest, items: pl.DataFrame | None) -> pl.DataFrame:
-    """The items to price, each with its shard: the manifest's index when none are given, else joined to it."""
+def pending_work(manifest: Manifest, items: pl.DataFrame | None, states: pl.DataFrame | None) -> PendingWork:
+    """The work to price: the job's own items from the manifest's per-shard totals when none are given, else the
+    items given (each with its shard, joined from the manifest's index where they have none), item by item."""
     if items is None:
-        frame = pl.from_arrow(manifest.item_index(["request_id", "shard_id", "est_input_tokens"]))
-        assert isinstance(frame, pl.DataFrame)
-        return frame
+        return PendingWork.from_totals(manifest, states)
     if "shard_id" not in items.columns:
         index = pl.from_arrow(manifest.item_index(["request_id", "shard_id"]))
         assert isinstance(index, pl.DataFrame)
-        return items.join(index, on="request_id", how="left")
-    return items
-
-
-def _pending_items(items: pl.DataFrame, states: pl.DataFrame | None) -> pl.DataFrame:
-    """The items still to answer: all but the valid and the dead-lettered ones."""
-    if states is None or not states.height:
-        return items
-    done = states.filter(pl.col("state").is_in([VALID, DEAD])).select("request_id")
-    return items.join(done, on="request_id", how="anti")
+        items = items.join(index, on="request_id", how="left")
+    return PendingWork.from_items(manifest, items, states)
 
 
 def _first_write_batches(
@@ -274,13 +270,6 @@ def _first_write_batches(
     ):
         write_batches += 1  # the canary sample goes in a batch of its own
     return write_batches
-
-
-def _pending_shard_sizes(items: pl.DataFrame, pending_by_shard: dict[str, int]) -> dict[str, int]:
-    """Each shard with pending items -> its item count (what decides the golden probes riding along)."""
-    if not pending_by_shard:
-        return {}
-    return dict(items.filter(pl.col("shard_id").is_in(list(pending_by_shard))).group_by("shard_id").len().iter_rows())
 
 
 def _spent_usd(results: pl.DataFrame, stored: pl.DataFrame | None) -> float:
