@@ -28,6 +28,16 @@ def asset_key(spec: JobSpec, name: str) -> dg.AssetKey:
     return dg.AssetKey([spec.name, name])
 
 
+def add_new_partitions(
+    instance: dg.DagsterInstance, partitions: dg.DynamicPartitionsDefinition, keys: list[str]
+) -> None:
+    """Add the ``keys`` the instance does not hold yet for ``partitions`` (new ones, or all on a fresh instance)."""
+    known = set(instance.get_dynamic_partitions(partitions.name))
+    missing = [k for k in keys if k not in known]
+    if missing:
+        instance.add_dynamic_partitions(partitions.name, missing)
+
+
 def moving_shards(context: dg.AssetExecutionContext) -> list[str]:
     """The shards this run moves: its partition keys, or those of them its ``SHARDS_TAG`` names (a range run
     packed by ``shard_ranges`` leaves the other shards of its range to their own steps)."""

@@ -18,7 +18,7 @@ from batch_pipeline.core.manifest.parts import (
 from batch_pipeline.core.manifest.shards import Manifest, ShardCaps, build_manifest
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.store import Store
-from batch_pipeline.defs.assets import asset_key, shards_partitions
+from batch_pipeline.defs.frame import add_new_partitions, asset_key, shards_partitions
 from batch_pipeline.defs.metadata import plain
 from batch_pipeline.defs.resources import StoreResource
 from batch_pipeline.executors.registry import batch_limits
@@ -31,11 +31,7 @@ def input_files_partitions(spec: JobSpec) -> dg.DynamicPartitionsDefinition:
 def register_input_files(instance: dg.DagsterInstance, spec: JobSpec, store: Store) -> list[str]:
     """Add a partition for every input file the next generation has to read; the keys of those files."""
     keys = [part_key(p.file.uri) for p in pending_files(spec, store)]
-    partitions = input_files_partitions(spec)
-    known = set(instance.get_dynamic_partitions(partitions.name))
-    missing = [k for k in keys if k not in known]
-    if missing:
-        instance.add_dynamic_partitions(partitions.name, missing)
+    add_new_partitions(instance, input_files_partitions(spec), keys)
     return keys
 
 
@@ -88,11 +84,7 @@ def build_manifest_parts(spec: JobSpec) -> tuple[list[dg.AssetsDefinition], list
         summary = build_manifest(spec, st, caps=_caps(spec), parts=parts)
         from_parts = [p.record.uri for p in parts.used]
         parts.discard_used()
-        shards = shards_partitions(spec)
-        known = set(context.instance.get_dynamic_partitions(shards.name))
-        missing = [s for s in Manifest(job, st).shard_ids() if s not in known]
-        if missing:
-            context.instance.add_dynamic_partitions(shards.name, missing)
+        add_new_partitions(context.instance, shards_partitions(spec), Manifest(job, st).shard_ids())
         context.log.info(
             f"manifest gen {summary.generation}: files {summary.files_line()}; {len(from_parts)} from "
             f"prepared parts; {summary.new_requests} new requests in {len(summary.new_shards)} shards"

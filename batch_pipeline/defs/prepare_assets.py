@@ -17,7 +17,7 @@ from batch_pipeline.core.publish.tables import JobState
 from batch_pipeline.core.route.plan import route_pending
 from batch_pipeline.core.spec.job import CostCompareSpec
 from batch_pipeline.defs.checks import check_description
-from batch_pipeline.defs.frame import JobFrame, clean_failure
+from batch_pipeline.defs.frame import JobFrame, add_new_partitions, clean_failure
 from batch_pipeline.defs.metadata import md_table, money_json, plain
 from batch_pipeline.defs.resources import PricesResource, StoreResource
 from batch_pipeline.executors.registry import batch_limits, route_profile, route_queues
@@ -55,10 +55,7 @@ def manifest_asset(frame: JobFrame) -> dg.AssetsDefinition:
         # a bad input (an upstream filter naming no column, say) is its message, not a traceback
         summary = clean_failure(lambda: build_manifest(spec, st, progress=progress, caps=caps, parts=parts))
         parts.discard_used()
-        known = set(context.instance.get_dynamic_partitions(shards.name))
-        missing = [s for s in Manifest(job, st).shard_ids() if s not in known]  # new ones, or a fresh instance
-        if missing:
-            context.instance.add_dynamic_partitions(shards.name, missing)
+        add_new_partitions(context.instance, shards, Manifest(job, st).shard_ids())
         rejects = pl.from_arrow(Manifest(job, st).rejects())
         context.log.info(
             f"manifest gen {summary.generation}: files {summary.files_line()}; {summary.input_rows} rows "
