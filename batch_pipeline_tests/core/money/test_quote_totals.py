@@ -21,7 +21,7 @@ from batch_pipeline.core.manifest.shards import Manifest, build_manifest
 from batch_pipeline.core.money.budget import BudgetGuard
 from batch_pipeline.core.money.job_quote import make_quote, quote_inputs, store_quote
 from batch_pipeline.core.money.pending import PendingWork, est_total
-from batch_pipeline.core.money.quote import calibration, plain_quote, schema_tokens
+from batch_pipeline.core.money.quote import calibration, schema_tokens
 from batch_pipeline.core.money.quote_record import Quote
 from batch_pipeline.core.pricing.cost import load_prices
 from batch_pipeline.core.publish.tables import JobState
@@ -31,9 +31,10 @@ from batch_pipeline.core.store import Store
 from batch_pipeline_tests.core.helpers import REPO, base_spec_dict, write_jsonl, write_spec
 
 PRICES = load_prices(REPO / "data" / "prices.yaml")
-MODELS = {  # automatic caching; billed cache writes (the first-write batches count the pending shards)
-    "openai": ({"name": "openai_batch"}, "gpt-4o-mini"),
-    "anthropic": ({"name": "anthropic_batch"}, "claude-haiku-4-5"),
+MODELS = {  # automatic caching; billed cache writes (the first-write batches count the pending shards); a fallback
+    "openai": ({"name": "openai_batch"}, "gpt-4o-mini", None),
+    "anthropic": ({"name": "anthropic_batch"}, "claude-haiku-4-5", None),
+    "fallback": ({"name": "openai_batch"}, "gpt-4o-mini", {"model": "gpt-4o"}),
 }
 
 
@@ -62,7 +63,7 @@ def _write(spec, store, sid: str, attempt: int, lines: list[tuple]) -> None:
 
 @pytest.fixture(params=sorted(MODELS))
 def job(request, tmp_path):
-    backend, model = MODELS[request.param]
+    backend, model, fallback = MODELS[request.param]
     rows = [
         {"id": f"k{i}", "body": f"ticket {i}: " + "the invoice was charged twice " * (i % 9 + 1)} for i in range(100)
     ]
@@ -76,6 +77,7 @@ def job(request, tmp_path):
             shards={"max_requests": 8},
             retries={"per_item": 2},
             budget_usd=5,
+            **({"fallback": fallback} if fallback else {}),
         ),
     )
     store = Store(tmp_path / "store")
@@ -124,7 +126,7 @@ def test_the_quote_from_the_totals_is_the_quote_item_by_item(job):
     assert _fields(quote) == _fields(_whole_frames(spec, store))
     results, states = quote_inputs(spec, store)
     index = pl.from_arrow(Manifest(spec.name, store).item_index(["request_id", "shard_id", "est_input_tokens"]))
-    per_item = plain_quote(spec, store, PRICES, index, results, states)
+    per_item = make_quote(spec, store, PRICES, index, results, states)
     assert _fields(per_item) == _fields(quote)
     # the figures themselves: what is pending, and its tokens as the tokenizer's model scales the estimates
     full = JobState.load(spec, store).states
@@ -136,6 +138,7 @@ def test_the_quote_from_the_totals_is_the_quote_item_by_item(job):
     expected = quote.tokenizer.tokens(float(est_total(pending)), pending.height) * quote.calibration.tokenizer_factor
     assert quote.passes.first.input_tokens == round(expected)
     assert quote.calibration.items_measured > 0 and quote.spent_usd > 0
+    assert (quote.passes.fallback is not None) == (spec.fallback is not None)
 
 
 def test_nothing_done_and_all_done_quote_alike_both_ways(job, tmp_path):
