@@ -11,7 +11,7 @@ from rich.table import Table
 
 from batch_pipeline.cli_jobs import resolve_job, store_for
 from batch_pipeline.cli_stops import ExitCode
-from batch_pipeline.core.pricing.usd import format_usd
+from batch_pipeline.core.pricing.usd import format_budget, format_usd
 
 COLUMNS = [
     "backend",
@@ -55,10 +55,8 @@ def cmd_quote(args: argparse.Namespace, console: Console) -> int:
     """Quote a job (building its manifest if needed; nothing is sent), optionally on every configured backend."""
     from batch_pipeline.core.manifest.shards import Manifest, build_manifest
     from batch_pipeline.core.money.compare import compare_backends
-    from batch_pipeline.core.money.job_quote import make_quote
     from batch_pipeline.core.pricing.cost import load_prices
-    from batch_pipeline.core.publish.tables import JobState
-    from batch_pipeline.core.route.plan import route_pending
+    from batch_pipeline.core.publish.quoting import comparison_inputs, quote_job
     from batch_pipeline.core.spec.job import CostCompareSpec
     from batch_pipeline.executors.registry import route_profile, route_queues
 
@@ -68,35 +66,22 @@ def cmd_quote(args: argparse.Namespace, console: Console) -> int:
         summary = build_manifest(spec, store)
         console.print(f"manifest built: {summary.new_requests} requests in {len(summary.new_shards)} shards")
     prices = load_prices(args.settings.prices)
-    state = JobState.load(spec, store)
-    routes = route_pending(
-        spec,
-        store,
-        prices,
-        route_profile,
-        state.items,
-        state.states,  # backend: auto
-        queues=route_queues(store),
-    )
+    q, routes = quote_job(spec, store, prices, route_profile, route_queues(store))  # routes: backend: auto
     if not args.compare:
-        q = make_quote(spec, store, prices, state.items, state.results, state.states)
         est = q.est_cost_usd
         console.print(
             f"job {spec.name}: {q.pending_requests} requests on {spec.backend.name}/{spec.model}: "
             f"{format_usd(est.low)} low, {format_usd(est.expected)} expected, "
-            f"{format_usd(est.high)} high (budget {format_usd(spec.budget_usd)}; within: "
+            f"{format_usd(est.high)} high (budget {format_budget(spec.budget_usd)}; within: "
             f"{q.within_budget})",
             markup=False,
             highlight=False,
         )
         return ExitCode.DONE
     compare = spec.cost_compare or CostCompareSpec()
-    whole = compare_backends(
-        spec, store, prices, compare, state.items, state.results, state.states, every_priced=True, whole_job=True
-    )
-    remaining = compare_backends(
-        spec, store, prices, compare, state.items, state.results, state.states, every_priced=True
-    )
+    inputs = comparison_inputs(spec, store)
+    whole = compare_backends(spec, store, prices, compare, *inputs, every_priced=True, whole_job=True)
+    remaining = compare_backends(spec, store, prices, compare, *inputs, every_priced=True)
     total, left = whole[0]["requests"], remaining[0]["requests"]
     if left == total:
         note = "nothing done yet: all of it remains"

@@ -10,11 +10,9 @@ from batch_pipeline.core.errors import BatchPipelineError
 from batch_pipeline.core.manifest.parts import FileParts
 from batch_pipeline.core.manifest.shards import Manifest, ShardCaps, build_manifest
 from batch_pipeline.core.money.compare import compare_backends
-from batch_pipeline.core.money.job_quote import make_quote
 from batch_pipeline.core.money.quote_record import Quote, read_quote
-from batch_pipeline.core.pricing.usd import format_usd
-from batch_pipeline.core.publish.tables import JobState
-from batch_pipeline.core.route.plan import route_pending
+from batch_pipeline.core.pricing.usd import format_budget, format_usd
+from batch_pipeline.core.publish.quoting import comparison_inputs, quote_job
 from batch_pipeline.core.spec.job import CostCompareSpec
 from batch_pipeline.defs.checks import check_description
 from batch_pipeline.defs.frame import JobFrame, add_new_partitions, clean_failure
@@ -100,11 +98,7 @@ def quote_asset(frame: JobFrame) -> dg.AssetsDefinition:
     @dg.asset(**frame.asset_args("quote"))
     def quote(context: dg.AssetExecutionContext, store: StoreResource, prices: PricesResource) -> dg.MaterializeResult:
         st = store.get()
-        state = JobState.load(spec, st)
-        routes = route_pending(
-            spec, st, prices.get(), route_profile, state.items, state.states, queues=route_queues(st)
-        )  # backend: auto
-        q = make_quote(spec, st, prices.get(), state.items, state.results, state.states)
+        q, routes = quote_job(spec, st, prices.get(), route_profile, route_queues(st))  # routes: backend: auto
         if routes:
             context.log.info(
                 "routes: "
@@ -116,7 +110,7 @@ def quote_asset(frame: JobFrame) -> dg.AssetsDefinition:
         context.log.info(
             f"quote: {q.pending_requests} requests, {format_usd(est.low)} / "
             f"{format_usd(est.expected)} / {format_usd(est.high)} (low/expected/high), budget "
-            f"{format_usd(q.budget_usd)}"
+            f"{format_budget(q.budget_usd)}"
         )
         return dg.MaterializeResult(metadata=quote_metadata(q))
 
@@ -150,11 +144,9 @@ def comparison_asset(frame: JobFrame) -> dg.AssetsDefinition:
         context: dg.AssetExecutionContext, store: StoreResource, prices: PricesResource
     ) -> dg.MaterializeResult:
         st = store.get()
-        state = JobState.load(spec, st)
         try:  # informational: a backend it cannot price is named, and the job goes on
-            rows = compare_backends(
-                spec, st, prices.get(), spec.cost_compare or CostCompareSpec(), state.items, state.results, state.states
-            )
+            compare = spec.cost_compare or CostCompareSpec()
+            rows = compare_backends(spec, st, prices.get(), compare, *comparison_inputs(spec, st))
         except BatchPipelineError as exc:
             context.log.warning(f"backend comparison not made: {exc}")
             st.write_json(f"{paths.root}/backend_comparison.json", {"error": str(exc)})

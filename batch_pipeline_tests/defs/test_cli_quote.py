@@ -83,3 +83,20 @@ def test_a_sub_cent_quote_keeps_its_significant_digits(make_job, home, capsys):
     assert 0 < amounts[0] <= amounts[1] <= amounts[2] < 0.01, line  # a sub-cent job, every figure non-zero
     assert "$0.0000 " not in line and all(re.search(r"[1-9]", text) for text, _ in figures), line
     assert "(budget $5.00;" in line, line
+
+
+def test_a_job_without_a_budget_quotes_and_says_so(instance, resources, home, make_job, capsys):
+    """``budget_usd`` is optional: the quote prints that none is set (it crashed formatting None as dollars)."""
+    spec = make_job(name="nobudget", budget_usd=None)
+    assert spec.budget_usd is None
+    assert main(["quote", spec.source_path, "--home", str(home)]) == 0
+    out = capsys.readouterr().out
+    assert "job nobudget: 40 requests on openai_batch/gpt-4o-mini:" in out and "(budget none set; within:" in out
+    defs = build_definitions([spec], resources)  # the quote asset logs the same line
+    result = dg.materialize(
+        [*defs.assets, *defs.asset_checks],
+        selection=[dg.AssetKey(["nobudget", "manifest"]), dg.AssetKey(["nobudget", "quote"])],
+        instance=instance,
+        resources=defs.resources,
+    )
+    assert result.success

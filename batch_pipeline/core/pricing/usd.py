@@ -3,6 +3,11 @@
 import math
 
 
+def format_budget(amount: float | None) -> str:
+    """A budget as dollars, or that the spec sets none (``budget_usd`` is optional)."""
+    return "none set" if amount is None else format_usd(amount)
+
+
 def format_usd(amount: float) -> str:
     """Cents from a dollar up; below a dollar up to three significant digits, never fewer than two decimals
     (per-item costs are fractions of a cent: ``$0.0000052``, never ``$0.0000``)."""
