@@ -5,8 +5,8 @@ the sandbox's billing (``sandbox/tokens.py``), which must count alike; a leaf mo
 import base64
 import gzip
 import hashlib
+import importlib.util
 from functools import cache
-from importlib import resources
 from pathlib import Path
 
 import tiktoken
@@ -38,13 +38,12 @@ class BundledRanksError(RuntimeError):
 
 
 def _data_dir() -> Path:
-    """``bpe_openai/data``, imported on first use only (the package's ``__init__`` costs ~0.8 s: a process that
-    never counts tokens should not pay it)."""
-    try:
-        import bpe_openai.data
-    except ImportError:
-        raise BundledRanksError("the bpe-openai package is not installed; reinstall batch-pipeline") from None
-    return Path(str(resources.files(bpe_openai.data)))
+    """``bpe_openai/data``, found without importing the package: its ``__init__`` loads every bundled encoding
+    (~0.8 s), which a process that counts with one encoding, or none, should not pay."""
+    spec = importlib.util.find_spec("bpe_openai")
+    if spec is None or not spec.submodule_search_locations:
+        raise BundledRanksError("the bpe-openai package is not installed; reinstall batch-pipeline")
+    return Path(next(iter(spec.submodule_search_locations))) / "data"
 
 
 @cache

@@ -133,3 +133,18 @@ def test_the_prompt_sample_spreads_over_shards_and_keeps_only_pending_items(tmp_
     first_shard = pl.from_arrow(manifest.shard_items(manifest.shard_ids()[0], ["user_prompt"]))["user_prompt"]
     assert not set(sample["user_prompt"]) & set(first_shard)  # nothing from the shard that is done
     assert prompt_sample(manifest, pending.head(0)).height == 0
+
+
+def test_loading_an_encoding_does_not_import_the_package_that_bundles_it():
+    """bpe-openai's ``__init__`` loads every encoding it ships (~0.8 s); a process counting with one reads the
+    rank file alone, found on the package's path."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from batch_pipeline.bpe import encoding; "
+        "assert encoding('o200k_base').encode('hello world') == [24912, 2375]; "
+        "assert 'bpe_openai' not in sys.modules, 'bpe_openai was imported'"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
