@@ -68,7 +68,11 @@ class AdminApi:
         return Response(payload=scenario.to_json())
 
     def ledger(self, request: Request) -> Response:
-        return Response(payload={"entries": list(self.state.ledger)})
+        """Every billing row, or a page of them (``?offset=N&limit=M``) with ``total`` for a ledger of millions."""
+        offset = _count_param(request, "offset", 0) or 0
+        limit = _count_param(request, "limit", None)
+        ledger = self.state.ledger
+        return Response(payload={"entries": list(ledger.rows(offset, limit)), "total": len(ledger)})
 
     def load(self, request: Request) -> Response:
         """The enqueued load over time: ``{"events", "peak", "refusals"}`` (see ``sandbox/quotas.py``)."""
@@ -80,3 +84,13 @@ class AdminApi:
     def reset(self, request: Request) -> Response:
         self.state.reset()
         return Response(payload={"ok": True})
+
+
+def _count_param(request: Request, name: str, default: int | None) -> int | None:
+    """A non-negative integer query parameter (``default`` when absent)."""
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    if not raw.isdigit():
+        raise bad_request(f"{name} must be a non-negative integer.", param=name)
+    return int(raw)

@@ -35,9 +35,10 @@ class SandboxAdmin:
             return dict(self._call("GET", "/_sandbox/clock"))
         return dict(self._call("POST", "/_sandbox/clock", changes))
 
-    def ledger(self) -> list[dict[str, Any]]:
-        """The billing entries."""
-        return list(self._call("GET", "/_sandbox/ledger")["entries"])
+    def ledger(self, offset: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+        """The billing entries (all of them, or ``limit`` from ``offset``)."""
+        query = f"?offset={offset}" + (f"&limit={limit}" if limit is not None else "")
+        return list(self._call("GET", "/_sandbox/ledger" + query)["entries"])
 
     def load(self) -> dict[str, Any]:
         """The enqueued load over time: ``{"events": [...], "peak": [...], "refusals": N}``."""

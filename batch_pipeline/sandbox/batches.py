@@ -87,6 +87,15 @@ class BatchRecord(ScenarioRecord):
     cancelled_at: float | None = None
     output_file_id: str | None = None
     error_file_id: str | None = None
+    # set once the batch ended and its files were written: its counts and token sums, its requests and results
+    # dropped (a finished 50k-line batch held them for good; a 1M-row job, 20 of them)
+    totals: dict[str, int] | None = None
+
+    def compact(self) -> None:
+        """Keep only what the ``Batch`` object reports of a finished batch: its counts and usage."""
+        if self.totals is None:
+            self.totals = line_totals(self)
+            self.requests, self.results, self.order = [], [], []
 
     @property
     def expires_at(self) -> float:
@@ -102,15 +111,30 @@ def _ts(value: float | None) -> int | None:
     return None if value is None else int(value)
 
 
+def line_totals(batch: BatchRecord) -> dict[str, int]:
+    """A batch's request count, lines processed and succeeded, and the succeeded lines' token sums."""
+    if batch.totals is not None:
+        return batch.totals
+    totals = {"requests": len(batch.requests), "processed": len(batch.results), "succeeded": 0}
+    totals.update(input_tokens=0, cached_tokens=0, output_tokens=0)
+    for result in batch.results:
+        if result.status_code == 200:
+            totals["succeeded"] += 1
+            totals["input_tokens"] += result.input_tokens
+            totals["cached_tokens"] += result.cached_tokens
+            totals["output_tokens"] += result.output_tokens
+    return totals
+
+
 def batch_object(batch: BatchRecord) -> dict[str, Any]:
     """The API ``Batch`` object."""
-    succeeded = [r for r in batch.results if r.status_code == 200]
-    failed = len(batch.results) - len(succeeded)
+    totals = line_totals(batch)
+    succeeded = totals["succeeded"]
+    failed = totals["processed"] - succeeded
     if batch.status in ("expired", "cancelled"):
-        failed = len(batch.requests) - len(succeeded)
-    total = 0 if batch.status in ("validating", "failed") else len(batch.requests)
-    input_tokens = sum(r.input_tokens for r in succeeded)
-    output_tokens = sum(r.output_tokens for r in succeeded)
+        failed = totals["requests"] - succeeded
+    total = 0 if batch.status in ("validating", "failed") else totals["requests"]
+    input_tokens, output_tokens = totals["input_tokens"], totals["output_tokens"]
     errors = None
     if batch.status == "failed":
         errors = {"object": "list", "data": batch.validation_errors}
@@ -134,10 +158,10 @@ def batch_object(batch: BatchRecord) -> dict[str, Any]:
         "expired_at": _ts(batch.expired_at),
         "cancelling_at": _ts(batch.cancelling_at),
         "cancelled_at": _ts(batch.cancelled_at),
-        "request_counts": {"total": total, "completed": len(succeeded), "failed": failed},
+        "request_counts": {"total": total, "completed": succeeded, "failed": failed},
         "usage": {
             "input_tokens": input_tokens,
-            "input_tokens_details": {"cached_tokens": sum(r.cached_tokens for r in succeeded)},
+            "input_tokens_details": {"cached_tokens": totals["cached_tokens"]},
             "output_tokens": output_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": input_tokens + output_tokens,

@@ -81,17 +81,18 @@ class _Handler(BaseHTTPRequestHandler):
             self.rfile.readline()
 
     def _write(self, response: Response) -> None:
-        data = response.encode()
+        length, body = response.chunks()
         self.send_response(response.status)
         self.send_header("Content-Type", response.content_type)
-        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Content-Length", str(length))
         for name, value in response.headers.items():
             self.send_header(name, value)
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
         if self.command != "HEAD":
-            self.wfile.write(data)
+            for chunk in body:
+                self.wfile.write(chunk)
 
     do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = _serve
 
@@ -156,6 +157,7 @@ class SandboxServer:
             self._thread.join(timeout=5)
             self._thread = None
         self._httpd.server_close()
+        self.app.state.close()
 
     def __enter__(self) -> SandboxServer:
         return self.start()

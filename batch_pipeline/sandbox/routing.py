@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from batch_pipeline.sandbox.errors import ApiError
+from batch_pipeline.sandbox.spool import FileBody
 
 
 @dataclass
@@ -61,16 +62,25 @@ class Response:
     """An HTTP response: a JSON value or raw bytes."""
 
     status: int = 200
-    payload: dict[str, Any] | list[Any] | bytes | None = None
+    payload: dict[str, Any] | list[Any] | bytes | FileBody | None = None
     headers: dict[str, str] = field(default_factory=dict)
     content_type: str = "application/json"
     batch_id: str | None = None  # for the request log
 
     def encode(self) -> bytes:
-        """The body bytes."""
+        """The body bytes whole (a spooled file read in full: the HTTP server streams it with ``chunks``)."""
+        if isinstance(self.payload, FileBody):
+            return b"".join(self.payload.chunks())
         if isinstance(self.payload, bytes):
             return self.payload
         return json.dumps(self.payload).encode("utf-8")
+
+    def chunks(self) -> tuple[int, Iterable[bytes]]:
+        """The body's length and its bytes in pieces: a spooled file a megabyte at a time, else one piece."""
+        if isinstance(self.payload, FileBody):
+            return self.payload.size, self.payload.chunks()
+        data = self.encode()
+        return len(data), (data,)
 
 
 Handler = Callable[[Request], Response]

@@ -6,7 +6,9 @@ import heapq
 import json
 import threading
 from collections import deque
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from batch_pipeline.sandbox.anthropic.batches import AnthropicBatches
@@ -21,6 +23,7 @@ from batch_pipeline.sandbox.google.gemini_files import GeminiFiles
 from batch_pipeline.sandbox.google.responder import GeminiResponder
 from batch_pipeline.sandbox.google.vertex_jobs import VertexJobs
 from batch_pipeline.sandbox.ids import new_id
+from batch_pipeline.sandbox.ledger import LEDGER_FILE, Ledger
 from batch_pipeline.sandbox.openai.processing import LineRunner, ledger_entries, result_lines
 from batch_pipeline.sandbox.openai.quota import (
     OUTPUT_PURPOSE,
@@ -31,24 +34,39 @@ from batch_pipeline.sandbox.openai.quota import (
     output_expires_at,
 )
 from batch_pipeline.sandbox.openai.validation import parse_input
-from batch_pipeline.sandbox.persistence import StateDir
+from batch_pipeline.sandbox.persistence import BLOB_DIR, StateDir
 from batch_pipeline.sandbox.quotas import DEFAULT_ACCOUNT, LoadBook
 from batch_pipeline.sandbox.scenarios import Scenario, account_fault, scenario_from_metadata
+from batch_pipeline.sandbox.spool import Spool
 
 FILE_TTL_S = 30 * 24 * 3600
 REQUEST_LOG_LIMIT = 100_000  # the request log keeps the most recent entries only
+OUTPUT_WRITE_LINES = 2000  # output and error files are encoded and written this many lines at a time
 
 
 @dataclass
 class StoredFile:
-    """An uploaded or generated file (bytes kept in memory)."""
+    """An uploaded or generated file; its bytes are in the spool at ``path`` (never in memory, never saved)."""
 
     id: str
     filename: str
     purpose: str
     created_at: float
     size: int
-    data: bytes = b""
+    path: Path = field(default=Path(), compare=False)
+
+    def read(self) -> bytes:
+        """The bytes whole (a batch input, when a batch is created from it)."""
+        return self.path.read_bytes()
+
+    def first_line(self) -> bytes:
+        """The first non-blank line (b"" when there is none), read without loading the rest."""
+        with self.path.open("rb") as source:
+            return next((line for line in source if line.strip()), b"")
+
+    def saved(self) -> dict[str, Any]:
+        """The fields ``state.json`` keeps (as before the spool: the bytes are the blob named by ``id``)."""
+        return {k: v for k, v in asdict(self).items() if k != "path"}
 
     def to_api(self, scenario: Scenario | None = None) -> dict[str, Any]:
         """The API ``OpenAIFile`` object; an output file ``expires_at`` by the scenario's ``retention_openai_s``."""
@@ -78,6 +96,8 @@ class SandboxState:
         self.clock = clock
         self.startup_scenario = scenario
         self.store = StateDir(state_dir) if state_dir else None
+        self.spool = Spool(self.store.root / BLOB_DIR if self.store is not None else None)
+        self.ledger = Ledger(self.spool.path(LEDGER_FILE))
         self.seen_custom_ids: dict[str, int] = {}
         self.seen_prompts: set[str] = set()
         self.book = LoadBook()  # enqueued load per (provider, account, model), for quotas and GET /_sandbox/load
@@ -102,7 +122,6 @@ class SandboxState:
         self.files: dict[str, StoredFile] = {}
         self.outputs: list[tuple[float, str]] = []  # heap of (created_at, id) of output files: their retention
         self.batches: dict[str, BatchRecord] = {}
-        self.ledger: list[dict[str, Any]] = []
         self.requests: deque[dict[str, Any]] = deque(maxlen=REQUEST_LOG_LIMIT)
         self.fault_counts: dict[str, int] = {}
         self.seen_custom_ids.clear()
@@ -117,6 +136,12 @@ class SandboxState:
         self.clock.reset()
         if wipe_store and self.store is not None:
             self.store.clear()
+        if wipe_store or self.store is None:
+            self.ledger.clear()
+
+    def close(self) -> None:
+        """The sandbox stops: its temporary spool goes (a state directory stays, for the next start)."""
+        self.spool.close()
 
     def set_scenario(self, scenario: Scenario) -> None:
         """Select the server-wide scenario (its 429/500 counters start over)."""
@@ -125,11 +150,15 @@ class SandboxState:
 
     # files -----------------------------------------------------------------------------------------------------
     def add_file(self, filename: str, purpose: str, data: bytes) -> StoredFile:
-        """Store a new file."""
-        stored = StoredFile(new_id("file-"), filename, purpose, self.clock.now(), len(data), data)
+        """Store a new file (its bytes go to the spool)."""
+        return self.add_file_chunks(filename, purpose, (data,))
+
+    def add_file_chunks(self, filename: str, purpose: str, chunks: Iterator[bytes] | tuple[bytes, ...]) -> StoredFile:
+        """Store a new file written from ``chunks`` straight to the spool."""
+        file_id = new_id("file-")
+        size = self.spool.write_chunks(file_id, chunks)
+        stored = StoredFile(file_id, filename, purpose, self.clock.now(), size, self.spool.path(file_id))
         self.files[stored.id] = stored
-        if self.store is not None:
-            self.store.write_blob(stored.id, data)
         return stored
 
     def get_file(self, file_id: str) -> StoredFile:
@@ -142,8 +171,7 @@ class SandboxState:
         """Delete a file (404 if unknown)."""
         self.get_file(file_id)
         del self.files[file_id]
-        if self.store is not None:
-            self.store.delete_blob(file_id)
+        self.spool.delete(file_id)
 
     # batches ---------------------------------------------------------------------------------------------------
     def create_batch(
@@ -157,7 +185,8 @@ class SandboxState:
         """A new batch in ``validating``; its scenario comes from metadata, else the server's. A batch whose input
         passes its checks holds its prompt tokens for ``account`` (or is refused by the server's quota)."""
         scenario = scenario_from_metadata(metadata) or self.scenario
-        parsed = parse_input(input_file.data, endpoint)
+        content = input_file.read()
+        parsed = parse_input(content, endpoint)
         fault = account_fault(scenario, [parsed.model], "openai")
         if fault is not None:
             raise fault
@@ -186,7 +215,7 @@ class SandboxState:
             created_at=self.clock.now(),
             requests=parsed.requests,
             validation_errors=errors,
-            order=output_order(input_file.data, len(parsed.requests)),
+            order=output_order(content, len(parsed.requests)),
         )
         self.batches[batch_id] = batch
         if not errors:
@@ -238,12 +267,12 @@ class SandboxState:
         output, errors = result_lines(batch)
         for lines, attr, name in ((output, "output_file_id", "output"), (errors, "error_file_id", "errors")):
             if lines:
-                data = "".join(_dumps(line) + "\n" for line in lines).encode("utf-8")
-                stored = self.add_file(f"batch_{batch.id}_{name}.jsonl", "batch_output", data)
+                stored = self.add_file_chunks(f"batch_{batch.id}_{name}.jsonl", "batch_output", _jsonl_chunks(lines))
                 stored.created_at = at
                 heapq.heappush(self.outputs, (at, stored.id))
                 setattr(batch, attr, stored.id)
         self.ledger.extend(ledger_entries(batch, at))
+        batch.compact()
 
     # persistence -----------------------------------------------------------------------------------------------
     def save(self) -> None:
@@ -254,9 +283,9 @@ class SandboxState:
             {
                 "clock_now": self.clock.now(),
                 "scenario": self.scenario.to_json(),
-                "files": [{k: v for k, v in asdict(f).items() if k != "data"} for f in self.files.values()],
+                "files": [f.saved() for f in self.files.values()],
                 "batches": [b.to_json() for b in self.batches.values()],
-                "ledger": self.ledger,
+                "ledger_bytes": self.ledger.size(),
                 "fault_counts": self.fault_counts,
                 "seen_custom_ids": self.seen_custom_ids,
                 "seen_prompts": sorted(self.seen_prompts),
@@ -272,17 +301,17 @@ class SandboxState:
         assert self.store is not None
         saved = self.store.load()
         if saved is None:
+            self.ledger.clear()
             return
         self.clock.restore(float(saved["clock_now"]))
         self.scenario = Scenario(**saved["scenario"])
         for item in saved["files"]:
-            stored = StoredFile(**item)
-            stored.data = self.store.read_blob(stored.id)
+            stored = StoredFile(**item, path=self.spool.path(item["id"]))
             self.files[stored.id] = stored
             if stored.purpose == OUTPUT_PURPOSE:
                 heapq.heappush(self.outputs, (stored.created_at, stored.id))
         self.batches = {b["id"]: BatchRecord.from_json(b) for b in saved["batches"]}
-        self.ledger = list(saved["ledger"])
+        self.ledger.restore(saved.get("ledger"), saved.get("ledger_bytes"))
         self.fault_counts = dict(saved["fault_counts"])
         self.seen_custom_ids.update(saved["seen_custom_ids"])
         self.seen_prompts.update(saved["seen_prompts"])
@@ -295,5 +324,12 @@ class SandboxState:
         self.book.load(saved.get("load"))
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+def _jsonl_chunks(lines: list[dict[str, Any]]) -> Iterator[bytes]:
+    """``lines`` as JSONL bytes, ``OUTPUT_WRITE_LINES`` lines per chunk (one shared encoder, no whole-file
+    string: the same bytes as ``json.dumps(line, ensure_ascii=False, separators=(",", ":"))`` per line)."""
+    for start in range(0, len(lines), OUTPUT_WRITE_LINES):
+        chunk = lines[start : start + OUTPUT_WRITE_LINES]
+        yield ("\n".join(map(_ENCODE, chunk)) + "\n").encode("utf-8")

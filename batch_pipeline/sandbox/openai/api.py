@@ -12,6 +12,7 @@ from batch_pipeline.sandbox.openai.validation import CHAT_URL, EMBEDDINGS_URL, M
 from batch_pipeline.sandbox.quotas import account_of, clock_scale
 from batch_pipeline.sandbox.routing import Request, Response, Router
 from batch_pipeline.sandbox.scenarios import scenario_from_metadata
+from batch_pipeline.sandbox.spool import FileBody
 from batch_pipeline.sandbox.state import SandboxState
 
 UPLOAD_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
@@ -125,7 +126,7 @@ class OpenAIApi:
 
     def file_content(self, request: Request) -> Response:
         stored = self.state.get_file(request.params["file_id"])
-        return Response(payload=stored.data, content_type="application/octet-stream")
+        return Response(payload=FileBody.open(stored.path, stored.size), content_type="application/octet-stream")
 
     def delete_file(self, request: Request) -> Response:
         file_id = request.params["file_id"]
@@ -159,7 +160,7 @@ class OpenAIApi:
             self.state.scenario,
             self.provider,
             account,
-            first_model(input_file.data),
+            first_model(input_file.first_line()),
             now,
             clock_scale(self.state.clock),
         )
