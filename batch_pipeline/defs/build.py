@@ -14,6 +14,7 @@ from batch_pipeline.defs.assets import build_job_assets
 from batch_pipeline.defs.evals import build_eval_defs
 from batch_pipeline.defs.jobs import build_jobs
 from batch_pipeline.defs.k8s import location_executor
+from batch_pipeline.defs.manifest_parts import with_file_steps
 from batch_pipeline.defs.resources import resources_of
 from batch_pipeline.defs.sensors import build_new_data_sensor, build_shard_sensor, build_upstream_sensor
 
@@ -24,6 +25,7 @@ def build_job_defs(spec: JobSpec, settings: Settings | None = None) -> dg.Defini
     settings = settings or Settings()
     eval_assets, eval_jobs, eval_schedules = build_eval_defs(spec)
     assets, checks = build_job_assets(spec, settings)
+    assets = with_file_steps(spec, settings, assets)  # on the k8s executor: one manifest step per input file
     job_defs = build_jobs(spec)
     # a job's input is files (a new-data sensor) or another job's table (a sensor on its publishes)
     start = build_upstream_sensor if spec.input.from_job else build_new_data_sensor

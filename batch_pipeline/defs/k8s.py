@@ -19,6 +19,10 @@ On Kubernetes every step runs in its own pod (``k8s_job_executor``), so the stor
 - ``BATCH_PIPELINE_GPU_CPU`` / ``_MEMORY`` (``8`` / ``32Gi``): GPU step requests (the memory is also the limit)
 - ``BATCH_PIPELINE_GPU_SHM`` (``8Gi``): size of the in-memory ``/dev/shm`` of GPU steps
 
+Manifest steps (``defs/manifest_parts.py``, the default graph on this executor) get their own requests from the
+constants below: a per-file step ``MANIFEST_FILE_CPU`` / ``_MEMORY`` / ``_MEMORY_LIMIT``; the merge 2 CPUs and,
+as request and limit, the spec's ``shards.manifest_memory_mb`` plus a third (its dedup spills at half of it).
+
 GPU steps also share the concurrency pool ``GPU_POOL``; its limit lives in the Dagster instance
 (``concurrency.pools`` in the Helm values, or ``dagster instance concurrency set gpu N``).
 """
@@ -39,6 +43,9 @@ SHM_VOLUME = "dshm"
 GPU_RESOURCE = "nvidia.com/gpu"
 
 PASSTHROUGH_ENV_VARS = ("BATCH_PIPELINE_HOME",)
+# a per-file manifest step: one file read, parsed, rendered and hashed block by block (a reader thread ahead of it)
+MANIFEST_FILE_CPU, MANIFEST_FILE_MEMORY, MANIFEST_FILE_MEMORY_LIMIT = "1", "1Gi", "2Gi"
+MANIFEST_MERGE_CPU = "2"  # the merge deals on one thread while two write shard files (zstd releases the GIL)
 DEFAULT_GPU_NODE_SELECTOR = {"nvidia.com/gpu.present": "true"}
 
 
@@ -167,3 +174,28 @@ def gpu_step_tags(
         },
     }
     return {K8S_CONFIG_TAG: config}
+
+
+def _container_resources(cpu: str, memory: str, memory_limit: str) -> dict:
+    return {
+        K8S_CONFIG_TAG: {
+            "container_config": {
+                "resources": {
+                    "requests": {"cpu": cpu, "memory": memory},
+                    "limits": {"memory": memory_limit},
+                }
+            }
+        }
+    }
+
+
+def manifest_file_step_tags() -> dict:
+    """``op_tags`` of a per-file manifest step: CPU/memory for one file's preparation; no GPU, no node selector."""
+    return _container_resources(MANIFEST_FILE_CPU, MANIFEST_FILE_MEMORY, MANIFEST_FILE_MEMORY_LIMIT)
+
+
+def manifest_merge_step_tags(manifest_memory_mb: int) -> dict:
+    """``op_tags`` of the manifest merge: ``manifest_memory_mb`` (the build's bound, ``shards.manifest_memory_mb``)
+    plus a third for the interpreter and Arrow's buffers, as request and limit (3072 MB -> 4096Mi)."""
+    memory = f"{-(-manifest_memory_mb * 4 // 3)}Mi"
+    return _container_resources(MANIFEST_MERGE_CPU, memory, memory)
