@@ -13,7 +13,7 @@ from typing import Any
 
 from batch_pipeline.sandbox.anthropic.batches import AnthropicBatches
 from batch_pipeline.sandbox.anthropic.responder import AnthropicRunner
-from batch_pipeline.sandbox.batches import BatchRecord, Lifecycle, output_order
+from batch_pipeline.sandbox.batches import TERMINAL, BatchRecord, Lifecycle, output_order
 from batch_pipeline.sandbox.bedrock.jobs import BedrockJobs
 from batch_pipeline.sandbox.bedrock.s3 import SandboxS3
 from batch_pipeline.sandbox.clock import SandboxClock
@@ -311,6 +311,9 @@ class SandboxState:
             if stored.purpose == OUTPUT_PURPOSE:
                 heapq.heappush(self.outputs, (stored.created_at, stored.id))
         self.batches = {b["id"]: BatchRecord.from_json(b) for b in saved["batches"]}
+        for batch in self.batches.values():  # a state saved before compaction kept finished batches whole
+            if batch.status in TERMINAL:
+                batch.compact()
         self.ledger.restore(saved.get("ledger"), saved.get("ledger_bytes"))
         self.fault_counts = dict(saved["fault_counts"])
         self.seen_custom_ids.update(saved["seen_custom_ids"])

@@ -1,0 +1,186 @@
+"""The sandbox's own cost for an N-request OpenAI batch job: its peak RSS and CPU per request (issue 19).
+
+The sandbox runs in a spawned child (an in-process ``SandboxServer``), so its figures are its own; this process
+drives it through the real ``openai`` SDK: upload the input files (50,000 requests each, the API's cap), create the
+batches, poll them to ``completed``, stream every output file down and count its lines. The child reports its peak
+RSS (``VmHWM``) and the CPU seconds it spent from ready to done, divided by N.
+
+``--old-root DIR`` runs the same job a second time against the sandbox of another checkout, in the same run:
+``git archive COMMIT batch_pipeline | tar -x -C DIR`` (the commit before the spool: 231f840). ``--profile N``
+prints the sandbox's N heaviest functions by own time (cProfile over every request it served).
+
+Run: nice -n 19 python benchmarks/sandbox_bench.py --requests 100000 [--old-root /tmp/old] [--profile 25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import openai
+
+HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))
+
+from benchmarks._harness import cpu_s, load, maxrss_mb  # noqa: E402
+
+PER_BATCH = 50_000
+MODEL = "gpt-4o-mini"
+TERMINAL = ("completed", "failed", "expired", "cancelled")
+
+
+def batch_file(start: int, count: int) -> bytes:
+    """``count`` chat requests with a label schema, as the pipeline writes them (custom ids from ``start``)."""
+    schema = {"type": "object", "properties": {"label": {"type": "string", "enum": ["billing", "bug", "other"]}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "label", "schema": schema, "strict": True}}
+    lines = []
+    for i in range(start, start + count):
+        body = {
+            "model": MODEL,
+            "max_tokens": 32,
+            "response_format": fmt,
+            "messages": [
+                {"role": "system", "content": "Label the ticket: billing, bug or other."},
+                {"role": "user", "content": f"Ticket {i}: my invoice was charged twice, please help"},
+            ],
+        }
+        line = {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+        lines.append(json.dumps(line, separators=(",", ":")))
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _profiled_handler(profiler: Any) -> None:
+    """Wrap the HTTP handler's entry points so ``profiler`` sees every request, one at a time."""
+    import threading
+
+    from batch_pipeline.sandbox import http_server
+
+    serial = threading.Lock()
+    original = http_server._Handler._serve
+
+    def serve(self: Any) -> None:
+        with serial:
+            profiler.enable()
+            try:
+                original(self)
+            finally:
+                profiler.disable()
+
+    for name in ("_serve", "do_GET", "do_POST", "do_DELETE", "do_PUT", "do_PATCH"):
+        setattr(http_server._Handler, name, serve)
+
+
+def serve_sandbox(root: str | None, conn: Any, profile_top: int) -> None:
+    """The child: a sandbox on a free port until told to stop; then its peak RSS, CPU and profile."""
+    if root:
+        sys.path.insert(0, root)
+    import cProfile
+    import io
+    import pstats
+
+    import batch_pipeline.sandbox as sandbox_pkg
+    from batch_pipeline.sandbox import SandboxServer
+
+    profiler = cProfile.Profile() if profile_top else None
+    if profiler is not None:
+        _profiled_handler(profiler)
+    server = SandboxServer(port=0).start()
+    ready_cpu, ready_rss = cpu_s(), maxrss_mb()
+    conn.send(server.url)
+    conn.recv()  # the driver is done
+    report = {"cpu_s": cpu_s() - ready_cpu, "peak_rss_mb": maxrss_mb(), "ready_rss_mb": ready_rss}
+    report["code"] = sandbox_pkg.__file__
+    if profiler is not None:
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(profile_top)
+        report["profile"] = text.getvalue()
+    server.stop()
+    conn.send(report)
+
+
+def drive(url: str, requests: int) -> dict[str, float]:
+    """Upload, create, poll to completed and stream every output down; the phases' wall seconds."""
+    client = openai.OpenAI(base_url=url + "/v1", api_key="sk-sandbox", max_retries=0, timeout=600)
+    phases: dict[str, float] = {}
+    t0 = time.perf_counter()
+    ids = []
+    for number, start in enumerate(range(0, requests, PER_BATCH)):
+        data = batch_file(start, min(PER_BATCH, requests - start))
+        ids.append(client.files.create(file=(f"in{number}.jsonl", data), purpose="batch").id)
+    phases["upload_s"] = time.perf_counter() - t0
+    batches = [
+        client.batches.create(input_file_id=f, endpoint="/v1/chat/completions", completion_window="24h").id for f in ids
+    ]
+    outputs = []
+    for batch_id in batches:
+        while (batch := client.batches.retrieve(batch_id)).status not in TERMINAL:
+            time.sleep(0.05)
+        assert batch.status == "completed" and batch.output_file_id, batch
+        outputs.append(batch.output_file_id)
+    phases["create_and_wait_s"] = time.perf_counter() - t0 - phases["upload_s"]
+    t = time.perf_counter()
+    lines = 0
+    for file_id in outputs:
+        with client.files.with_streaming_response.content(file_id) as response:
+            lines += sum(chunk.count(b"\n") for chunk in response.iter_bytes(1 << 20))
+    phases["download_s"] = time.perf_counter() - t
+    phases["total_s"] = time.perf_counter() - t0
+    assert lines == requests, (lines, requests)
+    client.close()
+    return phases
+
+
+def measure(root: str | None, requests: int, profile_top: int) -> dict[str, Any]:
+    """One job against the sandbox of ``root`` (None: this checkout) in its own spawned child."""
+    ctx = mp.get_context("spawn")
+    ours, theirs = ctx.Pipe()
+    child = ctx.Process(target=serve_sandbox, args=(root, theirs, profile_top))
+    child.start()
+    url = ours.recv()
+    phases = drive(url, requests)
+    ours.send("done")
+    report = ours.recv()
+    child.join(timeout=60)
+    return {**phases, **report, "cpu_us_per_request": report["cpu_s"] / requests * 1e6}
+
+
+def _print(label: str, result: dict[str, Any]) -> None:
+    print(
+        f"{label:<7} peak RSS {result['peak_rss_mb']:7.0f} MB (ready {result['ready_rss_mb']:.0f})  "
+        f"CPU {result['cpu_s']:6.1f} s = {result['cpu_us_per_request']:6.0f} us/request  "
+        f"wall {result['total_s']:6.1f} s (upload {result['upload_s']:.1f}, create+wait "
+        f"{result['create_and_wait_s']:.1f}, download {result['download_s']:.1f})  [{result['code']}]"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=100_000)
+    parser.add_argument("--old-root", help="a checkout whose sandbox runs the same job first, for before/after")
+    parser.add_argument("--profile", type=int, default=0, metavar="N", help="print the sandbox's N top functions")
+    args = parser.parse_args()
+    print(f"sandbox_bench: {args.requests:,} requests, load {load():.1f} at start")
+    results = {}
+    if args.old_root:
+        results["before"] = measure(args.old_root, args.requests, 0)
+        _print("before", results["before"])
+    results["after"] = measure(None, args.requests, args.profile)
+    _print("after", results["after"])
+    if "before" in results:
+        before, after = results["before"], results["after"]
+        print(
+            f"ratio   RSS {after['peak_rss_mb'] / before['peak_rss_mb']:.2f}x, "
+            f"CPU/request {after['cpu_us_per_request'] / before['cpu_us_per_request']:.2f}x  (load {load():.1f} at end)"
+        )
+    if args.profile:
+        print(results["after"]["profile"])
+
+
+if __name__ == "__main__":
+    main()
