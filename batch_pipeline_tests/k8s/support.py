@@ -65,7 +65,15 @@ def shard_job(
     return dict(step.tags), step.pool, executor_config
 
 
-def render_step_job(step_tags: dict[str, str], executor_config: dict) -> dict:
+def job_step(job_def: dg.JobDefinition, step_key: str) -> tuple[dict[str, str], str | None, dict]:
+    """One step of a real job (a mapped step's key ends ``[?]``): (its tags, its pool, the resolved executor
+    config), as ``shard_job`` gives for a stand-in."""
+    executor_config = ResolvedRunConfig.build(job_def, {}).execution.execution_engine_config
+    step = create_execution_plan(job_def).get_step_by_key(step_key)
+    return dict(step.tags), step.pool, executor_config
+
+
+def render_step_job(step_tags: dict[str, str], executor_config: dict, op: str = "shard_results") -> dict:
     """The Kubernetes Job of one step, as ``K8sStepHandler.launch_step`` builds it (less the parts that
     come from a live run launcher): executor config, merged with the step's ``dagster-k8s/config`` tag
     parsed by ``get_user_defined_k8s_config``, through ``construct_dagster_k8s_job``."""
@@ -93,7 +101,7 @@ def render_step_job(step_tags: dict[str, str], executor_config: dict) -> dict:
         job_name="dagster-step-0123456789abcdef",
         component="step_worker",
         user_defined_k8s_config=context.run_k8s_config,
-        labels={"dagster/op": "shard_results"},
+        labels={"dagster/op": op},
     )
     rendered = kubernetes.client.ApiClient().sanitize_for_serialization(job)
     rendered["metadata"]["namespace"] = context.namespace
