@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from batch_pipeline.sandbox.errors import bad_request
+from batch_pipeline.sandbox.openai.spooled_requests import SpooledRequests
 from batch_pipeline.sandbox.scenarios import Scenario
 from batch_pipeline.sandbox.store import BilledTokens, ScenarioRecord
 
@@ -73,7 +74,7 @@ class BatchRecord(ScenarioRecord):
     model: str | None
     scenario: Scenario
     created_at: float
-    requests: list[dict[str, Any]]
+    requests: list[dict[str, Any]] | SpooledRequests  # a list in a state saved before the spool
     validation_errors: list[dict[str, Any]]
     order: list[int]
     status: str = "validating"
@@ -95,7 +96,22 @@ class BatchRecord(ScenarioRecord):
         """Keep only what the ``Batch`` object reports of a finished batch: its counts and usage."""
         if self.totals is None:
             self.totals = line_totals(self)
+            if isinstance(self.requests, SpooledRequests):
+                self.requests.release()
             self.requests, self.results, self.order = [], [], []
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON; spooled requests as their spans (``asdict`` would copy the open view)."""
+        requests = self.requests
+        if not isinstance(requests, SpooledRequests):
+            return super().to_json()
+        self.requests = []
+        try:
+            data = super().to_json()
+        finally:
+            self.requests = requests
+        data["requests"] = requests.to_json()
+        return data
 
     @property
     def expires_at(self) -> float:

@@ -33,6 +33,7 @@ from batch_pipeline.sandbox.openai.quota import (
     output_expired,
     output_expires_at,
 )
+from batch_pipeline.sandbox.openai.spooled_requests import SpooledRequests
 from batch_pipeline.sandbox.openai.validation import parse_input
 from batch_pipeline.sandbox.persistence import BLOB_DIR, StateDir
 from batch_pipeline.sandbox.quotas import DEFAULT_ACCOUNT, LoadBook
@@ -119,6 +120,9 @@ class SandboxState:
 
     def reset(self, wipe_store: bool = True) -> None:
         """Forget files, batches, ledger, request log and counters; back to the startup scenario and real time."""
+        for batch in getattr(self, "batches", {}).values():  # their input links go too
+            if isinstance(batch.requests, SpooledRequests):
+                batch.requests.release()
         self.files: dict[str, StoredFile] = {}
         self.outputs: list[tuple[float, str]] = []  # heap of (created_at, id) of output files: their retention
         self.batches: dict[str, BatchRecord] = {}
@@ -204,6 +208,8 @@ class SandboxState:
         if not errors:  # counted before the clock is read: the batch exists once its input has been read
             count_prompt_tokens(endpoint, parsed.requests, scenario)
         batch_id = new_id("batch_")
+        link = self.spool.path(batch_id + ".input")
+        requests = SpooledRequests.link(input_file.path, link, content, parsed.requests)
         batch = BatchRecord(
             id=batch_id,
             input_file_id=input_file.id,
@@ -213,7 +219,7 @@ class SandboxState:
             model=parsed.model,
             scenario=scenario,
             created_at=self.clock.now(),
-            requests=parsed.requests,
+            requests=requests,
             validation_errors=errors,
             order=output_order(content, len(parsed.requests)),
         )
@@ -312,6 +318,8 @@ class SandboxState:
                 heapq.heappush(self.outputs, (stored.created_at, stored.id))
         self.batches = {b["id"]: BatchRecord.from_json(b) for b in saved["batches"]}
         for batch in self.batches.values():  # a state saved before compaction kept finished batches whole
+            if isinstance(batch.requests, dict):
+                batch.requests = SpooledRequests.from_json(batch.requests, self.spool.root)
             if batch.status in TERMINAL:
                 batch.compact()
         self.ledger.restore(saved.get("ledger"), saved.get("ledger_bytes"))

@@ -11,6 +11,7 @@ import openai
 
 from batch_pipeline.sandbox import SandboxAdmin, SandboxServer
 from batch_pipeline.sandbox.ledger import LEDGER_FILE
+from batch_pipeline.sandbox.openai.spooled_requests import SpooledRequests
 
 from .support import chat_line, submit, to_jsonl, wait_for
 
@@ -83,3 +84,30 @@ def test_a_state_saved_before_the_spool_still_loads(tmp_path: Path) -> None:
         entries = SandboxAdmin(server.url).ledger()
         assert entries[: len(saved["ledger"])] == saved["ledger"] and entries[-1]["custom_id"] == "new"
     assert (tmp_path / "state" / "files").is_dir()  # a state directory stays after the sandbox stops
+
+
+def test_a_batch_in_flight_reads_its_requests_from_the_spool_across_a_restart(tmp_path: Path) -> None:
+    """Mid-batch the record holds byte spans into a hard link of the input, not parsed requests; deleting the
+    input file and restarting the sandbox from its state directory do not lose them."""
+    lines = [chat_line(f"k{i}", f"text {i}") for i in range(40)]
+    with SandboxServer(port=0, state_dir=str(tmp_path)) as server:
+        client = _sdk(server)
+        SandboxAdmin(server.url).clock(freeze=True)
+        batch_id = submit(client, lines)["id"]
+        SandboxAdmin(server.url).clock(advance_s=0.05 + 0.1)  # validated, half-way through in_progress
+        assert client.batches.retrieve(batch_id).status == "in_progress"
+        record = server.app.state.batches[batch_id]
+        assert isinstance(record.requests, SpooledRequests) and 0 < len(record.results) < len(lines)
+        assert record.requests.path == tmp_path / "files" / f"{batch_id}.input"
+        assert record.requests[3]["custom_id"] == "k3" and record.requests[3]["body"] == lines[3]["body"]
+        client.files.delete(record.input_file_id)
+        client.close()
+    with SandboxServer(port=0, state_dir=str(tmp_path)) as server:
+        client = _sdk(server)
+        SandboxAdmin(server.url).clock(advance_s=1.0)
+        batch = client.batches.retrieve(batch_id)
+        assert batch.status == "completed" and batch.request_counts.completed == len(lines)
+        output = _download(client, batch.output_file_id).splitlines()
+        assert sorted(json.loads(line)["custom_id"] for line in output) == sorted(f"k{i}" for i in range(40))
+        assert not (tmp_path / "files" / f"{batch_id}.input").exists()  # the link goes when the batch ends
+        client.close()

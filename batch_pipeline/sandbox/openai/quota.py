@@ -17,6 +17,7 @@ from typing import Any
 from batch_pipeline.sandbox.batches import BatchRecord
 from batch_pipeline.sandbox.errors import ApiError
 from batch_pipeline.sandbox.openai.processing import billed_input_tokens
+from batch_pipeline.sandbox.openai.spooled_requests import prompt_token_total
 from batch_pipeline.sandbox.openai.validation import AZURE_CHAT_URL
 from batch_pipeline.sandbox.quotas import HOUR_S, Load, LoadBook, quota, retry_after_s
 from batch_pipeline.sandbox.scenarios import Scenario
@@ -95,7 +96,7 @@ def count_prompt_tokens(endpoint: str, requests: list[dict[str, Any]], scenario:
 def admit(book: LoadBook, scenario: Scenario, batch: BatchRecord, account: str) -> None:
     """At create, for a batch whose input passed its checks (tokens counted): hold its prompt tokens, or doom it
     to fail validation with ``token_limit_exceeded`` when they would pass the server's cap."""
-    tokens = sum(int(r["prompt_tokens"]) for r in batch.requests)
+    tokens = prompt_token_total(batch.requests)
     provider, model = load_provider(batch.endpoint), batch.model or ""
     cap = quota(scenario, "quota_enqueued_tokens")
     if cap and book.enqueued(provider, account, model).tokens + tokens > cap:
