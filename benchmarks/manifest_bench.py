@@ -228,8 +228,30 @@ def _install_section_timers(totals: dict[str, float]) -> None:
     store.Store.parquet_writer = parquet_writer
 
 
-def ours(path: str, work: str, sections: bool, profile: bool, dedup_budget_mb: int | None = None) -> dict:
+CODECS = {  # the shard files' and the rows file's Parquet codec (issue 19's shard-file decision)
+    "zstd1": {"compression": "zstd", "compression_level": 1},
+    "zstd3": {"compression": "zstd", "compression_level": 3},
+    "lz4": {"compression": "lz4"},
+    "snappy": {"compression": "snappy"},
+    "none": {"compression": "none"},
+}
+
+
+def use_codec(codec: str) -> None:
+    """Write the manifest's shard files and rows file with ``codec`` (the default is what the code ships)."""
+    from batch_pipeline.core.manifest import deal, shards
+
+    for table in (deal.SHARD_PARQUET, shards.ROWS_PARQUET):
+        table.pop("compression_level", None)
+        table.update(CODECS[codec])
+
+
+def ours(
+    path: str, work: str, sections: bool, profile: bool, dedup_budget_mb: int | None = None, codec: str = "zstd1"
+) -> dict:
     from batch_pipeline.core.manifest.shards import Manifest, build_manifest
+
+    use_codec(codec)
     from batch_pipeline.core.spec.loading import load_spec
     from batch_pipeline.core.store import Store
 
@@ -277,6 +299,8 @@ def ours(path: str, work: str, sections: bool, profile: bool, dedup_budget_mb: i
         "items_in_shards": len(ids),
         "duplicates_collapsed": summary.duplicates_collapsed,
         "spilled": summary.spilled,
+        "codec": codec,
+        "store_bytes": sum(f.stat().st_size for f in (Path(work) / "store").rglob("*") if f.is_file()),
     }
     if sections:
         out["sections"] = totals
@@ -326,16 +350,19 @@ def bench(
                     r = run_in_child("benchmarks.manifest_bench:reference", str(path), str(ref_dir), prefix)
                 else:
                     shutil.rmtree(Path(work) / "store", ignore_errors=True)
+                    codec = v.split(":", 1)[1] if ":" in v else "zstd1"  # "ours" ships zstd 1
                     r = run_in_child(
-                        "benchmarks.manifest_bench:ours", str(path), work, sections, profile, dedup_budget_mb
+                        "benchmarks.manifest_bench:ours", str(path), work, sections, profile, dedup_budget_mb, codec
                     )
                 r["load_after"] = load()
                 runs[v].append(r)
                 print(
-                    f"  {v:9s} {rows:>9,} rows  {r['seconds']:6.1f} s (cpu {r['cpu_s']:5.1f} s)  "
+                    f"  {v:11s} {rows:>9,} rows  {r['seconds']:6.1f} s (cpu {r['cpu_s']:5.1f} s)  "
                     f"{rows / r['seconds']:>7,.0f} rows/s  load {r['load_after']:.1f}  "
                     f"peak RSS {r['peak_rss_mb']:7,.0f} MB (after imports {r['rss_after_imports_mb']:,.0f} MB)  "
-                    f"unique {r['unique']:,}" + (f"  spilled {r['spilled']}" if "spilled" in r else ""),
+                    f"unique {r['unique']:,}"
+                    + (f"  spilled {r['spilled']}" if "spilled" in r else "")
+                    + (f"  store {r['store_bytes'] / 2**20:,.0f} MiB" if "store_bytes" in r else ""),
                     flush=True,
                 )
         for v, rs in runs.items():  # report the fastest run; keep every time and the largest peak RSS
@@ -390,6 +417,9 @@ def bench(
                 results["ours"]["peak_rss_mb"] < 4096,
             )
         )
+    for v, r in results.items():  # every codec writes the same items
+        if v.startswith("ours:") and "ours" in results:
+            checks.append((f"{v}: same request-ID set as ours", r["digest"] == results["ours"]["digest"]))
     out["checks"] = {name: ok for name, ok in checks}
     for name, ok in checks:
         print(f"  [{'ok' if ok else 'MISS'}] {name}")
@@ -435,8 +465,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--short", action="store_true", help="~300-character rows (make_rows --short), e.g. for 100M")
     ap.add_argument("--profile", action="store_true", help="cProfile build_manifest (slows Python code)")
+    ap.add_argument(
+        "--codec",
+        action="append",
+        choices=sorted(CODECS),
+        default=[],
+        help="also run ours with this shard-file codec (repeatable; variant ours:CODEC; ours ships zstd1)",
+    )
     args = ap.parse_args(argv)
     variants = [args.only] if args.only else ["reference", "ours"]
+    variants += [f"ours:{c}" for c in args.codec]
     all_out = []
     for rows in args.rows or [1_000_000]:
         print(f"manifest build, {rows:,} rows (seed {args.seed}):", flush=True)
@@ -449,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
             (f"-{args.only}" if args.only else "")
             + ("-short" if args.short else "")
             + (f"-dedup{args.dedup_budget_mb}" if args.dedup_budget_mb is not None else "")
+            + "".join(f"-{c}" for c in args.codec)
         )
         (OUT / f"manifest_bench-{rows}{tag}.json").write_text(
             json.dumps({k: v for k, v in out.items()}, indent=1, default=str)

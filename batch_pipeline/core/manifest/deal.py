@@ -18,7 +18,7 @@ from batch_pipeline.core.store import BackgroundWrites, Store
 
 OPEN_SHARD_WINDOW = 8
 # dictionaries only where values repeat: on the unique prompts and IDs they cost 30% of the write and save nothing
-SHARD_PARQUET = {"use_dictionary": ["shard_id", "source"], "compression_level": 1}
+SHARD_PARQUET = {"use_dictionary": ["shard_id", "source"], "compression": "zstd", "compression_level": 1}
 
 
 def shard_name(number: int) -> str:

@@ -75,6 +75,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+ROWS_PARQUET = {"use_dictionary": ["source"], "compression": "zstd", "compression_level": 1}  # benchmarks/README.md
+
 
 class ManifestSummary(GenerationCounts):
     """What one build did: the generation's counts, and what it did with each input file."""
@@ -217,9 +219,7 @@ class ManifestBuilder:
         # row groups (in order, one thread) and shard files (two threads: when they fall behind, the main
         # thread waits and both cores compress) are written in the background: Parquet and zstd release the GIL
         with (
-            self.store.parquet_writer(
-                self.paths.rows(gen), ROW_SCHEMA, use_dictionary=["source"], compression_level=1
-            ) as rows_out,
+            self.store.parquet_writer(self.paths.rows(gen), ROW_SCHEMA, **ROWS_PARQUET) as rows_out,
             BackgroundWrites(depth=2) as row_writes,
             BackgroundWrites(depth=4, workers=2) as writes,
         ):
