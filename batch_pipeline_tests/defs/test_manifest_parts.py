@@ -10,15 +10,18 @@ import pyarrow.parquet as pq
 
 from batch_pipeline.core.manifest.parts import part_key
 from batch_pipeline.core.manifest.shards import Manifest, build_manifest
+from batch_pipeline.core.settings import K8sSettings, Settings
 from batch_pipeline.core.spec.loading import load_spec
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
+from batch_pipeline.defs.assets import asset_key
+from batch_pipeline.defs.build import build_job_defs
 from batch_pipeline.defs.manifest_parts import (
     build_manifest_parts,
     input_files_partitions,
     register_input_files,
 )
-from batch_pipeline.defs.resources import StoreResource
+from batch_pipeline.defs.resources import PricesResource, StoreResource
 from batch_pipeline_tests.core.helpers import base_spec_dict, write_jsonl, write_spec
 from batch_pipeline_tests.core.manifest.test_dedup_spill import input_rows
 
@@ -43,6 +46,21 @@ def parts_job() -> dg.JobDefinition:
 
 def merge_job() -> dg.JobDefinition:
     return _definitions().resolve_job_def("t_manifest_merge")
+
+
+def default_graph_manifest_job() -> dg.JobDefinition:
+    """The manifest of the default graph of a location on the k8s executor (per-file steps, then the merge), run
+    here by the multiprocess executor: each step a process, as each is a pod there."""
+    spec = load_spec(Path(os.environ[SPEC_ENV]))
+    job_defs = build_job_defs(spec, Settings(k8s=K8sSettings(executor="k8s")))
+    return dg.Definitions.merge(
+        job_defs,
+        dg.Definitions(
+            jobs=[dg.define_asset_job("t_manifest_only", selection=[asset_key(spec, "manifest")])],
+            resources={"store": StoreResource(root=os.environ[HOME_ENV]), "prices": PricesResource()},
+            executor=dg.multiprocess_executor.configured({"max_concurrent": 2}),
+        ),
+    ).resolve_job_def("t_manifest_only")
 
 
 def shards_of(store: Store) -> dict:
@@ -124,3 +142,50 @@ def test_file_parts_as_partitions_merge_to_the_one_process_shards(tmp_path, monk
         assert part_meta["from_byte"].value > 0 and part_meta["rows_read"].value == 150
         assert shards_of(store) == shards_of(ref_store)
         assert Manifest("t", store).latest().files[0].action.value == "appended"
+
+
+def test_the_default_graph_on_k8s_prepares_each_file_in_its_own_step_then_merges(tmp_path, monkeypatch):
+    data, ref_data = tmp_path / "in", tmp_path / "ref" / "in"
+    make_inputs(data)
+    make_inputs(ref_data)
+    write_spec(tmp_path / "jobs", base_spec_dict(str(data / "*.jsonl"), shards={"max_requests": 120}))
+    ref_spec = write_spec(
+        tmp_path / "ref" / "jobs", base_spec_dict(str(ref_data / "*.jsonl"), shards={"max_requests": 120})
+    )
+    ref_store, store = Store(tmp_path / "ref" / "home"), Store(tmp_path / "home")
+    build_manifest(ref_spec, ref_store)
+    monkeypatch.setenv(SPEC_ENV, str(tmp_path / "jobs" / "job.yaml"))
+    monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
+    (tmp_path / "dagster").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+        run = dg.execute_job(dg.reconstructable(default_graph_manifest_job), instance=instance)
+        assert run.success
+        steps = [
+            r.dagster_event.step_key for r in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_START)
+        ]
+        assert sorted(s.split(".")[-1].split("[")[0] for s in steps) == [
+            "t__manifest_file",
+            "t__manifest_file",
+            "t__manifest_file",
+            "t__manifest_files",
+            "t__manifest_merge",
+        ]
+        assert len(step_pids(instance, run.run_id) - {os.getpid()}) == 5  # every step in a process of its own
+        meta = run.asset_materializations_for_node("t__manifest")[0].metadata
+        assert len(meta["files_from_parts"].value) == 3 and meta["new_requests"].value > 0
+        assert shards_of(store) == shards_of(ref_store)  # the one-process build's shards
+        assert instance.get_dynamic_partitions("t_shards") == Manifest("t", store).shard_ids()
+        assert store.read_json(JobPaths("t").file_part(part_key(str(data / "a.jsonl")), ".json")) is None  # consumed
+
+        # one file grows: one file pending, so no file step: the merge reads its new lines itself
+        write_jsonl(data / "a.jsonl", input_rows(4, 3000, 150), mode="ab")
+        write_jsonl(ref_data / "a.jsonl", input_rows(4, 3000, 150), mode="ab")
+        build_manifest(ref_spec, ref_store)
+        run = dg.execute_job(dg.reconstructable(default_graph_manifest_job), instance=instance)
+        assert run.success
+        steps = [
+            r.dagster_event.step_key for r in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_START)
+        ]
+        assert sorted(s.split(".")[-1] for s in steps) == ["t__manifest_files", "t__manifest_merge"]
+        assert run.asset_materializations_for_node("t__manifest")[0].metadata["files_from_parts"].value == []
+        assert shards_of(store) == shards_of(ref_store)
