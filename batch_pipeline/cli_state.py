@@ -17,9 +17,9 @@ COUNTS = ("expected", "valid", "invalid", "missing", "dead_lettered")
 
 
 def _store(args: argparse.Namespace):
-    from batch_pipeline.core.store import Store
+    from batch_pipeline.cli_jobs import store_for
 
-    return Store.of(args.settings)
+    return store_for(args.settings)
 
 
 def status(spec: JobSpec, args: argparse.Namespace, console: Console) -> int:

@@ -22,6 +22,11 @@ DEFAULT_LEASE_TTL = timedelta(minutes=15)
 DEFAULT_ENV_SECRETS = ("batch-pipeline-provider-keys", "batch-pipeline-storage")
 
 
+def lease_ttl_of(seconds: float | None) -> timedelta:
+    """A lease ttl of ``seconds`` (``BATCH_PIPELINE_LEASE_TTL_S``); unset or 0: ``DEFAULT_LEASE_TTL``."""
+    return timedelta(seconds=seconds) if seconds else DEFAULT_LEASE_TTL
+
+
 def _csv(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
     parts = value.split(",") if isinstance(value, str) else value
     return tuple(p.strip() for p in parts if p.strip())
@@ -91,7 +96,7 @@ class Settings(BaseModel):
     @property
     def lease_ttl(self) -> timedelta:
         """How long a lease or a capacity hold written under this home stays valid without a renewal."""
-        return timedelta(seconds=self.lease_ttl_s) if self.lease_ttl_s else DEFAULT_LEASE_TTL
+        return lease_ttl_of(self.lease_ttl_s)
 
     def with_home(self, home: str) -> "Settings":
         """These settings on another storage root (``--home``): a local path is made absolute."""

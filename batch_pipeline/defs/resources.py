@@ -1,11 +1,9 @@
 """Dagster resources: where the store lives and where prices come from (thin wrappers over core)."""
 
-from datetime import timedelta
-
 import dagster as dg
 
 from batch_pipeline.core.pricing.cost import PriceTable, load_prices
-from batch_pipeline.core.settings import PROJECT_ROOT, Settings
+from batch_pipeline.core.settings import PROJECT_ROOT, Settings, lease_ttl_of
 from batch_pipeline.core.store import Store
 
 
@@ -17,7 +15,7 @@ class StoreResource(dg.ConfigurableResource):
     lease_ttl_s: float | None = None
 
     def get(self) -> Store:
-        return Store(self.root, lease_ttl=timedelta(seconds=self.lease_ttl_s)) if self.lease_ttl_s else Store(self.root)
+        return Store(self.root, lease_ttl=lease_ttl_of(self.lease_ttl_s))
 
 
 class PricesResource(dg.ConfigurableResource):
