@@ -17,6 +17,7 @@ from batch_pipeline.core.ledger.control import JobControl
 from batch_pipeline.core.manifest.read import Manifest
 from batch_pipeline.core.publish.tables import JobState
 from batch_pipeline.core.run.summary import ShardSummaries
+from batch_pipeline.core.settings import Settings
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.assets import SHARDS_TAG, asset_key
 from batch_pipeline.defs.build import build_definitions
@@ -51,7 +52,7 @@ def submit_only(spec, instance, resources, shards: list[str]) -> None:
 
 def status_text(spec, home) -> str:
     console = Console(record=True, width=400)
-    assert status(spec, argparse.Namespace(home=str(home), all=False, check=False), console) == 0
+    assert status(spec, argparse.Namespace(settings=Settings().with_home(str(home)), all=False, check=False), console) == 0
     return console.export_text()
 
 
