@@ -80,8 +80,8 @@ def cmd_quote(args: argparse.Namespace, console: Console) -> int:
         return ExitCode.DONE
     compare = spec.cost_compare or CostCompareSpec()
     inputs = comparison_inputs(spec, store)
-    whole = compare_backends(spec, store, prices, compare, *inputs, every_priced=True, whole_job=True)
-    remaining = compare_backends(spec, store, prices, compare, *inputs, every_priced=True)
+    whole = compare_backends(spec, store, prices, compare, inputs, every_priced=True, whole_job=True)
+    remaining = compare_backends(spec, store, prices, compare, inputs, every_priced=True)
     total, left = whole[0]["requests"], remaining[0]["requests"]
     if left == total:
         note = "nothing done yet: all of it remains"

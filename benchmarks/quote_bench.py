@@ -85,7 +85,7 @@ def variant(name: str, home: str) -> dict:
         if name == "ours":
             return store_quote(spec, store, prices)
         state = JobState.load(spec, store)
-        return make_quote(spec, store, prices, state.items, state.results, state.states)
+        return make_quote(spec, store, prices, state.quote_basis())
 
     rss_before = maxrss_mb()
     times, cpus, fields = [], [], None

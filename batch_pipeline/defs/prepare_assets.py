@@ -146,7 +146,7 @@ def comparison_asset(frame: JobFrame) -> dg.AssetsDefinition:
         st = store.get()
         try:  # informational: a backend it cannot price is named, and the job goes on
             compare = spec.cost_compare or CostCompareSpec()
-            rows = compare_backends(spec, st, prices.get(), compare, *comparison_inputs(spec, st))
+            rows = compare_backends(spec, st, prices.get(), compare, comparison_inputs(spec, st))
         except BatchPipelineError as exc:
             context.log.warning(f"backend comparison not made: {exc}")
             st.write_json(f"{paths.root}/backend_comparison.json", {"error": str(exc)})

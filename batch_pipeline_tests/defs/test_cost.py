@@ -28,7 +28,7 @@ PRICES = load_prices(REPO / "data" / "prices.yaml")
 
 def quote_for(spec, store) -> Quote:
     state = JobState.load(spec, store)
-    return make_quote(spec, store, PRICES, state.items, state.results, state.states)
+    return make_quote(spec, store, PRICES, state.quote_basis())
 
 
 def test_a_long_shared_system_prompt_is_counted_once_per_request(make_job, home):

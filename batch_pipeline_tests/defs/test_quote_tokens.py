@@ -43,7 +43,7 @@ BACKENDS = [
 
 def quote_now(spec, store) -> Quote:
     state = JobState.load(spec, store)
-    return make_quote(spec, store, PRICES, state.items, state.results, state.states)
+    return make_quote(spec, store, PRICES, state.quote_basis())
 
 
 @pytest.mark.parametrize(("backend", "model"), BACKENDS, ids=[b["name"] for b, _ in BACKENDS])

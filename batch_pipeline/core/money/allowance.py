@@ -14,6 +14,7 @@ from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.ledger.fallback import fallback_variant, handed_over
 from batch_pipeline.core.ledger.reconcile import DEAD, VALID
 from batch_pipeline.core.manifest.shards import Manifest
+from batch_pipeline.core.money.pending import QuoteBasis
 from batch_pipeline.core.money.quote import digest, plain_quote, quote_components, quote_price
 from batch_pipeline.core.money.quote_record import FallbackPass, Levels, Quote, RouteGroup
 from batch_pipeline.core.pricing.cost import PriceTable
@@ -43,21 +44,14 @@ def fallback_share(states: pl.DataFrame | None) -> tuple[float, int]:
     return float(handed_over(tried).sum()) / tried.height, tried.height
 
 
-def extended_quote(
-    spec: JobSpec,
-    store,
-    prices: PriceTable,
-    items: pl.DataFrame | None,
-    results: pl.DataFrame | None,
-    states: pl.DataFrame | None,
-) -> Quote:
+def extended_quote(spec: JobSpec, store, prices: PriceTable, basis: QuoteBasis) -> Quote:
     plain = spec.model_copy(update={"fallback": None})
     if spec.backend.name == AUTO_BACKEND:
-        quote = _routed(plain, store, prices, items, results, states, plain_quote)
+        quote = _routed(plain, store, prices, basis)
     else:
-        quote = plain_quote(plain, store, prices, items, results, states)
+        quote = plain_quote(plain, store, prices, basis)
     if spec.fallback is not None:
-        quote = _add_fallback(spec, store, prices, quote, items, results, states, plain_quote)
+        quote = _add_fallback(spec, store, prices, quote, basis)
     components = quote_components(spec, Manifest(spec.name, store).last_generation(), quote_price(spec, prices), store)
     within = spec.budget_usd is None or quote.spent_usd + quote.est_cost_usd.high <= spec.budget_usd
     return quote.model_copy(
@@ -71,8 +65,9 @@ def extended_quote(
     )
 
 
-def _routed(spec: JobSpec, store, prices: PriceTable, items, results, states, plain_quote) -> Quote:
+def _routed(spec: JobSpec, store, prices: PriceTable, basis: QuoteBasis) -> Quote:
     manifest = Manifest(spec.name, store)
+    items, states = basis.items, basis.states
     if items is None or "shard_id" not in items.columns:
         frame = pl.from_arrow(manifest.item_index(["request_id", "shard_id", "est_input_tokens"]))
         assert isinstance(frame, pl.DataFrame)
@@ -104,12 +99,12 @@ def _routed(spec: JobSpec, store, prices: PriceTable, items, results, states, pl
         subset = items.filter(pl.col("shard_id").is_in(shards))
         parts[f"{backend}/{model}"] = (
             shards,
-            plain_quote(routed_variant(spec, cand.backend, model), store, prices, subset, results, states),
+            plain_quote(routed_variant(spec, cand.backend, model), store, prices, basis.pricing(subset)),
         )
     if not parts:  # nothing pending: the first candidate's (empty) quote
         first = spec.route.candidates[0] if spec.route else None
         assert first is not None
-        empty = plain_quote(routed_variant(spec, first.backend, first.model), store, prices, items, results, states)
+        empty = plain_quote(routed_variant(spec, first.backend, first.model), store, prices, basis.pricing(items))
         return empty.model_copy(update={"route": [], "route_groups": {}})
     quotes = [q for _, q in parts.values()]
     base = max(quotes, key=lambda q: q.pending_requests)
@@ -140,11 +135,11 @@ def _routed(spec: JobSpec, store, prices: PriceTable, items, results, states, pl
     )
 
 
-def _add_fallback(spec: JobSpec, store, prices: PriceTable, quote: Quote, items, results, states, plain_quote) -> Quote:
+def _add_fallback(spec: JobSpec, store, prices: PriceTable, quote: Quote, basis: QuoteBasis) -> Quote:
     """``quote`` with the fallback's allowance as a pass of its own, and in its range."""
     fb = fallback_variant(spec).model_copy(update={"fallback": None, "route": None})
-    share, tried = fallback_share(states)
-    fq = plain_quote(fb, store, prices, items, results, states)
+    share, tried = fallback_share(basis.states)
+    fq = plain_quote(fb, store, prices, basis)
     first = fq.passes.first
     allowance = {k: getattr(first, f"cost_{k}") * share for k in ("low", "expected", "high")}
     fallback = FallbackPass(

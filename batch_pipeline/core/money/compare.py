@@ -8,6 +8,7 @@ utilisation at which that equals the batch API's expected cost (cost scales with
 """
 
 from batch_pipeline.core.money.job_quote import make_quote
+from batch_pipeline.core.money.pending import NOTHING_DONE, QuoteBasis
 from batch_pipeline.core.pricing.cost import PriceTable
 from batch_pipeline.core.spec.job import BackendChoice, BackendSpec, CostCompareSpec, JobSpec, SelfHostedCost
 
@@ -51,9 +52,7 @@ def compare_backends(
     store,
     prices: PriceTable,
     compare: CostCompareSpec,
-    items=None,
-    results=None,
-    states=None,
+    basis: QuoteBasis = NOTHING_DONE,
     every_priced: bool = False,
     whole_job: bool = False,
 ) -> list[dict]:
@@ -64,7 +63,8 @@ def compare_backends(
     ``scope`` says which."""
     rows = []
     scope = "whole job" if whole_job else "remaining"
-    states = None if whole_job else states  # no states: every item counts as pending (results still calibrate)
+    if whole_job:  # no states: every item counts as pending (results still calibrate)
+        basis = QuoteBasis(basis.items, basis.results, None)
     # a routed job (backend: auto): its routed total first, then each route candidate with every shard on it
     routed = [BackendChoice(backend=c.backend, model=c.model) for c in spec.route.candidates] if spec.route else []
     choices = [BackendChoice(backend=spec.backend, model=spec.model), *routed, *compare.backends]
@@ -72,7 +72,7 @@ def compare_backends(
         choices += priced_choices(prices, [c.model_copy(update={"model": c.model or spec.model}) for c in choices])
     for choice in choices:
         variant = spec.model_copy(update={"backend": choice.backend, "model": choice.model or spec.model})
-        q = make_quote(variant, store, prices, items, results, states)
+        q = make_quote(variant, store, prices, basis)
         n = q.pending_requests
         rows.append(
             {

@@ -15,6 +15,7 @@ from batch_pipeline.core.ledger.replay import Replays
 from batch_pipeline.core.ledger.result_parts import read_results
 from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.money.allowance import extended_quote
+from batch_pipeline.core.money.pending import NOTHING_DONE, QuoteBasis
 from batch_pipeline.core.money.quote import plain_quote
 from batch_pipeline.core.money.quote_record import Quote
 from batch_pipeline.core.pricing.cost import PriceTable
@@ -41,25 +42,17 @@ QUOTE_RESULT_COLUMNS = [
 ]
 
 
-def make_quote(
-    spec: JobSpec,
-    store,
-    prices: PriceTable,
-    items: pl.DataFrame | None = None,
-    results: pl.DataFrame | None = None,
-    states: pl.DataFrame | None = None,
-) -> Quote:
-    """What the job's pending items are expected to cost, low to high, bound to the inputs it was made from.
-    ``items``: the items to price (None: the job's own, from the manifest's per-shard totals); ``results``: their
-    results so far (None: none); ``states``: the item states (None: nothing done; the states of some items
-    only: the others are pending)."""
+def make_quote(spec: JobSpec, store, prices: PriceTable, basis: QuoteBasis = NOTHING_DONE) -> Quote:
+    """What the job's pending items are expected to cost, low to high, bound to the inputs it was made from
+    (``basis``: the items priced, their results and states)."""
     if spec.backend.name == AUTO_BACKEND or spec.fallback is not None:  # routed shards, a fallback allowance
-        return extended_quote(spec, store, prices, items, results, states)
-    return plain_quote(spec, store, prices, items, results, states)
+        return extended_quote(spec, store, prices, basis)
+    return plain_quote(spec, store, prices, basis)
 
 
-def quote_inputs(spec: JobSpec, store: Store) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """(results, states) a quote is made from, read without every item: every result row of the job's items
+def quote_inputs(spec: JobSpec, store: Store) -> QuoteBasis:
+    """The results and states a quote is made from, read without every item (the items priced: the job's own,
+    from the manifest's totals): every result row of the job's items
     (``QUOTE_RESULT_COLUMNS``; golden probe rows left out) and the states of the items of the shards that have
     results, which are every item with a state other than pending."""
     results = read_results(store, spec.name, columns=QUOTE_RESULT_COLUMNS)
@@ -72,10 +65,9 @@ def quote_inputs(spec: JobSpec, store: Store) -> tuple[pl.DataFrame, pl.DataFram
     shards = sorted(s for s in results["shard_id"].unique().to_list() if s in known) if results.height else []
     items = pl.from_arrow(manifest.items_of(shards, ["request_id", "shard_id"]))
     assert isinstance(items, pl.DataFrame)
-    return results, item_states(items, results, spec.retries, Replays(store, spec.name).table())
+    return QuoteBasis(None, results, item_states(items, results, spec.retries, Replays(store, spec.name).table()))
 
 
 def store_quote(spec: JobSpec, store: Store, prices: PriceTable) -> Quote:
     """The job's quote from the store (``quote_inputs``): the pending work from the manifest's per-shard totals."""
-    results, states = quote_inputs(spec, store)
-    return make_quote(spec, store, prices, None, results, states)
+    return make_quote(spec, store, prices, quote_inputs(spec, store))

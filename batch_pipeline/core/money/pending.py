@@ -31,6 +31,24 @@ def done_items(states: pl.DataFrame | None) -> pl.DataFrame:
     return states.filter(pl.col("state").is_in([VALID, DEAD])).select(cols)
 
 
+@dataclass(frozen=True)
+class QuoteBasis:
+    """What a quote is made from. ``items``: the items to price (None: the job's own, from the manifest's per-shard
+    totals); ``results``: their results so far (None: none); ``states``: the item states (None: nothing done; the
+    states of some items only: the others are pending)."""
+
+    items: pl.DataFrame | None = None
+    results: pl.DataFrame | None = None
+    states: pl.DataFrame | None = None
+
+    def pricing(self, items: pl.DataFrame | None) -> "QuoteBasis":
+        """The same results and states, pricing ``items`` (a routed group of shards)."""
+        return QuoteBasis(items, self.results, self.states)
+
+
+NOTHING_DONE = QuoteBasis()  # the job's own items, none answered yet
+
+
 @dataclass
 class PendingWork:
     """The items a quote prices and those of them still pending.

@@ -41,7 +41,7 @@ from batch_pipeline.core.money.estimate import (
 )
 from batch_pipeline.core.money.pass_cost import PassPricing, probe_pass, retry_pass
 from batch_pipeline.core.money.passes import cascade_quote
-from batch_pipeline.core.money.pending import PendingWork
+from batch_pipeline.core.money.pending import NOTHING_DONE, PendingWork, QuoteBasis
 from batch_pipeline.core.money.quote_record import (
     CacheTerms,
     Calibration,
@@ -164,20 +164,13 @@ def riding_probes(
     return probe_estimates(spec, riding).select(columns)
 
 
-def plain_quote(
-    spec: JobSpec,
-    store,
-    prices: PriceTable,
-    items: pl.DataFrame | None = None,
-    results: pl.DataFrame | None = None,
-    states: pl.DataFrame | None = None,
-) -> Quote:
+def plain_quote(spec: JobSpec, store, prices: PriceTable, basis: QuoteBasis = NOTHING_DONE) -> Quote:
     """The quote of a job on its own backend and model: the pending items' first pass, the golden probes riding
     along with them and the expected retries."""
     price = prices.lookup(spec.backend.name, spec.model)
     manifest = Manifest(spec.name, store)
-    results = results if results is not None else pl.DataFrame()
-    work = pending_work(manifest, items, states)
+    results = basis.results if basis.results is not None else pl.DataFrame()
+    work = pending_work(manifest, basis.items, basis.states)
     per_request_extra = schema_tokens(spec)
     measured_items = work.measured_items(results)
     bytes_factor, calibrated_on = calibration(measured_items, results, per_request_extra)  # the budget guard's

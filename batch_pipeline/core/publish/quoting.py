@@ -6,9 +6,8 @@ re-quote of a large job with little done reads no per-item table. It lives here,
 routing reads the job's whole state (``JobState``).
 """
 
-import polars as pl
-
 from batch_pipeline.core.money.job_quote import make_quote, quote_inputs, store_quote
+from batch_pipeline.core.money.pending import QuoteBasis
 from batch_pipeline.core.money.quote_record import Quote
 from batch_pipeline.core.pricing.cost import PriceTable
 from batch_pipeline.core.publish.tables import JobState
@@ -26,14 +25,12 @@ def quote_job(
         return store_quote(spec, store, prices), {}
     state = JobState.load(spec, store)
     routes = route_pending(spec, store, prices, profile, state.items, state.states, queues=queues)
-    return make_quote(spec, store, prices, state.items, state.results, state.states), routes
+    return make_quote(spec, store, prices, state.quote_basis()), routes
 
 
-def comparison_inputs(spec: JobSpec, store: Store) -> tuple[pl.DataFrame | None, pl.DataFrame, pl.DataFrame]:
-    """(items, results, states) for ``compare_backends``: no item table unless the job is routed (the manifest's
-    totals price the rest)."""
+def comparison_inputs(spec: JobSpec, store: Store) -> QuoteBasis:
+    """What ``compare_backends`` prices: no item table unless the job is routed (the manifest's totals price the
+    rest)."""
     if spec.route is not None:
-        state = JobState.load(spec, store)
-        return state.items, state.results, state.states
-    results, states = quote_inputs(spec, store)
-    return None, results, states
+        return JobState.load(spec, store).quote_basis()
+    return quote_inputs(spec, store)

@@ -24,6 +24,7 @@ from batch_pipeline.core.ledger.replay import Replays
 from batch_pipeline.core.ledger.result_parts import PART_SCHEMA, read_results
 from batch_pipeline.core.manifest.read import VALIDATED_COLUMNS
 from batch_pipeline.core.manifest.shards import Manifest
+from batch_pipeline.core.money.pending import QuoteBasis
 from batch_pipeline.core.publish.cascade import cascade_view
 from batch_pipeline.core.publish.scan import JobScan, scan_job
 from batch_pipeline.core.publish.validated import write_validated
@@ -88,6 +89,10 @@ class JobState:
     @property
     def probe_results(self) -> pl.DataFrame | None:
         return self._frames[3]
+
+    def quote_basis(self) -> QuoteBasis:
+        """Every item, its results and its state: what a routed job's quote prices."""
+        return QuoteBasis(self.items, self.results, self.states)
 
 
 def dead_letters(state: JobState) -> pl.DataFrame:

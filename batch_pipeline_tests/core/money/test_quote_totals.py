@@ -104,7 +104,7 @@ def _fields(quote: Quote) -> dict:
 
 def _whole_frames(spec, store) -> Quote:
     state = JobState.load(spec, store)
-    return make_quote(spec, store, PRICES, state.items, state.results, state.states)
+    return make_quote(spec, store, PRICES, state.quote_basis())
 
 
 def test_the_generation_stores_each_shards_items_and_token_sum(job):
@@ -124,9 +124,9 @@ def test_the_quote_from_the_totals_is_the_quote_item_by_item(job):
     spec, store = job
     quote = store_quote(spec, store, PRICES)
     assert _fields(quote) == _fields(_whole_frames(spec, store))
-    results, states = quote_inputs(spec, store)
     index = pl.from_arrow(Manifest(spec.name, store).item_index(["request_id", "shard_id", "est_input_tokens"]))
-    per_item = make_quote(spec, store, PRICES, index, results, states)
+    assert isinstance(index, pl.DataFrame)
+    per_item = make_quote(spec, store, PRICES, quote_inputs(spec, store).pricing(index))
     assert _fields(per_item) == _fields(quote)
     # the figures themselves: what is pending, and its tokens as the tokenizer's model scales the estimates
     full = JobState.load(spec, store).states
