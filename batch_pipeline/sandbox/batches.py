@@ -12,10 +12,12 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from batch_pipeline.sandbox.errors import bad_request
 from batch_pipeline.sandbox.openai.spooled_requests import SpooledRequests
+from batch_pipeline.sandbox.openai.spooled_results import SpooledResults
 from batch_pipeline.sandbox.scenarios import Scenario
 from batch_pipeline.sandbox.store import BilledTokens, ScenarioRecord
 
@@ -78,7 +80,8 @@ class BatchRecord(ScenarioRecord):
     validation_errors: list[dict[str, Any]]
     order: list[int]
     status: str = "validating"
-    results: list[LineResult] = field(default_factory=list)
+    # answers so far: appended to the batch's output and error parts in the spool (a list in a state saved before)
+    results: list[LineResult] | SpooledResults = field(default_factory=list)
     in_progress_at: float | None = None
     finalizing_at: float | None = None
     completed_at: float | None = None
@@ -98,20 +101,46 @@ class BatchRecord(ScenarioRecord):
             self.totals = line_totals(self)
             if isinstance(self.requests, SpooledRequests):
                 self.requests.release()
+            if isinstance(self.results, SpooledResults):
+                self.results.release()
             self.requests, self.results, self.order = [], [], []
 
     def to_json(self) -> dict[str, Any]:
-        """Plain JSON; spooled requests as their spans (``asdict`` would copy the open view)."""
-        requests = self.requests
-        if not isinstance(requests, SpooledRequests):
-            return super().to_json()
-        self.requests = []
+        """Plain JSON; spooled requests as their spans and spooled results as their counts (``asdict`` would copy
+        the open view and the pending lines)."""
+        requests, results = self.requests, self.results
+        spooled = {"requests": requests, "results": results}
+        spooled = {k: v for k, v in spooled.items() if isinstance(v, SpooledRequests | SpooledResults)}
+        self.requests = [] if "requests" in spooled else requests
+        self.results = [] if "results" in spooled else results
         try:
             data = super().to_json()
         finally:
-            self.requests = requests
-        data["requests"] = requests.to_json()
+            self.requests, self.results = requests, results
+        data.update((k, v.to_json()) for k, v in spooled.items())
         return data
+
+    @classmethod
+    def load(cls, data: dict[str, Any], spool: Path) -> BatchRecord:
+        """A batch from ``to_json`` whose spooled files are in ``spool``. Its answers' parts are cut back to the
+        saved sizes; a running batch saved with a list of answers (before they were spooled) gets parts of them;
+        a finished one is compacted."""
+        results = data.get("results")
+        batch = cls.from_json({**data, "results": []} if isinstance(results, dict) else data)
+        if isinstance(batch.requests, dict):
+            batch.requests = SpooledRequests.from_json(batch.requests, spool)
+        if isinstance(results, dict):
+            batch.results = SpooledResults.from_json(results, spool)
+            batch.results.restore()
+        elif batch.status not in TERMINAL:
+            answers, batch.results = batch.results, SpooledResults(spool, batch.id)
+            batch.results.release()  # no parts but these answers'
+            for answer in answers:
+                batch.results.append(answer)
+            batch.results.flush()
+        if batch.status in TERMINAL:
+            batch.compact()
+        return batch
 
     @property
     def expires_at(self) -> float:
@@ -131,6 +160,8 @@ def line_totals(batch: BatchRecord) -> dict[str, int]:
     """A batch's request count, lines processed and succeeded, and the succeeded lines' token sums."""
     if batch.totals is not None:
         return batch.totals
+    if isinstance(batch.results, SpooledResults):
+        return {"requests": len(batch.requests), "processed": len(batch.results), **batch.results.totals}
     totals = {"requests": len(batch.requests), "processed": len(batch.results), "succeeded": 0}
     totals.update(input_tokens=0, cached_tokens=0, output_tokens=0)
     for result in batch.results:
@@ -277,3 +308,5 @@ class Lifecycle:
             done = len(batch.results)
             finished_at = batch.in_progress_at + (span * (done + 1) / total if span > 0 else 0.0)
             batch.results.append(self._process(batch, batch.order[done], min(finished_at, at)))
+        if isinstance(batch.results, SpooledResults):
+            batch.results.flush()  # on disk before the state is saved

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import heapq
-import json
 import threading
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from batch_pipeline.sandbox.anthropic.batches import AnthropicBatches
 from batch_pipeline.sandbox.anthropic.responder import AnthropicRunner
-from batch_pipeline.sandbox.batches import TERMINAL, BatchRecord, Lifecycle, output_order
+from batch_pipeline.sandbox.batches import BatchRecord, Lifecycle, output_order
 from batch_pipeline.sandbox.bedrock.jobs import BedrockJobs
 from batch_pipeline.sandbox.bedrock.s3 import SandboxS3
 from batch_pipeline.sandbox.clock import SandboxClock
@@ -24,7 +24,7 @@ from batch_pipeline.sandbox.google.responder import GeminiResponder
 from batch_pipeline.sandbox.google.vertex_jobs import VertexJobs
 from batch_pipeline.sandbox.ids import new_id
 from batch_pipeline.sandbox.ledger import LEDGER_FILE, Ledger
-from batch_pipeline.sandbox.openai.processing import LineRunner, ledger_entries, result_lines
+from batch_pipeline.sandbox.openai.processing import PROVIDER_BY_ENDPOINT, LineRunner, unprocessed_lines
 from batch_pipeline.sandbox.openai.quota import (
     OUTPUT_PURPOSE,
     admit,
@@ -34,6 +34,7 @@ from batch_pipeline.sandbox.openai.quota import (
     output_expires_at,
 )
 from batch_pipeline.sandbox.openai.spooled_requests import SpooledRequests
+from batch_pipeline.sandbox.openai.spooled_results import SpooledResults
 from batch_pipeline.sandbox.openai.validation import parse_input
 from batch_pipeline.sandbox.persistence import BLOB_DIR, StateDir
 from batch_pipeline.sandbox.quotas import DEFAULT_ACCOUNT, LoadBook
@@ -42,7 +43,7 @@ from batch_pipeline.sandbox.spool import Spool
 
 FILE_TTL_S = 30 * 24 * 3600
 REQUEST_LOG_LIMIT = 100_000  # the request log keeps the most recent entries only
-OUTPUT_WRITE_LINES = 2000  # output and error files are encoded and written this many lines at a time
+LEDGER_WRITE_ROWS = 2000  # a finished batch's billing goes to the ledger this many rows at a write
 
 
 @dataclass
@@ -120,9 +121,11 @@ class SandboxState:
 
     def reset(self, wipe_store: bool = True) -> None:
         """Forget files, batches, ledger, request log and counters; back to the startup scenario and real time."""
-        for batch in getattr(self, "batches", {}).values():  # their input links go too
+        for batch in getattr(self, "batches", {}).values():  # their input links and answer parts go too
             if isinstance(batch.requests, SpooledRequests):
                 batch.requests.release()
+            if isinstance(batch.results, SpooledResults):
+                batch.results.release()
         self.files: dict[str, StoredFile] = {}
         self.outputs: list[tuple[float, str]] = []  # heap of (created_at, id) of output files: their retention
         self.batches: dict[str, BatchRecord] = {}
@@ -222,6 +225,7 @@ class SandboxState:
             requests=requests,
             validation_errors=errors,
             order=output_order(content, len(parsed.requests)),
+            results=SpooledResults(self.spool.root, batch_id),
         )
         self.batches[batch_id] = batch
         if not errors:
@@ -267,17 +271,26 @@ class SandboxState:
         self.ledger.extend(entries)
 
     def _finish(self, batch: BatchRecord) -> None:
-        """On reaching a terminal state: write the output/error files and bill the successful lines."""
+        """On reaching a terminal state: the answers' parts become the output/error files (with the error lines of
+        the requests never run), the successful lines are billed, and the batch keeps its counts only."""
         at = getattr(batch, f"{batch.status}_at")
         self.release_batch(batch, at)
-        output, errors = result_lines(batch)
-        for lines, attr, name in ((output, "output_file_id", "output"), (errors, "error_file_id", "errors")):
-            if lines:
-                stored = self.add_file_chunks(f"batch_{batch.id}_{name}.jsonl", "batch_output", _jsonl_chunks(lines))
-                stored.created_at = at
-                heapq.heappush(self.outputs, (at, stored.id))
-                setattr(batch, attr, stored.id)
-        self.ledger.extend(ledger_entries(batch, at))
+        results = batch.results
+        if not isinstance(results, SpooledResults):  # not created here nor loaded: nothing was ever run
+            results = batch.results = SpooledResults(self.spool.root, batch.id)
+        results.add_errors(unprocessed_lines(batch))
+        for part, attr, name in (("output", "output_file_id", "output"), ("errors", "error_file_id", "errors")):
+            file_id = new_id("file-")
+            size = results.take(part, self.spool.path(file_id))
+            if size:
+                filename = f"batch_{batch.id}_{name}.jsonl"
+                stored = StoredFile(file_id, filename, OUTPUT_PURPOSE, at, size, self.spool.path(file_id))
+                self.files[file_id] = stored
+                heapq.heappush(self.outputs, (at, file_id))
+                setattr(batch, attr, file_id)
+        rows = results.billing(PROVIDER_BY_ENDPOINT[batch.endpoint], batch.model, at)
+        while chunk := list(islice(rows, LEDGER_WRITE_ROWS)):
+            self.ledger.extend(chunk)
         batch.compact()
 
     # persistence -----------------------------------------------------------------------------------------------
@@ -316,12 +329,7 @@ class SandboxState:
             self.files[stored.id] = stored
             if stored.purpose == OUTPUT_PURPOSE:
                 heapq.heappush(self.outputs, (stored.created_at, stored.id))
-        self.batches = {b["id"]: BatchRecord.from_json(b) for b in saved["batches"]}
-        for batch in self.batches.values():  # a state saved before compaction kept finished batches whole
-            if isinstance(batch.requests, dict):
-                batch.requests = SpooledRequests.from_json(batch.requests, self.spool.root)
-            if batch.status in TERMINAL:
-                batch.compact()
+        self.batches = {b["id"]: BatchRecord.load(b, self.spool.root) for b in saved["batches"]}
         self.ledger.restore(saved.get("ledger"), saved.get("ledger_bytes"))
         self.fault_counts = dict(saved["fault_counts"])
         self.seen_custom_ids.update(saved["seen_custom_ids"])
@@ -333,14 +341,3 @@ class SandboxState:
         self.gemini.load(gemini.get("batches"))
         self.vertex.load(saved.get("vertex_jobs"))
         self.book.load(saved.get("load"))
-
-
-_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
-
-
-def _jsonl_chunks(lines: list[dict[str, Any]]) -> Iterator[bytes]:
-    """``lines`` as JSONL bytes, ``OUTPUT_WRITE_LINES`` lines per chunk (one shared encoder, no whole-file
-    string: the same bytes as ``json.dumps(line, ensure_ascii=False, separators=(",", ":"))`` per line)."""
-    for start in range(0, len(lines), OUTPUT_WRITE_LINES):
-        chunk = lines[start : start + OUTPUT_WRITE_LINES]
-        yield ("\n".join(map(_ENCODE, chunk)) + "\n").encode("utf-8")

@@ -1,8 +1,10 @@
-"""Running one request line of a batch, and rendering a finished batch's output and error files."""
+"""Running one request line of a batch (its answer goes to the batch's spooled results), and the error lines of
+the requests an expired or cancelled batch never ran."""
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from typing import Any
 
 from batch_pipeline.sandbox.batches import BatchRecord, LineResult
@@ -14,6 +16,7 @@ from batch_pipeline.sandbox.openai.embeddings import (
     input_texts,
 )
 from batch_pipeline.sandbox.openai.embeddings import input_tokens as embedding_tokens
+from batch_pipeline.sandbox.openai.spooled_results import line_id
 from batch_pipeline.sandbox.openai.validation import AZURE_CHAT_URL, CHAT_URL, EMBEDDINGS_URL
 from batch_pipeline.sandbox.responder import (
     cacheable_prefix,
@@ -162,46 +165,17 @@ def pick_label_for(body: dict[str, Any], text: str) -> Any:
     return pick_label(enum, text) if enum else None
 
 
-def _line_id(batch: BatchRecord, custom_id: str) -> str:
-    return "batch_req_" + stable_hex(batch.id, custom_id, "line")
-
-
-def result_lines(batch: BatchRecord) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(output lines, error lines) of a finished batch, in processing order.
-
-    Successful requests go to the output file. Requests answered with a 4xx/5xx go to the error file with their
-    ``response``; requests never run (expired/cancelled) go there with ``response: null`` and an ``error``.
-    """
-    output: list[dict[str, Any]] = []
-    errors: list[dict[str, Any]] = []
-    for result in batch.results:
-        line = {
-            "id": _line_id(batch, result.custom_id),
-            "custom_id": result.custom_id,
-            "response": {"status_code": result.status_code, "request_id": result.request_id, "body": result.body},
-            "error": None,
+def unprocessed_lines(batch: BatchRecord) -> Iterator[dict[str, Any]]:
+    """The error-file lines of the requests an expired or cancelled batch never ran (``response: null`` and an
+    ``error``), in processing order; none for a batch that ran them all."""
+    if batch.status not in UNPROCESSED_ERRORS:
+        return
+    code, message = UNPROCESSED_ERRORS[batch.status]
+    for index in batch.order[len(batch.results) :]:
+        custom_id = batch.requests[index]["custom_id"]
+        yield {
+            "id": line_id(batch.id, custom_id),
+            "custom_id": custom_id,
+            "response": None,
+            "error": {"code": code, "message": message},
         }
-        (output if result.status_code == 200 else errors).append(line)
-    if batch.status in UNPROCESSED_ERRORS:
-        code, message = UNPROCESSED_ERRORS[batch.status]
-        for index in batch.order[len(batch.results) :]:
-            custom_id = batch.requests[index]["custom_id"]
-            errors.append(
-                {
-                    "id": _line_id(batch, custom_id),
-                    "custom_id": custom_id,
-                    "response": None,
-                    "error": {"code": code, "message": message},
-                }
-            )
-    return output, errors
-
-
-def ledger_entries(batch: BatchRecord, billed_at: float) -> list[dict[str, Any]]:
-    """One billing entry per successful request of a finished batch."""
-    provider = PROVIDER_BY_ENDPOINT[batch.endpoint]
-    return [
-        r.ledger_row(provider, batch.id, r.custom_id, batch.model, billed_at)
-        for r in batch.results
-        if r.status_code == 200
-    ]
