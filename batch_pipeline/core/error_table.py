@@ -295,19 +295,11 @@ class Decision:
         return self.row.advice
 
 
-def lookup(
-    family: Family | None,
-    status: int | None,
-    code: str | None = None,
-    message: str = "",
-    *,
-    reason: str | None = None,
-    where: Where = Where.CALL,
-) -> Row:
-    """The first row that matches (the last row matches anything)."""
-    codes = ((str(code).lower(),) if code else ()) + ((str(reason).lower(),) if reason else ())
+def lookup(family: Family | None, status: int | None, codes: tuple[str, ...], message: str, where: Where) -> Row:
+    """The first row that matches an answer's key (``codes``: its code and reason, lower case) and its message;
+    the last row matches anything."""
     for row in _keyed(family, status, codes, where):
-        if row.when is None or row.when.search(message or ""):
+        if row.when is None or row.when.search(message):
             return row
     raise AssertionError("the table's last row matches every answer")
 
@@ -336,7 +328,8 @@ def decide(
     should_retry: bool | None = None,
 ) -> Decision:
     """What an answer means: its row, and the row's kind as it stands where the answer was given."""
-    row = lookup(family, status, code, message, reason=reason, where=where)
+    codes = ((str(code).lower(),) if code else ()) + ((str(reason).lower(),) if reason else ())
+    row = lookup(family, status, codes, message or "", where)
     kind = row.kind
     if should_retry is not None and kind in (Kind.TRANSIENT, Kind.POISON):
         kind = Kind.TRANSIENT if should_retry else Kind.POISON

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from batch_pipeline.core import error_table as et
-from batch_pipeline.core.error_table import ROWS, Family, Kind, Where, decide, lookup
+from batch_pipeline.core.error_table import ROWS, Family, Kind, Where, decide
 from batch_pipeline.core.errors import (
     ErrorClass,
     QuotaError,
@@ -61,14 +61,14 @@ def test_every_row_is_reachable_from_its_own_key(index):
     """No row is shadowed by an earlier one (first match wins)."""
     row = ROWS[index]
     p = probe(row)
-    assert lookup(p["family"], p["status"], p["code"], p["message"], where=p["where"]) is row
+    assert decide(p["family"], p["status"], p["code"], p["message"], where=p["where"]).row is row
 
 
 def test_every_row_says_why_and_the_last_row_takes_anything():
     assert all(len(row.why) > 10 for row in ROWS)
     last = ROWS[-1]
     assert last.families == () and last.status is None and last.code is None and last.when is None
-    assert lookup(None, None, None, where=Where.LINE) is last and last.kind == Kind.POISON
+    assert decide(None, None, None, where=Where.LINE).row is last and last.kind == Kind.POISON
 
 
 def test_rows_never_repeat_a_key():
