@@ -146,26 +146,21 @@ def _take_dealt(summary: ManifestSummary, dealer: Dealer, verdict: Verdict) -> N
 
 
 class ManifestBuilder:
+    """One generation's build, with its options resolved (``build_manifest`` resolves the defaults)."""
+
     def __init__(
         self,
         spec: JobSpec,
         store: Store,
-        progress: Callable[[str, int], None] | None = None,
-        caps: ShardCaps | None = None,
-        dedup_budget_bytes: int | None = None,
-        parts: "FileParts | None" = None,
+        caps: ShardCaps,
+        dedup_budget: int,
+        progress: Callable[[str, int], None] | None,
+        parts: "FileParts | None",
     ):
-        """``parts``: files prepared on their own (``parts.prepare_file_part``), used instead of reading them.
-        ``dedup_budget_bytes``: the memory the dedup sets may take before they spill (default: half of
-        ``shards.manifest_memory_mb``; the rest is for the blocks in flight and the open shards)."""
         self.spec, self.store, self.paths = spec, store, JobPaths(spec.name)
-        self.progress = progress
-        self.caps = caps or ShardCaps.of(spec)
+        self.caps, self.dedup_budget = caps, dedup_budget
+        self.progress, self.parts = progress, parts
         self.manifest = Manifest(spec.name, store)
-        self.parts = parts
-        self.dedup_budget = (
-            dedup_budget_bytes if dedup_budget_bytes is not None else spec.shards.manifest_memory_mb * 2**20 // 2
-        )
 
     def build(self) -> ManifestSummary:
         """One generation: read what changed, deal its new items to new shards, then commit the record."""
@@ -359,4 +354,9 @@ def build_manifest(
     dedup_budget_bytes: int | None = None,
     parts: "FileParts | None" = None,
 ) -> ManifestSummary:
-    return ManifestBuilder(spec, store, progress, caps, dedup_budget_bytes, parts).build()
+    """Build the job's next manifest generation. ``parts``: files prepared on their own
+    (``parts.prepare_file_part``), used instead of reading them. ``dedup_budget_bytes``: the memory the dedup sets
+    may take before they spill (default: half of ``shards.manifest_memory_mb``; the rest is for the blocks in
+    flight and the open shards)."""
+    budget = dedup_budget_bytes if dedup_budget_bytes is not None else spec.shards.manifest_memory_mb * 2**20 // 2
+    return ManifestBuilder(spec, store, caps or ShardCaps.of(spec), budget, progress, parts).build()

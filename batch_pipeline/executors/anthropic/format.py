@@ -157,24 +157,14 @@ def _parse_fast(block: bytes) -> pa.Table | None:
     return parse_columnwise(block, _EXTRACT_SQL, _assemble_extracted, _parse_lines)
 
 
+_TOKEN_COLUMNS = ("input_tokens", "output_tokens", "cache_creation", "cache_read")  # as _assemble takes them
+
+
 def _assemble_extracted(t: pa.Table, lines: pa.StringArray) -> pa.Table:
     col = t.column
     has_usage = pc.or_(pc.is_valid(col("input_tokens")), pc.is_valid(col("output_tokens")))
-    return _assemble(
-        col("custom_id"),
-        col("kind"),
-        col("text"),
-        col("stop_reason"),
-        col("input_tokens"),
-        col("output_tokens"),
-        col("cache_creation"),
-        col("cache_read"),
-        has_usage,
-        col("error_type"),
-        col("error_message"),
-        col("message_id"),
-        lines,
-    )
+    named = (col(name) for name in ("custom_id", "kind", "text", "stop_reason", *_TOKEN_COLUMNS))
+    return _assemble(*named, has_usage, col("error_type"), col("error_message"), col("message_id"), lines)
 
 
 def _parse_lines(block: bytes) -> pa.Table:

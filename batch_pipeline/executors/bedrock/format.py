@@ -201,20 +201,11 @@ def _parse_lines(block: bytes) -> pa.Table:
 
 def _assemble_columns(col: Any, ok: Any, raw: Any) -> pa.Table:
     """``_assemble`` of the named columns both paths extract (DuckDB's and the per-line one)."""
-    return _assemble(
-        col("record_id"),
-        ok,
-        col("text"),
-        col("stop_reason"),
-        col("input_tokens"),
-        col("output_tokens"),
-        col("cache_creation"),
-        col("cache_read"),
-        col("error_code"),
-        col("error_message"),
-        col("message_id"),
-        raw,
-    )
+    tokens = (col(name) for name in ("input_tokens", "output_tokens", "cache_creation", "cache_read"))
+    return _assemble(col("record_id"), ok, col("text"), col("stop_reason"), *tokens, *map(col, _ERROR_COLUMNS), raw)
+
+
+_ERROR_COLUMNS = ("error_code", "error_message", "message_id")  # as _assemble takes them
 
 
 def _assemble(
