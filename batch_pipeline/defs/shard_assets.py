@@ -2,6 +2,7 @@
 submit, resolve, rescue, the canary, or wait) and ``shard_results`` (collect the ended batches)."""
 
 import time
+from collections.abc import Callable
 
 import dagster as dg
 
@@ -9,6 +10,7 @@ from batch_pipeline.core import progress
 from batch_pipeline.core.errors import BatchPipelineError, SystemicError
 from batch_pipeline.core.money.quote import verify_quote
 from batch_pipeline.core.money.quote_record import read_quote
+from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.state.execute import ShardWaits
 from batch_pipeline.defs.frame import JobFrame, clean_failure, moving_shards
 from batch_pipeline.defs.metadata import per_shard_meta, progress_meta
@@ -55,78 +57,89 @@ class SubmitTally:
         return meta
 
 
-def submissions_asset(frame: JobFrame) -> dg.AssetsDefinition:
+ShardStepBody = Callable[[JobSpec, dg.AssetExecutionContext, StoreResource, PricesResource], dg.MaterializeResult]
+
+
+def shard_step(frame: JobFrame, name: str, body: ShardStepBody) -> dg.AssetsDefinition:
+    """``<job>/<name>``, one step per shard: ``body`` does the work of the shards the run moves."""
     spec = frame.spec
 
-    @dg.asset(**frame.asset_args("submissions"))  # one step per shard
-    def submissions(
-        context: dg.AssetExecutionContext, store: StoreResource, prices: PricesResource
-    ) -> dg.MaterializeResult:
-        st = store.get()
-        clean_failure(lambda: verify_quote(spec, st, prices.get(), read_quote(st, spec.name)))
-        driver = shard_driver(context, spec, store, prices)
-        keys = moving_shards(context)
-        tally = SubmitTally(keys)
-        for key in keys:  # each shard does what the driver's plan says for it
-            try:
-                out = driver.submit_phase(key)
-            except ShardWaits as exc:
-                if len(keys) == 1:  # asked for this shard alone: say why it cannot move
-                    raise dg.Failure(description=f"ShardWaits: {exc}") from exc
-                context.log.warning(f"{exc}: skipped in this run")
-                continue
-            except BatchPipelineError as exc:
-                raise dg.Failure(description=f"{type(exc).__name__}: {exc}") from exc
-            tally.add(key, out, getattr(driver.runner.executor, "metrics", {}).get(key))
-            context.log.info(
-                f"shard {key}: {out.action}: {out.sent} requests sent"
-                + (f", {out.rescued} rescued online" if out.rescued else "")
-                + (f" ({'; '.join(out.notes)})" if out.notes else "")
-            )
-        return dg.MaterializeResult(metadata=tally.metadata())
+    @dg.asset(**frame.asset_args(name))
+    def step(context: dg.AssetExecutionContext, store: StoreResource, prices: PricesResource) -> dg.MaterializeResult:
+        return body(spec, context, store, prices)
 
-    return submissions
+    return step
+
+
+def submit_shards(
+    spec: JobSpec, context: dg.AssetExecutionContext, store: StoreResource, prices: PricesResource
+) -> dg.MaterializeResult:
+    """Each shard does what the driver's plan says for it."""
+    st = store.get()
+    clean_failure(lambda: verify_quote(spec, st, prices.get(), read_quote(st, spec.name)))
+    driver = shard_driver(context, spec, store, prices)
+    keys = moving_shards(context)
+    tally = SubmitTally(keys)
+    for key in keys:
+        try:
+            out = driver.submit_phase(key)
+        except ShardWaits as exc:
+            if len(keys) == 1:  # asked for this shard alone: say why it cannot move
+                raise dg.Failure(description=f"ShardWaits: {exc}") from exc
+            context.log.warning(f"{exc}: skipped in this run")
+            continue
+        except BatchPipelineError as exc:
+            raise dg.Failure(description=f"{type(exc).__name__}: {exc}") from exc
+        tally.add(key, out, getattr(driver.runner.executor, "metrics", {}).get(key))
+        context.log.info(
+            f"shard {key}: {out.action}: {out.sent} requests sent"
+            + (f", {out.rescued} rescued online" if out.rescued else "")
+            + (f" ({'; '.join(out.notes)})" if out.notes else "")
+        )
+    return dg.MaterializeResult(metadata=tally.metadata())
+
+
+def collect_shards(
+    spec: JobSpec, context: dg.AssetExecutionContext, store: StoreResource, prices: PricesResource
+) -> dg.MaterializeResult:
+    """Collect each shard's ended batches."""
+    driver = shard_driver(context, spec, store, prices)
+    if driver.stream and spec.fallback is None:  # a stream backend wrote its results while the shard ran; a
+        # fallback may still hold a batch of the shard (a stream primary with a batch fallback): it is collected
+        return dg.MaterializeResult(metadata={"results": dg.MetadataValue.text("written while the shard ran")})
+    last_log = [0.0]
+
+    def on_status(shard_id, status):
+        if time.monotonic() - last_log[0] > 10:
+            last_log[0] = time.monotonic()
+            context.log.info(
+                f"shard {shard_id}: {status.provider_status} {status.completed}/{status.total} done, {status.failed} failed"
+            )
+
+    counts: dict[str, dict[str, int]] = {}
+    systemic: list[str] = []
+    keys = moving_shards(context)
+    shards_meter = progress.meter("collect", total=len(keys), unit="shards")
+    for key in keys:
+        try:  # a failed batch stops the job, but the other shards' ended batches are still collected
+            out = driver.collect_phase(key, on_status=on_status)
+        except SystemicError as exc:
+            systemic.append(str(exc))
+            shards_meter.advance()  # collected, and the batch's failure stops the job
+            continue
+        if out.collected:  # a stream shard, or one with no open batch, collects nothing: no count
+            shards_meter.advance()
+        counts[key] = {"results": out.results, "succeeded": out.succeeded, "rescued_online": out.rescued}
+        context.log.info(f"shard {key}: collected {out.results} results, {out.succeeded} succeeded")
+    if systemic:  # one message for the job: the first cause, and how many other shards it stopped
+        more = f" (and {len(systemic) - 1} more shard(s) stopped by the same stop)" if len(systemic) > 1 else ""
+        raise dg.Failure(description=f"SystemicError: {systemic[0]}{more}")
+    return dg.MaterializeResult(metadata={**per_shard_meta(counts), **progress_meta(shards_meter)})
+
+
+def submissions_asset(frame: JobFrame) -> dg.AssetsDefinition:
+    return shard_step(frame, "submissions", submit_shards)
 
 
 def shard_results_asset(frame: JobFrame) -> dg.AssetsDefinition:
-    spec = frame.spec
-
-    @dg.asset(**frame.asset_args("shard_results"))  # one step per shard
-    def shard_results(
-        context: dg.AssetExecutionContext, store: StoreResource, prices: PricesResource
-    ) -> dg.MaterializeResult:
-        driver = shard_driver(context, spec, store, prices)
-        if driver.stream and spec.fallback is None:  # a stream backend wrote its results while the shard ran; a
-            # fallback may still hold a batch of the shard (a stream primary with a batch fallback): it is collected
-            return dg.MaterializeResult(metadata={"results": dg.MetadataValue.text("written while the shard ran")})
-        last_log = [0.0]
-
-        def on_status(shard_id, status):
-            if time.monotonic() - last_log[0] > 10:
-                last_log[0] = time.monotonic()
-                context.log.info(
-                    f"shard {shard_id}: {status.provider_status} "
-                    f"{status.completed}/{status.total} done, {status.failed} failed"
-                )
-
-        counts: dict[str, dict[str, int]] = {}
-        systemic: list[str] = []
-        keys = moving_shards(context)
-        shards_meter = progress.meter("collect", total=len(keys), unit="shards")
-        for key in keys:
-            try:  # a failed batch stops the job, but the other shards' ended batches are still collected
-                out = driver.collect_phase(key, on_status=on_status)
-            except SystemicError as exc:
-                systemic.append(str(exc))
-                shards_meter.advance()  # collected, and the batch's failure stops the job
-                continue
-            if out.collected:  # a stream shard, or one with no open batch, collects nothing: no count
-                shards_meter.advance()
-            counts[key] = {"results": out.results, "succeeded": out.succeeded, "rescued_online": out.rescued}
-            context.log.info(f"shard {key}: collected {out.results} results, {out.succeeded} succeeded")
-        if systemic:  # one message for the job: the first cause, and how many other shards it stopped
-            more = f" (and {len(systemic) - 1} more shard(s) stopped by the same stop)" if len(systemic) > 1 else ""
-            raise dg.Failure(description=f"SystemicError: {systemic[0]}{more}")
-        return dg.MaterializeResult(metadata={**per_shard_meta(counts), **progress_meta(shards_meter)})
-
-    return shard_results
+    return shard_step(frame, "shard_results", collect_shards)
