@@ -9,7 +9,7 @@ the provider are deleted (``core/run/hygiene.py``); it stays collected and close
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -20,6 +20,9 @@ from batch_pipeline.core.store import Store
 
 EVENTS = ("intent", "submitted", "collected", "abandoned", "discarded")  # discarded: core/run/hygiene.py
 ATTEMPT_VERSION = 1
+
+
+R = TypeVar("R", bound="AttemptEvent")
 
 
 def now_iso() -> str:
@@ -117,6 +120,21 @@ def _stored(record: AttemptEvent) -> dict[str, Any]:
     return {**record.model_dump(mode="json", exclude_unset=True), "version": record.version, "at": record.at}
 
 
+class _Event(Generic[R]):
+    """An attempt's record of the event named like the attribute, typed; None until the event happened."""
+
+    def __init__(self, kind: type[R]) -> None:
+        self.kind = kind
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.event = name
+
+    def __get__(self, attempt: "Attempt", owner: type) -> R | None:
+        record = attempt.records.get(self.event)
+        assert record is None or isinstance(record, self.kind)
+        return record
+
+
 @dataclass
 class Attempt:
     number: int
@@ -128,26 +146,10 @@ class Attempt:
         assert isinstance(record, IntentRecord)
         return record
 
-    @property
-    def submitted(self) -> SubmittedRecord | None:
-        return self._of("submitted", SubmittedRecord)
-
-    @property
-    def collected(self) -> CollectedRecord | None:
-        return self._of("collected", CollectedRecord)
-
-    @property
-    def abandoned(self) -> AbandonedRecord | None:
-        return self._of("abandoned", AbandonedRecord)
-
-    @property
-    def discarded(self) -> DiscardedRecord | None:
-        return self._of("discarded", DiscardedRecord)
-
-    def _of(self, event: str, kind: type[AttemptEvent]) -> Any:
-        record = self.records.get(event)
-        assert record is None or isinstance(record, kind)
-        return record
+    submitted = _Event(SubmittedRecord)
+    collected = _Event(CollectedRecord)
+    abandoned = _Event(AbandonedRecord)
+    discarded = _Event(DiscardedRecord)
 
     @property
     def key(self) -> str:

@@ -135,6 +135,9 @@ def probe_estimates(spec: JobSpec, probes: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+_PROBE_SCHEMA = {"shard_id": pl.String, "request_id": pl.String, "est_input_tokens": pl.Int64, "user_prompt": pl.String}
+
+
 def riding_probes(
     spec: JobSpec,
     store,
@@ -149,14 +152,7 @@ def riding_probes(
     probes = GoldenProbes(spec, store)
     columns = ["shard_id", "request_id", "est_input_tokens", *(["user_prompt"] if with_prompt else [])]
     if not probes.enabled or not shard_sizes:
-        return pl.DataFrame(
-            schema={
-                "shard_id": pl.String,
-                "request_id": pl.String,
-                "est_input_tokens": pl.Int64,
-                "user_prompt": pl.String,
-            }
-        ).select(columns)
+        return pl.DataFrame(schema=_PROBE_SCHEMA).select(columns)
     if answered is None:
         answered = read_results(store, spec.name, columns=["request_id"])
     shards = manifest.shard_ids()
