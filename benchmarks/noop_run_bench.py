@@ -1,0 +1,207 @@
+"""`batch-pipeline run` when there is nothing new to do, on a ~510k-item job (shards of 5,000): wall time and peak RSS
+of the command as a user runs it, against the fixed cost of starting the CLI, in the same run.
+
+Which "nothing to do" the CLI can meet: ``run`` lifts a pause, a stop and held shards first (``cli._resume``), and
+its passes wait on open batches inline (``waits_inline``) or, when the account's queue is full, poll until room
+frees up (``QueueLoop``): none of those returns without new work done. The run that ends with nothing sent is the
+one of a finished job run again (the manifest finds no new rows, every shard is settled, the plan is PUBLISH): the
+case measured here, as ``finished``. ``paused`` is also timed for the record: the same job paused, where ``run``
+resumes it and does the same work.
+
+The job: ``make_rows.py --short`` rows (537,000 rows, 510,276 unique: cached under ``benchmarks/out/``), the
+demo-shaped choice job on ``openai_batch`` (the sandbox), shards of 5,000 requests, a 300-item canary first, run to
+the end once by ``batch-pipeline run`` under ``benchmarks/out/noop_run_bench/<rows>/`` (home, Dagster home, spec;
+reused while its ``report.json`` says complete). Each timed run is a fresh ``python -m batch_pipeline.cli run`` child
+against a sandbox the script starts (as a provider would be there: the CLI's own sandbox start is not counted);
+its peak RSS and CPU are the kernel's accounting of that child alone (``os.wait4``).
+
+Same-run references: ``help`` (``batch-pipeline --help``: the interpreter and the CLI module's imports) and
+``imports`` (a python that imports what ``run`` imports before it does anything: ``batch_pipeline.cli``, ``dagster``
+and ``batch_pipeline.defs.pipeline``), so the fixed start-up cost is visible apart from the run's own work.
+``--profile`` also writes ``python -X importtime`` and a cProfile of ``cli.main(["run", ...])`` in-process under
+the job's folder and prints their top entries.
+
+    python benchmarks/noop_run_bench.py [--rows 537000] [--repeat 3] [--profile]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))
+
+from benchmarks._harness import OUT, load  # noqa: E402
+from benchmarks.make_rows import rows_file  # noqa: E402
+
+JOB = "noop_bench"
+SHARD = 5000
+SYSTEM = "You label short texts. Answer with exactly one label from the allowed set: billing, bug, other."
+IMPORTS = "import batch_pipeline.cli, dagster, batch_pipeline.defs.pipeline"
+
+
+def job_spec(input_path: Path) -> dict:
+    return {
+        "name": JOB,
+        "input": {"path": str(input_path), "text_field": "body", "key_field": "id", "max_input_tokens": 1_000_000},
+        "prompt": {"version": "v1", "system": SYSTEM, "template": "Text:\n{body}"},
+        "model": "gpt-4o-mini",
+        "backend": {"name": "openai_batch", "settings": {"sandbox": True}},
+        "sampling": {"temperature": 0, "max_tokens": 16},
+        "output": {"choice": ["billing", "bug", "other"]},
+        "shards": {"max_requests": SHARD},
+        "canary": {"size": 300},
+        "budget_usd": 10_000,
+    }
+
+
+class Job:
+    """The job's folder: spec, storage root and Dagster home, and the environment a CLI child runs in."""
+
+    def __init__(self, rows: int):
+        self.dir = OUT / "noop_run_bench" / str(rows)
+        self.home, self.dagster, self.spec = self.dir / "home", self.dir / "dagster", self.dir / f"{JOB}.yaml"
+        self.report = self.home / "jobs" / JOB / "report.json"
+
+    def env(self, sandbox_url: str) -> dict[str, str]:
+        return {
+            **os.environ,
+            "BATCH_PIPELINE_SANDBOX_URL": sandbox_url,
+            "BATCH_PIPELINE_HOME": str(self.home),
+            "DAGSTER_HOME": str(self.dagster),
+            "BATCH_PIPELINE_JOBS": str(self.dir),
+        }
+
+    def finished(self) -> bool:
+        return self.report.exists() and bool(json.loads(self.report.read_text()).get("complete"))
+
+
+def timed(cmd: list[str], env: dict[str, str]) -> dict:
+    """One child: wall, CPU and peak RSS (its own, ``wait4``), exit code and the tail of its output."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = proc.stdout.read() if proc.stdout else ""
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    return {
+        "wall_s": wall,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "rss_mb": usage.ru_maxrss / 1024,
+        "code": os.waitstatus_to_exitcode(status),
+        "out": out,
+    }
+
+
+def build(job: Job, rows: int, url: str) -> None:
+    path, meta = rows_file(rows, short=True)
+    job.dir.mkdir(parents=True, exist_ok=True)
+    job.dagster.mkdir(exist_ok=True)
+    job.spec.write_text(yaml.safe_dump(job_spec(path), sort_keys=False))
+    print(f"build: {rows:,} rows ({meta.get('unique', rows):,} unique) through `batch-pipeline run` ...", flush=True)
+    r = timed([sys.executable, "-m", "batch_pipeline.cli", "run", str(job.spec)], job.env(url))
+    print(f"build: exit {r['code']} in {r['wall_s']:.0f} s (peak RSS {r['rss_mb']:,.0f} MB)", flush=True)
+    if r["code"] != 0 or not job.finished():
+        raise SystemExit(f"the build run did not finish the job:\n{r['out'][-3000:]}")
+
+
+def _median(runs: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def measure(job: Job, url: str, repeat: int) -> dict[str, list[dict]]:
+    """``repeat`` rounds, the variants interleaved: the no-op run and the two start-up references."""
+    env = job.env(url)
+    variants = {
+        "run": [sys.executable, "-m", "batch_pipeline.cli", "run", str(job.spec)],
+        "help": [sys.executable, "-m", "batch_pipeline.cli", "--help"],
+        "imports": [sys.executable, "-c", IMPORTS],
+    }
+    runs: dict[str, list[dict]] = {name: [] for name in variants}
+    for i in range(repeat):
+        for name, cmd in variants.items():
+            r = timed(cmd, env)
+            if r["code"] != 0:
+                raise SystemExit(f"{name} exited {r['code']}:\n{r['out'][-3000:]}")
+            runs[name].append(r)
+            print(
+                f"  round {i + 1} {name:8s} {r['wall_s']:6.2f} s wall, {r['cpu_s']:6.2f} s CPU, "
+                f"peak RSS {r['rss_mb']:6.0f} MB, load {load():.1f}",
+                flush=True,
+            )
+    return runs
+
+
+def profile(job: Job, url: str) -> None:
+    """``-X importtime`` of the run's imports and a cProfile of ``cli.main(["run", spec])`` in-process."""
+    env = job.env(url)
+    imports = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", IMPORTS], env=env, capture_output=True, text=True, check=True
+    ).stderr
+    (job.dir / "importtime.txt").write_text(imports)
+    rows = []
+    for line in imports.splitlines():
+        parts = line.removeprefix("import time:").split("|")
+        if len(parts) == 3 and parts[1].strip().isdigit():
+            rows.append((int(parts[1]), parts[2].rstrip()))
+    print("importtime, the largest cumulative (us, module):")
+    for us, name in sorted(rows, reverse=True)[:25]:
+        print(f"  {us:>9,}  {name}")
+    code = (
+        "import cProfile, pstats, sys; from batch_pipeline.cli import main; "
+        f"p = cProfile.Profile(); p.enable(); rc = main(['run', {str(job.spec)!r}]); p.disable(); "
+        f"p.dump_stats({str(job.dir / 'run.prof')!r}); "
+        "s = pstats.Stats(p, stream=sys.stderr); s.sort_stats('cumulative').print_stats(60); sys.exit(rc)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    (job.dir / "run_profile.txt").write_text(done.stderr)
+    print(f"cProfile of the run (exit {done.returncode}) in {job.dir / 'run_profile.txt'}; top of it:")
+    print("\n".join(done.stderr.splitlines()[:80]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=537_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--profile", action="store_true", help="also -X importtime and a cProfile of one run")
+    args = ap.parse_args(argv)
+    from batch_pipeline.sandbox import start_sandbox_process, stop_sandbox_process
+
+    job = Job(args.rows)
+    proc, url = start_sandbox_process(0)
+    try:
+        if not job.finished():
+            build(job, args.rows, url)
+        print(f"no-op run of the finished job {job.spec} (load {load():.1f}):", flush=True)
+        runs = measure(job, url, args.repeat)
+        if args.profile:
+            profile(job, url)
+    finally:
+        stop_sandbox_process(proc)
+    report = json.loads(job.report.read_text())
+    print(
+        f"job: {report.get('unique_requests'):,} items in {report.get('shards')} shards, "
+        f"{report.get('succeeded'):,} answered, new input rows this run {report.get('new_input_rows')}"
+    )
+    for name, rs in runs.items():
+        print(
+            f"  {name:8s} median {_median(rs, 'wall_s'):.2f} s wall (min {min(r['wall_s'] for r in rs):.2f}), "
+            f"{_median(rs, 'cpu_s'):.2f} s CPU, peak RSS {_median(rs, 'rss_mb'):,.0f} MB"
+        )
+    own = _median(runs["run"], "wall_s") - _median(runs["imports"], "wall_s")
+    print(
+        f"  the run beyond its imports: {own:.2f} s; target < 4 s for the run: "
+        f"{'met' if _median(runs['run'], 'wall_s') < 4 else 'NOT met'}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
