@@ -31,11 +31,13 @@ NO_BUDGET_CODES = ("batch_expired", "batch_cancelled")  # the provider never tri
 
 @dataclass
 class Counts:
-    expected: int
-    valid: int
-    invalid: int
-    missing: int
-    dead_lettered: int
+    """Items by reconciliation state, per shard or per job: every expected item is in exactly one of the four."""
+
+    expected: int = 0
+    valid: int = 0
+    invalid: int = 0
+    missing: int = 0
+    dead_lettered: int = 0
 
     @property
     def balanced(self) -> bool:

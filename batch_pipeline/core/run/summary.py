@@ -24,7 +24,7 @@ from pydantic import TypeAdapter
 from batch_pipeline.core.ledger.attempts import Attempt, AttemptLog, SubmittedRecord
 from batch_pipeline.core.ledger.fallback import Stage, is_fallback_row, staged_item_states
 from batch_pipeline.core.ledger.machine import ShardState, check_summary_move
-from batch_pipeline.core.ledger.reconcile import DEAD, INVALID, MISSING, RETRYABLE, VALID
+from batch_pipeline.core.ledger.reconcile import DEAD, INVALID, MISSING, RETRYABLE, VALID, Counts
 from batch_pipeline.core.ledger.replay import Replays
 from batch_pipeline.core.ledger.result_parts import read_results
 from batch_pipeline.core.manifest.shards import Manifest
@@ -64,15 +64,12 @@ class OpenAttempt:
 SUMMARY_VERSION = 1
 
 
-@dataclass
-class ShardSummary:
+@dataclass(kw_only=True)
+class ShardSummary(Counts):
+    """A shard's counts (``Counts``: the reconciliation's, stored flat) and what the driver decides from."""
+
     shard_id: str
     state: ShardState
-    expected: int = 0
-    valid: int = 0
-    invalid: int = 0
-    missing: int = 0
-    dead_lettered: int = 0
     attempts: int = 0
     spend_usd: float = 0.0
     canary_done: bool = False  # a canary attempt of this shard has been collected
@@ -90,18 +87,10 @@ class ShardSummary:
     version: int = SUMMARY_VERSION
 
     @property
-    def retryable(self) -> int:
-        return self.invalid + self.missing
-
-    @property
     def retry_costs(self) -> RetryCosts:
         return RetryCosts(self.first_try_cost, self.first_tries, self.retry_cost, self.retry_tries)
 
-    @property
-    def balanced(self) -> bool:
-        return self.expected == self.valid + self.invalid + self.missing + self.dead_lettered
-
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:  # type: ignore[override]  # every field, not the counts alone
         return _SUMMARY.dump_python(self, mode="json")
 
     @classmethod

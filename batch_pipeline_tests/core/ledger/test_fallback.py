@@ -105,8 +105,8 @@ def test_a_row_is_the_fallbacks_by_model_and_backend():
 
 def summary(retryable: int, fallback_pending: int) -> ShardSummary:
     return ShardSummary(
-        "s",
-        ShardState.COLLECTED,
+        shard_id="s",
+        state=ShardState.COLLECTED,
         expected=10,
         valid=10 - retryable,
         missing=retryable,

@@ -23,8 +23,8 @@ def summary(
         )
     valid = 10 - retryable
     return ShardSummary(
-        shard,
-        state,
+        shard_id=shard,
+        state=state,
         expected=10,
         valid=valid,
         missing=retryable,

@@ -9,8 +9,8 @@ PASSED = CanaryStatus("s00001", True, "passed", size=300)
 
 def shard(shard_id: str, state: ShardState, expected: int, missing: int = 0) -> ShardSummary:
     return ShardSummary(
-        shard_id,
-        state,
+        shard_id=shard_id,
+        state=state,
         expected=expected,
         valid=expected - missing,
         missing=missing,
@@ -56,14 +56,20 @@ def test_a_canary_sample_below_the_minimum_runs_on_the_tail_or_waits():
 
 
 def test_open_batches_are_never_affected():
-    s = ShardSummary("s00002", ShardState.INTENT, expected=5)
+    s = ShardSummary(shard_id="s00002", state=ShardState.INTENT, expected=5)
     assert shard_step(s, JobFacts(canary=PASSED, min_batch=100)).action == Action.RESOLVE
 
 
 def handed_over(n: int, of: int = 40) -> ShardSummary:
     """A collected shard whose primary gave ``n`` items up: they are the fallback's, and nothing else is left."""
     return ShardSummary(
-        "s00002", ShardState.COLLECTED, expected=of, valid=of - n, missing=n, attempts=2, fallback_pending=n
+        shard_id="s00002",
+        state=ShardState.COLLECTED,
+        expected=of,
+        valid=of - n,
+        missing=n,
+        attempts=2,
+        fallback_pending=n,
     )
 
 

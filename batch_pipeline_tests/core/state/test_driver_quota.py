@@ -12,7 +12,7 @@ SCOPE = CapacityScope("openai_batch", "OPENAI_API_KEY", "gpt-4o-mini")
 
 
 def new(shard_id: str, n: int = 10) -> ShardSummary:
-    return ShardSummary(shard_id, ShardState.NEW, expected=n, missing=n)
+    return ShardSummary(shard_id=shard_id, state=ShardState.NEW, expected=n, missing=n)
 
 
 def room(limit: int, used: int = 0) -> Room:
@@ -48,7 +48,9 @@ def test_a_held_shard_waits_for_a_human_and_the_others_go_on():
 
 
 def test_a_canary_collected_but_never_judged_is_judged_and_a_judged_one_is_left_alone():
-    settled = ShardSummary("s00001", ShardState.SETTLED, expected=10, valid=10, attempts=1, canary_done=True)
+    settled = ShardSummary(
+        shard_id="s00001", state=ShardState.SETTLED, expected=10, valid=10, attempts=1, canary_done=True
+    )
     step = shard_step(settled, JobFacts(canary=CanaryStatus("s00001", None, size=300)))
     assert step.action == Action.CANARY
     assert shard_step(settled, JobFacts(canary=PASSED)) is None
