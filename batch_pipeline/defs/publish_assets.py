@@ -2,6 +2,7 @@
 only when they all passed), ``dead_letters`` and ``report``."""
 
 import base64
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import dagster as dg
@@ -15,6 +16,7 @@ from batch_pipeline.core.publish.plots import cost_over_time
 from batch_pipeline.core.publish.report import build_report, shard_table
 from batch_pipeline.core.publish.tables import JobState, dead_letters, promote, stage
 from batch_pipeline.core.run.hygiene import sweep_leftovers
+from batch_pipeline.core.store import Store
 from batch_pipeline.defs.checks import CHECKS
 from batch_pipeline.defs.frame import JobFrame
 from batch_pipeline.defs.metadata import md_table, money_json, plain, provider_ceilings, table_meta
@@ -48,70 +50,66 @@ def unpassed_checks(instance: dg.DagsterInstance, results_key: dg.AssetKey) -> l
     return out
 
 
-def results_asset(frame: JobFrame) -> dg.AssetsDefinition:
+StoreStepBody = Callable[[JobFrame, dg.AssetExecutionContext, Store], dg.MaterializeResult]
+
+
+def store_step(frame: JobFrame, name: str, body: StoreStepBody) -> dg.AssetsDefinition:
+    """``<job>/<name>``, a publish step: ``body`` reads and writes the job's store."""
+
+    @dg.asset(**frame.asset_args(name))
+    def step(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
+        return body(frame, context, store.get())
+
+    return step
+
+
+def stage_results(frame: JobFrame, context: dg.AssetExecutionContext, st: Store) -> dg.MaterializeResult:
+    """The staged table the blocking checks run on (provider copies a killed run left swept first)."""
     spec, job, paths = frame.spec, frame.job, frame.paths
-
-    @dg.asset(**frame.asset_args("results"))
-    def results(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
-        st = store.get()
-        if Manifest(job, st).last_generation() == 0:
-            raise dg.Failure(f"job {job} has no manifest in {st.root}; materialize {job}/manifest first")
-        swept = sweep_leftovers(spec, st, executor_for(spec))  # provider copies a killed run left (retention)
-        if swept.discarded or swept.failed:
-            (context.log.warning if swept.failed else context.log.info)(f"provider copies: {swept.describe()}")
-        state = JobState.load(spec, st)
-        outputs = stage(spec, st, state)
-        head, rows = st.read_head(paths.staged)  # footer + first rows: a 10M-row table is not read whole
-        table = pl.from_arrow(head)
-        context.log.info(f"staged table: {rows} rows -> {outputs['staged']}")
-        meta = plain({"rows": rows, **outputs})
-        meta["preview"] = md_table(
-            table.select("source_key", "output", "attempt", "input_tokens", "output_tokens", "cost_usd", "is_duplicate")
-        )
-        meta.update(table_meta(table.schema, rows))
-        return dg.MaterializeResult(metadata=meta)
-
-    return results
+    if Manifest(job, st).last_generation() == 0:
+        raise dg.Failure(f"job {job} has no manifest in {st.root}; materialize {job}/manifest first")
+    swept = sweep_leftovers(spec, st, executor_for(spec))  # provider copies a killed run left (retention)
+    if swept.discarded or swept.failed:
+        (context.log.warning if swept.failed else context.log.info)(f"provider copies: {swept.describe()}")
+    state = JobState.load(spec, st)
+    outputs = stage(spec, st, state)
+    head, rows = st.read_head(paths.staged)  # footer + first rows: a 10M-row table is not read whole
+    table = pl.from_arrow(head)
+    context.log.info(f"staged table: {rows} rows -> {outputs['staged']}")
+    meta = plain({"rows": rows, **outputs})
+    meta["preview"] = md_table(
+        table.select("source_key", "output", "attempt", "input_tokens", "output_tokens", "cost_usd", "is_duplicate")
+    )
+    meta.update(table_meta(table.schema, rows))
+    return dg.MaterializeResult(metadata=meta)
 
 
-def validated_asset(frame: JobFrame) -> dg.AssetsDefinition:
+def promote_staged(frame: JobFrame, context: dg.AssetExecutionContext, st: Store) -> dg.MaterializeResult:
+    """The validated table: the staged one, promoted only when every blocking check passed on it."""
     spec, job, paths = frame.spec, frame.job, frame.paths
-    results_key = frame.key("results")
-
-    @dg.asset(**frame.asset_args("validated"))
-    def validated(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
-        st = store.get()
-        unpassed = unpassed_checks(context.instance, results_key)
-        if unpassed:
-            raise dg.Failure(
-                description=f"not promoting {job}/results: {'; '.join(unpassed)}; the validated table is unchanged"
-            )
-        outputs = promote(spec, st)
-        footer = pq.read_metadata(pa.BufferReader(st.read_bytes(paths.validated)))
-        rows = footer.num_rows
-        context.log.info(f"validated table: {rows} rows -> {outputs['validated']}")
-        meta = plain({"rows": rows, **outputs})
-        meta.update(table_meta(footer.schema.to_arrow_schema(), rows))
-        return dg.MaterializeResult(metadata=meta)
-
-    return validated
-
-
-def dead_letters_asset(frame: JobFrame) -> dg.AssetsDefinition:
-    spec = frame.spec
-
-    @dg.asset(**frame.asset_args("dead_letters"))
-    def dead_letters_asset(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
-        dead = dead_letters(JobState.load(spec, store.get()))
-        return dg.MaterializeResult(
-            metadata={
-                "count": dg.MetadataValue.int(dead.height),
-                "preview": md_table(dead.select("request_id", "failures", "last_error_code", "last_error")),
-                **table_meta(dead.schema, dead.height),
-            }
+    unpassed = unpassed_checks(context.instance, frame.key("results"))
+    if unpassed:
+        raise dg.Failure(
+            description=f"not promoting {job}/results: {'; '.join(unpassed)}; the validated table is unchanged"
         )
+    outputs = promote(spec, st)
+    footer = pq.read_metadata(pa.BufferReader(st.read_bytes(paths.validated)))
+    rows = footer.num_rows
+    context.log.info(f"validated table: {rows} rows -> {outputs['validated']}")
+    meta = plain({"rows": rows, **outputs})
+    meta.update(table_meta(footer.schema.to_arrow_schema(), rows))
+    return dg.MaterializeResult(metadata=meta)
 
-    return dead_letters_asset
+
+def show_dead_letters(frame: JobFrame, context: dg.AssetExecutionContext, st: Store) -> dg.MaterializeResult:
+    dead = dead_letters(JobState.load(frame.spec, st))
+    return dg.MaterializeResult(
+        metadata={
+            "count": dg.MetadataValue.int(dead.height),
+            "preview": md_table(dead.select("request_id", "failures", "last_error_code", "last_error")),
+            **table_meta(dead.schema, dead.height),
+        }
+    )
 
 
 def report_metadata(rep: dict, png: bytes, plot_path: str, shards: list[dict]) -> dict:
@@ -132,23 +130,33 @@ def report_metadata(rep: dict, png: bytes, plot_path: str, shards: list[dict]) -
     return meta
 
 
-def report_asset(frame: JobFrame) -> dg.AssetsDefinition:
+def publish_report(frame: JobFrame, context: dg.AssetExecutionContext, st: Store) -> dg.MaterializeResult:
     spec, job, paths = frame.spec, frame.job, frame.paths
+    state = JobState.load(spec, st)
+    outputs = {"validated": st.uri(paths.validated), "duckdb": str(st.local_path(paths.duckdb) or "")}
+    rep = build_report(spec, st, state, outputs=outputs)
+    rep.update(provider_ceilings(spec, st))  # open batches against their window and retention; held shards
+    # when this publish ended, and of which manifest: `status` says the job is done (and when) from these
+    rep["published_at"] = datetime.now(UTC).isoformat()
+    rep["manifest_generation"] = Manifest(job, st).last_generation()
+    st.write_json(paths.report, rep)
+    png = cost_over_time(state.scan.timeline)  # summed per recording time by the streaming scan
+    st.write_bytes(f"{paths.root}/report.png", png)
+    plot_path = st.uri(f"{paths.root}/report.png")
+    return dg.MaterializeResult(metadata=report_metadata(rep, png, plot_path, shard_table(state)))
 
-    @dg.asset(**frame.asset_args("report"))
-    def report(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
-        st = store.get()
-        state = JobState.load(spec, st)
-        outputs = {"validated": st.uri(paths.validated), "duckdb": str(st.local_path(paths.duckdb) or "")}
-        rep = build_report(spec, st, state, outputs=outputs)
-        rep.update(provider_ceilings(spec, st))  # open batches against their window and retention; held shards
-        # when this publish ended, and of which manifest: `status` says the job is done (and when) from these
-        rep["published_at"] = datetime.now(UTC).isoformat()
-        rep["manifest_generation"] = Manifest(job, st).last_generation()
-        st.write_json(paths.report, rep)
-        png = cost_over_time(state.scan.timeline)  # summed per recording time by the streaming scan
-        st.write_bytes(f"{paths.root}/report.png", png)
-        plot_path = st.uri(f"{paths.root}/report.png")
-        return dg.MaterializeResult(metadata=report_metadata(rep, png, plot_path, shard_table(state)))
 
-    return report
+def results_asset(frame: JobFrame) -> dg.AssetsDefinition:
+    return store_step(frame, "results", stage_results)
+
+
+def validated_asset(frame: JobFrame) -> dg.AssetsDefinition:
+    return store_step(frame, "validated", promote_staged)
+
+
+def dead_letters_asset(frame: JobFrame) -> dg.AssetsDefinition:
+    return store_step(frame, "dead_letters", show_dead_letters)
+
+
+def report_asset(frame: JobFrame) -> dg.AssetsDefinition:
+    return store_step(frame, "report", publish_report)
