@@ -107,7 +107,7 @@ class BatchRecord(ScenarioRecord):
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON; spooled requests as their spans and spooled results as their counts (``asdict`` would copy
-        the open view and the pending lines)."""
+        the open handle and the pending lines)."""
         requests, results = self.requests, self.results
         spooled = {"requests": requests, "results": results}
         spooled = {k: v for k, v in spooled.items() if isinstance(v, SpooledRequests | SpooledResults)}

@@ -28,10 +28,10 @@ from batch_pipeline.sandbox.openai.processing import PROVIDER_BY_ENDPOINT, LineR
 from batch_pipeline.sandbox.openai.quota import (
     OUTPUT_PURPOSE,
     admit,
-    count_prompt_tokens,
     load_provider,
     output_expired,
     output_expires_at,
+    request_keeper,
 )
 from batch_pipeline.sandbox.openai.spooled_requests import SpooledRequests
 from batch_pipeline.sandbox.openai.spooled_results import SpooledResults
@@ -193,7 +193,9 @@ class SandboxState:
         passes its checks holds its prompt tokens for ``account`` (or is refused by the server's quota)."""
         scenario = scenario_from_metadata(metadata) or self.scenario
         content = input_file.read()
-        parsed = parse_input(content, endpoint)
+        # each good request's tokens counted as it is parsed, before the clock is read: the batch exists once its
+        # input has been read; its bodies are dropped (SpooledRequests reads them from the spool)
+        parsed = parse_input(content, endpoint, request_keeper(endpoint, scenario))
         fault = account_fault(scenario, [parsed.model], "openai")
         if fault is not None:
             raise fault
@@ -208,8 +210,6 @@ class SandboxState:
                 }
                 for line in scenario.param("lines")
             ]
-        if not errors:  # counted before the clock is read: the batch exists once its input has been read
-            count_prompt_tokens(endpoint, parsed.requests, scenario)
         batch_id = new_id("batch_")
         link = self.spool.path(batch_id + ".input")
         requests = SpooledRequests.link(input_file.path, link, content, parsed.requests)

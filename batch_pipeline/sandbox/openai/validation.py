@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,9 +66,12 @@ def _check_line(number: int, raw: bytes, endpoint: str) -> tuple[dict[str, Any] 
     return {"custom_id": custom_id, "body": body, "line": number}, None
 
 
-def parse_input(content: bytes, endpoint: str = CHAT_URL) -> ParsedInput:
+def parse_input(
+    content: bytes, endpoint: str = CHAT_URL, keep: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+) -> ParsedInput:
     """Parse and check every line: JSON object, unique custom_id, POST, url, body.model and body.messages,
-    one model per file, at most 50,000 requests and 200 MB."""
+    one model per file, at most 50,000 requests and 200 MB. ``keep``: what of each good request is kept (all of
+    it by default), called as it is found so that the parsed bodies need not all be held at once."""
     parsed = ParsedInput()
     if len(content) > MAX_BYTES:
         parsed.errors.append(_error("file_too_large", f"The input file exceeds {MAX_BYTES} bytes.", None))
@@ -104,7 +108,7 @@ def parse_input(content: bytes, endpoint: str = CHAT_URL) -> ParsedInput:
             continue
         assert request is not None
         seen.add(request["custom_id"])
-        parsed.requests.append(request)
+        parsed.requests.append(request if keep is None else keep(request))
     if not parsed.requests and not parsed.errors:
         parsed.errors.append(_error("empty_file", "The input file has no requests.", None))
     if len(parsed.requests) > MAX_LINES:
