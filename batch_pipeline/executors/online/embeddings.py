@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from batch_pipeline.core.ledger.executor import RAW_RESULT_SCHEMA, RequestPlan, raw_table
 from batch_pipeline.executors.online.replies import unparseable_row
+from batch_pipeline.executors.online.transport import SplicedBody
 from batch_pipeline.executors.openai.embeddings import (
     EMBEDDING_FIELD,
     embedding_body,
@@ -25,7 +26,7 @@ EMBEDDINGS_PATH = "/embeddings"
 _WIDTH = len(RAW_RESULT_SCHEMA)
 
 
-class EmbeddingBodyBuilder:
+class EmbeddingBodyBuilder(SplicedBody):
     """The body of an embeddings request: the shared settings serialised once, the input spliced in."""
 
     path = EMBEDDINGS_PATH
@@ -35,11 +36,8 @@ class EmbeddingBodyBuilder:
         return client.embeddings.with_raw_response.create
 
     def __init__(self, plan: RequestPlan, extra_body: dict[str, Any] | None) -> None:
-        self.plan = plan
-        self.settings = {**embedding_body(plan), **(extra_body or {})}
-        self.extra_body = dict(extra_body or {})
-        inner = json.dumps(self.settings, ensure_ascii=False, separators=(",", ":"))[1:-1]
-        self._head = f'{{{inner},"input":'
+        super().__init__(plan, extra_body, embedding_body(plan))
+        self._head = f'{{{self.inner},"input":'
 
     def data(self, prompt: str) -> bytes:
         return (self._head + json.dumps(prompt, ensure_ascii=False) + "}").encode("utf-8")

@@ -35,7 +35,18 @@ class Reply:
     detail: str = ""
 
 
-class BodyBuilder:
+class SplicedBody:
+    """A request body whose settings (the same in every request, ``extra_body`` over them) are serialised once;
+    each request's own part is spliced in after them (``inner``: the settings' JSON without its braces)."""
+
+    def __init__(self, plan: RequestPlan, extra_body: dict[str, Any] | None, settings: dict[str, Any]) -> None:
+        self.plan = plan
+        self.extra_body = dict(extra_body or {})
+        self.settings = {**settings, **self.extra_body}
+        self.inner = json.dumps(self.settings, ensure_ascii=False, separators=(",", ":"))[1:-1]
+
+
+class BodyBuilder(SplicedBody):
     """The request body for a prompt: the shared settings are serialised once and spliced in."""
 
     path = "/chat/completions"  # under the base URL (an embeddings job's builder: online/embeddings.py)
@@ -46,11 +57,8 @@ class BodyBuilder:
         return client.chat.completions.with_raw_response.create
 
     def __init__(self, plan: RequestPlan, extra_body: dict[str, Any] | None) -> None:
-        self.plan = plan
-        self.settings = {**body_settings(plan), **(extra_body or {})}
-        self.extra_body = dict(extra_body or {})
-        inner = json.dumps(self.settings, ensure_ascii=False, separators=(",", ":"))[1:-1]
-        self._head = f'{{{inner},"messages":[{messages_head(plan)}'
+        super().__init__(plan, extra_body, body_settings(plan))
+        self._head = f'{{{self.inner},"messages":[{messages_head(plan)}'
         self._tail = "]}"
         self._turns = plan.row_turns_json
         max_tokens = self.settings.get("max_completion_tokens") or self.settings.get("max_tokens") or 0
