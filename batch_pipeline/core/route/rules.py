@@ -19,7 +19,7 @@ cheapest was not taken), else ``cheapest``.
 """
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass(frozen=True)
@@ -116,27 +116,12 @@ class RouteChoice:
     costs: dict[str, float | None] = field(default_factory=dict)  # candidate label -> estimated cost
 
     def as_dict(self) -> dict:
-        return {
-            "shard_id": self.shard_id,
-            "backend": self.backend,
-            "model": self.model,
-            "rule": self.rule,
-            "reason": self.reason,
-            "excluded": dict(self.excluded),
-            "costs": dict(self.costs),
-        }
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "RouteChoice":
-        return cls(
-            d["shard_id"],
-            d["backend"],
-            d["model"],
-            d["rule"],
-            d["reason"],
-            dict(d.get("excluded", {})),
-            dict(d.get("costs", {})),
-        )
+        """A stored choice (one written before ``excluded`` and ``costs`` were kept reads with them empty)."""
+        return cls(**{"excluded": {}, "costs": {}, **d})
 
 
 def _cost_key(c: Candidate) -> float:
