@@ -85,6 +85,17 @@ class Store:
             out.append(info.path[len(self.base) + 1 :])
         return sorted(out)
 
+    def file_stats(self, rel_dir: str) -> list[tuple[str, int, int | None]]:
+        """``(relative path, size, mtime in ns)`` of every complete file under ``rel_dir``, recursively, sorted: one
+        listing, no file opened (what changed under a folder, cheaply; mtime is None where the store has none)."""
+        selector = pafs.FileSelector(self.full(rel_dir), allow_not_found=True, recursive=True)
+        out = [
+            (i.path[len(self.base) + 1 :], i.size, i.mtime_ns)
+            for i in self.fs.get_file_info(selector)
+            if i.type == pafs.FileType.File and not i.base_name.startswith(TMP_PREFIX)
+        ]
+        return sorted(out)
+
     def list_dirs(self, rel_dir: str) -> list[str]:
         selector = pafs.FileSelector(self.full(rel_dir), allow_not_found=True)
         return sorted(i.base_name for i in self.fs.get_file_info(selector) if i.type == pafs.FileType.Directory)
