@@ -19,6 +19,7 @@ import json
 import math
 import re
 from collections.abc import Callable
+from functools import lru_cache
 from typing import Any
 
 import tiktoken
@@ -36,6 +37,9 @@ def bpe(name: str) -> tiktoken.Encoding:
 
 
 def _bpe_count(name: str, scale: float = 1.0) -> Callable[[str], int]:
+    # a batch's lines share their system prompt and output schema: each is counted once, not at every create and
+    # run of every line (a few recent texts kept: the shared ones stay, each line's own user text passes through)
+    @lru_cache(maxsize=64)
     def count(text: str) -> int:
         n = len(bpe(name).encode_ordinary(text))
         return n if scale == 1.0 else math.ceil(n * scale)
