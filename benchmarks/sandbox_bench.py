@@ -7,9 +7,12 @@ RSS (``VmHWM``) and the CPU seconds it spent from ready to done, divided by N.
 
 ``--old-root DIR`` runs the same job a second time against the sandbox of another checkout, in the same run:
 ``git archive COMMIT batch_pipeline | tar -x -C DIR`` (the commit before the spool: 231f840). ``--profile N``
-prints the sandbox's N heaviest functions by own time (cProfile over every request it served).
+prints the sandbox's N heaviest functions by own time (cProfile over every request it served). ``--in-progress-s S``
+runs every batch's in_progress over S sandbox seconds (the scenario's default is 0.2 s: each batch is answered
+whole in one poll), so all the batches are in progress at once, as a real job's are, and their answers so far add up.
 
-Run: nice -n 19 python benchmarks/sandbox_bench.py --requests 100000 [--old-root /tmp/old] [--profile 25]
+Run: nice -n 19 python benchmarks/sandbox_bench.py --requests 100000 [--in-progress-s 60] [--old-root /tmp/old]
+     [--profile 25]
 """
 
 from __future__ import annotations
@@ -104,7 +107,7 @@ def serve_sandbox(root: str | None, conn: Any, profile_top: int) -> None:
     conn.send(report)
 
 
-def drive(url: str, requests: int) -> dict[str, float]:
+def drive(url: str, requests: int, in_progress_s: float | None) -> dict[str, float]:
     """Upload, create, poll to completed and stream every output down; the phases' wall seconds."""
     client = openai.OpenAI(base_url=url + "/v1", api_key="sk-sandbox", max_retries=0, timeout=600)
     phases: dict[str, float] = {}
@@ -114,8 +117,14 @@ def drive(url: str, requests: int) -> dict[str, float]:
         data = batch_file(start, min(PER_BATCH, requests - start))
         ids.append(client.files.create(file=(f"in{number}.jsonl", data), purpose="batch").id)
     phases["upload_s"] = time.perf_counter() - t0
+    metadata = None
+    if in_progress_s is not None:
+        metadata = {"sandbox_scenario": "normal", "sandbox_param_in_progress_s": str(in_progress_s)}
     batches = [
-        client.batches.create(input_file_id=f, endpoint="/v1/chat/completions", completion_window="24h").id for f in ids
+        client.batches.create(
+            input_file_id=f, endpoint="/v1/chat/completions", completion_window="24h", metadata=metadata
+        ).id
+        for f in ids
     ]
     outputs = []
     for batch_id in batches:
@@ -136,14 +145,14 @@ def drive(url: str, requests: int) -> dict[str, float]:
     return phases
 
 
-def measure(root: str | None, requests: int, profile_top: int) -> dict[str, Any]:
+def measure(root: str | None, requests: int, profile_top: int, in_progress_s: float | None) -> dict[str, Any]:
     """One job against the sandbox of ``root`` (None: this checkout) in its own spawned child."""
     ctx = mp.get_context("spawn")
     ours, theirs = ctx.Pipe()
     child = ctx.Process(target=serve_sandbox, args=(root, theirs, profile_top))
     child.start()
     url = ours.recv()
-    phases = drive(url, requests)
+    phases = drive(url, requests, in_progress_s)
     ours.send("done")
     report = ours.recv()
     child.join(timeout=60)
@@ -164,13 +173,15 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=100_000)
     parser.add_argument("--old-root", help="a checkout whose sandbox runs the same job first, for before/after")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="print the sandbox's N top functions")
+    parser.add_argument("--in-progress-s", type=float, help="each batch's in_progress span (sandbox seconds)")
     args = parser.parse_args()
-    print(f"sandbox_bench: {args.requests:,} requests, load {load():.1f} at start")
+    span = "" if args.in_progress_s is None else f", in_progress {args.in_progress_s:g} s"
+    print(f"sandbox_bench: {args.requests:,} requests{span}, load {load():.1f} at start")
     results = {}
     if args.old_root:
-        results["before"] = measure(args.old_root, args.requests, 0)
+        results["before"] = measure(args.old_root, args.requests, 0, args.in_progress_s)
         _print("before", results["before"])
-    results["after"] = measure(None, args.requests, args.profile)
+    results["after"] = measure(None, args.requests, args.profile, args.in_progress_s)
     _print("after", results["after"])
     if "before" in results:
         before, after = results["before"], results["after"]
