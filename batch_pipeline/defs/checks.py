@@ -7,10 +7,9 @@ import dagster as dg
 import polars as pl
 
 from batch_pipeline.core.errors import ReconciliationError
-from batch_pipeline.core.ledger.result_parts import read_results
 from batch_pipeline.core.publish.gate import check_staged
+from batch_pipeline.core.publish.scan import job_shard_outliers
 from batch_pipeline.core.publish.tables import JobState
-from batch_pipeline.core.quality.shard_stats import shard_outliers
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.troubleshooting import lookup
@@ -94,12 +93,7 @@ def build_shard_stats_check(spec: JobSpec, results_asset: dg.AssetsDefinition) -
         + check_description("shard_distributions", spec.name),
     )
     def shard_distributions(store: StoreResource) -> dg.AssetCheckResult:
-        results = read_results(
-            store.get(),
-            spec.name,
-            columns=["request_id", "attempt", "shard_id", "status", "parsed_output", "output_tokens", "error_message"],
-        )
-        stats = shard_outliers(results, spec.output.kind)
+        stats = job_shard_outliers(spec, store.get())  # a group of shards at a time
         flagged = stats.filter(pl.col("flagged").is_not_null())
         return dg.AssetCheckResult(
             passed=flagged.height == 0,

@@ -18,6 +18,7 @@ from batch_pipeline.core.ledger.replay import Replays
 from batch_pipeline.core.ledger.result_parts import read_parts, result_parts
 from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.quality.golden import GoldenProbes
+from batch_pipeline.core.quality.shard_stats import STATS_COLUMNS, ShardAggregates, outliers
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.store import Store
 
@@ -146,6 +147,18 @@ def scan_job(spec: JobSpec, store: Store, group_items: int = GROUP_ITEMS) -> Job
     if probe_ids is not None:
         out.probe_results = pl.concat(probe_frames) if probe_frames else read_parts(store, [], SCAN_COLUMNS)
     return out
+
+
+def job_shard_outliers(spec: JobSpec, store: Store, group_items: int = GROUP_ITEMS) -> pl.DataFrame:
+    """``shard_stats.outliers`` of the job's shards, read a group of shards at a time (memory follows the group:
+    each group is summed per shard before the next is read)."""
+    manifest = Manifest(spec.name, store)
+    parts = result_parts(store, spec.name)
+    aggregates = [
+        ShardAggregates.of(read_parts(store, [rel for sid in group for rel in parts.get(sid, [])], STATS_COLUMNS))
+        for group in _groups(manifest, manifest.shard_ids(), group_items)
+    ]
+    return outliers(ShardAggregates.stacked(aggregates), spec.output.kind)
 
 
 def _groups(manifest: Manifest, shard_ids: list[str], group_items: int) -> list[list[str]]:
