@@ -161,12 +161,40 @@ def _resume(control):
     return control
 
 
+def _nothing_to_do(spec: JobSpec, store, prices, started: float) -> int | None:
+    """A finished job run again (``core/publish/noop.py``): its published report, printed without starting Dagster
+    (no manifest generation, no run, no item or result read); None when the run has anything to do."""
+    from datetime import datetime
+
+    from batch_pipeline.core.publish.noop import nothing_to_do
+
+    report = nothing_to_do(spec, store, prices)
+    if report is None:
+        return None
+    remember_spec(spec, store)
+    at = datetime.fromisoformat(report["published_at"]).isoformat(timespec="seconds")
+    console.print(
+        f"[bold]>[/bold] nothing to do: no input changed, every shard is settled and nothing changed since the "
+        f"publish at {at}: the published tables stand"
+    )
+    report["passes"] = 0
+    report["wall_time_s"] = round(time.perf_counter() - started, 2)
+    print_summary(report, console)
+    return ExitCode.DONE if report.get("complete") else ExitCode.STOPPED
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from batch_pipeline.core.store import Store
 
     settings = args.settings
     spec = resolve_job(args.spec, settings)
     os.environ["BATCH_PIPELINE_HOME"] = settings.home  # any child process (a sandbox, a step pod) reads it
+    console.print(f"[bold]job {spec.name}[/bold]: {spec.model} on {spec.backend.name}, input {spec.input.path}")
+    store = Store.of(settings)
+    started = time.perf_counter()
+    done = _nothing_to_do(spec, store, settings.prices, started)
+    if done is not None:
+        return done
     _dagster_home()
     import dagster as dg
 
@@ -174,13 +202,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from batch_pipeline.defs.resources import resources_of
 
     resources = resources_of(settings)
-    console.print(f"[bold]job {spec.name}[/bold]: {spec.model} on {spec.backend.name}, input {spec.input.path}")
     from batch_pipeline.core.ledger.control import JobControl, JobPaused
 
-    store = Store.of(settings)
     remember_spec(spec, store)
     control = _resume(JobControl(store, spec.name))
-    started = time.perf_counter()
     term = _TermAsInterrupt()  # SIGTERM: a stream shard stores what finished, then we exit 143 (no traceback)
     # Dagster's console log (stack traces included) is shown for bugs only; a verbose level shows it live
     log = HeldStderr(

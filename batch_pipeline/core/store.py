@@ -96,6 +96,11 @@ class Store:
         ]
         return sorted(out)
 
+    def mtime_ns(self, rel: str) -> int | None:
+        """When ``rel`` was last written (None: no such file, or a store that does not say)."""
+        info = self.fs.get_file_info(self.full(rel))
+        return info.mtime_ns if info.type == pafs.FileType.File else None
+
     def list_dirs(self, rel_dir: str) -> list[str]:
         selector = pafs.FileSelector(self.full(rel_dir), allow_not_found=True)
         return sorted(i.base_name for i in self.fs.get_file_info(selector) if i.type == pafs.FileType.Directory)

@@ -94,3 +94,47 @@ def test_an_edited_spec_or_a_missing_table_publishes_again(sandbox, instance, re
     edited = load_spec(spec.source_path)
     run_job(edited, instance, resources)
     assert _latest(instance, edited, "validated") > after
+
+
+def _runs(dagster_home) -> int:
+    import dagster as dg
+
+    with dg.DagsterInstance.from_config(str(dagster_home)) as inst:
+        return len(inst.get_runs())
+
+
+def test_the_cli_runs_a_finished_job_again_without_a_dagster_run(
+    sandbox, home, make_job, tmp_path, monkeypatch, capsys
+):
+    from batch_pipeline.core.ledger.control import JobControl
+    from batch_pipeline.core.manifest.read import Manifest
+
+    dagster_home = tmp_path / "dagster_home"
+    monkeypatch.setenv("DAGSTER_HOME", str(dagster_home))
+    spec = make_job()
+    args = ["run", spec.source_path, "--home", str(home)]
+    assert main(args) == 0
+    first = capsys.readouterr().out
+    runs, generation = _runs(dagster_home), Manifest(spec.name, Store(home)).last_generation()
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "> nothing to do: no input changed, every shard is settled and nothing changed since the publish at " in out
+    assert _runs(dagster_home) == runs  # no manifest run, no publish run
+    assert Manifest(spec.name, Store(home)).last_generation() == generation  # no manifest generation either
+    new_rows = next(ln for ln in out.splitlines() if "new input rows (this run)" in ln)
+    assert new_rows.strip("│ ").endswith(" 0"), new_rows
+    succeeded = next(ln for ln in first.splitlines() if "succeeded" in ln)
+    assert succeeded in out  # the same summary as the publish's
+    # a pause to lift is something to do: the ordinary run lifts it and goes on (to the same tables)
+    JobControl(Store(home), spec.name).pause("deploy")
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "resuming: the job was paused" in out and "nothing to do" not in out and _runs(dagster_home) > runs
+    # a new row in the input: the manifest reads it
+    runs = _runs(dagster_home)
+    with open(spec.input.path.replace("*.jsonl", "rows.jsonl"), "a") as f:
+        f.write('{"ticket_id": "T-new", "subject": "Refund", "body": "Please refund my last invoice."}\n')
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "nothing to do" not in out and _runs(dagster_home) > runs
+    assert main(args) == 0 and "nothing to do" in capsys.readouterr().out

@@ -88,9 +88,11 @@ def recorded(store: Store, job: str) -> PublishBasis | None:
         return None
 
 
-def standing(spec: JobSpec, store: Store, now: PublishBasis) -> dict | None:
+def standing(spec: JobSpec, store: Store, now: PublishBasis, *, new_generation: bool = True) -> dict | None:
     """The last publish's report when it still stands for ``now`` (the same work, its report made from the recorded
-    generation, its tables in place, and this generation read no row), else None: publish."""
+    generation, its tables in place), else None: publish. ``new_generation``: this run's manifest made ``now``'s
+    generation, which must have read no row; False: no manifest ran since the publish (its generation is ``now``'s).
+    """
     last = recorded(store, spec.name)
     if last is None or not now.same_work(last):
         return None
@@ -100,6 +102,8 @@ def standing(spec: JobSpec, store: Store, now: PublishBasis) -> dict | None:
         return None
     if not all(store.exists(p) for p in (paths.validated, paths.dead_letters)):
         return None
+    if not new_generation:
+        return report if now.generation == last.generation else None
     latest = Manifest(spec.name, store).latest()
     if latest is None or latest.generation != now.generation or latest.input_rows or latest.new_requests:
         return None
