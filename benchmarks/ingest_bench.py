@@ -432,7 +432,7 @@ class _StubExecutor:
 
 
 def ours_runner(files: list[str], work: str, shard_lines: int = SHARD, split: bool = False) -> dict:
-    from batch_pipeline.core.ledger.attempts import Attempt
+    from batch_pipeline.core.ledger.attempts import Attempt, IntentRecord
     from batch_pipeline.core.ledger.executor import BatchHandle
     from batch_pipeline.core.run.runner import ShardRunner
 
@@ -451,7 +451,7 @@ def ours_runner(files: list[str], work: str, shard_lines: int = SHARD, split: bo
         by_batch[f"batch_{sid}"] = b"".join(chunk)
         attempts.append(
             (
-                Attempt(1, {"intent": {"key": f"{JOB}:{sid}:1", "request_ids": rids}}),
+                Attempt(1, {"intent": IntentRecord(key=f"{JOB}:{sid}:1", request_ids=rids)}),
                 BatchHandle("openai_batch", f"batch_{sid}", f"{JOB}:{sid}:1"),
             )
         )
