@@ -9,6 +9,7 @@ in place except derived snapshots (the validated table), which are replaced atom
 import json
 import logging
 import os
+import threading
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -281,6 +282,22 @@ def parquet_bytes(table: pa.Table, **kwargs: Any) -> pa.Buffer:
     return buf.getvalue()
 
 
+_writers: dict[int, ThreadPoolExecutor] = {}
+_writers_lock = threading.Lock()
+
+
+def shared_writers(workers: int) -> ThreadPoolExecutor:
+    """One long-lived write pool per size, for callers that open a ``BackgroundWrites`` per small unit of work (a
+    5,000-line shard's ingest): two threads started and joined per shard cost more than its writes' waits under
+    load. Safe to share: a worker runs writes in the order submitted, so a write that waits on an earlier one
+    (a result part on its payload) only ever waits on one already running or done."""
+    with _writers_lock:
+        pool = _writers.get(workers)
+        if pool is None:
+            pool = _writers[workers] = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="store-write")
+        return pool
+
+
 class BackgroundWrites:
     """Writes run on worker threads, with at most ``depth`` submitted and not yet finished.
 
@@ -289,12 +306,19 @@ class BackgroundWrites:
     one ``ParquetWriter``; with more, writes of separate files run side by side, and one that must land after
     another waits on the earlier one's future (``submit`` returns it). A failed write
     is raised by the next ``submit`` or by ``wait``. Leaving the ``with`` block waits for every pending write;
-    it raises the first failure unless an exception is already on its way out.
+    it raises the first failure unless an exception is already on its way out. ``shared``: the writes run on the
+    long-lived pool of ``shared_writers(workers)`` (no threads started or joined here); leaving the block still
+    waits for this instance's writes, and only those.
     """
 
-    def __init__(self, depth: int = 2, workers: int = 1):
+    def __init__(self, depth: int = 2, workers: int = 1, shared: bool = False):
         self.depth = max(1, depth)
-        self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="store-write")
+        self._shared = shared  # a long-lived pool of ``workers`` threads, not shut down here (``shared_writers``)
+        self._pool = (
+            shared_writers(workers)
+            if shared
+            else ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="store-write")
+        )
         self._pending: deque[Future] = deque()
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future:
@@ -321,7 +345,8 @@ class BackgroundWrites:
         try:
             self.wait()
         finally:
-            self._pool.shutdown(wait=True)
+            if not self._shared:
+                self._pool.shutdown(wait=True)
 
     def __enter__(self) -> "BackgroundWrites":
         return self

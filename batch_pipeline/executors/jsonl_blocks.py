@@ -74,10 +74,37 @@ def parse_stream(
     block_bytes: int = RESULT_BLOCK_BYTES,
     total_bytes: int | None = None,
 ) -> Iterator[pa.Table]:
-    """A downloaded result file, as byte chunks -> one table per block of about ``block_bytes`` (fewer when the
-    file's ``total_bytes`` is known: ``block_bytes_for``), in file order; blocks are parsed on ``workers``
-    threads while the next ones arrive."""
-    return ordered_map(parse_block, iter_blocks(chunks, block_bytes_for(total_bytes, workers, block_bytes)), workers)
+    """A downloaded result file, as byte chunks -> one table per block of about ``block_bytes``, in file order;
+    blocks are parsed on ``workers`` threads while the next ones arrive. A file whose ``total_bytes`` is known is
+    parsed in smaller blocks, one per worker at least (``block_bytes_for``), and their tables are joined again up
+    to ``block_bytes`` (``join_tables``): the cut is for the parse, and each table is a flush the runner stores as
+    a pair of parts, each paying a Parquet file's fixed costs."""
+    size = block_bytes_for(total_bytes, workers, block_bytes)
+    tables = ordered_map(parse_block, iter_blocks(chunks, size), workers)
+    return tables if size >= block_bytes else join_tables(tables, block_bytes)
+
+
+def join_tables(tables: Iterable[pa.Table], limit: int) -> Iterator[pa.Table]:
+    """Consecutive tables of one schema joined while together within ``limit`` bytes (no copy: the joined
+    table's columns are the tables' chunks), in order. A group of half the limit or more goes at once rather
+    than waiting for the next table (nothing as large could join it)."""
+    held: list[pa.Table] = []
+    size = 0
+    for table in tables:
+        if held and (size + table.nbytes > limit or not table.schema.equals(held[0].schema)):
+            yield _joined(held)
+            held, size = [], 0
+        held.append(table)
+        size += table.nbytes
+        if size >= limit // 2:
+            yield _joined(held)
+            held, size = [], 0
+    if held:
+        yield _joined(held)
+
+
+def _joined(tables: list[pa.Table]) -> pa.Table:
+    return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
 
 
 def lines_array(block: bytes) -> pa.StringArray | None:

@@ -7,6 +7,7 @@ from batch_pipeline.executors.jsonl_blocks import (
     RESULT_BLOCK_BYTES,
     block_bytes_for,
     iter_blocks,
+    join_tables,
     parse_stream,
 )
 
@@ -24,10 +25,28 @@ def test_parse_stream_gives_each_worker_a_block_and_keeps_every_line_in_order():
     data = b"\n".join(lines) + b"\n"
     chunks = [data[i : i + (1 << 20)] for i in range(0, len(data), 1 << 20)]
     assert len(list(iter_blocks(iter(chunks)))) == 1  # the old cut: one block for the whole file
+    parsed = []
 
     def parse(block: bytes) -> pa.Table:
+        parsed.append(len(block))
         return pa.table({"line": [ln for ln in block.split(b"\n") if ln]})
 
     tables = list(parse_stream(parse, iter(chunks), workers=2, total_bytes=len(data)))
-    assert len(tables) >= 2
+    assert len(parsed) >= 2  # every worker had a block to parse
+    assert len(tables) == 1  # joined again: one flush, as the file is within one block's bytes
     assert [ln for t in tables for ln in t.column("line").to_pylist()] == lines
+
+
+def test_tables_are_joined_in_order_within_the_limit_and_by_schema():
+    def table(n: int, start: int, kind: pa.DataType | None = None) -> pa.Table:
+        return pa.table({"v": pa.array(range(start, start + n), kind or pa.int64())})  # int64: 8 bytes a row
+
+    small = [table(100, 100 * i) for i in range(5)]  # 800 bytes each
+    joined = list(join_tables(small, limit=2_000))
+    assert [t.num_rows for t in joined] == [200, 200, 100]
+    assert [v for t in joined for v in t.column("v").to_pylist()] == list(range(500))
+    big = [table(130, 0), table(10, 130)]  # 1,040 bytes: half the limit or more, so it goes at once
+    assert [t.num_rows for t in join_tables(big, limit=2_000)] == [130, 10]
+    mixed = [table(10, 0), table(10, 10, pa.int32()), table(10, 20, pa.int32())]
+    assert [t.num_rows for t in join_tables(mixed, limit=2_000)] == [10, 20]  # another schema starts a group
+    assert list(join_tables([], limit=2_000)) == []

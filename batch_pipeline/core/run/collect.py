@@ -271,9 +271,10 @@ class CollectShape:
 
         Per block, the payload part is queued the moment the block is parsed, so it is written on one background
         thread while this one validates the block and the result part is encoded on another (Parquet, zstd and
-        LZ4 release the GIL); the result part becomes visible after its payload. Every write has finished when
-        this returns or raises. Under ``lease`` each block is fenced (``StaleAttemptError`` once another run took
-        the shard over) and a long download renews the lease.
+        LZ4 release the GIL); the result part becomes visible after its payload. The writer threads are long-lived
+        (``shared_writers``: an ingest is often one 5,000-line shard). Every write has finished when this returns
+        or raises. Under ``lease`` each block is fenced (``StaleAttemptError`` once another run took the shard
+        over) and a long download renews the lease.
         """
         from batch_pipeline.core.store import BackgroundWrites
 
@@ -288,7 +289,7 @@ class CollectShape:
         systemic: dict | None = None
         answered: list[pa.Array] = []
         started = time.monotonic()
-        with BackgroundWrites(depth=4, workers=2) as writes:
+        with BackgroundWrites(depth=4, workers=2, shared=True) as writes:
             for flush, raw in enumerate(executor.fetch(handle), start=1):
                 known = pc.is_in(raw.column("request_id"), value_set=expected)
                 mine = raw if (pc.sum(known).as_py() or 0) == raw.num_rows else raw.filter(known)
@@ -332,8 +333,10 @@ class CollectShape:
             elapsed,
             rows / elapsed if elapsed > 0 else 0.0,
         )
-        seen = pa.concat_arrays(answered) if answered else pa.array([], pa.string())
-        missing = pc.count_distinct(expected.filter(pc.invert(pc.is_in(expected, value_set=seen)))).as_py()
+        # every stored ID is one of the attempt's (filtered above), so the distinct IDs without a result are the
+        # difference of two distinct counts (no second set lookup over the attempt's IDs)
+        seen = pa.chunked_array(answered, pa.string())
+        missing = pc.count_distinct(expected).as_py() - pc.count_distinct(seen).as_py()
         if missing:
             log.warning(
                 "shard %s: batch %s has no result for %d of %d requests; they stay pending",
