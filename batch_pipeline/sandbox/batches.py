@@ -106,18 +106,22 @@ class BatchRecord(ScenarioRecord):
             self.requests, self.results, self.order = [], [], []
 
     def to_json(self) -> dict[str, Any]:
-        """Plain JSON; spooled requests as their spans and spooled results as their counts (``asdict`` would copy
-        the open handle and the pending lines)."""
-        requests, results = self.requests, self.results
-        spooled = {"requests": requests, "results": results}
-        spooled = {k: v for k, v in spooled.items() if isinstance(v, SpooledRequests | SpooledResults)}
-        self.requests = [] if "requests" in spooled else requests
-        self.results = [] if "results" in spooled else results
+        """Plain JSON; spooled requests and results as their names and counts (``asdict`` would copy the open
+        handle and the pending lines). With spooled requests the output order is not saved either: it is the
+        input's shuffle (50,000 numbers, in every save), made again from the link when the state is loaded."""
+        kept = requests, results, order = self.requests, self.results, self.order
+        if isinstance(requests, SpooledRequests):
+            self.requests, self.order = [], []
+        if isinstance(results, SpooledResults):
+            self.results = []
         try:
             data = super().to_json()
         finally:
-            self.requests, self.results = requests, results
-        data.update((k, v.to_json()) for k, v in spooled.items())
+            self.requests, self.results, self.order = kept
+        if isinstance(requests, SpooledRequests):
+            data.update(requests=requests.to_json(), order=None if order else [])
+        if isinstance(results, SpooledResults):
+            data["results"] = results.to_json()
         return data
 
     @classmethod
@@ -129,6 +133,9 @@ class BatchRecord(ScenarioRecord):
         batch = cls.from_json({**data, "results": []} if isinstance(results, dict) else data)
         if isinstance(batch.requests, dict):
             batch.requests = SpooledRequests.from_json(batch.requests, spool)
+        if batch.order is None:  # the input's shuffle, not saved
+            assert isinstance(batch.requests, SpooledRequests)
+            batch.order = output_order(batch.requests.path.read_bytes(), len(batch.requests))
         if isinstance(results, dict):
             batch.results = SpooledResults.from_json(results, spool)
             batch.results.restore()

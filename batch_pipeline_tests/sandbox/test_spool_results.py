@@ -74,8 +74,9 @@ def test_the_answers_of_a_running_batch_grow_on_disk_and_survive_a_restart(tmp_p
         output_part = results.path("output")
         half = output_part.read_bytes()
         assert half.startswith(first) and len(half) > len(first)  # appended to, not rewritten
-        saved = json.loads((tmp_path / "state.json").read_text())["batches"][0]["results"]
-        assert saved == results.to_json() and saved["count"] == LINES // 2  # counts, not answers
+        (saved,) = json.loads((tmp_path / "state.json").read_text())["batches"]
+        assert saved["results"] == results.to_json() and saved["results"]["count"] == LINES // 2  # not answers
+        assert set(saved["requests"]) == {"spooled", "spans", "count"} and saved["order"] is None  # nor spans
         client.close()
     with output_part.open("ab") as out:  # as if the sandbox answered more and died before saving its state
         out.write(b'{"custom_id":"never-saved"}\n')
@@ -95,6 +96,7 @@ def test_the_answers_of_a_running_batch_grow_on_disk_and_survive_a_restart(tmp_p
         assert [row["custom_id"] for row in ledger] == _ids(output)  # billed once each, in output order
         assert sum(row["input_tokens"] for row in ledger) == batch.usage.input_tokens
         assert not list((tmp_path / "files").glob("*.part"))  # the parts became the files or went
+        assert not list((tmp_path / "files").glob("*.spans")) and not list((tmp_path / "files").glob("*.input"))
         client.close()
 
 

@@ -5,7 +5,9 @@ Parsed, a 50,000-line batch's requests were ~170 MB of dicts from create to end;
 (16 bytes and an int a line); a line is parsed again when its turn comes. The batch reads a hard link of the
 input, so deleting the input file (which the API allows mid-batch) does not take the requests with it. A line is
 read with ``pread`` on an open handle, not from a memory map: a map's pages count in the sandbox's RSS, the whole
-input of every batch in flight by the end of the batch (~22 MB per 50,000 lines).
+input of every batch in flight by the end of the batch (~22 MB per 50,000 lines). A saved state names a sidecar of
+the spans (``<link>.spans``, written at the first save), not the spans themselves: a state directory's
+``state.json`` is rewritten at every change, and the spans of twenty batches in flight were ~40 MB of it each time.
 """
 
 from __future__ import annotations
@@ -74,8 +76,16 @@ class SpooledRequests(Sequence[dict[str, Any]]):
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, SpooledRequests):
-            return self.to_json() == other.to_json()
+            return self.path == other.path and self._spans() == other._spans()
         return isinstance(other, list) and list(self) == other
+
+    def _spans(self) -> tuple[array[int], ...]:
+        return (self.starts, self.ends, self.lines, self.tokens)
+
+    @property
+    def spans_path(self) -> Path:
+        """The sidecar a saved state reads the spans from."""
+        return self.path.with_name(self.path.name + ".spans")
 
     def prompt_token_total(self) -> int:
         """The batch's prompt tokens (for the quota), without parsing a line."""
@@ -87,21 +97,28 @@ class SpooledRequests(Sequence[dict[str, Any]]):
             self._source.close()
             self._source = None
         self.path.unlink(missing_ok=True)
+        self.spans_path.unlink(missing_ok=True)
 
     def to_json(self) -> dict[str, Any]:
-        """The spans and counts, and the link's name (resolved against the spool when loaded)."""
-        return {
-            "spooled": self.path.name,
-            "starts": list(self.starts),
-            "ends": list(self.ends),
-            "lines": list(self.lines),
-            "prompt_tokens": list(self.tokens),
-        }
+        """The link's and the sidecar's names (resolved against the spool when loaded); the sidecar is written the
+        first time (the spans never change)."""
+        if not self.spans_path.exists():
+            tmp = self.spans_path.with_name(self.spans_path.name + ".tmp")
+            tmp.write_bytes(b"".join(values.tobytes() for values in self._spans()))
+            os.replace(tmp, self.spans_path)
+        return {"spooled": self.path.name, "spans": self.spans_path.name, "count": len(self)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any], spool: Path) -> SpooledRequests:
-        """Inverse of ``to_json`` for a batch whose link is in ``spool``."""
-        spans = (array("q", data[key]) for key in ("starts", "ends", "lines", "prompt_tokens"))
+        """Inverse of ``to_json`` for a batch whose link is in ``spool``; a state saved with the spans themselves
+        (starts, ends, lines, prompt_tokens lists) loads too."""
+        if "spans" not in data:
+            spans = [array("q", data[key]) for key in ("starts", "ends", "lines", "prompt_tokens")]
+            return cls(spool / data["spooled"], *spans)
+        count, values = int(data["count"]), array("q")
+        values.frombytes((spool / data["spans"]).read_bytes())
+        assert len(values) == 4 * count, f"{data['spans']}: {len(values)} values for {count} requests"
+        spans = [values[i * count : (i + 1) * count] for i in range(4)]
         return cls(spool / data["spooled"], *spans)
 
 
