@@ -9,7 +9,9 @@ RSS (``VmHWM``) and the CPU seconds it spent from ready to done, divided by N.
 ``git archive COMMIT batch_pipeline | tar -x -C DIR`` (the commit before the spool: 231f840). ``--profile N``
 prints the sandbox's N heaviest functions by own time (cProfile over every request it served). ``--in-progress-s S``
 runs every batch's in_progress over S sandbox seconds (the scenario's default is 0.2 s: each batch is answered
-whole in one poll), so all the batches are in progress at once, as a real job's are, and their answers so far add up.
+whole in one poll), so all the batches are in progress at once, as a real job's are, and their answers so far add up. ``--state-dir``
+gives the sandbox a temporary state directory (it saves ``state.json`` after every change, as a dry run that must
+survive a restart does) and prints the last ``state.json``'s size.
 
 Run: nice -n 19 python benchmarks/sandbox_bench.py --requests 100000 [--in-progress-s 60] [--old-root /tmp/old]
      [--profile 25]
@@ -20,7 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -79,7 +83,7 @@ def _profiled_handler(profiler: Any) -> None:
         setattr(http_server._Handler, name, serve)
 
 
-def serve_sandbox(root: str | None, conn: Any, profile_top: int) -> None:
+def serve_sandbox(root: str | None, conn: Any, profile_top: int, persist: bool = False) -> None:
     """The child: a sandbox on a free port until told to stop; then its peak RSS, CPU and profile."""
     if root:
         sys.path.insert(0, root)
@@ -93,17 +97,22 @@ def serve_sandbox(root: str | None, conn: Any, profile_top: int) -> None:
     profiler = cProfile.Profile() if profile_top else None
     if profiler is not None:
         _profiled_handler(profiler)
-    server = SandboxServer(port=0).start()
+    state_dir = tempfile.mkdtemp(prefix="sandbox-bench-state-") if persist else None
+    server = SandboxServer(port=0, state_dir=state_dir).start()
     ready_cpu, ready_rss = cpu_s(), maxrss_mb()
     conn.send(server.url)
     conn.recv()  # the driver is done
     report = {"cpu_s": cpu_s() - ready_cpu, "peak_rss_mb": maxrss_mb(), "ready_rss_mb": ready_rss}
     report["code"] = sandbox_pkg.__file__
+    if state_dir is not None:
+        report["state_json_mb"] = (Path(state_dir) / "state.json").stat().st_size / 2**20
     if profiler is not None:
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(profile_top)
         report["profile"] = text.getvalue()
     server.stop()
+    if state_dir is not None:
+        shutil.rmtree(state_dir, ignore_errors=True)
     conn.send(report)
 
 
@@ -145,11 +154,13 @@ def drive(url: str, requests: int, in_progress_s: float | None) -> dict[str, flo
     return phases
 
 
-def measure(root: str | None, requests: int, profile_top: int, in_progress_s: float | None) -> dict[str, Any]:
+def measure(
+    root: str | None, requests: int, profile_top: int, in_progress_s: float | None, persist: bool = False
+) -> dict[str, Any]:
     """One job against the sandbox of ``root`` (None: this checkout) in its own spawned child."""
     ctx = mp.get_context("spawn")
     ours, theirs = ctx.Pipe()
-    child = ctx.Process(target=serve_sandbox, args=(root, theirs, profile_top))
+    child = ctx.Process(target=serve_sandbox, args=(root, theirs, profile_top, persist))
     child.start()
     url = ours.recv()
     phases = drive(url, requests, in_progress_s)
@@ -165,6 +176,7 @@ def _print(label: str, result: dict[str, Any]) -> None:
         f"CPU {result['cpu_s']:6.1f} s = {result['cpu_us_per_request']:6.0f} us/request  "
         f"wall {result['total_s']:6.1f} s (upload {result['upload_s']:.1f}, create+wait "
         f"{result['create_and_wait_s']:.1f}, download {result['download_s']:.1f})  [{result['code']}]"
+        + (f"  state.json {result['state_json_mb']:.1f} MB" if "state_json_mb" in result else "")
     )
 
 
@@ -174,14 +186,15 @@ def main() -> None:
     parser.add_argument("--old-root", help="a checkout whose sandbox runs the same job first, for before/after")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="print the sandbox's N top functions")
     parser.add_argument("--in-progress-s", type=float, help="each batch's in_progress span (sandbox seconds)")
+    parser.add_argument("--state-dir", action="store_true", help="the sandbox persists to a temporary --state-dir")
     args = parser.parse_args()
     span = "" if args.in_progress_s is None else f", in_progress {args.in_progress_s:g} s"
     print(f"sandbox_bench: {args.requests:,} requests{span}, load {load():.1f} at start")
     results = {}
     if args.old_root:
-        results["before"] = measure(args.old_root, args.requests, 0, args.in_progress_s)
+        results["before"] = measure(args.old_root, args.requests, 0, args.in_progress_s, args.state_dir)
         _print("before", results["before"])
-    results["after"] = measure(None, args.requests, args.profile, args.in_progress_s)
+    results["after"] = measure(None, args.requests, args.profile, args.in_progress_s, args.state_dir)
     _print("after", results["after"])
     if "before" in results:
         before, after = results["before"], results["after"]
