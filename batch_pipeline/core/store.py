@@ -282,7 +282,7 @@ def parquet_bytes(table: pa.Table, **kwargs: Any) -> pa.Buffer:
     return buf.getvalue()
 
 
-_writers: dict[int, ThreadPoolExecutor] = {}
+_writers: dict[tuple[int, int], ThreadPoolExecutor] = {}  # by (process, size): a forked child starts its own
 _writers_lock = threading.Lock()
 
 
@@ -291,10 +291,11 @@ def shared_writers(workers: int) -> ThreadPoolExecutor:
     5,000-line shard's ingest): two threads started and joined per shard cost more than its writes' waits under
     load. Safe to share: a worker runs writes in the order submitted, so a write that waits on an earlier one
     (a result part on its payload) only ever waits on one already running or done."""
+    key = (os.getpid(), workers)  # a pool inherited through fork has no threads behind it
     with _writers_lock:
-        pool = _writers.get(workers)
+        pool = _writers.get(key)
         if pool is None:
-            pool = _writers[workers] = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="store-write")
+            pool = _writers[key] = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="store-write")
         return pool
 
 

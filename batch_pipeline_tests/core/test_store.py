@@ -195,3 +195,26 @@ def test_read_head_gives_the_first_rows_and_the_count_without_the_rest(tmp_path)
     store.write_table("e.parquet", pa.table({"n": pa.array([], pa.int64())}))
     head, rows = store.read_head("e.parquet")
     assert rows == 0 and head.num_rows == 0 and head.schema.field("n").type == pa.int64()
+
+
+def test_shared_background_writes_reuse_long_lived_threads_and_wait_for_their_own_writes_only():
+    from batch_pipeline.core.store import BackgroundWrites, shared_writers
+
+    threads: set[threading.Thread] = set()
+    release = threading.Event()
+    with BackgroundWrites(depth=4, workers=2, shared=True) as other:
+        slow = other.submit(release.wait, 10)  # another ingest's write, holding one of the pool's two workers
+        for _ in range(3):
+            done: list[int] = []
+            writes = BackgroundWrites(depth=4, workers=2, shared=True)
+            with writes:
+                payload = writes.submit(lambda d=done: (threads.add(threading.current_thread()), d.append(1)))
+                writes.submit(lambda p=payload, d=done: (p.result(), d.append(2)))  # lands after its payload
+            assert done == [1, 2]  # every write of this instance finished on leaving the block
+        assert not slow.done()  # ... and only those: the other instance's write is still running
+        release.set()
+    assert len(threads) <= 2  # the pool's own two threads, not two new ones per instance
+    assert all(t.name.startswith("store-write") for t in threads)
+    assert shared_writers(2) is shared_writers(2) and shared_writers(2).submit(lambda: 7).result() == 7  # still open
+    with pytest.raises(RuntimeError, match="boom"), BackgroundWrites(workers=2, shared=True) as failing:
+        failing.submit(lambda: (_ for _ in ()).throw(RuntimeError("boom")))
