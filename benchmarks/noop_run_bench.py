@@ -52,6 +52,7 @@ JOB = "noop_bench"
 SHARD = 5000
 SYSTEM = "You label short texts. Answer with exactly one label from the allowed set: billing, bug, other."
 CLOSED_PORT = "http://127.0.0.1:9"  # the no-op runs' provider: nothing listens, so a run that asked it would fail
+NOOP_IMPORTS = "import batch_pipeline.cli, batch_pipeline.core.publish.noop"
 IMPORTS = "import batch_pipeline.cli, dagster, batch_pipeline.defs.pipeline"
 
 
@@ -187,28 +188,35 @@ def measure(job: Job, url: str, repeat: int, before: tuple[Job, Path] | None) ->
     return runs
 
 
-def profile(job: Job, url: str) -> None:
-    """``-X importtime`` of the run's imports and a cProfile of ``cli.main(["run", spec])`` in-process."""
-    env = job.env(url)
-    imports = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", IMPORTS], env=env, capture_output=True, text=True, check=True
+def importtime(job: Job, env: dict[str, str], name: str, imports: str) -> None:
+    """``-X importtime`` of ``imports`` (written to ``importtime-<name>.txt``), its largest cumulative entries."""
+    text = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", imports], env=env, cwd=OUT, capture_output=True, text=True
     ).stderr
-    (job.dir / "importtime.txt").write_text(imports)
+    (job.dir / f"importtime-{name}.txt").write_text(text)
     rows = []
-    for line in imports.splitlines():
+    for line in text.splitlines():
         parts = line.removeprefix("import time:").split("|")
         if len(parts) == 3 and parts[1].strip().isdigit():
             rows.append((int(parts[1]), parts[2].rstrip()))
-    print("importtime, the largest cumulative (us, module):")
-    for us, name in sorted(rows, reverse=True)[:25]:
-        print(f"  {us:>9,}  {name}")
+    print(f"importtime of {name} ({imports}), the largest cumulative (us, module):")
+    for us, module in sorted(rows, reverse=True)[:15]:
+        print(f"  {us:>9,}  {module}")
+
+
+def profile(job: Job, url: str) -> None:
+    """``-X importtime`` of what the no-op run and an ordinary run import, and a cProfile of
+    ``cli.main(["run", spec])`` in-process."""
+    env = job.env(url)
+    importtime(job, env, "noop", NOOP_IMPORTS)
+    importtime(job, env, "ordinary", IMPORTS)
     code = (
         "import cProfile, pstats, sys; from batch_pipeline.cli import main; "
         f"p = cProfile.Profile(); p.enable(); rc = main(['run', {str(job.spec)!r}]); p.disable(); "
         f"p.dump_stats({str(job.dir / 'run.prof')!r}); "
         "s = pstats.Stats(p, stream=sys.stderr); s.sort_stats('cumulative').print_stats(60); sys.exit(rc)"
     )
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=OUT, capture_output=True, text=True, check=False)
     (job.dir / "run_profile.txt").write_text(done.stderr)
     print(f"cProfile of the run (exit {done.returncode}) in {job.dir / 'run_profile.txt'}; top of it:")
     print("\n".join(done.stderr.splitlines()[:80]))
