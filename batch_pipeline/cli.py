@@ -21,7 +21,8 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from typing import Self
+from pathlib import Path
+from typing import TYPE_CHECKING, Self
 
 from rich.console import Console
 
@@ -43,6 +44,9 @@ from batch_pipeline.core.errors import BatchPipelineError, SystemicError
 from batch_pipeline.core.ledger.control import JobPaused
 from batch_pipeline.core.settings import PROJECT_ROOT
 from batch_pipeline.core.spec.job import JobSpec
+
+if TYPE_CHECKING:
+    from batch_pipeline.core.store import Store
 
 SANDBOX_URL_ENV = "BATCH_PIPELINE_SANDBOX_URL"
 # messages keep paths and fields on one line; tables get room when the output is not a terminal (CI logs, pipes)
@@ -161,7 +165,7 @@ def _resume(control):
     return control
 
 
-def _nothing_to_do(spec: JobSpec, store, prices, started: float) -> int | None:
+def _nothing_to_do(spec: JobSpec, store: "Store", prices: Path | None, started: float) -> int | None:
     """A finished job run again (``core/publish/noop.py``): its published report, printed without starting Dagster
     (no manifest generation, no run, no item or result read); None when the run has anything to do."""
     from datetime import datetime
