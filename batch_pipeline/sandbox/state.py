@@ -39,6 +39,7 @@ from batch_pipeline.sandbox.openai.validation import parse_input
 from batch_pipeline.sandbox.persistence import BLOB_DIR, StateDir
 from batch_pipeline.sandbox.quotas import DEFAULT_ACCOUNT, LoadBook
 from batch_pipeline.sandbox.scenarios import Scenario, account_fault, scenario_from_metadata
+from batch_pipeline.sandbox.sightings import SIGHTINGS_FILE, Sightings
 from batch_pipeline.sandbox.spool import Spool
 
 FILE_TTL_S = 30 * 24 * 3600
@@ -100,7 +101,7 @@ class SandboxState:
         self.store = StateDir(state_dir) if state_dir else None
         self.spool = Spool(self.store.root / BLOB_DIR if self.store is not None else None)
         self.ledger = Ledger(self.spool.path(LEDGER_FILE))
-        self.seen_custom_ids: dict[str, int] = {}
+        self.seen_custom_ids = Sightings(self.spool.path(SIGHTINGS_FILE) if self.store is not None else None)
         self.seen_prompts: set[str] = set()
         self.book = LoadBook()  # enqueued load per (provider, account, model), for quotas and GET /_sandbox/load
         self.lifecycle = Lifecycle(LineRunner(self.seen_custom_ids, self.seen_prompts), self._finish)
@@ -306,7 +307,7 @@ class SandboxState:
                 "batches": [b.to_json() for b in self.batches.values()],
                 "ledger_bytes": self.ledger.size(),
                 "fault_counts": self.fault_counts,
-                "seen_custom_ids": self.seen_custom_ids,
+                "seen_bytes": self.seen_custom_ids.flush(),
                 "seen_prompts": sorted(self.seen_prompts),
                 "anthropic_batches": self.anthropic.to_json(),
                 "bedrock_jobs": self.bedrock.to_json(),
@@ -321,6 +322,7 @@ class SandboxState:
         saved = self.store.load()
         if saved is None:
             self.ledger.clear()
+            self.seen_custom_ids.forget()
             return
         self.clock.restore(float(saved["clock_now"]))
         self.scenario = Scenario(**saved["scenario"])
@@ -332,7 +334,7 @@ class SandboxState:
         self.batches = {b["id"]: BatchRecord.load(b, self.spool.root) for b in saved["batches"]}
         self.ledger.restore(saved.get("ledger"), saved.get("ledger_bytes"))
         self.fault_counts = dict(saved["fault_counts"])
-        self.seen_custom_ids.update(saved["seen_custom_ids"])
+        self.seen_custom_ids.restore(saved.get("seen_custom_ids"), saved.get("seen_bytes"))
         self.seen_prompts.update(saved["seen_prompts"])
         self.anthropic.load(saved.get("anthropic_batches"))
         self.bedrock.load(saved.get("bedrock_jobs"))

@@ -77,12 +77,17 @@ def test_the_answers_of_a_running_batch_grow_on_disk_and_survive_a_restart(tmp_p
         (saved,) = json.loads((tmp_path / "state.json").read_text())["batches"]
         assert saved["results"] == results.to_json() and saved["results"]["count"] == LINES // 2  # not answers
         assert set(saved["requests"]) == {"spooled", "spans", "count"} and saved["order"] is None  # nor spans
+        state_doc = json.loads((tmp_path / "state.json").read_text())
+        assert "seen_custom_ids" not in state_doc and state_doc["seen_bytes"] > 0  # the sightings are a log
+        seen = dict(server.app.state.seen_custom_ids)
+        assert len(seen) == LINES // 2
         client.close()
     with output_part.open("ab") as out:  # as if the sandbox answered more and died before saving its state
         out.write(b'{"custom_id":"never-saved"}\n')
     with SandboxServer(port=0, state_dir=str(tmp_path)) as server:
         client, admin = _sdk(server), SandboxAdmin(server.url)
         assert _running(server, batch_id).sizes["output"] == len(half)  # cut back to the saved size
+        assert server.app.state.seen_custom_ids == seen  # replayed from the log
         admin.clock(advance_s=100)
         batch = client.batches.retrieve(batch_id)
         assert batch.status == "completed"
