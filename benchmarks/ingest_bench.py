@@ -15,11 +15,11 @@ Variants, each in its own spawned process (peak RSS per variant), timed in one s
   writer thread, landing after its payload (``BackgroundWrites``, 2 workers, at most 4 writes queued).
 - ours_runner: ``ShardRunner._ingest`` itself (adds the ``is_in`` filter against the attempt's IDs and the
   counting) over shards of 5,000 lines, one call per shard, with a stub executor serving each shard's lines as
-  the OpenAI executor's ``fetch`` does (1 MiB chunks, 16 MB blocks: a 5,000-line shard is one block, parsed
-  on one worker while the other core waits).
-- ours_runner_split: the same, with the stub cutting each shard's file into one block per parse worker (256 KiB
-  chunks, ``block_bytes`` = file size / workers): what the executor would do if it sized blocks by the file it
-  downloads (it knows the size: the file object's ``bytes``). Not the executor's behaviour today.
+  the OpenAI executor's ``fetch`` does (1 MiB chunks, the file's size given as its content-length: a 5,000-line
+  shard is parsed in one block per worker, and the blocks' tables joined again into one flush, one pair of parts).
+- ours_runner_split: the same, with the stub cutting each shard's file into one block per parse worker itself
+  (256 KiB chunks, ``block_bytes`` = file size / workers, no size given): one flush per block, two pairs of parts
+  per shard (what ``ours_runner`` did before 2026-12-02).
 
 pyarrow imports pandas the first time it converts a Python value (``pa.array``, ``pa.scalar``, a compute
 function with a literal), ~0.35 s once per process; every variant imports it before its timer starts (under
