@@ -211,8 +211,10 @@ def _setup(home: str):
 
 
 def streaming(home: str) -> dict:
+    from batch_pipeline.core.publish.gate import check_staged
     from batch_pipeline.core.publish.plots import cost_over_time
     from batch_pipeline.core.publish.report import build_report
+    from batch_pipeline.core.publish.scan import job_shard_outliers
     from batch_pipeline.core.publish.tables import JobState, stage
     from batch_pipeline.core.spec.paths import JobPaths
 
@@ -230,6 +232,12 @@ def streaming(home: str) -> dict:
     t = time.perf_counter()
     counts = state.check()
     steps["check"] = time.perf_counter() - t
+    t = time.perf_counter()
+    gate = check_staged(spec, store, JobPaths(spec.name).staged)  # the blocking checks, 200k rows at a time
+    steps["gate (pandera per chunk, contract, truncation, duplicate lines)"] = time.perf_counter() - t
+    t = time.perf_counter()
+    job_shard_outliers(spec, store)
+    steps["shard_distributions (a group of shards at a time)"] = time.perf_counter() - t
     seconds = time.perf_counter() - t0
     import pyarrow.parquet as pq
 
@@ -246,6 +254,8 @@ def streaming(home: str) -> dict:
         "counts": counts.as_dict(),
         "report_cost": report["cost_usd"],
         "dead_letters": state.scan.dead_letters.height,
+        "gate_rows": gate.rows,
+        "gate_schema_ok": gate.schema_ok,
     }
 
 

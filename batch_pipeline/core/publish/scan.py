@@ -7,6 +7,7 @@ results), not the job. The one job-wide set is a 64-bit hash per item (8 bytes e
 shows a request ID that appears in two shards.
 """
 
+import io
 import logging
 from dataclasses import dataclass, field
 
@@ -131,7 +132,7 @@ def scan_job(spec: JobSpec, store: Store, group_items: int = GROUP_ITEMS) -> Job
         out.per_shard.update(counts_by_shard(states))
         for sid in group:  # a shard with no items (none today) still has a row
             out.per_shard.setdefault(sid, Counts(0, 0, 0, 0, 0))
-        dead.append(states.filter(pl.col("state") == DEAD).select(DEAD_LETTER_COLUMNS))
+        dead.append(_detached(states.filter(pl.col("state") == DEAD).select(DEAD_LETTER_COLUMNS)))
         _add_results(out, results)
         times.append(_timeline(results))
     _orphan_shards(out, store, spec, parts, set(shard_ids), probe_ids)
@@ -159,6 +160,15 @@ def job_shard_outliers(spec: JobSpec, store: Store, group_items: int = GROUP_ITE
         for group in _groups(manifest, manifest.shard_ids(), group_items)
     ]
     return outliers(ShardAggregates.stacked(aggregates), spec.output.kind)
+
+
+def _detached(frame: pl.DataFrame) -> pl.DataFrame:
+    """``frame`` in buffers of its own. A filtered string column still points into the whole group's buffers
+    (read by pyarrow, zero-copy), so the few dead letters of each group kept every group's results alive:
+    652 MB after a 10M-item scan, freed on their own. Written out through Arrow IPC, they own their bytes."""
+    sink = io.BytesIO()
+    frame.write_ipc(sink, compression="uncompressed")
+    return pl.read_ipc(io.BytesIO(sink.getvalue()))
 
 
 def _groups(manifest: Manifest, shard_ids: list[str], group_items: int) -> list[list[str]]:
