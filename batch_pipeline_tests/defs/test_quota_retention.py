@@ -52,7 +52,9 @@ def submit_only(spec, instance, resources, shards: list[str]) -> None:
 
 def status_text(spec, home) -> str:
     console = Console(record=True, width=400)
-    assert status(spec, argparse.Namespace(settings=Settings().with_home(str(home)), all=False, check=False), console) == 0
+    assert (
+        status(spec, argparse.Namespace(settings=Settings().with_home(str(home)), all=False, check=False), console) == 0
+    )
     return console.export_text()
 
 
