@@ -46,29 +46,21 @@ if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
 from benchmarks._harness import OUT, load  # noqa: E402
+from benchmarks.e2e_bench import job_spec as e2e_job_spec  # noqa: E402
 from benchmarks.make_rows import rows_file  # noqa: E402
 
 JOB = "noop_bench"
 SHARD = 5000
-SYSTEM = "You label short texts. Answer with exactly one label from the allowed set: billing, bug, other."
 CLOSED_PORT = "http://127.0.0.1:9"  # the no-op runs' provider: nothing listens, so a run that asked it would fail
 NOOP_IMPORTS = "import batch_pipeline.cli, batch_pipeline.core.publish.noop"
 IMPORTS = "import batch_pipeline.cli, dagster, batch_pipeline.defs.pipeline"
 
 
 def job_spec(input_path: Path) -> dict:
-    return {
-        "name": JOB,
-        "input": {"path": str(input_path), "text_field": "body", "key_field": "id", "max_input_tokens": 1_000_000},
-        "prompt": {"version": "v1", "system": SYSTEM, "template": "Text:\n{body}"},
-        "model": "gpt-4o-mini",
-        "backend": {"name": "openai_batch", "settings": {"sandbox": True}},
-        "sampling": {"temperature": 0, "max_tokens": 16},
-        "output": {"choice": ["billing", "bug", "other"]},
-        "shards": {"max_requests": SHARD},
-        "canary": {"size": 300},
-        "budget_usd": 10_000,
-    }
+    """The e2e bench's labelling job (``e2e_bench.job_spec``), in shards of 5,000, with room for long rows."""
+    spec = e2e_job_spec(JOB, input_path, SHARD)
+    spec["input"]["max_input_tokens"] = 1_000_000
+    return spec
 
 
 class Job:
