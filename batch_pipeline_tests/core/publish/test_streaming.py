@@ -5,6 +5,7 @@ here from every row (the oracle), on a job with duplicates, retries, dead letter
 import gc
 import json
 
+import duckdb
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -16,6 +17,7 @@ from batch_pipeline.core.ledger.reconcile import DEAD, counts_by_shard
 from batch_pipeline.core.ledger.result_parts import write_results
 from batch_pipeline.core.manifest.read import VALIDATED_COLUMNS
 from batch_pipeline.core.manifest.shards import Manifest, build_manifest
+from batch_pipeline.core.publish import validated
 from batch_pipeline.core.publish.report import build_report, shard_table
 from batch_pipeline.core.publish.scan import scan_job
 from batch_pipeline.core.publish.tables import JobState, dead_letters, promote, stage
@@ -108,6 +110,16 @@ def test_the_streamed_validated_table_is_the_whole_frame_table(job):
     assert got["is_duplicate"].sum() > 0 and got.filter(pl.col("is_duplicate"))["cost_usd"].sum() == 0
     # attempt 2 answered what attempt 1 failed, and again some it had answered: its labels are the ones published
     assert set(got.filter(pl.col("attempt") == 2)["output"]) == {"other", "billing"}
+
+
+def test_out_of_duckdb_memory_the_table_is_built_again_with_the_fallback(job, caplog):
+    spec, store = job
+    paths = JobPaths(spec.name)
+    with pytest.raises(duckdb.OutOfMemoryException):  # the limit bites on this job
+        validated._write_validated(spec, store, paths.staged, "1MB")
+    n = write_validated(spec, store, paths.staged, memory_limit="1MB")
+    assert n == _oracle_table(spec, store).height
+    assert "out of DuckDB's 1MB" in caplog.text and validated.FALLBACK_MEMORY_LIMIT in caplog.text
 
 
 def test_a_torn_result_part_is_left_out_of_the_table_not_fatal(job, caplog):
