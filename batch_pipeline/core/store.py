@@ -74,28 +74,23 @@ class Store:
     def exists(self, rel: str) -> bool:
         return self.fs.get_file_info(self.full(rel)).type != pafs.FileType.NotFound
 
+    def _complete_files(self, rel_dir: str, recursive: bool) -> Iterator[pafs.FileInfo]:
+        """Every complete file under ``rel_dir`` (temporary names excluded), from one listing."""
+        selector = pafs.FileSelector(self.full(rel_dir), allow_not_found=True, recursive=recursive)
+        for info in self.fs.get_file_info(selector):
+            if info.type == pafs.FileType.File and not info.base_name.startswith(TMP_PREFIX):
+                yield info
+
     def list_files(self, rel_dir: str, *, recursive: bool = False, suffix: str = "") -> list[str]:
         """Relative paths of complete files under ``rel_dir`` (temporary names excluded), sorted."""
-        selector = pafs.FileSelector(self.full(rel_dir), allow_not_found=True, recursive=recursive)
-        out = []
-        for info in self.fs.get_file_info(selector):
-            if info.type != pafs.FileType.File or info.base_name.startswith(TMP_PREFIX):
-                continue
-            if suffix and not info.base_name.endswith(suffix):
-                continue
-            out.append(info.path[len(self.base) + 1 :])
-        return sorted(out)
+        infos = self._complete_files(rel_dir, recursive)
+        return sorted(i.path[len(self.base) + 1 :] for i in infos if i.base_name.endswith(suffix))
 
     def file_stats(self, rel_dir: str) -> list[tuple[str, int, int | None]]:
         """``(relative path, size, mtime in ns)`` of every complete file under ``rel_dir``, recursively, sorted: one
         listing, no file opened (what changed under a folder, cheaply; mtime is None where the store has none)."""
-        selector = pafs.FileSelector(self.full(rel_dir), allow_not_found=True, recursive=True)
-        out = [
-            (i.path[len(self.base) + 1 :], i.size, i.mtime_ns)
-            for i in self.fs.get_file_info(selector)
-            if i.type == pafs.FileType.File and not i.base_name.startswith(TMP_PREFIX)
-        ]
-        return sorted(out)
+        infos = self._complete_files(rel_dir, recursive=True)
+        return sorted((i.path[len(self.base) + 1 :], i.size, i.mtime_ns) for i in infos)
 
     def mtime_ns(self, rel: str) -> int | None:
         """When ``rel`` was last written (None: no such file, or a store that does not say)."""

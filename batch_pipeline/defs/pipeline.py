@@ -21,7 +21,7 @@ from batch_pipeline.core.ledger.machine import ShardState
 from batch_pipeline.core.publish import current
 from batch_pipeline.core.publish.current import PublishBasis
 from batch_pipeline.core.run.activity import Activity
-from batch_pipeline.core.run.hygiene import deletes, leftovers
+from batch_pipeline.core.run.hygiene import sweep_due
 from batch_pipeline.core.settings import Settings
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.paths import JobPaths
@@ -117,7 +117,8 @@ class PassLoop:
         """Publish, unless the last publish was made from the same spec, inputs and shard summaries (a finished job
         run again): then its tables stand, nothing is read, and the report only takes this run's manifest figures."""
         basis = PublishBasis.of(self.spec, self.store, self.summaries)
-        report = current.standing(self.spec, self.store, basis) if not self._sweep_due() else None
+        due = sweep_due(self.spec, self.store, executor_for(self.spec))  # the publish run would delete copies
+        report = None if due else current.standing(self.spec, self.store, basis)
         if report is not None:
             at = datetime.fromisoformat(report["published_at"]).isoformat(timespec="seconds")
             self.stage(f"publish: nothing changed since the publish at {at}: the published tables stand")
@@ -126,22 +127,6 @@ class PassLoop:
         self.materialize(PUBLISH_ASSETS)
         current.record(self.store, self.spec.name, basis)
         return self.store.read_json(JobPaths(self.spec.name).report) or {}
-
-    def _sweep_due(self) -> bool:
-        """Provider copies a killed run left that the publish run's sweep would delete (retention: delete)."""
-        make = executor_for(self.spec)
-        executors: dict[str, object] = {}
-        for _, attempt in leftovers(self.spec, self.store):
-            assert attempt.submitted is not None  # leftovers: submitted attempts only
-            backend = attempt.submitted.handle().backend
-            if backend not in executors:
-                try:
-                    executors[backend] = make(backend)
-                except BatchPipelineError:
-                    executors[backend] = None
-            if deletes(executors[backend]):
-                return True
-        return False
 
     def _plan(self) -> Plan:
         queue = self.queue

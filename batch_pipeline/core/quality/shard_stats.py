@@ -50,7 +50,6 @@ class ShardAggregates:
         )
 
 
-STATS_COLUMNS = ["request_id", "attempt", "shard_id", "status", "parsed_output", "output_tokens", "error_message"]
 _RESULT_COLUMNS = {
     "request_id": pl.String,
     "attempt": pl.Int32,
@@ -60,6 +59,7 @@ _RESULT_COLUMNS = {
     "output_tokens": pl.Int64,
     "error_message": pl.String,
 }
+STATS_COLUMNS = list(_RESULT_COLUMNS)  # what the test reads of the results
 
 
 def shard_outliers(results: pl.DataFrame, contract: str) -> pl.DataFrame:

@@ -101,21 +101,40 @@ class SweepOutcome:
         return "; ".join(parts)
 
 
+class _Executors:
+    """The executor of each backend a handle names, built once; a backend that cannot be built gives its error."""
+
+    def __init__(self, executor_for: Callable[[str], Any]) -> None:
+        self.make, self.built = executor_for, {}
+
+    def of(self, backend: str) -> Any:
+        if backend not in self.built:
+            try:
+                self.built[backend] = self.make(backend)
+            except BatchPipelineError as exc:
+                self.built[backend] = exc
+        return self.built[backend]
+
+
+def sweep_due(spec: JobSpec, store: Store, executor_for: Callable[[str], Any]) -> bool:
+    """Some provider copies a killed run left that ``sweep_leftovers`` would delete (an executor that deletes)."""
+    executors = _Executors(executor_for)
+    return any(
+        attempt.submitted is not None and deletes(executors.of(attempt.submitted.handle().backend))
+        for _, attempt in leftovers(spec, store)
+    )
+
+
 def sweep_leftovers(spec: JobSpec, store: Store, executor_for: Callable[[str], Any]) -> SweepOutcome:
     """Discard every collected attempt of the job that has no ``discarded`` record (a run killed between storing
     and deleting, a delete that failed). ``executor_for(backend name)`` builds the executor a handle names (None:
     a backend the job no longer has). Nothing here raises for a provider failure: publishing goes on."""
     outcome = SweepOutcome()
-    executors: dict[str, Any] = {}
+    executors = _Executors(executor_for)
     for shard_id, attempt in leftovers(spec, store):
         assert attempt.submitted is not None  # leftovers: submitted attempts only
         handle = attempt.submitted.handle()
-        if handle.backend not in executors:
-            try:
-                executors[handle.backend] = executor_for(handle.backend)
-            except BatchPipelineError as exc:
-                executors[handle.backend] = exc
-        executor = executors[handle.backend]
+        executor = executors.of(handle.backend)
         if isinstance(executor, BatchPipelineError) or executor is None:
             outcome.failed.append(
                 f"shard {shard_id} attempt {attempt.number}: no {handle.backend} executor"
