@@ -14,12 +14,13 @@ Variants, each in its own spawned process (peak RSS per variant), timed in one s
   ``build_results`` (validation against a ``choice`` output, cost, provenance), the result part on a second
   writer thread, landing after its payload (``BackgroundWrites``, 2 workers, at most 4 writes queued).
 - ours_runner: ``ShardRunner._ingest`` itself (adds the ``is_in`` filter against the attempt's IDs and the
-  counting) over shards of 5,000 lines, one call per shard, with a stub executor serving each shard's lines as
-  the OpenAI executor's ``fetch`` does (1 MiB chunks, the file's size given as its content-length: a 5,000-line
-  shard is parsed in one block per worker, and the blocks' tables joined again into one flush, one pair of parts).
-- ours_runner_split: the same, with the stub cutting each shard's file into one block per parse worker itself
-  (256 KiB chunks, ``block_bytes`` = file size / workers, no size given): one flush per block, two pairs of parts
-  per shard (what ``ours_runner`` did before 2026-12-02).
+  counting) over shards of 5,000 lines, two shards at a time as ``ShardDriver.collect_phases`` runs a run's shards
+  (``collect_shards_at_once``, default 2: ``ordered_map`` on a pool of its own, results in shard order), with a
+  stub executor serving each shard's lines as the OpenAI executor's ``fetch`` does (1 MiB chunks, the file's size
+  given as its content-length: a 5,000-line shard is parsed in one block per worker, and the blocks' tables joined
+  again into one flush, one pair of parts).
+- ours_runner_serial: the same, one shard after another (``collect_shards_at_once: 1``; what ``ours_runner``
+  measured before 2026-12-02 17:00).
 
 pyarrow imports pandas the first time it converts a Python value (``pa.array``, ``pa.scalar``, a compute
 function with a literal), ~0.35 s once per process; every variant imports it before its timer starts (under
@@ -55,7 +56,7 @@ from benchmarks._harness import OUT, cpu_s, load, maxrss_mb, run_in_child  # noq
 JOB = "ingest_bench"
 LABELS = ["billing", "bug", "feature_request", "account", "other"]
 SHARD = 5000
-VARIANTS = ("reference", "ours", "ours_runner", "ours_runner_split")
+VARIANTS = ("reference", "ours", "ours_runner", "ours_runner_serial")
 MIX_KEYS = ("ok", "truncated", "bad_label", "http_500", "http_400", "expired")
 SPEC_YAML = """\
 name: ingest_bench
@@ -392,8 +393,8 @@ def ours(files: list[str], work: str, sections: bool, profile: bool) -> dict:
 
 
 class _StubExecutor:
-    """Serves each shard's lines as the OpenAI executor's ``fetch`` does (1 MiB chunks, 16 MB blocks), or with
-    ``split`` in one block per parse worker (256 KiB chunks, blocks of file size / workers)."""
+    """Serves each shard's lines as the OpenAI executor's ``fetch`` does (1 MiB chunks, 16 MB blocks, the size
+    known from the content-length, so a small file is cut into one block per parse worker)."""
 
     name = "openai_batch"
     pricing = "batch"
@@ -401,22 +402,16 @@ class _StubExecutor:
     max_requests_per_batch = 50_000
     max_bytes_per_batch = 200 * 2**20
 
-    def __init__(self, by_batch: dict[str, bytes], split: bool = False):
-        self.by_batch, self.split = by_batch, split
+    def __init__(self, by_batch: dict[str, bytes]):
+        self.by_batch = by_batch
 
     def fetch(self, handle):
         from batch_pipeline.core.run.threads import default_workers
         from batch_pipeline.executors.openai.format import parse_output_stream
 
         data = self.by_batch[handle.batch_id]
-        workers = default_workers()
-        if not self.split:  # as the executor does: 1 MiB chunks, the file's size from its content-length
-            chunks = (data[i : i + (1 << 20)] for i in range(0, len(data), 1 << 20))
-            yield from parse_output_stream(chunks, workers, total_bytes=len(data))
-            return
-        step = 1 << 18
-        chunks = (data[i : i + step] for i in range(0, len(data), step))
-        yield from parse_output_stream(chunks, workers, block_bytes=min(16 << 20, -(-len(data) // workers)))
+        chunks = (data[i : i + (1 << 20)] for i in range(0, len(data), 1 << 20))
+        yield from parse_output_stream(chunks, default_workers(), total_bytes=len(data))
 
     def submit(self, work):
         raise NotImplementedError
@@ -431,10 +426,13 @@ class _StubExecutor:
         return None
 
 
-def ours_runner(files: list[str], work: str, shard_lines: int = SHARD, split: bool = False) -> dict:
+def ours_runner(files: list[str], work: str, shard_lines: int = SHARD, at_once: int = 2) -> dict:
+    from concurrent.futures import ThreadPoolExecutor
+
     from batch_pipeline.core.ledger.attempts import Attempt, IntentRecord
     from batch_pipeline.core.ledger.executor import BatchHandle
     from batch_pipeline.core.run.runner import ShardRunner
+    from batch_pipeline.core.run.threads import ordered_map
 
     spec, _plan, price, store = _setup_ours(work)
     # setup (untimed): group the lines into shards of shard_lines by their position, output file first
@@ -457,18 +455,19 @@ def ours_runner(files: list[str], work: str, shard_lines: int = SHARD, split: bo
         )
     n_lines = len(lines)
     del lines
-    runner = ShardRunner(spec, store, _StubExecutor(by_batch, split), price)
+    runner = ShardRunner(spec, store, _StubExecutor(by_batch), price)
     rss_before = maxrss_mb()
     cpu0 = cpu_s()
     started = time.perf_counter()
     rows = ok = 0
-    for attempt, handle in attempts:
-        r, k, _systemic = runner._ingest(attempt, handle)
-        rows += r
-        ok += k
+    # as ShardDriver.collect_phases: at_once shards on a pool of their own, the outcomes taken in shard order
+    with ThreadPoolExecutor(at_once, thread_name_prefix="collect") as pool:
+        for r, k, _systemic in ordered_map(lambda a: runner._ingest(*a), attempts, at_once, ahead=at_once, pool=pool):
+            rows += r
+            ok += k
     seconds = time.perf_counter() - started
     return {
-        "variant": "ours_runner_split" if split else "ours_runner",
+        "variant": "ours_runner" if at_once > 1 else "ours_runner_serial",
         "seconds": seconds,
         "cpu_s": cpu_s() - cpu0,
         "lines": n_lines,
@@ -645,7 +644,11 @@ def main(argv: list[str] | None = None) -> int:
                     r = run_in_child("benchmarks.ingest_bench:ours", files, str(d), args.sections, args.profile)
                 else:
                     r = run_in_child(
-                        "benchmarks.ingest_bench:ours_runner", files, str(d), args.shard_lines, v == "ours_runner_split"
+                        "benchmarks.ingest_bench:ours_runner",
+                        files,
+                        str(d),
+                        args.shard_lines,
+                        1 if v == "ours_runner_serial" else 2,
                     )
                 r["lines_per_s"] = r["lines"] / r["seconds"]
                 r["load"] = load()
@@ -689,7 +692,7 @@ def main(argv: list[str] | None = None) -> int:
             r["ratio_median"] = r["median_lines_per_s"] / res["reference"]["median_lines_per_s"]
             ratio = f"  ratio {r['ratio_best']:.2f}x / {r['ratio_median']:.2f}x"
         print(f"    {v:17s} {r['best_lines_per_s']:>10,.0f} / {r['median_lines_per_s']:>10,.0f}{ratio}")
-    for v, target in (("ours", 400_000), ("ours_runner", 300_000), ("ours_runner_split", 300_000)):
+    for v, target in (("ours", 400_000), ("ours_runner", 300_000), ("ours_runner_serial", 300_000)):
         if v in res:
             checks.append((f"{v} >= {target // 1000}k lines/s (best)", res[v]["best_lines_per_s"] >= target))
     for name, ok in checks:

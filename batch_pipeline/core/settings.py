@@ -90,6 +90,12 @@ class Settings(BaseModel):
         gt=0,
         description="at most this many shards move in one Dagster run (a partition range of at most this length)",
     )
+    collect_shards_at_once: int = Field(
+        default=2,
+        ge=1,
+        description="shards of one run whose ended batches are collected at the same time (downloads, parses and "
+        "writes overlap; 1: one after another)",
+    )
     lease_ttl_s: float | None = Field(default=None, gt=0, description="shard lease ttl (default 15 minutes)")
     k8s: K8sSettings = Field(default_factory=K8sSettings)
 

@@ -3,6 +3,7 @@ submit, resolve, rescue, the canary, or wait) and ``shard_results`` (collect the
 
 import time
 from collections.abc import Callable
+from functools import partial
 
 import dagster as dg
 
@@ -100,9 +101,13 @@ def submit_shards(
 
 
 def collect_shards(
-    spec: JobSpec, context: dg.AssetExecutionContext, store: StoreResource, prices: PricesResource
+    spec: JobSpec,
+    context: dg.AssetExecutionContext,
+    store: StoreResource,
+    prices: PricesResource,
+    at_once: int = 2,
 ) -> dg.MaterializeResult:
-    """Collect each shard's ended batches."""
+    """Collect each shard's ended batches, ``at_once`` shards at a time (``Settings.collect_shards_at_once``)."""
     driver = shard_driver(context, spec, store, prices)
     if driver.stream and spec.fallback is None:  # a stream backend wrote its results while the shard ran; a
         # fallback may still hold a batch of the shard (a stream primary with a batch fallback): it is collected
@@ -120,11 +125,10 @@ def collect_shards(
     systemic: list[str] = []
     keys = moving_shards(context)
     shards_meter = progress.meter("collect", total=len(keys), unit="shards")
-    for key in keys:
-        try:  # a failed batch stops the job, but the other shards' ended batches are still collected
-            out = driver.collect_phase(key, on_status=on_status)
-        except SystemicError as exc:
-            systemic.append(str(exc))
+    # a failed batch stops the job, but the other shards' ended batches are still collected
+    for key, out in driver.collect_phases(keys, on_status=on_status, at_once=at_once):
+        if isinstance(out, SystemicError):
+            systemic.append(str(out))
             shards_meter.advance()  # collected, and the batch's failure stops the job
             continue
         if out.collected:  # a stream shard, or one with no open batch, collects nothing: no count
@@ -142,4 +146,4 @@ def submissions_asset(frame: JobFrame) -> dg.AssetsDefinition:
 
 
 def shard_results_asset(frame: JobFrame) -> dg.AssetsDefinition:
-    return shard_step(frame, "shard_results", collect_shards)
+    return shard_step(frame, "shard_results", partial(collect_shards, at_once=frame.settings.collect_shards_at_once))

@@ -62,11 +62,10 @@ class CollectShape:
         ``cancel_when`` is asked while waiting; once it says yes the batch is cancelled (its finished
         requests are kept) so that the rest can be rescued elsewhere.
         """
-        self._cancel_when = cancel_when
         executor = self.executor
         assert isinstance(executor, BatchExecutor)
         with acquire(self.store, self.spec.name, shard_id, self.owner) as lease:
-            return self._collect(shard_id, executor, lease, poll_interval_s, timeout_s, on_status)
+            return self._collect(shard_id, executor, lease, poll_interval_s, timeout_s, on_status, cancel_when)
 
     def _collect(
         self,
@@ -76,14 +75,19 @@ class CollectShape:
         poll_interval_s: float,
         timeout_s: float | None,
         on_status: Callable[[str, BatchStatus], None] | None,
+        cancel_when: Callable[[], bool] | None,
     ) -> CollectOutcome:
+        """Every open batch of the shard, in turn (the state is in the call, not on the runner: the driver may
+        collect several shards with one runner at once)."""
         outcome = CollectOutcome(shard_id)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         keeper = LeaseKeeper(lease)
         for attempt in self.open_attempts(shard_id):
             assert attempt.submitted is not None  # open_attempts: submitted ones only
             handle = attempt.submitted.handle()
-            status = self._wait_until_ended(shard_id, handle, executor, keeper, poll_interval_s, deadline, on_status)
+            status = self._wait_until_ended(
+                shard_id, handle, executor, keeper, poll_interval_s, deadline, on_status, cancel_when
+            )
             self._take(shard_id, attempt, handle, status, executor, lease, outcome)
         return outcome
 
@@ -96,6 +100,7 @@ class CollectShape:
         poll_interval_s: float,
         deadline: float | None,
         on_status: Callable[[str, BatchStatus], None] | None,
+        cancel_when: Callable[[], bool] | None,
     ) -> BatchStatus:
         """Poll the batch until the provider ends it (a flaky poll is asked again; a pause or the deadline stops
         the wait, the batch keeps running); cancel it when the tail rescue asks."""
@@ -122,10 +127,10 @@ class CollectShape:
                     f"job {self.spec.name} paused: batch {handle.batch_id} of shard {shard_id} is "
                     f"left running ({status.provider_status}); resume collects it"
                 )
-            if self._cancel_when is not None and status.state != BatchState.CANCELLING and self._cancel_when():
+            if cancel_when is not None and status.state != BatchState.CANCELLING and cancel_when():
                 log.warning("shard %s: cancelling batch %s to rescue its tail", shard_id, handle.batch_id)
                 self._guard(partial(executor.cancel, handle))
-                self._cancel_when = None
+                cancel_when = None
             if deadline is not None and time.monotonic() > deadline:
                 raise TransientError(f"shard {shard_id}: batch {handle.batch_id} still {status.provider_status}")
             time.sleep(poll_interval_s)

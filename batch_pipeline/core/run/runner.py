@@ -65,7 +65,6 @@ class ShardRunner(StreamShape, CollectShape):
         self.plan = RequestPlan.from_spec(spec)
         self.control = JobControl(store, spec.name)
         self.owner = owner or default_owner()
-        self._cancel_when: Callable[[], bool] | None = None
         self.before_spend = before_spend  # e.g. the budget guard: raises to refuse a paid call
         self.extra_items = extra_items  # e.g. golden probes: (shard, attempt) -> request_id, user_prompt
         self.stage = stage  # primary, or the fallback model (sends only the items handed to it)

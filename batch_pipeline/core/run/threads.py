@@ -51,9 +51,17 @@ def shared_pool(workers: int) -> ThreadPoolExecutor:
         return pool
 
 
-def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int, ahead: int | None = None) -> Iterator[R]:
+def ordered_map(
+    fn: Callable[[T], R],
+    items: Iterable[T],
+    workers: int,
+    ahead: int | None = None,
+    pool: ThreadPoolExecutor | None = None,
+) -> Iterator[R]:
     """``map(fn, items)`` with ``fn`` on ``workers`` threads of a shared pool: results in input order, items read
     lazily with at most ``ahead`` (default ``workers + 1``) submitted and not yet yielded, so memory stays bounded.
+    ``pool``: run on this pool instead, when ``fn`` itself maps on the shared one (a task of a pool that waits on
+    tasks queued behind it on the same pool can deadlock it).
 
     An exception from ``fn`` or from ``items`` is raised here, in order; when the caller stops early or an
     exception leaves, work not yet started is cancelled and work in flight is waited for.
@@ -62,7 +70,7 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int, ahead: i
         yield from map(fn, items)
         return
     ahead = max(workers, ahead or workers + 1)
-    pool = shared_pool(workers)
+    pool = pool or shared_pool(workers)
     pending: deque[Future[R]] = deque()
     try:
         for item in items:

@@ -6,7 +6,8 @@ batches, judges the canary, and moves an expired batch's leftovers to the tail b
 """
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import polars as pl
@@ -23,6 +24,7 @@ from batch_pipeline.core.run.admission import QuotaWait
 from batch_pipeline.core.run.rescue import deadline_near, rescue_reason
 from batch_pipeline.core.run.runner import ShardRunner
 from batch_pipeline.core.run.summary import shard_item_states
+from batch_pipeline.core.run.threads import ordered_map
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.state.driver import Action, Step, Wait, WaitKind, shard_step
 from batch_pipeline.core.state.view import load_shard
@@ -96,12 +98,16 @@ class ShardDriver:
 
     def _take(self, shard_id: str) -> None:
         """With a router, the shard's own runner (its routed backend and model) for what follows."""
+        if self.router is not None:
+            self._use(self._primary(shard_id))
+
+    def _primary(self, shard_id: str) -> ShardRunner:
+        """The shard's primary runner: its routed one with a router (one per backend and model), else ours."""
         if self.router is None:
-            return
+            return self.runner
         label = self.router.__name__
         runner = self.router(shard_id)
-        key = f"{label}:{runner.executor.name}:{runner.spec.model}"
-        self._use(self._routed.setdefault(key, runner))
+        return self._routed.setdefault(f"{label}:{runner.executor.name}:{runner.spec.model}", runner)
 
     def _step(self, shard_id: str) -> Step | Wait | None:
         summary, facts = load_shard(self.spec, self.store, shard_id, self.min_batch, self.fallback_min_batch)
@@ -119,21 +125,22 @@ class ShardDriver:
             self._fallback_runner = self.fallback()
         return self._fallback_runner
 
-    def _collector(self, shard_id: str) -> ShardRunner:
+    def _collector(self, shard_id: str, primary: ShardRunner | None = None) -> ShardRunner:
         """The runner whose executor and model own the shard's open attempt (the fallback's, or the primary)."""
-        summary = self.runner.summaries.read(shard_id)
+        primary = primary or self.runner
+        summary = primary.summaries.read(shard_id)
         if summary is not None and summary.open is not None and summary.open.stage == Stage.FALLBACK.value:
             return self._fallback()
         if (
             summary is not None
             and summary.open is not None
             and self.tail is not None
-            and summary.open.backend not in (None, self.runner.executor.name)
+            and summary.open.backend not in (None, primary.executor.name)
         ):
             tail = self._tail()  # an online tail left open by a kill: its own runner replays its journal
             if summary.open.backend == tail.executor.name:
                 return tail
-        return self.runner
+        return primary
 
     def submit_phase(self, shard_id: str) -> ShardReport:
         try:
@@ -204,13 +211,49 @@ class ShardDriver:
         return report.submitted(runner.submit(shard_id))
 
     def collect_phase(self, shard_id: str, on_status: Callable[[str, BatchStatus], None] | None = None) -> ShardReport:
-        report = ShardReport(shard_id, "collect")
-        self._take(shard_id)
-        runner = self._collector(shard_id)
+        got = self._collect_batches(shard_id, on_status)
+        return got if isinstance(got, ShardReport) else self._after_collect(shard_id, got)
+
+    def collect_phases(
+        self,
+        shard_ids: list[str],
+        on_status: Callable[[str, BatchStatus], None] | None = None,
+        at_once: int = 2,
+    ) -> Iterator[tuple[str, ShardReport | SystemicError]]:
+        """``collect_phase`` of each shard, in order, with up to ``at_once`` shards' batches waited for and
+        ingested at the same time: one shard's download and parse overlap another's validation and part writes
+        (a 5,000-line shard is one block, so alone it keeps one core busy), and a batch still running does not
+        hold up an ended one behind it. What follows a collection (the canary's verdict, a tail rescue, which
+        spends money under the budget guard) runs here, one shard at a time, in order. A shard's systemic stop
+        is handed back in its place; the shards beside it are still collected."""
+
+        def batches(shard_id: str) -> CollectOutcome | ShardReport | SystemicError:
+            try:
+                return self._collect_batches(shard_id, on_status)
+            except SystemicError as exc:
+                return exc
+
+        with ThreadPoolExecutor(max(1, at_once), thread_name_prefix="collect") as pool:
+            collected = ordered_map(batches, shard_ids, at_once, ahead=at_once, pool=pool)
+            for shard_id, got in zip(shard_ids, collected, strict=True):
+                if isinstance(got, CollectOutcome):
+                    try:
+                        got = self._after_collect(shard_id, got)
+                    except SystemicError as exc:
+                        got = exc
+                yield shard_id, got
+
+    def _collect_batches(
+        self, shard_id: str, on_status: Callable[[str, BatchStatus], None] | None
+    ) -> CollectOutcome | ShardReport:
+        """Wait for the shard's open batches and ingest them (a report instead: nothing to collect, or paused).
+        Safe on several shards at once: every step is under the shard's own lease, and the runner keeps no
+        per-call state."""
+        runner = self._collector(shard_id, self._primary(shard_id))  # the driver's own runner is not switched
         if isinstance(runner.executor, StreamExecutor):
-            return report
+            return ShardReport(shard_id, "collect")
         try:  # at the collecting backend's own pace (a stream primary's fallback batch, say)
-            out = runner.collect(
+            return runner.collect(
                 shard_id,
                 poll_interval_s=float(getattr(runner.executor, "poll_interval_s", 2.0)),
                 on_status=on_status,
@@ -218,6 +261,11 @@ class ShardDriver:
             )
         except JobPaused as exc:
             return ShardReport(shard_id, "paused", notes=[str(exc)])
+
+    def _after_collect(self, shard_id: str, out: CollectOutcome) -> ShardReport:
+        """The canary's verdict once its batch is in, and the tail rescue of an expired batch's leftovers."""
+        self._take(shard_id)
+        report = ShardReport(shard_id, "collect")
         report.results, report.succeeded, report.collected = out.rows, out.succeeded, len(out.attempts)
         summary = self.runner.summaries.read(shard_id)
         if summary is not None and summary.canary_done:
