@@ -14,7 +14,9 @@ gives the sandbox a temporary state directory (it saves ``state.json`` after eve
 survive a restart does) and prints the last ``state.json``'s size.
 
 Run: nice -n 19 python benchmarks/sandbox_bench.py --requests 100000 [--in-progress-s 60] [--old-root /tmp/old]
-     [--profile 25]
+     [--profile 25] [--long]
+``--long``: the tickets are 300-1,500 character slices of ``make_rows``' word pool (what ``e2e_bench`` sends),
+where counting the prompts' tokens is most of the sandbox's CPU.
 """
 
 from __future__ import annotations
@@ -42,8 +44,19 @@ MODEL = "gpt-4o-mini"
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 
 
-def batch_file(start: int, count: int) -> bytes:
-    """``count`` chat requests with a label schema, as the pipeline writes them (custom ids from ``start``)."""
+def long_texts() -> tuple[str, int, int]:
+    """``make_rows``' word pool (seed 1) and its body lengths: the prompts ``e2e_bench`` sends."""
+    import random
+
+    from benchmarks.make_rows import MAX_BODY, MIN_BODY, _pool
+
+    return _pool(random.Random(1)), MIN_BODY, MAX_BODY
+
+
+def batch_file(start: int, count: int, long: bool = False) -> bytes:
+    """``count`` chat requests with a label schema, as the pipeline writes them (custom ids from ``start``);
+    ``long``: each ticket a 300-1,500 character slice of ``make_rows``' word pool instead of one short sentence."""
+    pool, lo, hi = long_texts() if long else ("", 0, 0)
     schema = {"type": "object", "properties": {"label": {"type": "string", "enum": ["billing", "bug", "other"]}}}
     fmt = {"type": "json_schema", "json_schema": {"name": "label", "schema": schema, "strict": True}}
     lines = []
@@ -54,12 +67,21 @@ def batch_file(start: int, count: int) -> bytes:
             "response_format": fmt,
             "messages": [
                 {"role": "system", "content": "Label the ticket: billing, bug or other."},
-                {"role": "user", "content": f"Ticket {i}: my invoice was charged twice, please help"},
+                {"role": "user", "content": f"Ticket {i}: " + _slice(pool, i, lo, hi)}
+                if long
+                else {"role": "user", "content": f"Ticket {i}: my invoice was charged twice, please help"},
             ],
         }
         line = {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
         lines.append(json.dumps(line, separators=(",", ":")))
     return ("\n".join(lines) + "\n").encode()
+
+
+def _slice(pool: str, i: int, lo: int, hi: int) -> str:
+    """The i-th ticket: a deterministic slice of the pool, ``lo`` to ``hi`` characters long."""
+    size = lo + (i * 7919) % (hi - lo)
+    start = (i * 104_729) % (len(pool) - size)
+    return pool[start : start + size]
 
 
 def _profiled_handler(profiler: Any) -> None:
@@ -116,14 +138,14 @@ def serve_sandbox(root: str | None, conn: Any, profile_top: int, persist: bool =
     conn.send(report)
 
 
-def drive(url: str, requests: int, in_progress_s: float | None) -> dict[str, float]:
+def drive(url: str, requests: int, in_progress_s: float | None, long: bool = False) -> dict[str, float]:
     """Upload, create, poll to completed and stream every output down; the phases' wall seconds."""
     client = openai.OpenAI(base_url=url + "/v1", api_key="sk-sandbox", max_retries=0, timeout=600)
     phases: dict[str, float] = {}
     t0 = time.perf_counter()
     ids = []
     for number, start in enumerate(range(0, requests, PER_BATCH)):
-        data = batch_file(start, min(PER_BATCH, requests - start))
+        data = batch_file(start, min(PER_BATCH, requests - start), long)
         ids.append(client.files.create(file=(f"in{number}.jsonl", data), purpose="batch").id)
     phases["upload_s"] = time.perf_counter() - t0
     metadata = None
@@ -155,7 +177,12 @@ def drive(url: str, requests: int, in_progress_s: float | None) -> dict[str, flo
 
 
 def measure(
-    root: str | None, requests: int, profile_top: int, in_progress_s: float | None, persist: bool = False
+    root: str | None,
+    requests: int,
+    profile_top: int,
+    in_progress_s: float | None,
+    persist: bool = False,
+    long: bool = False,
 ) -> dict[str, Any]:
     """One job against the sandbox of ``root`` (None: this checkout) in its own spawned child."""
     ctx = mp.get_context("spawn")
@@ -163,7 +190,7 @@ def measure(
     child = ctx.Process(target=serve_sandbox, args=(root, theirs, profile_top, persist))
     child.start()
     url = ours.recv()
-    phases = drive(url, requests, in_progress_s)
+    phases = drive(url, requests, in_progress_s, long)
     ours.send("done")
     report = ours.recv()
     child.join(timeout=60)
@@ -187,14 +214,16 @@ def main() -> None:
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="print the sandbox's N top functions")
     parser.add_argument("--in-progress-s", type=float, help="each batch's in_progress span (sandbox seconds)")
     parser.add_argument("--state-dir", action="store_true", help="the sandbox persists to a temporary --state-dir")
+    parser.add_argument("--long", action="store_true", help="e2e_bench's 300-1,500 character prompts")
     args = parser.parse_args()
     span = "" if args.in_progress_s is None else f", in_progress {args.in_progress_s:g} s"
-    print(f"sandbox_bench: {args.requests:,} requests{span}, load {load():.1f} at start")
+    kind = ", long prompts" if args.long else ""
+    print(f"sandbox_bench: {args.requests:,} requests{span}{kind}, load {load():.1f} at start")
     results = {}
     if args.old_root:
-        results["before"] = measure(args.old_root, args.requests, 0, args.in_progress_s, args.state_dir)
+        results["before"] = measure(args.old_root, args.requests, 0, args.in_progress_s, args.state_dir, args.long)
         _print("before", results["before"])
-    results["after"] = measure(None, args.requests, args.profile, args.in_progress_s, args.state_dir)
+    results["after"] = measure(None, args.requests, args.profile, args.in_progress_s, args.state_dir, args.long)
     _print("after", results["after"])
     if "before" in results:
         before, after = results["before"], results["after"]
