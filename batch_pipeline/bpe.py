@@ -52,9 +52,3 @@ def encoding(name: str) -> tiktoken.Encoding:
         )
     ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in raw.splitlines() if line)}
     return tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
-
-
-def split_pattern(name: str) -> str:
-    """The encoding's pre-tokenizer pattern (``regex`` syntax): BPE merges only inside the pieces it cuts, so a
-    text's token count is the sum of its pieces' counts."""
-    return BPE[name][1]

@@ -22,10 +22,9 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
-import regex
 import tiktoken
 
-from batch_pipeline.bpe import encoding, split_pattern
+from batch_pipeline.bpe import encoding
 
 TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 PER_MESSAGE_TOKENS = 4  # role and separators, per message
@@ -37,39 +36,12 @@ def bpe(name: str) -> tiktoken.Encoding:
     return encoding(name)
 
 
-PIECES_KEPT = 500_000  # distinct pre-tokenizer pieces whose counts are kept (~60 MB); past it the cache restarts
-
-
-class PieceCounts:
-    """``len(encode_ordinary(text))``, exactly, at about half its CPU on prose: the text is cut with the encoding's
-    own split pattern and each piece's count is kept, since words repeat across a batch and BPE never merges
-    across pieces. The sandbox counts every prompt of a dry run, so at 1M long prompts this was most of its CPU."""
-
-    def __init__(self, name: str):
-        self.name = name
-        self.split = regex.compile(split_pattern(name)).findall
-        self.counts: dict[str, int] = {}
-
-    def __call__(self, text: str) -> int:
-        counts, total = self.counts, 0
-        if len(counts) > PIECES_KEPT:  # a flood of distinct pieces (random text) keeps memory bounded
-            counts.clear()
-        for piece in self.split(text):
-            n = counts.get(piece)
-            if n is None:
-                n = counts[piece] = len(bpe(self.name).encode_ordinary(piece))
-            total += n
-        return total
-
-
 def _bpe_count(name: str, scale: float = 1.0) -> Callable[[str], int]:
-    pieces = PieceCounts(name)
-
     # a batch's lines share their system prompt and output schema: each is counted once, not at every create and
     # run of every line (a few recent texts kept: the shared ones stay, each line's own user text passes through)
     @lru_cache(maxsize=64)
     def count(text: str) -> int:
-        n = pieces(text)
+        n = len(bpe(name).encode_ordinary(text))
         return n if scale == 1.0 else math.ceil(n * scale)
 
     return count
