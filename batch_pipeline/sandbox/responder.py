@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from batch_pipeline.sandbox.schema_fill import fill_schema
+from batch_pipeline.sandbox.schema_fill import fill_schema, first_words
 from batch_pipeline.sandbox.tokens import (
     content_text,
     count_tokens,
@@ -50,7 +50,9 @@ def markers(body: dict[str, Any]) -> set[str]:
     found: set[str] = set()
     for message in _messages(body):
         if message.get("role") == "user":
-            found.update(MARKER_RE.findall(content_text(message.get("content"))))
+            text = content_text(message.get("content"))
+            if "[[sandbox:" in text:  # a substring test before the regex scan of a long prompt
+                found.update(MARKER_RE.findall(text))
     return found
 
 
@@ -79,8 +81,7 @@ def render_content(body: dict[str, Any]) -> str:
     if kind == "json_schema":
         schema = (response_format.get("json_schema") or {}).get("schema") or {"type": "object"}
         return json.dumps(fill_schema(schema, text, system_text(body)), ensure_ascii=False)
-    words = re.findall(r"\w+", MARKER_RE.sub(" ", text))
-    snippet = " ".join(words[:8]) or "an empty message"
+    snippet = " ".join(first_words(text, 8, MARKER_RE)) or "an empty message"
     if kind == "json_object":
         return json.dumps({"sandbox": True, "answer": snippet}, ensure_ascii=False)
     return f"Sandbox reply to: {snippet}."

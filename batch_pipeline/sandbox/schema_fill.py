@@ -12,12 +12,15 @@ from __future__ import annotations
 import math
 import re
 from functools import lru_cache
+from itertools import islice
 from typing import Any
 
 from batch_pipeline.sandbox.ids import stable_hex
 
 _WORD_SPLIT = re.compile(r"[_\s\-]+")
 FORCE_LABEL_RE = re.compile(r"\[\[sandbox:label=([^\]]+)\]\]")
+_ANY_MARKER_RE = re.compile(r"\[\[sandbox:\w+\]\]")
+_WORD_RE = re.compile(r"\w+")
 _MAX_DEPTH = 12
 _FORMATS = {
     "date": "2024-01-01",
@@ -30,6 +33,14 @@ _FORMATS = {
 }
 
 
+def first_words(text: str, n: int, marker_re: re.Pattern[str] = _ANY_MARKER_RE) -> list[str]:
+    """The first ``n`` words of ``text``, its ``[[sandbox:...]]`` markers left out: a scan of the head, not of a
+    whole long prompt (splitting all of it into words was a visible share of the sandbox's CPU per request)."""
+    if "[[sandbox:" in text:
+        text = marker_re.sub(" ", text)
+    return [m.group() for m in islice(_WORD_RE.finditer(text), n)]
+
+
 @lru_cache(maxsize=4096)
 def _word_re(needle: str, whole: bool = True) -> re.Pattern[str]:
     """``needle`` starting a word (and ending it if ``whole``), compiled once: a batch asks about the same few
@@ -37,9 +48,13 @@ def _word_re(needle: str, whole: bool = True) -> re.Pattern[str]:
     return re.compile(r"(?<!\w)" + re.escape(needle) + (r"(?!\w)" if whole else ""))
 
 
-def _find_word(haystack: str, needle: str) -> int | None:
-    """Position of ``needle`` as a whole word in ``haystack`` (both lower case), or None."""
-    match = _word_re(needle).search(haystack)
+def _find_word(haystack: str, needle: str, whole: bool = True) -> int | None:
+    """Position of ``needle`` as a whole word (or a word's start) in ``haystack`` (both lower case), or None.
+    A plain substring test first: most labels are not in most texts, and it is ~50x cheaper than the regex
+    scan of a long prompt (which ran ~17 times per request)."""
+    if needle not in haystack:
+        return None
+    match = _word_re(needle, whole).search(haystack)
     return match.start() if match else None
 
 
@@ -60,10 +75,10 @@ def _hint_score(stems: list[str], lowered: str) -> tuple[int, int]:
     """(how many hint stems start a word of the text, earliest such position)."""
     hits, first = 0, len(lowered)
     for stem in stems:
-        match = _word_re(stem, whole=False).search(lowered)
-        if match:
+        position = _find_word(lowered, stem, whole=False)
+        if position is not None:
             hits += 1
-            first = min(first, match.start())
+            first = min(first, position)
     return hits, first
 
 
@@ -78,7 +93,7 @@ def pick_label(options: list[Any], text: str, salt: str = "", hints: dict[str, l
         raise ValueError("enum without values")
     # scenarios skew_labels / wrong_labels steer the answer through this marker; the first one naming one of the
     # options wins, so one text can steer two questions (a label, then a judge's pass/fail on the same task)
-    for wanted in FORCE_LABEL_RE.findall(text):
+    for wanted in FORCE_LABEL_RE.findall(text) if "[[sandbox:label=" in text else ():
         if wanted in options:
             return wanted
         others = [o for o in options if o != wanted.removeprefix("not:")]
@@ -169,8 +184,7 @@ class SchemaFiller:
         self.hints = hints
         self.root = root
         self.text = text
-        words = re.findall(r"\w+", re.sub(r"\[\[sandbox:\w+\]\]", " ", text))
-        self.snippet = " ".join(words[:6]) or "sandbox"
+        self.snippet = " ".join(first_words(text, 6)) or "sandbox"
 
     def fill(self, schema: Any = None, path: str = "$", depth: int = 0) -> Any:
         """A value for ``schema`` (the root schema when omitted)."""
