@@ -140,11 +140,7 @@ class BatchRecord(ScenarioRecord):
             batch.results = SpooledResults.from_json(results, spool)
             batch.results.restore()
         elif batch.status not in TERMINAL:
-            answers, batch.results = batch.results, SpooledResults(spool, batch.id)
-            batch.results.release()  # no parts but these answers'
-            for answer in answers:
-                batch.results.append(answer)
-            batch.results.flush()
+            batch.results = SpooledResults.rebuilt(spool, batch.id, batch.results)
         if batch.status in TERMINAL:
             batch.compact()
         return batch

@@ -7,7 +7,6 @@ import threading
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +40,10 @@ from batch_pipeline.sandbox.quotas import DEFAULT_ACCOUNT, LoadBook
 from batch_pipeline.sandbox.scenarios import Scenario, account_fault, scenario_from_metadata
 from batch_pipeline.sandbox.sightings import SIGHTINGS_FILE, Sightings
 from batch_pipeline.sandbox.spool import Spool
+from batch_pipeline.sandbox.spooled_parts import bill_rows
 
 FILE_TTL_S = 30 * 24 * 3600
 REQUEST_LOG_LIMIT = 100_000  # the request log keeps the most recent entries only
-LEDGER_WRITE_ROWS = 2000  # a finished batch's billing goes to the ledger this many rows at a write
 
 
 @dataclass
@@ -289,9 +288,7 @@ class SandboxState:
                 self.files[file_id] = stored
                 heapq.heappush(self.outputs, (at, file_id))
                 setattr(batch, attr, file_id)
-        rows = results.billing(PROVIDER_BY_ENDPOINT[batch.endpoint], batch.model, at)
-        while chunk := list(islice(rows, LEDGER_WRITE_ROWS)):
-            self.ledger.extend(chunk)
+        bill_rows(self.ledger.extend, results.billing(PROVIDER_BY_ENDPOINT[batch.endpoint], batch.model, at))
         batch.compact()
 
     # persistence -----------------------------------------------------------------------------------------------
