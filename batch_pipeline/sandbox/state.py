@@ -105,7 +105,7 @@ class SandboxState:
         self.book = LoadBook()  # enqueued load per (provider, account, model), for quotas and GET /_sandbox/load
         self.lifecycle = Lifecycle(LineRunner(self.seen_custom_ids, self.seen_prompts), self._finish)
         self.anthropic = AnthropicBatches(
-            AnthropicRunner(self.seen_custom_ids, self.seen_prompts), self._bill, self.book
+            AnthropicRunner(self.seen_custom_ids, self.seen_prompts), self._bill, self.spool.root, self.book
         )
         self.bedrock = BedrockJobs(
             AnthropicRunner(self.seen_custom_ids, self.seen_prompts), self._bill, SandboxS3(), self.book

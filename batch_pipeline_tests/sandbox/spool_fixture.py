@@ -165,10 +165,9 @@ def fixed_clock(server: Any) -> None:
 
 
 def generate() -> dict[str, bytes]:
-    """The outputs of the fixed batches on a fresh in-process sandbox."""
+    """The outputs of the fixed batches on a fresh in-process sandbox (its ids made to count beforehand)."""
     from batch_pipeline.sandbox import SandboxAdmin, SandboxServer
 
-    deterministic()
     with SandboxServer(port=0) as server:
         fixed_clock(server)
         return run_providers(server.url, SandboxAdmin(server.url))
@@ -179,7 +178,6 @@ def save_midway(state_dir: Path) -> None:
     100 clock seconds), its clock a century ahead of real time so that a restart resumes it there."""
     from batch_pipeline.sandbox import SandboxAdmin, SandboxServer
 
-    deterministic()
     with SandboxServer(port=0, state_dir=str(state_dir)) as server:
         fixed_clock(server)
         admin = SandboxAdmin(server.url)
@@ -191,6 +189,7 @@ def save_midway(state_dir: Path) -> None:
 if __name__ == "__main__":
     sys.path[0] = os.getcwd()  # the checkout to run is the working directory (not this tests directory)
     target = Path(sys.argv[-1])
+    deterministic()
     if sys.argv[1] == "--midway":
         save_midway(target)
     else:

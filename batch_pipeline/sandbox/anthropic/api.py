@@ -11,6 +11,7 @@ from batch_pipeline.sandbox.anthropic.errors import AnthropicError, anthropic_er
 from batch_pipeline.sandbox.quotas import account_of, clock_scale, quota, retry_after_s
 from batch_pipeline.sandbox.routing import Request, Response, Router
 from batch_pipeline.sandbox.scenarios import account_fault
+from batch_pipeline.sandbox.spool import FileBody
 from batch_pipeline.sandbox.state import SandboxState
 
 PREFIX = "/v1/messages"
@@ -179,10 +180,8 @@ class AnthropicApi:
                 f"The results of message batch {batch.id} are no longer available: results "
                 f"are kept {self._kept_s / 86400:g} days after a batch is created.",
             )
-        data = "".join(
-            json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n" for line in batch.result_lines()
-        )
-        return Response(payload=data.encode("utf-8"), content_type=JSONL, batch_id=batch.id)
+        body = FileBody.open(self.state.anthropic.results_path(batch), batch.results_size)
+        return Response(payload=body, content_type=JSONL, batch_id=batch.id)
 
     def list(self, request: Request) -> Response:
         limit = _int_param(request, "limit", 20, 1, 1000)

@@ -5,42 +5,63 @@ in_progress -> ended; in_progress -> canceling -> ended. Requests are processed 
 ``finalizing_s`` later. At ``expires_at`` (24 h), or at the end of in_progress under the ``expire``
 scenario, the unprocessed requests become ``expired``; after a cancel they become ``canceled``.
 Only succeeded requests are billed, once, when the batch ends.
+
+A batch's requests are spooled at create (``<batch>.requests``, a JSON line each, read back when run) and its
+answers appended to a part as they are produced (``anthropic/answers.py``); when it ends the part becomes its
+results file (``<batch>.results.jsonl``), served as it is, and the batch keeps its counts only.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
+from batch_pipeline.sandbox.anthropic.answers import RESULTS, AnthropicAnswers, succeeded_count
 from batch_pipeline.sandbox.anthropic.errors import anthropic_error, invalid_request
 from batch_pipeline.sandbox.anthropic.responder import AnthropicResult, AnthropicRunner
 from batch_pipeline.sandbox.batches import lines_due, output_order
 from batch_pipeline.sandbox.ids import new_id
 from batch_pipeline.sandbox.quotas import DEFAULT_ACCOUNT, Load, LoadBook
 from batch_pipeline.sandbox.scenarios import Scenario
-from batch_pipeline.sandbox.store import Bill, ProcessedRecord, RecordStore, rfc3339
+from batch_pipeline.sandbox.spooled_lines import SpooledLines
+from batch_pipeline.sandbox.spooled_parts import bill_rows
+from batch_pipeline.sandbox.spooled_record import SpooledRecord
+from batch_pipeline.sandbox.store import Bill, RecordStore, rfc3339
 
 EXPIRY_S = 24 * 3600
 RESULTS_KEPT_S = 29 * 24 * 3600
 
 
 @dataclass
-class AnthropicBatch(ProcessedRecord):
+class AnthropicBatch(SpooledRecord):
     """All the sandbox knows about one message batch. Times are clock seconds."""
 
     NESTED: ClassVar[dict[str, Any]] = {"results": AnthropicResult}
+    PARTS_TYPE = AnthropicAnswers
 
     id: str
     created_at: float
-    requests: list[dict[str, Any]]
-    order: list[int]
+    requests: list[dict[str, Any]] | SpooledLines  # a list in a state saved before the spool
+    order: Any  # the processing order: the requests' ``order`` column (a list in a state saved before the spool)
     scenario: Scenario
     processing_status: str = "in_progress"
-    results: list[AnthropicResult] = field(default_factory=list)
+    results: list[AnthropicResult] | AnthropicAnswers = field(default_factory=list)
     cancel_initiated_at: float | None = None
     ended_at: float | None = None
     unprocessed: str | None = None  # "canceled" or "expired": what the requests never run became
     account: str = DEFAULT_ACCOUNT  # the key that created it: whose queue its requests wait in
+    totals: dict[str, int] | None = None  # once ended: its requests, answers and how many succeeded
+    results_file: str | None = None  # once ended: the results file's name in the spool, and its size
+    results_size: int = 0
+
+    @property
+    def ended(self) -> bool:
+        return self.processing_status == "ended"
+
+    def sums(self, answers: list[Any]) -> dict[str, int]:
+        return succeeded_count(answers)
 
     @property
     def expires_at(self) -> float:
@@ -61,22 +82,33 @@ class AnthropicBatch(ProcessedRecord):
     def counts(self) -> dict[str, int]:
         """``request_counts``: everything is ``processing`` until the batch has ended."""
         counts = {"processing": 0, "succeeded": 0, "errored": 0, "canceled": 0, "expired": 0}
-        if self.processing_status != "ended":
-            counts["processing"] = len(self.requests)
+        tally = self.tally()
+        if not self.ended:
+            counts["processing"] = tally["requests"]
             return counts
-        for result in self.results:
-            counts["succeeded" if result.succeeded else "errored"] += 1
+        counts["succeeded"], counts["errored"] = tally["succeeded"], tally["processed"] - tally["succeeded"]
         if self.unprocessed is not None:
-            counts[self.unprocessed] += len(self.requests) - len(self.results)
+            counts[self.unprocessed] += tally["requests"] - tally["processed"]
         return counts
 
-    def result_lines(self) -> list[dict[str, Any]]:
-        """The results file: processed requests in processing order, then the ones never run."""
-        lines = [{"custom_id": r.custom_id, "result": r.result} for r in self.results]
+    def write_results(self, spool: Path) -> AnthropicAnswers:
+        """The batch ended: its answers' part, with the lines of the requests never run, becomes its results file
+        (processed requests in processing order, then the others); the answers, for their billing."""
+        answers = self.results
+        if not isinstance(answers, AnthropicAnswers):  # an ended batch saved with its answers as a list
+            answers = AnthropicAnswers.rebuilt(spool, self.id, answers)
         if self.unprocessed is not None:
-            for index in self.order[len(self.results) :]:
-                lines.append({"custom_id": self.requests[index]["custom_id"], "result": {"type": self.unprocessed}})
-        return lines
+            never_run: Iterable[int] = self.order[len(answers) :]
+            answers.add_unprocessed((self.requests[index]["custom_id"] for index in never_run), self.unprocessed)
+        self.results_file = f"{self.id}.results.jsonl"
+        self.results_size = answers.take(RESULTS, spool / self.results_file)
+        self.results = answers
+        return answers
+
+    def finish_loaded(self, spool: Path) -> None:
+        """An ended batch saved with its answers as a list (billed then): its results file, and compacted."""
+        self.write_results(spool)
+        self.compact()
 
     def to_api(self, now: float, host: str, kept_s: float = RESULTS_KEPT_S) -> dict[str, Any]:
         """The API ``MessageBatch`` object; ``results_url`` is absolute, built from the request's host."""
@@ -100,21 +132,49 @@ class AnthropicBatches(RecordStore[AnthropicBatch]):
 
     record_type = AnthropicBatch
 
-    def __init__(self, runner: AnthropicRunner, bill: Bill, load: LoadBook | None = None) -> None:
+    def __init__(self, runner: AnthropicRunner, bill: Bill, spool: Path, load: LoadBook | None = None) -> None:
         super().__init__(load)
         self.runner = runner
         self.bill = bill
+        self.spool = spool
+
+    def clear(self) -> None:
+        """Forget every batch, and its spool files."""
+        for batch in self.records.values():
+            self._drop_files(batch)
+        super().clear()
+
+    def _drop_files(self, batch: AnthropicBatch) -> None:
+        batch.release()
+        if batch.results_file:
+            (self.spool / batch.results_file).unlink(missing_ok=True)
+
+    def load(self, saved: Iterable[dict[str, Any]] | None) -> None:
+        """Restore batches saved by ``to_json``, their spool files in the spool."""
+        self.clear()
+        for data in saved or []:
+            self.add(AnthropicBatch.load(data, self.spool))
+
+    def results_path(self, batch: AnthropicBatch) -> Path:
+        """Where an ended batch's results file is."""
+        assert batch.results_file is not None, "an ended batch has its results file"
+        return self.spool / batch.results_file
 
     def create(
         self, requests: list[dict[str, Any]], scenario: Scenario, now: float, account: str = DEFAULT_ACCOUNT
     ) -> AnthropicBatch:
-        """A new batch in ``in_progress``; its requests wait in ``account``'s queue until it ends."""
+        """A new batch in ``in_progress``; its requests wait in ``account``'s queue until it ends. They are
+        spooled (``<batch>.requests``), its answers will be (``AnthropicAnswers``)."""
+        batch_id = new_id("msgbatch_")
+        order = output_order("\n".join(r["custom_id"] for r in requests).encode("utf-8"), len(requests))
+        lines = SpooledLines.write(self.spool / f"{batch_id}.requests", requests, order=order)
         batch = AnthropicBatch(
-            new_id("msgbatch_"),
+            batch_id,
             now,
-            requests,
-            output_order("\n".join(r["custom_id"] for r in requests).encode("utf-8"), len(requests)),
+            lines,
+            lines.column("order"),
             scenario,
+            results=AnthropicAnswers(self.spool, batch_id),
             account=account,
         )
         self.add(batch)
@@ -153,6 +213,7 @@ class AnthropicBatches(RecordStore[AnthropicBatch]):
                 "(cancel it first)."
             )
         del self.records[batch_id]
+        self._drop_files(batch)
         self.book.release("anthropic", batch_id, batch.ended_at or 0.0)
 
     def advance(self, batch: AnthropicBatch, now: float) -> bool:
@@ -182,24 +243,17 @@ class AnthropicBatches(RecordStore[AnthropicBatch]):
         due = lines_due(batch, batch.processing_start, at)
         while len(batch.results) < due:
             request = batch.requests[batch.order[len(batch.results)]]
-            batch.results.append(self.runner.run(batch.id, request, batch.scenario))
+            batch.results.append(self.runner.run(batch.id, request, batch.scenario))  # type: ignore[arg-type]
+        if isinstance(batch.results, AnthropicAnswers):
+            batch.results.flush()  # on disk before the state is saved
 
     def _close(self, batch: AnthropicBatch, unprocessed: str | None, at: float) -> None:
+        """The batch ends: its results file is written, its succeeded requests billed (once), its files dropped."""
         batch.processing_status = "ended"
         batch.ended_at = at
-        batch.unprocessed = unprocessed if len(batch.results) < len(batch.requests) else None
+        tally = batch.tally()
+        batch.unprocessed = unprocessed if tally["processed"] < tally["requests"] else None
         self.book.release("anthropic", batch.id, at)
-        self.bill(
-            [
-                r.billed().ledger_row(
-                    "anthropic",
-                    batch.id,
-                    r.custom_id,
-                    r.model,
-                    at,
-                    cache_creation_input_tokens=r.cache_creation_input_tokens,
-                )
-                for r in batch.results
-                if r.succeeded
-            ]
-        )
+        answers = batch.write_results(self.spool)
+        bill_rows(self.bill, answers.billing("anthropic", None, at))
+        batch.compact()
