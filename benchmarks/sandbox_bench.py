@@ -1,8 +1,11 @@
-"""The sandbox's own cost for an N-request OpenAI batch job: its peak RSS and CPU per request (issue 19).
+"""The sandbox's own cost for an N-request batch job: its peak RSS and CPU per request (issue 19).
 
 The sandbox runs in a spawned child (an in-process ``SandboxServer``), so its figures are its own; this process
 drives it through the real ``openai`` SDK: upload the input files (50,000 requests each, the API's cap), create the
-batches, poll them to ``completed``, stream every output file down and count its lines. The child reports its peak
+batches, poll them to ``completed``, stream every output file down and count its lines. ``--provider anthropic``
+drives the ``anthropic`` SDK instead (message batches of 100,000 requests, the API's cap, results read through
+``batches.results``), ``--provider gemini`` the ``google-genai`` SDK (a JSONL file of 50,000 requests per batch,
+uploaded, run and its responses file downloaded). The child reports its peak
 RSS (``VmHWM``) and the CPU seconds it spent from ready to done, divided by N.
 
 ``--old-root DIR`` runs the same job a second time against the sandbox of another checkout, in the same run:
@@ -14,7 +17,7 @@ gives the sandbox a temporary state directory (it saves ``state.json`` after eve
 survive a restart does) and prints the last ``state.json``'s size.
 
 Run: nice -n 19 python benchmarks/sandbox_bench.py --requests 100000 [--in-progress-s 60] [--old-root /tmp/old]
-     [--profile 25] [--long]
+     [--profile 25] [--long] [--provider anthropic|gemini]
 ``--long``: the tickets are 300-1,500 character slices of ``make_rows``' word pool (what ``e2e_bench`` sends),
 where counting the prompts' tokens is most of the sandbox's CPU.
 """
@@ -40,7 +43,10 @@ if str(HERE.parent) not in sys.path:
 from benchmarks._harness import cpu_s, load, maxrss_mb  # noqa: E402
 
 PER_BATCH = 50_000
+PER_BATCH_BY_PROVIDER = {"openai": 50_000, "anthropic": 100_000, "gemini": 50_000}
 MODEL = "gpt-4o-mini"
+CLAUDE = "claude-haiku-4-5"
+GEMINI = "gemini-2.5-flash"
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 
 
@@ -74,6 +80,50 @@ def batch_file(start: int, count: int, long: bool = False) -> bytes:
         }
         line = {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
         lines.append(json.dumps(line, separators=(",", ":")))
+    return ("\n".join(lines) + "\n").encode()
+
+
+def tickets(start: int, count: int, long: bool = False) -> list[str]:
+    """The user texts of ``batch_file``'s requests, for the other providers' requests."""
+    pool, lo, hi = long_texts() if long else ("", 0, 0)
+    return [
+        f"Ticket {i}: " + _slice(pool, i, lo, hi) if long else f"Ticket {i}: my invoice was charged twice, please help"
+        for i in range(start, start + count)
+    ]
+
+
+def anthropic_requests(start: int, count: int, long: bool = False) -> list[dict[str, Any]]:
+    """``count`` message-batch requests with a forced label tool, as the pipeline sends them."""
+    schema = {"type": "object", "properties": {"label": {"type": "string", "enum": ["billing", "bug", "other"]}}}
+    tool = {"name": "label", "description": "The ticket's label.", "input_schema": schema}
+    return [
+        {
+            "custom_id": f"r{start + n}",
+            "params": {
+                "model": CLAUDE,
+                "max_tokens": 32,
+                "system": "Label the ticket: billing, bug or other.",
+                "tools": [tool],
+                "tool_choice": {"type": "tool", "name": "label"},
+                "messages": [{"role": "user", "content": text}],
+            },
+        }
+        for n, text in enumerate(tickets(start, count, long))
+    ]
+
+
+def gemini_file(start: int, count: int, long: bool = False) -> bytes:
+    """``count`` Gemini batch lines asking for a labelled JSON answer."""
+    schema = {"type": "object", "properties": {"label": {"type": "string", "enum": ["billing", "bug", "other"]}}}
+    config = {"responseMimeType": "application/json", "responseJsonSchema": schema, "maxOutputTokens": 32}
+    lines = []
+    for n, text in enumerate(tickets(start, count, long)):
+        request = {
+            "contents": [{"role": "user", "parts": [{"text": text}]}],
+            "systemInstruction": {"parts": [{"text": "Label the ticket: billing, bug or other."}]},
+            "generationConfig": config,
+        }
+        lines.append(json.dumps({"key": f"r{start + n}", "request": request}, separators=(",", ":")))
     return ("\n".join(lines) + "\n").encode()
 
 
@@ -139,7 +189,7 @@ def serve_sandbox(root: str | None, conn: Any, profile_top: int, persist: bool =
 
 
 def drive(url: str, requests: int, in_progress_s: float | None, long: bool = False) -> dict[str, float]:
-    """Upload, create, poll to completed and stream every output down; the phases' wall seconds."""
+    """OpenAI: upload, create, poll to completed and stream every output down; the phases' wall seconds."""
     client = openai.OpenAI(base_url=url + "/v1", api_key="sk-sandbox", max_retries=0, timeout=600)
     phases: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -176,6 +226,82 @@ def drive(url: str, requests: int, in_progress_s: float | None, long: bool = Fal
     return phases
 
 
+def _slow_scenario(url: str, in_progress_s: float | None) -> None:
+    """The server-wide scenario with every batch's in_progress over ``in_progress_s`` (Anthropic and Gemini
+    batches take the server's scenario, not one from metadata)."""
+    if in_progress_s is not None:
+        from batch_pipeline.sandbox import SandboxAdmin
+
+        SandboxAdmin(url).set_scenario("normal", in_progress_s=in_progress_s)
+
+
+def drive_anthropic(url: str, requests: int, in_progress_s: float | None, long: bool = False) -> dict[str, float]:
+    """Anthropic: create the message batches, poll them to ended and read every result line through the SDK."""
+    import anthropic
+
+    _slow_scenario(url, in_progress_s)
+    client = anthropic.Anthropic(base_url=url, api_key="sk-sandbox", max_retries=0, timeout=600)
+    per_batch = PER_BATCH_BY_PROVIDER["anthropic"]
+    t0 = time.perf_counter()
+    batches = []
+    for start in range(0, requests, per_batch):
+        body = anthropic_requests(start, min(per_batch, requests - start), long)
+        batches.append(client.messages.batches.create(requests=body).id)  # type: ignore[arg-type]
+    phases = {"upload_s": time.perf_counter() - t0}
+    for batch_id in batches:
+        while client.messages.batches.retrieve(batch_id).processing_status != "ended":
+            time.sleep(0.05)
+    phases["create_and_wait_s"] = time.perf_counter() - t0 - phases["upload_s"]
+    t = time.perf_counter()
+    lines = sum(
+        1
+        for batch_id in batches
+        for line in client.messages.batches.results(batch_id)
+        if line.result.type == "succeeded"
+    )
+    phases["download_s"] = time.perf_counter() - t
+    phases["total_s"] = time.perf_counter() - t0
+    assert lines == requests, (lines, requests)
+    client.close()
+    return phases
+
+
+def drive_gemini(url: str, requests: int, in_progress_s: float | None, long: bool = False) -> dict[str, float]:
+    """Gemini: upload the JSONL files, create the batches, poll them to done and download every responses file."""
+    import io
+
+    from google import genai
+
+    _slow_scenario(url, in_progress_s)
+    client = genai.Client(api_key="sandbox", http_options={"base_url": url, "timeout": 600_000})
+    per_batch = PER_BATCH_BY_PROVIDER["gemini"]
+    t0 = time.perf_counter()
+    names = []
+    for start in range(0, requests, per_batch):
+        data = gemini_file(start, min(per_batch, requests - start), long)
+        upload = client.files.upload(file=io.BytesIO(data), config={"mime_type": "jsonl", "display_name": "in"})
+        names.append(str(upload.name))
+    phases = {"upload_s": time.perf_counter() - t0}
+    jobs = [str(client.batches.create(model=GEMINI, src=name).name) for name in names]
+    outputs = []
+    for name in jobs:
+        while not (job := client.batches.get(name=name)).done:
+            time.sleep(0.05)
+        assert job.state is not None and job.state.name == "JOB_STATE_SUCCEEDED", job.state
+        assert job.dest is not None and job.dest.file_name
+        outputs.append(job.dest.file_name)
+    phases["create_and_wait_s"] = time.perf_counter() - t0 - phases["upload_s"]
+    t = time.perf_counter()
+    lines = sum(client.files.download(file=name).count(b"\n") for name in outputs)
+    phases["download_s"] = time.perf_counter() - t
+    phases["total_s"] = time.perf_counter() - t0
+    assert lines == requests, (lines, requests)
+    return phases
+
+
+DRIVERS = {"openai": drive, "anthropic": drive_anthropic, "gemini": drive_gemini}
+
+
 def measure(
     root: str | None,
     requests: int,
@@ -183,6 +309,7 @@ def measure(
     in_progress_s: float | None,
     persist: bool = False,
     long: bool = False,
+    provider: str = "openai",
 ) -> dict[str, Any]:
     """One job against the sandbox of ``root`` (None: this checkout) in its own spawned child."""
     ctx = mp.get_context("spawn")
@@ -190,7 +317,7 @@ def measure(
     child = ctx.Process(target=serve_sandbox, args=(root, theirs, profile_top, persist))
     child.start()
     url = ours.recv()
-    phases = drive(url, requests, in_progress_s, long)
+    phases = DRIVERS[provider](url, requests, in_progress_s, long)
     ours.send("done")
     report = ours.recv()
     child.join(timeout=60)
@@ -215,15 +342,20 @@ def main() -> None:
     parser.add_argument("--in-progress-s", type=float, help="each batch's in_progress span (sandbox seconds)")
     parser.add_argument("--state-dir", action="store_true", help="the sandbox persists to a temporary --state-dir")
     parser.add_argument("--long", action="store_true", help="e2e_bench's 300-1,500 character prompts")
+    parser.add_argument("--provider", choices=sorted(DRIVERS), default="openai", help="whose SDK drives the job")
     args = parser.parse_args()
     span = "" if args.in_progress_s is None else f", in_progress {args.in_progress_s:g} s"
     kind = ", long prompts" if args.long else ""
-    print(f"sandbox_bench: {args.requests:,} requests{span}{kind}, load {load():.1f} at start")
+    print(f"sandbox_bench: {args.provider}, {args.requests:,} requests{span}{kind}, load {load():.1f} at start")
     results = {}
     if args.old_root:
-        results["before"] = measure(args.old_root, args.requests, 0, args.in_progress_s, args.state_dir, args.long)
+        results["before"] = measure(
+            args.old_root, args.requests, 0, args.in_progress_s, args.state_dir, args.long, args.provider
+        )
         _print("before", results["before"])
-    results["after"] = measure(None, args.requests, args.profile, args.in_progress_s, args.state_dir, args.long)
+    results["after"] = measure(
+        None, args.requests, args.profile, args.in_progress_s, args.state_dir, args.long, args.provider
+    )
     _print("after", results["after"])
     if "before" in results:
         before, after = results["before"], results["after"]
