@@ -56,7 +56,7 @@ class Spool:
         """Store ``data`` under ``name`` (atomically replaced); its size."""
         return self.write_chunks(name, (data,))
 
-    def write_chunks(self, name: str, chunks: Iterable[bytes]) -> int:
+    def write_chunks(self, name: str, chunks: Iterable[bytes | bytearray]) -> int:
         """Store the concatenation of ``chunks`` without holding it whole; its size."""
         target = self.path(name)
         tmp = target.with_name(target.name + ".tmp")

@@ -52,8 +52,8 @@ class SpooledRecord(ProcessedRecord):
         return {"requests": requests, "processed": len(self.results), **self.sums(self.results)}
 
     def sums(self, answers: list[Any]) -> dict[str, int]:
-        """``TOTAL_KEYS`` summed over answers held as a list."""
-        raise NotImplementedError
+        """``TOTAL_KEYS`` summed over answers held as a list (by default: how many succeeded)."""
+        return {"succeeded": sum(1 for answer in answers if answer.succeeded)}
 
     def compact(self) -> None:
         """It ended and its files were written: keep its tally, drop its requests, order and answers."""

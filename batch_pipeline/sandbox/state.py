@@ -110,7 +110,7 @@ class SandboxState:
         self.bedrock = BedrockJobs(
             AnthropicRunner(self.seen_custom_ids, self.seen_prompts), self._bill, SandboxS3(), self.book
         )
-        self.gemini_files = GeminiFiles(self.store)
+        self.gemini_files = GeminiFiles(self.spool)
         self.gemini = GeminiService(
             GeminiResponder(self.seen_custom_ids, self.seen_prompts), self._bill, self.gemini_files, self.book
         )

@@ -5,7 +5,6 @@ the requests never run are appended and the part becomes the results file."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from batch_pipeline.sandbox.anthropic.responder import AnthropicResult
 from batch_pipeline.sandbox.spooled_parts import SpooledParts, encode
@@ -33,8 +32,3 @@ class AnthropicAnswers(SpooledParts):
         for custom_id in custom_ids:
             self.add(RESULTS, encode({"custom_id": custom_id, "result": {"type": kind}}))
         self.flush()
-
-
-def succeeded_count(answers: Iterable[Any]) -> dict[str, int]:
-    """``AnthropicAnswers.TOTAL_KEYS`` of answers held as a list."""
-    return {"succeeded": sum(1 for answer in answers if answer.succeeded)}

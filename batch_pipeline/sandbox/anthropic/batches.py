@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from batch_pipeline.sandbox.anthropic.answers import RESULTS, AnthropicAnswers, succeeded_count
+from batch_pipeline.sandbox.anthropic.answers import RESULTS, AnthropicAnswers
 from batch_pipeline.sandbox.anthropic.errors import anthropic_error, invalid_request
 from batch_pipeline.sandbox.anthropic.responder import AnthropicResult, AnthropicRunner
 from batch_pipeline.sandbox.batches import lines_due, output_order
@@ -59,9 +59,6 @@ class AnthropicBatch(SpooledRecord):
     @property
     def ended(self) -> bool:
         return self.processing_status == "ended"
-
-    def sums(self, answers: list[Any]) -> dict[str, int]:
-        return succeeded_count(answers)
 
     @property
     def expires_at(self) -> float:

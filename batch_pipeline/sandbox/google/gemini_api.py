@@ -18,6 +18,7 @@ from batch_pipeline.sandbox.google.gemini_files import GeminiFile, gemini_id
 from batch_pipeline.sandbox.quotas import account_of, clock_scale
 from batch_pipeline.sandbox.routing import Request, Response, Router
 from batch_pipeline.sandbox.scenarios import UNKNOWN_MODEL_PREFIX
+from batch_pipeline.sandbox.spool import FileBody
 from batch_pipeline.sandbox.state import SandboxState
 
 KEY_HEADER = "x-goog-api-key"
@@ -165,8 +166,8 @@ class GeminiApi:
                 f"Finalized after {len(data)} bytes; the upload declared {stored.size}.",
                 headers={"x-goog-upload-status": "final"},
             )
-        stored.data, stored.created_at = bytes(data), self.state.clock.now()
-        self.files.add(stored)
+        stored.created_at = self.state.clock.now()
+        self.files.add(stored, data)
         return Response(
             payload={"file": stored.to_api(_host(request), version)}, headers={"x-goog-upload-status": "final"}
         )
@@ -234,7 +235,7 @@ class GeminiApi:
         stored = self.files.get(request.params["file_id"])
         if stored.source != "GENERATED":
             raise GoogleError(400, f"File files/{stored.id} was uploaded; only generated files can be downloaded.")
-        return Response(payload=stored.data, content_type=JSONL)
+        return Response(payload=FileBody.open(stored.path, stored.size), content_type=JSONL)
 
     # batches --------------------------------------------------------------------------------------------------
     def create(self, request: Request) -> Response:

@@ -11,7 +11,8 @@ Answered requests are billed when the batch ends with a responses file (never fo
 A batch of inline requests (``inputConfig.requests.requests``, what ``batches.create(src=[...])`` sends) has the
 same lifecycle, quota and billing; its answers come back in the operation itself
 (``output.inlinedResponses.inlinedResponses``, in input order, each ``{"response"|"error", "metadata"}``) instead
-of a responses file.
+of a responses file. A file batch's requests are spooled at create and its answers appended to a part as they are
+produced (``gemini_answers.py``), the part becoming its responses file; an inline batch keeps both in memory.
 
 An embeddings batch (``asyncBatchEmbedContent``: ``EmbedContentRequest`` lines, ``sandbox/google/gemini_embed.py``)
 has the same lifecycle, quota, files and billing (input tokens only); its operation carries the
@@ -21,12 +22,13 @@ has the same lifecycle, quota, files and billing (input tokens only); its operat
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from batch_pipeline.sandbox.batches import lines_due, output_order
 from batch_pipeline.sandbox.google.errors import RETRY_INFO, GoogleError
+from batch_pipeline.sandbox.google.gemini_answers import RESPONSES, GeminiAnswers
 from batch_pipeline.sandbox.google.gemini_embed import GeminiEmbedder, embed_problem, embed_tokens
 from batch_pipeline.sandbox.google.gemini_files import GeminiFile, GeminiFiles, gemini_id
 from batch_pipeline.sandbox.google.gemini_inputs import contents_problem, parse_inline, parse_input
@@ -34,6 +36,8 @@ from batch_pipeline.sandbox.google.gemini_record import GeminiBatch
 from batch_pipeline.sandbox.google.responder import GeminiResponder, prompt_tokens
 from batch_pipeline.sandbox.quotas import DEFAULT_ACCOUNT, Load, LoadBook, quota, retry_after_s
 from batch_pipeline.sandbox.scenarios import Scenario
+from batch_pipeline.sandbox.spooled_lines import SpooledLines
+from batch_pipeline.sandbox.spooled_parts import bill_rows
 from batch_pipeline.sandbox.store import Bill, RecordStore
 
 MAX_INLINE_BYTES = 20 * 2**20  # the API's request payload limit, which bounds a create with inline requests
@@ -71,14 +75,28 @@ class GeminiService(RecordStore[GeminiBatch]):
         self.embedder = GeminiEmbedder(responder.seen_keys)
         self.bill = bill
         self.files = files
+        self.spool = files.spool.root
+
+    def clear(self) -> None:
+        """Forget every batch, and its spool files."""
+        for batch in self.records.values():
+            batch.release()
+        super().clear()
+
+    def load(self, saved: Iterable[dict[str, Any]] | None) -> None:
+        """Restore batches saved by ``to_json``, their spool files in the spool."""
+        self.clear()
+        for data in saved or []:
+            self.add(GeminiBatch.load(data, self.spool))
 
     def create(self, ask: BatchAsk, file_name: str) -> GeminiBatch:
         """A new batch (PENDING) of an uploaded JSONL file. One whose input parses holds its prompt tokens for
         ``ask.account`` until it ends; past the server's ``quota_enqueued_tokens`` the create is a 429
         RESOURCE_EXHAUSTED instead."""
         stored = self.files.get(file_name.removeprefix("files/"))
-        requests, invalid = parse_input(stored.data, ask.problem)
-        return self._create(ask, f"files/{stored.id}", requests, invalid, stored.data)
+        data = stored.read()
+        requests, invalid = parse_input(data, ask.problem)
+        return self._create(ask, f"files/{stored.id}", requests, invalid, data)
 
     def create_inline(self, ask: BatchAsk, config: Any) -> GeminiBatch:
         """A new batch of inline requests (``inputConfig.requests``): as ``create``, answered in the operation."""
@@ -105,16 +123,21 @@ class GeminiService(RecordStore[GeminiBatch]):
         tokens, now = sum(int(r.get("prompt_tokens", 0)) for r in requests), ask.clock()
         if invalid is None:
             self._check_quota(scenario, ask.account, name, tokens, now, ask.scale)
+        batch_id, order = gemini_id(), output_order(seed, len(requests))
+        listed: list[dict[str, Any]] | SpooledLines = requests
+        if not inline:  # read back by span when run; its answers go to parts
+            listed = SpooledLines.write(self.spool / f"{batch_id}.requests", requests, order=order)
         batch = GeminiBatch(
-            gemini_id(),
+            batch_id,
             ask.display_name,
             ask.model,
             input_file,
             now,
             scenario,
-            requests,
-            output_order(seed, len(requests)),
+            listed,
+            listed.column("order") if isinstance(listed, SpooledLines) else order,
             invalid,
+            results=[] if inline else GeminiAnswers(self.spool, batch_id),
             account=ask.account,
             inline=inline,
             embed=ask.embed,
@@ -162,7 +185,7 @@ class GeminiService(RecordStore[GeminiBatch]):
 
     def delete(self, batch_id: str, now: float = 0.0) -> None:
         self.get(batch_id)
-        del self.records[batch_id]
+        self.records.pop(batch_id).release()
         self.book.release("gemini", f"batches/{batch_id}", now)
 
     def advance(self, batch: GeminiBatch, now: float) -> bool:
@@ -199,39 +222,44 @@ class GeminiService(RecordStore[GeminiBatch]):
 
     def _process_until(self, batch: GeminiBatch, at: float) -> None:
         due = lines_due(batch, batch.processing_start, at)
-        while len(batch.results) < due:
-            item = batch.requests[batch.order[len(batch.results)]]
+        answers: Any = batch.results
+        while len(answers) < due:
+            item = batch.requests[batch.order[len(answers)]]
             if batch.embed:
-                batch.results.append(
+                answers.append(
                     self.embedder.answer(
                         item["key"], batch.model, item["request"], batch.scenario, item.get("prompt_tokens")
                     )
                 )
                 continue
-            batch.results.append(
+            answers.append(
                 self.responder.answer(
                     item["key"], batch.model, item["request"], batch.scenario, batch.id, item.get("prompt_tokens")
                 )
             )
+        if isinstance(answers, GeminiAnswers):
+            answers.flush()  # on disk before the state is saved
 
     def _close(self, batch: GeminiBatch, state: str, at: float) -> None:
+        """The batch ends: a file batch's answers' part becomes its responses file, the succeeded requests are
+        billed (once; nothing for a failed or expired batch) and a file batch keeps its counts only."""
         batch.state, batch.end_at = state, at
         self.book.release("gemini", f"batches/{batch.id}", at)
-        if state in ("BATCH_STATE_FAILED", "BATCH_STATE_EXPIRED"):
-            return  # no responses, nothing billed
-        if not batch.inline:  # the live API names the responses file after the batch: files/batch-<batch id>
-            output = batch.output_lines()
-            stored = self.files.add(
-                GeminiFile(
-                    f"batch-{batch.id}", f"batch-{batch.id}", "application/jsonl", at, len(output), "GENERATED", output
-                )
-            )
-            batch.output_file = f"files/{stored.id}"
-        model = batch.model.removeprefix("models/")
-        self.bill(
-            [
-                r.billed().ledger_row("gemini", f"batches/{batch.id}", r.key, model, at)
-                for r in batch.results
-                if r.succeeded
-            ]
-        )
+        if state not in ("BATCH_STATE_FAILED", "BATCH_STATE_EXPIRED"):
+            self._give_back(batch, at)
+        if not batch.inline:
+            batch.compact()
+
+    def _give_back(self, batch: GeminiBatch, at: float) -> None:
+        model, name = batch.model.removeprefix("models/"), f"batches/{batch.id}"
+        answers = batch.results
+        if not isinstance(answers, GeminiAnswers):  # inline: answered in the operation
+            rows = (r.billed().ledger_row("gemini", name, r.key, model, at) for r in answers if r.succeeded)
+            bill_rows(self.bill, iter(rows))
+            return
+        # the live API names the responses file after the batch: files/batch-<batch id>
+        part = self.spool / f"{batch.id}.responses.jsonl"
+        answers.take(RESPONSES, part)
+        generated = GeminiFile(f"batch-{batch.id}", f"batch-{batch.id}", "application/jsonl", at, 0, "GENERATED")
+        batch.output_file = f"files/{self.files.add_file(generated, part).id}"
+        bill_rows(self.bill, answers.billing("gemini", model, at, batch_id=name))

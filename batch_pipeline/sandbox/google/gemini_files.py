@@ -1,16 +1,19 @@
-"""Gemini Developer API files: uploaded inputs and generated responses files, bytes in memory (and in the state
-directory when there is one), kept apart from the batches that read and write them."""
+"""Gemini Developer API files: uploaded inputs and generated responses files, kept apart from the batches that read
+and write them. Their bytes are blobs in the sandbox's spool (``gemini-<id>``: the state directory's ``files/`` when
+there is one), never held in memory: a 1M-row job's inputs and responses files were gigabytes."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
-from dataclasses import asdict, dataclass
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from batch_pipeline.sandbox.google.errors import GoogleError
 from batch_pipeline.sandbox.ids import new_id
-from batch_pipeline.sandbox.persistence import StateDir
+from batch_pipeline.sandbox.spool import CHUNK_BYTES, Spool
 from batch_pipeline.sandbox.store import rfc3339
 
 FILE_TTL_S = 48 * 3600
@@ -22,15 +25,28 @@ def gemini_id() -> str:
     return new_id("")[:16]
 
 
-def sha256_hash(data: bytes) -> str:
+def sha256_hash(data: bytes | bytearray) -> str:
     """A File's ``sha256Hash`` as the Files API writes it: base64 of the *hex* SHA-256 digest of the bytes (88
     characters; not base64 of the raw 32-byte digest that the field's ``bytes`` type would suggest)."""
-    return base64.b64encode(hashlib.sha256(data).hexdigest().encode("ascii")).decode("ascii")
+    return _encoded(hashlib.sha256(data))
+
+
+def file_sha256_hash(path: Path) -> str:
+    """``sha256_hash`` of a file's bytes, read a chunk at a time."""
+    digest = hashlib.sha256()
+    with path.open("rb") as source:
+        while chunk := source.read(CHUNK_BYTES):
+            digest.update(chunk)
+    return _encoded(digest)
+
+
+def _encoded(digest: Any) -> str:
+    return base64.b64encode(digest.hexdigest().encode("ascii")).decode("ascii")
 
 
 @dataclass
 class GeminiFile:
-    """An uploaded (``UPLOADED``) or generated (``GENERATED``, a responses file) file; bytes in memory."""
+    """An uploaded (``UPLOADED``) or generated (``GENERATED``, a responses file) file; its bytes are at ``path``."""
 
     id: str
     display_name: str | None
@@ -38,8 +54,12 @@ class GeminiFile:
     created_at: float
     size: int
     source: str = "UPLOADED"
-    data: bytes = b""
     sha256: str = ""  # ``sha256Hash``, set when the bytes are stored (``GeminiFiles.add``)
+    path: Path = field(default=Path(), compare=False)  # in the spool; not saved
+
+    def read(self) -> bytes:
+        """The bytes whole (a batch's input, parsed when the batch is created)."""
+        return self.path.read_bytes()
 
     def to_api(self, host: str, version: str) -> dict[str, Any]:
         """The ``File`` resource (int64 ``sizeBytes`` as a JSON string, as Google sends it)."""
@@ -65,8 +85,8 @@ class GeminiFile:
 class GeminiFiles:
     """The files of the Gemini API on one sandbox, and its open resumable uploads (callers hold the state lock)."""
 
-    def __init__(self, store: StateDir | None) -> None:
-        self.store = store
+    def __init__(self, spool: Spool) -> None:
+        self.spool = spool
         self.clear()
 
     def clear(self) -> None:
@@ -79,12 +99,23 @@ class GeminiFiles:
     def newest_first(self) -> list[GeminiFile]:
         return list(reversed(self.files.values()))
 
-    def add(self, stored: GeminiFile) -> GeminiFile:
-        """Keep a file whose bytes are complete (its hash is taken now)."""
-        stored.sha256 = sha256_hash(stored.data)
+    def add(self, stored: GeminiFile, data: bytes | bytearray) -> GeminiFile:
+        """Keep a file whose bytes are complete (written to the spool; its hash is taken now)."""
+        stored.sha256 = sha256_hash(data)
+        stored.size = self.spool.write_chunks(BLOB_PREFIX + stored.id, (data,))
+        stored.path = self.spool.path(BLOB_PREFIX + stored.id)
         self.files[stored.id] = stored
-        if self.store is not None:
-            self.store.write_blob(BLOB_PREFIX + stored.id, stored.data)
+        return stored
+
+    def add_file(self, stored: GeminiFile, source: Path) -> GeminiFile:
+        """Keep a file whose bytes were written to ``source`` in the spool (moved into place; no file: empty)."""
+        stored.path = self.spool.path(BLOB_PREFIX + stored.id)
+        if source.exists():
+            os.replace(source, stored.path)
+        else:
+            stored.path.write_bytes(b"")
+        stored.size, stored.sha256 = stored.path.stat().st_size, file_sha256_hash(stored.path)
+        self.files[stored.id] = stored
         return stored
 
     def get(self, file_id: str) -> GeminiFile:
@@ -96,19 +127,16 @@ class GeminiFiles:
     def delete(self, file_id: str) -> None:
         self.get(file_id)
         del self.files[file_id]
-        if self.store is not None:
-            self.store.delete_blob(BLOB_PREFIX + file_id)
+        self.spool.delete(BLOB_PREFIX + file_id)
 
     def to_json(self) -> list[dict[str, Any]]:
-        """The files without their bytes (those are blobs in the state directory)."""
-        return [{k: v for k, v in asdict(f).items() if k != "data"} for f in self.files.values()]
+        """The files without their bytes (those are blobs in the spool)."""
+        return [{k: v for k, v in asdict(f).items() if k != "path"} for f in self.files.values()]
 
     def load(self, saved: list[dict[str, Any]] | None) -> None:
-        """Restore files saved by ``to_json``, their bytes read back from the state directory."""
+        """Restore files saved by ``to_json``, their bytes in the spool."""
         for item in saved or []:
-            stored = GeminiFile(**item)
-            if self.store is not None:
-                stored.data = self.store.read_blob(BLOB_PREFIX + stored.id)
+            stored = GeminiFile(**item, path=self.spool.path(BLOB_PREFIX + item["id"]))
             if not stored.sha256:  # saved before the hash was kept
-                stored.sha256 = sha256_hash(stored.data)
+                stored.sha256 = file_sha256_hash(stored.path)
             self.files[stored.id] = stored

@@ -2,21 +2,25 @@
 
 The lifecycle that moves it lives in ``gemini_batches.py``; this module is the record and its wire form: the
 ``GenerateContentBatch`` (or ``EmbedContentBatch``) metadata, ``batchStats``, and the output, a responses file or
-the inline responses.
+the inline responses. A file batch's requests and answers are spooled (``SpooledRecord``); an inline batch's stay
+lists in memory (they are the create's body, at most the API's 20 MB payload, and its answers come back in the
+operation itself).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from batch_pipeline.sandbox.google.errors import status_object
+from batch_pipeline.sandbox.google.gemini_answers import GeminiAnswers
 from batch_pipeline.sandbox.google.gemini_embed import EMBED_METADATA_TYPE, EMBED_OUTPUT_TYPE
 from batch_pipeline.sandbox.google.responder import GeminiAnswer
 from batch_pipeline.sandbox.quotas import DEFAULT_ACCOUNT
 from batch_pipeline.sandbox.scenarios import Scenario
-from batch_pipeline.sandbox.store import ProcessedRecord, rfc3339
+from batch_pipeline.sandbox.spooled_lines import SpooledLines
+from batch_pipeline.sandbox.spooled_record import SpooledRecord
+from batch_pipeline.sandbox.store import rfc3339
 
 EXPIRY_S = 48 * 3600
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED"})
@@ -27,10 +31,11 @@ OUTPUT_TYPE = "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateC
 
 
 @dataclass
-class GeminiBatch(ProcessedRecord):
+class GeminiBatch(SpooledRecord):
     """All the sandbox knows about one batch. Times are clock seconds."""
 
     NESTED: ClassVar[dict[str, Any]] = {"results": GeminiAnswer}
+    PARTS_TYPE = GeminiAnswers
 
     id: str
     display_name: str | None
@@ -38,11 +43,12 @@ class GeminiBatch(ProcessedRecord):
     input_file: str
     created_at: float
     scenario: Scenario
-    requests: list[dict[str, Any]]  # {"key", "request"} (+ "metadata" for an inline request that has one)
-    order: list[int]
+    # {"key", "request", "prompt_tokens"} (+ "metadata" for an inline request that has one); spooled for a file
+    requests: list[dict[str, Any]] | SpooledLines
+    order: Any  # the processing order: the spooled requests' ``order`` column, or a list
     invalid: str | None = None  # why the input does not parse: the batch will fail
     state: str = "BATCH_STATE_PENDING"
-    results: list[GeminiAnswer] = field(default_factory=list)
+    results: list[GeminiAnswer] | GeminiAnswers = field(default_factory=list)
     cancel_at: float | None = None
     updated_at: float | None = None
     end_at: float | None = None
@@ -50,6 +56,10 @@ class GeminiBatch(ProcessedRecord):
     account: str = DEFAULT_ACCOUNT  # the key that created it: whose enqueued tokens it counts against
     inline: bool = False  # built from inline requests: answered in the operation, not in a responses file
     embed: bool = False  # an asyncBatchEmbedContent batch: EmbedContentRequests, answered with vectors
+    totals: dict[str, int] | None = None  # once a file batch ended: its requests, answers and how many succeeded
+
+    def keeps_lists(self) -> bool:
+        return self.inline
 
     @property
     def expires_at(self) -> float:
@@ -62,13 +72,13 @@ class GeminiBatch(ProcessedRecord):
     def stats(self) -> dict[str, str]:
         """``batchStats``: int64 counts as strings, and a count of 0 left out (proto3 JSON), as the API sends
         them (a pending batch has ``requestCount`` and ``pendingRequestCount`` only)."""
-        ok = sum(1 for r in self.results if r.succeeded)
-        failed = len(self.results) - ok
-        pending = 0 if self.ended else len(self.requests) - len(self.results)
+        tally = self.tally()
+        ok = tally["succeeded"]
+        pending = 0 if self.ended else tally["requests"] - tally["processed"]
         counts = {
-            "requestCount": len(self.requests),
+            "requestCount": tally["requests"],
             "successfulRequestCount": ok,
-            "failedRequestCount": failed,
+            "failedRequestCount": tally["processed"] - ok,
             "pendingRequestCount": pending,
         }
         return {name: str(count) for name, count in counts.items() if count}
@@ -129,13 +139,3 @@ class GeminiBatch(ProcessedRecord):
         elif self.ended:
             operation["response"] = {"@type": EMBED_OUTPUT_TYPE if self.embed else OUTPUT_TYPE, **output}
         return operation
-
-    def output_lines(self) -> bytes:
-        """The responses file: one ``{"key", "response"|"error"}`` line per answered request, in answer order."""
-        lines = [
-            {"key": r.key, "response": r.response} if r.succeeded else {"key": r.key, "error": r.error}
-            for r in self.results
-        ]
-        return "".join(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n" for line in lines).encode(
-            "utf-8"
-        )
