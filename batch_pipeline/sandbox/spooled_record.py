@@ -5,12 +5,13 @@ saved when they were lists gets them spooled) and compacted once it ended (its c
 from __future__ import annotations
 
 from array import array
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Self, TypeVar
 
 from batch_pipeline.sandbox.spooled_lines import SpooledLines
 from batch_pipeline.sandbox.spooled_parts import SpooledParts
-from batch_pipeline.sandbox.store import ProcessedRecord
+from batch_pipeline.sandbox.store import ProcessedRecord, RecordStore
 
 
 class SpooledRecord(ProcessedRecord):
@@ -117,7 +118,7 @@ class SpooledRecord(ProcessedRecord):
         elif record.ended:
             record.finish_loaded(spool)
         else:  # running, saved with lists
-            record.results = cls.PARTS_TYPE.rebuilt(spool, record.record_id(), record.results)
+            record.results = record.rebuild_parts(spool)
             if not isinstance(requests, dict):
                 listed = getattr(record, cls.REQUESTS)
                 path = spool / f"{record.record_id()}.requests"
@@ -126,6 +127,19 @@ class SpooledRecord(ProcessedRecord):
                 setattr(record, cls.REQUESTS, record.spool_requests(lines))
                 record.order = lines.column("order")
         return record
+
+    def rebuild_parts(self, spool: Path) -> SpooledParts:
+        """Parts holding the answers of a record saved with them as a list (whatever parts were there go)."""
+        parts = self.new_parts(spool)
+        parts.release()
+        for answer in self.results:
+            self.keep_answer(parts, answer)
+        parts.flush()
+        return parts
+
+    def keep_answer(self, parts: SpooledParts, answer: Any) -> None:
+        """Encode one answer into the parts (a provider that routes answers to parts says where)."""
+        parts.append(answer)
 
     def keeps_lists(self) -> bool:
         """True for a record that holds its requests and answers in memory (a Gemini inline batch)."""
@@ -142,3 +156,28 @@ class SpooledRecord(ProcessedRecord):
     def finish_loaded(self, spool: Path) -> None:
         """An ended record saved with lists: write what it left behind (if anything) and compact it."""
         self.compact()
+
+
+S = TypeVar("S", bound=SpooledRecord)
+
+
+class SpooledStore(RecordStore[S]):
+    """A provider's records whose files are in the spool at ``spool``: loaded from it, and released with them."""
+
+    spool: Path
+
+    def clear(self) -> None:
+        """Forget every record, and its spool files."""
+        for record in getattr(self, "records", {}).values():
+            self.drop_files(record)
+        super().clear()
+
+    def drop_files(self, record: S) -> None:
+        """A record goes (deleted, or the sandbox resets): so do its spool files."""
+        record.release()
+
+    def load(self, saved: Iterable[dict[str, Any]] | None) -> None:
+        """Restore records saved by ``to_json``, their files in the spool."""
+        self.clear()
+        for data in saved or []:
+            self.add(self.record_type.load(data, self.spool))

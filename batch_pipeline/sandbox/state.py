@@ -108,7 +108,11 @@ class SandboxState:
             AnthropicRunner(self.seen_custom_ids, self.seen_prompts), self._bill, self.spool.root, self.book
         )
         self.bedrock = BedrockJobs(
-            AnthropicRunner(self.seen_custom_ids, self.seen_prompts), self._bill, SandboxS3(), self.book
+            AnthropicRunner(self.seen_custom_ids, self.seen_prompts),
+            self._bill,
+            SandboxS3(),
+            self.spool.root,
+            self.book,
         )
         self.gemini_files = GeminiFiles(self.spool)
         self.gemini = GeminiService(

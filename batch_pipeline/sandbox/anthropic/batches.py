@@ -27,8 +27,8 @@ from batch_pipeline.sandbox.quotas import DEFAULT_ACCOUNT, Load, LoadBook
 from batch_pipeline.sandbox.scenarios import Scenario
 from batch_pipeline.sandbox.spooled_lines import SpooledLines
 from batch_pipeline.sandbox.spooled_parts import bill_rows
-from batch_pipeline.sandbox.spooled_record import SpooledRecord
-from batch_pipeline.sandbox.store import Bill, RecordStore, rfc3339
+from batch_pipeline.sandbox.spooled_record import SpooledRecord, SpooledStore
+from batch_pipeline.sandbox.store import Bill, rfc3339
 
 EXPIRY_S = 24 * 3600
 RESULTS_KEPT_S = 29 * 24 * 3600
@@ -124,7 +124,7 @@ class AnthropicBatch(SpooledRecord):
         }
 
 
-class AnthropicBatches(RecordStore[AnthropicBatch]):
+class AnthropicBatches(SpooledStore[AnthropicBatch]):
     """The message batches of one sandbox (callers hold the state lock)."""
 
     record_type = AnthropicBatch
@@ -135,22 +135,11 @@ class AnthropicBatches(RecordStore[AnthropicBatch]):
         self.bill = bill
         self.spool = spool
 
-    def clear(self) -> None:
-        """Forget every batch, and its spool files."""
-        for batch in self.records.values():
-            self._drop_files(batch)
-        super().clear()
-
-    def _drop_files(self, batch: AnthropicBatch) -> None:
+    def drop_files(self, batch: AnthropicBatch) -> None:
+        """A batch goes: its spool files and its results file."""
         batch.release()
         if batch.results_file:
             (self.spool / batch.results_file).unlink(missing_ok=True)
-
-    def load(self, saved: Iterable[dict[str, Any]] | None) -> None:
-        """Restore batches saved by ``to_json``, their spool files in the spool."""
-        self.clear()
-        for data in saved or []:
-            self.add(AnthropicBatch.load(data, self.spool))
 
     def results_path(self, batch: AnthropicBatch) -> Path:
         """Where an ended batch's results file is."""
@@ -210,7 +199,7 @@ class AnthropicBatches(RecordStore[AnthropicBatch]):
                 "(cancel it first)."
             )
         del self.records[batch_id]
-        self._drop_files(batch)
+        self.drop_files(batch)
         self.book.release("anthropic", batch_id, batch.ended_at or 0.0)
 
     def advance(self, batch: AnthropicBatch, now: float) -> bool:

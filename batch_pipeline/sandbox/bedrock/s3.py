@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -113,6 +114,11 @@ class SandboxS3:
 
     def write(self, bucket: str, key: str, data: bytes) -> None:
         self.client.put_object(Bucket=bucket, Key=key, Body=data)
+
+    def write_file(self, bucket: str, key: str, path: Path) -> None:
+        """An object from a file, streamed (a job's output, not read into memory)."""
+        with path.open("rb") as body:
+            self.client.put_object(Bucket=bucket, Key=key, Body=body)
 
     def stop(self) -> None:
         """Stop moto's server if this sandbox started it."""

@@ -22,7 +22,7 @@ has the same lifecycle, quota, files and billing (input tokens only); its operat
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +38,8 @@ from batch_pipeline.sandbox.quotas import DEFAULT_ACCOUNT, Load, LoadBook, quota
 from batch_pipeline.sandbox.scenarios import Scenario
 from batch_pipeline.sandbox.spooled_lines import SpooledLines
 from batch_pipeline.sandbox.spooled_parts import bill_rows
-from batch_pipeline.sandbox.store import Bill, RecordStore
+from batch_pipeline.sandbox.spooled_record import SpooledStore
+from batch_pipeline.sandbox.store import Bill
 
 MAX_INLINE_BYTES = 20 * 2**20  # the API's request payload limit, which bounds a create with inline requests
 
@@ -62,7 +63,7 @@ class BatchAsk:
         return embed_problem if self.embed else contents_problem
 
 
-class GeminiService(RecordStore[GeminiBatch]):
+class GeminiService(SpooledStore[GeminiBatch]):
     """The batches of the Gemini API on one sandbox (callers hold the state lock); their files are ``files``."""
 
     record_type = GeminiBatch
@@ -76,18 +77,6 @@ class GeminiService(RecordStore[GeminiBatch]):
         self.bill = bill
         self.files = files
         self.spool = files.spool.root
-
-    def clear(self) -> None:
-        """Forget every batch, and its spool files."""
-        for batch in self.records.values():
-            batch.release()
-        super().clear()
-
-    def load(self, saved: Iterable[dict[str, Any]] | None) -> None:
-        """Restore batches saved by ``to_json``, their spool files in the spool."""
-        self.clear()
-        for data in saved or []:
-            self.add(GeminiBatch.load(data, self.spool))
 
     def create(self, ask: BatchAsk, file_name: str) -> GeminiBatch:
         """A new batch (PENDING) of an uploaded JSONL file. One whose input parses holds its prompt tokens for
