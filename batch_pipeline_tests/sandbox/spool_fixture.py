@@ -1,7 +1,8 @@
 """A fixed Anthropic batch, Gemini file batch and Bedrock job run to their end on an in-process sandbox, and what
 they give back byte for byte (results file, responses file, ``.out`` and manifest objects, ledger rows).
 
-Ids are made deterministic (the ``secrets`` of ``ids`` and of the Bedrock API count instead of drawing) and the clock is frozen at a fixed time, so
+Ids are made deterministic (the ``secrets`` of ``ids`` and of the Bedrock API count instead of drawing; every HTTP
+request counts one, its request id, so the calls must come in the same order) and the clock is frozen at a fixed time, so
 two sandboxes that answer alike give identical bytes. ``data/results_before_provider_spool/`` was written by this
 module run against the sandbox of 267acb1 (the answers of these three providers held in memory), from a worktree of
 that commit: ``cd /tmp/before && python /work/main/batch_pipeline_tests/sandbox/spool_fixture.py OUT``;
@@ -96,23 +97,14 @@ class Batches:
     """The three batches created on the sandbox at ``url`` through the providers' SDKs."""
 
     def __init__(self, url: str, count: int = COUNT) -> None:
-        import anthropic
-        import boto3
-        from google import genai
-
-        self.url = url
-        self.sdk = anthropic.Anthropic(base_url=url, api_key="k", max_retries=0)
+        self.attach(url, aws=False)  # the calls in the order that made the fixture: its ids are counted
         self.anthropic_id = self.sdk.messages.batches.create(requests=anthropic_requests()[:count]).id  # type: ignore[arg-type]
-        self.genai = genai.Client(api_key="k", http_options={"base_url": url})
         data = b"".join(gemini_input().splitlines(keepends=True)[:count])
         upload = self.genai.files.upload(file=io.BytesIO(data), config={"mime_type": "jsonl", "display_name": "in"})
         self.gemini_name = str(self.genai.batches.create(model="gemini-2.5-flash", src=str(upload.name)).name)
-        keys = {"region_name": "us-east-1", "aws_access_key_id": "AKID", "aws_secret_access_key": "x"}
-        where = json.loads(_get(url + "/_sandbox/bedrock", {}))
-        self.s3, self.bucket = boto3.client("s3", endpoint_url=where["s3_endpoint_url"], **keys), where["bucket"]
+        self._aws()
         data = b"".join(bedrock_input().splitlines(keepends=True)[:count])
         self.s3.put_object(Bucket=self.bucket, Key="in/records.jsonl", Body=data)
-        self.bedrock = boto3.client("bedrock", endpoint_url=url, **keys)
         self.arn = self.bedrock.create_model_invocation_job(
             jobName="fixture",
             roleArn="arn:aws:iam::123456789012:role/r",
@@ -120,6 +112,34 @@ class Batches:
             inputDataConfig={"s3InputDataConfig": {"s3Uri": f"s3://{self.bucket}/in/records.jsonl"}},
             outputDataConfig={"s3OutputDataConfig": {"s3Uri": f"s3://{self.bucket}/out/"}},
         )["jobArn"]
+
+    @classmethod
+    def existing(cls, url: str, anthropic_id: str, gemini_name: str, arn: str) -> Batches:
+        """The three batches a sandbox already has (a saved state's)."""
+        batches = cls.__new__(cls)
+        batches.anthropic_id, batches.gemini_name, batches.arn = anthropic_id, gemini_name, arn
+        batches.attach(url)
+        return batches
+
+    def attach(self, url: str, aws: bool = True) -> None:
+        """The SDKs' clients for the sandbox at ``url`` (again after a restart: a new port, a new S3)."""
+        import anthropic
+        from google import genai
+
+        self.url = url
+        self.sdk = anthropic.Anthropic(base_url=url, api_key="k", max_retries=0)
+        self.genai = genai.Client(api_key="k", http_options={"base_url": url})
+        if aws:
+            self._aws()
+
+    def _aws(self) -> None:
+        import boto3
+
+        url = self.url
+        keys = {"region_name": "us-east-1", "aws_access_key_id": "AKID", "aws_secret_access_key": "x"}
+        where = json.loads(_get(url + "/_sandbox/bedrock", {}))
+        self.s3, self.bucket = boto3.client("s3", endpoint_url=where["s3_endpoint_url"], **keys), where["bucket"]
+        self.bedrock = boto3.client("bedrock", endpoint_url=url, **keys)
 
     def outputs(self) -> dict[str, bytes]:
         """Once the clock has passed their ends: the results file, the responses file and the job's objects."""
