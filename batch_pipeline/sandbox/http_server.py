@@ -7,8 +7,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qsl, urlsplit
 
-from batch_pipeline.sandbox.anthropic.api import MAX_BYTES as ANTHROPIC_MAX_BYTES
 from batch_pipeline.sandbox.anthropic.api import is_anthropic_path
+from batch_pipeline.sandbox.anthropic.create_body import MAX_BYTES as ANTHROPIC_MAX_BYTES
 from batch_pipeline.sandbox.anthropic.errors import as_anthropic
 from batch_pipeline.sandbox.app import SandboxApp
 from batch_pipeline.sandbox.errors import ApiError

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
-import re
-from typing import Any
-
 from batch_pipeline.sandbox.anthropic.batches import AnthropicBatch
+from batch_pipeline.sandbox.anthropic.create_body import parse_create
 from batch_pipeline.sandbox.anthropic.errors import AnthropicError, anthropic_error, invalid_request
+from batch_pipeline.sandbox.ids import new_id
 from batch_pipeline.sandbox.quotas import account_of, clock_scale, quota, retry_after_s
 from batch_pipeline.sandbox.routing import Request, Response, Router
 from batch_pipeline.sandbox.scenarios import account_fault
@@ -17,9 +15,6 @@ from batch_pipeline.sandbox.state import SandboxState
 PREFIX = "/v1/messages"
 BATCHES = "/v1/messages/batches"
 BAD_KEY = "sk-sandbox-bad"
-MAX_REQUESTS = 100_000
-MAX_BYTES = 256 * 1024 * 1024
-CUSTOM_ID_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 JSONL = "application/x-jsonl"
 
 
@@ -51,54 +46,6 @@ def _int_param(request: Request, name: str, default: int, low: int, high: int) -
     return request.query_int(name, default, low, high, refuse)
 
 
-def _check_request(index: int, item: Any, seen: set[str]) -> dict[str, Any]:
-    """One entry of ``requests``: custom_id pattern and uniqueness, params with model, max_tokens, messages."""
-    where = f"requests.{index}"
-    if not isinstance(item, dict):
-        raise invalid_request(f"{where}: Input should be an object")
-    custom_id = item.get("custom_id")
-    if not isinstance(custom_id, str) or not CUSTOM_ID_RE.match(custom_id):
-        raise invalid_request(f"{where}.custom_id: String should match pattern '{CUSTOM_ID_RE.pattern}'")
-    if custom_id in seen:
-        raise invalid_request(
-            f"{where}.custom_id: Duplicate custom_id {custom_id!r}; custom_ids must be unique within a batch"
-        )
-    seen.add(custom_id)
-    params = item.get("params")
-    if not isinstance(params, dict):
-        raise invalid_request(f"{where}.params: Field required")
-    if not isinstance(params.get("model"), str) or not params["model"]:
-        raise invalid_request(f"{where}.params.model: Field required")
-    max_tokens = params.get("max_tokens")
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
-        raise invalid_request(f"{where}.params.max_tokens: Field required")
-    if max_tokens < 1:
-        raise invalid_request(f"{where}.params.max_tokens: Input should be greater than or equal to 1")
-    messages = params.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise invalid_request(f"{where}.params.messages: Field required")
-    return {"custom_id": custom_id, "params": params}
-
-
-def parse_create(body: bytes) -> list[dict[str, Any]]:
-    """The validated ``requests`` of a create body: 1-100,000 requests, at most 256 MB."""
-    if len(body) > MAX_BYTES:
-        raise anthropic_error(413, f"Request exceeds the maximum allowed number of bytes ({MAX_BYTES}).")
-    try:
-        payload = json.loads(body or b"{}")
-    except ValueError as exc:
-        raise invalid_request(f"The request body is not valid JSON: {exc}") from None
-    if not isinstance(payload, dict):
-        raise invalid_request("The request body must be a JSON object.")
-    requests = payload.get("requests")
-    if not isinstance(requests, list):
-        raise invalid_request("requests: Field required")
-    if not 1 <= len(requests) <= MAX_REQUESTS:
-        raise invalid_request(f"requests: a batch holds between 1 and {MAX_REQUESTS} requests, not {len(requests)}")
-    seen: set[str] = set()
-    return [_check_request(i, item, seen) for i, item in enumerate(requests)]
-
-
 class AnthropicApi:
     """The Message Batches endpoints over a ``SandboxState`` (callers hold its lock)."""
 
@@ -124,15 +71,20 @@ class AnthropicApi:
         return Response(payload=batch.to_api(self.state.clock.now(), host, self._kept_s), batch_id=batch.id)
 
     def create(self, request: Request) -> Response:
-        requests = parse_create(request.body)
+        """A batch of the body's requests, spooled as they are checked (``create_body.py``)."""
+        batch_id = new_id("msgbatch_")
+        parsed = parse_create(request.body, self.state.anthropic.requests_path(batch_id))
         scenario = self.state.scenario
-        models = sorted({r["params"]["model"] for r in requests})
-        fault = account_fault(scenario, models, "anthropic")
-        if fault is not None:
-            raise fault
-        account, now = account_of(request, "anthropic"), self.state.clock.now()
-        self._check_queue(account, models, len(requests), now)
-        batch = self.state.anthropic.create(requests, scenario, now, account)
+        try:
+            fault = account_fault(scenario, sorted(parsed.models), "anthropic")
+            if fault is not None:
+                raise fault
+            account, now = account_of(request, "anthropic"), self.state.clock.now()
+            self._check_queue(account, sorted(parsed.models), len(parsed.lines), now)
+        except BaseException:
+            parsed.lines.release()
+            raise
+        batch = self.state.anthropic.create(batch_id, parsed, scenario, now, account)
         return self._object(batch, request)
 
     def _check_queue(self, account: str, models: list[str], count: int, now: float) -> None:

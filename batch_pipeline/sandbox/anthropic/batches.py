@@ -13,16 +13,17 @@ results file (``<batch>.results.jsonl``), served as it is, and the batch keeps i
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 from batch_pipeline.sandbox.anthropic.answers import RESULTS, AnthropicAnswers
+from batch_pipeline.sandbox.anthropic.create_body import CreateBody
 from batch_pipeline.sandbox.anthropic.errors import anthropic_error, invalid_request
 from batch_pipeline.sandbox.anthropic.responder import AnthropicResult, AnthropicRunner
 from batch_pipeline.sandbox.batches import lines_due, output_order
-from batch_pipeline.sandbox.ids import new_id
 from batch_pipeline.sandbox.quotas import DEFAULT_ACCOUNT, Load, LoadBook
 from batch_pipeline.sandbox.scenarios import Scenario
 from batch_pipeline.sandbox.spooled_lines import SpooledLines
@@ -146,14 +147,18 @@ class AnthropicBatches(SpooledStore[AnthropicBatch]):
         assert batch.results_file is not None, "an ended batch has its results file"
         return self.spool / batch.results_file
 
+    def requests_path(self, batch_id: str) -> Path:
+        """Where a batch's requests are spooled (written as its create body is checked)."""
+        return self.spool / f"{batch_id}.requests"
+
     def create(
-        self, requests: list[dict[str, Any]], scenario: Scenario, now: float, account: str = DEFAULT_ACCOUNT
+        self, batch_id: str, parsed: CreateBody, scenario: Scenario, now: float, account: str = DEFAULT_ACCOUNT
     ) -> AnthropicBatch:
-        """A new batch in ``in_progress``; its requests wait in ``account``'s queue until it ends. They are
-        spooled (``<batch>.requests``), its answers will be (``AnthropicAnswers``)."""
-        batch_id = new_id("msgbatch_")
-        order = output_order("\n".join(r["custom_id"] for r in requests).encode("utf-8"), len(requests))
-        lines = SpooledLines.write(self.spool / f"{batch_id}.requests", requests, order=order)
+        """A new batch in ``in_progress`` of the requests spooled from its create body; they wait in
+        ``account``'s queue until it ends. Its answers will be spooled too (``AnthropicAnswers``)."""
+        lines = parsed.lines
+        seed = "\n".join(parsed.custom_ids).encode("utf-8")
+        lines.columns["order"] = array("q", output_order(seed, len(lines)))
         batch = AnthropicBatch(
             batch_id,
             now,
@@ -164,11 +169,8 @@ class AnthropicBatches(SpooledStore[AnthropicBatch]):
             account=account,
         )
         self.add(batch)
-        per_model: dict[str, int] = {}
-        for request in requests:
-            model = str(request["params"]["model"])
-            per_model[model] = per_model.get(model, 0) + 1
-        self.book.hold("anthropic", batch.id, account, {m: Load(0, n, 1) for m, n in per_model.items()}, now)
+        load = {model: Load(0, count, 1) for model, count in parsed.models.items()}
+        self.book.hold("anthropic", batch.id, account, load, now)
         return batch
 
     def next_end(self, account: str) -> float | None:

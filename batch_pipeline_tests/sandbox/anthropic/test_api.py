@@ -15,6 +15,7 @@ import pytest
 
 from batch_pipeline.sandbox import SandboxAdmin, SandboxServer
 from batch_pipeline.sandbox.anthropic import api as anthropic_api
+from batch_pipeline.sandbox.anthropic import create_body
 
 MODEL = "claude-sonnet-4-5"
 COUNT_KEYS = {"processing", "succeeded", "errored", "canceled", "expired"}
@@ -232,12 +233,12 @@ def test_create_validates_requests(aclient: anthropic.Anthropic, admin: SandboxA
     assert len(aclient.messages.batches.list().data) == 1
 
 
-def test_create_rejects_bodies_over_256_mb(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_create_rejects_bodies_over_256_mb(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     body = json.dumps({"requests": [request("big", "y" * 2000)]}).encode()
-    assert len(anthropic_api.parse_create(body)) == 1
-    monkeypatch.setattr(anthropic_api, "MAX_BYTES", 1000)  # the limit itself, scaled down
+    assert len(create_body.parse_create(body, tmp_path / "big.requests").lines) == 1
+    monkeypatch.setattr(create_body, "MAX_BYTES", 1000)  # the limit itself, scaled down
     with pytest.raises(anthropic_api.AnthropicError) as caught:
-        anthropic_api.parse_create(body)
+        create_body.parse_create(body, tmp_path / "big.requests")
     assert caught.value.status == 413 and caught.value.body()["error"]["type"] == "request_too_large"
 
 
