@@ -114,7 +114,9 @@ class GeminiService(SpooledStore[GeminiBatch]):
             self._check_quota(scenario, ask.account, name, tokens, now, ask.scale)
         batch_id, order = gemini_id(), output_order(seed, len(requests))
         listed: list[dict[str, Any]] | SpooledLines = requests
-        if not inline:  # read back by span when run; its answers go to parts
+        # a file batch's requests are read back by span when run and its answers go to parts; an inline batch's
+        # stay lists in memory: they are the create's body, at most the API's 20 MB payload (MAX_INLINE_BYTES)
+        if not inline:
             listed = SpooledLines.write(self.spool / f"{batch_id}.requests", requests, order=order)
         batch = GeminiBatch(
             batch_id,
