@@ -60,15 +60,12 @@ class SpooledRecord(ProcessedRecord):
         """It ended and its files were written: keep its tally, drop its requests, order and answers."""
         if self.totals is None:
             self.totals = self.tally()
-        if (requests := self.spooled_requests) is not None:
-            requests.release()
-        if isinstance(self.results, SpooledParts):
-            self.results.release()
+        self.release()
         setattr(self, self.REQUESTS, [])
         self.results, self.order = [], []
 
     def release(self) -> None:
-        """The sandbox resets: the record's spool files go."""
+        """Its spool files go (it ended, was deleted, or the sandbox resets)."""
         if (requests := self.spooled_requests) is not None:
             requests.release()
         if isinstance(self.results, SpooledParts):
