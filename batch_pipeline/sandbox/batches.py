@@ -28,8 +28,13 @@ COMPLETION_WINDOW_S = 24 * 3600
 def output_order(seed: bytes, count: int) -> list[int]:
     """A shuffle of the request indices, fixed by ``seed`` (the batch's input), that differs from input order
     when count >= 2 (results come back out of order, as providers' do)."""
+    return digest_order(hashlib.sha256(seed).hexdigest(), count)
+
+
+def digest_order(digest: str, count: int) -> list[int]:
+    """``output_order`` of a seed whose SHA-256 hex digest is ``digest`` (an input hashed as it was read)."""
     order = list(range(count))
-    random.Random(hashlib.sha256(seed).hexdigest()).shuffle(order)
+    random.Random(digest).shuffle(order)
     if count >= 2 and order == sorted(order):
         order = order[1:] + order[:1]
     return order

@@ -22,16 +22,17 @@ has the same lifecycle, quota, files and billing (input tokens only); its operat
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
-from batch_pipeline.sandbox.batches import lines_due, output_order
+from batch_pipeline.sandbox.batches import digest_order, lines_due, output_order
 from batch_pipeline.sandbox.google.errors import RETRY_INFO, GoogleError
 from batch_pipeline.sandbox.google.gemini_answers import RESPONSES, GeminiAnswers
 from batch_pipeline.sandbox.google.gemini_embed import GeminiEmbedder, embed_problem, embed_tokens
 from batch_pipeline.sandbox.google.gemini_files import GeminiFile, GeminiFiles, gemini_id
-from batch_pipeline.sandbox.google.gemini_inputs import contents_problem, parse_inline, parse_input
+from batch_pipeline.sandbox.google.gemini_inputs import InputScan, contents_problem, parse_inline, scan_input
 from batch_pipeline.sandbox.google.gemini_record import GeminiBatch
 from batch_pipeline.sandbox.google.responder import GeminiResponder, prompt_tokens
 from batch_pipeline.sandbox.quotas import DEFAULT_ACCOUNT, Load, LoadBook, quota, retry_after_s
@@ -79,45 +80,60 @@ class GeminiService(SpooledStore[GeminiBatch]):
         self.spool = files.spool.root
 
     def create(self, ask: BatchAsk, file_name: str) -> GeminiBatch:
-        """A new batch (PENDING) of an uploaded JSONL file. One whose input parses holds its prompt tokens for
+        """A new batch (PENDING) of an uploaded JSONL file, its lines checked and spooled one at a time (read back
+        by span when run; its answers go to parts). One whose input parses holds its prompt tokens for
         ``ask.account`` until it ends; past the server's ``quota_enqueued_tokens`` the create is a 429
         RESOURCE_EXHAUSTED instead."""
         stored = self.files.get(file_name.removeprefix("files/"))
-        data = stored.read()
-        requests, invalid = parse_input(data, ask.problem)
-        return self._create(ask, f"files/{stored.id}", requests, invalid, data)
+        batch_id, scan, tokens = gemini_id(), InputScan(), [0]
+        count = embed_tokens if ask.embed else prompt_tokens
+
+        def counted(source: BinaryIO) -> Iterator[dict[str, Any]]:
+            for item in scan_input(source, scan, ask.problem):
+                item["prompt_tokens"] = count(ask.model, item["request"])
+                tokens[0] += item["prompt_tokens"]
+                yield item
+
+        with stored.path.open("rb") as source:
+            lines = SpooledLines.write(self.spool / f"{batch_id}.requests", counted(source))
+        lines.columns["order"] = array("q", digest_order(scan.digest.hexdigest(), len(lines)))
+        try:
+            return self._create(ask, batch_id, f"files/{stored.id}", lines, scan.invalid, tokens[0])
+        except BaseException:
+            lines.release()
+            raise
 
     def create_inline(self, ask: BatchAsk, config: Any) -> GeminiBatch:
-        """A new batch of inline requests (``inputConfig.requests``): as ``create``, answered in the operation."""
+        """A new batch of inline requests (``inputConfig.requests``): as ``create``, answered in the operation. Its
+        requests and answers stay lists in memory: they are the create's body, at most the API's 20 MB payload
+        (``MAX_INLINE_BYTES``)."""
         requests, invalid = parse_inline(config, ask.problem)
-        seed = json.dumps([r["request"] for r in requests], sort_keys=True).encode("utf-8")
-        return self._create(ask, "", requests, invalid, seed, inline=True)
+        count = embed_tokens if ask.embed else prompt_tokens
+        for item in requests if invalid is None else []:
+            item["prompt_tokens"] = count(ask.model, item["request"])
+        tokens = sum(int(r.get("prompt_tokens", 0)) for r in requests)
+        return self._create(ask, gemini_id(), "", requests, invalid, tokens)
 
     def _create(
         self,
         ask: BatchAsk,
+        batch_id: str,
         input_file: str,
-        requests: list[dict[str, Any]],
+        requests: list[dict[str, Any]] | SpooledLines,
         invalid: str | None,
-        seed: bytes,
-        inline: bool = False,
+        tokens: int,
     ) -> GeminiBatch:
-        scenario = ask.scenario
+        scenario, inline = ask.scenario, not isinstance(requests, SpooledLines)
         if scenario.name == "fail_validation":
             invalid = f"Line {scenario.param('lines')[0]} was rejected (sandbox scenario fail_validation)."
-        name = ask.model.removeprefix("models/")
-        count = embed_tokens if ask.embed else prompt_tokens
-        for item in requests if invalid is None else []:
-            item["prompt_tokens"] = count(ask.model, item["request"])
-        tokens, now = sum(int(r.get("prompt_tokens", 0)) for r in requests), ask.clock()
+        name, now = ask.model.removeprefix("models/"), ask.clock()
         if invalid is None:
             self._check_quota(scenario, ask.account, name, tokens, now, ask.scale)
-        batch_id, order = gemini_id(), output_order(seed, len(requests))
-        listed: list[dict[str, Any]] | SpooledLines = requests
-        # a file batch's requests are read back by span when run and its answers go to parts; an inline batch's
-        # stay lists in memory: they are the create's body, at most the API's 20 MB payload (MAX_INLINE_BYTES)
-        if not inline:
-            listed = SpooledLines.write(self.spool / f"{batch_id}.requests", requests, order=order)
+        if isinstance(requests, SpooledLines):
+            order: Any = requests.column("order")
+        else:
+            seed = json.dumps([r["request"] for r in requests], sort_keys=True).encode("utf-8")
+            order = output_order(seed, len(requests))
         batch = GeminiBatch(
             batch_id,
             ask.display_name,
@@ -125,8 +141,8 @@ class GeminiService(SpooledStore[GeminiBatch]):
             input_file,
             now,
             scenario,
-            listed,
-            listed.column("order") if isinstance(listed, SpooledLines) else order,
+            requests,
+            order,
             invalid,
             results=[] if inline else GeminiAnswers(self.spool, batch_id),
             account=ask.account,
