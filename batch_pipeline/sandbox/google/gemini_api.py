@@ -136,38 +136,38 @@ class GeminiApi:
                 "X-Goog-Upload-Command must be start, upload or finalize.",
                 headers={"x-goog-upload-status": "active"},
             )
-        data: bytearray = session["data"]
         offset = request.headers.get("x-goog-upload-offset")
-        if offset is None or not offset.isdigit() or int(offset) != len(data):
+        if offset is None or not offset.isdigit() or int(offset) != session.received:
             raise GoogleError(
                 400,
-                f"X-Goog-Upload-Offset is {offset!r}; {len(data)} bytes were received.",
+                f"X-Goog-Upload-Offset is {offset!r}; {session.received} bytes were received.",
                 headers={"x-goog-upload-status": "active"},
             )
-        data += request.body
-        stored: GeminiFile = session["file"]
-        if len(data) > stored.size:
-            del self.files.uploads[session_id or ""]
+        stored = session.file
+        if session.received + len(request.body) > stored.size:
+            self.files.end_upload(session_id or "").path.unlink(missing_ok=True)
             raise GoogleError(
                 400,
-                f"Received {len(data)} bytes; the upload declared {stored.size}.",
+                f"Received {session.received + len(request.body)} bytes; the upload declared {stored.size}.",
                 headers={"x-goog-upload-status": "final"},
             )
+        session.append(request.body)
         if "finalize" not in command:
             return Response(
                 payload=b"",
                 content_type="text/plain",
-                headers={"x-goog-upload-status": "active", "x-goog-upload-size-received": str(len(data))},
+                headers={"x-goog-upload-status": "active", "x-goog-upload-size-received": str(session.received)},
             )
-        del self.files.uploads[session_id or ""]
-        if len(data) != stored.size:
+        self.files.end_upload(session_id or "")
+        if session.received != stored.size:
+            session.path.unlink(missing_ok=True)
             raise GoogleError(
                 400,
-                f"Finalized after {len(data)} bytes; the upload declared {stored.size}.",
+                f"Finalized after {session.received} bytes; the upload declared {stored.size}.",
                 headers={"x-goog-upload-status": "final"},
             )
         stored.created_at = self.state.clock.now()
-        self.files.add(stored, data)
+        self.files.add_file(stored, session.path)
         return Response(
             payload={"file": stored.to_api(_host(request), version)}, headers={"x-goog-upload-status": "final"}
         )
@@ -197,7 +197,7 @@ class GeminiApi:
         display = meta.get("displayName", meta.get("display_name"))
         display = display if isinstance(display, str) else None
         session_id = gemini_id() + gemini_id()
-        self.files.uploads[session_id] = {"file": GeminiFile(name, display, str(mime), 0.0, size), "data": bytearray()}
+        self.files.open_upload(session_id, GeminiFile(name, display, str(mime), 0.0, size))
         url = f"http://{_host(request)}/upload/{version}/files?upload_id={session_id}&upload_protocol=resumable"
         return Response(
             payload=b"",

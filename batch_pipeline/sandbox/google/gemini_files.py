@@ -25,22 +25,14 @@ def gemini_id() -> str:
     return new_id("")[:16]
 
 
-def sha256_hash(data: bytes | bytearray) -> str:
-    """A File's ``sha256Hash`` as the Files API writes it: base64 of the *hex* SHA-256 digest of the bytes (88
-    characters; not base64 of the raw 32-byte digest that the field's ``bytes`` type would suggest)."""
-    return _encoded(hashlib.sha256(data))
-
-
 def file_sha256_hash(path: Path) -> str:
-    """``sha256_hash`` of a file's bytes, read a chunk at a time."""
+    """A File's ``sha256Hash`` as the Files API writes it: base64 of the *hex* SHA-256 digest of the bytes (88
+    characters; not base64 of the raw 32-byte digest that the field's ``bytes`` type would suggest), the file read
+    a chunk at a time."""
     digest = hashlib.sha256()
     with path.open("rb") as source:
         while chunk := source.read(CHUNK_BYTES):
             digest.update(chunk)
-    return _encoded(digest)
-
-
-def _encoded(digest: Any) -> str:
     return base64.b64encode(digest.hexdigest().encode("ascii")).decode("ascii")
 
 
@@ -82,6 +74,21 @@ class GeminiFile:
         return body
 
 
+@dataclass
+class Upload:
+    """A resumable upload under way: its bytes appended to a part in the spool as they arrive (the SDK sends 8 MB
+    at a time; a 2 GB file held whole until finalized was the sandbox's peak)."""
+
+    file: GeminiFile
+    path: Path
+    received: int = 0
+
+    def append(self, chunk: bytes) -> None:
+        with self.path.open("ab") as out:
+            out.write(chunk)
+        self.received += len(chunk)
+
+
 class GeminiFiles:
     """The files of the Gemini API on one sandbox, and its open resumable uploads (callers hold the state lock)."""
 
@@ -90,8 +97,10 @@ class GeminiFiles:
         self.clear()
 
     def clear(self) -> None:
+        for upload in getattr(self, "uploads", {}).values():
+            upload.path.unlink(missing_ok=True)
         self.files: dict[str, GeminiFile] = {}
-        self.uploads: dict[str, dict[str, Any]] = {}  # resumable sessions: {"file": GeminiFile, "data": bytearray}
+        self.uploads: dict[str, Upload] = {}  # resumable sessions by id
 
     def __contains__(self, file_id: str) -> bool:
         return file_id in self.files
@@ -99,16 +108,19 @@ class GeminiFiles:
     def newest_first(self) -> list[GeminiFile]:
         return list(reversed(self.files.values()))
 
-    def add(self, stored: GeminiFile, data: bytes | bytearray) -> GeminiFile:
-        """Keep a file whose bytes are complete (written to the spool; its hash is taken now)."""
-        stored.sha256 = sha256_hash(data)
-        stored.size = self.spool.write_chunks(BLOB_PREFIX + stored.id, (data,))
-        stored.path = self.spool.path(BLOB_PREFIX + stored.id)
-        self.files[stored.id] = stored
-        return stored
+    def open_upload(self, session_id: str, stored: GeminiFile) -> Upload:
+        """A resumable upload of ``stored`` (its declared size) starts."""
+        upload = self.uploads[session_id] = Upload(stored, self.spool.path(f"{BLOB_PREFIX}upload-{session_id}.part"))
+        upload.path.unlink(missing_ok=True)
+        return upload
+
+    def end_upload(self, session_id: str) -> Upload:
+        """The session is over (finalized or refused): its part stays for ``add_file`` or goes with ``discard``."""
+        return self.uploads.pop(session_id)
 
     def add_file(self, stored: GeminiFile, source: Path) -> GeminiFile:
-        """Keep a file whose bytes were written to ``source`` in the spool (moved into place; no file: empty)."""
+        """Keep a file whose bytes were written to ``source`` in the spool (moved into place; no file: empty); its
+        size and hash are taken now."""
         stored.path = self.spool.path(BLOB_PREFIX + stored.id)
         if source.exists():
             os.replace(source, stored.path)
