@@ -151,3 +151,25 @@ def test_a_state_saved_with_the_answers_in_memory_still_loads(tmp_path: Path) ->
     ok += [line["recordId"] for line in files["bedrock.records.jsonl.out"] if "modelOutput" in line]
     assert sorted(row["custom_id"] for row in ledger) == sorted(ok)  # billed once each
     assert not list((tmp_path / "state" / "files").glob("*.part"))
+
+
+def test_a_reset_or_a_delete_takes_the_batches_spool_files_with_it(tmp_path: Path) -> None:
+    """Running batches' requests and parts, and an ended Anthropic batch's results file, go with the batch."""
+    slow = make_scenario("normal", {"in_progress_s": 100})
+    with SandboxServer(port=0, scenario=slow) as server:
+        spool, admin = server.app.state.spool.root, SandboxAdmin(server.url)
+        admin.clock(freeze=True)
+        batches = Batches(server.url)
+        admin.clock(advance_s=50)
+        assert len(_running(server, batches)) == 3 and list(spool.glob("*.part")) and list(spool.glob("*.requests"))
+        admin.clock(advance_s=100)
+        ended = batches.sdk.messages.batches.retrieve(batches.anthropic_id)
+        assert ended.processing_status == "ended" and list(spool.glob("*.results.jsonl"))
+        assert not list(spool.glob("*.part")) and not list(spool.glob("*.requests"))  # ended: compacted
+        batches.sdk.messages.batches.delete(batches.anthropic_id)
+        assert not list(spool.glob("*.results.jsonl"))
+        Batches(server.url)
+        admin.clock(advance_s=50)
+        assert list(spool.glob("*.part")) and list(spool.glob("*.requests"))
+        admin.reset()
+        assert not list(spool.glob("*.part")) and not list(spool.glob("*.requests*"))
