@@ -88,11 +88,15 @@ class SpooledLines(Sequence[dict[str, Any]]):
         """The sidecar a saved state reads the spans and columns from."""
         return self.path.with_name(self.path.name + ".spans")
 
-    def release(self) -> None:
-        """The batch ended: close the handle and drop the file and its sidecar."""
+    def close(self) -> None:
+        """Close the handle lines are read with (opened again if one is read)."""
         if self._source is not None:
             self._source.close()
             self._source = None
+
+    def release(self) -> None:
+        """The batch ended: close the handle and drop the file and its sidecar."""
+        self.close()
         self.path.unlink(missing_ok=True)
         self.spans_path.unlink(missing_ok=True)
 

@@ -19,7 +19,7 @@ from batch_pipeline.sandbox.scenarios import make_scenario
 from batch_pipeline.sandbox.spooled_lines import SpooledLines
 from batch_pipeline.sandbox.spooled_parts import SpooledParts
 
-from .spool_fixture import COUNT, Batches, CountingSecrets, fixed_clock, generate
+from .spool_fixture import COUNT, Batches, CountingSecrets, anthropic_requests, fixed_clock, generate
 
 BEFORE = Path(__file__).parent / "data" / "results_before_provider_spool"
 SAVED_ANSWERS_IN_MEMORY = Path(__file__).parent / "data" / "state_provider_answers_in_memory"
@@ -113,7 +113,10 @@ def test_running_batches_answer_to_disk_and_resume_after_a_restart(
         assert data == (BEFORE / name).read_bytes(), name
     before = json.loads((BEFORE / "ledger.json").read_text())
     assert _without_billed_at(ledger) == _without_billed_at(before)  # billed once each, as before
-    assert not list((tmp_path / "files").glob("*.part")) and not list((tmp_path / "files").glob("*.requests*"))
+    files = tmp_path / "files"
+    assert not list(files.glob("*.part")) and not list(files.glob("*.spans"))
+    (kept,) = files.glob("*.requests")  # an ended Anthropic batch keeps the requests it was sent, on disk
+    assert [json.loads(line) for line in kept.read_text().splitlines()] == anthropic_requests()
 
 
 def test_a_state_saved_with_the_answers_in_memory_still_loads(tmp_path: Path) -> None:
@@ -154,7 +157,8 @@ def test_a_state_saved_with_the_answers_in_memory_still_loads(tmp_path: Path) ->
 
 
 def test_a_reset_or_a_delete_takes_the_batches_spool_files_with_it(tmp_path: Path) -> None:
-    """Running batches' requests and parts, and an ended Anthropic batch's results file, go with the batch."""
+    """Running batches' requests and parts, and an ended Anthropic batch's results file and requests, go with the
+    batch."""
     slow = make_scenario("normal", {"in_progress_s": 100})
     with SandboxServer(port=0, scenario=slow) as server:
         spool, admin = server.app.state.spool.root, SandboxAdmin(server.url)
@@ -165,9 +169,10 @@ def test_a_reset_or_a_delete_takes_the_batches_spool_files_with_it(tmp_path: Pat
         admin.clock(advance_s=100)
         ended = batches.sdk.messages.batches.retrieve(batches.anthropic_id)
         assert ended.processing_status == "ended" and list(spool.glob("*.results.jsonl"))
-        assert not list(spool.glob("*.part")) and not list(spool.glob("*.requests"))  # ended: compacted
+        assert not list(spool.glob("*.part")) and not list(spool.glob("*.spans"))  # ended: compacted
+        assert [path.name for path in spool.glob("*.requests")] == [f"{batches.anthropic_id}.requests"]  # as sent
         batches.sdk.messages.batches.delete(batches.anthropic_id)
-        assert not list(spool.glob("*.results.jsonl"))
+        assert not list(spool.glob("*.results.jsonl")) and not list(spool.glob("*.requests"))
         Batches(server.url)
         admin.clock(advance_s=50)
         assert list(spool.glob("*.part")) and list(spool.glob("*.requests"))

@@ -56,6 +56,7 @@ class AnthropicBatch(SpooledRecord):
     totals: dict[str, int] | None = None  # once ended: its requests, answers and how many succeeded
     results_file: str | None = None  # once ended: the results file's name in the spool, and its size
     results_size: int = 0
+    requests_file: str | None = None  # once ended: the requests as sent, kept in the spool with the results
 
     @property
     def ended(self) -> bool:
@@ -101,7 +102,23 @@ class AnthropicBatch(SpooledRecord):
         self.results_file = f"{self.id}.results.jsonl"
         self.results_size = answers.take(RESULTS, spool / self.results_file)
         self.results = answers
+        self.keep_requests(spool)
         return answers
+
+    def keep_requests(self, spool: Path) -> None:
+        """The requests as sent stay on disk with the results until the batch is deleted (``<batch>.requests``,
+        a JSON line each: what a dry run's caller reads back to see what it sent); not in memory nor the state."""
+        if self.spooled_requests is None:  # an ended batch saved with its requests as a list
+            SpooledLines.write(spool / f"{self.id}.requests", self.requests)
+        self.requests_file = f"{self.id}.requests"
+
+    def release(self) -> None:
+        """Its spool files go but the requests it keeps once ended."""
+        if (requests := self.spooled_requests) is not None and self.requests_file:
+            requests.close()
+            requests.spans_path.unlink(missing_ok=True)
+            self.requests = []
+        super().release()
 
     def finish_loaded(self, spool: Path) -> None:
         """An ended batch saved with its answers as a list (billed then): its results file, and compacted."""
@@ -137,10 +154,11 @@ class AnthropicBatches(SpooledStore[AnthropicBatch]):
         self.spool = spool
 
     def drop_files(self, batch: AnthropicBatch) -> None:
-        """A batch goes: its spool files and its results file."""
+        """A batch goes: its spool files, its results file and its requests."""
         batch.release()
-        if batch.results_file:
-            (self.spool / batch.results_file).unlink(missing_ok=True)
+        for name in (batch.results_file, batch.requests_file):
+            if name:
+                (self.spool / name).unlink(missing_ok=True)
 
     def results_path(self, batch: AnthropicBatch) -> Path:
         """Where an ended batch's results file is."""
