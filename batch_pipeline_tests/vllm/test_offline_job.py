@@ -17,6 +17,7 @@ from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.pipeline import run_job
 from batch_pipeline.executors.registry import create_executor
+from batch_pipeline.executors.vllm.engine import VllmSettings, load_engine
 from batch_pipeline.executors.vllm.offline import VllmOfflineExecutor
 from batch_pipeline.executors.vllm.prompts import order_items
 
@@ -140,6 +141,29 @@ def test_too_long_prompt_is_a_poison_row_not_a_crash(make_job, tiny_model):
     rows = {r["request_id"]: r for t in tables for r in t.to_pylist()}
     assert rows["short"]["http_status"] == 200 and rows["short"]["output_text"] in LABELS
     assert rows["long"]["http_status"] == 400 and rows["long"]["error_code"] == "context_length_exceeded"
+
+
+def test_a_large_shard_goes_into_the_engine_a_window_at_a_time(make_job):
+    # a waiting request holds memory in the engine (its tokens, its grammar matcher): a shard is handed over at
+    # most twice max_num_seqs at a time, topped up as answers come out, and every item is still answered once
+    spec = make_job("vwindow", settings={"flush_every": 16})
+    engine = load_engine(VllmSettings.model_validate(spec.backend.settings)).llm_engine
+    window = 2 * engine.vllm_config.scheduler_config.max_num_seqs
+    n = window + 200
+    items = pa.table(
+        {
+            "request_id": [f"w{i:04d}" for i in range(n)],
+            "user_prompt": [f"Subject: ticket {i}\nTicket:\nmy invoice {i} is wrong" for i in range(n)],
+        }
+    )
+    work = ShardWork("vwindow", "s", 1, "vwindow:s:1", RequestPlan.from_spec(spec), items)
+    in_engine, answered = [], []
+    for table in create_executor(spec.backend).run(work):
+        in_engine.append(engine.get_num_unfinished_requests())  # at each flush of 16 results
+        answered += table.column("request_id").to_pylist()
+    assert sorted(answered) == items.column("request_id").to_pylist()
+    assert 0 < max(in_engine) <= window, in_engine
+    assert in_engine[-1] == 0
 
 
 def test_items_run_in_length_buckets_after_a_preflight_of_the_longest():
