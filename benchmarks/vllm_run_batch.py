@@ -13,19 +13,19 @@ a 512 MiB KV cache, prefix caching, xgrammar with compact whitespace, seed 0):
   openai_batch``, ``key_field: custom_id``, ``text_field: user``, ``template: "{user}"``), ``backend: vllm``
   with the settings above, no canary (run_batch has none), a fresh storage root and ``DAGSTER_HOME`` per run:
   manifest, quote, the shard on the engine, checks, publish (validated table, DuckDB file, report).
-  ``--in-process``: ``multiprocessing: false`` (engine core in the step's process); default: vLLM's own
-  process layout, as run_batch.
+  ``--multiprocessing true|false`` sets the backend's ``multiprocessing`` (engine core and worker in processes
+  of their own, as run_batch has them, or in the step's process); default: unset, the backend's default.
 
 Memory: every 0.2 s the sampler reads ``/proc/PID/status`` (VmRSS, VmHWM) and ``/proc/PID/smaps_rollup`` (Pss)
-of the child and all its descendants (the engine core is a separate process on both sides unless
-``--in-process``). Reported per run: the peak of the summed RSS (shared pages counted in each process that
+of the child and all its descendants (run_batch's engine core and worker are processes of their own, as ours are
+with ``multiprocessing: true``). Reported per run: the peak of the summed RSS (shared pages counted in each process that
 maps them), the peak of the summed PSS (shared pages split between the processes: the tree's real footprint)
 and each process's own peak (VmHWM, exact, whatever the sampling). Wall: from the start of the child to its exit.
 Checks: every request answered (run_batch: a 200 with a label for every custom_id; ours: a validated row with a
 label for every custom_id). Variants alternate ``run_batch, ours`` per round; medians and ratios ours/run_batch.
 Writes ``benchmarks/out/vllm_run_batch.json``. Needs the vLLM venv:
 
-    .venv-vllm/bin/python benchmarks/vllm_run_batch.py [--prompts 2000] [--rounds 2] [--in-process]
+    .venv-vllm/bin/python benchmarks/vllm_run_batch.py [--prompts 2000] [--rounds 2] [--multiprocessing true|false]
 """
 
 import argparse
@@ -92,8 +92,8 @@ def run_batch_argv(model_dir: Path, inp: Path, out: Path) -> list[str]:
     ]
 
 
-def write_job(root: Path, model_dir: Path, inp: Path, system: str, max_tokens: int, in_process: bool) -> Path:
-    settings = {"model": str(model_dir), **ENGINE, "multiprocessing": not in_process}
+def write_job(root: Path, model_dir: Path, inp: Path, system: str, max_tokens: int, mp: str | None) -> Path:
+    settings = {"model": str(model_dir), **ENGINE, **({"multiprocessing": mp == "true"} if mp else {})}
     spec = {
         "name": "run_batch_bench",
         "input": {
@@ -260,7 +260,9 @@ def main() -> None:
     parser.add_argument("--rules", type=int, default=13, help="length of the shared system prompt")
     parser.add_argument("--sentences", type=int, default=5, help="length of each ticket")
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--in-process", action="store_true", help="ours: multiprocessing false")
+    parser.add_argument(
+        "--multiprocessing", choices=["true", "false"], help="ours: the backend setting (default unset)"
+    )
     parser.add_argument("--only", choices=["run_batch", "ours"], help="run one variant only (profiling)")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs, outputs)")
     args = parser.parse_args()
@@ -270,7 +272,7 @@ def main() -> None:
     system = system_prompt(args.rules)
     inp = work / "in.jsonl"
     ids = write_batch_file(inp, system, tickets(args.prompts, args.sentences), args.max_tokens)
-    spec = write_job(work, model_dir, inp, system, args.max_tokens, args.in_process)
+    spec = write_job(work, model_dir, inp, system, args.max_tokens, args.multiprocessing)
     variants = [args.only] if args.only else ["run_batch", "ours"]
     print(f"{args.prompts} requests, {len(variants)} variant(s) x {args.rounds} rounds; work dir {work}", flush=True)
     runs: dict[str, list[dict]] = {v: [] for v in variants}
@@ -282,13 +284,13 @@ def main() -> None:
     result = {
         "prompts": args.prompts,
         "rounds": args.rounds,
-        "in_process": args.in_process,
+        "multiprocessing": args.multiprocessing,
         "cores": os.cpu_count(),
         "median": med,
         "runs": runs,
     }
     print(
-        f"\nmedians of {args.rounds} round(s), {args.prompts} requests{' (ours in process)' if args.in_process else ''}:"
+        f"\nmedians of {args.rounds} round(s), {args.prompts} requests{f' (ours: multiprocessing {args.multiprocessing})' if args.multiprocessing else ''}:"
     )
     for v, m in med.items():
         print(

