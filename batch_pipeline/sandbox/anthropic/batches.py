@@ -95,7 +95,8 @@ class AnthropicBatch(SpooledRecord):
         (processed requests in processing order, then the others); the answers, for their billing."""
         answers = self.results
         if not isinstance(answers, AnthropicAnswers):  # an ended batch saved with its answers as a list
-            answers = AnthropicAnswers.rebuilt(spool, self.id, answers)
+            answers = self.rebuild_parts(spool)
+            assert isinstance(answers, AnthropicAnswers)
         if self.unprocessed is not None:
             never_run: Iterable[int] = self.order[len(answers) :]
             answers.add_unprocessed((self.requests[index]["custom_id"] for index in never_run), self.unprocessed)
