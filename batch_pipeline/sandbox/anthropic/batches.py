@@ -8,7 +8,8 @@ Only succeeded requests are billed, once, when the batch ends.
 
 A batch's requests are spooled at create (``<batch>.requests``, a JSON line each, read back when run) and its
 answers appended to a part as they are produced (``anthropic/answers.py``); when it ends the part becomes its
-results file (``<batch>.results.jsonl``), served as it is, and the batch keeps its counts only.
+results file (``<batch>.results.jsonl``), served as it is; in memory the batch keeps its counts only, on disk its
+requests as sent too, until it is deleted.
 """
 
 from __future__ import annotations
