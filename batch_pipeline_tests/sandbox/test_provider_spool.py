@@ -95,6 +95,12 @@ def test_running_batches_answer_to_disk_and_resume_after_a_restart(
                 len(answers) == COUNT // 2 and first.startswith(quarter[name][1]) and len(first) > len(quarter[name][1])
             )
         saved = {name: dict(answers.sizes) for name, answers in half.items()}
+        state = json.loads((tmp_path / "state.json").read_text())
+        records = [*state["anthropic_batches"], *state["gemini"]["batches"], *state["bedrock_jobs"]]
+        for record, answers in zip(records, half.values(), strict=True):  # names and counts, not lines
+            assert record["results"] == answers.to_json() and record["order"] is None
+            requests = record.get("requests", record.get("records"))
+            assert set(requests) == {"spooled", "spans", "count", "columns"} and requests["count"] == COUNT
         paths = {name: [answers.path(part) for part in answers.sizes] for name, answers in half.items()}
         assert admin.ledger() == []  # nothing billed before a batch ends
     for parts in paths.values():  # as if the sandbox answered more and died before saving its state
