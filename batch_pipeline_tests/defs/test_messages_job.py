@@ -154,8 +154,10 @@ def test_a_messages_job_on_anthropic_batch_sends_system_examples_then_the_turns_
         backend={"name": "anthropic_batch", "settings": {"sandbox": True, "retention": "keep"}},
     )
     keys = check_job(spec, run_job(spec, instance, resources), home, admin)
-    saved = json.loads((state / "state.json").read_text())
-    seen = {r["custom_id"]: r["params"] for b in saved["anthropic_batches"] for r in b["requests"]}
+    # an ended batch keeps the requests it was sent in the spool (files/<batch>.requests, a JSON line each)
+    sent_files = sorted((state / "files").glob("msgbatch_*.requests"))
+    assert sent_files, "no ended batch kept its requests"
+    seen = {r["custom_id"]: r["params"] for path in sent_files for r in map(json.loads, path.read_text().splitlines())}
     assert set(seen) == set(keys.values())
     for key, rid in keys.items():
         params = seen[rid]
