@@ -8,16 +8,25 @@ module run against the sandbox of 267acb1 (the answers of these three providers 
 that commit: ``cd /tmp/before && python /work/main/batch_pipeline_tests/sandbox/spool_fixture.py OUT``;
 ``test_provider_spool.py`` runs it again on this checkout and compares. ``data/state_provider_answers_in_memory/``
 is ``--midway OUT`` run the same way: the three batches saved half-way, with their answers as lists.
+
+A Vertex AI batch prediction job is fixed alike (``VertexBatch``, on a loopback GCS emulator the fixture starts):
+``data/results_before_vertex_spool/`` is ``--vertex OUT`` and ``data/state_vertex_answers_in_memory/``
+``--vertex-midway OUT``, both run on 9d3741f (whose Vertex jobs held their requests and prediction lines in memory,
+as at 267acb1), in this checkout: ``python batch_pipeline_tests/sandbox/spool_fixture.py --vertex OUT``.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import io
 import json
 import os
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -206,12 +215,138 @@ def save_midway(state_dir: Path) -> None:
         admin.clock(advance_s=0.05 + 50)
 
 
+VERTEX_BUCKET = "vertex-fixture"
+VERTEX_LABEL = "batch_pipeline_rid"  # the label a Vertex request carries its request ID in
+
+
+def vertex_inputs(count: int = COUNT) -> list[bytes]:
+    """Two input files of ``count`` lines in all: a request ID label (base32), a plain label or none (the ledger
+    names it by a digest), a line that is no request (a failed prediction) and a blank line (skipped)."""
+    config = {"responseMimeType": "application/json", "responseJsonSchema": SCHEMA, "maxOutputTokens": 32}
+    files: list[list[str]] = [[], []]
+    for i in range(count):
+        request: dict[str, Any] = {"contents": [{"role": "user", "parts": [{"text": ticket(i)}]}]}
+        request["generationConfig"] = config
+        if i % 2:
+            request["systemInstruction"] = {"parts": [{"text": LONG_SYSTEM}]}
+        if i % 3 == 0:
+            rid = base64.b32encode(hashlib.sha256(f"v{i}".encode()).digest()).decode().rstrip("=").lower()
+            request["labels"] = {VERTEX_LABEL: rid}
+        elif i % 3 == 1:
+            request["labels"] = {VERTEX_LABEL: f"v{i}"}
+        files[i * 2 // count].append(json.dumps({"request": request}) if i != 13 else json.dumps({"instance": i}))
+    files[0].insert(5, "")
+    return [("\n".join(lines) + "\n").encode() for lines in files]
+
+
+@contextmanager
+def gcs_emulator() -> Iterator[str]:
+    """A loopback GCS emulator (in memory, in this process) the sandboxes started meanwhile read and write."""
+    from gcp_storage_emulator.server import create_server
+
+    server = create_server("127.0.0.1", 0, in_memory=True)
+    server._api.daemon = True
+    server.start()
+    url = f"http://127.0.0.1:{server._api._httpd.server_address[1]}"
+    before = os.environ.get("BATCH_PIPELINE_SANDBOX_GCS_URL")
+    os.environ["BATCH_PIPELINE_SANDBOX_GCS_URL"] = url
+    try:
+        yield url
+    finally:
+        if before is None:
+            os.environ.pop("BATCH_PIPELINE_SANDBOX_GCS_URL", None)
+        else:
+            os.environ["BATCH_PIPELINE_SANDBOX_GCS_URL"] = before
+        server.stop()
+
+
+class VertexBatch:
+    """The fixed Vertex job, created on the sandbox at ``url`` through google-genai (its inputs put on GCS)."""
+
+    def __init__(self, url: str, count: int = COUNT, name: str | None = None) -> None:
+        from google.cloud import storage
+        from google.genai import types
+
+        self.attach(url)
+        self.bucket = self.gcs.lookup_bucket(VERTEX_BUCKET) or self.gcs.create_bucket(VERTEX_BUCKET)
+        if name is not None:
+            self.name = name
+            return
+        uris = []
+        for number, data in enumerate(vertex_inputs(count)):
+            blob: storage.Blob = self.bucket.blob(f"in/part{number}.jsonl")
+            blob.upload_from_string(data)
+            uris.append(f"gs://{VERTEX_BUCKET}/in/part{number}.jsonl")
+        source = types.BatchJobSource(format="jsonl", gcs_uri=uris)
+        config = {"display_name": "fixture", "dest": f"gs://{VERTEX_BUCKET}/out"}
+        self.name = str(self.genai.batches.create(model="gemini-2.5-flash", src=source, config=config).name)
+
+    def attach(self, url: str) -> None:
+        """The SDK's and the storage clients for the sandbox at ``url`` (again after a restart)."""
+        from google import genai
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage
+        from google.oauth2.credentials import Credentials
+
+        self.url = url
+        self.genai = genai.Client(
+            vertexai=True,
+            project="proj",
+            location="us-central1",
+            credentials=Credentials(token="t"),
+            http_options={"base_url": url},
+        )
+        gcs_url = json.loads(_get(url + "/_sandbox/gcs", {}))["gcs_endpoint_url"]
+        options = {"api_endpoint": gcs_url}
+        self.gcs = storage.Client(project="p", credentials=AnonymousCredentials(), client_options=options)
+
+    def outputs(self) -> dict[str, bytes]:
+        """Once the clock has passed its end: the output objects (names and bytes) and the job's stats."""
+        job = _until(lambda: j if (j := self.genai.batches.get(name=self.name)).end_time else None, "the job")
+        directory = str(job.output_info.gcs_output_directory)
+        bucket, _, prefix = directory[5:].partition("/")
+        out = {"vertex.job.json": json.dumps([job.state.name, directory, job.completion_stats.model_dump()]).encode()}
+        for blob in self.gcs.list_blobs(bucket, prefix=prefix + "/"):
+            out["vertex." + blob.name.rsplit("/", 1)[-1]] = blob.download_as_bytes()
+        return out
+
+
+def generate_vertex() -> dict[str, bytes]:
+    """The fixed Vertex job's outputs and ledger on a fresh in-process sandbox (clock frozen)."""
+    from batch_pipeline.sandbox import SandboxAdmin, SandboxServer
+
+    with gcs_emulator(), SandboxServer(port=0) as server:
+        fixed_clock(server)
+        admin = SandboxAdmin(server.url)
+        job = VertexBatch(server.url)
+        admin.clock(advance_s=3600)
+        return {**job.outputs(), "vertex.ledger.json": json.dumps(admin.ledger(), indent=1).encode()}
+
+
+def save_vertex_midway(state_dir: Path) -> None:
+    """A state directory saved half-way through the Vertex job (MIDWAY_COUNT requests, over 100 clock seconds)."""
+    from batch_pipeline.sandbox import SandboxAdmin, SandboxServer
+
+    with gcs_emulator(), SandboxServer(port=0, state_dir=str(state_dir)) as server:
+        fixed_clock(server)
+        admin = SandboxAdmin(server.url)
+        admin.set_scenario("normal", in_progress_s=100, min_records=1)
+        VertexBatch(server.url, MIDWAY_COUNT)
+        admin.clock(advance_s=0.05 + 50)
+
+
 if __name__ == "__main__":
     sys.path[0] = os.getcwd()  # the checkout to run is the working directory (not this tests directory)
     target = Path(sys.argv[-1])
     deterministic()
     if sys.argv[1] == "--midway":
         save_midway(target)
+    elif sys.argv[1] == "--vertex-midway":
+        save_vertex_midway(target)
+    elif sys.argv[1] == "--vertex":
+        target.mkdir(parents=True, exist_ok=True)
+        for name, data in generate_vertex().items():
+            (target / name).write_bytes(data)
     else:
         target.mkdir(parents=True, exist_ok=True)
         for name, data in generate().items():
