@@ -118,7 +118,9 @@ class SandboxState:
         self.gemini = GeminiService(
             GeminiResponder(self.seen_custom_ids, self.seen_prompts), self._bill, self.gemini_files, self.book
         )
-        self.vertex = VertexJobs(GeminiResponder(self.seen_custom_ids, self.seen_prompts), self._bill, load=self.book)
+        self.vertex = VertexJobs(
+            GeminiResponder(self.seen_custom_ids, self.seen_prompts), self._bill, self.spool.root, load=self.book
+        )
         self.reset(wipe_store=False)
         if self.store is not None:
             self._load()

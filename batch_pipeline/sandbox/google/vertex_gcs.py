@@ -10,6 +10,7 @@ used: the sandbox never talks to a real bucket.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -95,20 +96,22 @@ class SandboxGcs:
             self._url = url
         return self._client
 
-    def read(self, uri: str) -> bytes:
+    def download(self, uri: str, path: Path) -> None:
+        """An object's bytes written to ``path`` (a job's input, streamed to the spool rather than held)."""
         bucket, name = split_gs(uri)
         try:
-            return bytes(self._storage().bucket(bucket).blob(name).download_as_bytes(timeout=30))
+            self._storage().bucket(bucket).blob(name).download_to_filename(str(path), timeout=30)
         except GoogleError:
             raise
         except Exception as exc:  # the client's NotFound, Forbidden, connection errors ...
             raise GcsUnavailable(f"cannot read {uri}: {type(exc).__name__}: {exc}") from None
 
-    def write(self, uri: str, data: bytes) -> None:
+    def write_file(self, uri: str, path: Path) -> None:
+        """An object from a file, streamed (a job's predictions, not read into memory)."""
         bucket, name = split_gs(uri)
         try:
             blob = self._storage().bucket(bucket).blob(name)
-            blob.upload_from_string(data, content_type="application/jsonl", timeout=30)
+            blob.upload_from_filename(str(path), content_type="application/jsonl", timeout=30)
         except GoogleError:
             raise
         except Exception as exc:

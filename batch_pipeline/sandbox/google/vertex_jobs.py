@@ -10,6 +10,9 @@ prediction line goes to ``{outputUriPrefix}/prediction-model-<time>/predictions.
 that directory (completed rows are kept on cancel and expiry, as Vertex exports them). Succeeded requests are
 billed once, at the end; the ledger's ``custom_id`` is the request ID the line's label carries (decoded from
 base32), else the label itself, else a digest of the request's contents.
+
+A job's requests and prediction lines are in the spool (``vertex_answers``), not in memory: it holds their spans,
+its processing order and counts while it runs, and its counts only once it ended.
 """
 
 from __future__ import annotations
@@ -20,16 +23,21 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from pathlib import Path
+from typing import Any, Self
 
-from batch_pipeline.sandbox.batches import lines_due, output_order
+from batch_pipeline.sandbox.batches import lines_due
 from batch_pipeline.sandbox.google.errors import RPC_CODES, STATUS_NAMES, GoogleError
 from batch_pipeline.sandbox.google.responder import GeminiResponder
+from batch_pipeline.sandbox.google.vertex_answers import PREDICTIONS, VertexAnswer, VertexAnswers, spool_input
 from batch_pipeline.sandbox.google.vertex_gcs import GcsUnavailable, SandboxGcs
 from batch_pipeline.sandbox.ids import stable_hex
 from batch_pipeline.sandbox.quotas import Load, LoadBook
 from batch_pipeline.sandbox.scenarios import Scenario
-from batch_pipeline.sandbox.store import Bill, ProcessedRecord, RecordStore, rfc3339
+from batch_pipeline.sandbox.spooled_lines import SpooledLines
+from batch_pipeline.sandbox.spooled_parts import bill_rows
+from batch_pipeline.sandbox.spooled_record import SpooledRecord, SpooledStore
+from batch_pipeline.sandbox.store import Bill, rfc3339
 
 EXPIRY_S = 24 * 3600
 ID_LABEL = "batch_pipeline_rid"
@@ -72,27 +80,11 @@ def line_key(request: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def parse_input(data: bytes) -> list[dict[str, Any]]:
-    """The ``request`` of each input line (a line that is not ``{"request": {...}}`` keeps its text under
-    ``_invalid``: it becomes a failed prediction line)."""
-    requests = []
-    for number, line in enumerate(data.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-            request = obj.get("request") if isinstance(obj, dict) else None
-            if not isinstance(request, dict):
-                raise ValueError("the line has no request object")
-        except ValueError as exc:
-            request = {"_invalid": f"line {number}: {exc}"}
-        requests.append(request)
-    return requests
-
-
 @dataclass
-class VertexJob(ProcessedRecord):
+class VertexJob(SpooledRecord):
     """All the sandbox knows about one batch prediction job. Times are clock seconds."""
+
+    PARTS_TYPE = VertexAnswers
 
     id: str
     project: str
@@ -103,28 +95,50 @@ class VertexJob(ProcessedRecord):
     output_config: dict[str, Any]
     created_at: float
     scenario: Scenario
-    requests: list[dict[str, Any]]
-    order: list[int]
+    requests: list[dict[str, Any]] | SpooledLines  # spooled at create (a list in a state saved before the spool)
+    order: Any  # the processing order: the spooled requests' ``order`` column, or a list
     state: str = "JOB_STATE_PENDING"
-    lines: list[dict[str, Any]] = field(default_factory=list)
-    billing: list[dict[str, Any]] = field(default_factory=list)
+    results: list[VertexAnswer] | VertexAnswers = field(default_factory=list)  # its prediction lines so far
     started_at: float | None = None
     ended_at: float | None = None
     cancel_at: float | None = None
     updated_at: float | None = None
     error: dict[str, Any] | None = None
     output_dir: str | None = None
+    totals: dict[str, int] | None = None  # once ended: its requests, lines and succeeded lines
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Self:
+        """Inverse of ``to_json``; a job saved before the spool has its prediction ``lines`` and unbilled
+        ``billing`` rows as lists (they become its answers, then its parts)."""
+        data = dict(data)
+        if "lines" in data:
+            data["results"] = VertexAnswer.saved(data.pop("lines"), data.pop("billing", None) or [])
+        return super().from_json(data)
+
+    @property
+    def ended(self) -> bool:
+        return self.state in TERMINAL
+
+    def sums(self, answers: list[Any]) -> dict[str, int]:
+        return {"succeeded": sum(1 for answer in answers if not answer.line["status"])}
 
     @property
     def name(self) -> str:
         return f"projects/{self.project}/locations/{self.location}/batchPredictionJobs/{self.id}"
 
+    @property
+    def answers(self) -> VertexAnswers:
+        """Its prediction lines so far (spooled from its create or load until it ends)."""
+        assert isinstance(self.results, VertexAnswers), "a job's answers are spooled from its create or load"
+        return self.results
+
     def counts(self) -> dict[str, str]:
         """``completionStats`` (int64 fields, which REST JSON writes as strings)."""
-        ok = sum(1 for line in self.lines if not line["status"])
-        failed = len(self.lines) - ok
-        incomplete = len(self.requests) - len(self.lines)
-        return {"successfulCount": str(ok), "failedCount": str(failed), "incompleteCount": str(incomplete)}
+        tally = self.tally()
+        ok, processed = tally["succeeded"], tally["processed"]
+        incomplete = tally["requests"] - processed
+        return {"successfulCount": str(ok), "failedCount": str(processed - ok), "incompleteCount": str(incomplete)}
 
     def to_api(self) -> dict[str, Any]:
         """The REST ``BatchPredictionJob`` resource."""
@@ -150,17 +164,23 @@ class VertexJob(ProcessedRecord):
         return body
 
 
-class VertexJobs(RecordStore[VertexJob]):
-    """The batch prediction jobs of one sandbox (callers hold the state lock)."""
+class VertexJobs(SpooledStore[VertexJob]):
+    """The batch prediction jobs of one sandbox (callers hold the state lock); their files in ``spool``."""
 
     record_type = VertexJob
 
     def __init__(
-        self, responder: GeminiResponder, bill: Bill, gcs: SandboxGcs | None = None, load: LoadBook | None = None
+        self,
+        responder: GeminiResponder,
+        bill: Bill,
+        spool: Path,
+        gcs: SandboxGcs | None = None,
+        load: LoadBook | None = None,
     ) -> None:
         super().__init__(load)
         self.responder = responder
         self.bill = bill
+        self.spool = spool
         self.gcs = gcs or SandboxGcs()
         self._next = 0
 
@@ -168,16 +188,10 @@ class VertexJobs(RecordStore[VertexJob]):
         """A new job in JOB_STATE_PENDING; its input is read now (a job whose input cannot be read fails)."""
         uris = ((body.get("inputConfig") or {}).get("gcsSource") or {}).get("uris") or []
         self.gcs.require()
-        error = None
-        requests: list[dict[str, Any]] = []
-        try:
-            for uri in uris:
-                requests += parse_input(self.gcs.read(uri))
-        except GcsUnavailable as exc:
-            error = {"code": NOT_FOUND, "message": f"Failed to read the input: {exc}"}
         self._next += 1
         job_id = str(int(now * 1000) % 10**12 * 1000 + self._next % 1000)
-        seed = "\n".join(json.dumps(r, sort_keys=True) for r in requests).encode("utf-8")
+        requests, failure = spool_input(self.gcs, list(uris), self.spool / f"{job_id}.requests")
+        error = None if failure is None else {"code": NOT_FOUND, "message": f"Failed to read the input: {failure}"}
         job = VertexJob(
             job_id,
             project,
@@ -189,9 +203,10 @@ class VertexJobs(RecordStore[VertexJob]):
             now,
             scenario,
             requests,
-            output_order(seed, len(requests)),
+            requests.column("order"),
             error=error,
         )
+        job.results = job.new_parts(self.spool)
         if not requests and error is None:
             job.error = {"code": INVALID_ARGUMENT, "message": "The input holds no requests."}
         self.add(job)
@@ -213,6 +228,7 @@ class VertexJobs(RecordStore[VertexJob]):
         job = self.get(job_id)
         if job.state not in TERMINAL:
             raise GoogleError(400, f"The BatchPredictionJob {job.name} is {job.state}; cancel it before deleting it.")
+        self.drop_files(job)
         del self.records[job_id]
 
     def newest_first(self) -> list[VertexJob]:
@@ -231,7 +247,7 @@ class VertexJobs(RecordStore[VertexJob]):
 
     def advance(self, job: VertexJob, now: float) -> bool:
         """Apply everything due by ``now``; True if anything changed."""
-        before = (job.state, len(job.lines))
+        before = (job.state, len(job.results))
         if job.state == "JOB_STATE_PENDING" and now >= job.processing_start:
             if job.error is not None:
                 self._end(job, "JOB_STATE_FAILED", job.processing_start)
@@ -248,7 +264,7 @@ class VertexJobs(RecordStore[VertexJob]):
                 if job.scenario.name == "expire":
                     self._end(job, "JOB_STATE_EXPIRED", job.processing_end)
                 elif now >= natural_end:
-                    done = len(job.lines) == len(job.requests)
+                    done = len(job.results) == len(job.requests)
                     self._end(job, "JOB_STATE_SUCCEEDED" if done else "JOB_STATE_PARTIALLY_SUCCEEDED", natural_end)
             else:
                 self._process_until(job, now)
@@ -256,7 +272,7 @@ class VertexJobs(RecordStore[VertexJob]):
             due = job.cancel_due(job.cancel_at)
             if now >= due:
                 self._end(job, "JOB_STATE_CANCELLED", due)
-        if (job.state, len(job.lines)) != before:
+        if (job.state, len(job.results)) != before:
             job.updated_at = now
             return True
         return False
@@ -269,19 +285,19 @@ class VertexJobs(RecordStore[VertexJob]):
     def _process_until(self, job: VertexJob, at: float) -> None:
         due = min(lines_due(job, job.processing_start, at), self._quota(job))
         model = job.model.rsplit("/", 1)[-1]
-        while len(job.lines) < due:
-            request = job.requests[job.order[len(job.lines)]]
-            processed = rfc3339(job.processing_start + (at - job.processing_start) * (len(job.lines) + 1) / max(due, 1))
+        answers = job.answers
+        while len(answers) < due:
+            request = job.requests[job.order[len(answers)]]
+            processed = rfc3339(job.processing_start + (at - job.processing_start) * (len(answers) + 1) / max(due, 1))
             if "_invalid" in request:
                 status = {"code": 400, "message": request["_invalid"], "status": "INVALID_ARGUMENT"}
-                job.lines.append(self._line(request, processed, status=status))
+                answers.append(VertexAnswer(self._line(request, processed, status=status)))
                 continue
             key = line_key(request)
             answer = self.responder.answer(key, model, request, job.scenario, job.id)
-            job.lines.append(self._line(request, processed, response=answer.response, status=answer.error))
-            if answer.succeeded:
-                unbilled = 0.0  # billed_at: set when the job ends and bills
-                job.billing.append(answer.billed().ledger_row("vertex", job.name, key, model, unbilled))
+            line = self._line(request, processed, response=answer.response, status=answer.error)
+            answers.append(VertexAnswer(line, key, answer.billed()) if answer.succeeded else VertexAnswer(line))
+        answers.flush()  # on disk before the state is saved
 
     @staticmethod
     def _line(
@@ -309,21 +325,29 @@ class VertexJobs(RecordStore[VertexJob]):
         return line
 
     def _end(self, job: VertexJob, state: str, at: float) -> None:
-        """Reach a terminal state: write the processed lines to GCS, then bill the succeeded requests."""
+        """Reach a terminal state: write the processed lines to GCS, then bill the succeeded requests (once); the
+        job keeps its counts only."""
         job.state, job.ended_at = state, at
         self.book.release("vertex", job.name, at)
-        if state == "JOB_STATE_FAILED" or not job.lines:
-            return
+        answers = job.answers
+        if state != "JOB_STATE_FAILED" and len(answers):
+            self._write_output(job, answers, at)
+        job.compact()
+
+    def _write_output(self, job: VertexJob, answers: VertexAnswers, at: float) -> None:
+        """The predictions part streamed to ``predictions.jsonl`` in a new output directory; billed once written."""
         prefix = str((job.output_config.get("gcsDestination") or {}).get("outputUriPrefix") or "").rstrip("/")
         stamp = datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         directory = f"{prefix}/prediction-model-{stamp}-{stable_hex(job.id, 'out', length=6)}"
-        data = "".join(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n" for line in job.lines)
+        part = self.spool / f"{job.id}.predictions.jsonl"
         try:
-            self.gcs.write(f"{directory}/predictions.jsonl", data.encode("utf-8"))
+            answers.take(PREDICTIONS, part)
+            self.gcs.write_file(f"{directory}/predictions.jsonl", part)
         except (GcsUnavailable, GoogleError) as exc:
             job.state = "JOB_STATE_FAILED"
             job.error = {"code": INVALID_ARGUMENT, "message": f"Failed to write the predictions: {exc}"}
             return
+        finally:
+            part.unlink(missing_ok=True)
         job.output_dir = directory
-        self.bill([{**entry, "billed_at": at} for entry in job.billing])
-        job.billing = []
+        bill_rows(self.bill, answers.billing("vertex", job.model.rsplit("/", 1)[-1], at, batch_id=job.name))
