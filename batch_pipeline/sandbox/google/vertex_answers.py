@@ -49,7 +49,8 @@ def spool_input(gcs: SandboxGcs, uris: list[str], path: Path) -> tuple[SpooledLi
     """The requests of the input objects at ``uris`` written to ``path`` (each object downloaded beside it, read
     and dropped) with their processing order as the ``order`` column, and why reading stopped (None: it did not).
     The order is the one the sandbox drew from all the requests held at once."""
-    digest, failure = hashlib.sha256(), []
+    digest = hashlib.sha256()
+    failure: list[str] = []
 
     def requests() -> Iterator[dict[str, Any]]:
         download = path.with_name(path.name + ".input")
