@@ -1,5 +1,5 @@
-"""A provider's batch record whose requests and answers are in the spool (Anthropic batches, Gemini batches,
-Vertex and Bedrock jobs): how it is saved (names and sizes, not lines), loaded (parts cut back to the saved sizes; a state
+"""A provider's batch record whose requests and answers are in the spool (Anthropic batches, Gemini batches, Vertex
+and Bedrock jobs): how it is saved (names and sizes, not lines), loaded (parts cut back to the saved sizes; a state
 saved when they were lists gets them spooled) and compacted once it ended (its counts kept, its files dropped)."""
 
 from __future__ import annotations
