@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,6 +42,8 @@ ENGINE_FIELDS = (
     "disable_any_whitespace",
 )
 _ENGINES: dict[str, Any] = {}  # settings key -> vllm.LLM; at most one at a time (one model per process)
+_IN_PROCESS: set[str] = set()  # keys of the engines in this process (not shut down at exit)
+_LEFT_TO_EXIT: list[Any] = []  # those engines at exit, kept referenced until the interpreter goes
 _AT_EXIT: list[bool] = []  # release_engines is registered with atexit (once, after vLLM's imports)
 
 
@@ -139,10 +142,13 @@ def load_engine(settings: VllmSettings):
         # registered after vLLM (and so multiprocessing) is imported, so it runs before multiprocessing's own exit
         # hook, which joins the non-daemon engine core process: without an explicit shutdown first, a process
         # that exits with an engine core alive (`batch-pipeline run`) waits for it forever
-        atexit.register(release_engines)
+        atexit.register(_release_at_exit)
         _AT_EXIT.append(True)
     started = time.monotonic()
     llm = LLM(**settings.engine_kwargs())
+    if settings.in_process:
+        _no_shutdown_at_exit(llm)
+        _IN_PROCESS.add(key)
     log.info("vllm: engine for %s ready in %.1f s", settings.model, time.monotonic() - started)
     _ENGINES[key] = llm
     return llm
@@ -178,6 +184,24 @@ def prepare_in_process_threads() -> None:
         )
         return
     os.environ["OMP_NUM_THREADS"] = str(max(1, usable_cores() - 1))
+
+
+def _no_shutdown_at_exit(llm: Any) -> None:
+    """An engine in this process is left to the exit: vLLM's finalizer would shut it down (a full ``gc.collect``,
+    the KV cache released) for memory the exit frees anyway; sampled with py-spy, that kept ``batch-pipeline run``
+    alive 3-5 s after its summary. ``weakref.finalize.atexit`` is the public switch; an explicit
+    ``release_engines`` still shuts it down."""
+    finalizer = getattr(getattr(llm.llm_engine, "engine_core", None), "_finalizer", None)
+    if isinstance(finalizer, weakref.finalize):
+        finalizer.atexit = False
+
+
+def _release_at_exit() -> None:
+    """At exit, shut down only the engines with processes of their own (see ``load_engine``). The others stay
+    referenced until the interpreter is torn down, which is after ``weakref``'s own exit hook has switched every
+    finalizer off: dropped here, an engine would be collected and shut down by its finalizer all the same."""
+    _LEFT_TO_EXIT.extend(_ENGINES.pop(key) for key in _IN_PROCESS & set(_ENGINES))
+    release_engines()
 
 
 def release_engines() -> None:
