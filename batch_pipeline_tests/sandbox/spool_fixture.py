@@ -5,7 +5,8 @@ Ids are made deterministic (the ``secrets`` of ``ids`` and of the Bedrock API co
 request counts one, its request id, so the calls must come in the same order) and the clock is frozen at a fixed time, so
 two sandboxes that answer alike give identical bytes. ``data/results_before_provider_spool/`` was written by this
 module run against the sandbox of 267acb1 (the answers of these three providers held in memory), from a worktree of
-that commit: ``cd /tmp/before && python /work/main/batch_pipeline_tests/sandbox/spool_fixture.py OUT``;
+that commit: ``git worktree add BEFORE 267acb1 && cd BEFORE && python CHECKOUT/batch_pipeline_tests/sandbox/spool_fixture.py
+OUT`` (CHECKOUT: this repository);
 ``test_provider_spool.py`` runs it again on this checkout and compares. ``data/state_provider_answers_in_memory/``
 is ``--midway OUT`` run the same way: the three batches saved half-way, with their answers as lists.
 
