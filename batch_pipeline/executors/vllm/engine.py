@@ -44,7 +44,7 @@ ENGINE_FIELDS = (
 _ENGINES: dict[str, Any] = {}  # settings key -> vllm.LLM; at most one at a time (one model per process)
 _IN_PROCESS: set[str] = set()  # keys of the engines in this process (not shut down at exit)
 _LEFT_TO_EXIT: list[Any] = []  # those engines at exit, kept referenced until the interpreter goes
-_AT_EXIT: list[bool] = []  # release_engines is registered with atexit (once, after vLLM's imports)
+_AT_EXIT: list[bool] = []  # _release_at_exit is registered with atexit (once, after vLLM's imports)
 
 
 class VllmSettings(BaseModel):
