@@ -29,12 +29,17 @@ def _session(sid: int) -> list[psutil.Process]:
     return members
 
 
+def _run_argv(spec, tmp_path) -> list[str]:
+    """``batch-pipeline run`` of ``spec`` with its home under ``tmp_path``."""
+    return [PY, "-m", "batch_pipeline.cli", "run", spec.source_path, "--home", str(tmp_path / "home")]
+
+
 def test_a_run_with_the_engine_in_its_own_processes_exits_and_leaves_none_behind(tmp_path, tiny_model, prices_file):
     backend = {"name": "vllm", "settings": engine_settings(tiny_model, multiprocessing=True)}
     spec = write_job(tmp_path, "vmpexit", backend, canary_first=False)
     env = python_env(DAGSTER_HOME=str(tmp_path / "dagster_home"), BATCH_PIPELINE_PRICES=str(prices_file))
     proc = subprocess.Popen(
-        [PY, "-m", "batch_pipeline.cli", "run", spec.source_path, "--home", str(tmp_path / "home")],
+        _run_argv(spec, tmp_path),
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -61,7 +66,7 @@ def test_a_run_with_the_engine_in_process_exits_without_tearing_the_engine_down(
         VLLM_LOGGING_LEVEL="DEBUG",  # vLLM logs its shutdown steps at debug
     )
     run = subprocess.run(
-        [PY, "-m", "batch_pipeline.cli", "run", spec.source_path, "--home", str(tmp_path / "home")],
+        _run_argv(spec, tmp_path),
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
