@@ -20,6 +20,8 @@ MARKER_RE = re.compile(r"\[\[sandbox:(\w+)\]\]")
 SYSTEM_FINGERPRINT = "sandbox"
 CACHE_MIN_TOKENS = 1024
 REFUSAL = "I can't help with that."
+# ``json.dumps(value, ensure_ascii=False)`` built an encoder at every call; one, made once, writes the same bytes
+_DUMPS = json.JSONEncoder(ensure_ascii=False).encode
 
 
 @dataclass(frozen=True)
@@ -80,10 +82,10 @@ def render_content(body: dict[str, Any]) -> str:
     kind = response_format.get("type") if isinstance(response_format, dict) else None
     if kind == "json_schema":
         schema = (response_format.get("json_schema") or {}).get("schema") or {"type": "object"}
-        return json.dumps(fill_schema(schema, text, system_text(body)), ensure_ascii=False)
+        return _DUMPS(fill_schema(schema, text, system_text(body)))
     snippet = " ".join(first_words(text, 8, MARKER_RE)) or "an empty message"
     if kind == "json_object":
-        return json.dumps({"sandbox": True, "answer": snippet}, ensure_ascii=False)
+        return _DUMPS({"sandbox": True, "answer": snippet})
     return f"Sandbox reply to: {snippet}."
 
 
@@ -103,24 +105,28 @@ def chat_completion(
     cached_tokens: int,
     truncate: bool = False,
     prompt_tokens: int | None = None,
+    marks: set[str] | None = None,
 ) -> Completion:
     """The ChatCompletion for a request body. ``truncate`` cuts the output in half (finish_reason ``length``);
     the marker ``[[sandbox:refuse]]`` gives ``content: null`` and a ``refusal``. ``prompt_tokens``: the
-    ``request_input_tokens`` of ``body`` when already counted (a batch request, at create)."""
+    ``request_input_tokens`` of ``body`` when already counted (a batch request, at create); ``marks``: its
+    ``markers`` when already found (a batch line)."""
     content = render_content(body)
-    refusal = REFUSAL if "refuse" in markers(body) else None
+    refusal = REFUSAL if "refuse" in (markers(body) if marks is None else marks) else None
     finish_reason = "stop"
     limit = _token_limit(body)
     produced = count_tokens(content)
     if truncate:
         limit = min(limit, produced // 2) if limit is not None else produced // 2
+    completion = produced
     if limit is not None and (produced > limit or truncate):
         content = truncate_tokens(content, limit)
         finish_reason = "length"
+        completion = count_tokens(content)
     if refusal is not None:
         finish_reason = "stop"
+        completion = count_tokens(refusal)
     prompt = request_input_tokens(body) if prompt_tokens is None else prompt_tokens
-    completion = count_tokens(content if refusal is None else refusal)
     shown: str | None = content if refusal is None else None
     response = {
         "id": completion_id,

@@ -62,9 +62,15 @@ _HINT_RE = re.compile(r"\b([A-Za-z][\w-]*)\s*\(([^()]{1,300})\)")
 
 
 def label_hints(instructions: str) -> dict[str, list[str]]:
-    """``label (word, word, ...)`` descriptions in a system prompt, as lower-case stems per label."""
+    """``label (word, word, ...)`` descriptions in a system prompt, as lower-case stems per label (a batch's lines
+    share their instructions: found once, ``_cached_hints``; the result is read, never changed)."""
+    return _cached_hints(instructions or "")
+
+
+@lru_cache(maxsize=64)
+def _cached_hints(instructions: str) -> dict[str, list[str]]:
     hints: dict[str, list[str]] = {}
-    for label, words in _HINT_RE.findall(instructions or ""):
+    for label, words in _HINT_RE.findall(instructions):
         stems = [w.lower()[:6] for w in re.findall(r"[A-Za-z]{3,}", words)]
         if stems:
             hints.setdefault(label, []).extend(stems)
@@ -113,11 +119,12 @@ def pick_label(options: list[Any], text: str, salt: str = "", hints: dict[str, l
     for index, option in enumerate(options):
         if not isinstance(option, str) or not option.strip():
             continue
-        label = option.lower()
+        label, words = _label_words(option)
         position = _find_word(lowered, label)
         tier = 0
         if position is None:
-            words = [w for w in _WORD_SPLIT.split(label) if w]
+            if words == (label,):  # one word, just not found: its words are not either
+                continue
             found = [_find_word(lowered, w) for w in words]
             if not words or any(p is None for p in found):
                 continue
@@ -129,6 +136,14 @@ def pick_label(options: list[Any], text: str, salt: str = "", hints: dict[str, l
     if best is not None:
         return options[best[3]]
     return options[int(stable_hex(text, salt, length=12), 16) % len(options)]
+
+
+@lru_cache(maxsize=4096)
+def _label_words(option: str) -> tuple[str, tuple[str, ...]]:
+    """An option lower-cased and its words (split on ``_``, ``-`` or spaces): a batch asks about the same labels
+    on every line."""
+    label = option.lower()
+    return label, tuple(w for w in _WORD_SPLIT.split(label) if w)
 
 
 def _resolve(schema: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
@@ -184,7 +199,14 @@ class SchemaFiller:
         self.hints = hints
         self.root = root
         self.text = text
-        self.snippet = " ".join(first_words(text, 6)) or "sandbox"
+        self._snippet: str | None = None
+
+    @property
+    def snippet(self) -> str:
+        """The text's first words, found when a value needs them (an enum-only schema never does)."""
+        if self._snippet is None:
+            self._snippet = " ".join(first_words(self.text, 6)) or "sandbox"
+        return self._snippet
 
     def fill(self, schema: Any = None, path: str = "$", depth: int = 0) -> Any:
         """A value for ``schema`` (the root schema when omitted)."""

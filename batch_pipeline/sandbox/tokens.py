@@ -61,8 +61,10 @@ INPUT_COUNTERS: dict[str, Callable[[str], int]] = {
 }
 
 
+@lru_cache(maxsize=256)
 def family(model: str | None) -> str:
-    """The tokenizer family the sandbox bills ``model`` with."""
+    """The tokenizer family the sandbox bills ``model`` with (cached: a batch names one model on every line, and
+    the three regex searches ran at every message counted)."""
     name = model or ""
     return next((fam for pattern, fam in FAMILIES if pattern.search(name)), DEFAULT_FAMILY)
 
@@ -73,8 +75,9 @@ def input_tokens(text: str, model: str | None = None) -> int:
 
 
 def count_tokens(text: str) -> int:
-    """Tokens of an answer by the regex ``\\w+|[^\\w\\s]``."""
-    return sum(1 for _ in TOKEN_RE.finditer(text))
+    """Tokens of an answer by the regex ``\\w+|[^\\w\\s]`` (``findall``'s list: a generator over match objects
+    was ~3x the cost)."""
+    return len(TOKEN_RE.findall(text))
 
 
 def truncate_tokens(text: str, limit: int) -> str:

@@ -67,13 +67,15 @@ class LineRunner:
             key = hashlib.sha256(prefix[0].encode("utf-8")).hexdigest()
             cached = prefix[1] if key in self.seen_prompts else 0
             self.seen_prompts.add(key)
+        steered = steer_labels(body, scenario, custom_id)
         completion = chat_completion(
-            steer_labels(body, scenario, custom_id),
+            steered,
             completion_id="chatcmpl-" + stable_hex(batch.id, custom_id, "completion"),
             created=int(at),
             cached_tokens=cached,
             truncate="truncate" in marks,
             prompt_tokens=request.get("prompt_tokens"),
+            marks=marks if steered is body else None,  # a steered body's markers are found again
         )
         return LineResult(
             index,
