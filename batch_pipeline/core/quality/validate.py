@@ -88,7 +88,7 @@ def _parse_text(texts: list[str | None]) -> list[tuple[str | None, str | None]]:
 
 # The forms a choice output takes when it is settled column-wise: a bare label, or the object a backend with a
 # JSON schema returns, compact or with one space after the colon. Anything else goes through the per-row parser.
-_CHOICE_OBJECT = r'^\{"' + CHOICE_KEY + r'": ?"(?P<label>[^"\\\x00-\x1f]*)"\}$'
+_CHOICE_FORMS = ('{{"' + CHOICE_KEY + '":"{}"}}', '{{"' + CHOICE_KEY + '": "{}"}}')
 TRUNCATED_MESSAGE = "output hit max_tokens (finish_reason=length)"
 
 
@@ -102,12 +102,13 @@ def _plain_labels(labels: list[str]) -> bool:
 
 
 def _choice_columns(texts: pa.Array, labels: list[str]) -> tuple[pa.Array, pa.Array]:
-    """(settled, value): rows whose output is a bare allowed label or ``{"label": "<allowed>"}``."""
-    allowed = pa.array(labels, pa.string())
-    bare = pc.fill_null(pc.is_in(texts, value_set=allowed), False)
-    label = pc.struct_field(pc.extract_regex(texts, _CHOICE_OBJECT), "label")
-    in_object = pc.fill_null(pc.is_in(label, value_set=allowed), False)
-    return pc.or_(bare, in_object), pc.if_else(bare, texts, label)
+    """(settled, value): rows whose output is a bare allowed label or ``{"label": "<allowed>"}``. Plain labels
+    need no escaping in JSON, so each settled form is one exact string: one hash lookup per row against every
+    form (a regex over each output, then a lookup of its capture, cost 10x as much)."""
+    allowed = list(dict.fromkeys(labels))
+    forms = [*allowed, *(form.format(label) for form in _CHOICE_FORMS for label in allowed)]
+    index = pc.index_in(texts, value_set=pa.array(forms, pa.string()))
+    return pc.is_valid(index), pc.take(pa.array(allowed * (1 + len(_CHOICE_FORMS)), pa.string()), index)
 
 
 def _scatter(base: pa.Array, mask: pa.Array, values: list) -> pa.Array:

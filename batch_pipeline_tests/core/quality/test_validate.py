@@ -101,6 +101,50 @@ def test_choice_outputs(text, expected):
     assert alone[:2] == (status, parsed)
 
 
+def _choice_columns_by_regex(texts: pa.Array, labels: list[str]) -> tuple[list, list]:
+    """What the column path settled before the exact-form lookup: a regex capture, then a lookup of it."""
+    import pyarrow.compute as pc
+
+    allowed = pa.array(labels, pa.string())
+    bare = pc.fill_null(pc.is_in(texts, value_set=allowed), False)
+    pattern = r'^\{"label": ?"(?P<label>[^"\\\x00-\x1f]*)"\}$'
+    label = pc.struct_field(pc.extract_regex(texts, pattern), "label")
+    in_object = pc.fill_null(pc.is_in(label, value_set=allowed), False)
+    settled = pc.or_(bare, in_object)
+    return settled.to_pylist(), pc.if_else(settled, pc.if_else(bare, texts, label), None).to_pylist()
+
+
+def test_choice_columns_equal_the_regex_and_the_per_row_parser():
+    from batch_pipeline.core.quality.validate import _choice_columns, _parse_choice, _plain_labels
+
+    labels = ["billing", "bug", "feature request", "café", "日本", "a{b}", "bug"]  # a duplicate, braces, unicode
+    assert _plain_labels(labels)
+    texts = [None, "", "billing", "Billing", " billing", "billing\n", "bug", "feature request", "café", "日本"]
+    for label in ["bug", "café", "日本", "a{b}", "feature request", "spam", "", "bu"]:
+        texts += [
+            f'{{"label":"{label}"}}',
+            f'{{"label": "{label}"}}',
+            f'{{"label":  "{label}"}}',
+            f'{{ "label":"{label}"}}',
+            f'{{"label":"{label}"}} ',
+            f'{{"label":"{label}"}}\n',
+            f'{{"label":"{label}" }}',
+            f'{{"Label":"{label}"}}',
+            f'{{"label":"{label}","why":"x"}}',
+            f'"{label}"',
+        ]
+    arr = pa.array(texts, pa.string())
+    settled, value = _choice_columns(arr, labels)
+    want_settled, want_value = _choice_columns_by_regex(arr, labels)
+    assert settled.to_pylist() == want_settled
+    assert value.filter(settled).to_pylist() == [v for v, s in zip(want_value, want_settled) if s]
+    # every settled row is one the per-row parser accepts, with the same label
+    parsed = _parse_choice([t for t, s in zip(texts, want_settled) if s], set(labels))
+    assert [v for v, s in zip(want_value, want_settled) if s] == [v for v, _ in parsed]
+    assert all(err is None for _, err in parsed)
+    assert sum(want_settled) == 2 + 3 + 5 * 2  # bare: billing, bug, feature request, café, 日本; two forms each
+
+
 def test_truncated_output_is_invalid_even_with_a_valid_label():
     got = verdicts(
         [ok("billing", finish="length"), ok('{"label": "bug"}', finish="length"), ok("bug", finish="stop")], CHOICE
