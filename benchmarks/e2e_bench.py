@@ -9,7 +9,7 @@ Reference in the same run: ``--reference`` also times the plain-Python floor of 
 hashing it (sha256) and writing one JSONL request line per row — so the ratio says how far the whole control plane
 (manifest, quote, canary, submission, ingest, validation, publish) is from merely touching each row once.
 
-    python benchmarks/e2e_bench.py [--rows 1000000] [--shard 50000] [--short] [--reference]
+    python benchmarks/e2e_bench.py [--rows 1000000] [--shard 50000] [--short] [--reference] [--py-spy OUT]
 """
 
 import argparse
@@ -99,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shard", type=int, default=50_000)
     ap.add_argument("--short", action="store_true", help="~300-character rows (make_rows --short)")
     ap.add_argument("--reference", action="store_true", help="also time the plain-Python floor")
+    ap.add_argument(
+        "--py-spy",
+        metavar="OUT",
+        help="profile the run child with py-spy record (raw folded stacks to OUT; its CPU then includes py-spy's)",
+    )
     args = ap.parse_args(argv)
     path, meta = rows_file(args.rows, short=args.short)
     unique = meta.get("unique", args.rows)
@@ -117,8 +122,23 @@ def main(argv: list[str] | None = None) -> int:
         }
         Path(env["DAGSTER_HOME"]).mkdir()
         start = time.perf_counter()
+        command = [sys.executable, "-m", "batch_pipeline.cli", "run", str(spec_path)]
+        if args.py_spy:
+            command = [
+                str(Path(sys.executable).parent / "py-spy"),
+                "record",
+                "--subprocesses",
+                "--format",
+                "raw",
+                "--rate",
+                "50",
+                "-o",
+                args.py_spy,
+                "--",
+                *command,
+            ]
         run = subprocess.Popen(
-            [sys.executable, "-m", "batch_pipeline.cli", "run", str(spec_path)],
+            command,
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
