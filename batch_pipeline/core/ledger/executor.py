@@ -10,6 +10,7 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from json.encoder import encode_basestring
 from typing import Any, Protocol, runtime_checkable
 
 import pyarrow as pa
@@ -103,7 +104,8 @@ class RequestPlan:
         JSON a TURNS item holds is spliced as it is, with no decode."""
         if self.shape is ItemShape.TURNS:
             return user_prompt[1:-1]
-        return '{"role":"user","content":' + json.dumps(user_prompt, ensure_ascii=False) + "}"
+        # json.dumps(user_prompt, ensure_ascii=False) without a JSONEncoder built per call (once per request)
+        return '{"role":"user","content":' + encode_basestring(user_prompt) + "}"
 
 
 def _dumps(obj: Any) -> str:
