@@ -22,8 +22,12 @@ from batch_pipeline.core.run.threads import ordered_map
 # block). Each block pays fixed costs (a DuckDB query, a Parquet file): 16 MB blocks ingested 5-10% faster than
 # 8 MB and 2-3x faster than 0.5-2 MB; memory holds about (parse workers + 3) blocks.
 RESULT_BLOCK_BYTES = 16 * 2**20
-MIN_BLOCK_BYTES = 2**20
-_SPACE_BYTES = list(b" \t\r\x0b\x0c\n")  # what ``bytes.strip`` removes
+# A file of known size is cut for the parse workers only into blocks of at least this size: each block pays a DuckDB
+# query's fixed cost (~2.5 ms CPU), and a 5,000-line shard's ~4.25 MB cut in two cost 6-8% more CPU per line in the
+# runner, which collects two shards at once (``collect_shards_at_once``) and so keeps both cores busy without it.
+MIN_BLOCK_BYTES = 4 * 2**20
+_SPACE = np.zeros(256, bool)  # what ``bytes.strip`` removes, as a lookup table by byte value
+_SPACE[list(b" \t\r\x0b\x0c\n")] = True
 _STRING = pa.string()
 _duckdb = threading.local()
 
@@ -54,17 +58,17 @@ def iter_blocks(chunks: Iterable[bytes], block_bytes: int = RESULT_BLOCK_BYTES) 
         parts = [tail, *rest] if tail else rest
         size = sum(map(len, parts))
     data = b"".join(parts)
-    if data.strip():
+    if data and not data.isspace():  # not ``data.strip()``: that copies the block to drop its last newline
         yield data
 
 
 def block_bytes_for(total_bytes: int | None, workers: int, cap: int = RESULT_BLOCK_BYTES) -> int:
-    """How big a block to cut: ``cap``, but a file of known size is cut into one block per parse worker at least
-    (a 5,000-line shard's file of ~4 MB was one 16 MB block, parsed on one core while the other waited:
-    1.63 s per 500k lines against 1.10 s in two blocks). Never below ``MIN_BLOCK_BYTES``."""
-    if not total_bytes or workers <= 1:
+    """How big a block to cut: ``cap``, but a file of known size is cut into one block per parse worker (a 42 MB
+    50,000-line file in 16 MB blocks left a core idle at its end) when every block gets ``MIN_BLOCK_BYTES`` or
+    more; a smaller file is parsed whole (one query's fixed cost, not one per worker)."""
+    if not total_bytes or workers <= 1 or total_bytes < workers * MIN_BLOCK_BYTES:
         return cap
-    return max(MIN_BLOCK_BYTES, min(cap, -(-total_bytes // workers)))
+    return min(cap, -(-total_bytes // workers))
 
 
 def parse_stream(
@@ -123,7 +127,7 @@ def lines_array(block: bytes) -> pa.StringArray | None:
     starts = np.empty_like(ends)
     starts[0] = 0
     starts[1:] = ends[:-1] + 1
-    if np.isin(data[starts], _SPACE_BYTES).any():  # a blank line, or one that starts with whitespace
+    if _SPACE[data[starts]].any():  # a blank line, or one that starts with whitespace
         return None
     offsets = np.empty(len(ends) + 1, np.int32)
     offsets[0] = 0

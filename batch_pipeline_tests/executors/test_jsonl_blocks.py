@@ -13,18 +13,21 @@ from batch_pipeline.executors.jsonl_blocks import (
 
 
 def test_a_known_size_is_cut_into_one_block_per_worker_within_the_bounds():
-    assert block_bytes_for(4_250_000, 2) == 2_125_000  # a 5k-line shard's file: two blocks, not one
+    assert block_bytes_for(8_500_000, 2) == 4_250_000  # a 10k-line shard's file: one block per worker
+    assert block_bytes_for(4_250_000, 2) == RESULT_BLOCK_BYTES  # a 5k-line shard's: whole, one query's fixed cost
+    assert block_bytes_for(2 * MIN_BLOCK_BYTES, 2) == MIN_BLOCK_BYTES  # the smallest file that is cut
+    assert block_bytes_for(2 * MIN_BLOCK_BYTES - 1, 2) == RESULT_BLOCK_BYTES
     assert block_bytes_for(None, 2) == RESULT_BLOCK_BYTES  # size unknown: the cap
     assert block_bytes_for(1 << 30, 4) == RESULT_BLOCK_BYTES  # a big file: the cap
-    assert block_bytes_for(300_000, 2) == MIN_BLOCK_BYTES  # a tiny file: not cut into slivers
+    assert block_bytes_for(300_000, 2) == RESULT_BLOCK_BYTES  # a tiny file: not cut into slivers
     assert block_bytes_for(4_250_000, 1) == RESULT_BLOCK_BYTES  # one worker: nothing to balance
 
 
 def test_parse_stream_gives_each_worker_a_block_and_keeps_every_line_in_order():
-    lines = [b'{"n": %d, "pad": "%s"}' % (i, b"x" * 400) for i in range(10_000)]  # ~4.3 MB
+    lines = [b'{"n": %d, "pad": "%s"}' % (i, b"x" * 400) for i in range(20_000)]  # ~8.5 MB
     data = b"\n".join(lines) + b"\n"
     chunks = [data[i : i + (1 << 20)] for i in range(0, len(data), 1 << 20)]
-    assert len(list(iter_blocks(iter(chunks)))) == 1  # the old cut: one block for the whole file
+    assert len(list(iter_blocks(iter(chunks)))) == 1  # the 16 MB cut: one block for the whole file
     parsed = []
 
     def parse(block: bytes) -> pa.Table:
