@@ -71,7 +71,9 @@ PART_OPTIONS = {
     "use_dictionary": [c for c in PART_SCHEMA.names if c not in _UNIQUE_COLUMNS],
     "write_statistics": [c for c in PART_SCHEMA.names if c not in _UNIQUE_COLUMNS],
 }
-PAYLOAD_OPTIONS = {"compression": "lz4", "use_dictionary": False, "write_statistics": False}
+# Payload parts: zstd at level -7 (measured per 5,000 rows of ~850-byte lines: write 2.8-3.1 ms and 969 KiB against
+# LZ4's 3.8-3.9 ms and 1,020 KiB, read 0.5 against 3.0 ms; zstd level 1 halves the size for 4.4-4.7 ms).
+PAYLOAD_OPTIONS = {"compression": "zstd", "compression_level": -7, "use_dictionary": False, "write_statistics": False}
 
 
 def new_part(job: str, shard_id: str, attempt: int, flush: int) -> str:

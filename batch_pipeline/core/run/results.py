@@ -98,5 +98,4 @@ def build_results(
 # Result parts: the two all-distinct ID columns with zstd (hex compresses about 2x), the others LZ4 (as small with
 # zstd, but zstd's fixed cost per column chunk made the part 40% slower to write: 0.37 -> 0.26 s per 500k rows in
 # 5,000-row parts). No dictionary or min/max statistics for the ID columns (a dictionary of distinct values is built
-# and thrown away; their statistics prune nothing). Payload parts: LZ4, as measured before the split (about twice
-# zstd's speed for parts about twice as large).
+# and thrown away; their statistics prune nothing). Payload parts: ``result_parts.PAYLOAD_OPTIONS``.

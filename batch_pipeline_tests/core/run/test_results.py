@@ -91,7 +91,7 @@ def test_a_flush_is_a_result_part_without_the_payload_and_a_payload_part_beside_
     assert payload.column("raw_payload").equals(table.column("raw_payload"))
     codecs = _codecs(store.local_path(rel))
     assert codecs["request_id"] == "ZSTD" and codecs["output_text"] == "LZ4" and "raw_payload" not in codecs
-    assert _codecs(store.local_path(payload_rel))["raw_payload"] == "LZ4"
+    assert _codecs(store.local_path(payload_rel))["raw_payload"] == "ZSTD"  # level -7 (PAYLOAD_OPTIONS)
 
 
 def test_the_payload_is_read_only_when_asked_for_and_then_matches_its_row(tmp_path):
