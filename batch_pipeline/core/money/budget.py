@@ -16,7 +16,7 @@ import polars as pl
 import pyarrow as pa
 
 from batch_pipeline.core.errors import SystemicError
-from batch_pipeline.core.ledger.attempts import AttemptLog
+from batch_pipeline.core.ledger.attempts import Attempt, AttemptLog
 from batch_pipeline.core.ledger.control import JobControl
 from batch_pipeline.core.ledger.result_parts import read_results
 from batch_pipeline.core.manifest.shards import Manifest
@@ -48,6 +48,7 @@ class BudgetGuard:
         self.prefix_tokens = cache_prefix_tokens(spec, price) if price is not None and price.writes_cache else 0
         self.manifest = Manifest(spec.name, store)
         self.probes = GoldenProbes(spec, store)
+        self._sent: dict[tuple[str, int, str, int], tuple[float, int]] = {}  # see _sent_items
 
     def _calibrate(self, results: pl.DataFrame | None = None) -> None:
         """Measured usage beats the quote's factor; before anything is measured, keep a safety margin.
@@ -89,10 +90,7 @@ class BudgetGuard:
                     total += attempt.abandoned.possibly_billed_usd or 0.0
                     continue
                 if attempt.open and attempt.submitted:
-                    items = pl.from_arrow(self.manifest.shard_items(shard, ["request_id", "est_input_tokens"]))
-                    assert isinstance(items, pl.DataFrame)
-                    sent = items.filter(pl.col("request_id").is_in(attempt.request_ids))
-                    total += self.request_cost_high(float(est_total(sent)), sent.height)
+                    total += self.request_cost_high(*self._sent_items(shard, attempt))
                     recorded = self.probes.recorded(shard) if self.probes.enabled else None
                     if recorded is not None:
                         probes = probe_estimates(
@@ -101,6 +99,18 @@ class BudgetGuard:
                         if probes.height:
                             total += self.request_cost_high(float(probes["est_input_tokens"].sum()), probes.height)
         return total
+
+    def _sent_items(self, shard: str, attempt: Attempt) -> tuple[float, int]:
+        """(estimated input tokens, items) of what an attempt sent, once per guard: its intent is written once
+        (exclusively) and a shard's items never change, while every check prices every open attempt again (with a
+        job's shards in flight, each submission re-read all their shard files: quadratic in shards)."""
+        key = (shard, attempt.number, attempt.key, len(attempt.request_ids))
+        if key not in self._sent:
+            items = pl.from_arrow(self.manifest.shard_items(shard, ["request_id", "est_input_tokens"]))
+            assert isinstance(items, pl.DataFrame)
+            sent = items.filter(pl.col("request_id").is_in(pl.Series(attempt.request_ids, dtype=pl.String)))
+            self._sent[key] = (float(est_total(sent)), sent.height)
+        return self._sent[key]
 
     def check(self, shard_id: str, pending: pa.Table) -> None:
         """Raise (and stop the job) if sending ``pending`` and the probes riding along with it could take spend
@@ -115,7 +125,7 @@ class BudgetGuard:
         self._calibrate(results)
         items = pl.from_arrow(self.manifest.shard_items(shard_id, ["request_id", "est_input_tokens"]))
         assert isinstance(items, pl.DataFrame)
-        nxt = items.filter(pl.col("request_id").is_in(pending.column("request_id").to_pylist()))
+        nxt = items.filter(pl.col("request_id").is_in(pl.Series(pending.column("request_id"), dtype=pl.String)))
         next_items = self.request_cost_high(float(est_total(nxt)), nxt.height)
         next_probes = (
             self.request_cost_high(float(probes["est_input_tokens"].sum()), probes.height) if probes.height else 0.0
