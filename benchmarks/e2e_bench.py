@@ -9,10 +9,11 @@ Reference in the same run: ``--reference`` also times the plain-Python floor of 
 hashing it (sha256) and writing one JSONL request line per row — so the ratio says how far the whole control plane
 (manifest, quote, canary, submission, ingest, validation, publish) is from merely touching each row once.
 
-    python benchmarks/e2e_bench.py [--rows 1000000] [--shard 50000] [--short] [--reference] [--py-spy OUT]
+    python benchmarks/e2e_bench.py [--rows 1000000] [--shard 50000] [--short] [--reference] [--py-spy OUT] [--keep DIR]
 """
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -104,10 +105,14 @@ def main(argv: list[str] | None = None) -> int:
         metavar="OUT",
         help="profile the run child with py-spy record (raw folded stacks to OUT; its CPU then includes py-spy's)",
     )
+    ap.add_argument("--keep", metavar="DIR", help="run in DIR (new or empty) and keep the job's home there afterwards")
     args = ap.parse_args(argv)
     path, meta = rows_file(args.rows, short=args.short)
     unique = meta.get("unique", args.rows)
-    with tempfile.TemporaryDirectory(prefix="e2e_bench_") as tmp:
+    if args.keep:
+        Path(args.keep).mkdir(parents=True, exist_ok=True)
+        assert not any(Path(args.keep).iterdir()), f"--keep {args.keep}: not empty"
+    with contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory(prefix="e2e_bench_") as tmp:
         home, jobs = Path(tmp) / "home", Path(tmp) / "jobs"
         jobs.mkdir()
         spec_path = jobs / "e2e.yaml"
