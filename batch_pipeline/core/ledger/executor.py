@@ -13,7 +13,10 @@ from enum import StrEnum
 from json.encoder import encode_basestring
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
+import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from batch_pipeline.core.spec.job import JobSpec, OutputSpec, SamplingSpec
 from batch_pipeline.core.spec.quota import Retention
@@ -105,7 +108,48 @@ class RequestPlan:
         if self.shape is ItemShape.TURNS:
             return user_prompt[1:-1]
         # json.dumps(user_prompt, ensure_ascii=False) without a JSONEncoder built per call (once per request)
-        return '{"role":"user","content":' + encode_basestring(user_prompt) + "}"
+        text = (
+            encode_basestring(user_prompt)
+            if isinstance(user_prompt, str)
+            else json.dumps(user_prompt, ensure_ascii=False)
+        )
+        return '{"role":"user","content":' + text + "}"
+
+    def request_lines(self, head: str, mid: str, tail: str, items: pa.Table) -> bytes:
+        """A batch input file: ``head + request_id + mid + row_turns_json(user_prompt) + tail`` and a newline per
+        item of ``items``, in UTF-8, built column-wise in Polars, whose JSON string escaping is ``json.dumps``' with
+        ``ensure_ascii=False`` (the same bytes as the lines made one by one: ~3 against ~11 us a request of ~1.4 kB,
+        and no Python string per line)."""
+        frame = pl.from_arrow(items.select(["request_id", "user_prompt"]))
+        assert isinstance(frame, pl.DataFrame)
+        if frame.height == 0:
+            return b""
+        if frame.null_count().sum_horizontal().item():  # a null would drop its line from concat_str: one by one
+            turns = self.row_turns_json
+            rows = zip(items.column("request_id").to_pylist(), items.column("user_prompt").to_pylist())
+            return "".join(f"{head}{rid}{mid}{turns(prompt)}{tail}\n" for rid, prompt in rows).encode("utf-8")
+        prompt = pl.col("user_prompt")
+        if self.shape is ItemShape.TURNS:
+            turns = prompt.str.slice(1, prompt.str.len_chars() - 2)  # the canonical array's brackets dropped
+        else:
+            turns = pl.struct(pl.lit("user").alias("role"), prompt.alias("content")).struct.json_encode()
+        lines = pl.concat_str([pl.lit(head), pl.col("request_id"), pl.lit(mid), turns, pl.lit(tail + "\n")])
+        return _joined(frame.select(lines).to_series().to_arrow(compat_level=pl.CompatLevel.oldest()))
+
+
+def _joined(strings: pa.Array | pa.ChunkedArray) -> bytes:
+    """The values of a string array end to end, copied once: its data buffer between the first and last offsets,
+    when they hold exactly the values (they do for an array one expression built), else joined value by value."""
+    array = strings.combine_chunks() if isinstance(strings, pa.ChunkedArray) else strings
+    if not (pa.types.is_large_string(array.type) or pa.types.is_string(array.type)):
+        array = array.cast(pa.large_string())
+    width = np.int64 if pa.types.is_large_string(array.type) else np.int32
+    _, offsets, data = array.buffers()
+    ends = np.frombuffer(offsets, dtype=width)[array.offset : array.offset + len(array) + 1]
+    start, stop = int(ends[0]), int(ends[-1])
+    if stop - start != (pc.sum(pc.binary_length(array)).as_py() or 0):
+        return b"".join(array.cast(pa.large_binary()).to_pylist())
+    return data[start:stop].to_pybytes()
 
 
 def _dumps(obj: Any) -> str:
