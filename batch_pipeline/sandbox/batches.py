@@ -65,6 +65,7 @@ class LineResult(BilledTokens):
     status_code: int
     request_id: str
     body: dict[str, Any]
+    body_json: str | None = field(default=None, compare=False, repr=False)  # ``body`` encoded, when made so
 
 
 @dataclass

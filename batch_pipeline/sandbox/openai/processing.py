@@ -86,6 +86,7 @@ class LineRunner:
             input_tokens=completion.prompt_tokens,
             cached_tokens=completion.cached_tokens,
             output_tokens=completion.completion_tokens,
+            body_json=completion.body_json,
         )
 
 

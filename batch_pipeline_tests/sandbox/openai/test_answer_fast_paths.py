@@ -1,0 +1,112 @@
+"""The per-line shortcuts of a batch's answers write what the generic code wrote: the templated output line and
+body, the schema count kept by ``repr``, the cached label words and hints, and the markers found once."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from batch_pipeline.sandbox.batches import LineResult
+from batch_pipeline.sandbox.openai.spooled_results import SpooledResults
+from batch_pipeline.sandbox.responder import chat_completion, markers
+from batch_pipeline.sandbox.schema_fill import label_hints, pick_label
+from batch_pipeline.sandbox.spooled_parts import encode
+from batch_pipeline.sandbox.tokens import count_tokens, input_tokens, schema_tokens
+
+SCHEMA = {"type": "object", "properties": {"label": {"type": "string", "enum": ["billing", "bug_report", "x"]}}}
+
+
+def _body(text: str, **extra: Any) -> dict[str, Any]:
+    messages = [{"role": "system", "content": "Label it."}, {"role": "user", "content": text}]
+    return {"model": extra.pop("model", "gpt-4o-mini"), "messages": messages, **extra}
+
+
+BODIES = [
+    _body("my invoice was charged twice"),
+    _body('a bug report \u00e9\u00e8 \u2603 "quoted" \\ back\nslash', response_format={"type": "json_object"}),
+    _body("a bug, then a report", response_format={"type": "json_schema", "json_schema": {"schema": SCHEMA}}),
+    _body("refuse this [[sandbox:refuse]]", max_tokens=2),
+    _body("cut me [[sandbox:truncate]] please, in half", max_completion_tokens=50),
+    _body("odd model", model='gpt "4" \u00fcber'),
+    _body("", max_tokens=0),
+]
+
+
+@pytest.mark.parametrize("body", BODIES)
+@pytest.mark.parametrize("cached", [0, 1024])
+def test_templated_body_is_the_encoded_body(body: dict[str, Any], cached: int) -> None:
+    completion = chat_completion(
+        body, completion_id="chatcmpl-1", created=1_700_000_000, cached_tokens=cached, truncate="cut" in str(body)
+    )
+    assert completion.body_json == encode(completion.body)
+
+
+def test_a_body_with_numbers_of_another_type_falls_back_to_the_encoder() -> None:
+    completion = chat_completion(
+        BODIES[0],
+        completion_id="chatcmpl-1",
+        created=1_700_000_000,
+        cached_tokens=0,
+        prompt_tokens=12.0,  # type: ignore[arg-type]
+    )
+    assert completion.body_json is None  # the line is then encoded from the dict
+
+
+def test_templated_output_line_is_the_encoded_line(tmp_path: Any) -> None:
+    fast, slow = SpooledResults(tmp_path, "batch_a"), SpooledResults(tmp_path, "batch_b")
+    for n, body in enumerate(BODIES):
+        completion = chat_completion(body, completion_id=f"c{n}", created=7, cached_tokens=0)
+        args = (n, f"id \u00e9 {n}", 200, f"req_{n}", completion.body)
+        fast.append(LineResult(*args, body_json=completion.body_json, input_tokens=completion.prompt_tokens))
+        slow.append(LineResult(*args, input_tokens=completion.prompt_tokens))
+    fast.flush()
+    slow.flush()
+    lines = fast.path("output").read_text(encoding="utf-8").splitlines()
+    # batch ids differ, so line ids do: compare each line with its own dict encoded
+    assert len(lines) == len(BODIES)
+    for text in lines:
+        assert encode(json.loads(text)) == text
+    assert [json.loads(t)["response"] for t in lines] == [
+        json.loads(t)["response"] for t in slow.path("output").read_text(encoding="utf-8").splitlines()
+    ]
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": {"a": {"type": "integer", "minimum": 1}}},
+        {"properties": {"a": {"minimum": 1, "type": "integer"}}, "type": "object"},  # equal, other key order
+        {"type": "object", "properties": {"a": {"type": "integer", "minimum": 1.0}}},  # equal, 1.0 for 1
+        {"type": "object", "properties": {"a": {"type": "integer", "minimum": True}}},  # equal, True for 1
+    ],
+)
+@pytest.mark.parametrize("model", ["gpt-4o-mini", "llama-3-8b"])
+def test_schema_count_is_the_count_of_its_own_json(schema: dict[str, Any], model: str) -> None:
+    body = {"model": model, "response_format": {"type": "json_schema", "json_schema": {"schema": schema}}}
+    for _ in range(2):  # counted, then kept
+        assert schema_tokens(body) == input_tokens(json.dumps(schema), model)
+
+
+def test_label_words_and_hints_are_found_as_before() -> None:
+    options = ["billing", "bug_report", "other thing"]
+    assert pick_label(options, "a report about a bug") == "bug_report"  # all its words, not the label itself
+    assert pick_label(options, "thing, and another thing") in options  # no label, no word run: by hash
+    assert pick_label(options, "the other thing, then a bug report") == "other thing"  # the earliest wins
+    hints = label_hints("billing (invoice, charge) bug_report (crash)")
+    assert hints == {"billing": ["invoic", "charge"], "bug_report": ["crash"]}
+    assert label_hints("billing (invoice, charge) bug_report (crash)") == hints
+    assert pick_label(options, "it will crash", hints=hints) == "bug_report"
+
+
+def test_markers_passed_in_give_the_same_answer() -> None:
+    body = BODIES[3]
+    args: dict[str, Any] = {"completion_id": "c", "created": 1, "cached_tokens": 0}
+    assert chat_completion(body, marks=markers(body), **args) == chat_completion(body, **args)
+    assert chat_completion(body, **args).body["choices"][0]["message"]["refusal"] is not None
+
+
+def test_count_tokens_counts_word_runs_and_marks() -> None:
+    assert count_tokens('{"label": "bug_report"}') == 9  # { " label " : " bug_report " }
+    assert count_tokens("") == 0
