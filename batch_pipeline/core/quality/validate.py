@@ -226,7 +226,8 @@ def _validate_embeddings(raw: pa.Table, vectors: pa.Array | pa.ChunkedArray | No
 
 
 def _with_errors(raw: pa.Table, answered: pa.Array, v: Verdicts) -> Verdicts:
-    """The unanswered rows classified one by one (error class from the code and HTTP status)."""
+    """The unanswered rows classified one by one (error class from the code and HTTP status), each distinct
+    (code, status, message) once: an error file repeats a few of them (2.5 ms per 1,000 rows classified per row)."""
     errored = pc.invert(answered)
     if not pc.any(errored).as_py():
         return v
@@ -234,10 +235,14 @@ def _with_errors(raw: pa.Table, answered: pa.Array, v: Verdicts) -> Verdicts:
     hs = http.filter(errored).to_pylist()
     cs = raw.column("error_code").combine_chunks().filter(errored).to_pylist()
     ms = raw.column("error_message").combine_chunks().filter(errored).to_pylist()
+    classes: dict[tuple[str | None, int | None, str | None], str] = {}
+    for key in zip(cs, hs, ms):
+        if key not in classes:
+            classes[key] = classify_line_error(*key).value
     return Verdicts(
         v.status,
         v.parsed_output,
-        _scatter(v.error_class, errored, [classify_line_error(c, h, m).value for c, h, m in zip(cs, hs, ms)]),
+        _scatter(v.error_class, errored, [classes[key] for key in zip(cs, hs, ms)]),
         _scatter(v.error_code, errored, [c or (f"http_{h}" if h else "no_response") for c, h in zip(cs, hs)]),
         _scatter(v.error_message, errored, [m or "no response for this request" for m in ms]),
     )

@@ -189,6 +189,27 @@ def test_non_200_rows_are_errored_with_their_class():
     assert got[0][4] == "boom" and got[4][4] == "no response for this request"
 
 
+def test_repeated_errors_are_classified_as_each_row_alone():
+    from batch_pipeline.core.errors import classify_line_error
+
+    kinds = [
+        (500, "server_error", "boom"),
+        (401, "invalid_api_key", None),
+        (400, "context_length_exceeded", "too long"),
+        (None, "batch_expired", None),
+        (None, None, None),
+        (429, None, "slow down"),
+        (400, "context_length_exceeded", "other words"),
+    ]
+    rows = [
+        {"request_id": f"r{i}", "http_status": h, "error_code": c, "error_message": m}
+        for i, (h, c, m) in enumerate(kinds[(i * 5) % len(kinds)] for i in range(50))
+    ]
+    got = verdicts([*rows, ok("bug")], CHOICE)
+    want = [classify_line_error(r["error_code"], r["http_status"], r["error_message"]).value for r in rows]
+    assert [g[2] for g in got] == [*want, None]
+
+
 # -- json_schema ----------------------------------------------------------------------------------
 def test_json_schema_valid_objects_are_canonicalised():
     got = verdicts(
