@@ -7,15 +7,46 @@ A 1M-request job bills 1M rows; as a list of dicts they were hundreds of MB of t
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from itertools import islice
+from json.encoder import encode_basestring
 from pathlib import Path
 from typing import Any
 
 LEDGER_FILE = "ledger.jsonl"
 TOKEN_KEYS = ("input_tokens", "cached_tokens", "output_tokens")
+_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+ROW_KEYS = ("provider", "batch_id", "custom_id", "model", *TOKEN_KEYS, "billed_at")  # ``BilledTokens.ledger_row``'s
+
+
+def row_json(entry: dict[str, Any]) -> str:
+    """A row as its ledger line (compact JSON, non-ASCII kept). A row of ``ROW_KEYS`` with strings, integers and a
+    finite float time (every row of a batch without a provider's own counts) is written by template: the generic
+    encoder was ~2x its cost at every billed request."""
+    if tuple(entry) == ROW_KEYS:
+        provider, batch_id, custom_id, model, tokens_in, cached, tokens_out, at = entry.values()
+        if (
+            type(provider) is str
+            and type(batch_id) is str
+            and type(custom_id) is str
+            and (model is None or type(model) is str)
+            and type(tokens_in) is int
+            and type(cached) is int
+            and type(tokens_out) is int
+            and type(at) is float
+            and math.isfinite(at)
+        ):
+            return (
+                '{"provider":' + encode_basestring(provider) + ',"batch_id":' + encode_basestring(batch_id)
+                + ',"custom_id":' + encode_basestring(custom_id) + ',"model":'
+                + ("null" if model is None else encode_basestring(model)) + ',"input_tokens":' + str(tokens_in)
+                + ',"cached_tokens":' + str(cached) + ',"output_tokens":' + str(tokens_out) + ',"billed_at":'
+                + float.__repr__(at) + "}"
+            )  # fmt: skip
+    return _ENCODE(entry)
 
 
 class Ledger:
@@ -39,10 +70,9 @@ class Ledger:
 
     def extend(self, entries: Iterable[dict[str, Any]]) -> None:
         """Bill rows, in one write."""
-        encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
         lines: list[str] = []
         for entry in entries:
-            lines.append(encode(entry))
+            lines.append(row_json(entry))
             for key in TOKEN_KEYS:
                 self.totals[key] += int(entry.get(key) or 0)
         if not lines:

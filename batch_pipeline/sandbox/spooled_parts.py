@@ -15,6 +15,7 @@ import json
 import os
 from collections.abc import Iterable, Iterator
 from itertools import islice
+from json.encoder import encode_basestring
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
@@ -76,6 +77,10 @@ class SpooledParts:
     def add_billing(self, custom_id: str, tokens: BilledTokens, model: str | None = None, **extra: int) -> None:
         """Bill a successful answer when the batch ends: its tokens (and the model, a provider's own counts)."""
         row: list[Any] = [custom_id, tokens.input_tokens, tokens.cached_tokens, tokens.output_tokens]
+        if model is None and not extra and type(custom_id) is str and all(type(n) is int for n in row[1:]):
+            # the plain row by template (its generic encoding was a visible share of every answer)
+            self.add(BILLING, "[" + encode_basestring(custom_id) + "," + ",".join(map(str, row[1:])) + "]")
+            return
         if model is not None or extra:
             row.append(model)
         if extra:
