@@ -53,3 +53,32 @@ def test_tables_are_joined_in_order_within_the_limit_and_by_schema():
     mixed = [table(10, 0), table(10, 10, pa.int32()), table(10, 20, pa.int32())]
     assert [t.num_rows for t in join_tables(mixed, limit=2_000)] == [10, 20]  # another schema starts a group
     assert list(join_tables([], limit=2_000)) == []
+
+
+def test_extract_reruns_its_cached_query_over_each_new_block():
+    import duckdb
+
+    from batch_pipeline.executors.jsonl_blocks import extract, lines_array
+
+    sql = "SELECT json_extract_string(line, '$.n') AS n, length(line) AS size FROM lines"
+
+    def fresh(lines: pa.StringArray) -> pa.Table:
+        con = duckdb.connect()
+        con.register("lines", pa.table({"line": lines}))
+        return con.sql(sql).to_arrow_table()
+
+    blocks = [
+        b'{"n": "a"}\n',
+        b"".join(b'{"n": "%d", "pad": "%s"}\n' % (i, b"y" * (i % 7)) for i in range(3000)),
+        b'{"n": "after"}\n{not json}\n',  # refused: DuckDB raises, the cached query stays usable
+        '{"n": "ünïcode"}\n{"n": null}\n'.encode(),
+        b'{"n": "last"}\n',
+    ]
+    for block in blocks:
+        lines = lines_array(block)
+        assert lines is not None
+        got = extract(lines, sql)
+        if b"not json" in block:
+            assert got is None
+        else:
+            assert got is not None and got.equals(fresh(lines))
