@@ -49,6 +49,7 @@ class BudgetGuard:
         self.manifest = Manifest(spec.name, store)
         self.probes = GoldenProbes(spec, store)
         self._sent: dict[tuple[str, int, str, int], tuple[float, int]] = {}  # see _sent_items
+        self._logs: dict[str, tuple[list[tuple[str, int, int | None]], list[Attempt]]] = {}  # see _attempts
 
     def _calibrate(self, results: pl.DataFrame | None = None) -> None:
         """Measured usage beats the quote's factor; before anything is measured, keep a safety margin.
@@ -85,7 +86,7 @@ class BudgetGuard:
         """Submitted but not yet collected attempts (their items and probes), at their high estimate."""
         total = 0.0
         for shard in self.manifest.shard_ids():
-            for attempt in AttemptLog(self.store, self.spec.name, shard).all():
+            for attempt in self._attempts(shard):
                 if not attempt.open and attempt.abandoned is not None:  # a kill: sent, maybe billed, no answer
                     total += attempt.abandoned.possibly_billed_usd or 0.0
                     continue
@@ -99,6 +100,16 @@ class BudgetGuard:
                         if probes.height:
                             total += self.request_cost_high(float(probes["est_input_tokens"].sum()), probes.height)
         return total
+
+    def _attempts(self, shard: str) -> list[Attempt]:
+        """The shard's attempts, parsed again only when a record file of it appeared or changed (size, mtime): an
+        intent holds every request ID it sent (~3 MB of JSON for 50,000), and every check reads every shard's."""
+        log = AttemptLog(self.store, self.spec.name, shard)
+        stats = self.store.file_stats(log.paths.attempts(shard))
+        cached = self._logs.get(shard)
+        if cached is None or cached[0] != stats:
+            cached = self._logs[shard] = (stats, log.all())
+        return cached[1]
 
     def _sent_items(self, shard: str, attempt: Attempt) -> tuple[float, int]:
         """(estimated input tokens, items) of what an attempt sent, once per guard: its intent is written once

@@ -1,6 +1,7 @@
 """The budget guard prices what every open attempt sent before each submission; what an attempt sent is read once
-per guard (its intent is written once, a shard's items never change). The cached figure must be the one read
-fresh, a new attempt must still be priced, and a closed one must drop out."""
+per guard (its intent is written once, a shard's items never change), and a shard's attempt records are parsed
+again only when one of its record files appeared or changed. The cached figure must be the one read fresh, a new
+attempt must still be priced, and a closed one must drop out."""
 
 import polars as pl
 import pytest
@@ -58,14 +59,19 @@ def test_in_flight_reads_each_attempt_once_and_matches_a_fresh_read(job, monkeyp
     shard_items = guard.manifest.shard_items
     monkeypatch.setattr(guard.manifest, "shard_items", lambda s, *a, **k: reads.append(s) or shard_items(s, *a, **k))
 
+    parsed: list[str] = []
+    log_all = AttemptLog.all
+    monkeypatch.setattr(AttemptLog, "all", lambda self: parsed.append(self.shard_id) or log_all(self))
+
     first = guard._in_flight()
     assert first == pytest.approx(_fresh(guard, manifest, sent)) and first > 0
-    assert sorted(reads) == sorted(sent)
-    assert guard._in_flight() == first and len(reads) == len(sent)  # again: nothing re-read
+    assert sorted(reads) == sorted(sent) and len(parsed) == len(manifest.shard_ids())
+    parsed.clear()
+    assert guard._in_flight() == first and len(reads) == len(sent) and parsed == []  # again: nothing re-read
 
     _submit(spec, store, shards[2], 1, ids[shards[2]][:3])  # a new attempt is priced
     sent[shards[2]] = ids[shards[2]][:3]
-    assert guard._in_flight() == pytest.approx(_fresh(guard, manifest, sent))
+    assert guard._in_flight() == pytest.approx(_fresh(guard, manifest, sent)) and parsed == [shards[2]]
 
     AttemptLog(store, spec.name, shards[0]).record(1, "collected", {"state": "completed"})  # a closed one drops out
     del sent[shards[0]]
