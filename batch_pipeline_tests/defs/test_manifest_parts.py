@@ -25,40 +25,52 @@ from batch_pipeline.defs.resources import PricesResource, StoreResource
 from batch_pipeline_tests.core.helpers import base_spec_dict, write_jsonl, write_spec
 from batch_pipeline_tests.core.manifest.test_dedup_spill import input_rows
 
-SPEC_ENV, HOME_ENV = "BATCH_PIPELINE_TEST_PARTS_SPEC", "BATCH_PIPELINE_TEST_PARTS_HOME"
+# each step in a process of its own (as each is a pod on k8s), forked from a server that has imported this module
+# (Dagster, Polars, the package) once, rather than spawned and importing it all again per step
+STEP_PROCESSES = dg.multiprocess_executor.configured(
+    {"max_concurrent": 2, "start_method": {"forkserver": {"preload_modules": [__name__]}}}
+)
 
 
-def _definitions() -> dg.Definitions:
-    spec = load_spec(Path(os.environ[SPEC_ENV]))
+def _definitions(spec_path: str, home: str) -> dg.Definitions:
+    spec = load_spec(Path(spec_path))
     assets, jobs = build_manifest_parts(spec)
     return dg.Definitions(
         assets=assets,
         jobs=jobs,
-        resources={"store": StoreResource(root=os.environ[HOME_ENV])},
-        executor=dg.multiprocess_executor.configured({"max_concurrent": 2}),
+        resources={"store": StoreResource(root=home)},
+        executor=STEP_PROCESSES,
     )
 
 
-def parts_job() -> dg.JobDefinition:
-    """Module level, so the multiprocess executor's step processes can rebuild it (``reconstructable``)."""
-    return _definitions().resolve_job_def("t_manifest_file_parts")
+def parts_job(spec_path: str, home: str) -> dg.JobDefinition:
+    """Module level, so the multiprocess executor's step processes can rebuild it (``step_job``)."""
+    return _definitions(spec_path, home).resolve_job_def("t_manifest_file_parts")
 
 
-def merge_job() -> dg.JobDefinition:
-    return _definitions().resolve_job_def("t_manifest_merge")
+def merge_job(spec_path: str, home: str) -> dg.JobDefinition:
+    return _definitions(spec_path, home).resolve_job_def("t_manifest_merge")
 
 
-def default_graph_manifest_job() -> dg.JobDefinition:
+def step_job(name: str, spec_path: Path, home: Path):
+    """Job ``name`` of this module, rebuilt in each step process from its arguments (not from the environment:
+    the fork server keeps the environment it started with, which is an earlier test's)."""
+    return dg.build_reconstructable_job(
+        __name__, name, (str(spec_path), str(home)), reconstructor_working_directory=str(Path(__file__).parents[2])
+    )
+
+
+def default_graph_manifest_job(spec_path: str, home: str) -> dg.JobDefinition:
     """The manifest of the default graph of a location on the k8s executor (per-file steps, then the merge), run
     here by the multiprocess executor: each step a process, as each is a pod there."""
-    spec = load_spec(Path(os.environ[SPEC_ENV]))
+    spec = load_spec(Path(spec_path))
     job_defs = build_job_defs(spec, Settings(k8s=K8sSettings(executor="k8s")))
     return dg.Definitions.merge(
         job_defs,
         dg.Definitions(
             jobs=[dg.define_asset_job("t_manifest_only", selection=[asset_key(spec, "manifest")])],
-            resources={"store": StoreResource(root=os.environ[HOME_ENV]), "prices": PricesResource()},
-            executor=dg.multiprocess_executor.configured({"max_concurrent": 2}),
+            resources={"store": StoreResource(root=home), "prices": PricesResource()},
+            executor=STEP_PROCESSES,
         ),
     ).resolve_job_def("t_manifest_only")
 
@@ -80,15 +92,16 @@ def make_inputs(data: Path) -> None:
     write_jsonl(data / "c.jsonl", input_rows(3, 1100, 400))
 
 
-def run_round(instance, spec, store) -> list:
+def run_round(instance, spec, store, spec_path: Path, home: Path) -> list:
     """Register the pending files, run one step per file (each its own process), then the merge."""
     keys = register_input_files(instance, spec, store)
     runs = []
     for key in keys:
-        result = dg.execute_job(dg.reconstructable(parts_job), instance=instance, tags={"dagster/partition": key})
+        job = step_job("parts_job", spec_path, home)
+        result = dg.execute_job(job, instance=instance, tags={"dagster/partition": key})
         assert result.success
         runs.append(result)
-    merge = dg.execute_job(dg.reconstructable(merge_job), instance=instance)
+    merge = dg.execute_job(step_job("merge_job", spec_path, home), instance=instance)
     assert merge.success
     return [*runs, merge]
 
@@ -98,14 +111,12 @@ def step_pids(instance, run_id: str) -> set[int]:
     return {r.dagster_event.pid for r in records if r.dagster_event is not None}
 
 
-def test_file_parts_as_partitions_merge_to_the_one_process_shards(tmp_path, monkeypatch):
+def test_file_parts_as_partitions_merge_to_the_one_process_shards(tmp_path):
     data = tmp_path / "in"
     make_inputs(data)
     spec_dict = base_spec_dict(str(data / "*.jsonl"), shards={"max_requests": 120})
     spec = write_spec(tmp_path / "jobs", spec_dict)
-    home = tmp_path / "home"
-    monkeypatch.setenv(SPEC_ENV, str(tmp_path / "jobs" / "job.yaml"))
-    monkeypatch.setenv(HOME_ENV, str(home))
+    home, spec_path = tmp_path / "home", tmp_path / "jobs" / "job.yaml"
     store = Store(home)
 
     # the reference: one process, same inputs in another folder of the same names
@@ -119,7 +130,7 @@ def test_file_parts_as_partitions_merge_to_the_one_process_shards(tmp_path, monk
 
     (tmp_path / "dagster").mkdir()
     with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
-        runs = run_round(instance, spec, store)
+        runs = run_round(instance, spec, store, spec_path, home)
         assert len(runs) == 4  # three file steps and the merge
         assert sorted(instance.get_dynamic_partitions(input_files_partitions(spec).name)) == sorted(
             part_key(str(data / n)) for n in ("a.jsonl", "b.jsonl", "c.jsonl")
@@ -136,7 +147,7 @@ def test_file_parts_as_partitions_merge_to_the_one_process_shards(tmp_path, monk
         write_jsonl(data / "a.jsonl", input_rows(4, 3000, 150), mode="ab")
         write_jsonl(ref_data / "a.jsonl", input_rows(4, 3000, 150), mode="ab")
         build_manifest(ref_spec, ref_store)
-        runs = run_round(instance, spec, store)
+        runs = run_round(instance, spec, store, spec_path, home)
         assert len(runs) == 2
         part_meta = runs[0].asset_materializations_for_node("t__manifest_file_part")[0].metadata
         assert part_meta["from_byte"].value > 0 and part_meta["rows_read"].value == 150
@@ -144,7 +155,7 @@ def test_file_parts_as_partitions_merge_to_the_one_process_shards(tmp_path, monk
         assert Manifest("t", store).latest().files[0].action.value == "appended"
 
 
-def test_the_default_graph_on_k8s_prepares_each_file_in_its_own_step_then_merges(tmp_path, monkeypatch):
+def test_the_default_graph_on_k8s_prepares_each_file_in_its_own_step_then_merges(tmp_path):
     data, ref_data = tmp_path / "in", tmp_path / "ref" / "in"
     make_inputs(data)
     make_inputs(ref_data)
@@ -154,11 +165,10 @@ def test_the_default_graph_on_k8s_prepares_each_file_in_its_own_step_then_merges
     )
     ref_store, store = Store(tmp_path / "ref" / "home"), Store(tmp_path / "home")
     build_manifest(ref_spec, ref_store)
-    monkeypatch.setenv(SPEC_ENV, str(tmp_path / "jobs" / "job.yaml"))
-    monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
+    manifest_job = step_job("default_graph_manifest_job", tmp_path / "jobs" / "job.yaml", tmp_path / "home")
     (tmp_path / "dagster").mkdir()
     with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
-        run = dg.execute_job(dg.reconstructable(default_graph_manifest_job), instance=instance)
+        run = dg.execute_job(manifest_job, instance=instance)
         assert run.success
         steps = [
             r.dagster_event.step_key for r in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_START)
@@ -181,7 +191,7 @@ def test_the_default_graph_on_k8s_prepares_each_file_in_its_own_step_then_merges
         write_jsonl(data / "a.jsonl", input_rows(4, 3000, 150), mode="ab")
         write_jsonl(ref_data / "a.jsonl", input_rows(4, 3000, 150), mode="ab")
         build_manifest(ref_spec, ref_store)
-        run = dg.execute_job(dg.reconstructable(default_graph_manifest_job), instance=instance)
+        run = dg.execute_job(manifest_job, instance=instance)
         assert run.success
         steps = [
             r.dagster_event.step_key for r in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_START)
