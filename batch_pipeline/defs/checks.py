@@ -9,12 +9,12 @@ import polars as pl
 from batch_pipeline.core.errors import ReconciliationError
 from batch_pipeline.core.publish.gate import check_staged
 from batch_pipeline.core.publish.scan import job_shard_outliers
+from batch_pipeline.core.publish.tables import JobState
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.troubleshooting import lookup
 from batch_pipeline.defs.metadata import md_table, plain
 from batch_pipeline.defs.resources import StoreResource
-from batch_pipeline.defs.run_state import run_state
 
 CHECKS = ("validated_schema", "outputs_within_contract", "no_truncated_outputs", "reconciliation")
 
@@ -34,7 +34,7 @@ def build_result_checks(spec: JobSpec, results_asset: dg.AssetsDefinition) -> dg
     ]
 
     @dg.multi_asset_check(specs=specs, name=f"{spec.name}_result_checks")
-    def result_checks(context: dg.AssetCheckExecutionContext, store: StoreResource):
+    def result_checks(store: StoreResource):
         st = store.get()
         key = results_asset.key
         gate = check_staged(spec, st, paths.staged)  # a chunk of rows at a time (core/publish/gate.py)
@@ -65,7 +65,7 @@ def build_result_checks(spec: JobSpec, results_asset: dg.AssetsDefinition) -> dg
             metadata={"truncated": dg.MetadataValue.int(gate.truncated)},
         )
         # 4. expected = valid + invalid + missing + dead_lettered, per shard and per job
-        state = run_state(context, spec, st)  # the results step's, in the same run
+        state = JobState.load(spec, st)
         try:
             counts = state.check()
             yield dg.AssetCheckResult(

@@ -14,14 +14,13 @@ from dagster._core.storage.asset_check_execution_record import AssetCheckExecuti
 from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.publish.plots import cost_over_time
 from batch_pipeline.core.publish.report import build_report, shard_table
-from batch_pipeline.core.publish.tables import dead_letters, promote, stage
+from batch_pipeline.core.publish.tables import JobState, dead_letters, promote, stage
 from batch_pipeline.core.run.hygiene import sweep_leftovers
 from batch_pipeline.core.store import Store
 from batch_pipeline.defs.checks import CHECKS
 from batch_pipeline.defs.frame import JobFrame
 from batch_pipeline.defs.metadata import md_table, money_json, plain, provider_ceilings, table_meta
 from batch_pipeline.defs.resources import StoreResource
-from batch_pipeline.defs.run_state import release, run_state
 from batch_pipeline.defs.runners import executor_for
 
 
@@ -72,7 +71,7 @@ def stage_results(frame: JobFrame, context: dg.AssetExecutionContext, st: Store)
     swept = sweep_leftovers(spec, st, executor_for(spec))  # provider copies a killed run left (retention)
     if swept.discarded or swept.failed:
         (context.log.warning if swept.failed else context.log.info)(f"provider copies: {swept.describe()}")
-    state = run_state(context, spec, st, fresh=True)
+    state = JobState.load(spec, st)
     outputs = stage(spec, st, state)
     head, rows = st.read_head(paths.staged)  # footer + first rows: a 10M-row table is not read whole
     table = pl.from_arrow(head)
@@ -103,7 +102,7 @@ def promote_staged(frame: JobFrame, context: dg.AssetExecutionContext, st: Store
 
 
 def show_dead_letters(frame: JobFrame, context: dg.AssetExecutionContext, st: Store) -> dg.MaterializeResult:
-    dead = dead_letters(run_state(context, frame.spec, st))
+    dead = dead_letters(JobState.load(frame.spec, st))
     return dg.MaterializeResult(
         metadata={
             "count": dg.MetadataValue.int(dead.height),
@@ -133,7 +132,7 @@ def report_metadata(rep: dict, png: bytes, plot_path: str, shards: list[dict]) -
 
 def publish_report(frame: JobFrame, context: dg.AssetExecutionContext, st: Store) -> dg.MaterializeResult:
     spec, job, paths = frame.spec, frame.job, frame.paths
-    state = run_state(context, spec, st)
+    state = JobState.load(spec, st)
     outputs = {"validated": st.uri(paths.validated), "duckdb": str(st.local_path(paths.duckdb) or "")}
     rep = build_report(spec, st, state, outputs=outputs)
     rep.update(provider_ceilings(spec, st))  # open batches against their window and retention; held shards
@@ -144,9 +143,7 @@ def publish_report(frame: JobFrame, context: dg.AssetExecutionContext, st: Store
     png = cost_over_time(state.scan.timeline)  # summed per recording time by the streaming scan
     st.write_bytes(f"{paths.root}/report.png", png)
     plot_path = st.uri(f"{paths.root}/report.png")
-    meta = report_metadata(rep, png, plot_path, shard_table(state))
-    release()
-    return dg.MaterializeResult(metadata=meta)
+    return dg.MaterializeResult(metadata=report_metadata(rep, png, plot_path, shard_table(state)))
 
 
 def results_asset(frame: JobFrame) -> dg.AssetsDefinition:
