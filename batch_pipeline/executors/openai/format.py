@@ -110,14 +110,9 @@ def request_lines(work: ShardWork, url: str = CHAT_URL, model: str | None = None
     head = '{"custom_id":"'
     mid = f'","method":"POST","url":"{url}","body":{{{settings},"messages":[{messages_head(work.plan)}'
     tail = "]}}"
-    turns = work.plan.row_turns_json
-    lines = [
-        f"{head}{rid}{mid}{turns(prompt)}{tail}"
-        for rid, prompt in zip(
-            work.items.column("request_id").to_pylist(), work.items.column("user_prompt").to_pylist()
-        )
-    ]
-    return ("\n".join(lines) + "\n").encode("utf-8")
+    if not work.items.num_rows:
+        return b"\n"
+    return work.plan.request_lines(head, mid, tail, work.items)  # column-wise, the same bytes as line by line
 
 
 def _null_str(n: int) -> pa.Array:

@@ -116,6 +116,38 @@ def test_request_lines_are_valid_openai_batch_input():
     assert body["max_tokens"] == 16 and body["model"] == "gpt-4o-mini"
 
 
+HARD_PROMPTS = [
+    'say "hi"\\',
+    "line\nbreak\ttab\x01\x1f\x7f",
+    "sep\u2028para\u2029",
+    "caf\u00e9 \U0001f600",
+    "",
+    "</script>",
+]
+
+
+def test_request_lines_are_byte_for_byte_the_lines_made_one_by_one():
+    """The file is built column-wise (``RequestPlan.request_lines``); its bytes must be what ``json.dumps`` makes of
+    each line: escapes, separators and non-ASCII kept as they are (the prefix a provider caches)."""
+    w = work(len(HARD_PROMPTS))
+    items = w.items.set_column(1, "user_prompt", pa.array(HARD_PROMPTS, pa.string()))
+    w = ShardWork(w.job, w.shard_id, w.attempt, w.key, w.plan, items)
+    got = request_lines(w).decode("utf-8").split("\n")
+    assert got[-1] == "" and len(got) == len(HARD_PROMPTS) + 1
+    for line, rid, prompt in zip(got, w.request_ids, HARD_PROMPTS):
+        body = json.loads(line)["body"]
+        messages = [{"role": "system", "content": "Label it."}, {"role": "user", "content": prompt}]
+        rest = {k: v for k, v in body.items() if k != "messages"}
+        expected = {
+            "custom_id": rid,
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {**rest, "messages": messages},
+        }
+        assert line == json.dumps(expected, ensure_ascii=False, separators=(",", ":")), prompt
+    assert request_lines(ShardWork(w.job, w.shard_id, w.attempt, w.key, w.plan, items.slice(0, 0))) == b"\n"
+
+
 def test_output_parser_handles_success_http_errors_expiry_and_odd_lines():
     ok = {
         "id": "r1",
