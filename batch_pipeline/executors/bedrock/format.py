@@ -61,14 +61,9 @@ def model_input_frame(plan: RequestPlan) -> dict[str, Any]:
 def request_lines(work: ShardWork) -> bytes:
     """The shard's input JSONL: one ``{"recordId": request_id, "modelInput": {...}}`` per item."""
     frame = json.dumps(model_input_frame(work.plan), ensure_ascii=False, separators=(",", ":"))
-    head = frame[:-1] + ',"messages":[' + work.plan.examples_json()  # the examples, then the item's turns
-    ids = work.items.column("request_id").to_pylist()
-    prompts = work.items.column("user_prompt").to_pylist()
-    turns = work.plan.row_turns_json
-    return "".join(
-        f'{{"recordId":{json.dumps(rid)},"modelInput":{head}{turns(prompt)}]}}}}\n'
-        for rid, prompt in zip(ids, prompts, strict=True)
-    ).encode("utf-8")
+    model_input = frame[:-1] + ',"messages":[' + work.plan.examples_json()  # the examples, then the item's turns
+    # request IDs are hex digests: quoted as they are, as in every provider's file (column-wise, RequestPlan)
+    return work.plan.request_lines('{"recordId":"', '","modelInput":' + model_input, "]}}", work.items)
 
 
 def parse_output_block(block: bytes) -> pa.Table:
