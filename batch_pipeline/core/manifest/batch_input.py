@@ -98,7 +98,7 @@ def read_openai_batch(
 ) -> Iterator[RowBatch]:
     rows: list[dict] = []
     rejects: list[Reject] = []
-    with f.fs.open_input_stream(f.path) as stream:
+    with f.open_text() as stream:
         lines = stream.read().split(b"\n")
     for start in range(0, len(lines), BLOCK_LINES):
         for offset, raw in enumerate(lines[start : start + BLOCK_LINES]):

@@ -99,8 +99,9 @@ def plan_files(files: list[InputFile], prior: dict[str, FileState]) -> list[File
 
 def _is_append(f: InputFile, state: FileState) -> bool:
     """Grew past what was read, ends that part with a newline, and the head and tail of that part are the same
-    bytes as before (JSONL only: a CSV header or Parquet footer makes any change a rewrite)."""
-    if f.format != "jsonl" or not state.ends_clean or f.size <= state.bytes_read:
+    bytes as before (plain JSONL only: a CSV header, a Parquet footer or a compressed stream makes any change a
+    rewrite)."""
+    if f.format != "jsonl" or f.compression is not None or not state.ends_clean or f.size <= state.bytes_read:
         return False
     return (
         head_digest(f, state.bytes_read) == state.head_digest and tail_digest(f, state.bytes_read) == state.tail_digest

@@ -23,12 +23,15 @@ from batch_pipeline.core.errors import InputError
 from batch_pipeline.core.manifest.jsonl import read_jsonl
 from batch_pipeline.core.manifest.rows import (
     CHUNK_BYTES,
+    COMPRESSION_SUFFIXES,
     KEY,
     LINE,
     InputFile,
     ReadExtent,
     RowBatch,
+    compression_of,
     split_missing,
+    without_compression_suffix,
 )
 
 log = logging.getLogger(__name__)
@@ -81,20 +84,28 @@ class _Failed:
 
 
 def _format_of(path: str, declared: str) -> str:
+    """The format a file is read as: as declared, else from its name (``rows.jsonl.zst`` is compressed JSONL)."""
+    if compression_of(path) is not None and (declared == "parquet" or path.lower().endswith(PARQUET_NAMES)):
+        raise InputError(
+            f"{path}: a Parquet file is compressed inside (its column codec); pass it without an outer "
+            f"{path[path.rfind('.') :]} compression"
+        )
     if declared != "auto":
         return declared
-    lower = path.lower()
+    lower = without_compression_suffix(path).lower()
     for suffix, fmt in (
         (".jsonl", "jsonl"),
         (".ndjson", "jsonl"),
         (".json", "jsonl"),
         (".csv", "csv"),
-        (".parquet", "parquet"),
-        (".pq", "parquet"),
+        *((suffix, "parquet") for suffix in PARQUET_NAMES),
     ):
         if lower.endswith(suffix):
             return fmt
     raise InputError(f"{path}: cannot tell the input format from the name; set input.format")
+
+
+PARQUET_NAMES = tuple(f"{name}{suffix}" for name in (".parquet", ".pq") for suffix in ("", *COMPRESSION_SUFFIXES))
 
 
 def resolve_inputs(pattern: str, declared_format: str = "auto", base_dir: Path | None = None) -> list[InputFile]:
@@ -188,7 +199,7 @@ def _columnar(
 def _csv(f: InputFile, fields: list[str], key_field: str | None) -> Iterator[RowBatch]:
     wanted = fields + ([key_field] if key_field else [])
     convert = pacsv.ConvertOptions(column_types={n: pa.string() for n in wanted}, strings_can_be_null=False)
-    with f.fs.open_input_stream(f.path) as stream:
+    with f.open_text() as stream:
         reader = pacsv.open_csv(stream, convert_options=convert, read_options=pacsv.ReadOptions(block_size=CHUNK_BYTES))
         yield from _columnar(f.uri, iter(reader), fields, key_field, first_row=2)  # line 1 is the header
 

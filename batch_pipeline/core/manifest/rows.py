@@ -6,14 +6,30 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import polars as pl
+import pyarrow as pa
 import pyarrow.fs as pafs
 
+from batch_pipeline.core.errors import InputError
 from batch_pipeline.core.manifest.reasons import json_reason, json_type
 
 LINE = "_line"
 KEY = "_key"
 CHUNK_BYTES = 8 * 2**20
 RAW_PREVIEW = 200
+# a file of lines may be compressed as a whole; the name says how (what ``data.jsonl.zst`` is read with)
+COMPRESSION_SUFFIXES = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2"}
+
+
+def compression_of(path: str) -> str | None:
+    """The codec a file's name ends with (``.gz``, ``.zst``, ``.bz2``), or None for a plain file."""
+    lower = path.lower()
+    return next((codec for suffix, codec in COMPRESSION_SUFFIXES.items() if lower.endswith(suffix)), None)
+
+
+def without_compression_suffix(path: str) -> str:
+    """``rows.jsonl.zst`` -> ``rows.jsonl``: the name that says the format."""
+    codec = compression_of(path)
+    return path[: path.rfind(".")] if codec else path
 
 
 @dataclass(frozen=True)
@@ -27,6 +43,17 @@ class InputFile:
     # a source that is not a file of rows (another job's table, core/manifest/upstream.py): its batches, given
     # the fields and the key field; the identity above is then what that source says changes with its rows
     reader: Callable[[list[str], str | None], Iterator["RowBatch"]] | None = field(default=None, compare=False)
+
+    @property
+    def compression(self) -> str | None:
+        """How the whole file is compressed (from its name), or None. A compressed file is read from its start
+        only: an incremental build reads it again when it changes (no appends from an offset)."""
+        return None if self.reader is not None else compression_of(self.path)
+
+    def open_text(self) -> pa.NativeFile:
+        """The file's (decompressed) bytes as a stream, from the start."""
+        raw = self.fs.open_input_file(self.path)
+        return pa.CompressedInputStream(raw, self.compression) if self.compression else raw
 
 
 @dataclass
@@ -95,7 +122,13 @@ def line_blocks(f: InputFile, offset: int, first_line: int, extent: ReadExtent) 
     """The bytes ``[offset, f.size)`` of a file of lines as blocks of whole lines, each with its first line's
     number: every block ends with a newline but a last line without one, handed out alone. A writer appending
     meanwhile is read by the next generation. ``extent`` reaches to the end of the blocks taken so far (it moves
-    when the next is asked for, so a block the caller has not finished with is not counted)."""
+    when the next is asked for, so a block the caller has not finished with is not counted).
+
+    A compressed file is read whole, from its start; its ``extent`` counts compressed bytes (what the progress
+    bar measures against ``f.size``) and never ends clean, so a changed file is read again, not appended."""
+    if f.compression is not None:
+        yield from _compressed_line_blocks(f, offset, first_line, extent)
+        return
     line = first_line
     carry = b""
     remaining = f.size - offset
@@ -122,6 +155,48 @@ def line_blocks(f: InputFile, offset: int, first_line: int, extent: ReadExtent) 
             line += block.count(b"\n")
             extent.bytes_read += len(block)
             extent.lines = line - 1
+
+
+def decompressed_chunks(f: InputFile) -> Iterator[tuple[bytes, int]]:
+    """A compressed file's text in chunks, each with the compressed bytes read so far; a torn or corrupt archive
+    is an ``InputError`` that names the file and where it broke."""
+    assert f.compression is not None
+    with f.fs.open_input_file(f.path) as raw, pa.CompressedInputStream(raw, f.compression) as stream:
+        while True:
+            try:
+                chunk = stream.read(CHUNK_BYTES)
+            except (OSError, pa.ArrowInvalid) as exc:
+                raise InputError(
+                    f"{f.uri}: cannot decompress ({f.compression}) past byte {raw.tell():,} of {f.size:,}: {exc}; "
+                    "check the file is whole (copy it again) or pass it uncompressed"
+                ) from exc
+            if not chunk:
+                return
+            yield chunk, min(raw.tell(), f.size)
+
+
+def _compressed_line_blocks(
+    f: InputFile, offset: int, first_line: int, extent: ReadExtent
+) -> Iterator[tuple[int, bytes]]:
+    if offset:
+        raise ValueError(f"{f.uri}: a compressed file is read from its start, not from byte {offset}")
+    line = first_line
+    carry = b""
+    extent.bytes_read, extent.lines, extent.ends_clean = 0, first_line - 1, False
+    for chunk, position in decompressed_chunks(f):
+        data = carry + chunk
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            carry = data
+            continue
+        block, carry = data[: cut + 1], data[cut + 1 :]
+        yield line, block
+        line += block.count(b"\n")
+        extent.bytes_read, extent.lines = position, line - 1
+    if carry:
+        yield line, carry
+        extent.lines = line
+    extent.bytes_read = f.size
 
 
 # -- CSV and Parquet -------------------------------------------------------------------------------

@@ -25,7 +25,11 @@ class InputSpec(Strict):
         default=None, description="file, directory or glob; local or s3://bucket/prefix/*.jsonl (or from_job)"
     )
     format: Literal["auto", "jsonl", "csv", "parquet", "openai_batch"] = Field(
-        default="auto", description="openai_batch: an OpenAI/vLLM batch input file (custom_id, method, url, body)"
+        default="auto",
+        description=(
+            "openai_batch: an OpenAI/vLLM batch input file (custom_id, method, url, body); auto reads the name, "
+            "and a .gz/.zst/.bz2 file is decompressed as it is read"
+        ),
     )
     text_field: str | None = Field(default=None, description="the field the template must use (or messages_field)")
     messages_field: str | None = Field(
