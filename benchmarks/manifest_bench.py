@@ -324,12 +324,13 @@ def bench(
     repeat: int = 1,
     short: bool = False,
     dedup_budget_mb: int | None = None,
+    zstd: bool = False,
 ) -> dict:
     from batch_pipeline.core.manifest import ids
     from batch_pipeline.core.spec.loading import load_spec
     from benchmarks.make_rows import rows_file
 
-    path, meta = rows_file(rows, seed, short=short)  # generated (once) by a separate process
+    path, meta = rows_file(rows, seed, short=short, zstd=zstd)  # generated (once) by a separate process
     with open(path, "rb") as f:  # warm the page cache so neither variant pays the first read
         while f.read(64 * 2**20):
             pass
@@ -464,6 +465,7 @@ def main(argv: list[str] | None = None) -> int:
         "0 spills from the start, a large value keeps every ID in memory",
     )
     ap.add_argument("--short", action="store_true", help="~300-character rows (make_rows --short), e.g. for 100M")
+    ap.add_argument("--zstd", action="store_true", help="the input compressed whole (make_rows --zstd: .jsonl.zst)")
     ap.add_argument("--profile", action="store_true", help="cProfile build_manifest (slows Python code)")
     ap.add_argument(
         "--codec",
@@ -473,19 +475,30 @@ def main(argv: list[str] | None = None) -> int:
         help="also run ours with this shard-file codec (repeatable; variant ours:CODEC; ours ships zstd1)",
     )
     args = ap.parse_args(argv)
+    if args.zstd and args.only != "ours":
+        ap.error("--zstd reads the compressed input with ours only: add --only ours")
     variants = [args.only] if args.only else ["reference", "ours"]
     variants += [f"ours:{c}" for c in args.codec]
     all_out = []
     for rows in args.rows or [1_000_000]:
         print(f"manifest build, {rows:,} rows (seed {args.seed}):", flush=True)
         out = bench(
-            rows, args.seed, args.sections, args.profile, variants, args.repeat, args.short, args.dedup_budget_mb
+            rows,
+            args.seed,
+            args.sections,
+            args.profile,
+            variants,
+            args.repeat,
+            args.short,
+            args.dedup_budget_mb,
+            args.zstd,
         )
         all_out.append(out)
         OUT.mkdir(exist_ok=True)
         tag = (
             (f"-{args.only}" if args.only else "")
             + ("-short" if args.short else "")
+            + ("-zstd" if args.zstd else "")
             + (f"-dedup{args.dedup_budget_mb}" if args.dedup_budget_mb is not None else "")
             + "".join(f"-{c}" for c in args.codec)
         )

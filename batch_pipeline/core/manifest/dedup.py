@@ -32,6 +32,7 @@ PREFIX_CHARS = 2  # 256 hash ranges
 SPILL_FLUSH_ROWS = 500_000  # keys buffered before they are written to their range files
 FRESH, REUSED = -1, -2  # sequence numbers of keys decided before the switch (fresh: dealt; reused: prior)
 KEY_SCHEMA = pa.schema([("request_id", pa.string()), ("seq", pa.int64())])
+SPOOL_CODEC = pa.Codec("zstd", 1)  # the spilled keys and the block spool: see ``BlockSpool``
 _KEY_FRAME = {"request_id": pl.String, "seq": pl.Int64}
 
 
@@ -129,7 +130,9 @@ class Dedup:
             writer = self._writers.get(prefix)
             if writer is None:
                 assert self._dir is not None
-                writer = self._writers[prefix] = ipc.new_file(str(self._dir / f"{prefix}.arrow"), KEY_SCHEMA)
+                writer = self._writers[prefix] = ipc.new_file(
+                    str(self._dir / f"{prefix}.arrow"), KEY_SCHEMA, options=ipc.IpcWriteOptions(compression=SPOOL_CODEC)
+                )
             writer.write_table(part.drop("_p").to_arrow().cast(KEY_SCHEMA))
 
     def finish(self, emit: Callable[[pa.Array], None]) -> "Verdict":
@@ -192,7 +195,9 @@ class Verdict:
 
 
 class BlockSpool:
-    """Prepared blocks whose keep masks are deferred, kept in order in an Arrow IPC file (lz4) in scratch."""
+    """Prepared blocks whose keep masks are deferred, kept in order in an Arrow IPC file in scratch: zstd 1, which
+    measured 0.65x the size of lz4 at the same write CPU on prepared prompts (the spool of a 100M-row build is the
+    largest thing on its disk)."""
 
     def __init__(self, scratch: Path | None = None):
         self._dir = Path(tempfile.mkdtemp(prefix="manifest-spool-", dir=scratch))
@@ -203,7 +208,9 @@ class BlockSpool:
     def append(self, frame: pl.DataFrame) -> None:
         table = frame.to_arrow()
         if self._writer is None:
-            self._writer = ipc.new_file(str(self._path), table.schema, options=ipc.IpcWriteOptions(compression="lz4"))
+            self._writer = ipc.new_file(
+                str(self._path), table.schema, options=ipc.IpcWriteOptions(compression=SPOOL_CODEC)
+            )
         for batch in table.combine_chunks().to_batches(max_chunksize=table.num_rows or 1):
             self._writer.write_batch(batch)
         self.blocks += 1
