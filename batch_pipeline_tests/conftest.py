@@ -8,6 +8,24 @@ from subprocess import Popen
 import pytest
 
 from batch_pipeline.sandbox import SandboxAdmin, start_sandbox_process, stop_sandbox_process
+from batch_pipeline_tests import file_order
+
+_FILE_SECONDS = file_order.recorder()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest files first (``file_order``): the workers then end together."""
+    items[:] = file_order.longest_files_first(items, file_order.known_seconds())
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if _FILE_SECONDS is not None:
+        _FILE_SECONDS.add(report)
+
+
+def pytest_sessionfinish() -> None:
+    if _FILE_SECONDS is not None and _FILE_SECONDS.seconds:
+        _FILE_SECONDS.write()
 
 
 @pytest.fixture(scope="module")
