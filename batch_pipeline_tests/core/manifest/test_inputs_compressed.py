@@ -120,3 +120,24 @@ def test_a_changed_archive_is_read_again_from_its_start_and_an_unchanged_one_ski
     assert second.input_rows == 120 and second.new_requests == 20 and second.known_requests == 97
     rows, rejects, items = manifest_view(store)
     assert len(items) == 117 and max(line for _, line, _ in rows) == 120
+
+
+def test_compressed_files_prepared_as_parts_merge_to_the_one_process_build(tmp_path):
+    from batch_pipeline.core.manifest.parts import FileParts, part_key, pending_files, prepare_file_part
+
+    def job(root):
+        folder = root / "in"
+        compress(write_jsonl(folder / "a.jsonl", lines(120)), "zstd")
+        compress(write_jsonl(folder / "b.jsonl", lines(90)[30:]), "gzip")
+        spec = write_spec(root / "jobs", base_spec_dict(str(folder / "*.jsonl.*"), shards={"max_requests": 25}))
+        return spec, Store(root / "store")
+
+    spec, store = job(tmp_path / "one")
+    direct = build_manifest(spec, store)
+    spec_p, store_p = job(tmp_path / "parts")
+    for plan in pending_files(spec_p, store_p):
+        assert prepare_file_part(spec_p, store_p, part_key(plan.file.uri)) is not None
+    parts = FileParts(spec_p, store_p)
+    merged = build_manifest(spec_p, store_p, parts=parts)
+    assert len(parts.used) == 2 and merged.unique_requests == direct.unique_requests
+    assert manifest_view(store_p) == manifest_view(store)
