@@ -126,41 +126,45 @@ def line_blocks(f: InputFile, offset: int, first_line: int, extent: ReadExtent) 
 
     A compressed file is read whole, from its start; its ``extent`` counts compressed bytes (what the progress
     bar measures against ``f.size``) and never ends clean, so a changed file is read again, not appended."""
-    if f.compression is not None:
-        yield from _compressed_line_blocks(f, offset, first_line, extent)
-        return
+    compressed = f.compression is not None
+    if compressed and offset:
+        raise ValueError(f"{f.uri}: a compressed file is read from its start, not from byte {offset}")
     line = first_line
     carry = b""
-    remaining = f.size - offset
-    extent.bytes_read, extent.lines, extent.ends_clean = offset, first_line - 1, True
-    with f.fs.open_input_file(f.path) as stream:
-        if offset:
-            stream.seek(offset)
-        while True:
-            chunk = stream.read(min(CHUNK_BYTES, remaining)) if remaining > 0 else b""
-            remaining -= len(chunk)
-            data = carry + chunk
-            if not chunk:
-                if data:
-                    yield line, data
-                    extent.bytes_read += len(data)
-                    extent.lines, extent.ends_clean = line, False
-                return
-            cut = data.rfind(b"\n")
-            if cut < 0:
-                carry = data
-                continue
-            block, carry = data[: cut + 1], data[cut + 1 :]
-            yield line, block
-            line += block.count(b"\n")
-            extent.bytes_read += len(block)
-            extent.lines = line - 1
+    extent.bytes_read, extent.lines, extent.ends_clean = offset, first_line - 1, not compressed
+    for chunk, position in file_chunks(f, offset):
+        data = carry + chunk
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            carry = data
+            continue
+        block, carry = data[: cut + 1], data[cut + 1 :]
+        yield line, block
+        line += block.count(b"\n")
+        # a plain file's extent ends exactly after the last whole line (an append starts there)
+        extent.bytes_read = position if compressed else extent.bytes_read + len(block)
+        extent.lines = line - 1
+    if carry:
+        yield line, carry
+        extent.bytes_read += len(carry)
+        extent.lines, extent.ends_clean = line, False
+    if compressed:
+        extent.bytes_read = f.size
 
 
-def decompressed_chunks(f: InputFile) -> Iterator[tuple[bytes, int]]:
-    """A compressed file's text in chunks, each with the compressed bytes read so far; a torn or corrupt archive
-    is an ``InputError`` that names the file and where it broke."""
-    assert f.compression is not None
+def file_chunks(f: InputFile, offset: int = 0) -> Iterator[tuple[bytes, int]]:
+    """The file's text from ``offset`` (plain files) up to its listed size, in chunks, each with how far into the
+    file on disk the read has got. A compressed file is decompressed as it is read; a torn or corrupt archive is an
+    ``InputError`` that names the file and where it broke."""
+    if f.compression is None:
+        remaining = f.size - offset
+        with f.fs.open_input_file(f.path) as stream:
+            if offset:
+                stream.seek(offset)
+            while remaining > 0 and (chunk := stream.read(min(CHUNK_BYTES, remaining))):
+                remaining -= len(chunk)
+                yield chunk, f.size - remaining
+        return
     with f.fs.open_input_file(f.path) as raw, pa.CompressedInputStream(raw, f.compression) as stream:
         while True:
             try:
@@ -173,30 +177,6 @@ def decompressed_chunks(f: InputFile) -> Iterator[tuple[bytes, int]]:
             if not chunk:
                 return
             yield chunk, min(raw.tell(), f.size)
-
-
-def _compressed_line_blocks(
-    f: InputFile, offset: int, first_line: int, extent: ReadExtent
-) -> Iterator[tuple[int, bytes]]:
-    if offset:
-        raise ValueError(f"{f.uri}: a compressed file is read from its start, not from byte {offset}")
-    line = first_line
-    carry = b""
-    extent.bytes_read, extent.lines, extent.ends_clean = 0, first_line - 1, False
-    for chunk, position in decompressed_chunks(f):
-        data = carry + chunk
-        cut = data.rfind(b"\n")
-        if cut < 0:
-            carry = data
-            continue
-        block, carry = data[: cut + 1], data[cut + 1 :]
-        yield line, block
-        line += block.count(b"\n")
-        extent.bytes_read, extent.lines = position, line - 1
-    if carry:
-        yield line, carry
-        extent.lines = line
-    extent.bytes_read = f.size
 
 
 # -- CSV and Parquet -------------------------------------------------------------------------------

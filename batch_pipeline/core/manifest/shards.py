@@ -48,7 +48,7 @@ from batch_pipeline.core.manifest.read import (
     ROW_SCHEMA,
     Manifest,
 )
-from batch_pipeline.core.manifest.rows import KEY, LINE, InputFile, ReadExtent, Reject, decompressed_chunks
+from batch_pipeline.core.manifest.rows import KEY, LINE, ReadExtent, Reject, file_chunks
 from batch_pipeline.core.manifest.upstream import job_inputs
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.paths import JobPaths
@@ -337,21 +337,11 @@ def _count_rows(plans: list[FilePlan], enough: int | None = None) -> int:
             with f.fs.open_input_file(f.path) as h:
                 total += pq.ParquetFile(h).metadata.num_rows
         else:
-            for chunk in _chunks_from(f, plan.offset):
+            for chunk, _ in file_chunks(f, plan.offset):
                 total += chunk.count(b"\n")
                 if enough is not None and total >= enough:
                     break
     return total
-
-
-def _chunks_from(f: InputFile, offset: int) -> Iterator[bytes]:
-    if f.compression is not None:
-        yield from (chunk for chunk, _ in decompressed_chunks(f))
-        return
-    with f.fs.open_input_file(f.path) as stream:
-        stream.seek(offset)
-        while chunk := stream.read(8 * 2**20):
-            yield chunk
 
 
 def build_manifest(
