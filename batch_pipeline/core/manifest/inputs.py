@@ -1,4 +1,5 @@
-"""Read input files (JSONL, CSV, Parquet; local or s3://) as batches of rows plus rejects.
+"""Read input files (JSONL, CSV, Parquet; local or s3://; JSONL and CSV also compressed whole: .gz, .zst, .bz2)
+as batches of rows plus rejects.
 
 A fast path parses a whole block with Arrow's JSON reader; a block that contains anything odd
 (broken JSON, a number where text belongs, invalid UTF-8) is re-read line by line so that every
