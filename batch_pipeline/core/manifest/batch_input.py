@@ -16,7 +16,7 @@ import polars as pl
 
 from batch_pipeline.core.manifest.messages import TurnError, canonical_turns
 from batch_pipeline.core.manifest.reasons import json_reason, json_type
-from batch_pipeline.core.manifest.rows import KEY, LINE, InputFile, Reject, RowBatch
+from batch_pipeline.core.manifest.rows import KEY, LINE, InputFile, Reject, RowBatch, file_chunks
 
 CHAT_URL = "/v1/chat/completions"
 BLOCK_LINES = 50_000
@@ -98,8 +98,7 @@ def read_openai_batch(
 ) -> Iterator[RowBatch]:
     rows: list[dict] = []
     rejects: list[Reject] = []
-    with f.open_text() as stream:
-        lines = stream.read().split(b"\n")
+    lines = b"".join(chunk for chunk, _ in file_chunks(f)).split(b"\n")
     for start in range(0, len(lines), BLOCK_LINES):
         for offset, raw in enumerate(lines[start : start + BLOCK_LINES]):
             line = start + offset + 1

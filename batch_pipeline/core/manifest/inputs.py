@@ -201,8 +201,18 @@ def _csv(f: InputFile, fields: list[str], key_field: str | None) -> Iterator[Row
     wanted = fields + ([key_field] if key_field else [])
     convert = pacsv.ConvertOptions(column_types={n: pa.string() for n in wanted}, strings_can_be_null=False)
     with f.open_text() as stream:
-        reader = pacsv.open_csv(stream, convert_options=convert, read_options=pacsv.ReadOptions(block_size=CHUNK_BYTES))
-        yield from _columnar(f.uri, iter(reader), fields, key_field, first_row=2)  # line 1 is the header
+        try:
+            reader = pacsv.open_csv(
+                stream, convert_options=convert, read_options=pacsv.ReadOptions(block_size=CHUNK_BYTES)
+            )
+            yield from _columnar(f.uri, iter(reader), fields, key_field, first_row=2)  # line 1 is the header
+        except OSError as exc:  # a torn or corrupt archive (a plain file's read errors are not input errors)
+            if f.compression is None:
+                raise
+            raise InputError(
+                f"{f.uri}: cannot decompress ({f.compression}): {exc}; check the file is whole (copy it again) or "
+                "pass it uncompressed"
+            ) from exc
 
 
 def _parquet(f: InputFile, fields: list[str], key_field: str | None) -> Iterator[RowBatch]:

@@ -38,9 +38,11 @@ def compress(plain, codec: str):
     return target
 
 
-def build(tmp_path, name: str, path: str, **input_overrides):
+def build(tmp_path, name: str, path: str, template: str | None = None, **input_overrides):
     spec_dict = base_spec_dict(path, shards={"max_requests": 25})
     spec_dict["input"].update(input_overrides)
+    if template is not None:
+        spec_dict["prompt"]["template"] = template
     spec = write_spec(tmp_path / f"jobs-{name}", spec_dict)
     store = Store(tmp_path / f"store-{name}")
     return spec, store, build_manifest(spec, store)
@@ -141,3 +143,23 @@ def test_compressed_files_prepared_as_parts_merge_to_the_one_process_build(tmp_p
     merged = build_manifest(spec_p, store_p, parts=parts)
     assert len(parts.used) == 2 and merged.unique_requests == direct.unique_requests
     assert manifest_view(store_p) == manifest_view(store)
+
+
+@pytest.mark.parametrize("name", ["rows.csv.gz", "batch.jsonl.zst"])
+def test_a_torn_csv_or_batch_archive_is_named_too(tmp_path, name):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    if name.startswith("rows"):
+        text = "id,body\n" + "".join(f"c{i},ticket {i} about a refund {i * 7919}\n" for i in range(40_000))
+        extra: dict = {}
+    else:
+        line = {"method": "POST", "url": "/v1/chat/completions", "body": {"model": "m-1", "messages": []}}
+        text = "".join(json.dumps({**line, "custom_id": f"r{i}"}) + "\n" for i in range(40_000))
+        extra = {"format": "openai_batch", "key_field": "custom_id", "text_field": "user", "template": "{user}"}
+    codec = "gzip" if name.endswith(".gz") else "zstd"
+    with pa.CompressedOutputStream(str(folder / name), codec) as out:
+        out.write(text.encode())
+    data = (folder / name).read_bytes()
+    (folder / name).write_bytes(data[: len(data) // 2])
+    with pytest.raises(InputError, match=rf"{name}: cannot decompress \({codec}\).*copy it again"):
+        build(tmp_path, "torn", str(folder / name), **extra)
