@@ -57,30 +57,29 @@ shards: {{max_requests: {shard}}}
 """
 
 
-def _digest(ids: list[str]) -> str:
+def _sorted_digest(chunks) -> str:
+    """The first 16 hex digits of sha256 over sorted IDs, each followed by a newline (``chunks``: lists of them)."""
     import hashlib
 
-    ids.sort()
     h = hashlib.sha256()
-    for i in range(0, len(ids), 100_000):
-        h.update("\n".join(ids[i : i + 100_000]).encode())
+    for chunk in chunks:
+        h.update("\n".join(chunk).encode())
         h.update(b"\n")
     return h.hexdigest()[:16]
+
+
+def _digest(ids: list[str]) -> str:
+    ids.sort()
+    return _sorted_digest(ids[i : i + 100_000] for i in range(0, len(ids), 100_000))
 
 
 def _column_digest(column) -> str:
-    """``_digest`` of an Arrow string column, sorted by Arrow and hashed 100k IDs at a time: the same digest (hex IDs
+    """``_digest`` of an Arrow string column, sorted by Arrow and read 100k IDs at a time: the same digest (hex IDs
     sort alike as bytes and as code points) without 95M Python strings at 100M rows (~21 GB)."""
-    import hashlib
-
     import pyarrow.compute as pc
 
     ordered = pc.take(column, pc.sort_indices(column))
-    h = hashlib.sha256()
-    for i in range(0, len(ordered), 100_000):
-        h.update("\n".join(ordered.slice(i, 100_000).to_pylist()).encode())
-        h.update(b"\n")
-    return h.hexdigest()[:16]
+    return _sorted_digest(ordered.slice(i, 100_000).to_pylist() for i in range(0, len(ordered), 100_000))
 
 
 # -- variants (run in spawned children) ---------------------------------------------------------

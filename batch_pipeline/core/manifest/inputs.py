@@ -24,13 +24,13 @@ from batch_pipeline.core.errors import InputError
 from batch_pipeline.core.manifest.jsonl import read_jsonl
 from batch_pipeline.core.manifest.rows import (
     CHUNK_BYTES,
-    COMPRESSION_SUFFIXES,
     KEY,
     LINE,
     InputFile,
     ReadExtent,
     RowBatch,
     compression_of,
+    decompression_error,
     split_missing,
     without_compression_suffix,
 )
@@ -86,27 +86,27 @@ class _Failed:
 
 def _format_of(path: str, declared: str) -> str:
     """The format a file is read as: as declared, else from its name (``rows.jsonl.zst`` is compressed JSONL)."""
-    if compression_of(path) is not None and (declared == "parquet" or path.lower().endswith(PARQUET_NAMES)):
+    named = without_compression_suffix(path).lower()
+    if compression_of(path) is not None and (declared == "parquet" or named.endswith(PARQUET_SUFFIXES)):
         raise InputError(
             f"{path}: a Parquet file is compressed inside (its column codec); pass it without an outer "
             f"{path[path.rfind('.') :]} compression"
         )
     if declared != "auto":
         return declared
-    lower = without_compression_suffix(path).lower()
     for suffix, fmt in (
         (".jsonl", "jsonl"),
         (".ndjson", "jsonl"),
         (".json", "jsonl"),
         (".csv", "csv"),
-        *((suffix, "parquet") for suffix in PARQUET_NAMES),
+        *((suffix, "parquet") for suffix in PARQUET_SUFFIXES),
     ):
-        if lower.endswith(suffix):
+        if named.endswith(suffix):
             return fmt
     raise InputError(f"{path}: cannot tell the input format from the name; set input.format")
 
 
-PARQUET_NAMES = tuple(f"{name}{suffix}" for name in (".parquet", ".pq") for suffix in ("", *COMPRESSION_SUFFIXES))
+PARQUET_SUFFIXES = (".parquet", ".pq")
 
 
 def resolve_inputs(pattern: str, declared_format: str = "auto", base_dir: Path | None = None) -> list[InputFile]:
@@ -209,10 +209,7 @@ def _csv(f: InputFile, fields: list[str], key_field: str | None) -> Iterator[Row
         except OSError as exc:  # a torn or corrupt archive (a plain file's read errors are not input errors)
             if f.compression is None:
                 raise
-            raise InputError(
-                f"{f.uri}: cannot decompress ({f.compression}): {exc}; check the file is whole (copy it again) or "
-                "pass it uncompressed"
-            ) from exc
+            raise decompression_error(f, exc) from exc
 
 
 def _parquet(f: InputFile, fields: list[str], key_field: str | None) -> Iterator[RowBatch]:

@@ -170,13 +170,18 @@ def file_chunks(f: InputFile, offset: int = 0) -> Iterator[tuple[bytes, int]]:
             try:
                 chunk = stream.read(CHUNK_BYTES)
             except (OSError, pa.ArrowInvalid) as exc:
-                raise InputError(
-                    f"{f.uri}: cannot decompress ({f.compression}) past byte {raw.tell():,} of {f.size:,}: {exc}; "
-                    "check the file is whole (copy it again) or pass it uncompressed"
-                ) from exc
+                raise decompression_error(f, exc, f" past byte {raw.tell():,} of {f.size:,}") from exc
             if not chunk:
                 return
             yield chunk, min(raw.tell(), f.size)
+
+
+def decompression_error(f: InputFile, exc: Exception, where: str = "") -> InputError:
+    """What a torn or corrupt archive stops the build with: the file, the codec, where it broke, and the fix."""
+    return InputError(
+        f"{f.uri}: cannot decompress ({f.compression}){where}: {exc}; check the file is whole (copy it again) or "
+        "pass it uncompressed"
+    )
 
 
 # -- CSV and Parquet -------------------------------------------------------------------------------
