@@ -6,7 +6,9 @@ which sizes shards and bounds the budget. The quote rescales it with the model f
 """
 
 import math
+import os
 from datetime import date
+from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
@@ -103,10 +105,24 @@ class PriceTable(BaseModel):
 
 
 def load_prices(path: str | Path) -> PriceTable:
+    """The price table at ``path``, parsed once per version of the file (its size and mtime): every shard step
+    asks for it, and a parse is ~8 ms. Callers share the table and must not change it."""
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        stat = Path(path).stat()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read price table: {exc.strerror}") from None
+    return _parse_prices(os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
+
+
+@lru_cache(maxsize=16)
+def _parse_prices(path: str, size: int, mtime_ns: int) -> PriceTable:
+    """``size`` and ``mtime_ns`` key the cache: an edited table is parsed again."""
+    try:
+        data = yaml.load(Path(path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         return PriceTable.model_validate(data)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read price table: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: the price table is not valid YAML: {exc}") from None
     except ValidationError as exc:
         raise ConfigError(f"{path}: invalid price table: {exc}") from None

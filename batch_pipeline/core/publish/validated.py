@@ -25,6 +25,7 @@ from batch_pipeline.core.ledger.result_parts import PART_SCHEMA, result_parts
 from batch_pipeline.core.manifest.read import ANSWER_COLUMNS, ROW_SCHEMA, VALIDATED_SCHEMA
 from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.spec.job import JobSpec
+from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 
 log = logging.getLogger(__name__)
@@ -63,11 +64,17 @@ ORDER BY r.source, r.line
 """
 
 
-def return_freed_memory() -> None:
+# Below this many bytes of results the query's own memory is small, and a full garbage collection (0.1-0.5 s in a
+# process holding many Dagster definitions, as a test run or `dagster dev`'s) costs more than it would hand back.
+COLLECT_FROM_BYTES = 16 * 2**20
+
+
+def return_freed_memory(collect: bool = True) -> None:
     """Hand what earlier steps freed back to the OS before the query that peaks the run (``e2e_bench`` at 1M: the
-    process stood at ~600 MiB of mostly freed heap and Arrow pool when this query added ~800): Python's garbage,
-    Arrow's pool (``release_unused``) and glibc's heap (``malloc_trim``, where libc has it)."""
-    gc.collect()
+    process stood at ~600 MiB of mostly freed heap and Arrow pool when this query added ~800): Python's garbage
+    (``collect``), Arrow's pool (``release_unused``) and glibc's heap (``malloc_trim``, where libc has it)."""
+    if collect:
+        gc.collect()
     pa.default_memory_pool().release_unused()
     try:
         ctypes.CDLL(None).malloc_trim(0)
@@ -75,10 +82,18 @@ def return_freed_memory() -> None:
         pass
 
 
-def write_validated(spec: JobSpec, store: Store, rel: str, memory_limit: str = MEMORY_LIMIT) -> int:
+def write_validated(
+    spec: JobSpec,
+    store: Store,
+    rel: str,
+    memory_limit: str = MEMORY_LIMIT,
+    collect_from_bytes: int = COLLECT_FROM_BYTES,
+) -> int:
     """Build the validated table into ``rel`` (replaced atomically); the number of rows written. Should DuckDB
-    run out of ``memory_limit`` (an operator that cannot spill), it is built again with ``FALLBACK_MEMORY_LIMIT``."""
-    return_freed_memory()
+    run out of ``memory_limit`` (an operator that cannot spill), it is built again with ``FALLBACK_MEMORY_LIMIT``.
+    Python's garbage is collected first when the job's results reach ``collect_from_bytes``."""
+    results_bytes = sum(size for _, size, _ in store.file_stats(JobPaths(spec.name).results))
+    return_freed_memory(collect=results_bytes >= collect_from_bytes)
     try:
         return _write_validated(spec, store, rel, memory_limit)
     except duckdb.OutOfMemoryException as exc:

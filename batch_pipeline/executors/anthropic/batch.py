@@ -51,6 +51,7 @@ from batch_pipeline.executors.endpoint import resolve_endpoint
 from batch_pipeline.executors.jsonl_blocks import iter_blocks
 from batch_pipeline.executors.provider_errors import classified, connection_error, redact, retry_after_s, retry_wait_s
 from batch_pipeline.executors.settings import BatchProviderSettings
+from batch_pipeline.executors.tls import shared_tls_context
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,11 @@ class AnthropicBatchExecutor(BatchBackend):
             self.name, sandbox=settings.sandbox, base_url=settings.base_url, api_key_env=settings.api_key_env
         )
         self.client = anthropic.Anthropic(
-            api_key=api_key, base_url=base_url, max_retries=settings.max_retries, timeout=settings.timeout_s
+            api_key=api_key,
+            base_url=base_url,
+            max_retries=settings.max_retries,
+            timeout=settings.timeout_s,
+            http_client=anthropic.DefaultHttpxClient(verify=shared_tls_context()),
         )
         self._create_client = self.client.with_options(max_retries=0)
 

@@ -46,6 +46,7 @@ from batch_pipeline.executors.google.sdk_errors import SDK_ERRORS
 from batch_pipeline.executors.openai.embeddings import is_embedding
 from batch_pipeline.executors.provider_errors import redact
 from batch_pipeline.executors.settings import BatchProviderSettings
+from batch_pipeline.executors.tls import shared_tls_context
 
 log = logging.getLogger(__name__)
 
@@ -122,9 +123,14 @@ class GeminiBatchExecutor(GenaiBatchExecutor):
             self.name, sandbox=settings.sandbox, base_url=settings.base_url, api_key_env=resolve_key_env(settings)
         )
         self._secret = api_key
+        tls = shared_tls_context()  # the SDK's async and websocket clients (never used here) take it too
         options = types.HttpOptions(
-            base_url=base_url, api_version=settings.api_version, timeout=int(settings.timeout_s * 1000)
-        )  # the SDK's timeout is in ms
+            base_url=base_url,
+            api_version=settings.api_version,
+            timeout=int(settings.timeout_s * 1000),  # in ms
+            client_args={"verify": tls},
+            async_client_args={"ssl": tls},
+        )
         self.client = genai.Client(api_key=api_key, http_options=options)
 
     @property

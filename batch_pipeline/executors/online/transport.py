@@ -20,6 +20,7 @@ import openai
 
 from batch_pipeline.core.ledger.executor import RequestPlan
 from batch_pipeline.executors.openai.format import body_settings, chat_messages, messages_head
+from batch_pipeline.executors.tls import shared_tls_context
 
 USER_AGENT = "batch-pipeline-online/1"
 
@@ -158,7 +159,7 @@ class SdkTransport:
             base_url=base_url,
             max_retries=0,
             timeout=timeout_s,
-            http_client=openai.DefaultHttpxClient(limits=limits),
+            http_client=openai.DefaultHttpxClient(limits=limits, verify=shared_tls_context()),
         )
         self._builder = builder
 

@@ -18,6 +18,7 @@ from batch_pipeline.core.ledger.executor import ShardWork
 from batch_pipeline.executors.endpoint import resolve_endpoint
 from batch_pipeline.executors.openai.batch import OpenAIBatchExecutor, OpenAIBatchSettings
 from batch_pipeline.executors.openai.format import request_lines
+from batch_pipeline.executors.tls import shared_tls_context
 
 AZURE_CHAT_URL = "/chat/completions"
 GA_API_VERSION = "2024-10-21"  # the data-plane GA version that carries Files and Batches
@@ -67,6 +68,7 @@ class AzureOpenAIBatchExecutor(OpenAIBatchExecutor):
             "api_version": settings.api_version,
             "max_retries": settings.max_retries,
             "timeout": settings.timeout_s,
+            "http_client": openai.DefaultHttpxClient(verify=shared_tls_context()),
         }
         if token:
             return openai.AzureOpenAI(azure_ad_token=token, **common), token

@@ -37,6 +37,7 @@ from batch_pipeline.executors.openai.embeddings import (
 from batch_pipeline.executors.openai.format import CHAT_URL, parse_output_stream, request_lines
 from batch_pipeline.executors.provider_errors import classified, connection_error, redact, retry_after_s
 from batch_pipeline.executors.settings import BatchProviderSettings
+from batch_pipeline.executors.tls import shared_tls_context
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +129,11 @@ class OpenAIBatchExecutor(BatchBackend):
             sandbox_path="/v1",
         )
         client = openai.OpenAI(
-            api_key=api_key, base_url=base_url, max_retries=settings.max_retries, timeout=settings.timeout_s
+            api_key=api_key,
+            base_url=base_url,
+            max_retries=settings.max_retries,
+            timeout=settings.timeout_s,
+            http_client=openai.DefaultHttpxClient(verify=shared_tls_context()),
         )
         return client, api_key
 

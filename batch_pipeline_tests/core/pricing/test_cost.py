@@ -4,7 +4,9 @@ import json
 
 import pyarrow as pa
 import pytest
+import yaml
 
+from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.ledger.executor import RequestPlan, ShardWork
 from batch_pipeline.core.ledger.result_parts import RESULT_SCHEMA, read_results, write_results
 from batch_pipeline.core.money.pass_cost import cache_scenarios
@@ -219,3 +221,25 @@ def test_cache_scenarios_write_the_prefix_once_per_batch_at_best_and_on_every_re
         for k, (r, w) in billed.items()
     }
     assert cost["high"] < cost["expected"] < HAIKU.cost(tokens, out) < cost["low"]
+
+
+def test_the_price_table_is_parsed_once_per_version_of_the_file(tmp_path):
+    """Every shard step asks for the table: an unchanged file is the same parsed table, an edited one is read again,
+    and a broken one is a ConfigError naming the file (never a cached earlier version)."""
+    path = tmp_path / "prices.yaml"
+    path.write_text((REPO / "data" / "prices.yaml").read_text())
+    first = load_prices(path)
+    assert load_prices(path) is first and load_prices(str(path)) is first
+    before = first.lookup("openai_batch", "gpt-4o-mini")
+    table = yaml.safe_load(path.read_text())
+    table["prices"]["openai_batch"]["gpt-4o-mini"]["input_per_mtok"] = before.input_per_mtok * 3
+    path.write_text(yaml.safe_dump(table))
+    edited = load_prices(path)
+    assert edited is not first
+    assert edited.lookup("openai_batch", "gpt-4o-mini").input_per_mtok == before.input_per_mtok * 3
+    path.write_text("prices: {openai_batch: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"prices\.yaml: the price table is not valid YAML"):
+        load_prices(path)
+    path.unlink()
+    with pytest.raises(ConfigError, match=r"prices\.yaml: cannot read price table"):
+        load_prices(path)

@@ -112,6 +112,38 @@ def test_the_streamed_validated_table_is_the_whole_frame_table(job):
     assert set(got.filter(pl.col("attempt") == 2)["output"]) == {"other", "billing"}
 
 
+def _full_collections(run) -> int:
+    """How many full (generation 2) garbage collections ``run()`` made itself: automatic ones are off meanwhile."""
+    seen: list[int] = []
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start" and info["generation"] == 2:
+            seen.append(1)
+
+    was_enabled = gc.isenabled()
+    gc.disable()
+    gc.callbacks.append(on_gc)
+    try:
+        run()
+    finally:
+        gc.callbacks.remove(on_gc)
+        if was_enabled:
+            gc.enable()
+    return len(seen)
+
+
+def test_garbage_is_collected_before_the_query_only_for_results_worth_it(job):
+    """A full collection costs 0.1-0.5 s in a process holding many definitions; on a few kilobytes of results it
+    hands back nothing worth that, at 1M items hundreds of MiB (``test_validated_memory``)."""
+    spec, store = job
+    rel = JobPaths(spec.name).staged
+    results = sum(size for _, size, _ in store.file_stats(JobPaths(spec.name).results))
+    assert 0 < results < validated.COLLECT_FROM_BYTES
+    assert _full_collections(lambda: write_validated(spec, store, rel)) == 0
+    assert _full_collections(lambda: write_validated(spec, store, rel, collect_from_bytes=results)) == 1
+    assert _full_collections(lambda: write_validated(spec, store, rel, collect_from_bytes=results + 1)) == 0
+
+
 def test_out_of_duckdb_memory_the_table_is_built_again_with_the_fallback(job, caplog):
     spec, store = job
     paths = JobPaths(spec.name)
