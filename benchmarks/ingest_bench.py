@@ -15,7 +15,7 @@ Variants, each in its own spawned process (peak RSS per variant), timed in one s
   writer thread, landing after its payload (``BackgroundWrites``, 2 workers, at most 4 writes queued).
 - ours_runner: ``ShardRunner._ingest`` itself (adds the ``is_in`` filter against the attempt's IDs and the
   counting) over shards of 5,000 lines, two shards at a time as ``ShardDriver.collect_phases`` runs a run's shards
-  (``collect_shards_at_once``, default 2: ``ordered_map`` on a pool of its own, results in shard order), with a
+  (``Settings.collect_shards_at_once``, default 3: ``ordered_map`` on a pool of its own, results in shard order), with a
   stub executor serving each shard's lines as the OpenAI executor's ``fetch`` does (1 MiB chunks, the file's size
   given as its content-length: a 5,000-line shard is parsed in one block per worker, and the blocks' tables joined
   again into one flush, one pair of parts).
@@ -426,14 +426,16 @@ class _StubExecutor:
         return None
 
 
-def ours_runner(files: list[str], work: str, shard_lines: int = SHARD, at_once: int = 2) -> dict:
+def ours_runner(files: list[str], work: str, shard_lines: int = SHARD, at_once: int | None = None) -> dict:
     from concurrent.futures import ThreadPoolExecutor
 
     from batch_pipeline.core.ledger.attempts import Attempt, IntentRecord
     from batch_pipeline.core.ledger.executor import BatchHandle
     from batch_pipeline.core.run.runner import ShardRunner
     from batch_pipeline.core.run.threads import ordered_map
+    from batch_pipeline.core.settings import Settings
 
+    at_once = at_once or Settings.model_fields["collect_shards_at_once"].default
     spec, _plan, price, store = _setup_ours(work)
     # setup (untimed): group the lines into shards of shard_lines by their position, output file first
     lines: list[bytes] = []
@@ -648,7 +650,7 @@ def main(argv: list[str] | None = None) -> int:
                         files,
                         str(d),
                         args.shard_lines,
-                        1 if v == "ours_runner_serial" else 2,
+                        1 if v == "ours_runner_serial" else None,
                     )
                 r["lines_per_s"] = r["lines"] / r["seconds"]
                 r["load"] = load()

@@ -11,6 +11,7 @@ from batch_pipeline.core import progress
 from batch_pipeline.core.errors import BatchPipelineError, SystemicError
 from batch_pipeline.core.money.quote import verify_quote
 from batch_pipeline.core.money.quote_record import read_quote
+from batch_pipeline.core.settings import COLLECT_SHARDS_AT_ONCE
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.state.execute import ShardWaits
 from batch_pipeline.defs.frame import JobFrame, clean_failure, moving_shards
@@ -105,7 +106,7 @@ def collect_shards(
     context: dg.AssetExecutionContext,
     store: StoreResource,
     prices: PricesResource,
-    at_once: int = 2,
+    at_once: int = COLLECT_SHARDS_AT_ONCE,
 ) -> dg.MaterializeResult:
     """Collect each shard's ended batches, ``at_once`` shards at a time (``Settings.collect_shards_at_once``)."""
     driver = shard_driver(context, spec, store, prices)

@@ -24,7 +24,7 @@ from batch_pipeline.core.run.threads import ordered_map
 RESULT_BLOCK_BYTES = 16 * 2**20
 # A file of known size is cut for the parse workers only into blocks of at least this size: each block pays a DuckDB
 # query's fixed cost (~2.5 ms CPU), and a 5,000-line shard's ~4.25 MB cut in two cost 6-25% more CPU per line in the
-# runner, which collects two shards at once (``collect_shards_at_once``) and so keeps both cores busy without it.
+# runner, which collects several shards at once (``collect_shards_at_once``) and so keeps both cores busy without it.
 MIN_BLOCK_BYTES = 4 * 2**20
 _SPACE = np.zeros(256, bool)  # what ``bytes.strip`` removes, as a lookup table by byte value
 _SPACE[list(b" \t\r\x0b\x0c\n")] = True

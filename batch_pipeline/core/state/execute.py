@@ -25,6 +25,7 @@ from batch_pipeline.core.run.rescue import deadline_near, rescue_reason
 from batch_pipeline.core.run.runner import ShardRunner
 from batch_pipeline.core.run.summary import shard_item_states
 from batch_pipeline.core.run.threads import ordered_map
+from batch_pipeline.core.settings import COLLECT_SHARDS_AT_ONCE
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.state.driver import Action, Step, Wait, WaitKind, shard_step
 from batch_pipeline.core.state.view import load_shard
@@ -218,7 +219,7 @@ class ShardDriver:
         self,
         shard_ids: list[str],
         on_status: Callable[[str, BatchStatus], None] | None = None,
-        at_once: int = 2,
+        at_once: int = COLLECT_SHARDS_AT_ONCE,
     ) -> Iterator[tuple[str, ShardReport | SystemicError]]:
         """``collect_phase`` of each shard, in order, with up to ``at_once`` shards' batches waited for and
         ingested at the same time: one shard's download and parse overlap another's validation and part writes

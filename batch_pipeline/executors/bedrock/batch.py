@@ -18,7 +18,6 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import boto3
 import pyarrow as pa
 import pyarrow.compute as pc
 from botocore.config import Config
@@ -31,6 +30,7 @@ from batch_pipeline.core.ledger.executor import BatchHandle, BatchState, BatchSt
 from batch_pipeline.executors.batch_backend import BatchBackend
 from batch_pipeline.executors.bedrock.format import parse_output_block, request_lines
 from batch_pipeline.executors.bedrock.sandbox import SANDBOX_CREDENTIALS, sandbox_s3
+from batch_pipeline.executors.bedrock.session import aws_session
 from batch_pipeline.executors.bedrock.settings import SANDBOX_ROLE_ARN, BedrockBatchSettings, S3Location
 from batch_pipeline.executors.endpoint import resolve_endpoint
 from batch_pipeline.executors.jsonl_blocks import parse_stream
@@ -115,10 +115,10 @@ class BedrockBatchExecutor(BatchBackend):
             self.name, sandbox=settings.sandbox, base_url=settings.base_url, api_key_env=None, key_required=False
         )
         if settings.sandbox:
-            self.session = boto3.Session(region_name="us-east-1", **SANDBOX_CREDENTIALS)
+            self.session = aws_session(region_name="us-east-1", **SANDBOX_CREDENTIALS)
             self.role_arn = settings.role_arn or SANDBOX_ROLE_ARN
         else:
-            self.session = boto3.Session(region_name=settings.region)  # the standard credential chain
+            self.session = aws_session(region_name=settings.region)  # the standard credential chain
             self.role_arn = settings.role_arn or ""
         config = Config(
             retries={"max_attempts": settings.max_retries + 1, "mode": "standard"},

@@ -72,6 +72,22 @@ def test_outside_the_sandbox_the_role_and_the_buckets_are_required(monkeypatch):
         create_executor(BackendSpec(name="bedrock_batch", settings={"sandbox": True, "api_key_env": "AWS_SECRET"}))
 
 
+def test_executors_share_botocore_s_loader_and_keep_their_own_region_and_credentials(admin, monkeypatch):
+    """Made per step, each executor parsed botocore's service models again (~100 ms); the loader is shared, the
+    session's region and credential chain are each executor's own."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDFROMTHEENVIRONMENT")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-a-secret")
+    live = {"role_arn": "arn:aws:iam::1:role/r", "s3_uri": "s3://b/p"}
+    east = executor()
+    west = create_executor(BackendSpec(name="bedrock_batch", settings={**live, "region": "us-west-2"}))
+    assert isinstance(west, BedrockBatchExecutor)
+    loaders = {id(ex.session._session.get_component("data_loader")) for ex in (east, west, executor())}
+    assert len(loaders) == 1
+    assert (east.client.meta.region_name, west.client.meta.region_name) == ("us-east-1", "us-west-2")
+    assert west.session.get_credentials().access_key == "AKIDFROMTHEENVIRONMENT"
+    assert east.session.get_credentials().access_key != "AKIDFROMTHEENVIRONMENT"  # the sandbox's own
+
+
 def test_every_bedrock_status_is_mapped():
     model = botocore.session.get_session().get_service_model("bedrock")
     assert set(STATUS_MAP) == set(model.shape_for("ModelInvocationJobStatus").enum)
