@@ -87,7 +87,9 @@ SCENARIO_PARAMS: dict[str, dict[str, Any]] = {
     "expire": {"complete_share": 0.5},
     "partial": {"complete_share": 0.5},  # Vertex: JOB_STATE_PARTIALLY_SUCCEEDED, the rest never run
     "rate_limit": {"times": 3, "retry_after_ms": 50, "on": list(ENDPOINTS)},
-    "server_error": {"times": 1, "on": list(ENDPOINTS), "commit": False},
+    # retry_after_ms > 0: the 500 carries retry-after(-ms), as the rate limit does (a real 500 carries none, and the
+    # SDKs then back off on their own: ~0.5 s, then 1 s, ...)
+    "server_error": {"times": 1, "on": list(ENDPOINTS), "commit": False, "retry_after_ms": 0},
     "fail_validation": {"lines": [1]},
     "slow": {"in_progress_s": 3.0},
     "unknown_model": {},
@@ -237,6 +239,7 @@ def endpoint_fault(scenario: Scenario, endpoint: str, counts: dict[str, int], sc
             500,
             "The server had an error while processing your request (sandbox scenario server_error).",
             type="server_error",
+            headers=retry_after_headers(int(scenario.param("retry_after_ms"))),
         )
     delay_ms = int(scenario.param("retry_after_ms"))
     return ApiError(
@@ -248,14 +251,17 @@ def endpoint_fault(scenario: Scenario, endpoint: str, counts: dict[str, int], sc
     )
 
 
+def retry_after_headers(delay_ms: int) -> dict[str, str]:
+    """``retry-after-ms`` and ``retry-after`` (whole seconds, at least 1) for a delay > 0; none otherwise."""
+    if delay_ms <= 0:
+        return {}
+    return {"retry-after-ms": str(delay_ms), "retry-after": str(max(1, math.ceil(delay_ms / 1000)))}
+
+
 def http_error(scenario: Scenario) -> InjectedError:
     """The ``http_error`` scenario's answer (a ``retry-after-ms`` and ``retry-after`` when ``retry_after_ms`` > 0)."""
     status, delay_ms = int(scenario.param("status")), int(scenario.param("retry_after_ms"))
-    headers = (
-        {"retry-after-ms": str(delay_ms), "retry-after": str(max(1, math.ceil(delay_ms / 1000)))}
-        if delay_ms > 0
-        else {}
-    )
+    headers = retry_after_headers(delay_ms)
     message = str(scenario.param("message")) or f"Injected HTTP {status} (sandbox scenario http_error)."
     return InjectedError(
         status,

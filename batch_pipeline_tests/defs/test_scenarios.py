@@ -32,7 +32,10 @@ def assert_settled(spec, home, sandbox, *, dead: int = 0) -> None:
     [
         ("line_errors", {"rate": 0.3, "times": 1}),
         ("rate_limit", {"times": 3, "retry_after_ms": 50, "on": ["upload_file", "create_batch", "retrieve_batch"]}),
-        ("server_error", {"times": 2, "on": ["upload_file", "create_batch", "retrieve_batch", "file_content"]}),
+        (
+            "server_error",
+            {"times": 2, "on": ["upload_file", "create_batch", "retrieve_batch", "file_content"], "retry_after_ms": 50},
+        ),
         ("slow", {"in_progress_s": 0.5}),
     ],
 )

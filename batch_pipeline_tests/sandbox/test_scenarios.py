@@ -120,6 +120,19 @@ def test_rate_limit_retry_after_is_honoured(client: openai.OpenAI, sandbox_url: 
         assert after["monotonic"] - before["monotonic"] >= 0.6
 
 
+def test_a_server_error_carries_retry_after_only_when_asked(sandbox_url: str, admin: SandboxAdmin) -> None:
+    """A real 500 carries no retry-after (the SDKs back off on their own); ``retry_after_ms`` adds one, so a test
+    of a recovering provider need not wait out the SDK's backoff."""
+    request = urllib.request.Request(sandbox_url + "/v1/batches", headers={"Authorization": "Bearer sk-sandbox"})
+    for params, want in (({}, None), ({"retry_after_ms": 1500}, ("1500", "2"))):
+        admin.set_scenario("server_error", on=["list_batches"], **params)
+        with pytest.raises(urllib.error.HTTPError) as raw:
+            urllib.request.urlopen(request, timeout=5)
+        assert raw.value.code == 500
+        got = raw.value.headers["retry-after-ms"], raw.value.headers["retry-after"]
+        assert got == (want or (None, None))
+
+
 def test_rate_limit_beyond_the_sdk_retries_raises(client: openai.OpenAI, admin: SandboxAdmin) -> None:
     admin.set_scenario("rate_limit", on=["upload_file"])  # defaults: times 3, retry_after_ms 50
     with pytest.raises(openai.RateLimitError):
