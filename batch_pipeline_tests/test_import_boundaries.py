@@ -120,6 +120,20 @@ def test_sandbox_sources_import_nothing_from_core_executors_or_defs(path):
     assert hits(imported_names(path, "batch_pipeline.sandbox"), SANDBOX_FORBIDDEN) == []
 
 
+def test_loading_the_code_location_leaves_pandera_for_the_gate():
+    """Every process that loads the code location (its code server, its daemon, each run worker, each CLI run)
+    paid for pandera and hypothesis (~0.15 s); only a publish's gate uses them."""
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, batch_pipeline.definitions; print('pandera' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=PACKAGE_DIR.parent,
+    )
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert loaded.stdout.strip().splitlines()[-1] == "False"
+
+
 def test_the_probe_can_see_a_forbidden_import():
     """The runtime probe is not blind: importing the executors does load core (the allowed direction)."""
     report = probe("batch_pipeline.executors", ["batch_pipeline.core"])

@@ -10,9 +10,9 @@ DuckDB over the file. Memory is one chunk plus DuckDB's aggregate, whatever the 
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import duckdb
-import pandera.pandas as pandera
 import polars as pl
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -22,14 +22,20 @@ from batch_pipeline.core.quality.validate import validate
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.store import Store
 
+if TYPE_CHECKING:  # imported where a gate runs: pandera brings pandas and hypothesis (~0.5 s) to every process
+    # that loads the code location otherwise (its code server, its daemon, each run worker)
+    import pandera.pandas as pandera
+
 CHUNK_ROWS = 100_000  # 200k rows of a 10M-row table: 940 MB peak with pandera's copies; 100k: 547 MB
 DUPLICATES_MEMORY = "256MB"  # DuckDB's buffers for the duplicate-line count
 KEPT_CASES = 50  # failure cases kept for the check's metadata (the count covers all of them)
 DUPLICATES = "SELECT source, line, count(*) AS n FROM staged GROUP BY source, line HAVING count(*) > 1"
 
 
-def staged_row_schema(spec: JobSpec) -> pandera.DataFrameSchema:
+def staged_row_schema(spec: JobSpec) -> "pandera.DataFrameSchema":
     """The staged table's per-row rules (pandera); one row per source line is checked on the whole file."""
+    import pandera.pandas as pandera
+
     output_checks = [pandera.Check.isin(spec.output.choice)] if spec.output.choice else []
     return pandera.DataFrameSchema(
         {
@@ -88,7 +94,9 @@ def _chunks(store: Store, rel: str, chunk_rows: int) -> Iterator[pl.DataFrame]:
             yield frame
 
 
-def _schema_failures(schema: pandera.DataFrameSchema, chunk: pl.DataFrame, report: GateReport) -> None:
+def _schema_failures(schema: "pandera.DataFrameSchema", chunk: pl.DataFrame, report: GateReport) -> None:
+    import pandera.errors
+
     try:
         schema.validate(chunk.to_pandas(), lazy=True)
     except pandera.errors.SchemaErrors as exc:
