@@ -20,7 +20,7 @@ from batch_pipeline.core.spec.job import AUTO_BACKEND, BackendSpec, JobSpec
 from batch_pipeline.core.spec.quota import QuotaSpec
 from batch_pipeline.core.store import Store
 from batch_pipeline.executors.accounts import AccountSpread
-from batch_pipeline.executors.quota import QueueCapped
+from batch_pipeline.executors.quota import QueueCapped, account_label
 
 Executor = BatchExecutor | StreamExecutor
 
@@ -35,6 +35,18 @@ EXECUTORS: dict[str, str] = {
     "bedrock_batch": "batch_pipeline.executors.bedrock.batch:BedrockBatchExecutor",
     "online": "batch_pipeline.executors.online.executor:OnlineExecutor",
     "vllm": "batch_pipeline.executors.vllm.offline:VllmOfflineExecutor",
+}
+
+# provider batch backend -> "module:SettingsClass", each in a module that does not import its SDK: a code location
+# names each job's Dagster pool (``account_pool``) when it loads, and importing the SDK there cost every process
+# that loads it 0.5-1 s. These are the queue-capped backends (``test_registry`` checks both tables agree).
+PROVIDER_SETTINGS: dict[str, str] = {
+    "openai_batch": "batch_pipeline.executors.openai.settings:OpenAIBatchSettings",
+    "azure_openai_batch": "batch_pipeline.executors.openai.settings:AzureOpenAIBatchSettings",
+    "anthropic_batch": "batch_pipeline.executors.anthropic.settings:AnthropicBatchSettings",
+    "gemini_batch": "batch_pipeline.executors.google.settings:GeminiBatchSettings",
+    "vertex_batch": "batch_pipeline.executors.google.settings:VertexBatchSettings",
+    "bedrock_batch": "batch_pipeline.executors.bedrock.settings:BedrockBatchSettings",
 }
 
 
@@ -110,14 +122,14 @@ def account_pool(backend: BackendSpec) -> str | None:
     (``<provider>/<account>``), so one job cannot take every run slot of an account that another job also uses.
     Its limit is the instance's ``concurrency.pools.default_limit`` (dagster.yaml, the Helm values) or
     ``dagster instance concurrency set <pool> N``."""
-    if backend.name == AUTO_BACKEND:
+    if backend.name not in PROVIDER_SETTINGS:
+        if backend.name != AUTO_BACKEND:
+            executor_class(backend.name)  # an unknown name is a ConfigError
         return None
-    cls = executor_class(backend.name)
-    if not issubclass(cls, QueueCapped):
-        return None
-    settings = _settings(cls, backend)
-    labels = [a.label for a in settings.accounts] or [cls.scope_for(settings, "*").account]
-    return f"{cls.name}/{'+'.join(labels)}"
+    module, attr = PROVIDER_SETTINGS[backend.name].split(":")
+    settings = _parse_settings(getattr(import_module(module), attr), backend)
+    labels = [a.label for a in settings.accounts] or [account_label(settings)]
+    return f"{backend.name}/{'+'.join(labels)}"
 
 
 def batch_ceilings(backend: BackendSpec) -> Ceilings | None:
@@ -165,12 +177,16 @@ def route_profile(backend: BackendSpec) -> BackendProfile:
 
 
 def _settings(cls: type[Any], backend: BackendSpec) -> Any:
+    return _parse_settings(cls.settings_model, backend)
+
+
+def _parse_settings(model: type[Any], backend: BackendSpec) -> Any:
     try:
-        return cls.settings_model.model_validate(backend.settings)
+        return model.model_validate(backend.settings)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors())
         raise ConfigError(
-            f"backend.settings for {backend.name}: {problems} (see {cls.settings_model.__name__} in {cls.__module__})"
+            f"backend.settings for {backend.name}: {problems} (see {model.__name__} in {model.__module__})"
         ) from None
 
 

@@ -1,5 +1,6 @@
 """The registry's backend limits reach the sharder: shards never exceed what the backend accepts."""
 
+import importlib
 import json
 
 import pyarrow.compute as pc
@@ -10,13 +11,22 @@ from batch_pipeline.core.manifest.shards import Manifest, ShardCaps, build_manif
 from batch_pipeline.core.spec.job import BackendSpec
 from batch_pipeline.core.spec.loading import parse_spec
 from batch_pipeline.core.store import Store
-from batch_pipeline.executors.registry import EXECUTORS, batch_limits, create_executor, executor_class
+from batch_pipeline.executors.quota import QueueCapped
+from batch_pipeline.executors.registry import (
+    EXECUTORS,
+    PROVIDER_SETTINGS,
+    account_pool,
+    batch_limits,
+    create_executor,
+    executor_class,
+)
 
 SDKS = ("openai", "anthropic", "google.genai", "boto3", "bpe_openai")
-# what `batch-pipeline run` and a code location load before any job is named
+# what `batch-pipeline run` and a code location load before any job runs: the project's definitions name each job's
+# Dagster pool (the demo's on openai_batch) from its settings, which must not need the SDK
 LOADED = """
 import json, sys
-import batch_pipeline.cli, batch_pipeline.defs.pipeline, batch_pipeline.defs.sensors
+import batch_pipeline.cli, batch_pipeline.defs.pipeline, batch_pipeline.defs.sensors, batch_pipeline.definitions
 from batch_pipeline.executors.registry import executor_class
 before = sorted(m for m in sys.modules if m.split(".")[0] in {s.split(".")[0] for s in json.loads(sys.argv[1])})
 executor_class("anthropic_batch")
@@ -47,6 +57,22 @@ def test_every_registered_class_states_its_own_name_settings_and_limits():
             assert limits == (cls.max_requests_per_batch, cls.max_bytes_per_batch) and all(v > 0 for v in limits), name
         else:
             assert limits == (None, None), name
+
+
+def test_the_provider_settings_table_lists_every_queue_capped_backend_with_its_own_settings():
+    capped = {name for name in EXECUTORS if issubclass(executor_class(name), QueueCapped)}
+    assert set(PROVIDER_SETTINGS) == capped and len(capped) == 6
+    for name, where in PROVIDER_SETTINGS.items():
+        module, attr = where.split(":")
+        assert executor_class(name).settings_model is getattr(importlib.import_module(module), attr), name
+    settings = {"accounts": [{"name": "team-a", "api_key_env": "KEY_A"}, {"api_key_env": "KEY_B"}]}
+    assert account_pool(BackendSpec(name="openai_batch")) == "openai_batch/OPENAI_API_KEY"
+    assert account_pool(BackendSpec(name="anthropic_batch", settings=settings)) == "anthropic_batch/team-a+KEY_B"
+    assert account_pool(BackendSpec(name="online")) is None
+    with pytest.raises(ConfigError, match="'nope' is not a known executor"):
+        account_pool(BackendSpec(name="nope"))
+    with pytest.raises(ConfigError, match="backend.settings for gemini_batch: colour: .* GeminiBatchSettings"):
+        account_pool(BackendSpec(name="gemini_batch", settings={"colour": "red"}))
 
 
 def test_unknown_backends_and_settings_are_config_errors_naming_them():

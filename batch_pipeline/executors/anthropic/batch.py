@@ -37,7 +37,6 @@ import anthropic
 import httpx2
 import pyarrow as pa
 import pyarrow.json as pajson
-from pydantic import Field
 
 from batch_pipeline.core.error_table import Family, Where
 from batch_pipeline.core.errors import BatchPipelineError, ConfigError, QuotaError, ResultsGoneError, TransientError
@@ -46,11 +45,11 @@ from batch_pipeline.core.ledger.executor import BatchHandle, BatchState, BatchSt
 from batch_pipeline.core.run.threads import ordered_map
 from batch_pipeline.executors.anthropic.format import parse_results_block
 from batch_pipeline.executors.anthropic.request_format import batch_requests
+from batch_pipeline.executors.anthropic.settings import AnthropicBatchSettings
 from batch_pipeline.executors.batch_backend import BatchBackend
 from batch_pipeline.executors.endpoint import resolve_endpoint
 from batch_pipeline.executors.jsonl_blocks import iter_blocks
 from batch_pipeline.executors.provider_errors import classified, connection_error, redact, retry_after_s, retry_wait_s
-from batch_pipeline.executors.settings import BatchProviderSettings
 from batch_pipeline.executors.tls import shared_tls_context
 
 log = logging.getLogger(__name__)
@@ -61,14 +60,6 @@ STATUS_MAP = {"in_progress": BatchState.RUNNING, "canceling": BatchState.CANCELL
 
 
 RETENTION_DAYS = 29  # results are deleted this long after the batch was created
-
-
-class AnthropicBatchSettings(BatchProviderSettings):
-    """``backend.settings`` of ``anthropic_batch``. The key is read from the environment, never from the spec."""
-
-    base_url: str | None = Field(default=None, description="without /v1")
-    api_key_env: str | None = "ANTHROPIC_API_KEY"
-    find_clock_skew_s: float = Field(default=120, ge=0, description="tolerated gap between our clock and theirs")
 
 
 def translate(

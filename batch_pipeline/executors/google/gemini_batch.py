@@ -32,7 +32,6 @@ import google.genai as genai
 import pyarrow as pa
 from google.genai import errors as genai_errors
 from google.genai import types
-from pydantic import Field
 
 from batch_pipeline.core.error_table import Family
 from batch_pipeline.core.errors import BatchPipelineError, ConfigError, TransientError
@@ -43,26 +42,17 @@ from batch_pipeline.executors.google.embed_format import embed_input_file, parse
 from batch_pipeline.executors.google.format import contents_writer, request_template
 from batch_pipeline.executors.google.genai_executor import REFUSED_STATES, STATE_MAP, GenaiBatchExecutor
 from batch_pipeline.executors.google.sdk_errors import SDK_ERRORS
+from batch_pipeline.executors.google.settings import FALLBACK_KEY_ENV, KEY_ENV, GeminiBatchSettings
 from batch_pipeline.executors.openai.embeddings import is_embedding
 from batch_pipeline.executors.provider_errors import redact
-from batch_pipeline.executors.settings import BatchProviderSettings
 from batch_pipeline.executors.tls import shared_tls_context
 
 log = logging.getLogger(__name__)
 
-KEY_ENV, FALLBACK_KEY_ENV = "GEMINI_API_KEY", "GOOGLE_API_KEY"
 INPUT_MIME = "jsonl"  # what the batch-mode docs upload with
 _DOWNLOAD_QUEUE_CHUNKS = 16  # 1 MiB chunks held between the download thread and the parser
 S = types.JobState
 __all__ = ["REFUSED_STATES", "STATE_MAP", "GeminiBatchExecutor", "GeminiBatchSettings", "input_file"]
-
-
-class GeminiBatchSettings(BatchProviderSettings):
-    """``backend.settings`` of ``gemini_batch``. The key is read from ``$GEMINI_API_KEY`` (``$GOOGLE_API_KEY``
-    when that is unset), never from the spec. On the sandbox the base URL is ``$BATCH_PIPELINE_SANDBOX_URL``."""
-
-    api_key_env: str | None = KEY_ENV
-    api_version: str | None = Field(default=None, description="e.g. v1beta; default: the SDK's (v1)")
 
 
 def _unless_gone(fn: Callable[..., Any], gone: tuple[int, ...]) -> Callable[..., Any]:

@@ -29,7 +29,6 @@ import google.genai as genai
 import pyarrow as pa
 from google.genai import types as gtypes
 from google.oauth2.credentials import Credentials
-from pydantic import Field, model_validator
 
 from batch_pipeline.core.error_table import Family
 from batch_pipeline.core.errors import ConfigError, TransientError
@@ -39,9 +38,9 @@ from batch_pipeline.executors.endpoint import SANDBOX_URL_ENV, resolve_endpoint
 from batch_pipeline.executors.google.gcs import AttemptObjects, Gcs, parse_gs_uri, sandbox_emulator_url
 from batch_pipeline.executors.google.genai_executor import STATE_MAP, GenaiBatchExecutor
 from batch_pipeline.executors.google.sdk_errors import retry_delay_s
+from batch_pipeline.executors.google.settings import DEFAULT_LOCATION, SANDBOX_BUCKET, VertexBatchSettings
 from batch_pipeline.executors.google.vertex_lines import content_index, parse_predictions_block, request_lines
 from batch_pipeline.executors.jsonl_blocks import parse_stream
-from batch_pipeline.executors.settings import BatchProviderSettings
 
 log = logging.getLogger(__name__)
 
@@ -49,29 +48,6 @@ S = gtypes.JobState
 __all__ = ["STATE_MAP", "VertexBatchExecutor", "VertexBatchSettings", "retry_delay_s"]
 SANDBOX_TOKEN = "sandbox-vertex-token"
 SANDBOX_PROJECT = "sandbox-project"
-SANDBOX_BUCKET = "batch-pipeline-sandbox"
-DEFAULT_LOCATION = "us-central1"
-
-
-class VertexBatchSettings(BatchProviderSettings):
-    """``backend.settings`` of ``vertex_batch``. Credentials come from the environment, never from the spec."""
-
-    api_key_env: str | None = Field(default=None, description="unused: Vertex takes application-default credentials")
-    project: str | None = Field(default=None, description="default $GOOGLE_CLOUD_PROJECT")
-    location: str | None = Field(default=None, description=f"default $GOOGLE_CLOUD_LOCATION, else {DEFAULT_LOCATION}")
-    bucket: str | None = Field(
-        default=None,
-        description=f"the GCS bucket for inputs and predictions (required; {SANDBOX_BUCKET} on the sandbox)",
-    )
-    prefix: str = Field(default="batch-pipeline", description="object prefix inside the bucket")
-
-    @model_validator(mode="after")
-    def _bucket_given(self) -> "VertexBatchSettings":
-        if self.bucket is None and not self.sandbox:
-            raise ValueError("bucket is required (the GCS bucket Vertex reads inputs from and writes predictions to)")
-        if self.bucket is not None and (self.bucket.startswith("gs://") or "/" in self.bucket):
-            raise ValueError(f"bucket {self.bucket!r} must be a bare bucket name (no gs://, no path)")
-        return self
 
 
 class VertexBatchExecutor(GenaiBatchExecutor):

@@ -10,34 +10,17 @@ retry, polling, the status table and result parsing are the OpenAI executor's ow
 import os
 
 import openai
-from pydantic import Field
 
 from batch_pipeline.core.error_table import Family
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.ledger.executor import ShardWork
 from batch_pipeline.executors.endpoint import resolve_endpoint
-from batch_pipeline.executors.openai.batch import OpenAIBatchExecutor, OpenAIBatchSettings
+from batch_pipeline.executors.openai.batch import OpenAIBatchExecutor
 from batch_pipeline.executors.openai.format import request_lines
+from batch_pipeline.executors.openai.settings import AzureOpenAIBatchSettings
 from batch_pipeline.executors.tls import shared_tls_context
 
 AZURE_CHAT_URL = "/chat/completions"
-GA_API_VERSION = "2024-10-21"  # the data-plane GA version that carries Files and Batches
-
-
-class AzureOpenAIBatchSettings(OpenAIBatchSettings):
-    """``backend.settings`` of ``azure_openai_batch``; ``base_url`` is the resource endpoint
-    (``https://RESOURCE.openai.azure.com``), else ``$AZURE_OPENAI_ENDPOINT``. Credentials come from the
-    environment only: an Entra ID token in ``ad_token_env`` wins over the key in ``api_key_env``."""
-
-    api_key_env: str | None = "AZURE_OPENAI_API_KEY"
-    ad_token_env: str | None = Field(
-        default="AZURE_OPENAI_AD_TOKEN", description="environment variable holding a Microsoft Entra ID bearer token"
-    )
-    endpoint_env: str = "AZURE_OPENAI_ENDPOINT"
-    api_version: str = GA_API_VERSION
-    deployments: dict[str, str] = Field(
-        default_factory=dict, description="model -> Global-Batch deployment name (default: the model name)"
-    )
 
 
 class AzureOpenAIBatchExecutor(OpenAIBatchExecutor):

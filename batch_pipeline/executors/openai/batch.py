@@ -35,8 +35,8 @@ from batch_pipeline.executors.openai.embeddings import (
     parse_embedding_stream,
 )
 from batch_pipeline.executors.openai.format import CHAT_URL, parse_output_stream, request_lines
+from batch_pipeline.executors.openai.settings import OpenAIBatchSettings
 from batch_pipeline.executors.provider_errors import classified, connection_error, redact, retry_after_s
-from batch_pipeline.executors.settings import BatchProviderSettings
 from batch_pipeline.executors.tls import shared_tls_context
 
 log = logging.getLogger(__name__)
@@ -53,13 +53,6 @@ STATUS_MAP = {
     "cancelled": BatchState.CANCELLED,
     "failed": BatchState.FAILED,
 }
-
-
-class OpenAIBatchSettings(BatchProviderSettings):
-    """``backend.settings`` of ``openai_batch``. The key is read from the environment, never from the spec."""
-
-    api_key_env: str | None = "OPENAI_API_KEY"
-    completion_window: str = "24h"
 
 
 def translate(
