@@ -22,8 +22,8 @@ from batch_pipeline.core.quality.validate import validate
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.store import Store
 
-if TYPE_CHECKING:  # imported where a gate runs: pandera brings pandas and hypothesis (~0.5 s) to every process
-    # that loads the code location otherwise (its code server, its daemon, each run worker)
+if TYPE_CHECKING:  # imported where a gate runs: pandera (with hypothesis, ~0.15 s) would otherwise load in every
+    # process that loads the code location (its code server, its daemon, each run worker)
     import pandera.pandas as pandera
 
 CHUNK_ROWS = 100_000  # 200k rows of a 10M-row table: 940 MB peak with pandera's copies; 100k: 547 MB
