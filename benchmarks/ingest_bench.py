@@ -14,11 +14,11 @@ Variants, each in its own spawned process (peak RSS per variant), timed in one s
   ``build_results`` (validation against a ``choice`` output, cost, provenance), the result part on a second
   writer thread, landing after its payload (``BackgroundWrites``, 2 workers, at most 4 writes queued).
 - ours_runner: ``ShardRunner._ingest`` itself (adds the ``is_in`` filter against the attempt's IDs and the
-  counting) over shards of 5,000 lines, two shards at a time as ``ShardDriver.collect_phases`` runs a run's shards
-  (``Settings.collect_shards_at_once``, default 3: ``ordered_map`` on a pool of its own, results in shard order), with a
-  stub executor serving each shard's lines as the OpenAI executor's ``fetch`` does (1 MiB chunks, the file's size
-  given as its content-length: a 5,000-line shard is parsed in one block per worker, and the blocks' tables joined
-  again into one flush, one pair of parts).
+  counting) over shards of 5,000 lines, several shards at a time as ``ShardDriver.collect_phases`` runs a run's
+  shards (``Settings.collect_shards_at_once``, default 3: ``ordered_map`` on a pool of its own, results in shard
+  order), with a stub executor serving each shard's lines as the OpenAI executor's ``fetch`` does (1 MiB chunks,
+  the file's size given as its content-length: a 5,000-line shard is parsed in one block per worker, and the
+  blocks' tables joined again into one flush, one pair of parts).
 - ours_runner_serial: the same, one shard after another (``collect_shards_at_once: 1``; what ``ours_runner``
   measured before 2026-12-02 17:00).
 
@@ -433,9 +433,9 @@ def ours_runner(files: list[str], work: str, shard_lines: int = SHARD, at_once: 
     from batch_pipeline.core.ledger.executor import BatchHandle
     from batch_pipeline.core.run.runner import ShardRunner
     from batch_pipeline.core.run.threads import ordered_map
-    from batch_pipeline.core.settings import Settings
+    from batch_pipeline.core.settings import COLLECT_SHARDS_AT_ONCE
 
-    at_once = at_once or Settings.model_fields["collect_shards_at_once"].default
+    at_once = at_once or COLLECT_SHARDS_AT_ONCE
     spec, _plan, price, store = _setup_ours(work)
     # setup (untimed): group the lines into shards of shard_lines by their position, output file first
     lines: list[bytes] = []

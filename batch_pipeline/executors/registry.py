@@ -54,13 +54,17 @@ def names() -> list[str]:
     return sorted(EXECUTORS)
 
 
+def _named(where: str) -> Any:
+    """The object a table entry ``"module:attr"`` names, its module imported on first use."""
+    module, attr = where.split(":")
+    return getattr(import_module(module), attr)
+
+
 @cache
 def executor_class(name: str) -> type[Any]:
-    try:
-        module, attr = EXECUTORS[name].split(":")
-    except KeyError:
-        raise ConfigError(f"backend.name {name!r} is not a known executor; known: {names()}") from None
-    cls = getattr(import_module(module), attr)
+    if name not in EXECUTORS:
+        raise ConfigError(f"backend.name {name!r} is not a known executor; known: {names()}")
+    cls = _named(EXECUTORS[name])
     if cls.name != name:
         raise RuntimeError(f"{EXECUTORS[name]} states the name {cls.name!r}, listed as {name!r}")
     return cls
@@ -126,8 +130,7 @@ def account_pool(backend: BackendSpec) -> str | None:
         if backend.name != AUTO_BACKEND:
             executor_class(backend.name)  # an unknown name is a ConfigError
         return None
-    module, attr = PROVIDER_SETTINGS[backend.name].split(":")
-    settings = _parse_settings(getattr(import_module(module), attr), backend)
+    settings = _parse_settings(_named(PROVIDER_SETTINGS[backend.name]), backend)
     labels = [a.label for a in settings.accounts] or [account_label(settings)]
     return f"{backend.name}/{'+'.join(labels)}"
 
