@@ -17,13 +17,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from batch_pipeline.core.settings import DEFAULT_LEASE_TTL, Settings
+
+if TYPE_CHECKING:
+    import pyarrow.dataset as ds
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +73,16 @@ class Store:
 
     def uri(self, rel: str) -> str:
         return str(self.local_path(rel)) if self.is_local else f"{self.scheme}://{self.full(rel)}"
+
+    def dataset(self, rels: str | list[str], schema: pa.Schema | None = None) -> "ds.Dataset":
+        """An Arrow dataset over Parquet file(s) of the store, for DuckDB to scan without reading them whole.
+
+        ``pyarrow.dataset`` is imported here: it brings pandas (~0.2 s), which a code location's load, a sensor
+        tick or a quote run never needs."""
+        import pyarrow.dataset as ds
+
+        paths = self.full(rels) if isinstance(rels, str) else [self.full(r) for r in rels]
+        return ds.dataset(paths, schema=schema, format="parquet", filesystem=self.fs)
 
     def exists(self, rel: str) -> bool:
         return self.fs.get_file_info(self.full(rel)).type != pafs.FileType.NotFound
@@ -268,6 +281,11 @@ class Store:
         if not tables:
             return None
         return pa.concat_tables(tables, promote_options="permissive")
+
+
+def empty_table(schema: pa.Schema) -> pa.Table:
+    """A table of no rows (``Schema.empty_table`` imports pandas, ~0.2 s, into a process that may never need it)."""
+    return pa.Table.from_batches([], schema=schema)
 
 
 def parquet_bytes(table: pa.Table, **kwargs: Any) -> pa.Buffer:

@@ -83,6 +83,7 @@ class PassLoop:
         self.resources = defs.resources
         self.limits = TurnLimits.for_spec(spec)
         self.passes = self.canaries = self.requotes = 0
+        self.quoted_last = False  # the last run was a quote: nothing was spent since, so it is still fresh
 
     def materialize(self, names: list[str], **kwargs) -> dg.ExecuteInProcessResult:
         result = dg.materialize(
@@ -96,7 +97,13 @@ class PassLoop:
         )
         if not result.success:
             raise dg.Failure(_failure_message(result))
+        self.quoted_last = names == ["quote"]
         return result
+
+    def quote(self) -> None:
+        """A fresh quote to spend against, unless the last run was one (a re-quote turn just before)."""
+        if not self.quoted_last:
+            self.materialize(["quote"])
 
     def run(self) -> dict:
         spec = self.spec
@@ -185,7 +192,7 @@ class PassLoop:
             f"canary: shard {shard} ({self.spec.canary.size} items at most, alone)"
             + (f" (attempt {self.canaries})" if self.canaries > 1 else "")
         )
-        self.materialize(["quote"])  # the canary spends against a fresh quote too
+        self.quote()  # the canary spends against a fresh quote too
         did = Activity(self.store, self.spec.name, self.tail)
         with progress.opened("submit", 1, "shards"), progress.opened("collect", 0, "shards"):
             self.materialize(SHARD_ASSETS, partition_key=shard)  # its batch, if it makes one, is the one to collect
@@ -194,7 +201,7 @@ class PassLoop:
     def _pass(self, plan: Plan, todo: list[str]) -> None:
         self.passes += 1
         self.stage(f"pass {self.passes}: {len(todo)} shard(s), planned: {plan.describe()}")
-        self.materialize(["quote"])  # every pass spends against a fresh quote
+        self.quote()  # every pass spends against a fresh quote
         did = Activity(self.store, self.spec.name, self.tail)
         sends = set(plan.shards(*SENDS))
         # batches open now (a rescue collects its own); each batch the pass makes adds one (progress.expect)

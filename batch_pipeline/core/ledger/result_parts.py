@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batch_pipeline.core.spec.paths import JobPaths
-from batch_pipeline.core.store import Store, parquet_bytes
+from batch_pipeline.core.store import Store, empty_table, parquet_bytes
 
 STRING = pa.string()  # the default column type of a constant column
 
@@ -62,7 +62,7 @@ PAYLOAD_SCHEMA = pa.schema(
 )
 # columns added after parts were first written, with the value an older part reads as
 LATER_COLUMNS = {"cache_write_tokens": 0, "embedding": None}
-_POLARS_SCHEMA = pl.from_arrow(RESULT_SCHEMA.empty_table()).schema
+_POLARS_SCHEMA = pl.from_arrow(empty_table(RESULT_SCHEMA)).schema
 
 
 _UNIQUE_COLUMNS = {"request_id", "provider_request_id", PAYLOAD}

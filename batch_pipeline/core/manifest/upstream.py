@@ -26,11 +26,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import duckdb
 import polars as pl
 import pyarrow as pa
-import pyarrow.dataset as ds
 
 from batch_pipeline.core.errors import ConfigError, InputError
 from batch_pipeline.core.ledger.result_parts import read_results
@@ -42,6 +42,9 @@ from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.job_files import load_job_file, sibling_job_files
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
+
+if TYPE_CHECKING:
+    import pyarrow.dataset
 
 log = logging.getLogger(__name__)
 
@@ -205,8 +208,8 @@ class UpstreamTable:
     def published(self) -> bool:
         return self.store.exists(self.rel)
 
-    def _dataset(self) -> ds.Dataset:
-        return ds.dataset(self.store.full(self.rel), format="parquet", filesystem=self.store.fs)
+    def _dataset(self) -> "pyarrow.dataset.Dataset":
+        return self.store.dataset(self.rel)
 
     def _query(self, sql: str, params: list | None = None) -> pl.DataFrame:
         con = duckdb.connect()

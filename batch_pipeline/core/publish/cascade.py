@@ -12,7 +12,6 @@ spend over the source rows with a final answer).
 
 import duckdb
 import pyarrow as pa
-import pyarrow.dataset as ds
 
 from batch_pipeline.core.manifest.upstream import chain
 from batch_pipeline.core.spec.job import JobSpec
@@ -75,7 +74,7 @@ def cascade_rows(spec: JobSpec, store: Store) -> pa.Table:
         for i, p in enumerate(passes):
             con.register(
                 f"pass_{i + 1}",
-                ds.dataset(store.full(JobPaths(p.name).validated), format="parquet", filesystem=store.fs),
+                store.dataset(JobPaths(p.name).validated),
             )
         return con.sql(
             cascade_sql([f"pass_{i + 1}" for i in range(len(passes))], [p.name for p in passes])
@@ -96,7 +95,7 @@ def pass_costs(spec: JobSpec, store: Store, own: dict | None = None) -> dict:
         if store.exists(rel):
             con = duckdb.connect()
             try:
-                con.register("v", ds.dataset(store.full(rel), format="parquet", filesystem=store.fs))
+                con.register("v", store.dataset(rel))
                 got = con.execute(
                     "SELECT coalesce(sum(cost_usd), 0), count(*) FILTER (WHERE NOT is_duplicate) FROM v"
                 ).fetchone()

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 import duckdb
 import polars as pl
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from batch_pipeline.core.quality.validate import validate
@@ -137,7 +136,7 @@ def _count_duplicates(con: duckdb.DuckDBPyConnection, store: Store, rel: str, re
         if local is not None:  # DuckDB's own reader: its buffers are inside the memory limit
             con.execute(f"CREATE VIEW staged AS SELECT source, line FROM read_parquet({_sql_text(str(local))})")
         else:
-            con.register("staged", ds.dataset(store.full(rel), format="parquet", filesystem=store.fs))
+            con.register("staged", store.dataset(rel))
         [(counted,)] = con.execute(f"SELECT count(*) FROM ({DUPLICATES})").fetchall()
         report.duplicate_lines = int(counted)
         if report.duplicate_lines:

@@ -18,7 +18,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import duckdb
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from batch_pipeline.core.ledger.result_parts import PART_SCHEMA, result_parts
@@ -202,9 +201,7 @@ def _source(
     if store.is_local:
         listed = ", ".join("'" + _quoted(str(store.local_path(r))) + "'" for r in rels)
         return f"read_parquet([{listed}]{', union_by_name = true' if by_name else ''})"
-    con.register(
-        name, ds.dataset([store.full(r) for r in rels], schema=pa.schema(fields), format="parquet", filesystem=store.fs)
-    )
+    con.register(name, store.dataset(rels, pa.schema(fields)))
     return name
 
 

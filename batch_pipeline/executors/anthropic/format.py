@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batch_pipeline.core.ledger.executor import RAW_OPTIONAL_SCHEMA, RAW_RESULT_SCHEMA
+from batch_pipeline.core.store import empty_table
 from batch_pipeline.executors.anthropic.request_format import batch_requests, output_schema
 from batch_pipeline.executors.jsonl_blocks import (
     json_paths_sql,
@@ -171,7 +172,7 @@ def _parse_lines(block: bytes) -> pa.Table:
     """Line by line: blank lines skipped, Arrow's JSON reader, and ``_loose_line`` when it refuses the block."""
     lines = [line for line in block.split(b"\n") if line.strip()]
     if not lines:
-        return ANTHROPIC_RAW_SCHEMA.empty_table()
+        return empty_table(ANTHROPIC_RAW_SCHEMA)
     t = read_lines(utf8_or_marker(lines, _NOT_UTF8), RESULT_LINE_SCHEMA, _loose_line)
     result = t.column("result").combine_chunks()
     message = pc.struct_field(result, "message")

@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.ledger.executor import RequestPlan, ShardWork
+from batch_pipeline.core.store import empty_table
 from batch_pipeline.executors.anthropic.format import ANTHROPIC_RAW_SCHEMA, FINISH_REASONS
 from batch_pipeline.executors.anthropic.request_format import shared_params
 from batch_pipeline.executors.jsonl_blocks import json_paths_sql, lookup, one_chunk, parse_columnwise
@@ -189,7 +190,7 @@ _LINE_SCHEMA = pa.schema(
 def _parse_lines(block: bytes) -> pa.Table:
     rows = [_line_row(line) for line in block.split(b"\n") if line.strip()]
     if not rows:
-        return BEDROCK_RAW_SCHEMA.empty_table()
+        return empty_table(BEDROCK_RAW_SCHEMA)
     t = pa.Table.from_pylist(rows, schema=_LINE_SCHEMA)
     return _assemble_columns(t.column, t.column("ok"), t.column("raw"))
 
