@@ -9,6 +9,7 @@ import pytest
 
 from batch_pipeline.sandbox import SandboxAdmin, start_sandbox_process, stop_sandbox_process
 from batch_pipeline_tests import file_order
+from batch_pipeline_tests.cli_forks import CliForks, cli_fork_server
 
 _FILE_SECONDS = file_order.recorder()
 
@@ -26,6 +27,14 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def pytest_sessionfinish() -> None:
     if _FILE_SECONDS is not None and _FILE_SECONDS.seconds:
         _FILE_SECONDS.write()
+
+
+@pytest.fixture(scope="session")
+def cli(tmp_path_factory) -> Iterator[CliForks]:
+    """`batch-pipeline` processes forked from a server that did the CLI's imports (``cli_forks``): ``cli.run(args,
+    env=..., timeout=...)`` as ``subprocess.run``, ``cli.popen(args, ...)`` as ``subprocess.Popen``."""
+    with cli_fork_server(tmp_path_factory.mktemp("cli_forks")) as forks:
+        yield forks
 
 
 @pytest.fixture(scope="module")

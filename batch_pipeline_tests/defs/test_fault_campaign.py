@@ -9,7 +9,6 @@ The kill is real (``BATCH_PIPELINE_CRASH_AT`` makes the process SIGKILL itself a
 import os
 import signal
 import subprocess
-import sys
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
@@ -25,6 +24,7 @@ from batch_pipeline.defs.build import build_definitions
 from batch_pipeline.defs.jobs import PUBLISH_ASSETS, build_jobs
 from batch_pipeline.defs.pipeline import run_job
 from batch_pipeline.defs.sensors import build_shard_sensor
+from batch_pipeline_tests.cli_forks import CliForks
 
 TAIL = {
     "backend": {"name": "online", "settings": {"sandbox": True, "concurrency": 2, "flush_every": 3}},
@@ -59,18 +59,12 @@ def _spec(make_job, shape: str):
     return make_job(canary={"size": 4}, **overrides)
 
 
-def _cli(spec, home, dagster_home, url: str, crash_at: str | None) -> subprocess.CompletedProcess:
+def _cli(cli: CliForks, spec, home, dagster_home, url: str, crash_at: str | None) -> subprocess.CompletedProcess:
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "BATCH_PIPELINE_SANDBOX_URL": url}
     env.pop("BATCH_PIPELINE_CRASH_AT", None)
     if crash_at:
         env["BATCH_PIPELINE_CRASH_AT"] = crash_at
-    return subprocess.run(
-        [sys.executable, "-m", "batch_pipeline.cli", "run", spec.source_path, "--home", str(home)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    return cli.run(["run", spec.source_path, "--home", str(home)], env=env, timeout=240)
 
 
 def _answers(home, job: str) -> pl.DataFrame:
@@ -117,16 +111,16 @@ def _finish_by_sensors(spec, instance, resources) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(("point", "shape", "finish"), RUNS, ids=["-".join(r) for r in RUNS])
 def test_a_kill_at_each_boundary_then_a_finish_bills_every_request_once(
-    point, shape, finish, sandbox, sandbox_proc, make_job, instance, resources, home, tmp_path
+    point, shape, finish, cli, sandbox, sandbox_proc, make_job, instance, resources, home, tmp_path
 ):
     _, url = sandbox_proc
     spec = _spec(make_job, shape)
     dagster_home = tmp_path / "dagster_home"
     dagster_home.mkdir()
-    killed = _cli(spec, home, dagster_home, url, crash_at=point)
+    killed = _cli(cli, spec, home, dagster_home, url, crash_at=point)
     assert killed.returncode == -signal.SIGKILL, f"the run never reached {point}:\n{killed.stdout}{killed.stderr}"
     if finish == "cli":
-        done = _cli(spec, home, dagster_home, url, crash_at=None)
+        done = _cli(cli, spec, home, dagster_home, url, crash_at=None)
         assert done.returncode == 0, done.stdout + done.stderr
     else:  # the daemon's view: the same instance the killed run used
         with dg.DagsterInstance.from_config(str(dagster_home)) as shared:

@@ -88,15 +88,20 @@ def _stage_of(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str:
     return "shards" if "submissions" in names else "+".join(names)
 
 
-def test_each_spend_follows_a_fresh_quote_and_no_quote_is_taken_twice_in_a_row(
-    sandbox, instance, resources, make_job
-):
+def test_each_spend_follows_a_fresh_quote_and_no_quote_is_taken_twice_in_a_row(sandbox, instance, resources, make_job):
     """The canary and each pass spend against a quote made after the last spend; the re-quote turn that precedes the
     canary is that quote (a second one, with nothing spent between, would be one Dagster run more per job)."""
     spec = make_job(canary={"size": 4})
     assert run_job(spec, instance, resources)["complete"]
     stages = [_stage_of(instance, r) for r in reversed(instance.get_runs())]
-    assert stages == ["backend_comparison+manifest", "quote", "shards", "quote", "shards", "dead_letters+report+results+validated"]
+    assert stages == [
+        "backend_comparison+manifest",
+        "quote",
+        "shards",
+        "quote",
+        "shards",
+        "dead_letters+report+results+validated",
+    ]
 
 
 def test_a_spec_without_cost_compare_has_no_comparison_asset_and_every_asset_is_in_a_job(make_job):
