@@ -167,12 +167,18 @@ class ForkedCli:
         env: dict[str, str] | None = None,
         cwd: str | os.PathLike | None = None,
         stderr_to_stdout: bool = False,
+        output: IO | None = None,
         start_new_session: bool = False,
     ) -> None:
+        """``output``: a file both streams go to (no pipes); else stdout is a pipe, and stderr another one or, with
+        ``stderr_to_stdout``, the same."""
         self.args = list(args)
         self.returncode: int | None = None
-        out_r, out_w = os.pipe()
-        err_r, err_w = (None, out_w) if stderr_to_stdout else os.pipe()
+        if output is not None:
+            out_r, err_r, out_w, err_w = None, None, os.dup(output.fileno()), os.dup(output.fileno())
+        else:
+            out_r, out_w = os.pipe()
+            err_r, err_w = (None, os.dup(out_w)) if stderr_to_stdout else os.pipe()
         request = {
             "args": self.args,
             "env": dict(os.environ if env is None else env),
@@ -186,11 +192,10 @@ class ForkedCli:
             socket.send_fds(self._conn, [HEADER.pack(len(payload)) + payload], [out_w, err_w])
         finally:
             os.close(out_w)
-            if err_r is not None:
-                os.close(err_w)
+            os.close(err_w)
         self._buffer = b""
         self.pid = int(self._line(None) or -1)
-        self.stdout: IO[str] = open(out_r, encoding="utf-8", errors="replace")  # noqa: SIM115 (closed in communicate)
+        self.stdout: IO[str] | None = None if out_r is None else open(out_r, encoding="utf-8", errors="replace")  # noqa: SIM115
         self.stderr: IO[str] | None = None if err_r is None else open(err_r, encoding="utf-8", errors="replace")  # noqa: SIM115
 
     def _line(self, timeout: float | None) -> str | None:
@@ -226,10 +231,11 @@ class ForkedCli:
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
         """Read both outputs to their end and wait, as ``Popen.communicate`` does; on timeout the process is killed."""
         chunks: dict[str, list[str]] = {"out": [], "err": []}
-        readers = [threading.Thread(target=lambda: chunks["out"].append(self.stdout.read()), daemon=True)]
-        if self.stderr is not None:
-            stderr = self.stderr
-            readers.append(threading.Thread(target=lambda: chunks["err"].append(stderr.read()), daemon=True))
+        readers = [
+            threading.Thread(target=lambda f=f, to=to: chunks[to].append(f.read()), daemon=True)
+            for f, to in ((self.stdout, "out"), (self.stderr, "err"))
+            if f is not None
+        ]
         for r in readers:
             r.start()
         try:

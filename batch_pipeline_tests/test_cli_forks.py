@@ -28,7 +28,8 @@ def _cold(args: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:
 def test_a_fork_answers_as_a_cold_start_does(cli, tmp_path, args):
     """Same exit code, stdout and stderr; the error names the working directory's home and the environment's jobs
     folder, so the child took both from its request, not from the server."""
-    env = {**os.environ, "BATCH_PIPELINE_JOBS": str(tmp_path / "jobs_here"), "COLUMNS": "120"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BATCH_PIPELINE_", "DAGSTER_"))}
+    env.update(BATCH_PIPELINE_JOBS=str(tmp_path / "jobs_here"), COLUMNS="120")
     forked = cli.run(args, env=env, cwd=tmp_path, timeout=120)
     cold = _cold(args, env, tmp_path)
     assert (forked.returncode, forked.stdout, forked.stderr) == (cold.returncode, cold.stdout, cold.stderr)

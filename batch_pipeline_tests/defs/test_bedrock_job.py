@@ -4,8 +4,6 @@ validated table, report and reconciliation; shards below Bedrock's minimum never
 and an unknown model stop the job once; throttling is waited out; a timed-out job's leftovers go to the tail."""
 
 import os
-import subprocess
-import sys
 from collections import Counter
 
 import dagster as dg
@@ -109,7 +107,7 @@ def test_without_a_tail_a_shard_below_the_minimum_waits_and_says_why(sandbox, in
 
 
 def test_a_crash_between_create_and_record_reattaches_without_a_second_job(
-    sandbox, sandbox_proc, make_job, home, tmp_path, resources
+    sandbox, sandbox_proc, make_job, home, tmp_path, resources, cli
 ):
     spec = small_job(make_job, sandbox)
     dagster_home = tmp_path / "dagster_home"
@@ -120,13 +118,11 @@ def test_a_crash_between_create_and_record_reattaches_without_a_second_job(
         "BATCH_PIPELINE_SANDBOX_URL": sandbox_proc[1],
         "BATCH_PIPELINE_PRICES": resources["prices"].path,
     }
-    cmd = [sys.executable, "-m", "batch_pipeline.cli", "run", spec.source_path, "--home", str(home)]
-    crashed = subprocess.run(
-        cmd, env={**env, "BATCH_PIPELINE_CRASH_AT": "after_create"}, capture_output=True, text=True, timeout=240
-    )
+    cmd = ["run", spec.source_path, "--home", str(home)]
+    crashed = cli.run(cmd, env={**env, "BATCH_PIPELINE_CRASH_AT": "after_create"}, timeout=240)
     assert crashed.returncode != 0
     assert len(creates(sandbox)) == 1  # Bedrock has the canary's job; we never recorded it
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    done = cli.run(cmd, env=env, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     shards = Manifest(spec.name, Store(home)).shard_ids()
     assert len(creates(sandbox)) == len(shards)  # re-attached by name: no second job for the crashed shard

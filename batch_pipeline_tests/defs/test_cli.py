@@ -1,8 +1,6 @@
 """`batch-pipeline status` prints the per-shard reconciliation; errors are one clear line, not a traceback."""
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 from batch_pipeline.cli import main
@@ -91,11 +89,7 @@ def test_a_bad_spec_is_reported_with_file_and_field(tmp_path, capsys):
     assert "bad.yaml" in err and "name" in err and "Traceback" not in err
 
 
-def test_a_broken_unrelated_spec_does_not_break_a_run(sandbox, sandbox_proc, make_job, home, tmp_path):
-    import os
-    import subprocess
-    import sys
-
+def test_a_broken_unrelated_spec_does_not_break_a_run(cli, sandbox, sandbox_proc, make_job, home, tmp_path):
     spec = make_job()
     jobs = tmp_path / "data" / "jobs"
     (jobs / "broken.yaml").write_text("name: Not A Valid Name\nbackend: {}\n")  # someone else's half-written job
@@ -105,14 +99,7 @@ def test_a_broken_unrelated_spec_does_not_break_a_run(sandbox, sandbox_proc, mak
         "DAGSTER_HOME": str(tmp_path / "dh"),
         "BATCH_PIPELINE_SANDBOX_URL": sandbox_proc[1],
     }
-    done = subprocess.run(
-        [sys.executable, "-m", "batch_pipeline.cli", "run", spec.source_path, "--home", str(home)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+    done = cli.run(["run", spec.source_path, "--home", str(home)], env=env, timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr
     # at most a warning that it was left out of the multi-pass lookup, never an error or a stack trace
     mentions = [ln for ln in (done.stdout + done.stderr).splitlines() if "broken.yaml" in ln]
@@ -120,19 +107,8 @@ def test_a_broken_unrelated_spec_does_not_break_a_run(sandbox, sandbox_proc, mak
     assert "Traceback" not in done.stderr
 
 
-def _cli(args: list[str], env: dict, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "batch_pipeline.cli", *args],
-        env=env,
-        capture_output=True,
-        check=False,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def test_a_bad_key_prints_one_line_and_the_fix_then_a_name_finds_the_spec_run_from_a_path(
-    sandbox, sandbox_proc, make_job, home, tmp_path
+    cli, sandbox, sandbox_proc, make_job, home, tmp_path
 ):
     spec = make_job(name="keyed")
     env = {
@@ -142,7 +118,7 @@ def test_a_bad_key_prints_one_line_and_the_fix_then_a_name_finds_the_spec_run_fr
         "OPENAI_API_KEY": "sk-sandbox-bad",
         "BATCH_PIPELINE_JOBS": str(tmp_path / "elsewhere"),
     }
-    done = _cli(["run", spec.source_path, "--home", str(home)], env)
+    done = cli.run(["run", spec.source_path, "--home", str(home)], env=env, timeout=180)
     assert done.returncode == 3, done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()
     assert "Traceback" not in done.stderr and "Stack Trace" not in done.stderr and len(lines) <= 3, done.stderr
@@ -153,11 +129,13 @@ def test_a_bad_key_prints_one_line_and_the_fix_then_a_name_finds_the_spec_run_fr
     ), lines
     assert "sk-sandbox-bad" not in done.stdout + done.stderr
     # the spec lives outside the jobs folder: the name finds it through the record the run left in the home
-    status = _cli(["status", "keyed", "--home", str(home)], env, timeout=120)
+    status = cli.run(["status", "keyed", "--home", str(home)], env=env, timeout=120)
     assert status.returncode == 0, status.stdout + status.stderr
     assert "job stopped at" in status.stdout and "means: the provider refused the key" in status.stdout
     # the fix named above, by name: resume completes the same job
-    resumed = _cli(["resume", "keyed", "--home", str(home)], {**env, "OPENAI_API_KEY": "sk-sandbox"})
+    resumed = cli.run(
+        ["resume", "keyed", "--home", str(home)], env={**env, "OPENAI_API_KEY": "sk-sandbox"}, timeout=180
+    )
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "resuming: the job was stopped" in resumed.stdout and "Traceback" not in resumed.stderr
 
@@ -197,7 +175,7 @@ def test_a_quote_over_the_budget_exits_3_with_the_budget_fix(sandbox, make_job, 
     assert sandbox.ledger() == []  # nothing was sent
 
 
-def test_a_bug_in_a_run_exits_1_and_shows_its_stack_trace(make_job, home, tmp_path):
+def test_a_bug_in_a_run_exits_1_and_shows_its_stack_trace(cli, make_job, home, tmp_path):
     from batch_pipeline.core.manifest.shards import build_manifest
     from batch_pipeline.core.spec.paths import JobPaths
     from batch_pipeline.core.store import Store
@@ -207,7 +185,7 @@ def test_a_bug_in_a_run_exits_1_and_shows_its_stack_trace(make_job, home, tmp_pa
     build_manifest(spec, store)
     store.write_json(JobPaths(spec.name).shard_summary("s00001"), [1])  # a record no code path writes
     env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dh"), "BATCH_PIPELINE_SANDBOX_URL": "http://127.0.0.1:9"}
-    done = _cli(["run", spec.source_path, "--home", str(home)], env, timeout=120)
+    done = cli.run(["run", spec.source_path, "--home", str(home)], env=env, timeout=120)
     assert done.returncode == 1, done.stdout + done.stderr
     # the summary is a typed record: reading it fails on its type, with the record's own error and stack trace
     assert "Traceback" in done.stderr and "ValidationError" in done.stderr, done.stderr

@@ -2,8 +2,6 @@
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 
@@ -11,6 +9,7 @@ import pytest
 
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
+from batch_pipeline_tests.cli_forks import CliForks, ForkedCli
 
 from .conftest import batch_creates, ledger_ids
 
@@ -19,26 +18,22 @@ def _count(store: Store, job: str, suffix: str) -> int:
     return len([p for p in store.list_files(f"{JobPaths(job).root}/attempts", recursive=True) if p.endswith(suffix)])
 
 
-def _run_cli(spec_path: str, home, dagster_home, url: str) -> subprocess.Popen:
+def _run_cli(cli: CliForks, spec_path: str, home, dagster_home, url: str) -> ForkedCli:
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "BATCH_PIPELINE_SANDBOX_URL": url}
-    return subprocess.Popen(
-        [sys.executable, "-m", "batch_pipeline.cli", "run", spec_path, "--home", str(home)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    return cli.popen(["run", spec_path, "--home", str(home)], env=env, stderr_to_stdout=True)
 
 
 @pytest.mark.timeout(600)  # two CLI runs, each given a generous deadline
-def test_sigkill_mid_collection_then_rerun_bills_each_request_once(sandbox, sandbox_proc, make_job, home, tmp_path):
+def test_sigkill_mid_collection_then_rerun_bills_each_request_once(
+    cli, sandbox, sandbox_proc, make_job, home, tmp_path
+):
     spec = make_job()
     _, url = sandbox_proc
     dagster_home = tmp_path / "dagster_home"
     dagster_home.mkdir()
     store = Store(home)
     sandbox.clock(freeze=True)  # batches stay in progress: the run sits in its collection step
-    proc = _run_cli(spec.source_path, home, dagster_home, url)
+    proc = _run_cli(cli, spec.source_path, home, dagster_home, url)
     try:
         deadline = time.monotonic() + 180  # generous: a loaded machine takes over a minute to start the CLI
         while time.monotonic() < deadline:
@@ -62,7 +57,7 @@ def test_sigkill_mid_collection_then_rerun_bills_each_request_once(sandbox, sand
     assert _count(store, spec.name, ".collected.json") == 0
     assert batch_creates(sandbox) == 1
     sandbox.clock(freeze=False)
-    again = _run_cli(spec.source_path, home, dagster_home, url)
+    again = _run_cli(cli, spec.source_path, home, dagster_home, url)
     out, _ = again.communicate(timeout=240)
     assert again.returncode == 0, out
     assert batch_creates(sandbox) == 4  # the canary re-attached, the other 3 shards once each

@@ -3,8 +3,6 @@ validated table, report and reconciliation; Gemini's no-results expiry sends eve
 create and record re-attaches (one batch per shard); a bad key stops the job once."""
 
 import os
-import subprocess
-import sys
 from collections import Counter
 
 import dagster as dg
@@ -128,19 +126,17 @@ def test_an_expired_gemini_batch_returns_nothing_and_every_item_goes_once_more(
 
 
 def test_a_crash_between_create_and_record_reattaches_without_a_second_gemini_batch(
-    sandbox, sandbox_proc, make_job, home, tmp_path, prices
+    sandbox, sandbox_proc, make_job, home, tmp_path, prices, cli
 ):
     spec = gemini_job(make_job)
     dagster_home = tmp_path / "dagster_home"
     dagster_home.mkdir()
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "BATCH_PIPELINE_SANDBOX_URL": sandbox_proc[1]}
-    cmd = [sys.executable, "-m", "batch_pipeline.cli", "run", spec.source_path, "--home", str(home)]
-    crashed = subprocess.run(
-        cmd, env={**env, "BATCH_PIPELINE_CRASH_AT": "after_create"}, capture_output=True, text=True, timeout=240
-    )
+    cmd = ["run", spec.source_path, "--home", str(home)]
+    crashed = cli.run(cmd, env={**env, "BATCH_PIPELINE_CRASH_AT": "after_create"}, timeout=240)
     assert crashed.returncode != 0
     assert len(creates(sandbox)) == 1  # Google has the canary's batch; we never recorded it
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    done = cli.run(cmd, env=env, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     shards = Manifest(spec.name, Store(home)).shard_ids()
     assert len(creates(sandbox)) == len(shards)  # re-attached: no second batch for the crashed one

@@ -6,8 +6,6 @@ them and bills nothing twice."""
 
 import os
 import signal
-import subprocess
-import sys
 from collections import Counter
 
 import dagster as dg
@@ -128,7 +126,7 @@ def test_with_retention_keep_the_provider_holds_all_of_it(
 
 @pytest.mark.parametrize(("provider", "finish"), [("openai", "cli"), ("anthropic", "cli"), ("openai", "sensors")])
 def test_a_kill_between_storing_and_deleting_is_cleaned_by_the_next_run_billing_nothing_twice(
-    provider, finish, provider_sandbox, vertex_sandbox_proc, make_job, resources, home, tmp_path
+    provider, finish, provider_sandbox, vertex_sandbox_proc, make_job, resources, home, tmp_path, cli
 ):
     # a canary sample smaller than its shard, as in the fault campaign: a kill after a canary that is the whole
     # shard was collected but before it was judged leaves the job waiting on it (the driver's, not this, to fix)
@@ -137,16 +135,14 @@ def test_a_kill_between_storing_and_deleting_is_cleaned_by_the_next_run_billing_
     dagster_home.mkdir()
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "BATCH_PIPELINE_SANDBOX_URL": vertex_sandbox_proc[1]}
     env.pop("BATCH_PIPELINE_CRASH_AT", None)
-    cmd = [sys.executable, "-m", "batch_pipeline.cli", "run", spec.source_path, "--home", str(home)]
-    killed = subprocess.run(
-        cmd, env={**env, "BATCH_PIPELINE_CRASH_AT": "before_discard"}, capture_output=True, text=True, timeout=240
-    )
+    cmd = ["run", spec.source_path, "--home", str(home)]
+    killed = cli.run(cmd, env={**env, "BATCH_PIPELINE_CRASH_AT": "before_discard"}, timeout=240)
     assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
     (stored,) = batch_attempts(spec, home)  # the canary's batch: its results stored, its data still there
     assert "collected" in stored.records and "discarded" not in stored.records
     assert own_ids(stored) <= holdings(spec)
     if finish == "cli":
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+        done = cli.run(cmd, env=env, timeout=240)
         assert done.returncode == 0, done.stdout + done.stderr
     else:  # the daemon's way: the shard sensor's runs, up to its publish run, on the killed run's instance
         with dg.DagsterInstance.from_config(str(dagster_home)) as shared:

@@ -9,8 +9,6 @@ from the ``x-ratelimit-*`` headers) is what makes the shard slow enough to be ca
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 
@@ -21,6 +19,7 @@ from batch_pipeline.core.ledger.result_parts import read_results
 from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 from batch_pipeline.sandbox import SandboxAdmin
+from batch_pipeline_tests.cli_forks import CliForks, ForkedCli
 
 ONLINE = {
     "name": "online",
@@ -29,15 +28,9 @@ ONLINE = {
 ROWS = 40
 
 
-def _run_cli(spec_path: str, home, dagster_home, url: str) -> subprocess.Popen:
+def _run_cli(cli: CliForks, spec_path: str, home, dagster_home, url: str) -> ForkedCli:
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "BATCH_PIPELINE_SANDBOX_URL": url}
-    return subprocess.Popen(
-        [sys.executable, "-m", "batch_pipeline.cli", "run", spec_path, "--home", str(home)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    return cli.popen(["run", spec_path, "--home", str(home)], env=env, stderr_to_stdout=True)
 
 
 def _collected(store: Store, job: str) -> int:
@@ -59,7 +52,7 @@ def _billed(admin: SandboxAdmin) -> list[str]:
     return [e["completion_id"] for e in admin.ledger() if e["mode"] == "online"]
 
 
-def _wait_billed(admin: SandboxAdmin, proc: subprocess.Popen, count: int, timeout_s: float, why: str) -> None:
+def _wait_billed(admin: SandboxAdmin, proc: ForkedCli, count: int, timeout_s: float, why: str) -> None:
     """Poll until ``count`` online requests were billed, while ``proc`` runs (``why`` once ``timeout_s`` passed)."""
     deadline = time.monotonic() + timeout_s
     while len(_billed(admin)) < count:
@@ -70,7 +63,7 @@ def _wait_billed(admin: SandboxAdmin, proc: subprocess.Popen, count: int, timeou
 
 @pytest.mark.timeout(900)  # its own deadlines (start, stop, re-run) add up past the 300 s default
 def test_sigterm_mid_online_shard_stores_what_was_billed_and_the_rerun_bills_the_rest_once(
-    sandbox, sandbox_proc, make_job, home, tmp_path
+    cli, sandbox, sandbox_proc, make_job, home, tmp_path
 ):
     spec = make_job(backend=ONLINE, canary_first=False, shards={"max_requests": 20})
     _, url = sandbox_proc
@@ -78,7 +71,7 @@ def test_sigterm_mid_online_shard_stores_what_was_billed_and_the_rerun_bills_the
     dagster_home.mkdir()
     store = Store(home)
     sandbox.set_scenario("normal", rpm=60)  # one online request a second
-    proc = _run_cli(spec.source_path, home, dagster_home, url)
+    proc = _run_cli(cli, spec.source_path, home, dagster_home, url)
     try:
         # the run's readiness is its first billed request: a subprocess start and the dagster import took over
         # 90 s on a loaded machine, so the start gets 300 s, then the next two billed requests (1 s apart) 120 s
@@ -100,7 +93,7 @@ def test_sigterm_mid_online_shard_stores_what_was_billed_and_the_rerun_bills_the
     assert set(stored["status"]) == {"succeeded"}
 
     sandbox.set_scenario("normal")  # no limit: the re-run goes at full speed
-    again = _run_cli(spec.source_path, home, dagster_home, url)
+    again = _run_cli(cli, spec.source_path, home, dagster_home, url)
     try:
         out2, _ = again.communicate(timeout=180)
     finally:

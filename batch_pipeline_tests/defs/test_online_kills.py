@@ -5,8 +5,6 @@ answers every source row once, and the report's spend range holds what the sandb
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 
@@ -15,6 +13,7 @@ import yaml
 from batch_pipeline.core.pricing.cost import load_prices
 from batch_pipeline.core.publish.tables import JobState
 from batch_pipeline.core.store import Store
+from batch_pipeline_tests.cli_forks import CliForks, ForkedCli
 
 from .conftest import REPO
 
@@ -34,16 +33,9 @@ def _rows(n: int) -> list[dict]:
     ]
 
 
-def _run(spec_path: str, home, dagster_home, url: str) -> subprocess.Popen:
+def _run(cli: CliForks, spec_path: str, home, dagster_home, url: str) -> ForkedCli:
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "BATCH_PIPELINE_SANDBOX_URL": url}
-    return subprocess.Popen(
-        [sys.executable, "-m", "batch_pipeline.cli", "run", spec_path, "--home", str(home)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    return cli.popen(["run", spec_path, "--home", str(home)], env=env, stderr_to_stdout=True, start_new_session=True)
 
 
 def _online(admin) -> list[dict]:
@@ -51,7 +43,7 @@ def _online(admin) -> list[dict]:
 
 
 def test_random_sigkills_of_an_online_job_repay_at_most_the_requests_in_flight(
-    sandbox, sandbox_proc, make_job, home, tmp_path
+    cli, sandbox, sandbox_proc, make_job, home, tmp_path
 ):
     _, url = sandbox_proc
     spec = make_job(rows=_rows(ROWS), backend=ONLINE, canary_first=False, shards={"max_requests": 100})
@@ -61,7 +53,7 @@ def test_random_sigkills_of_an_online_job_repay_at_most_the_requests_in_flight(
     rng = random.Random(17)
     for kill in range(KILLS):
         before = len(_online(sandbox))
-        proc = _run(spec.source_path, home, dagster_home, url)
+        proc = _run(cli, spec.source_path, home, dagster_home, url)
         target = before + rng.randint(15, 60)  # a random moment: some answers into this run
         deadline = time.monotonic() + 120
         try:
@@ -73,7 +65,7 @@ def test_random_sigkills_of_an_online_job_repay_at_most_the_requests_in_flight(
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     sandbox.set_scenario("normal")  # the final run at full speed
-    final = _run(spec.source_path, home, dagster_home, url)
+    final = _run(cli, spec.source_path, home, dagster_home, url)
     out, _ = final.communicate(timeout=600)
     assert final.returncode == 0, out
     billed = _online(sandbox)
@@ -100,7 +92,7 @@ def test_random_sigkills_of_an_online_job_repay_at_most_the_requests_in_flight(
 
 
 def test_a_sigkill_of_the_online_tail_after_a_cancelled_batch_repays_at_most_the_requests_in_flight(
-    sandbox, sandbox_proc, make_job, home, tmp_path
+    cli, sandbox, sandbox_proc, make_job, home, tmp_path
 ):
     """The tail rescue: a batch still open near the deadline is cancelled (what it finished is kept), the rest goes
     online, and that online tail is SIGKILLed mid-way; the next run finishes with at most ``concurrency`` repaid."""
@@ -117,7 +109,7 @@ def test_a_sigkill_of_the_online_tail_after_a_cancelled_batch_repays_at_most_the
     dagster_home = tmp_path / "dagster_home"
     dagster_home.mkdir()
     sandbox.set_scenario("normal", in_progress_s=3600, rpm=1200)  # the batches stay open
-    first = _run(spec.source_path, home, dagster_home, url)
+    first = _run(cli, spec.source_path, home, dagster_home, url)
     deadline = time.monotonic() + 120
     try:
         while (
@@ -138,7 +130,7 @@ def test_a_sigkill_of_the_online_tail_after_a_cancelled_batch_repays_at_most_the
     text = yaml.safe_load(path.read_text())
     text["deadline"] = (datetime.now(UTC) + timedelta(minutes=20)).isoformat()  # now the deadline is near
     path.write_text(yaml.safe_dump(text))
-    rescue = _run(spec.source_path, home, dagster_home, url)
+    rescue = _run(cli, spec.source_path, home, dagster_home, url)
     deadline = time.monotonic() + 180
     try:
         while len(_online(sandbox)) < 30:  # the tail is under way online
@@ -149,7 +141,7 @@ def test_a_sigkill_of_the_online_tail_after_a_cancelled_batch_repays_at_most_the
         os.killpg(rescue.pid, signal.SIGKILL)
         rescue.wait()
     sandbox.set_scenario("normal")
-    final = _run(spec.source_path, home, dagster_home, url)
+    final = _run(cli, spec.source_path, home, dagster_home, url)
     out, _ = final.communicate(timeout=600)
     assert final.returncode == 0, out
     online = _online(sandbox)

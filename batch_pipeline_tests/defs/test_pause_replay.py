@@ -2,8 +2,6 @@
 
 import json
 import os
-import subprocess
-import sys
 import time
 from collections import Counter
 
@@ -34,7 +32,7 @@ def _completion_ids(store: Store, job: str) -> pl.Series:
 
 
 @pytest.mark.timeout(900)  # its own deadlines (start, stop, re-run) add up past the 300 s default
-def test_pause_mid_shard_then_resume_sends_nothing_twice(sandbox, sandbox_proc, make_job, home, tmp_path, capsys):
+def test_pause_mid_shard_then_resume_sends_nothing_twice(cli, sandbox, sandbox_proc, make_job, home, tmp_path, capsys):
     spec = make_job(backend=ONLINE, canary_first=False, shards={"max_requests": 20})
     _, url = sandbox_proc
     dagster_home = tmp_path / "dagster_home"
@@ -42,13 +40,7 @@ def test_pause_mid_shard_then_resume_sends_nothing_twice(sandbox, sandbox_proc, 
     store = Store(home)
     sandbox.set_scenario("normal", rpm=60)  # about one online request a second: the shard is caught mid-way
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "BATCH_PIPELINE_SANDBOX_URL": url}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "batch_pipeline.cli", "run", spec.source_path, "--home", str(home)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = cli.popen(["run", spec.source_path, "--home", str(home)], env=env, stderr_to_stdout=True)
     try:
         deadline = time.monotonic() + 300  # a subprocess start and the dagster import took over 90 s under load
         while len(_billed_online(sandbox)) < 3:
@@ -81,13 +73,7 @@ def test_pause_mid_shard_then_resume_sends_nothing_twice(sandbox, sandbox_proc, 
         assert isinstance(tick, dg.SkipReason) and "paused" in tick.skip_message
     # resume: the rest goes out once
     sandbox.set_scenario("normal")
-    again = subprocess.run(
-        [sys.executable, "-m", "batch_pipeline.cli", "resume", spec.source_path, "--home", str(home)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    again = cli.run(["resume", spec.source_path, "--home", str(home)], env=env, timeout=180)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "was paused" in again.stdout
     billed = _billed_online(sandbox)

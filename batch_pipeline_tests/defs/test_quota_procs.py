@@ -15,7 +15,6 @@ generous deadline.
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -29,6 +28,7 @@ from batch_pipeline.core.manifest.read import Manifest
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.quota import QuotaSpec
 from batch_pipeline.core.store import Store
+from batch_pipeline_tests.cli_forks import CliForks
 from batch_pipeline_tests.quota_support import (
     Sizes,
     assert_finished_once,
@@ -66,9 +66,9 @@ def sizes(sandbox_proc, tmp_path_factory) -> Sizes:
 
 # -- processes -----------------------------------------------------------------------------------------------------
 class Run:
-    """One `batch-pipeline run <spec>` subprocess, its output in a file."""
+    """One `batch-pipeline run <spec>` process, its output in a file."""
 
-    def __init__(self, spec: JobSpec, home: Path, dagster_home: Path, url: str, out: Path, **env: str):
+    def __init__(self, cli: CliForks, spec: JobSpec, home: Path, dagster_home: Path, url: str, out: Path, **env: str):
         self.spec, self.out = spec, out
         full = {
             **os.environ,
@@ -84,12 +84,8 @@ class Run:
         ):
             full.pop(name, None)
         full.update(env)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "batch_pipeline.cli", "run", spec.source_path, "--home", str(home)],
-            env=full,
-            stdout=out.open("w"),
-            stderr=subprocess.STDOUT,
-        )
+        with out.open("w") as output:
+            self.proc = cli.popen(["run", spec.source_path, "--home", str(home)], env=full, output=output)
 
     def wait(self, timeout: float = RUN_TIMEOUT_S) -> int:
         try:
@@ -127,7 +123,7 @@ def wait_until(predicate, timeout: float, what: str) -> None:
 
 # -- the tests -----------------------------------------------------------------------------------------------------
 def test_two_jobs_at_once_share_the_accounts_queue_without_passing_its_cap(
-    sandbox, sandbox_proc, sizes, tmp_path, runs
+    cli, sandbox, sandbox_proc, sizes, tmp_path, runs
 ):
     _, url = sandbox_proc
     assert len(sizes.shards(SHARD_REQUESTS)) >= 8
@@ -138,7 +134,7 @@ def test_two_jobs_at_once_share_the_accounts_queue_without_passing_its_cap(
     # the provider's clock stands still until both jobs have a batch in its queue: a batch of one job does not keep
     # the other job out (a batch ends 1 s after its create, quicker than a loaded machine starts a process)
     sandbox.clock(freeze=True)
-    runs += [Run(spec, home, dagster_home, url, tmp_path / f"{spec.name}.out") for spec in specs]
+    runs += [Run(cli, spec, home, dagster_home, url, tmp_path / f"{spec.name}.out") for spec in specs]
     wait_until(
         lambda: set(batch_owners(home, specs).values()) == {"qa", "qb"} or any(r.proc.poll() is not None for r in runs),
         RUN_TIMEOUT_S,
@@ -156,7 +152,7 @@ def test_two_jobs_at_once_share_the_accounts_queue_without_passing_its_cap(
 
 
 def test_a_run_killed_after_its_reservation_holds_no_room_past_the_hold_ttl(
-    sandbox, sandbox_proc, sizes, tmp_path, runs
+    cli, sandbox, sandbox_proc, sizes, tmp_path, runs
 ):
     _, url = sandbox_proc
     shards = sizes.shards(20)  # two shards a job: the canary, then one more
@@ -168,7 +164,7 @@ def test_a_run_killed_after_its_reservation_holds_no_room_past_the_hold_ttl(
     ttl = {"BATCH_PIPELINE_LEASE_TTL_S": str(TTL_S)}
 
     killed = Run(
-        qa, home, dagster_home, url, tmp_path / "qa-killed.out", BATCH_PIPELINE_CRASH_AT="after_reserve", **ttl
+        cli, qa, home, dagster_home, url, tmp_path / "qa-killed.out", BATCH_PIPELINE_CRASH_AT="after_reserve", **ttl
     )
     runs.append(killed)
     assert killed.wait() == -signal.SIGKILL, f"the run never reached after_reserve:\n{killed.output()}"
@@ -188,7 +184,7 @@ def test_a_run_killed_after_its_reservation_holds_no_room_past_the_hold_ttl(
     assert not snapshot.fits(Need(tokens=min(shards.values()), requests=1, jobs=1))
 
     # another job on the same home and account gets room once the ttl has passed
-    other = Run(qb, home, dagster_home, url, tmp_path / "qb.out", **ttl)
+    other = Run(cli, qb, home, dagster_home, url, tmp_path / "qb.out", **ttl)
     runs.append(other)
     wait_until(
         lambda: any(r["job"] == "qb" for r in reservations(home)) or other.proc.poll() is not None,
@@ -204,7 +200,7 @@ def test_a_run_killed_after_its_reservation_holds_no_room_past_the_hold_ttl(
     assert dead["tokens"] + first["tokens"] > cap >= first["tokens"]  # the two never fit together; one alone does
 
     # the killed job's next run finishes it (beside the other job)
-    resumed = Run(qa, home, dagster_home, url, tmp_path / "qa.out", **ttl)
+    resumed = Run(cli, qa, home, dagster_home, url, tmp_path / "qa.out", **ttl)
     runs.append(resumed)
     for r in (other, resumed):
         assert r.wait() == 0, f"{r.spec.name} exited {r.proc.returncode}:\n{r.output()}"
@@ -214,7 +210,7 @@ def test_a_run_killed_after_its_reservation_holds_no_room_past_the_hold_ttl(
 
 
 def test_a_run_killed_after_the_create_reattaches_and_the_ledger_ends_empty(
-    sandbox, sandbox_proc, sizes, tmp_path, runs
+    cli, sandbox, sandbox_proc, sizes, tmp_path, runs
 ):
     _, url = sandbox_proc
     cap = sizes.cap(SHARD_REQUESTS)
@@ -224,6 +220,7 @@ def test_a_run_killed_after_the_create_reattaches_and_the_ledger_ends_empty(
 
     # the third create (the canary's, then two shards of the first turn of the queue loop): created, not recorded
     killed = Run(
+        cli,
         spec,
         home,
         dagster_home,
@@ -242,7 +239,7 @@ def test_a_run_killed_after_the_create_reattaches_and_the_ledger_ends_empty(
     [held] = [r for r in reservations(home) if (r["shard_id"], r["attempt"]) == (shard, orphan.number)]
     assert held["bound"] is None and held["released"] is None, held  # its place is reserved, not yet bound
 
-    resumed = Run(spec, home, dagster_home, url, tmp_path / "resumed.out")
+    resumed = Run(cli, spec, home, dagster_home, url, tmp_path / "resumed.out")
     runs.append(resumed)
     assert resumed.wait() == 0, resumed.output()
 

@@ -4,8 +4,6 @@ partial results (JOB_STATE_PARTIALLY_SUCCEEDED) kept and the rest sent again; a 
 re-attaches (no second job); a systemic error (PERMISSION_DENIED) stops the job once and it resumes after the fix."""
 
 import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -120,7 +118,7 @@ def test_partially_succeeded_keeps_what_came_back_and_the_rest_goes_in_the_next_
 
 
 def test_a_crash_between_create_and_record_reattaches_without_a_second_job(
-    vertex_sandbox, vertex_sandbox_proc, make_job, home, tmp_path, prices
+    vertex_sandbox, vertex_sandbox_proc, make_job, home, tmp_path, prices, cli
 ):
     spec = spec_for(make_job)
     dagster_home = tmp_path / "dagster_home"
@@ -131,13 +129,11 @@ def test_a_crash_between_create_and_record_reattaches_without_a_second_job(
         "BATCH_PIPELINE_SANDBOX_URL": vertex_sandbox_proc[1],
         "BATCH_PIPELINE_PRICES": str(prices),
     }
-    cmd = [sys.executable, "-m", "batch_pipeline.cli", "run", spec.source_path, "--home", str(home)]
-    crashed = subprocess.run(
-        cmd, env={**env, "BATCH_PIPELINE_CRASH_AT": "after_create"}, capture_output=True, text=True, timeout=240
-    )
+    cmd = ["run", spec.source_path, "--home", str(home)]
+    crashed = cli.run(cmd, env={**env, "BATCH_PIPELINE_CRASH_AT": "after_create"}, timeout=240)
     assert crashed.returncode != 0, crashed.stdout + crashed.stderr
     assert vertex_creates(vertex_sandbox) == 1 == jobs_listed(vertex_sandbox)  # created, never recorded
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    done = cli.run(cmd, env=env, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     shards = Manifest(spec.name, Store(home)).shard_ids()
     assert vertex_creates(vertex_sandbox) == len(shards) == jobs_listed(vertex_sandbox)  # re-attached
