@@ -40,8 +40,15 @@ from typing import IO, Any
 
 PRELOAD = (
     "dagster",
-    "sqlalchemy",
-    "alembic",
+    "dagster._core.instance.factory",  # what making a $DAGSTER_HOME instance imports
+    "dagster._core.storage.sqlite_storage",
+    "dagster._core.workspace",
+    "dagster._daemon",
+    "dagster._grpc",
+    "alembic.command",
+    "alembic.config",
+    "sqlalchemy.dialects.sqlite",
+    "rich.traceback",
     "batch_pipeline.cli",
     "batch_pipeline.defs.pipeline",
     "batch_pipeline.executors.openai.batch",
