@@ -83,7 +83,7 @@ class PassLoop:
         self.resources = defs.resources
         self.limits = TurnLimits.for_spec(spec)
         self.passes = self.canaries = self.requotes = 0
-        self.quoted_last = False  # the last run was a quote: nothing was spent since, so it is still fresh
+        self.quoted_last: float | None = None  # when the last run was a quote (nothing was spent since), else None
 
     def materialize(self, names: list[str], **kwargs) -> dg.ExecuteInProcessResult:
         result = dg.materialize(
@@ -97,12 +97,13 @@ class PassLoop:
         )
         if not result.success:
             raise dg.Failure(_failure_message(result))
-        self.quoted_last = names == ["quote"]
+        self.quoted_last = time.monotonic() if names == ["quote"] else None
         return result
 
     def quote(self) -> None:
-        """A fresh quote to spend against, unless the last run was one (a re-quote turn just before)."""
-        if not self.quoted_last:
+        """A fresh quote to spend against, unless the last run was one, of the last minute (the re-quote turn just
+        before: one Dagster run fewer per job)."""
+        if self.quoted_last is None or time.monotonic() - self.quoted_last > QueueLoop.REQUOTE_S:
             self.materialize(["quote"])
 
     def run(self) -> dict:
