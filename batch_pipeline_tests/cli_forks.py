@@ -108,10 +108,10 @@ def _child(request: dict[str, Any], fds: list[int], conn: socket.socket) -> None
         os.environ.clear()
         os.environ.update(request["env"])
         sys.path[0] = request["cwd"]  # `python -m` puts the working directory first
-        sys.argv = [sys.argv[0], *request["args"]]
-        from batch_pipeline.cli import main
+        from batch_pipeline import cli
 
-        code = main(request["args"])
+        sys.argv = [cli.__file__, *request["args"]]  # what `python -m batch_pipeline.cli` sees
+        code = cli.main(request["args"])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if isinstance(exc.code, str):
