@@ -38,6 +38,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+from batch_pipeline_tests.gcs_fixtures import stop_process
+
 PRELOAD = (
     "dagster",
     "dagster._core.instance.factory",  # what making a $DAGSTER_HOME instance imports
@@ -320,12 +322,7 @@ def cli_fork_server(directory: Path, start_timeout_s: float = 120.0) -> Iterator
                 raise RuntimeError(f"the CLI fork server did not start (exit code {proc.returncode})")
         yield CliForks(path)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 if __name__ == "__main__":
