@@ -26,7 +26,7 @@ from batch_pipeline.core.spec.loading import load_spec
 from batch_pipeline.core.store import Store
 from batch_pipeline_tests.defs.test_gate import inject
 from batch_pipeline_tests.e2e.conftest import JOB, SMALL, DagsterDev, run_dagster_dev, write_project
-from batch_pipeline_tests.e2e.test_dagster_dev import (
+from batch_pipeline_tests.e2e.graphql import (
     RANGE_END,
     RANGE_START,
     RUN_STATUS,

@@ -1,5 +1,8 @@
-"""What a person sees in the Dagster UI after the demo ran: each page opened in headless Chromium, its text that
-matters asserted, a screenshot saved (see conftest.py for the project and how it was materialized).
+"""The demo launched in `dagster dev` over GraphQL as the UI launches it (prepare -> the canary and the shards in
+ranged runs -> publish), then checked three ways: what Dagster recorded (runs, asset checks, materialization
+metadata, over GraphQL), the validated Parquet file in the store and the sandbox's billing ledger; and what a person
+sees in the UI: each page opened in headless Chromium, its text that matters asserted, a screenshot saved (see
+conftest.py for the project and how it was materialized). One `dagster dev` serves both.
 
 The pages: the asset graph of the job, the `results` asset (its checks passed, its metadata and preview), a failed
 blocking check (the `gate` job's), the runs list and one shard partition.
@@ -8,36 +11,35 @@ blocking check (the `gate` job's), the runs list and one shard partition.
 from __future__ import annotations
 
 import re
+from collections import Counter
 
+import openai
+import polars as pl
 import pytest
 from playwright.sync_api import Locator, Page, expect
+
+from batch_pipeline.core.spec.paths import JobPaths
+from batch_pipeline_tests.e2e.graphql import (
+    ASSET_NODE,
+    ASSET_NODES,
+    ASSETS,
+    JOB_PARTITIONS,
+    LATEST_MATERIALIZATION,
+    RANGE_END,
+    RANGE_START,
+    ROWS,
+    RUNS,
+    job_selector,
+)
+from batch_pipeline_tests.e2e.graphql import RESULT_CHECKS as BLOCKING_CHECKS
 
 from .conftest import FAILED_CHECK, GATE, JOB, SHARDS, Materialized
 
 pytestmark = pytest.mark.e2e
 
-# backend_comparison is made with the manifest (the demo's spec has cost_compare): every asset of the graph runs
-ASSETS = [
-    "manifest",
-    "quote",
-    "submissions",
-    "shard_results",
-    "results",
-    "validated",
-    "dead_letters",
-    "report",
-    "backend_comparison",
-]
-RESULT_CHECKS = [
-    "validated_schema",
-    "outputs_within_contract",
-    "no_truncated_outputs",
-    "reconciliation",
-    "shard_distributions",
-]
+RESULT_CHECKS = [*sorted(BLOCKING_CHECKS), "shard_distributions"]
 PARTITIONED = {"submissions", "shard_results"}
 LABELS = {"billing", "bug", "feature_request", "account", "other"}
-ROWS = 40
 # wide enough that the graph, fitted to the page, draws its nodes in full (a narrower one draws names only)
 GRAPH_VIEWPORT = {"width": 2200, "height": 1000}
 
@@ -192,3 +194,93 @@ def test_a_shard_partition_page_counts_only_that_shard(materialized, page):
     total = detail.locator("tr").filter(has=page.get_by_text("run_results", exact=True)).first
     in_run = len(SHARDS) - 1  # every shard after the canary went in the one ranged run
     assert total.inner_text().split("\t")[1].strip() == str(in_run * ROWS // len(SHARDS)), total.inner_text()
+
+
+def _batches_of(sandbox_url: str, job: str) -> set[str]:
+    """The IDs of the sandbox's batches our executor made for ``job`` (its batch metadata names the job)."""
+    client = openai.OpenAI(base_url=f"{sandbox_url}/v1", api_key="sk-sandbox")
+    return {b.id for b in client.batches.list(limit=100) if (b.metadata or {}).get("job") == job}
+
+
+def test_over_graphql_the_job_ran_its_stages_passed_its_checks_and_billed_each_request_once(materialized, sandbox_proc):
+    dev, runs = materialized.dev, materialized.runs
+    key = lambda name: {"path": [JOB, name]}  # noqa: E731
+
+    # the asset graph of the job
+    nodes = {tuple(n["assetKey"]["path"]): n for n in dev.gql(ASSET_NODES)["assetNodes"]}
+    assert {k for k in nodes if k[0] == JOB} == {(JOB, a) for a in ASSETS}, sorted(nodes)
+    assert {a for (j, a), n in nodes.items() if j == JOB and n["isPartitioned"]} == PARTITIONED
+    assert f"{JOB}_shards" in nodes[(JOB, "submissions")]["jobNames"]
+
+    # prepare registered the shards as dynamic partitions
+    parts = dev.gql(JOB_PARTITIONS, selector=job_selector(f"{JOB}_shards"))["pipelineOrError"]
+    assert parts["__typename"] == "Pipeline", parts
+    assert parts["partitionKeysOrError"]["partitionKeys"] == SHARDS
+    assert dev.gql(ASSET_NODE, key=key("submissions"))["assetNodeOrError"]["partitionKeys"] == SHARDS
+
+    # the job's run history: exactly its four runs (prepare, the canary's ranged run, the shards' ranged run after
+    # the canary passed, publish), all successful, the shards run tagged with its range
+    listed = dev.gql(RUNS)["runsOrError"]
+    assert listed["__typename"] == "Runs", listed
+    by_id = {r["runId"]: r for r in listed["results"] if r["jobName"].startswith(f"{JOB}_")}
+    order = [runs[w] for w in ("prepare", "canary", "shards", "publish")]
+    assert set(by_id) == set(order)
+    assert {r["status"] for r in by_id.values()} == {"SUCCESS"}
+    assert [by_id[r]["jobName"] for r in order] == [
+        f"{JOB}_prepare",
+        f"{JOB}_shards",
+        f"{JOB}_shards",
+        f"{JOB}_publish",
+    ]
+    shard_tags = {t["key"]: t["value"] for t in by_id[runs["shards"]]["tags"]}
+    assert shard_tags[RANGE_START] == SHARDS[0] and shard_tags[RANGE_END] == SHARDS[-1]
+
+    # the blocking checks on <job>/results passed, evaluated against the publish run's materialization
+    node = dev.gql(ASSET_NODE, key=key("results"))["assetNodeOrError"]
+    assert node["__typename"] == "AssetNode", node
+    checks_or_error = node["assetChecksOrError"]
+    assert checks_or_error["__typename"] == "AssetChecks", checks_or_error
+    checks = {c["name"]: c for c in checks_or_error["checks"]}
+    assert set(checks) == set(RESULT_CHECKS)
+    assert not checks["shard_distributions"]["blocking"]  # per-shard statistics warn, they do not block
+    for name, check in checks.items():
+        assert check["blocking"] == (name in BLOCKING_CHECKS), name
+        execution = check["executionForLatestMaterialization"]
+        assert execution is not None, f"check {name} has no execution for the latest materialization"
+        assert execution["runId"] == runs["publish"], name
+        assert execution["status"] == "SUCCEEDED" and execution["evaluation"]["success"], (name, execution)
+
+    # the materialization of <job>/results: 40 rows and a preview
+    mats = dev.gql(LATEST_MATERIALIZATION, key=key("results"))["assetOrError"]
+    assert mats["__typename"] == "Asset", mats
+    [mat] = mats["assetMaterializations"]
+    assert mat["runId"] == runs["publish"]
+    meta = {m["label"]: m for m in mat["metadataEntries"]}
+    assert meta["rows"]["__typename"] == "IntMetadataEntry" and meta["rows"]["intValue"] == ROWS, meta.get("rows")
+    assert meta["dagster/row_count"]["intValue"] == ROWS
+    preview = meta["preview"]
+    assert preview["__typename"] == "MarkdownMetadataEntry", preview
+    assert "source_key" in preview["mdStr"] and preview["mdStr"].count("\n") >= 3, preview["mdStr"][:500]
+
+    # <job>/validated: promoted in the publish run, once its checks passed
+    [promoted] = dev.gql(LATEST_MATERIALIZATION, key=key("validated"))["assetOrError"]["assetMaterializations"]
+    assert promoted["runId"] == runs["publish"]
+    assert {m["label"]: m for m in promoted["metadataEntries"]}["dagster/row_count"]["intValue"] == ROWS
+
+    # the validated table in the store ($BATCH_PIPELINE_HOME)
+    home = dev.project.home
+    validated = home / JobPaths(JOB).validated
+    assert validated.is_file(), sorted(str(p) for p in home.rglob("*.parquet"))[:20]
+    table = pl.read_parquet(validated)
+    assert table.height == ROWS
+    assert table["request_id"].n_unique() == ROWS and table["output"].null_count() == 0
+
+    # the sandbox billed each of the job's 40 requests exactly once (the gate job sends the same tickets in its own
+    # batches), and nothing outside the two jobs' batches
+    _, sandbox_url = sandbox_proc
+    ours, gates = _batches_of(sandbox_url, JOB), _batches_of(sandbox_url, GATE)
+    ledger = dev.sandbox.ledger()
+    assert ours and gates and {e["batch_id"] for e in ledger} <= ours | gates
+    billed = Counter(e["custom_id"] for e in ledger if e["batch_id"] in ours)
+    assert len(billed) == ROWS and set(billed.values()) == {1}, billed.most_common(3)
+    assert set(billed) == set(table["request_id"].to_list())

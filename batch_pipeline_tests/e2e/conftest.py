@@ -67,16 +67,6 @@ def write_project(root: Path, input_path: str, **overrides: Any) -> Project:
     return Project(root, jobs_dir, spec_path, dagster_home, home)
 
 
-@pytest.fixture(scope="module")
-def e2e_project(tmp_path_factory) -> Project:
-    """One job spec `e2e` (the demo's, on a copy of tickets_small, 10 requests per shard), empty homes."""
-    root = tmp_path_factory.mktemp("e2e_project")
-    inputs = root / "inputs"
-    inputs.mkdir()
-    shutil.copy(SMALL, inputs / "tickets.jsonl")
-    return write_project(root, str(inputs / "tickets.jsonl"))
-
-
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -266,14 +256,6 @@ def run_dagster_dev(
     left = _alive({**seen, **_with_dagster_home(project.dagster_home)})
     assert proc.returncode is not None
     assert not left, f"dagster dev left processes behind: {left}\n{dev.log_tail()}"
-
-
-@pytest.fixture(scope="module")
-def dagster_dev(sandbox_proc, e2e_project: Project) -> Iterator[DagsterDev]:
-    """`python -m dagster dev` on a free loopback port, on the temp project; yields once GraphQL answers."""
-    _, sandbox_url = sandbox_proc
-    with run_dagster_dev(sandbox_url, e2e_project) as dev:
-        yield dev
 
 
 @pytest.fixture(scope="session")

@@ -43,7 +43,7 @@ from batch_pipeline_tests.quota_support import (
 )
 
 from .conftest import REPO, DagsterDev, Project, run_dagster_dev
-from .test_dagster_dev import TERMINAL, failure_report
+from .graphql import TERMINAL, failure_report
 from .test_sensors_dev import (
     DEQUEUE_INTERVAL_S,
     IN_PROCESS_LOCATION,

@@ -12,7 +12,7 @@ The code location is the product's with one change, the in-process executor (see
 job spec is the demo's on 2 shards of 20, without golden probes (`quality: null`).
 
 The instance is a real Postgres, as the Helm deployment keeps it: DAGSTER_HOME's dagster.yaml has `storage:
-postgres` in the chart's shape (password from `$DAGSTER_PG_PASSWORD`). The UI-launched flow (`test_dagster_dev`)
+postgres` in the chart's shape (password from `$DAGSTER_PG_PASSWORD`). The UI-launched flow (`browser/test_dagster_ui.py`)
 runs on the default SQLite instance, so each storage gets one whole `dagster dev` flow (the two flows used to run
 on both: four `dagster dev`s for two flows).
 """
@@ -35,7 +35,7 @@ from batch_pipeline.core.spec.paths import JobPaths
 
 from ..defs.postgres import PASSWORD_ENV, postgres_dagster_home
 from .conftest import JOB, LOCATION, REPOSITORY, SMALL, DagsterDev, Project, run_dagster_dev, write_project
-from .test_dagster_dev import ROWS, TERMINAL, failure_report
+from .graphql import ROWS, TERMINAL, failure_report
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]  # the bounds below, not the global 300 s
 
