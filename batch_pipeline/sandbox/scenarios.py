@@ -247,15 +247,18 @@ def endpoint_fault(scenario: Scenario, endpoint: str, counts: dict[str, int], sc
         f"Rate limit reached for requests (sandbox scenario rate_limit). Please try again in {delay_ms}ms.",
         type="requests",
         code="rate_limit_exceeded",
-        headers={"retry-after-ms": str(delay_ms), "retry-after": str(max(1, math.ceil(delay_ms / 1000)))},
+        headers=_retry_after(delay_ms),  # sent even at 0 ms, as a provider's 429 always says when to retry
     )
 
 
-def retry_after_headers(delay_ms: int) -> dict[str, str]:
-    """``retry-after-ms`` and ``retry-after`` (whole seconds, at least 1) for a delay > 0; none otherwise."""
-    if delay_ms <= 0:
-        return {}
+def _retry_after(delay_ms: int) -> dict[str, str]:
+    """``retry-after-ms``, and ``retry-after`` in whole seconds (at least 1)."""
     return {"retry-after-ms": str(delay_ms), "retry-after": str(max(1, math.ceil(delay_ms / 1000)))}
+
+
+def retry_after_headers(delay_ms: int) -> dict[str, str]:
+    """The retry-after headers for a delay > 0; none otherwise."""
+    return _retry_after(delay_ms) if delay_ms > 0 else {}
 
 
 def http_error(scenario: Scenario) -> InjectedError:
