@@ -1,4 +1,4 @@
-"""Longest test files first, so that two xdist workers finish together.
+"""Longest test files first, so that the xdist workers finish together.
 
 `scripts/test.sh` runs `--dist loadfile --no-loadscope-reorder`: a file is the unit of work and the workers take
 the files in collection order, one at a time as each frees. Left to itself xdist orders files by their number of
