@@ -6,8 +6,10 @@ cd "$(dirname "$0")/.."
 . .venv/bin/activate
 # One worker more than there are cores: with one per core, 30% of the CPU sat idle while tests waited on the
 # sandbox's clock, sensor ticks and `dagster dev`'s run workers (on 2 cores: 650 s with 2 workers, 532-537 s with
-# 3, 531 s with 4 at 5% idle). `-n N` among the arguments overrides it.
+# 3, 531 s with 4 at 5% idle). At most 8: each worker and its CLI fork server hold ~1.2 GB, and it starts its own
+# Postgres and sandboxes. `-n N` among the arguments overrides it.
 workers=$(($(nproc) + 1))
+workers=$((workers > 8 ? 8 : workers))
 # Bytecode is cached: with PYTHONDONTWRITEBYTECODE set, every worker re-ran pytest's assertion rewrite of every test
 # module (collection 12.4 -> 7.1 CPU s per worker) and every CLI, code server and run worker the tests start
 # compiled the package again.
