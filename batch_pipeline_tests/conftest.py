@@ -37,9 +37,11 @@ def cli(tmp_path_factory) -> Iterator[CliForks]:
         yield forks
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def sandbox_proc() -> Iterator[tuple[Popen[str], str]]:
-    """The provider sandbox as a real subprocess on a free loopback port: yields ``(proc, url)``.
+    """The provider sandbox as a real subprocess on a free loopback port, one per test process (each test resets it
+    through ``sandbox`` or ``admin``; a start costs ~0.5 CPU s, the tokenizer's ranks included): yields ``(proc,
+    url)``.
 
     ``url`` is ``http://127.0.0.1:PORT`` (OpenAI clients use ``url + "/v1"``). Stopped by PID at teardown.
     """
