@@ -143,7 +143,7 @@ RUNS = """
 query {
   runsOrError {
     __typename
-    ... on Runs { results { runId jobName status tags { key value } } }
+    ... on Runs { results { runId jobName status creationTime startTime endTime tags { key value } } }
     ... on Error { message }
   }
 }

@@ -35,7 +35,7 @@ from batch_pipeline.core.spec.paths import JobPaths
 
 from ..defs.postgres import PASSWORD_ENV, postgres_dagster_home
 from .conftest import JOB, LOCATION, REPOSITORY, SMALL, DagsterDev, Project, run_dagster_dev, write_project
-from .graphql import ROWS, TERMINAL, failure_report
+from .graphql import ROWS, RUNS, TERMINAL, failure_report
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]  # the bounds below, not the global 300 s
 
@@ -95,16 +95,6 @@ query Ticks($selector: SensorSelector!) {
     ... on Sensor {
       sensorState { ticks(limit: 10) { status timestamp skipReason runKeys error { message } } }
     }
-    ... on Error { message }
-  }
-}
-"""
-
-RUNS = """
-query {
-  runsOrError {
-    __typename
-    ... on Runs { results { runId jobName status creationTime startTime endTime tags { key value } } }
     ... on Error { message }
   }
 }
