@@ -2,7 +2,7 @@
 against tiktoken's published SHA-256 and never downloaded. One loader for the pipeline's quote (``core/money``) and
 the sandbox's billing (``sandbox/tokens.py``), which must count alike; a leaf module, so both may import it."""
 
-import base64
+import binascii
 import gzip
 import hashlib
 from functools import cache
@@ -50,5 +50,8 @@ def encoding(name: str) -> tiktoken.Encoding:
         raise BundledRanksError(
             f"the bundled {name} ranks do not match tiktoken's published hash; reinstall batch-pipeline"
         )
-    ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in raw.splitlines() if line)}
+    # "<base64 token> <rank>" lines, their content fixed by the hash above: one split and binascii read o200k's in
+    # 0.10 s, against 0.15 s for a split per line and base64.b64decode's checks (tiktoken's build is another 0.13 s)
+    fields = raw.split()
+    ranks = dict(zip(map(binascii.a2b_base64, fields[0::2]), map(int, fields[1::2]), strict=True))
     return tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks, special_tokens={})

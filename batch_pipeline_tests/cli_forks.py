@@ -8,11 +8,12 @@ SIGTERMs it), which runs ``batch_pipeline.cli.main`` as ``python -m batch_pipeli
 code. The tests that are about a cold start (``test_cli_procs``, the `dg` project, the sandbox CLI, the vLLM tier)
 still start the interpreter.
 
-Safe to fork: the server only imports. No Python thread runs (it checks before it serves); the native ones the
-imports start hold no lock while idle and are made again in the child (jemalloc's background threads, which
-jemalloc re-arms at fork; Arrow's pools, which Arrow rebuilds after a fork; Polars' spill cleaner). Polars' and
-DuckDB's worker pools start on first use, so in the child. Nothing in ``batch_pipeline`` reads the environment
-when imported (``test_settings`` asserts it), so each child takes the environment it is given.
+Safe to fork: the server only imports, and builds the BPE encodings a run of an OpenAI model counts with (read-only
+tables, like the modules). No Python thread runs (it checks before it serves); the native ones the imports start
+hold no lock while idle and are made again in the child (jemalloc's background threads, which jemalloc re-arms at
+fork; Arrow's pools, which Arrow rebuilds after a fork; Polars' spill cleaner). Polars' and DuckDB's worker pools
+start on first use, so in the child. Nothing in ``batch_pipeline`` reads the environment when imported
+(``test_settings`` asserts it), so each child takes the environment it is given. tiktoken keeps no thread of its own.
 
 Run as ``python -m batch_pipeline_tests.cli_forks SOCKET``: one request per connection on the Unix socket: a JSON
 request with the child's stdout and stderr file descriptors; the answer is two lines: its pid (from the child), then
@@ -62,7 +63,22 @@ PRELOAD = (
     "pandera.pandas",
     "pyarrow.dataset",
     "matplotlib.pyplot",
+    # what a run still imported after the fork (`python -X importtime`, a demo run: ~150 ms a child)
+    "pandera.backends.pandas.builtin_checks",  # its strategies import hypothesis (74 ms)
+    "pandera.backends.pandas.register",
+    "upath",
+    "httpcore2",
+    "openai.resources.files",
+    "openai.resources.batches",
+    "rich._emoji_codes",
+    "dagster._core.secrets.env_file",
+    "dagster._core.instance.runs.run_domain",
+    "dagster._core.execution.execute_in_process",
+    "matplotlib.backends.backend_agg",
 )
+# BPE encodings every run of an OpenAI model builds from the bundled ranks (~0.3 CPU s each): an immutable table,
+# as a module is, so it is built once here (``batch_pipeline.bpe.encoding`` is cached)
+PRELOAD_ENCODINGS = ("o200k_base",)
 HEADER = struct.Struct("!I")
 READY = "ready"
 
@@ -76,6 +92,10 @@ def _preload() -> None:
     matplotlib.use("Agg")  # what core/publish/plots.py selects before it imports pyplot
     for name in PRELOAD:
         importlib.import_module(name)
+    from batch_pipeline.bpe import encoding
+
+    for name in PRELOAD_ENCODINGS:
+        encoding(name)
     if threading.active_count() != 1:
         raise SystemExit(f"cli_forks: {threading.enumerate()} after the imports; forking would be unsafe")
 

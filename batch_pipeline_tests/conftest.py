@@ -10,6 +10,12 @@ import pytest
 from batch_pipeline.sandbox import SandboxAdmin, start_sandbox_process, stop_sandbox_process
 from batch_pipeline_tests import file_order
 from batch_pipeline_tests.cli_forks import CliForks, cli_fork_server
+from batch_pipeline_tests.gcs_fixtures import (  # noqa: F401  (fixtures: one emulator and Vertex sandbox per worker)
+    gcs_emulator,
+    gcs_emulator_proc,
+    vertex_sandbox,
+    vertex_sandbox_proc,
+)
 
 _FILE_SECONDS = file_order.recorder()
 

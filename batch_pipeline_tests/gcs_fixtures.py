@@ -1,6 +1,7 @@
 """A loopback GCS emulator (``gcp-storage-emulator``) and a sandbox process that uses it, for the Vertex tests.
 
-Imported by the conftests that need them. The emulator is a real HTTP server on a free 127.0.0.1 port, in
+Imported by the root conftest: one emulator and one such sandbox per test worker, the emulator wiped at each test
+module's start and the sandbox reset by each test. The emulator is a real HTTP server on a free 127.0.0.1 port, in
 memory, stopped by PID; the sandbox reads Vertex inputs from it and writes predictions to it.
 """
 
@@ -68,9 +69,9 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(timeout=5)
 
 
-@pytest.fixture(scope="module")
-def gcs_emulator() -> Iterator[str]:
-    """The emulator's URL (``http://127.0.0.1:PORT``), one per test module."""
+@pytest.fixture(scope="session")
+def gcs_emulator_proc() -> Iterator[str]:
+    """One emulator per test worker (a start is an interpreter and Google's storage imports): its URL."""
     proc, url = start_gcs_emulator()
     try:
         yield url
@@ -78,10 +79,26 @@ def gcs_emulator() -> Iterator[str]:
         stop_process(proc)
 
 
+def wipe_gcs_emulator(url: str) -> None:
+    """Drop every bucket and object of the emulator (its ``/wipe`` route)."""
+    with urllib.request.urlopen(url + "/wipe", timeout=30) as answer:
+        if answer.read() != b"OK":
+            raise RuntimeError(f"the GCS emulator on {url} did not wipe its data")
+
+
 @pytest.fixture(scope="module")
-def vertex_sandbox_proc(gcs_emulator: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """A sandbox process that knows the emulator (``STORAGE_EMULATOR_HOST``): yields ``(proc, url)``."""
-    proc, url = start_sandbox_process(port=0, env={"STORAGE_EMULATOR_HOST": gcs_emulator})
+def gcs_emulator(gcs_emulator_proc: str) -> str:
+    """The worker's emulator (``http://127.0.0.1:PORT``), emptied for this test module: a module starts with no
+    bucket, as it did when each module started its own."""
+    wipe_gcs_emulator(gcs_emulator_proc)
+    return gcs_emulator_proc
+
+
+@pytest.fixture(scope="session")
+def vertex_sandbox_proc(gcs_emulator_proc: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """A sandbox process that knows the emulator (``STORAGE_EMULATOR_HOST``), one per test worker: yields
+    ``(proc, url)``. Every test that uses it resets it first (``vertex_sandbox``, or the module's own reset)."""
+    proc, url = start_sandbox_process(port=0, env={"STORAGE_EMULATOR_HOST": gcs_emulator_proc})
     try:
         yield proc, url
     finally:

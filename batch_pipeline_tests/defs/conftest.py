@@ -13,7 +13,6 @@ from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.core.spec.loading import load_spec
 from batch_pipeline.defs.resources import PricesResource, StoreResource
 from batch_pipeline.sandbox import SandboxAdmin
-from batch_pipeline_tests.gcs_fixtures import gcs_emulator, vertex_sandbox, vertex_sandbox_proc  # noqa: F401
 
 from .postgres import PASSWORD_ENV, PostgresServer, postgres_dagster_home, postgres_server
 

@@ -3,7 +3,6 @@
 import time
 
 from batch_pipeline.core.ledger.executor import BatchExecutor, BatchHandle, BatchStatus
-from batch_pipeline_tests.gcs_fixtures import gcs_emulator, vertex_sandbox, vertex_sandbox_proc  # noqa: F401
 
 
 def wait_ended(ex: BatchExecutor, handle: BatchHandle, timeout: float = 60.0) -> BatchStatus:

@@ -10,7 +10,6 @@ import openai
 import pytest
 
 from batch_pipeline.sandbox import SandboxAdmin
-from batch_pipeline_tests.gcs_fixtures import gcs_emulator, vertex_sandbox, vertex_sandbox_proc  # noqa: F401
 
 
 @pytest.fixture
