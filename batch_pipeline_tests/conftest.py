@@ -60,7 +60,7 @@ def sandbox_proc() -> Iterator[tuple[Popen[str], str]]:
 
 @pytest.fixture
 def admin(sandbox_proc, monkeypatch) -> SandboxAdmin:
-    """The module's sandbox, reset for this test, wired in through $BATCH_PIPELINE_SANDBOX_URL, with no real
+    """The worker's sandbox, reset for this test, wired in through $BATCH_PIPELINE_SANDBOX_URL, with no real
     provider key in reach."""
     _, url = sandbox_proc
     sandbox = SandboxAdmin(url)

@@ -22,7 +22,7 @@ SMALL = REPO / "data" / "samples" / "tickets_small" / "tickets.jsonl"
 
 @pytest.fixture
 def sandbox(sandbox_proc, monkeypatch) -> Iterator[SandboxAdmin]:
-    """The module's sandbox, reset for this test and wired in through $BATCH_PIPELINE_SANDBOX_URL."""
+    """The worker's sandbox, reset for this test and wired in through $BATCH_PIPELINE_SANDBOX_URL."""
     _, url = sandbox_proc
     admin = SandboxAdmin(url, timeout=60.0)  # 10 s timed out on a loaded machine, mid-run with the sandbox busy
     admin.reset()

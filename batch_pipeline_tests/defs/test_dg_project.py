@@ -211,9 +211,10 @@ def test_dg_check_defs_fails_on_a_spec_rule_naming_the_file_line_and_field(broke
     assert "cannot fit the shortest valid answer" in said, said
 
 
-def test_a_scaffolded_job_runs_on_the_sandbox_as_it_is(project, sandbox_proc):
+def test_a_scaffolded_job_runs_on_the_sandbox_as_it_is(project, sandbox, sandbox_proc):
     """`dg scaffold defs batch_pipeline.BatchInferenceJob triage` wrote a spec that runs unedited: every ticket of
-    the small sample answered through the sandbox's OpenAI Batch API, validated and published."""
+    the small sample answered through the sandbox's OpenAI Batch API, validated and published. (``sandbox`` resets
+    the worker's sandbox first: a quota scenario an earlier test set refused this job's batch.)"""
     _, url = sandbox_proc
     env = project_env(project, BATCH_PIPELINE_SANDBOX_URL=url)
     out = subprocess.run(

@@ -1,4 +1,4 @@
-"""Executor tests talk to the module's sandbox process, reset for each test, with no real keys in reach."""
+"""Executor tests talk to the worker's sandbox process, reset for each test, with no real keys in reach."""
 
 import time
 
