@@ -14,7 +14,7 @@ from batch_pipeline.sandbox import SandboxAdmin
 
 @pytest.fixture
 def sandbox_url(sandbox_proc: tuple[Popen[str], str]) -> str:
-    """Base url of the module's sandbox process."""
+    """Base url of the worker's sandbox process."""
     return sandbox_proc[1]
 
 
