@@ -84,12 +84,17 @@ class _TermAsInterrupt:
     holds, and the run then ends as failed instead of raising). The signal is therefore also watched through the
     wakeup fd, whichever handler takes it; once it came, Dagster's console log (the interrupted step's stack) is
     muted. Read ``received`` after leaving the context.
+
+    A process started with SIGINT ignored (a script's background job, ``cmd &``) would lose SIGTERM as well: after
+    each run Dagster sets SIGTERM to SIGINT's handler, SIG_IGN, and an ignored signal never reaches the wakeup fd, so
+    a supervisor's stop did nothing until SIGKILL. SIGINT therefore gets Python's own handler while the run goes.
     """
 
     def __init__(self) -> None:
         self.received = False
         self._active = False
         self._stderr = None
+        self._ignored_int = False
 
     def __enter__(self) -> Self:
         if threading.current_thread() is not threading.main_thread():
@@ -98,6 +103,9 @@ class _TermAsInterrupt:
         self._writer.setblocking(False)
         self._previous_fd = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
         self._previous = signal.signal(signal.SIGTERM, self._interrupt)
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            self._ignored_int = True
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         self._watcher = threading.Thread(target=self._watch, name="sigterm-watch", daemon=True)
         self._watcher.start()
         self._active = True
@@ -123,6 +131,8 @@ class _TermAsInterrupt:
         signal.set_wakeup_fd(self._previous_fd)
         # Dagster may have remapped SIGTERM meanwhile; whichever handler it has now, ours ends here
         signal.signal(signal.SIGTERM, signal.SIG_DFL if self._previous is None else self._previous)
+        if self._ignored_int:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         self._writer.send(b"\0")
         self._watcher.join(timeout=5)
         self._reader.close()

@@ -14,6 +14,8 @@ hold no lock while idle and are made again in the child (jemalloc's background t
 fork; Arrow's pools, which Arrow rebuilds after a fork; Polars' spill cleaner). Polars' and DuckDB's worker pools
 start on first use, so in the child. Nothing in ``batch_pipeline`` reads the environment when imported
 (``test_settings`` asserts it), so each child takes the environment it is given. tiktoken keeps no thread of its own.
+Its SIGINT, SIGQUIT, SIGTERM and SIGHUP are as a cold start by the client would have them: ignored where the client
+ignores them (exec keeps an ignored signal), else at their defaults, whatever the server's are.
 
 Run as ``python -m batch_pipeline_tests.cli_forks SOCKET``: one request per connection on the Unix socket: a JSON
 request with the child's stdout and stderr file descriptors; the answer is two lines: its pid (from the child), then
@@ -27,6 +29,7 @@ import json
 import os
 import select
 import selectors
+import signal
 import socket
 import struct
 import subprocess
@@ -80,6 +83,7 @@ PRELOAD = (
 # as a module is, so it is built once here (``batch_pipeline.bpe.encoding`` is cached)
 PRELOAD_ENCODINGS = ("o200k_base",)
 HEADER = struct.Struct("!I")
+CHILD_SIGNALS = (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGHUP)
 READY = "ready"
 
 
@@ -129,6 +133,9 @@ def _child(request: dict[str, Any], fds: list[int], conn: socket.socket) -> None
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        for sig in CHILD_SIGNALS:  # as a fresh interpreter started by the client has them, not as the server has
+            default = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+            signal.signal(sig, signal.SIG_IGN if int(sig) in request["ignored"] else default)
         sys.path[0] = request["cwd"]  # `python -m` puts the working directory first
         from batch_pipeline import cli
 
@@ -216,6 +223,8 @@ class ForkedCli:
             "env": dict(os.environ if env is None else env),
             "cwd": str(Path(cwd or os.getcwd()).resolve()),
             "new_session": start_new_session,
+            # what a started process inherits through exec: the signals this one ignores (a script's `cmd &`)
+            "ignored": [int(s) for s in CHILD_SIGNALS if signal.getsignal(s) is signal.SIG_IGN],
         }
         payload = json.dumps(request).encode()
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from subprocess import Popen
 
@@ -18,6 +19,18 @@ from batch_pipeline_tests.gcs_fixtures import (  # noqa: F401  (fixtures: one em
 )
 
 _FILE_SECONDS = file_order.recorder()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Python's own SIGINT handler, as in a terminal, however the suite was started.
+
+    Started as a script's background job (``cmd &``, as runners and ``nohup`` scripts start it), a process has SIGINT
+    ignored, and Dagster sets SIGTERM to SIGINT's handler after every in-process run (``dagster._utils.interrupts``):
+    the worker then ignored SIGTERM, and so did every server it started afterwards, exec keeping an ignored signal.
+    The GCS emulator, the CLI fork server and `dagster dev` each outlived their SIGTERM at teardown until SIGKILL.
+    (``test_quota_procs`` starts the CLI with SIGINT ignored on purpose.)"""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -257,3 +257,37 @@ def test_a_run_killed_after_the_create_reattaches_and_the_ledger_ends_empty(
     assert_finished_once(home, [spec], sandbox)
     assert_within_cap(sandbox, cap)
     assert ledger_of(home).snapshot().holdings == ()
+
+
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_sigterm_while_the_run_waits_for_room_in_the_queue_stops_it(
+    cli, sandbox, sandbox_proc, sizes, tmp_path, runs, sigint
+):
+    """SIGTERM between two Dagster runs (the queue loop's wait for room) stops the run with 143 and its message,
+    also when it was started with SIGINT ignored, as a script's background job (``cmd &``) is: Dagster sets SIGTERM
+    to SIGINT's handler after each of its runs, and an ignored SIGTERM was dropped, the run waiting on."""
+    _, url = sandbox_proc
+    shards = sizes.shards(20)  # two shards
+    assert len(shards) == 2
+    cap = int(max(shards.values()) * 1.25)  # the queue holds one shard at a time, never two
+    sandbox.set_scenario("normal", quota_enqueued_tokens=cap, in_progress_s=1.0)
+    sandbox.clock(freeze=True)  # the first batch never ends: the second shard waits for room
+    home, dagster_home = tmp_path / "home", tmp_path / "dagster_home"
+    spec = write_spec(tmp_path, "qa", 20, cap=cap, canary_first=False)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if sigint == "ignored" else None
+    try:
+        run = Run(cli, spec, home, dagster_home, url, tmp_path / "qa.out")
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    runs.append(run)
+    wait_until(
+        lambda: "waiting for room in the account's queue" in run.output() or run.proc.poll() is not None,
+        RUN_TIMEOUT_S,
+        "the run waited for room in the queue",
+    )
+    assert run.proc.poll() is None, run.output()
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.wait(timeout=60) == 143, run.output()
+    assert "interrupted: finished results were stored; resume with `batch-pipeline run" in run.output()
+    assert batch_creates(sandbox) == 1  # the second shard was never sent
