@@ -61,9 +61,9 @@ def start_gcs_emulator(timeout: float = 20.0) -> tuple[subprocess.Popen[bytes], 
 
 
 def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 2.0) -> None:
-    """SIGTERM, then SIGKILL after ``grace_s``: the emulator and the CLI fork server hold nothing to save. At the end
-    of a whole suite both sometimes outlived a SIGTERM by the old 5 s grace, each adding it to the suite's tail;
-    that is reported as a warning, with the process's signal state, rather than waited for."""
+    """SIGTERM, then SIGKILL after ``grace_s``: the emulator and the CLI fork server hold nothing to save. Both once
+    outlived their SIGTERM at the end of whole suites, started by a worker that ignored it (the root conftest's
+    ``pytest_configure`` says why); should one again, a warning gives its signal state."""
     if proc.poll() is None:
         proc.terminate()
         try:
