@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 from collections.abc import Iterator
 from subprocess import Popen
@@ -35,11 +34,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Longest files first, the ``waits`` files one at a time (``file_order``): the workers then end together, with
-    the cores busy meanwhile."""
-    waiting = {file_order.file_of(i.nodeid) for i in items if i.get_closest_marker("waits") is not None}
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)  # set in each xdist worker, where files are ordered
-    items[:] = file_order.longest_files_first(items, file_order.known_seconds(), waiting, workers)
+    """Longest files first (``file_order``): the workers then end together."""
+    items[:] = file_order.longest_files_first(items, file_order.known_seconds())
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -1,14 +1,9 @@
-"""Longest test files first, so that the xdist workers finish together, and the files that mostly wait one at a time.
+"""Longest test files first, so that the xdist workers finish together.
 
 `scripts/test.sh` runs `--dist loadfile --no-loadscope-reorder`: a file is the unit of work and the workers take
 the files in collection order, one at a time as each frees. Left to itself xdist orders files by their number of
 tests, which put the few-test `dagster dev` and kill files (a minute each) last: one worker ran them alone for
 minutes at the end. Ordering by measured seconds (longest first) leaves only short files for the end.
-
-Longest first also started the five longest files together, and all five mostly wait (on the sandbox's clock, on
-sensor ticks, on `dagster dev`'s run workers): for their first ~170 s the three workers used a small part of the
-two cores. Files marked ``waits`` are therefore handed out one at a time while other files remain, unless that would
-make them end last: the order is a simulation of the workers taking files longest first (``_handed_out``).
 
 The seconds per file are in `file_seconds.json` beside this module. A file it does not list counts as
 ``UNKNOWN_FILE_S``. Refresh the list after a full run with
@@ -38,45 +33,14 @@ def known_seconds(path: Path = SECONDS_FILE) -> dict[str, float]:
         return {}
 
 
-def longest_files_first(
-    items: list[pytest.Item], seconds: dict[str, float], waiting: set[str] | None = None, workers: int = 1
-) -> list[pytest.Item]:
-    """``items`` regrouped by file, the files longest first (ties: collection order), each file's tests in their
-    collected order; with ``waiting`` files and several ``workers``, in the order ``_handed_out`` gives."""
+def longest_files_first(items: list[pytest.Item], seconds: dict[str, float]) -> list[pytest.Item]:
+    """``items`` regrouped by file, the files by descending seconds (ties: collection order), each file's tests in
+    their collected order."""
     by_file: dict[str, list[pytest.Item]] = defaultdict(list)
     for item in items:
         by_file[file_of(item.nodeid)].append(item)
-    order = [name for _, name in sorted(enumerate(by_file), key=lambda p: (-seconds.get(p[1], UNKNOWN_FILE_S), p[0]))]
-    if waiting and workers > 1:
-        order = _handed_out(order, seconds, waiting, workers)
-    return [item for name in order for item in by_file[name]]
-
-
-def _handed_out(order: list[str], seconds: dict[str, float], waiting: set[str], workers: int) -> list[str]:
-    """The files in the order ``workers`` take them: a free worker takes the longest file left, but a waiting file
-    only when no other is running, or when the waiting files left, one after another from the end of the last one
-    running, would end past the workers' even share of all the seconds (or when nothing else is left). Each file
-    lasts its known seconds."""
-    others = [f for f in order if f not in waiting]
-    waits = [f for f in order if f in waiting]
-    length = {f: seconds.get(f, UNKNOWN_FILE_S) for f in order}
-    share = sum(length.values()) / workers
-    free_at = [0.0] * workers
-    waiting_ends: list[float] = []
-    handed: list[str] = []
-    while others or waits:
-        worker = min(range(workers), key=free_at.__getitem__)
-        now = free_at[worker]
-        running = [end for end in waiting_ends if end > now]
-        chain_end = max(running, default=now) + sum(length[f] for f in waits)
-        if waits and (not running or chain_end > share or not others):
-            name = waits.pop(0)
-            waiting_ends.append(now + length[name])
-        else:
-            name = others.pop(0)
-        free_at[worker] = now + length[name]
-        handed.append(name)
-    return handed
+    order = sorted(enumerate(by_file), key=lambda pair: (-seconds.get(pair[1], UNKNOWN_FILE_S), pair[0]))
+    return [item for _, name in order for item in by_file[name]]
 
 
 class FileSeconds:

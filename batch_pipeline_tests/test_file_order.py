@@ -50,26 +50,3 @@ def test_the_shipped_list_names_files_that_exist():
     assert len(seconds) > 50
     missing = [name for name in seconds if not (root / name).is_file()]
     assert len(missing) <= len(seconds) // 10, f"file_seconds.json is stale: {missing[:5]}"
-
-
-def test_waiting_files_are_handed_out_one_at_a_time_unless_they_would_end_last():
-    seconds = {"w1.py": 100.0, "w2.py": 90.0, "w3.py": 80.0, "c1.py": 70.0, "c2.py": 60.0, "c3.py": 50.0}
-    seconds |= {f"s{n}.py": 10.0 for n in range(20)}  # 650 s in all: an even share of 325 s each on two workers
-    collected = items(*(f"{name}::t" for name in seconds))
-    waiting = {"w1.py", "w2.py", "w3.py"}
-    files = [i.nodeid.split("::")[0] for i in file_order.longest_files_first(collected, seconds, waiting, workers=2)]
-    # w1 first; w2 only once w1 ended at 100 s (100 + 90 + 80 = 270 s fits in the share); meanwhile the other worker
-    # took c1, c2, c3 and, at 180 s, a short file; w3 once w2 ended at 190 s; the other short files after
-    assert files[:7] == ["w1.py", "c1.py", "c2.py", "w2.py", "c3.py", "s0.py", "w3.py"], files
-    assert set(files[7:]) == {f"s{n}.py" for n in range(1, 20)}
-    # the same files on one worker, or with nothing marked, are longest first
-    longest = sorted(seconds, key=lambda name: -seconds[name])
-    assert [i.nodeid.split("::")[0] for i in file_order.longest_files_first(collected, seconds, waiting)] == longest
-    assert [i.nodeid.split("::")[0] for i in file_order.longest_files_first(collected, seconds, set(), 3)] == longest
-
-
-def test_waiting_files_that_would_end_last_one_after_another_start_together():
-    seconds = {"w1.py": 100.0, "w2.py": 100.0, "c1.py": 10.0, "c2.py": 10.0}  # a share of 110 s each on two workers
-    collected = items(*(f"{name}::t" for name in seconds))
-    files = [i.nodeid.split("::")[0] for i in file_order.longest_files_first(collected, seconds, {"w1.py", "w2.py"}, 2)]
-    assert files == ["w1.py", "w2.py", "c1.py", "c2.py"]  # w2 after w1 would end at 200 s: both start at once

@@ -35,7 +35,7 @@ from batch_pipeline_tests.e2e.graphql import RESULT_CHECKS as BLOCKING_CHECKS
 
 from .conftest import FAILED_CHECK, GATE, JOB, SHARDS, Materialized
 
-pytestmark = [pytest.mark.e2e, pytest.mark.waits]
+pytestmark = pytest.mark.e2e
 
 RESULT_CHECKS = [*sorted(BLOCKING_CHECKS), "shard_distributions"]
 PARTITIONED = {"submissions", "shard_results"}

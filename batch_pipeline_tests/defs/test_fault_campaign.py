@@ -26,7 +26,6 @@ from batch_pipeline.defs.pipeline import run_job
 from batch_pipeline.defs.sensors import build_shard_sensor
 from batch_pipeline_tests.cli_forks import CliForks
 
-pytestmark = pytest.mark.waits  # on the sandbox's clock and the killed runs (file_order)
 TAIL = {
     "backend": {"name": "online", "settings": {"sandbox": True, "concurrency": 2, "flush_every": 3}},
     "before_deadline_minutes": 60,

@@ -45,7 +45,7 @@ from batch_pipeline_tests.quota_support import (
 
 from .conftest import batch_creates
 
-pytestmark = [pytest.mark.slow, pytest.mark.waits, pytest.mark.timeout(900)]  # the bounds below, not the global 300 s
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the bounds below, not the global 300 s
 
 RUN_TIMEOUT_S = 420.0  # a bound, not a timing: a loaded 2-core machine must not fail a correct run
 # 40 rows dealt 5 to a shard: 8 shards a job, 16 for the two, through a queue that holds 3. Each turn of the CLI's

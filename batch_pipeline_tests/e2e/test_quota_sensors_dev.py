@@ -54,7 +54,7 @@ from .test_sensors_dev import (
     ticks,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.waits, pytest.mark.timeout(1800)]  # the bounds below, not the global 300 s
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]  # the bounds below, not the global 300 s
 
 INTERVAL_S = 2
 SHARD_REQUESTS = 10  # 40 rows: 4 shards a job, 8 through a queue that holds 3

@@ -37,7 +37,7 @@ from ..defs.postgres import PASSWORD_ENV, postgres_dagster_home
 from .conftest import JOB, LOCATION, REPOSITORY, SMALL, DagsterDev, Project, run_dagster_dev, write_project
 from .graphql import ROWS, RUNS, TERMINAL, failure_report
 
-pytestmark = [pytest.mark.e2e, pytest.mark.waits, pytest.mark.timeout(600)]  # the bounds below, not the global 300 s
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]  # the bounds below, not the global 300 s
 
 INTERVAL_S = 2
 SHARDS = ["s00001", "s00002"]  # 40 rows, 20 requests a shard: the canary and one more
