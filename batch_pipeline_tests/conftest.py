@@ -27,7 +27,7 @@ def pytest_configure(config: pytest.Config) -> None:
     Started as a script's background job (``cmd &``, as runners and ``nohup`` scripts start it), a process has SIGINT
     ignored, and Dagster sets SIGTERM to SIGINT's handler after every in-process run (``dagster._utils.interrupts``):
     the worker then ignored SIGTERM, and so did every server it started afterwards, exec keeping an ignored signal.
-    The GCS emulator, the CLI fork server and `dagster dev` each outlived their SIGTERM at teardown until SIGKILL.
+    The GCS emulator and the CLI fork server each outlived their SIGTERM at teardown until SIGKILL.
     (``test_quota_procs`` starts the CLI with SIGINT ignored on purpose.)"""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
