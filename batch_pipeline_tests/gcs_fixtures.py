@@ -111,7 +111,7 @@ def gcs_emulator(gcs_emulator_proc: str) -> str:
 @pytest.fixture(scope="session")
 def vertex_sandbox_proc(gcs_emulator_proc: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """A sandbox process that knows the emulator (``STORAGE_EMULATOR_HOST``), one per test worker: yields
-    ``(proc, url)``. Every test that uses it resets it first (``vertex_sandbox``, or the module's own reset)."""
+    ``(proc, url)``. Every test that uses it resets it first, through ``vertex_sandbox``."""
     proc, url = start_sandbox_process(port=0, env={"STORAGE_EMULATOR_HOST": gcs_emulator_proc})
     try:
         yield proc, url
