@@ -14,5 +14,11 @@ workers=$((workers > 8 ? 8 : workers))
 # module (collection 12.4 -> 7.1 CPU s per worker) and every CLI, code server and run worker the tests start
 # compiled the package again.
 unset PYTHONDONTWRITEBYTECODE
+# fsync and sync are no-ops in the test processes (eatmydata, when installed; setup.sh installs it), as the Postgres
+# fixture already runs with fsync=off. No test can tell: a crash test kills a process, and what it wrote is in the
+# page cache; only a machine crash would lose it. Every Dagster run commits its SQLite event log and run storage
+# many times, and each commit waited on the disk: 514 -> 468 s, 939 -> 859 busy CPU s (benchmarks/README.md).
+no_fsync=()
+command -v eatmydata >/dev/null && no_fsync=(eatmydata)
 # a file per worker at a time, longest first (batch_pipeline_tests/file_order.py), so the workers end together
-exec python -m pytest -n "$workers" --dist loadfile --no-loadscope-reorder -q "$@"
+exec ${no_fsync[@]+"${no_fsync[@]}"} python -m pytest -n "$workers" --dist loadfile --no-loadscope-reorder -q "$@"
