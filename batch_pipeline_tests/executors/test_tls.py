@@ -24,6 +24,7 @@ from batch_pipeline.core.ledger.executor import RequestPlan
 from batch_pipeline.core.spec.job import JobSpec
 from batch_pipeline.executors.anthropic.batch import AnthropicBatchExecutor, AnthropicBatchSettings
 from batch_pipeline.executors.google.gemini_batch import GeminiBatchExecutor, GeminiBatchSettings
+from batch_pipeline.executors.google.vertex_batch import VertexBatchExecutor, VertexBatchSettings
 from batch_pipeline.executors.online.transport import BodyBuilder, SdkTransport
 from batch_pipeline.executors.openai.azure import AzureOpenAIBatchExecutor, AzureOpenAIBatchSettings
 from batch_pipeline.executors.openai.batch import OpenAIBatchExecutor, OpenAIBatchSettings
@@ -65,6 +66,27 @@ def test_every_sdk_client_holds_the_one_shared_context(monkeypatch):
     ]
     for client in clients:
         assert _reachable_tls_contexts(client) == shared, type(client).__name__
+
+
+def test_vertex_shares_the_context_on_the_sandbox_and_builds_its_own_against_google(
+    vertex_sandbox, tmp_path, monkeypatch
+):
+    """On the loopback sandbox no client certificate applies, so the client takes the shared context. Against
+    Vertex itself the SDK builds its own (one that carries Google's default client certificate when mTLS is
+    configured), so the shared one is nowhere in it."""
+    shared = id(shared_tls_context())
+    on_sandbox = VertexBatchExecutor(VertexBatchSettings(sandbox=True))
+    assert _reachable_tls_contexts(on_sandbox.client) == {shared}
+    adc = tmp_path / "adc.json"  # application default credentials that load without a network call
+    adc.write_text(
+        json.dumps({"type": "authorized_user", "client_id": "c", "client_secret": "s", "refresh_token": "r"})
+    )
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(adc))
+    against_google = VertexBatchExecutor(
+        VertexBatchSettings(sandbox=False, project="p", bucket="b", base_url="https://vertex.example.invalid")
+    )
+    contexts = _reachable_tls_contexts(against_google.client)
+    assert contexts and shared not in contexts
 
 
 def _plan() -> RequestPlan:
