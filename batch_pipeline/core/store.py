@@ -251,10 +251,16 @@ class Store:
         self.fs.move(self.full(tmp), self.full(rel))
 
     def read_part(self, rel: str, columns: list[str] | None = None) -> pa.Table | None:
-        """One part, or None (with a warning) when it is torn."""
+        """One part, or None (with a warning) when it is torn or lacks a column asked for.
+
+        Read as one ``ParquetFile``: ``pq.read_table`` builds a dataset around the single file, 2-2.5x the CPU of
+        a small part (~0.7 against ~0.3 ms at 500 rows), and the control plane reads thousands of small parts."""
         try:
             with self.fs.open_input_file(self.full(rel)) as f:
-                return pq.read_table(f, columns=columns)
+                parquet = pq.ParquetFile(f)
+                if columns is not None and (missing := set(columns).difference(parquet.schema_arrow.names)):
+                    raise pa.ArrowInvalid(f"no column {sorted(missing)} in the part")  # as read_table says it
+                return parquet.read(columns=columns)
         except (pa.ArrowInvalid, OSError) as exc:
             if isinstance(exc, FileNotFoundError):
                 return None

@@ -52,6 +52,17 @@ def test_torn_part_is_ignored_with_a_warning(tmp_path, caplog, keep):
     assert len(torn_warnings) == 2
 
 
+def test_a_part_without_a_column_asked_for_is_none_with_a_warning(tmp_path, caplog):
+    """Parquet itself would leave the column out; the store refuses the part, as ``pq.read_table`` did, so an
+    older part is never read as if it had the column (``result_parts._read_part`` asks only for what it has)."""
+    store = Store(tmp_path)
+    store.write_table("parts/a.parquet", pa.table({"n": [1, 2], "s": ["x", "y"]}))
+    assert store.read_part("parts/a.parquet", ["s", "n"]).to_pydict() == {"s": ["x", "y"], "n": [1, 2]}
+    with caplog.at_level(logging.WARNING, logger="batch_pipeline.core.store"):
+        assert store.read_part("parts/a.parquet", ["n", "later"]) is None
+    assert any("later" in r.getMessage() and "a.parquet" in r.getMessage() for r in caplog.records)
+
+
 def test_missing_part_is_none_without_a_warning(tmp_path, caplog):
     store = Store(tmp_path)
     with caplog.at_level(logging.WARNING):
