@@ -108,6 +108,8 @@ def make_data(n_items: int, n_shards: int, seed: int) -> tuple[pl.DataFrame, pl.
                     "error_code": pl.Series(ecode.tolist(), dtype=pl.String),
                     "error_message": pl.Series(emsg.tolist(), dtype=pl.String),
                     "label": pl.Series(np.array(LABELS)[rng.integers(0, 5, len(idx))]),
+                    "model": pl.Series(np.full(len(idx), "gpt-4o-mini"), dtype=pl.String),  # in STATE_COLUMNS
+                    "backend": pl.Series(np.full(len(idx), "openai_batch"), dtype=pl.String),
                 }
             )
         )
@@ -153,7 +155,11 @@ def full_results(part: pl.DataFrame, shard_id: str, attempt: int, now: datetime)
         raw_payload_expr(),
         pl.lit(now).dt.replace_time_zone("UTC").alias("recorded_at"),
     )
-    return frame.to_arrow().cast(RESULT_SCHEMA)
+    table = frame.to_arrow()
+    for field in RESULT_SCHEMA:  # columns a chat job leaves null (an embeddings job's vectors)
+        if field.name not in table.column_names:
+            table = table.append_column(field.name, pa.nulls(table.num_rows, field.type))
+    return table.cast(RESULT_SCHEMA)
 
 
 def write_store(store: Store, items: pl.DataFrame, results: pl.DataFrame) -> dict:
