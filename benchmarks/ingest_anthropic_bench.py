@@ -241,7 +241,7 @@ class _StubExecutor:
 
 
 def ours_runner(path: str, work: str, shard_lines: int = 5000) -> dict:
-    from batch_pipeline.core.ledger.attempts import Attempt
+    from batch_pipeline.core.ledger.attempts import Attempt, IntentRecord
     from batch_pipeline.core.ledger.executor import BatchHandle
     from batch_pipeline.core.run.runner import ShardRunner
 
@@ -256,7 +256,9 @@ def ours_runner(path: str, work: str, shard_lines: int = 5000) -> dict:
         by_batch[f"msgbatch_{sid}"] = b"".join(chunk)
         attempts.append(
             (
-                Attempt(1, {"intent": {"key": f"{JOB}:{sid}:1", "request_ids": [ln[15:79].decode() for ln in chunk]}}),
+                Attempt(
+                    1, {"intent": IntentRecord(key=f"{JOB}:{sid}:1", request_ids=[ln[15:79].decode() for ln in chunk])}
+                ),
                 BatchHandle("anthropic_batch", f"msgbatch_{sid}", f"{JOB}:{sid}:1"),
             )
         )
