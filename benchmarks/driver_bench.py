@@ -558,10 +558,12 @@ def _status(spec, store, every_row: bool) -> str:
 
     from rich.console import Console
 
+    from batch_pipeline.cli_jobs import cli_settings
     from batch_pipeline.cli_state import status as cli_status
 
     console = Console(file=io.StringIO(), width=160)
-    assert cli_status(spec, argparse.Namespace(home=store.root, check=False, all=every_row), console) == 0
+    args = argparse.Namespace(home=store.root, check=False, all=every_row, settings=cli_settings(str(store.root)))
+    assert cli_status(spec, args, console) == 0
     return console.file.getvalue()
 
 

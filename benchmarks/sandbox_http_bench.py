@@ -199,6 +199,10 @@ def main() -> None:
     parser.add_argument("--raw", type=int, default=5000)
     parser.add_argument("--serve-starlette", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    import importlib.util
+
+    if importlib.util.find_spec("python_multipart") is None:  # not a dependency of the project
+        sys.exit("sandbox_http_bench: needs python-multipart for its Starlette side: pip install python-multipart")
     if args.serve_starlette:
         serve_starlette()
         return
