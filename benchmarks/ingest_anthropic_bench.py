@@ -216,16 +216,19 @@ class _StubExecutor:
     max_bytes_per_batch = 256 * 2**20
 
     def __init__(self, by_batch: dict[str, bytes]):
+        from batch_pipeline.core.run.threads import default_workers
+
         self.by_batch = by_batch
+        self.parse_workers = default_workers()  # once, as BatchBackend does (it reads the cgroup's CPU quota)
 
     def fetch(self, handle):
-        from batch_pipeline.core.run.threads import default_workers, ordered_map
+        from batch_pipeline.core.run.threads import ordered_map
         from batch_pipeline.executors.anthropic.format import parse_results_block
         from batch_pipeline.executors.jsonl_blocks import iter_blocks
 
         data = self.by_batch[handle.batch_id]
         chunks = (data[i : i + (1 << 20)] for i in range(0, len(data), 1 << 20))
-        yield from ordered_map(parse_results_block, iter_blocks(chunks), default_workers())
+        yield from ordered_map(parse_results_block, iter_blocks(chunks), self.parse_workers)
 
     def submit(self, work):
         raise NotImplementedError

@@ -403,15 +403,17 @@ class _StubExecutor:
     max_bytes_per_batch = 200 * 2**20
 
     def __init__(self, by_batch: dict[str, bytes]):
+        from batch_pipeline.core.run.threads import default_workers
+
         self.by_batch = by_batch
+        self.parse_workers = default_workers()  # once, as BatchBackend does (it reads the cgroup's CPU quota)
 
     def fetch(self, handle):
-        from batch_pipeline.core.run.threads import default_workers
         from batch_pipeline.executors.openai.format import parse_output_stream
 
         data = self.by_batch[handle.batch_id]
         chunks = (data[i : i + (1 << 20)] for i in range(0, len(data), 1 << 20))
-        yield from parse_output_stream(chunks, default_workers(), total_bytes=len(data))
+        yield from parse_output_stream(chunks, self.parse_workers, total_bytes=len(data))
 
     def submit(self, work):
         raise NotImplementedError
