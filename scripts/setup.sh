@@ -11,7 +11,7 @@ ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || APT+=(postgresql)
 [[ -x /usr/bin/chromium ]] || APT+=(chromium)
 command -v eatmydata >/dev/null || APT+=(eatmydata)
 if (( ${#APT[@]} )); then
-  { [[ $(id -u) -eq 0 ]] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${APT[@]}" >/dev/null; } || echo "setup: ${APT[*]} missing (apt-get install ${APT[*]} as root); their tests will fail" >&2
+  { [[ $(id -u) -eq 0 ]] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${APT[@]}" >/dev/null; } || echo "setup: ${APT[*]} missing (apt-get install ${APT[*]} as root): the Postgres and browser tiers fail without theirs; without eatmydata the suite is only slower" >&2
 fi
 if [[ ! -x .venv/bin/python ]]; then
   "$PY" -m venv .venv
