@@ -40,12 +40,16 @@ from batch_pipeline.core.ledger.executor import BatchHandle, BatchState, BatchSt
 from batch_pipeline.executors.endpoint import resolve_endpoint
 from batch_pipeline.executors.google.embed_format import embed_input_file, parse_any_stream
 from batch_pipeline.executors.google.format import contents_writer, request_template
-from batch_pipeline.executors.google.genai_executor import REFUSED_STATES, STATE_MAP, GenaiBatchExecutor
+from batch_pipeline.executors.google.genai_executor import (
+    REFUSED_STATES,
+    STATE_MAP,
+    GenaiBatchExecutor,
+    shared_tls_args,
+)
 from batch_pipeline.executors.google.sdk_errors import SDK_ERRORS
 from batch_pipeline.executors.google.settings import FALLBACK_KEY_ENV, KEY_ENV, GeminiBatchSettings
 from batch_pipeline.executors.openai.embeddings import is_embedding
 from batch_pipeline.executors.provider_errors import redact
-from batch_pipeline.executors.tls import shared_tls_context
 
 log = logging.getLogger(__name__)
 
@@ -113,13 +117,11 @@ class GeminiBatchExecutor(GenaiBatchExecutor):
             self.name, sandbox=settings.sandbox, base_url=settings.base_url, api_key_env=resolve_key_env(settings)
         )
         self._secret = api_key
-        tls = shared_tls_context()  # the SDK's async and websocket clients (never used here) take it too
         options = types.HttpOptions(
             base_url=base_url,
             api_version=settings.api_version,
             timeout=int(settings.timeout_s * 1000),  # in ms
-            client_args={"verify": tls},
-            async_client_args={"ssl": tls},
+            **shared_tls_args(),
         )
         self.client = genai.Client(api_key=api_key, http_options=options)
 

@@ -24,8 +24,18 @@ from batch_pipeline.core.ledger.executor import BatchHandle, BatchState, BatchSt
 from batch_pipeline.executors.batch_backend import BatchBackend
 from batch_pipeline.executors.google.sdk_errors import SDK_ERRORS, translate_sdk_error
 from batch_pipeline.executors.provider_errors import retry_wait_s
+from batch_pipeline.executors.tls import shared_tls_context
 
 log = logging.getLogger(__name__)
+
+
+def shared_tls_args() -> dict[str, Any]:
+    """``HttpOptions`` arguments that give a google-genai client the process's TLS context (``executors.tls``): its
+    sync httpx client takes it as ``verify``, its async and websocket clients (never used here) as ``ssl``; else the
+    client builds three of its own."""
+    ctx = shared_tls_context()
+    return {"client_args": {"verify": ctx}, "async_client_args": {"ssl": ctx}}
+
 
 S = types.JobState
 STATE_MAP = {

@@ -36,12 +36,11 @@ from batch_pipeline.core.ledger.capacity import Dimension
 from batch_pipeline.core.ledger.executor import BatchHandle, BatchStatus, ShardWork
 from batch_pipeline.executors.endpoint import SANDBOX_URL_ENV, resolve_endpoint
 from batch_pipeline.executors.google.gcs import AttemptObjects, Gcs, parse_gs_uri, sandbox_emulator_url
-from batch_pipeline.executors.google.genai_executor import STATE_MAP, GenaiBatchExecutor
+from batch_pipeline.executors.google.genai_executor import STATE_MAP, GenaiBatchExecutor, shared_tls_args
 from batch_pipeline.executors.google.sdk_errors import retry_delay_s
 from batch_pipeline.executors.google.settings import DEFAULT_LOCATION, SANDBOX_BUCKET, VertexBatchSettings
 from batch_pipeline.executors.google.vertex_lines import content_index, parse_predictions_block, request_lines
 from batch_pipeline.executors.jsonl_blocks import parse_stream
-from batch_pipeline.executors.tls import shared_tls_context
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +80,7 @@ class VertexBatchExecutor(GenaiBatchExecutor):
         # The sandbox is plain HTTP on loopback, where no client certificate applies: the process's TLS context
         # spares the SDK building three of its own (~66 ms an executor, and one is made per step). Against Vertex
         # itself the SDK builds them, with Google's default client certificate when one is configured (mTLS).
-        ctx = shared_tls_context() if settings.sandbox else None
-        tls = {"client_args": {"verify": ctx}, "async_client_args": {"ssl": ctx}} if ctx is not None else {}
+        tls = shared_tls_args() if settings.sandbox else {}
         options = gtypes.HttpOptions(base_url=base_url, timeout=int(settings.timeout_s * 1000), **tls)
         credentials = Credentials(token=SANDBOX_TOKEN) if settings.sandbox else None  # else ADC, loaded by the SDK
         self._secret = SANDBOX_TOKEN if settings.sandbox else None
