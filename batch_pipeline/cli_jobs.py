@@ -9,6 +9,7 @@ folder (``batch_pipeline/jobs/<name>/defs.yaml``, or any ``defs.yaml`` there dec
 
 from pathlib import Path
 
+from batch_pipeline.core.arrow_pool import use_arrow_pool
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.settings import Settings
 from batch_pipeline.core.spec.job import JobSpec
@@ -20,6 +21,7 @@ from batch_pipeline.core.store import Store
 def cli_settings(home: str | None) -> Settings:
     """The CLI's edge: the settings of the environment, on ``--home`` when given; every command gets these."""
     settings = Settings.from_env()
+    use_arrow_pool(settings.arrow_memory_pool)
     return settings.with_home(home) if home else settings
 
 

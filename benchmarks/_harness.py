@@ -41,6 +41,9 @@ def load() -> float:
 
 def _child(target: str, args: tuple, conn) -> None:
     try:
+        from batch_pipeline.cli_jobs import cli_settings
+
+        cli_settings(None)  # the process edge the CLI runs, so a variant allocates as the product does (Arrow's pool)
         module, name = target.split(":")
         fn = getattr(importlib.import_module(module), name)
         conn.send(fn(*args))

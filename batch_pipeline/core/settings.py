@@ -101,6 +101,11 @@ class Settings(BaseModel):
         "so on 2 cores 3 keep both busy: 5-10% more lines/s than 2 (benchmarks/README.md)",
     )
     lease_ttl_s: float | None = Field(default=None, gt=0, description="shard lease ttl (default 15 minutes)")
+    arrow_memory_pool: Literal["jemalloc", "mimalloc", "system"] = Field(
+        default="jemalloc",
+        description="Arrow's allocator in this process (``core/arrow_pool.py``): jemalloc took 4-7% less CPU than "
+        "pyarrow's default mimalloc on the manifest and results ingestion (benchmarks/README.md)",
+    )
     k8s: K8sSettings = Field(default_factory=K8sSettings)
 
     @property

@@ -12,6 +12,7 @@ import dagster as dg
 from pydantic import Field
 from pydantic.json_schema import SkipJsonSchema
 
+from batch_pipeline.core.arrow_pool import use_arrow_pool
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.settings import Settings
 from batch_pipeline.core.spec.job import JobSpec
@@ -40,4 +41,6 @@ class BatchInferenceJob(JobSpec, dg.Component):
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         """The job's definitions, with the settings of this load's environment (the Component's edge)."""
-        return build_job_defs(self, Settings.from_env())
+        settings = Settings.from_env()
+        use_arrow_pool(settings.arrow_memory_pool)
+        return build_job_defs(self, settings)

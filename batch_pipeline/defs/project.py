@@ -11,6 +11,7 @@ from pathlib import Path
 import dagster as dg
 from dagster_shared.utils.warnings import PreviewWarning
 
+from batch_pipeline.core.arrow_pool import use_arrow_pool
 from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.settings import PROJECT_ROOT, Settings
 from batch_pipeline.core.spec.job import JobSpec
@@ -56,6 +57,7 @@ def not_declared(specs: list[JobSpec], components: list[BatchInferenceJob]) -> l
 def project_definitions(settings: Settings | None = None) -> dg.Definitions:
     """The code location: its environment's settings (the edge) unless handed some, every job, one executor."""
     settings = settings or Settings.from_env()
+    use_arrow_pool(settings.arrow_memory_pool)
     specs = load_specs(settings.jobs)
     if not uses_project_jobs(settings):
         return build_definitions(specs, settings=settings)
