@@ -4,6 +4,14 @@
 imported on first use, so ``import batch_pipeline.core`` (or the sandbox) does not pull in dagster.
 """
 
+import os
+
+# No step of the pipeline multiplies matrices, but numpy's OpenBLAS starts a thread per core at import and spins it
+# for ~0.1 s: 0.11 CPU s more for every process that imports numpy (each CLI run, code server, run worker and step
+# pod). Set before numpy is first imported (the package is imported first in each of those; dagster itself does
+# not import numpy); an explicit setting is kept.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 __all__ = ["BatchInferenceJob"]
 
 

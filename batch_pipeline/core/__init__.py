@@ -17,6 +17,7 @@ statically, those inside functions included, and that no two files of core impor
 - ``spec``: the job spec and JobPaths
 - ``store``: the filesystem (local or S3) every record is written through
 - ``settings``: the settings read from the environment, once
+- ``arrow_pool``: the process's Arrow memory pool, chosen at the edge of a process from the settings
 - ``troubleshooting``, ``progress``, ``errors``, ``error_table``: the vocabulary everything above may use
 """
 
@@ -26,6 +27,7 @@ LAYERS = (
     "errors",
     "progress",
     "troubleshooting",
+    "arrow_pool",
     "settings",
     "store",
     "spec",
