@@ -11,14 +11,23 @@ from collections.abc import Callable
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from batch_pipeline.core.manifest.read import ITEM_SCHEMA
 from batch_pipeline.core.manifest.rows import LINE
 from batch_pipeline.core.store import BackgroundWrites, Store
 
 OPEN_SHARD_WINDOW = 8
-# dictionaries only where values repeat: on the unique prompts and IDs they cost 30% of the write and save nothing
-SHARD_PARQUET = {"use_dictionary": ["shard_id", "source"], "compression": "zstd", "compression_level": 1}
+# dictionaries only where values repeat: on the unique prompts and IDs they cost 30% of the write and save nothing.
+# No Arrow schema is stored: a reader gets ITEM_SCHEMA from the Parquet types alone (strings as ``string``), so the
+# strings go out as Polars hands them over (``large_string``), without the copy a cast to ``string`` makes.
+SHARD_PARQUET = {
+    "use_dictionary": ["shard_id", "source"],
+    "compression": "zstd",
+    "compression_level": 1,
+    "store_schema": False,
+}
+WRITE_SCHEMA = pa.schema([pa.field(f.name, pa.large_string()) if f.type == pa.string() else f for f in ITEM_SCHEMA])
 
 
 def shard_name(number: int) -> str:
@@ -129,7 +138,7 @@ class Dealer:
                 pl.lit(self.gen).alias("generation"),
             )
             .to_arrow()
-            .cast(ITEM_SCHEMA)
+            .cast(WRITE_SCHEMA)
         )
         self.store.write_table(self.shard_path(sid), table, **SHARD_PARQUET)
         self.written_est[sid] = int(frame.get_column("est_input_tokens").cast(pl.Int64).sum() or 0)

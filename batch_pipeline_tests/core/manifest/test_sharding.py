@@ -5,11 +5,13 @@ import random
 from collections import Counter
 
 import polars as pl
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batch_pipeline.core.manifest.shards import BUCKET_EDGES, Manifest, build_manifest
+from batch_pipeline.core.manifest.shards import BUCKET_EDGES, ITEM_SCHEMA, Manifest, build_manifest
+from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 from batch_pipeline_tests.core.helpers import base_spec_dict, write_jsonl, write_spec
 
@@ -131,3 +133,15 @@ def test_tiny_limits(tmp_path, max_requests):
     summary, index = build(tmp_path, rows, max_requests=max_requests)
     check_partition(summary, index, 40)
     assert index.group_by("shard_id").len()["len"].max() <= max_requests
+
+
+def test_a_shard_file_reads_back_as_the_item_schema(tmp_path):
+    # shard files store no Arrow schema: the types a reader gets come from the Parquet types alone, and must be
+    # ITEM_SCHEMA's (string, not large_string), or shards of different builds would not concatenate
+    summary, _ = build(tmp_path, mixed_rows(300, seed=3), max_requests=100)
+    store = Store(tmp_path / "store")
+    for sid in summary.new_shards:
+        path = store.local_path(JobPaths("t").shard_items(sid))
+        assert pq.read_schema(path).remove_metadata() == ITEM_SCHEMA
+        assert Manifest("t", store).shard_items(sid).schema.remove_metadata() == ITEM_SCHEMA
+        assert pl.read_parquet(path).schema["user_prompt"] == pl.String
