@@ -71,7 +71,9 @@ COLLECT_FROM_BYTES = 16 * 2**20
 def return_freed_memory(collect: bool = True) -> None:
     """Hand what earlier steps freed back to the OS before the query that peaks the run (``e2e_bench`` at 1M: the
     process stood at ~600 MiB of mostly freed heap and Arrow pool when this query added ~800): Python's garbage
-    (``collect``), Arrow's pool (``release_unused``) and glibc's heap (``malloc_trim``, where libc has it)."""
+    (``collect``), Arrow's pool (``release_unused``) and glibc's heap (``malloc_trim``, where libc has it). On
+    jemalloc (``core/arrow_pool.py``) ``release_unused`` changes nothing: its background threads hand freed pages
+    back within its 1 s decay on their own."""
     if collect:
         gc.collect()
     pa.default_memory_pool().release_unused()
