@@ -3,6 +3,7 @@
 import shutil
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from batch_pipeline_tests.core.helpers import DEMO_SPEC, load_make_samples
@@ -20,3 +21,11 @@ def sample_data(tmp_path_factory) -> tuple[Path, dict]:
     (root / "data" / "jobs").mkdir(parents=True)
     shutil.copy(DEMO_SPEC, root / "data" / "jobs" / "demo.yaml")
     return root, summary
+
+
+@pytest.fixture
+def arrow_pool_restored():
+    """The test may change the process's Arrow pool (``core/arrow_pool.py``); the worker gets its own back after."""
+    before = pa.default_memory_pool()
+    yield
+    pa.set_memory_pool(before)

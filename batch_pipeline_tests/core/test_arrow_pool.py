@@ -11,13 +11,7 @@ from batch_pipeline.core.errors import ConfigError
 from batch_pipeline.core.settings import Settings
 from batch_pipeline.defs.project import project_definitions
 
-
-@pytest.fixture(autouse=True)
-def restore_pool():
-    """Each test leaves the worker's pool as it found it."""
-    before = pa.default_memory_pool()
-    yield
-    pa.set_memory_pool(before)
+pytestmark = pytest.mark.usefixtures("arrow_pool_restored")  # each test leaves the worker's pool as it found it
 
 
 def test_the_default_is_jemalloc_and_this_build_has_it():

@@ -18,12 +18,10 @@ def _rss_mib() -> float:
 
 
 @pytest.fixture
-def arrow_pool(request):
+def arrow_pool(request, arrow_pool_restored):
     """The pool named by the test's parameter, for the test only (an earlier test's edge may have set another)."""
-    before = pa.default_memory_pool()
     assert use_arrow_pool(request.param) == request.param
-    yield request.param
-    pa.set_memory_pool(before)
+    return request.param
 
 
 @pytest.mark.parametrize("arrow_pool", ["mimalloc", "jemalloc", "system"], indirect=True)
