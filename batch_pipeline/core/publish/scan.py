@@ -9,6 +9,7 @@ shows a request ID that appears in two shards.
 
 import io
 import logging
+import threading
 from dataclasses import dataclass, field
 
 import polars as pl
@@ -21,6 +22,7 @@ from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.quality.golden import GoldenProbes
 from batch_pipeline.core.quality.shard_stats import STATS_COLUMNS, ShardAggregates, outliers
 from batch_pipeline.core.spec.job import JobSpec
+from batch_pipeline.core.spec.paths import JobPaths
 from batch_pipeline.core.store import Store
 
 log = logging.getLogger(__name__)
@@ -148,6 +150,41 @@ def scan_job(spec: JobSpec, store: Store, group_items: int = GROUP_ITEMS) -> Job
     if probe_ids is not None:
         out.probe_results = pl.concat(probe_frames) if probe_frames else read_parts(store, [], SCAN_COLUMNS)
     return out
+
+
+def scanned(spec: JobSpec, store: Store, group_items: int = GROUP_ITEMS) -> JobScan:
+    """``scan_job``, once per set of inputs in a process. A publish asks for the same pass four times (the staged
+    table's dead letters, the reconciliation check, the dead letters, the report), one step after another; in one
+    process (the CLI's run, a run worker) the later steps get the pass the first one made, as long as nothing it
+    read has changed: the spec, and every file under the result parts, the manifest, the replays and the golden
+    probes (name, size and mtime, from one listing each). A part written since, or a file rewritten, is a new pass.
+    The scan returned is shared: its readers do not change it."""
+    global _last_scan
+    key = _scan_inputs(spec, store, group_items)  # before the pass: a part written during it is a change
+    with _last_scan_lock:
+        last = _last_scan
+    if last is not None and last[0] == key:
+        return last[1]
+    scan = scan_job(spec, store, group_items)
+    with _last_scan_lock:
+        _last_scan = (key, scan)
+    return scan
+
+
+_last_scan: tuple[tuple, JobScan] | None = None
+_last_scan_lock = threading.Lock()
+
+
+def _scan_inputs(spec: JobSpec, store: Store, group_items: int) -> tuple:
+    """What ``scan_job`` reads, as listed (10M items: ~32,000 files, one listing per folder)."""
+    paths = JobPaths(spec.name)
+    folders = (paths.results, f"{paths.root}/manifest", paths.replays, f"{paths.root}/golden/probes")
+    return (
+        store.uri(paths.root),
+        spec.model_dump_json(),
+        group_items,
+        *(tuple(store.file_stats(rel)) for rel in folders),
+    )
 
 
 def job_shard_outliers(spec: JobSpec, store: Store, group_items: int = GROUP_ITEMS) -> pl.DataFrame:

@@ -26,7 +26,7 @@ from batch_pipeline.core.manifest.read import VALIDATED_COLUMNS
 from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.money.pending import QuoteBasis
 from batch_pipeline.core.publish.cascade import cascade_view
-from batch_pipeline.core.publish.scan import JobScan, scan_job
+from batch_pipeline.core.publish.scan import JobScan, scanned
 from batch_pipeline.core.publish.validated import write_validated
 from batch_pipeline.core.quality.golden import GoldenProbes
 from batch_pipeline.core.spec.job import JobSpec
@@ -52,7 +52,7 @@ class JobState:
 
     @cached_property
     def scan(self) -> JobScan:
-        return scan_job(self.spec, self.store)
+        return scanned(self.spec, self.store)  # the same pass for every step of a publish in one process
 
     def check(self) -> Counts:
         """``expected = valid + invalid + missing + dead_lettered`` per shard and per job, from independent sets."""

@@ -244,3 +244,38 @@ def test_results_under_a_shard_the_manifest_lacks_fail_the_check(job):
     )
     with pytest.raises(ReconciliationError, match="does not know"):
         JobState.load(spec, store).check()
+
+
+def test_the_steps_of_a_publish_share_one_scan_until_what_it_read_changes(job):
+    """``JobState.scan`` is one pass per set of inputs in a process (``scan.scanned``): the publish's four steps
+    asked for the same pass one after another. A new result part, a rewritten file and another spec each make a
+    new pass, which sees the change."""
+    spec, store = job
+    first = JobState.load(spec, store).scan
+    assert JobState.load(spec, store).scan is first  # another step of the same publish: no second pass
+    # a result part written since: a new pass, with its rows
+    ids = Manifest(spec.name, store).shard_items("s00002", ["request_id"]).column("request_id").to_pylist()
+    lines = [_answer(ids[0], "feature")]
+    work = ShardWork(spec.name, "s00002", 3, f"{spec.name}:s00002:3", RequestPlan.from_spec(spec), raw_table(lines))
+    table = build_results(
+        raw_table(lines),
+        work,
+        backend="openai_batch",
+        pricing="batch",
+        prompt_version="v1",
+        price=None,
+        provider_batch_id="b-late",
+    )
+    write_results(store, spec.name, "s00002", 3, 1, table)
+    after_part = JobState.load(spec, store).scan
+    assert after_part is not first and after_part.requests_sent == first.requests_sent + 1
+    # a file rewritten under the same name (the manifest's shard file, torn): the pass reads it again and fails
+    shard = JobPaths(spec.name).shard_items("s00003")
+    good = store.read_bytes(shard)
+    store.write_bytes(shard, b"PAR1 torn")
+    with pytest.raises(FileNotFoundError, match="no readable items for shard s00003"):
+        JobState.load(spec, store).scan  # noqa: B018
+    store.write_bytes(shard, good)
+    # another spec (a different retry budget) over the same files: a new pass
+    other = spec.model_copy(update={"retries": spec.retries.model_copy(update={"per_item": 5})})
+    assert JobState.load(other, store).scan is not JobState.load(spec, store).scan
