@@ -67,22 +67,28 @@ def job(tmp_path):
         second = [_answer(r, "other") for i, r in enumerate(ids) if i % 4 == 0]
         second += [_answer(r, "billing") for i, r in enumerate(ids[:-1]) if i % 4 == 2]  # answered twice: latest wins
         for attempt, lines in ((1, first), (2, second)):
-            work = ShardWork(
-                spec.name, sid, attempt, f"{spec.name}:{sid}:{attempt}", plan, raw_table(lines).select(["request_id"])
-            )
-            table = build_results(
-                raw_table(lines),
-                work,
-                backend="openai_batch",
-                pricing="batch",
-                prompt_version="v1",
-                price=None,
-                provider_batch_id=f"b-{sid}-{attempt}",
-            )
-            write_results(store, spec.name, sid, attempt, 1, table)
+            table = _store_answers(spec, store, plan, sid, attempt, lines)
             if attempt == 1 and n == 1:
                 write_results(store, spec.name, sid, attempt, 1, table)  # re-collected: the same rows again
     return spec, store
+
+
+def _store_answers(spec, store, plan: RequestPlan, sid: str, attempt: int, lines: list[tuple]) -> pa.Table:
+    """One result part of ``lines`` for the shard's attempt, as the runner stores a collected batch."""
+    work = ShardWork(
+        spec.name, sid, attempt, f"{spec.name}:{sid}:{attempt}", plan, raw_table(lines).select(["request_id"])
+    )
+    table = build_results(
+        raw_table(lines),
+        work,
+        backend="openai_batch",
+        pricing="batch",
+        prompt_version="v1",
+        price=None,
+        provider_batch_id=f"b-{sid}-{attempt}",
+    )
+    write_results(store, spec.name, sid, attempt, 1, table)
+    return table
 
 
 def _oracle_table(spec, store) -> pl.DataFrame:
@@ -255,18 +261,7 @@ def test_the_steps_of_a_publish_share_one_scan_until_what_it_read_changes(job):
     assert JobState.load(spec, store).scan is first  # another step of the same publish: no second pass
     # a result part written since: a new pass, with its rows
     ids = Manifest(spec.name, store).shard_items("s00002", ["request_id"]).column("request_id").to_pylist()
-    lines = [_answer(ids[0], "feature")]
-    work = ShardWork(spec.name, "s00002", 3, f"{spec.name}:s00002:3", RequestPlan.from_spec(spec), raw_table(lines))
-    table = build_results(
-        raw_table(lines),
-        work,
-        backend="openai_batch",
-        pricing="batch",
-        prompt_version="v1",
-        price=None,
-        provider_batch_id="b-late",
-    )
-    write_results(store, spec.name, "s00002", 3, 1, table)
+    _store_answers(spec, store, RequestPlan.from_spec(spec), "s00002", 3, [_answer(ids[0], "feature")])
     after_part = JobState.load(spec, store).scan
     assert after_part is not first and after_part.requests_sent == first.requests_sent + 1
     # a file rewritten under the same name (the manifest's shard file, torn): the pass reads it again and fails
