@@ -42,6 +42,7 @@ from batch_pipeline.cli_stops import (
 )
 from batch_pipeline.core.errors import BatchPipelineError, SystemicError
 from batch_pipeline.core.ledger.control import JobPaused
+from batch_pipeline.core.run.heap import frozen_heap
 from batch_pipeline.core.settings import PROJECT_ROOT
 from batch_pipeline.core.spec.job import JobSpec
 
@@ -233,6 +234,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             _sandbox_if_needed(spec),
             _dagster_instance() as instance,
             RunProgress(spec, store, console) as progress,
+            frozen_heap(),  # what the run starts with stays out of the collector's full passes (core/run/heap.py)
         ):
             report = run_job(
                 spec, instance, resources, settings=settings, log_level=args.log_level, on_stage=progress.set_stage

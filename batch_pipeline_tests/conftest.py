@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import signal
 from collections.abc import Iterator
 from subprocess import Popen
@@ -20,11 +19,6 @@ from batch_pipeline_tests.gcs_fixtures import (  # noqa: F401  (fixtures: one em
 )
 
 _FILE_SECONDS = file_order.recorder()
-# A worker's young objects are collected every 20,000 allocations, not Python's 700. A worker holds Dagster,
-# Polars, pyarrow, every test module and the definitions of many jobs, and its collections grew with that heap:
-# 3.7-5.3 CPU s of its ~40-54 (8%) on a fifth of the suite, 1.4-2.4 s with this, and the workers' CPU 5% lower
-# (benchmarks/README.md). The product's processes keep Python's default (`run_job` freezes its heap instead).
-WORKER_GC_THRESHOLD = (20_000, 20, 10)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -34,12 +28,9 @@ def pytest_configure(config: pytest.Config) -> None:
     ignored, and Dagster sets SIGTERM to SIGINT's handler after every in-process run (``dagster._utils.interrupts``):
     the worker then ignored SIGTERM, and so did every server it started afterwards, exec keeping an ignored signal.
     The GCS emulator and the CLI fork server each outlived their SIGTERM at teardown until SIGKILL.
-    (``test_quota_procs`` starts the CLI with SIGINT ignored on purpose.)
-
-    And the worker's collector thresholds (``WORKER_GC_THRESHOLD``)."""
+    (``test_quota_procs`` starts the CLI with SIGINT ignored on purpose.)"""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    gc.set_threshold(*WORKER_GC_THRESHOLD)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

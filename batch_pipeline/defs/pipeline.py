@@ -21,7 +21,6 @@ from batch_pipeline.core.ledger.machine import ShardState
 from batch_pipeline.core.publish import current
 from batch_pipeline.core.publish.current import PublishBasis
 from batch_pipeline.core.run.activity import Activity
-from batch_pipeline.core.run.heap import frozen_heap
 from batch_pipeline.core.run.hygiene import sweep_due
 from batch_pipeline.core.settings import Settings
 from batch_pipeline.core.spec.job import JobSpec
@@ -62,9 +61,7 @@ def run_job(
     ``settings``: the edge's (the CLI's); unset, the defaults; ``resources`` default to the settings'."""
     settings = settings or Settings()
     span = shards_per_run or settings.shards_per_run
-    loop = PassLoop(spec, instance, resources, settings, span, log_level, on_stage or (lambda s: None))
-    with frozen_heap():  # the definitions, once built, stay out of the collector's full passes (core/run/heap.py)
-        return loop.run()
+    return PassLoop(spec, instance, resources, settings, span, log_level, on_stage or (lambda s: None)).run()
 
 
 class PassLoop:

@@ -189,3 +189,35 @@ def test_a_bug_in_a_run_exits_1_and_shows_its_stack_trace(cli, make_job, home, t
     assert done.returncode == 1, done.stdout + done.stderr
     # the summary is a typed record: reading it fails on its type, with the record's own error and stack trace
     assert "Traceback" in done.stderr and "ValidationError" in done.stderr, done.stderr
+
+
+def test_a_cli_run_holds_its_starting_heap_frozen_and_thaws_it_when_it_ends(
+    sandbox, make_job, home, tmp_path, monkeypatch
+):
+    """``batch-pipeline run`` keeps what it starts with out of the collector's full passes (``core/run/heap.py``) and
+    hands the heap back thawed, after a finished run and after a stopped one (here, in-process, a test worker's)."""
+    import gc
+    import logging
+
+    class FreezeCounts(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__(logging.INFO)
+            self.counts: list[int] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.counts.append(gc.get_freeze_count())
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
+    seen = FreezeCounts()
+    logger = logging.getLogger("batch_pipeline.core.run")
+    monkeypatch.setattr(logger, "level", logging.INFO)
+    logger.addHandler(seen)
+    try:
+        assert gc.get_freeze_count() == 0
+        assert main(["run", make_job(name="frozen").source_path, "--home", str(home)]) == 0
+        assert seen.counts and min(seen.counts) > 0  # the runner's log lines, written while the run went on
+        assert gc.get_freeze_count() == 0
+        assert main(["run", make_job(name="over", budget_usd=0.000001).source_path, "--home", str(home)]) == 3
+        assert gc.get_freeze_count() == 0
+    finally:
+        logger.removeHandler(seen)

@@ -207,24 +207,3 @@ def test_publishing_before_any_manifest_fails_with_a_clear_message(sandbox, inst
     assert not result.success
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
     assert "materialize t/manifest first" in failure.step_failure_data.error.message
-
-
-def test_a_run_holds_its_starting_heap_frozen_and_thaws_it_when_it_ends(sandbox, instance, resources, make_job):
-    """The definitions stay out of the collector's full passes while the run goes on (``core/run/heap.py``); the
-    worker that called ``run_job`` gets its heap back as it was, on success and on failure alike."""
-    import gc
-
-    frozen: list[int] = []
-    assert gc.get_freeze_count() == 0
-    assert run_job(make_job(), instance, resources, on_stage=lambda stage: frozen.append(gc.get_freeze_count()))[
-        "complete"
-    ]
-    assert frozen and min(frozen) > 0
-    assert gc.get_freeze_count() == 0
-    with pytest.raises(RuntimeError, match="a stage that breaks"):
-        run_job(make_job(name="breaks"), instance, resources, on_stage=_breaks)
-    assert gc.get_freeze_count() == 0
-
-
-def _breaks(stage: str) -> None:
-    raise RuntimeError("a stage that breaks")
