@@ -5,7 +5,11 @@ thousands of objects that live to the end. Every full collection walked all of t
 on ``batch-pipeline run`` at 200k rows, the collector was 8.5% of the run's CPU (``benchmarks/README.md``).
 ``gc.freeze()`` moves what exists to a permanent generation the collector skips; what the run allocates afterwards
 is collected as before, and the heap is thawed when the run ends, so a process that goes on (a test calling the
-CLI in-process, a notebook) is left as it was.
+CLI in-process) is left as it was.
+
+``batch-pipeline run`` uses it, not ``run_job``: after a thaw the collector's next full pass walks the whole heap
+again, once. A CLI run pays that once before it exits; a process calling ``run_job`` many times (the test suite's
+workers) would pay it at every call.
 """
 
 import gc
