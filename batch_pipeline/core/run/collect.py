@@ -29,6 +29,7 @@ from batch_pipeline.core.ledger.result_parts import new_part, write_part, write_
 from batch_pipeline.core.run.faults import crash_point, faults_armed
 from batch_pipeline.core.run.hygiene import discard_collected
 from batch_pipeline.core.run.lease import Lease, LeaseKeeper, acquire
+from batch_pipeline.core.run.pace import PollPace
 from batch_pipeline.core.run.results import build_results
 from batch_pipeline.core.run.stream import StreamShape
 
@@ -104,8 +105,10 @@ class CollectShape:
         cancel_when: Callable[[], bool] | None,
     ) -> BatchStatus:
         """Poll the batch until the provider ends it (a flaky poll is asked again; a pause or the deadline stops
-        the wait, the batch keeps running); cancel it when the tail rescue asks."""
+        the wait, the batch keeps running); cancel it when the tail rescue asks. The waits between polls
+        stretch while the batch stays in one state (``pace``)."""
         transient_in_a_row = 0
+        pace = PollPace(poll_interval_s)
         while True:
             try:
                 status = self._guard(partial(executor.poll, handle))
@@ -134,7 +137,7 @@ class CollectShape:
                 cancel_when = None
             if deadline is not None and time.monotonic() > deadline:
                 raise TransientError(f"shard {shard_id}: batch {handle.batch_id} still {status.provider_status}")
-            time.sleep(poll_interval_s)
+            time.sleep(pace.after(status.state))
 
     def _take(
         self,
