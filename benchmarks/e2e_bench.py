@@ -55,6 +55,15 @@ def wait_child(proc: subprocess.Popen) -> tuple[int, float, float]:
     return proc.returncode, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
+def run_child(command: list[str], env: dict[str, str], cwd: str | None = None) -> tuple[int, float, float, float, str]:
+    """(exit code, CPU s, peak RSS MB, wall s, output) of ``command`` run to its end as a child."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = proc.stdout.read() if proc.stdout else ""
+    code, cpu, rss = wait_child(proc)
+    return code, cpu, rss, time.perf_counter() - start, output
+
+
 def reference(path: Path, out: Path) -> float:
     start = time.perf_counter()
     with open(path, "rb") as src, open(out, "w") as dst:
@@ -126,7 +135,6 @@ def main(argv: list[str] | None = None) -> int:
             "BATCH_PIPELINE_JOBS": str(jobs),
         }
         Path(env["DAGSTER_HOME"]).mkdir()
-        start = time.perf_counter()
         command = [sys.executable, "-m", "batch_pipeline.cli", "run", str(spec_path)]
         if args.py_spy:
             command = [
@@ -142,16 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                 "--",
                 *command,
             ]
-        run = subprocess.Popen(
-            command,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        output = run.stdout.read() if run.stdout else ""
-        code, run_cpu, run_rss = wait_child(run)
-        wall = time.perf_counter() - start
+        code, run_cpu, run_rss, wall, output = run_child(command, env)
         sandbox.terminate()
         _, sandbox_cpu, sandbox_rss = wait_child(sandbox)
         report = json.loads((home / "jobs" / "e2e" / "report.json").read_text()) if code == 0 else {}

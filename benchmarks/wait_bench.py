@@ -9,7 +9,8 @@ a time. It runs twice per round, each in a fresh home against a fresh sandbox:
 - waiting: every batch in progress for ``--wait-s`` (the sandbox's server-wide scenario).
 
 The same work is done in both, so the run's CPU while it waits is (CPU waiting - CPU quick) / (wall waiting -
-wall quick): the figure printed per second and per hour of waiting. ``--old-root DIR`` runs both against another
+wall quick): the figure printed per second and per hour of waiting. The two runs' own CPU differs by up to ~0.5 s
+from run to run, so a wait under a minute or so is lost in that noise (a short one can even print a negative rate). ``--old-root DIR`` runs both against another
 checkout too (``PYTHONPATH=DIR``), alternating, for a before and after in the same run.
 
     python benchmarks/wait_bench.py [--wait-s 60] [--rows 4000] [--shard 1000] [--repeat 2] [--old-root DIR]
@@ -18,10 +19,8 @@ checkout too (``PYTHONPATH=DIR``), alternating, for a before and after in the sa
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import yaml
@@ -30,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from batch_pipeline.sandbox import SandboxAdmin, start_sandbox_process  # noqa: E402
-from benchmarks.e2e_bench import job_spec, wait_child  # noqa: E402
+from benchmarks.e2e_bench import job_spec, run_child  # noqa: E402
 from benchmarks.make_rows import rows_file  # noqa: E402
 
 
@@ -56,18 +55,8 @@ def run_once(root: Path, rows_path: Path, shard: int, in_progress_s: float | Non
                 "BATCH_PIPELINE_JOBS": str(jobs),
             }
             Path(env["DAGSTER_HOME"]).mkdir()
-            start = time.perf_counter()
-            run = subprocess.Popen(
-                [sys.executable, "-m", "batch_pipeline.cli", "run", str(spec_path)],
-                cwd=tmp,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-            output = run.stdout.read() if run.stdout else ""
-            code, cpu, _ = wait_child(run)
-            wall = time.perf_counter() - start
+            command = [sys.executable, "-m", "batch_pipeline.cli", "run", str(spec_path)]
+            code, cpu, _, wall, output = run_child(command, env, cwd=tmp)
         finally:
             sandbox.terminate()
             sandbox.wait()
