@@ -1,11 +1,11 @@
 """How long to wait before polling a batch again: the configured interval while the batch moves, longer while it
 sits in one state.
 
-Every poll is a request and a response parsed through the provider's SDK (~2-3 ms of CPU on the sandbox). A
-run waiting on long batches polled each one at the same rate all the way: on the sandbox (0.2 s) that was
-~0.03 CPU s per second of waiting, ~5 CPU s of a 1M-row run (``benchmarks/README.md``). Now each poll that
-finds the batch where it was stretches the next wait by ``POLL_GROWTH``, up to ``POLL_MAX_FACTOR`` times the
-interval; a change of state (validating, in progress, finalizing) brings it back to the interval, so a batch is
+Every poll is a request and a response parsed through the provider's SDK (~2-3 ms of CPU on the sandbox). A run
+waiting on long batches polled each one at the same rate all the way: on the sandbox (0.2 s), with the live
+display, that was ~0.03 CPU s per second of waiting, 112 CPU s an hour (``benchmarks/wait_bench.py``). Now each
+poll that finds the batch where it was stretches the next wait by ``POLL_GROWTH``, up to ``POLL_MAX_FACTOR`` times
+the interval; a change of state (validating, running, finalizing) brings it back to the interval, so a batch is
 seen ending within ``POLL_MAX_FACTOR`` intervals (2 minutes at the providers' default 30 s).
 """
 
