@@ -55,6 +55,20 @@ def wait_child(proc: subprocess.Popen) -> tuple[int, float, float]:
     return proc.returncode, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
+def run_env(tmp: Path, sandbox_url: str) -> dict[str, str]:
+    """The environment of a ``batch-pipeline run`` child: the sandbox at ``sandbox_url``, and the job's home, its
+    Dagster home (made here) and its jobs folder (``tmp/jobs``) under ``tmp``."""
+    env = {
+        **os.environ,
+        "BATCH_PIPELINE_SANDBOX_URL": sandbox_url,
+        "BATCH_PIPELINE_HOME": str(tmp / "home"),
+        "DAGSTER_HOME": str(tmp / "dagster"),
+        "BATCH_PIPELINE_JOBS": str(tmp / "jobs"),
+    }
+    Path(env["DAGSTER_HOME"]).mkdir()
+    return env
+
+
 def run_child(command: list[str], env: dict[str, str], cwd: str | None = None) -> tuple[int, float, float, float, str]:
     """(exit code, CPU s, peak RSS MB, wall s, output) of ``command`` run to its end as a child."""
     start = time.perf_counter()
@@ -127,14 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         spec_path = jobs / "e2e.yaml"
         spec_path.write_text(yaml.safe_dump(job_spec("e2e", path, args.shard), sort_keys=False))
         sandbox, url = start_sandbox_process(0)
-        env = {
-            **os.environ,
-            "BATCH_PIPELINE_SANDBOX_URL": url,
-            "BATCH_PIPELINE_HOME": str(home),
-            "DAGSTER_HOME": str(Path(tmp) / "dagster"),
-            "BATCH_PIPELINE_JOBS": str(jobs),
-        }
-        Path(env["DAGSTER_HOME"]).mkdir()
+        env = run_env(Path(tmp), url)
         command = [sys.executable, "-m", "batch_pipeline.cli", "run", str(spec_path)]
         if args.py_spy:
             command = [

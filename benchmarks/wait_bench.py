@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from batch_pipeline.sandbox import SandboxAdmin, start_sandbox_process  # noqa: E402
-from benchmarks.e2e_bench import job_spec, run_child  # noqa: E402
+from benchmarks.e2e_bench import job_spec, run_child, run_env  # noqa: E402
 from benchmarks.make_rows import rows_file  # noqa: E402
 
 
@@ -46,15 +46,7 @@ def run_once(root: Path, rows_path: Path, shard: int, in_progress_s: float | Non
         try:
             if in_progress_s is not None:
                 SandboxAdmin(url).set_scenario("normal", in_progress_s=in_progress_s)
-            env = {
-                **os.environ,
-                "PYTHONPATH": str(root),
-                "BATCH_PIPELINE_SANDBOX_URL": url,
-                "BATCH_PIPELINE_HOME": str(Path(tmp) / "home"),
-                "DAGSTER_HOME": str(Path(tmp) / "dagster"),
-                "BATCH_PIPELINE_JOBS": str(jobs),
-            }
-            Path(env["DAGSTER_HOME"]).mkdir()
+            env = {**run_env(Path(tmp), url), "PYTHONPATH": str(root)}
             command = [sys.executable, "-m", "batch_pipeline.cli", "run", str(spec_path)]
             code, cpu, _, wall, output = run_child(command, env, cwd=tmp)
         finally:
