@@ -7,6 +7,8 @@ before it ever submits those items again. A collected attempt may get ``.discard
 the provider are deleted (``core/run/hygiene.py``); it stays collected and closed.
 """
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
@@ -176,19 +178,74 @@ class Attempt:
         return self.intent.backend
 
 
+class IntentCache:
+    """Parsed intent records, by (file, size, mtime): an intent holds every request ID its attempt sent (3.4 MB of
+    JSON for 50,000, ~13 ms to parse), and a shard's log is read several times a collection (its summary at each
+    event, the collection, the budget guard, the report). An intent is created exclusively and never rewritten, so
+    a file of the same size and mtime is the same record. Bounded by the request IDs held (least recently read
+    first out); thread-safe (shards are collected on several threads). A record is shared by its readers, as the
+    typed records are frozen: nothing changes ``request_ids`` in place."""
+
+    def __init__(self, max_ids: int = 500_000):
+        self.max_ids = max_ids
+        self._records: OrderedDict[tuple[str, int, int], IntentRecord] = OrderedDict()
+        self._ids = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, int, int]) -> "IntentRecord | None":
+        with self._lock:
+            record = self._records.get(key)
+            if record is not None:
+                self._records.move_to_end(key)
+            return record
+
+    def put(self, key: tuple[str, int, int], record: "IntentRecord") -> None:
+        size = len(record.request_ids)
+        if size > self.max_ids:
+            return
+        with self._lock:
+            if key in self._records:
+                return
+            self._records[key] = record
+            self._ids += size
+            while self._ids > self.max_ids:
+                _, dropped = self._records.popitem(last=False)
+                self._ids -= len(dropped.request_ids)
+
+
+INTENTS = IntentCache()
+
+
 class AttemptLog:
     def __init__(self, store: Store, job: str, shard_id: str):
         self.store, self.paths, self.shard_id = store, JobPaths(job), shard_id
 
     def all(self) -> list[Attempt]:
         by_number: dict[int, dict[str, AttemptEvent]] = {}
-        for rel in self.store.list_files(self.paths.attempts(self.shard_id), suffix=".json"):
-            name = rel.rsplit("/", 1)[1]  # attempt-0003.intent.json
-            stem, event, _ = name.split(".")
-            record = self.store.read_json(rel)
-            if record is not None and event in EVENTS:
-                by_number.setdefault(int(stem.split("-")[1]), {})[event] = event_record(event, record)
+        for rel, size, mtime in self.store.file_stats(self.paths.attempts(self.shard_id)):
+            parts = rel.rsplit("/", 1)[1].split(".")  # attempt-0003.intent.json
+            if len(parts) != 3 or parts[2] != "json" or parts[1] not in EVENTS:
+                continue
+            stem, event, _ = parts
+            record = self._intent(rel, size, mtime) if event == "intent" else self._read(event, rel)
+            if record is not None:
+                by_number.setdefault(int(stem.split("-")[1]), {})[event] = record
         return [Attempt(n, recs) for n, recs in sorted(by_number.items()) if "intent" in recs]
+
+    def _read(self, event: str, rel: str) -> AttemptEvent | None:
+        payload = self.store.read_json(rel)
+        return None if payload is None else event_record(event, payload)
+
+    def _intent(self, rel: str, size: int, mtime: int | None) -> AttemptEvent | None:
+        """The intent at ``rel``, parsed once per file version (``IntentCache``); a store without mtimes reads it."""
+        key = (self.store.uri(rel), size, mtime) if mtime is not None else None
+        cached = INTENTS.get(key) if key is not None else None
+        if cached is not None:
+            return cached
+        record = self._read("intent", rel)
+        if key is not None and isinstance(record, IntentRecord):
+            INTENTS.put(key, record)
+        return record
 
     def next_number(self) -> int:
         attempts = self.all()

@@ -65,7 +65,10 @@ def retry_costs(results: pl.DataFrame) -> RetryCosts:
     """The cap's inputs over these results (one row per request and attempt, with ``cost_usd``)."""
     if results.height == 0:
         return RetryCosts()
-    ordered = results.sort("request_id", "attempt").with_columns(spends_budget().cast(pl.Int32).alias("_burn"))
+    frame = results.select("request_id", "attempt", "cost_usd", spends_budget().cast(pl.Int32).alias("_burn"))
+    if frame.get_column("request_id").n_unique() == frame.height:  # one try per request: each a first, none a retry
+        return RetryCosts(float(frame.get_column("cost_usd").sum() or 0.0), frame.height)
+    ordered = frame.sort("request_id", "attempt")
     ordered = ordered.with_columns(
         (pl.col("_burn").cum_sum().over("request_id") - pl.col("_burn")).alias("_burned_before"),
         (pl.col("attempt") == pl.col("attempt").min().over("request_id")).alias("_first"),
