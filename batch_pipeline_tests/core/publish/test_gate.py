@@ -124,3 +124,12 @@ def test_the_kept_failure_cases_are_capped_but_the_count_is_whole(tmp_path):
     frame = staged().with_columns(pl.lit("v0").alias("prompt_version"))
     report = gate(tmp_path, frame)
     assert report.schema_failures == ROWS and report.failure_cases().height == KEPT_CASES
+
+
+def test_a_column_the_rules_need_missing_from_the_file_fails_the_schema(tmp_path):
+    """The gate reads only the columns its rules check: one the file lacks is pandera's to report, not a read
+    error; columns no rule reads are left unread."""
+    frame = staged().drop("prompt_version").with_columns(pl.lit("batch_1").alias("provider_batch_id"))
+    report = gate(tmp_path, frame)
+    assert not report.schema_ok and report.rows == ROWS
+    assert "prompt_version" in report.failure_cases()["failure_case"].to_list()
