@@ -1,10 +1,11 @@
 """The job report: counts, tokens, cost, cost per accepted item, timing, where the outputs are."""
 
+from collections.abc import Iterable
 from datetime import datetime
 
 import polars as pl
 
-from batch_pipeline.core.ledger.attempts import AttemptLog
+from batch_pipeline.core.ledger.attempts import Attempt, AttemptLog
 from batch_pipeline.core.ledger.replay import Replays
 from batch_pipeline.core.manifest.shards import Manifest
 from batch_pipeline.core.money.quote_record import read_quote
@@ -30,13 +31,13 @@ def build_report(spec: JobSpec, store: Store, state: JobState, outputs: dict[str
     totals = scan.totals
     cost = scan.cost_usd
     times: list[datetime] = []
-    attempts = 0
-    for sid in manifest.shard_ids():
-        for a in AttemptLog(store, spec.name, sid).all():
-            attempts += 1
-            for event, rec in a.records.items():
-                if event != "discarded":  # provider housekeeping after the work (maybe at a later publish)
-                    times.append(datetime.fromisoformat(rec.at))
+    # every shard's attempt log, read once for the timing and the spend range (an intent holds its request IDs)
+    logs = [a for sid in manifest.shard_ids() for a in AttemptLog(store, spec.name, sid).all()]
+    attempts = len(logs)
+    for a in logs:
+        for event, rec in a.records.items():
+            if event != "discarded":  # provider housekeeping after the work (maybe at a later publish)
+                times.append(datetime.fromisoformat(rec.at))
     span = (max(times) - min(times)).total_seconds() if times else 0.0
     report = {
         "job": spec.name,
@@ -80,21 +81,21 @@ def build_report(spec: JobSpec, store: Store, state: JobState, outputs: dict[str
         report["golden_accuracy_by_shard"] = probe_accuracy(scan.probe_results, probes).to_dicts()
         report["cost_usd"] = round(cost + report["golden_probes_cost_usd"], 6)
         report["cost_per_accepted_item_usd"] = round(report["cost_usd"] / totals.valid, 8) if totals.valid else None
-    report.update(spend_range(spec, store, report["cost_usd"]))
+    report.update(spend_range(logs, report["cost_usd"]))
     return report
 
 
-def spend_range(spec: JobSpec, store: Store, recorded: float) -> dict:
+def spend_range(attempts: Iterable[Attempt], recorded: float) -> dict:
     """Spend is recorded cost plus an upper bound, never less than what was billed: requests a hard kill left in
-    flight (sent, no answer stored: at most the executor's concurrency per kill) count at their highest cost."""
+    flight (sent, no answer stored: at most the executor's concurrency per kill) count at their highest cost.
+    ``attempts``: every attempt of the job."""
     bound = 0.0
     requests = 0
-    for shard in Manifest(spec.name, store).shard_ids():
-        for attempt in AttemptLog(store, spec.name, shard).all():
-            gone = attempt.abandoned
-            if gone is not None:
-                bound += gone.possibly_billed_usd or 0.0
-                requests += gone.possibly_billed or 0
+    for attempt in attempts:
+        gone = attempt.abandoned
+        if gone is not None:
+            bound += gone.possibly_billed_usd or 0.0
+            requests += gone.possibly_billed or 0
     return {
         "cost_possibly_billed_usd": round(bound, 6),
         "requests_possibly_billed": requests,
