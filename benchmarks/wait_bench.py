@@ -2,16 +2,18 @@
 
 A provider batch takes minutes to a day; the run spends nearly all of that waiting, so whatever it does per second
 of waiting (polls, the live display, its status line) is paid for the whole day. The job is ``e2e_bench``'s
-(openai_batch on the sandbox, a choice output) on a few thousand rows, no canary, in a few shards collected two at
-a time. It runs twice per round, each in a fresh home against a fresh sandbox:
+(openai_batch on the sandbox, a choice output) on a few thousand rows, no canary, in a few shards collected three
+at a time (``collect_shards_at_once``'s default). It runs twice per round, each in a fresh home against a fresh
+sandbox:
 
 - quick: every batch in progress for the sandbox's default 0.2 s;
 - waiting: every batch in progress for ``--wait-s`` (the sandbox's server-wide scenario).
 
 The same work is done in both, so the run's CPU while it waits is (CPU waiting - CPU quick) / (wall waiting -
 wall quick): the figure printed per second and per hour of waiting. The two runs' own CPU differs by up to ~0.5 s
-from run to run, so a wait under a minute or so is lost in that noise (a short one can even print a negative rate). ``--old-root DIR`` runs both against another
-checkout too (``PYTHONPATH=DIR``), alternating, for a before and after in the same run.
+from run to run, so a wait under a minute or so is lost in that noise (a short one can even print a negative
+rate). ``--old-root DIR`` runs both against another checkout too (``PYTHONPATH=DIR``), alternating, for a before
+and after in the same run.
 
     python benchmarks/wait_bench.py [--wait-s 60] [--rows 4000] [--shard 1000] [--repeat 2] [--old-root DIR]
 """
