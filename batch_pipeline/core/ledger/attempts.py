@@ -41,11 +41,12 @@ class AttemptEvent(BaseModel):
     at: str = Field(default_factory=now_iso)
 
 
-class IntentRecord(AttemptEvent):
-    """Written before a paid call: which items, under which idempotency key, on which backend."""
+class IntentHead(AttemptEvent):
+    """An intent without its request IDs: all that the readers of an attempt's state need (the summaries, the
+    polls, the sweeps, the report). ``AttemptLog.all(request_ids=False)`` hands these back; they are kept for
+    every intent once read, so those readers parse no intent twice (``IntentCache``)."""
 
     key: str
-    request_ids: list[str]
     backend: str | None = None
     lease_token: int | str | None = None  # the fencing token (core/run/lease.py) it ran under
     requests: int | None = None
@@ -53,6 +54,16 @@ class IntentRecord(AttemptEvent):
     stage: str = "primary"  # ledger.fallback.Stage: the fallback's attempts are its runner's
     capacity: int | None = None  # the capacity ledger's holding (core/ledger/capacity.py)
     account: str | None = None
+
+
+class IntentRecord(IntentHead):
+    """Written before a paid call: which items, under which idempotency key, on which backend."""
+
+    request_ids: list[str]
+
+    def head(self) -> IntentHead:
+        """This record without its request IDs (unknown keys kept, as read)."""
+        return IntentHead.model_validate(self.model_dump(exclude={"request_ids"}))
 
 
 class SubmittedRecord(AttemptEvent):
@@ -143,9 +154,9 @@ class Attempt:
     records: dict[str, AttemptEvent] = field(default_factory=dict)  # event -> its record
 
     @property
-    def intent(self) -> IntentRecord:
+    def intent(self) -> IntentHead:
         record = self.records["intent"]
-        assert isinstance(record, IntentRecord)
+        assert isinstance(record, IntentHead)
         return record
 
     submitted = _Event(SubmittedRecord)
@@ -159,7 +170,10 @@ class Attempt:
 
     @property
     def request_ids(self) -> list[str]:
-        return self.intent.request_ids
+        record = self.records["intent"]
+        if not isinstance(record, IntentRecord):
+            raise TypeError(f"attempt {self.number}: its log was read without request IDs (request_ids=False)")
+        return record.request_ids
 
     @property
     def closed(self) -> bool:
@@ -179,17 +193,22 @@ class Attempt:
 
 
 class IntentCache:
-    """Parsed intent records, by (file, size, mtime): an intent holds every request ID its attempt sent (3.4 MB of
-    JSON for 50,000, ~13 ms to parse), and a shard's log is read several times a collection (its summary at each
-    event, the collection, the budget guard, the report). An intent is created exclusively and never rewritten, so
-    a file of the same size and mtime is the same record. Bounded by the request IDs held, least recently read
-    first out: 200,000 (~24 MB) covers the shards a run collects at once; at 500,000 a 1M-row run peaked 50-90 MB
-    higher; thread-safe (shards are collected on several threads). A record is shared by its readers, as the
-    typed records are frozen: nothing changes ``request_ids`` in place."""
+    """Parsed intents, by (file, size, mtime): an intent holds every request ID its attempt sent (3.4 MB of JSON
+    for 50,000, ~9-15 ms to parse), and a shard's log is read several times a collection (its summary at each
+    event, the polls, the collection, the budget guard, the sweeps, the report). An intent is created exclusively
+    and never rewritten, so a file of the same size and mtime is the same record.
 
-    def __init__(self, max_ids: int = 200_000):
-        self.max_ids = max_ids
+    Two tiers: whole records, bounded by the request IDs held, least recently read first out (200,000, ~24 MB,
+    covers the shards a run collects at once; at 500,000 a 1M-row run peaked 50-90 MB higher), and every intent's
+    head (``IntentHead``, no IDs; up to ``max_heads``), so the readers that go over every shard in turn (the
+    sweeps, the report, a summary) parse each intent once per process, not once per read. Thread-safe (shards are
+    collected on several threads). A record is shared by its readers, as the typed records are frozen: nothing
+    changes ``request_ids`` in place."""
+
+    def __init__(self, max_ids: int = 200_000, max_heads: int = 100_000):
+        self.max_ids, self.max_heads = max_ids, max_heads
         self._records: OrderedDict[tuple[str, int, int], IntentRecord] = OrderedDict()
+        self._heads: OrderedDict[tuple[str, int, int], IntentHead] = OrderedDict()
         self._ids = 0
         self._lock = threading.Lock()
 
@@ -200,18 +219,32 @@ class IntentCache:
                 self._records.move_to_end(key)
             return record
 
-    def put(self, key: tuple[str, int, int], record: "IntentRecord") -> None:
-        size = len(record.request_ids)
-        if size > self.max_ids:
-            return
+    def head(self, key: tuple[str, int, int]) -> IntentHead | None:
         with self._lock:
-            if key in self._records:
-                return
+            head = self._heads.get(key)
+            if head is not None:
+                self._heads.move_to_end(key)
+            return head
+
+    def put(self, key: tuple[str, int, int], record: "IntentRecord") -> IntentHead:
+        """Keep ``record`` (unless it alone passes the bound) and its head; the head is returned."""
+        with self._lock:
+            head = self._heads.get(key)
+        if head is None:
+            head = record.head()  # outside the lock: a validation
+        size = len(record.request_ids)
+        with self._lock:
+            self._heads[key] = head
+            while len(self._heads) > self.max_heads:
+                self._heads.popitem(last=False)
+            if size > self.max_ids or key in self._records:
+                return head
             self._records[key] = record
             self._ids += size
             while self._ids > self.max_ids:
                 _, dropped = self._records.popitem(last=False)
                 self._ids -= len(dropped.request_ids)
+        return head
 
 
 INTENTS = IntentCache()
@@ -221,14 +254,16 @@ class AttemptLog:
     def __init__(self, store: Store, job: str, shard_id: str):
         self.store, self.paths, self.shard_id = store, JobPaths(job), shard_id
 
-    def all(self) -> list[Attempt]:
+    def all(self, request_ids: bool = True) -> list[Attempt]:
+        """Every attempt with an intent, by number. ``request_ids=False``: each intent as its head
+        (``IntentHead``), for a reader that never asks an attempt for its request IDs (those raise)."""
         by_number: dict[int, dict[str, AttemptEvent]] = {}
         for rel, size, mtime in self.store.file_stats(self.paths.attempts(self.shard_id)):
             parts = rel.rsplit("/", 1)[1].split(".")  # attempt-0003.intent.json
             if len(parts) != 3 or parts[2] != "json" or parts[1] not in EVENTS:
                 continue
             stem, event, _ = parts
-            record = self._intent(rel, size, mtime) if event == "intent" else self._read(event, rel)
+            record = self._intent(rel, size, mtime, request_ids) if event == "intent" else self._read(event, rel)
             if record is not None:
                 by_number.setdefault(int(stem.split("-")[1]), {})[event] = record
         return [Attempt(n, recs) for n, recs in sorted(by_number.items()) if "intent" in recs]
@@ -237,16 +272,19 @@ class AttemptLog:
         payload = self.store.read_json(rel)
         return None if payload is None else event_record(event, payload)
 
-    def _intent(self, rel: str, size: int, mtime: int | None) -> AttemptEvent | None:
-        """The intent at ``rel``, parsed once per file version (``IntentCache``); a store without mtimes reads it."""
+    def _intent(self, rel: str, size: int, mtime: int | None, request_ids: bool) -> AttemptEvent | None:
+        """The intent at ``rel`` (or its head), parsed once per file version (``IntentCache``); a store without
+        mtimes reads it."""
         key = (self.store.uri(rel), size, mtime) if mtime is not None else None
-        cached = INTENTS.get(key) if key is not None else None
-        if cached is not None:
-            return cached
+        if key is not None:
+            cached = INTENTS.get(key) if request_ids else INTENTS.head(key)
+            if cached is not None:
+                return cached
         record = self._read("intent", rel)
-        if key is not None and isinstance(record, IntentRecord):
-            INTENTS.put(key, record)
-        return record
+        if not isinstance(record, IntentRecord):
+            return record
+        head = INTENTS.put(key, record) if key is not None else record.head()
+        return record if request_ids else head
 
     def next_number(self) -> int:
         attempts = self.all()

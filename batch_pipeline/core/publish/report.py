@@ -31,8 +31,8 @@ def build_report(spec: JobSpec, store: Store, state: JobState, outputs: dict[str
     totals = scan.totals
     cost = scan.cost_usd
     times: list[datetime] = []
-    # every shard's attempt log, read once for the timing and the spend range (an intent holds its request IDs)
-    logs = [a for sid in manifest.shard_ids() for a in AttemptLog(store, spec.name, sid).all()]
+    # every shard's attempt log, read once for the timing and the spend range (the intents' heads: no IDs needed)
+    logs = [a for sid in manifest.shard_ids() for a in AttemptLog(store, spec.name, sid).all(request_ids=False)]
     attempts = len(logs)
     for a in logs:
         for event, rec in a.records.items():

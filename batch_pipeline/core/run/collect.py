@@ -42,13 +42,15 @@ MAX_FETCH_TRIES = 4
 class CollectShape:
     """Mixed into ShardRunner (which holds spec, store, executor, price, lease owner, control and summaries)."""
 
-    def open_attempts(self, shard_id: str) -> list[Attempt]:
-        return [a for a in AttemptLog(self.store, self.spec.name, shard_id).all() if a.open and a.submitted]
+    def open_attempts(self, shard_id: str, request_ids: bool = True) -> list[Attempt]:
+        log_ = AttemptLog(self.store, self.spec.name, shard_id)
+        return [a for a in log_.all(request_ids=request_ids) if a.open and a.submitted]
 
     def poll(self, shard_id: str) -> list[tuple[Attempt, BatchStatus]]:
         executor = self.executor
         assert isinstance(executor, BatchExecutor)
-        return [(a, executor.poll(a.submitted.handle())) for a in self.open_attempts(shard_id) if a.submitted]
+        opened = self.open_attempts(shard_id, request_ids=False)
+        return [(a, executor.poll(a.submitted.handle())) for a in opened if a.submitted]
 
     def collect(
         self,
@@ -371,7 +373,7 @@ class CollectShape:
                     tail.settle_interrupted(shard_id, attempts, attempt)
             self._resolve_open(shard_id, executor, attempts)
         collected = CollectOutcome(shard_id)
-        if self.open_attempts(shard_id):
+        if self.open_attempts(shard_id, request_ids=False):
             collected = self.collect(
                 shard_id, poll_interval_s=poll_interval_s, timeout_s=timeout_s, cancel_when=lambda: True
             )

@@ -80,7 +80,7 @@ def left_at_provider(attempt: Attempt) -> bool:
 def leftovers(spec: JobSpec, store: Store) -> Iterator[tuple[str, Attempt]]:
     """Every (shard, attempt) of the job whose copies may still be at the provider; reads the attempt logs only."""
     for shard_id in Manifest(spec.name, store).shard_ids():
-        for attempt in AttemptLog(store, spec.name, shard_id).all():
+        for attempt in AttemptLog(store, spec.name, shard_id).all(request_ids=False):
             if left_at_provider(attempt):
                 yield shard_id, attempt
 

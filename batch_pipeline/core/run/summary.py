@@ -162,7 +162,7 @@ class ShardSummaries:
 
     def compute(self, shard_id: str) -> ShardSummary:
         """From this shard's own records: its attempt log, its result parts and its manifest items."""
-        attempts = AttemptLog(self.store, self.job, shard_id).all()
+        attempts = AttemptLog(self.store, self.job, shard_id).all(request_ids=False)
         with_est = pl.from_arrow(self.manifest.shard_items(shard_id, ["request_id", "shard_id", "est_input_tokens"]))
         assert isinstance(with_est, pl.DataFrame)
         items = with_est.select("request_id", "shard_id")
