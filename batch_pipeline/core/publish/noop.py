@@ -51,7 +51,11 @@ def _sweep_may_be_due(spec: JobSpec, store: Store, shard_ids: list[str]) -> bool
     keeps = all(str(b.settings.get("retention", "delete")) == "keep" for b in spec.sending_backends().values())
     if keeps:
         return False
-    return any(left_at_provider(a) for shard_id in shard_ids for a in AttemptLog(store, spec.name, shard_id).all(request_ids=False))
+    return any(
+        left_at_provider(a)
+        for shard_id in shard_ids
+        for a in AttemptLog(store, spec.name, shard_id).all(request_ids=False)
+    )
 
 
 def _comparison_current(spec: JobSpec, store: Store, prices: Path | None) -> bool:
