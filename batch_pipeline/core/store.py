@@ -267,14 +267,18 @@ class Store:
             log.warning("ignoring torn part %s: %s", self.uri(rel), exc)
             return None
 
-    def read_head(self, rel: str, rows: int = 10) -> tuple[pa.Table, int]:
-        """The first ``rows`` rows of a Parquet file and its row count, from its footer and first batch: a
-        preview of a 10M-row table without reading it whole."""
+    def read_head(self, rel: str, rows: int = 10, columns: list[str] | None = None) -> tuple[pa.Table, int]:
+        """The first ``rows`` rows of a Parquet file (``columns`` of them) and its row count, from its footer and
+        first batch: a preview of a 10M-row table without reading it whole (the pages after the batch are not
+        decompressed)."""
         with self.fs.open_input_file(self.full(rel)) as f:
             parquet = pq.ParquetFile(f)
             total = parquet.metadata.num_rows
-            batch = next(parquet.iter_batches(batch_size=max(rows, 1)), None)
-            head = pa.Table.from_batches([batch] if batch is not None else [], schema=parquet.schema_arrow)
+            batch = next(parquet.iter_batches(batch_size=max(rows, 1), columns=columns), None)
+            schema = (
+                parquet.schema_arrow if columns is None else pa.schema([parquet.schema_arrow.field(c) for c in columns])
+            )
+            head = pa.Table.from_batches([batch] if batch is not None else [], schema=schema)
             return head.slice(0, rows), total
 
     def read_parts(self, rel_dir: str, columns: list[str] | None = None, recursive: bool = True) -> pa.Table | None:

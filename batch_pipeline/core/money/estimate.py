@@ -86,14 +86,30 @@ def sample_shards(
     step = max(1, len(shard_ids) / shards)
     chosen = [shard_ids[int(i * step)] for i in range(min(shards, len(shard_ids)))]
     per_shard = math.ceil(limit / len(chosen))
-    parts = []
-    for shard in chosen:
-        frame = pl.from_arrow(manifest.shard_items(shard, ["request_id", "user_prompt", "est_input_tokens"]))
-        assert isinstance(frame, pl.DataFrame)
-        if ids is not None:
-            frame = frame.join(ids, on="request_id", how=how)  # type: ignore[arg-type]
-        parts.append(frame.sort("request_id").head(per_shard))
+    parts = [_lowest_of_shard(manifest, shard, ids, how, per_shard) for shard in chosen]
     return pl.concat(parts).select("request_id", "user_prompt", pl.col("est_input_tokens").cast(pl.Int64))
+
+
+def _lowest_of_shard(manifest: Manifest, shard: str, ids: pl.DataFrame | None, how: str, n: int) -> pl.DataFrame:
+    """The ``n`` lowest request IDs of one shard that ``ids`` keeps or leaves, with their prompts. The IDs are
+    read first, and the prompts only up to the last row chosen: a shard file is written in request-ID order
+    (``Dealer._write_shard``), so that is its first rows (~7 against ~50 ms for 50,000 prompts). A file in
+    another order is read further, up to all of it: the same rows either way."""
+    keys = pl.from_arrow(manifest.shard_items(shard, ["request_id"]))
+    assert isinstance(keys, pl.DataFrame)
+    keys = keys.with_row_index(ROW)
+    if ids is not None:
+        keys = keys.join(ids, on="request_id", how=how)  # type: ignore[arg-type]
+    picked = keys.bottom_k(n, by="request_id").get_column(ROW)
+    rows = int(picked.max()) + 1 if picked.len() else 0  # type: ignore[arg-type]
+    head, _ = manifest.store.read_head(manifest.paths.shard_items(shard), rows, SAMPLE_COLUMNS)
+    frame = pl.from_arrow(head)
+    assert isinstance(frame, pl.DataFrame)
+    return frame.with_row_index(ROW).filter(pl.col(ROW).is_in(picked)).sort("request_id").drop(ROW)
+
+
+ROW = "_row"
+SAMPLE_COLUMNS = ["request_id", "user_prompt", "est_input_tokens"]
 
 
 def request_tokens(spec: JobSpec, sample: pl.DataFrame, counter: TokenCounter | None = None) -> RequestTokens:
