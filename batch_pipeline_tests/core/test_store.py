@@ -203,6 +203,8 @@ def test_read_head_gives_the_first_rows_and_the_count_without_the_rest(tmp_path)
     )
     head, rows = store.read_head("t.parquet", 10)
     assert rows == 1000 and head.column("n").to_pylist() == list(range(10)) and head.column_names == ["n", "s"]
+    head, _ = store.read_head("t.parquet", 250, ["s"])  # past the first row group (100 rows), one column
+    assert head.column_names == ["s"] and head.column("s").to_pylist() == [str(i) for i in range(250)]
     store.write_table("e.parquet", pa.table({"n": pa.array([], pa.int64())}))
     head, rows = store.read_head("e.parquet")
     assert rows == 0 and head.num_rows == 0 and head.schema.field("n").type == pa.int64()
