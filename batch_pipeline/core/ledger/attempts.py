@@ -227,14 +227,11 @@ class IntentCache:
             return head
 
     def put(self, key: tuple[str, int, int], record: "IntentRecord") -> IntentHead:
-        """Keep ``record`` (unless it alone passes the bound) and its head; the head is returned."""
+        """Keep ``record`` (unless it alone passes the bound) and its head; the head kept is returned."""
+        head, size = record.head(), len(record.request_ids)  # a put follows a parse: the head's validation is small
         with self._lock:
-            head = self._heads.get(key)
-        if head is None:
-            head = record.head()  # outside the lock: a validation
-        size = len(record.request_ids)
-        with self._lock:
-            self._heads[key] = head
+            head = self._heads.setdefault(key, head)
+            self._heads.move_to_end(key)
             while len(self._heads) > self.max_heads:
                 self._heads.popitem(last=False)
             if size > self.max_ids or key in self._records:

@@ -28,6 +28,8 @@ from batch_pipeline.core.spec.job import JobSpec
 
 SAMPLE_ITEMS = 2048
 SAMPLE_SHARDS = 8
+SAMPLE_COLUMNS = ["request_id", "user_prompt", "est_input_tokens"]
+ROW = "_row"  # a row's position in its shard file
 
 
 @dataclass(frozen=True)
@@ -106,10 +108,6 @@ def _lowest_of_shard(manifest: Manifest, shard: str, ids: pl.DataFrame | None, h
     frame = pl.from_arrow(head)
     assert isinstance(frame, pl.DataFrame)
     return frame.with_row_index(ROW).filter(pl.col(ROW).is_in(picked)).sort("request_id").drop(ROW)
-
-
-ROW = "_row"
-SAMPLE_COLUMNS = ["request_id", "user_prompt", "est_input_tokens"]
 
 
 def request_tokens(spec: JobSpec, sample: pl.DataFrame, counter: TokenCounter | None = None) -> RequestTokens:
