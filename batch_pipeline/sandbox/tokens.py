@@ -24,7 +24,7 @@ from typing import Any
 
 import tiktoken
 
-from batch_pipeline.bpe import encoding
+from batch_pipeline.bpe import counter, encoding
 
 TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 PER_MESSAGE_TOKENS = 4  # role and separators, per message
@@ -41,7 +41,7 @@ def _bpe_count(name: str, scale: float = 1.0) -> Callable[[str], int]:
     # run of every line (a few recent texts kept: the shared ones stay, each line's own user text passes through)
     @lru_cache(maxsize=64)
     def count(text: str) -> int:
-        n = len(bpe(name).encode_ordinary(text))
+        n = counter(name)(text)  # exact, each word's count kept (``bpe.ChunkCounter``)
         return n if scale == 1.0 else math.ceil(n * scale)
 
     return count

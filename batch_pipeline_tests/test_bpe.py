@@ -1,0 +1,62 @@
+"""``batch_pipeline.bpe.counter``: the chunk-cached o200k count equals tiktoken's on any text, and its cache stays
+bounded."""
+
+import random
+
+import pytest
+
+from batch_pipeline import bpe
+
+# every kind of character o200k's split pattern tells apart: ASCII and Unicode whitespace (and \x1c, which Python
+# calls whitespace and the pattern does not), upper, lower, title-case, modifier and other letters, combining
+# marks, decimal and other numbers, punctuation, contractions, slashes, emoji
+PIECES = [
+    " ", " ", " ", "  ", "\t", "\n", "\r", "\r\n", "\xa0", "\u2028", "\u3000", "\x1c", "\x85",
+    "word", "Word", "WORD", "wOrD", "é", "École", "ǅemal", "ʰa", "ªb", "中文", "e\u0301", "\u0301",
+    "7", "2026", "1234567", "²", "½", "Ⅻ",
+    ".", ",", ";", "!?", "...", "'", "'s", "'LL", "'ve", "/", "//", "-", "_", "😀", "(x)", "\"q\"",
+]  # fmt: skip
+
+
+def _texts(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return ["".join(rng.choice(PIECES) for _ in range(rng.randint(0, 40))) for _ in range(n)]
+
+
+def test_the_chunk_count_is_tiktokens_on_every_kind_of_text():
+    encode = bpe.encoding("o200k_base").encode_ordinary
+    count = bpe.ChunkCounter(encode)  # a fresh cache: the first pass fills it, the second reads it
+    texts = _texts(20_000, seed=1)
+    expected = [len(encode(t)) for t in texts]
+    assert [count(t) for t in texts] == expected
+    assert [count(t) for t in texts] == expected
+    assert count("") == 0
+
+
+def test_prose_is_counted_from_the_cache_and_exactly():
+    encode = bpe.encoding("o200k_base").encode_ordinary
+    count = bpe.ChunkCounter(encode)
+    prose = ("The quick brown fox's tail, 12 cm long, isn't WHITE: it is red/brown. " * 20).strip()
+    assert count(prose) == len(encode(prose))
+    assert " quick" not in count._counts and "quick" in count._counts  # kept by the word after its space
+    assert count(prose + " ") == len(encode(prose + " "))  # a trailing space joins the last chunk
+
+
+def test_the_cache_is_bounded_and_a_long_chunk_is_not_kept(monkeypatch):
+    encode = bpe.encoding("o200k_base").encode_ordinary
+    monkeypatch.setattr(bpe, "CHUNK_COUNTS_KEPT", 50)
+    count = bpe.ChunkCounter(encode)
+    texts = _texts(2_000, seed=2)
+    assert [count(t) for t in texts] == [len(encode(t)) for t in texts]
+    assert len(count._counts) <= 50
+    long_chunk = "x" * (bpe.CHUNK_MAX_CHARS + 1)
+    assert count("a " + long_chunk) == len(encode("a " + long_chunk))
+    assert long_chunk not in count._counts
+
+
+@pytest.mark.parametrize("name", ["o200k_base", "cl100k_base"])
+def test_counter_is_one_per_encoding_and_counts_as_tiktoken(name):
+    encode = bpe.encoding(name).encode_ordinary
+    assert bpe.counter(name) is bpe.counter(name)
+    texts = _texts(500, seed=3)
+    assert [bpe.counter(name)(t) for t in texts] == [len(encode(t)) for t in texts]
