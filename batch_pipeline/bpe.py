@@ -7,6 +7,7 @@ import gzip
 import hashlib
 import re
 from collections.abc import Callable
+from contextlib import suppress
 from functools import cache
 from pathlib import Path
 
@@ -84,8 +85,12 @@ class ChunkCounter:
             chunks = _joined_at_non_boundaries(chunks)
         found = list(map(self._counts.get, chunks))
         found[0] = len(self._encode(chunks[0]))
-        if None in found:
-            return sum(self._count(c) if n is None else n for c, n in zip(chunks, found, strict=True))
+        if None in found:  # the chunks not seen yet, found by list scans rather than a loop over every chunk
+            at = found.index(None)
+            with suppress(ValueError):  # no None after ``at``
+                while True:
+                    found[at] = self._count(chunks[at])
+                    at = found.index(None, at + 1)
         return sum(found)  # type: ignore[arg-type]  # no None left
 
     def _count(self, chunk: str) -> int:
