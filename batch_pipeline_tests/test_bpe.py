@@ -60,3 +60,33 @@ def test_counter_is_one_per_encoding_and_counts_as_tiktoken(name):
     assert bpe.counter(name) is bpe.counter(name)
     texts = _texts(500, seed=3)
     assert [bpe.counter(name)(t) for t in texts] == [len(encode(t)) for t in texts]
+
+
+def _counting(encode):
+    """``encode``, recording each text it is asked for (what the counter still hands to BPE)."""
+    calls: list[str] = []
+
+    def wrapped(text: str) -> list[int]:
+        calls.append(text)
+        return encode(text)
+
+    return wrapped, calls
+
+
+def test_recurring_words_are_counted_from_the_cache_and_new_ones_in_one_pass():
+    encode = bpe.encoding("o200k_base").encode_ordinary
+    wrapped, calls = _counting(encode)
+    count = bpe.ChunkCounter(wrapped)
+    words = "the ticket says my order never arrived and support did not answer".split()
+    rng = random.Random(4)
+    prose = [" ".join(rng.choice(words) for _ in range(60)) for _ in range(50)]
+    assert [count(t) for t in prose] == [len(encode(t)) for t in prose]
+    calls.clear()
+    text = " ".join(rng.choice(words) for _ in range(60))
+    assert count(text) == len(encode(text))
+    assert calls == [text.split(" ")[0]]  # only the first chunk, which has no leading space, went to BPE
+    # unique words (IDs, numbers): one pass over the whole text, and a few of its chunks learned for the next ones
+    ids = " ".join(f"{rng.getrandbits(40):x}" for _ in range(60))
+    calls.clear()
+    assert count(ids) == len(encode(ids))
+    assert ids in calls and len(calls) == 1 + bpe.LEARNED_PER_TEXT
