@@ -23,7 +23,9 @@ def _texts(n: int, seed: int) -> list[str]:
     return ["".join(rng.choice(PIECES) for _ in range(rng.randint(0, 40))) for _ in range(n)]
 
 
-def test_the_chunk_count_is_tiktokens_on_every_kind_of_text():
+@pytest.mark.parametrize("mostly_new", [bpe.MOSTLY_NEW, 0], ids=["as_shipped", "never_one_pass"])
+def test_the_chunk_count_is_tiktokens_on_every_kind_of_text(monkeypatch, mostly_new):
+    monkeypatch.setattr(bpe, "MOSTLY_NEW", mostly_new)  # 0: every text counted chunk by chunk, however new
     encode = bpe.encoding("o200k_base").encode_ordinary
     count = bpe.ChunkCounter(encode)  # a fresh cache: the first pass fills it, the second reads it
     texts = _texts(20_000, seed=1)
@@ -45,6 +47,7 @@ def test_prose_is_counted_from_the_cache_and_exactly():
 def test_the_cache_is_bounded_and_a_long_chunk_is_not_kept(monkeypatch):
     encode = bpe.encoding("o200k_base").encode_ordinary
     monkeypatch.setattr(bpe, "CHUNK_COUNTS_KEPT", 50)
+    monkeypatch.setattr(bpe, "MOSTLY_NEW", 0)
     count = bpe.ChunkCounter(encode)
     texts = _texts(2_000, seed=2)
     assert [count(t) for t in texts] == [len(encode(t)) for t in texts]
