@@ -15,15 +15,30 @@ def _pyplot():
     return plt
 
 
+# Fixed margins for the 7 x 3.2 inch figures: room for the widest labels they can have (``test_plots`` draws the
+# extremes: second and month date labels, a million on the right axis, millionths of a dollar). The layout
+# pass ``tight_layout`` made drew the whole figure once more to measure it: 101 -> 63 CPU ms a plot, at every publish.
+MARGINS = {"left": 0.11, "right": 0.87, "bottom": 0.27, "top": 0.9}
+
+
+def _laid_out(fig):
+    fig.subplots_adjust(**MARGINS)
+    return fig
+
+
 def _png(fig) -> bytes:
     buf = io.BytesIO()
-    fig.tight_layout()
     fig.savefig(buf, format="png")
     _pyplot().close(fig)
     return buf.getvalue()
 
 
 def cost_over_time(results: pl.DataFrame) -> bytes:
+    """``cost_over_time_figure`` as PNG bytes."""
+    return _png(cost_over_time_figure(results))
+
+
+def cost_over_time_figure(results: pl.DataFrame):
     """Cumulative cost (left axis) and accepted items (right axis) against the time results were recorded.
 
     ``results``: result rows (recorded_at, cost_usd, status), or a timeline already summed per recording time
@@ -45,10 +60,15 @@ def cost_over_time(results: pl.DataFrame) -> bytes:
         ax.tick_params(axis="x", labelrotation=30, labelsize=7)
     ax.set_ylabel("USD")
     ax.set_title("spend and accepted items over time", fontsize=9)
-    return _png(fig)
+    return _laid_out(fig)
 
 
 def accuracy_history(history: pl.DataFrame) -> bytes:
+    """``accuracy_history_figure`` as PNG bytes."""
+    return _png(accuracy_history_figure(history))
+
+
+def accuracy_history_figure(history: pl.DataFrame):
     """Weekly golden-set accuracy with its interval (and the comparison side when there is one)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.2), dpi=100)
@@ -63,4 +83,4 @@ def accuracy_history(history: pl.DataFrame) -> bytes:
     ax.set_ylabel("accuracy")
     ax.tick_params(axis="x", labelrotation=30, labelsize=7)
     ax.legend(loc="lower left", fontsize=7)
-    return _png(fig)
+    return _laid_out(fig)
