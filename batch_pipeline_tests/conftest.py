@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import signal
 from collections.abc import Iterator
 from subprocess import Popen
@@ -22,7 +23,8 @@ _FILE_SECONDS = file_order.recorder()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Python's own SIGINT handler, as in a terminal, however the suite was started.
+    """Python's own SIGINT handler, as in a terminal, however the suite was started; a collector sized for the
+    worker's heap.
 
     Started as a script's background job (``cmd &``, as runners and ``nohup`` scripts start it), a process has SIGINT
     ignored, and Dagster sets SIGTERM to SIGINT's handler after every in-process run (``dagster._utils.interrupts``):
@@ -31,6 +33,13 @@ def pytest_configure(config: pytest.Config) -> None:
     (``test_quota_procs`` starts the CLI with SIGINT ignored on purpose.)"""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # The collector's young generation is collected every 20,000 new objects, not every 700: a worker's heap (Dagster,
+    # Polars, Arrow, every run's events) is millions of objects, and each full pass over it (~0.3 s) came with the
+    # young passes' count. Measured on three Dagster-heavy files: the collector 5.7-6.2 -> 3.5 CPU s of ~63.
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+
+
+GC_YOUNG_THRESHOLD = 20_000
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
