@@ -97,7 +97,8 @@ class PassLoop:
         )
         if not result.success:
             raise dg.Failure(_failure_message(result))
-        self.quoted_last = time.monotonic() if names == ["quote"] else None
+        # a run with the quote spent nothing (the quote alone, or the prepare run's manifest and quote)
+        self.quoted_last = time.monotonic() if "quote" in names else None
         return result
 
     def quote(self) -> None:
@@ -108,10 +109,10 @@ class PassLoop:
 
     def run(self) -> dict:
         spec = self.spec
+        self.store = self.resources["store"].get()
         self.stage("manifest")
         with progress.opened("manifest", None, "bytes"):  # a bar only when there is something to read
-            self.materialize(["manifest", *(["backend_comparison"] if spec.cost_compare is not None else [])])
-        self.store = self.resources["store"].get()
+            self.materialize(prepare_assets(spec, published=current.recorded(self.store, spec.name) is not None))
         self.tail = spec.tail.backend.name if spec.tail is not None else None
         self.all_shards = self.instance.get_dynamic_partitions(shards_partitions(spec).name)
         self.queue = QueueLoop(spec, self.store, self.stage, self.limits)
@@ -216,6 +217,15 @@ class PassLoop:
             for r in shard_ranges(self.all_shards, todo, self.span):  # the ranges' assets count towards the bars
                 self.materialize(SHARD_ASSETS, tags=range_tags(r))
         self.stage(f"pass {self.passes} done: {did.since().describe()}")  # what it did, whatever the plan said
+
+
+def prepare_assets(spec: JobSpec, published: bool) -> list[str]:
+    """What the loop's first run materializes: the manifest (and the backend comparison), and, for a job never
+    published, its quote, as the sensors' prepare job does: such a job has work to spend on, and the quote it would
+    take before its first spend is one Dagster run fewer here. A published job run again may have nothing to send;
+    it quotes when it does."""
+    compare = ["backend_comparison"] if spec.cost_compare is not None else []
+    return ["manifest", *compare, *([] if published else ["quote"])]
 
 
 def range_tags(r: ShardRange) -> dict[str, str]:

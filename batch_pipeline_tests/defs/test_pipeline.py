@@ -1,5 +1,6 @@
 """Whole jobs through Dagster's materialize() on the sandbox: accounting, resume, retries, dead letters."""
 
+import json
 from collections import Counter
 
 import dagster as dg
@@ -89,19 +90,31 @@ def _stage_of(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str:
 
 
 def test_each_spend_follows_a_fresh_quote_and_no_quote_is_taken_twice_in_a_row(sandbox, instance, resources, make_job):
-    """The canary and each pass spend against a quote made after the last spend; the re-quote turn that precedes the
-    canary is that quote (a second one, with nothing spent between, would be one Dagster run more per job)."""
+    """The canary and each pass spend against a quote made after the last spend. A job never published takes its
+    first quote in the manifest's run, as the sensors' prepare job does; a second one, with nothing spent between,
+    would be one Dagster run more per job. Run again once published, the manifest runs alone, and the job quotes
+    only when it has something to send (new rows here)."""
     spec = make_job(canary={"size": 4})
     assert run_job(spec, instance, resources)["complete"]
     stages = [_stage_of(instance, r) for r in reversed(instance.get_runs())]
     assert stages == [
-        "backend_comparison+manifest",
-        "quote",
+        "backend_comparison+manifest+quote",
         "shards",
         "quote",
         "shards",
         "dead_letters+report+results+validated",
     ]
+    before = len(stages)
+    run_job(spec, instance, resources)  # nothing new: no quote
+    again = [_stage_of(instance, r) for r in reversed(instance.get_runs())][before:]
+    assert again == ["backend_comparison+manifest"], again
+    with open(spec.input.path.replace("*.jsonl", "rows.jsonl"), "a") as f:
+        row = {"ticket_id": "T999001", "subject": "Charge", "body": "My invoice shows a charge I do not recognise."}
+        f.write(json.dumps(row) + "\n")
+    before += len(again)
+    assert run_job(spec, instance, resources)["complete"]
+    grown = [_stage_of(instance, r) for r in reversed(instance.get_runs())][before:]
+    assert grown[:3] == ["backend_comparison+manifest", "quote", "shards"], grown
 
 
 def test_a_spec_without_cost_compare_has_no_comparison_asset_and_every_asset_is_in_a_job(make_job):
