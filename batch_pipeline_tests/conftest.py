@@ -20,6 +20,7 @@ from batch_pipeline_tests.gcs_fixtures import (  # noqa: F401  (fixtures: one em
 )
 
 _FILE_SECONDS = file_order.recorder()
+GC_YOUNG_THRESHOLD = 20_000  # new objects between the collector's young passes (Python's default: 700)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -37,9 +38,6 @@ def pytest_configure(config: pytest.Config) -> None:
     # Polars, Arrow, every run's events) is millions of objects, and each full pass over it (~0.3 s) came with the
     # young passes' count. Measured on three Dagster-heavy files: the collector 5.7-6.2 -> 3.5 CPU s of ~63.
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
-
-
-GC_YOUNG_THRESHOLD = 20_000
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

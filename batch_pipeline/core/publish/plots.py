@@ -2,8 +2,12 @@
 
 import io
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import polars as pl
+
+if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn, not with the module
+    from matplotlib.figure import Figure
 
 
 def _pyplot():
@@ -21,12 +25,12 @@ def _pyplot():
 MARGINS = {"left": 0.11, "right": 0.87, "bottom": 0.27, "top": 0.9}
 
 
-def _laid_out(fig):
+def _laid_out(fig: "Figure") -> "Figure":
     fig.subplots_adjust(**MARGINS)
     return fig
 
 
-def _png(fig) -> bytes:
+def _png(fig: "Figure") -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     _pyplot().close(fig)
@@ -38,7 +42,7 @@ def cost_over_time(results: pl.DataFrame) -> bytes:
     return _png(cost_over_time_figure(results))
 
 
-def cost_over_time_figure(results: pl.DataFrame):
+def cost_over_time_figure(results: pl.DataFrame) -> "Figure":
     """Cumulative cost (left axis) and accepted items (right axis) against the time results were recorded.
 
     ``results``: result rows (recorded_at, cost_usd, status), or a timeline already summed per recording time
@@ -68,7 +72,7 @@ def accuracy_history(history: pl.DataFrame) -> bytes:
     return _png(accuracy_history_figure(history))
 
 
-def accuracy_history_figure(history: pl.DataFrame):
+def accuracy_history_figure(history: pl.DataFrame) -> "Figure":
     """Weekly golden-set accuracy with its interval (and the comparison side when there is one)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.2), dpi=100)
