@@ -45,6 +45,7 @@ from batch_pipeline.core.ledger.control import JobPaused
 from batch_pipeline.core.run.heap import frozen_heap
 from batch_pipeline.core.settings import PROJECT_ROOT
 from batch_pipeline.core.spec.job import JobSpec
+from batch_pipeline.process_exit import no_collection_at_exit
 
 if TYPE_CHECKING:
     from batch_pipeline.core.store import Store
@@ -328,6 +329,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    no_collection_at_exit()  # the exit skips the interpreter's last full collections (process_exit.py)
     parser = argparse.ArgumentParser(
         prog="batch-pipeline", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

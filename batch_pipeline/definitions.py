@@ -7,5 +7,7 @@ naming another folder, that folder's specs are the code location's jobs, as befo
 """
 
 from batch_pipeline.defs.project import project_definitions
+from batch_pipeline.process_exit import no_collection_at_exit
 
+no_collection_at_exit()  # Dagster's code servers and run workers load this module: their exits skip the last GC
 defs = project_definitions()

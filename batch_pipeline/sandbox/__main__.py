@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
+from batch_pipeline.process_exit import no_collection_at_exit
 from batch_pipeline.sandbox.bedrock.s3 import S3_URL_ENV
 from batch_pipeline.sandbox.http_server import SandboxServer, loopback_host
 from batch_pipeline.sandbox.process import READY_PREFIX
@@ -66,6 +67,7 @@ def parse_params(items: Sequence[str]) -> dict[str, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the sandbox until SIGTERM/SIGINT (served on a thread; the main thread waits for the signal)."""
+    no_collection_at_exit()  # a stopped sandbox exits without the interpreter's last full collections
     parser = _parser()
     args = parser.parse_args(argv)
     try:
