@@ -9,6 +9,7 @@ from subprocess import Popen
 
 import pytest
 
+from batch_pipeline.process_exit import no_collection_at_exit
 from batch_pipeline.sandbox import SandboxAdmin, start_sandbox_process, stop_sandbox_process
 from batch_pipeline_tests import file_order
 from batch_pipeline_tests.cli_forks import CliForks, cli_fork_server
@@ -25,7 +26,7 @@ GC_YOUNG_THRESHOLD = 20_000  # new objects between the collector's young passes 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Python's own SIGINT handler, as in a terminal, however the suite was started; a collector sized for the
-    worker's heap.
+    worker's heap, and an exit that does not walk it.
 
     Started as a script's background job (``cmd &``, as runners and ``nohup`` scripts start it), a process has SIGINT
     ignored, and Dagster sets SIGTERM to SIGINT's handler after every in-process run (``dagster._utils.interrupts``):
@@ -38,6 +39,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # Polars, Arrow, every run's events) is millions of objects, and each full pass over it (~0.3 s) came with the
     # young passes' count. Measured on three Dagster-heavy files: the collector 5.7-6.2 -> 3.5 CPU s of ~63.
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+    # and at its exit, the interpreter's last full passes skip that heap, as in the project's processes: ~2 CPU s
+    # less for each worker after two Dagster-heavy files (benchmarks/README.md)
+    no_collection_at_exit()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
