@@ -7,6 +7,7 @@ changes. The assignment depends only on the blocks and their keep masks, in orde
 (replayed from a spill) lands exactly where it would have landed at once.
 """
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -18,6 +19,10 @@ from batch_pipeline.core.manifest.rows import LINE
 from batch_pipeline.core.store import BackgroundWrites, Store
 
 OPEN_SHARD_WINDOW = 8
+# What the open shards' frames may hold, by the input's bytes per row: they are the build's largest buffers. At
+# shards of 50,000 ~1 KB rows, 8 open shards held ~400 MB: a 1M-row build peaked at 1.42 GB and spent 16.5 CPU s,
+# against 1.0 GB and 14.9 with 2 open (benchmarks/README.md). Shards of 5,000 keep all 8.
+OPEN_SHARDS_BYTES = 128 * 2**20
 # dictionaries only where values repeat: on the unique prompts and IDs they cost 30% of the write and save nothing.
 # No Arrow schema is stored: a reader gets ITEM_SCHEMA from the Parquet types alone (strings as ``string``), so the
 # strings go out as Polars hands them over (``large_string``), without the copy a cast to ``string`` makes.
@@ -28,6 +33,16 @@ SHARD_PARQUET = {
     "store_schema": False,
 }
 WRITE_SCHEMA = pa.schema([pa.field(f.name, pa.large_string()) if f.type == pa.string() else f for f in ITEM_SCHEMA])
+
+
+def open_shard_window(rows_ahead: int, bytes_ahead: int, max_requests: int) -> int:
+    """How many shards fill at once: ``OPEN_SHARD_WINDOW``, or fewer when the rows to come fill fewer, or when that
+    many full shards of rows of the input's mean size (``bytes_ahead / rows_ahead``, the head read to count them)
+    would hold more than ``OPEN_SHARDS_BYTES``. Never below one; the same input head gives the same window."""
+    by_rows = math.ceil(max(rows_ahead, 1) / max_requests)
+    shard_bytes = max_requests * bytes_ahead / max(rows_ahead, 1)
+    by_bytes = int(OPEN_SHARDS_BYTES // shard_bytes) if shard_bytes > 0 else OPEN_SHARD_WINDOW
+    return max(1, min(OPEN_SHARD_WINDOW, by_rows, by_bytes))
 
 
 def shard_name(number: int) -> str:

@@ -10,7 +10,6 @@ written last, commits the build and says what was done with each input file.
 
 import functools
 import logging
-import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from pydantic import Field
 
 from batch_pipeline.core import progress as meters
 from batch_pipeline.core.errors import ReconciliationError
-from batch_pipeline.core.manifest.deal import OPEN_SHARD_WINDOW, Dealer, shard_name
+from batch_pipeline.core.manifest.deal import OPEN_SHARD_WINDOW, Dealer, open_shard_window, shard_name
 from batch_pipeline.core.manifest.dedup import BlockSpool, Dedup, Verdict
 from batch_pipeline.core.manifest.generation import GENERATION_VERSION, GenerationCounts, GenerationRecord
 from batch_pipeline.core.manifest.incremental import (
@@ -180,8 +179,8 @@ class ManifestBuilder:
         # the bytes this generation reads (a file's new part only): the bar's total, shown once reading starts
         read_meter = meters.meter("manifest", total=sum(max(p.file.size - p.offset, 0) for p in reading), unit="bytes")
         intake = _Intake(summary, preparer, read_meter)
-        rows_ahead = _count_rows(reading, enough=OPEN_SHARD_WINDOW * self.caps.max_requests)
-        window = max(1, min(OPEN_SHARD_WINDOW, math.ceil(max(rows_ahead, 1) / self.caps.max_requests)))
+        rows_ahead, bytes_ahead = _count_rows(reading, enough=OPEN_SHARD_WINDOW * self.caps.max_requests)
+        window = open_shard_window(rows_ahead, bytes_ahead, self.caps.max_requests)
         first_shard = max((int(s[1:]) for g in generations for s in g.new_shards), default=0) + 1
         dedup = Dedup(index, existing, self.dedup_budget)
         try:
@@ -320,13 +319,14 @@ def _write_rows(writer, frame: pl.DataFrame, source: str) -> None:
     )
 
 
-def _count_rows(plans: list[FilePlan], enough: int | None = None) -> int:
-    """A cheap upper bound of the rows to come (from each plan's offset), to size the window of open shards.
+def _count_rows(plans: list[FilePlan], enough: int | None = None) -> tuple[int, int]:
+    """A cheap upper bound of the rows to come (from each plan's offset), and the bytes those counted take, to size
+    the window of open shards (``deal.open_shard_window``).
 
     Counting stops once ``enough`` rows are seen: past that the window is full whatever the total, so only the
-    head of a large input is read.
+    head of a large input is read. A Parquet file's bytes are its row groups' uncompressed sizes.
     """
-    total = 0
+    total = size = 0
     for plan in plans:
         f = plan.file
         if enough is not None and total >= enough:
@@ -335,13 +335,16 @@ def _count_rows(plans: list[FilePlan], enough: int | None = None) -> int:
             import pyarrow.parquet as pq
 
             with f.fs.open_input_file(f.path) as h:
-                total += pq.ParquetFile(h).metadata.num_rows
+                meta = pq.ParquetFile(h).metadata
+                total += meta.num_rows
+                size += sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
         else:
             for chunk, _ in file_chunks(f, plan.offset):
                 total += chunk.count(b"\n")
+                size += len(chunk)
                 if enough is not None and total >= enough:
                     break
-    return total
+    return total, size
 
 
 def build_manifest(
