@@ -1,5 +1,9 @@
 """Dealing new items to shards: a small window of open shards, filled round-robin in a stratified order.
 
+The window is 8 shards, or fewer when the rows to come fill fewer or when 8 full shards would hold more than
+``OPEN_SHARDS_BYTES`` (big shards of long rows: 2 at 50,000 rows of ~1 KB). Each shard then spans 8 (or 2) times
+its size of the input.
+
 Within each block the new items are ordered so that every length bucket is spread evenly over the sequence,
 then dealt to the open shards in turn: whenever a shard fills it holds every bucket in proportion, and the
 open shards fill evenly. A shard is written once, as one Parquet file, when it fills; its membership never
