@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from batch_pipeline.sandbox import start_sandbox_process  # noqa: E402
+from batch_pipeline.sandbox import start_sandbox_process, stop_sandbox_process  # noqa: E402
 
 CHILD = """
 import atexit, gc, sys, time
@@ -80,8 +80,7 @@ def main() -> int:
                 for variant in ("frozen", "reference"):
                     figures.setdefault((name, variant), []).append(child(name, variant, url))
     finally:
-        sandbox.terminate()
-        sandbox.wait()
+        stop_sandbox_process(sandbox)
     print(f"exit_bench: {args.rounds} rounds, load {os.getloadavg()[0]:.1f} at the end")
     for name in [args.only] if args.only else list(WORK):
         line = [f"  {name:14s}"]

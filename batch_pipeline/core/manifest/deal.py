@@ -43,8 +43,9 @@ def open_shard_window(rows_ahead: int, bytes_ahead: int, max_requests: int) -> i
     """How many shards fill at once: ``OPEN_SHARD_WINDOW``, or fewer when the rows to come fill fewer, or when that
     many full shards of rows of the input's mean size (``bytes_ahead / rows_ahead``, the head read to count them)
     would hold more than ``OPEN_SHARDS_BYTES``. Never below one; the same input head gives the same window."""
-    by_rows = math.ceil(max(rows_ahead, 1) / max_requests)
-    shard_bytes = max_requests * bytes_ahead / max(rows_ahead, 1)
+    rows = max(rows_ahead, 1)
+    by_rows = math.ceil(rows / max_requests)
+    shard_bytes = max_requests * bytes_ahead / rows
     by_bytes = int(OPEN_SHARDS_BYTES // shard_bytes) if shard_bytes > 0 else OPEN_SHARD_WINDOW
     return max(1, min(OPEN_SHARD_WINDOW, by_rows, by_bytes))
 
