@@ -10,7 +10,7 @@ import pytest
 
 from batch_pipeline.core.ledger.result_parts import RESULT_SCHEMA, read_results
 from batch_pipeline.core.spec.paths import JobPaths
-from batch_pipeline.core.store import TMP_PREFIX, Store
+from batch_pipeline.core.store import TMP_PREFIX, Store, parquet_bytes
 
 
 def table(start: int, n: int) -> pa.Table:
@@ -146,6 +146,22 @@ def test_parquet_writer_publishes_only_on_clean_exit(tmp_path):
         w.write_table(pa.table({"n": [3]}, schema=schema))
     assert store.read_part("out/p.parquet").column("n").to_pylist() == [1, 2, 3]
 
+
+
+def test_a_table_written_to_disk_is_the_bytes_an_object_store_gets_and_a_failed_write_leaves_nothing(tmp_path):
+    """On local disk ``write_table`` encodes straight into its temporary file; an object store gets the file encoded
+    in memory (``parquet_bytes``). Both are the same bytes. An encode that fails midway leaves neither the file nor
+    its temporary name, and an earlier file under that name stays as it was."""
+    store = Store(tmp_path)
+    data = table(0, 1000)
+    store.write_table("t/a.parquet", data, compression="zstd", compression_level=1)
+    assert store.read_bytes("t/a.parquet") == parquet_bytes(data, compression="zstd", compression_level=1).to_pybytes()
+    with pytest.raises(pa.ArrowException):  # an unknown codec fails inside the encode, after the file was opened
+        store.write_table("t/a.parquet", table(5, 5), compression="no-such-codec")
+    with pytest.raises(pa.ArrowException):
+        store.write_table("t/b.parquet", data, compression="no-such-codec")
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["a.parquet"]
+    assert store.read_part("t/a.parquet").column("n").to_pylist() == list(range(1000))
 
 def test_torn_json_record_reads_as_none_with_a_warning(tmp_path, caplog):
     store = Store(tmp_path)
