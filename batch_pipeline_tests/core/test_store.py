@@ -147,7 +147,6 @@ def test_parquet_writer_publishes_only_on_clean_exit(tmp_path):
     assert store.read_part("out/p.parquet").column("n").to_pylist() == [1, 2, 3]
 
 
-
 def test_a_table_written_to_disk_is_the_bytes_an_object_store_gets_and_a_failed_write_leaves_nothing(tmp_path):
     """On local disk ``write_table`` encodes straight into its temporary file; an object store gets the file encoded
     in memory (``parquet_bytes``). Both are the same bytes. An encode that fails midway leaves neither the file nor
@@ -162,6 +161,7 @@ def test_a_table_written_to_disk_is_the_bytes_an_object_store_gets_and_a_failed_
         store.write_table("t/b.parquet", data, compression="no-such-codec")
     assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["a.parquet"]
     assert store.read_part("t/a.parquet").column("n").to_pylist() == list(range(1000))
+
 
 def test_torn_json_record_reads_as_none_with_a_warning(tmp_path, caplog):
     store = Store(tmp_path)
