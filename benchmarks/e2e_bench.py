@@ -69,12 +69,23 @@ def run_env(tmp: Path, sandbox_url: str) -> dict[str, str]:
     return env
 
 
-def run_child(command: list[str], env: dict[str, str], cwd: str | None = None) -> tuple[int, float, float, float, str]:
-    """(exit code, CPU s, peak RSS MB, wall s, output) of ``command`` run to its end as a child."""
+def run_child(
+    command: list[str], env: dict[str, str], cwd: str | None = None, py_spy: str | None = None
+) -> tuple[int, float, float, float, str]:
+    """(exit code, CPU s, peak RSS MB, wall s, output) of ``command`` run to its end as a child. ``py_spy``: raw
+    folded stacks of it to that file, by ``py-spy record --pid`` attached from beside it, so the figures stay the
+    run's own (py-spy's sampling is a process of its own, not the run's child or parent)."""
     start = time.perf_counter()
     proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    spy = None
+    if py_spy:
+        spy_bin = str(Path(sys.executable).parent / "py-spy")
+        spy_args = ["record", "--pid", str(proc.pid), "--format", "raw", "--rate", "50", "-o", py_spy]
+        spy = subprocess.Popen([spy_bin, *spy_args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     output = proc.stdout.read() if proc.stdout else ""
     code, cpu, rss = wait_child(proc)
+    if spy is not None:
+        spy.wait(timeout=60)  # it writes its file when the process it samples is gone
     return code, cpu, rss, time.perf_counter() - start, output
 
 
@@ -126,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--py-spy",
         metavar="OUT",
-        help="profile the run child with py-spy record (raw folded stacks to OUT; its CPU then includes py-spy's)",
+        help="profile the run child with py-spy record --pid (raw folded stacks to OUT; the run's figures stay its own)",
     )
     ap.add_argument("--keep", metavar="DIR", help="run in DIR (new or empty) and keep the job's home there afterwards")
     args = ap.parse_args(argv)
@@ -143,21 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         sandbox, url = start_sandbox_process(0)
         env = run_env(Path(tmp), url)
         command = [sys.executable, "-m", "batch_pipeline.cli", "run", str(spec_path)]
-        if args.py_spy:
-            command = [
-                str(Path(sys.executable).parent / "py-spy"),
-                "record",
-                "--subprocesses",
-                "--format",
-                "raw",
-                "--rate",
-                "50",
-                "-o",
-                args.py_spy,
-                "--",
-                *command,
-            ]
-        code, run_cpu, run_rss, wall, output = run_child(command, env)
+        code, run_cpu, run_rss, wall, output = run_child(command, env, py_spy=args.py_spy)
         sandbox.terminate()
         _, sandbox_cpu, sandbox_rss = wait_child(sandbox)
         report = json.loads((home / "jobs" / "e2e" / "report.json").read_text()) if code == 0 else {}
