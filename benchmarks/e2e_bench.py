@@ -81,7 +81,7 @@ def run_child(
     if py_spy:
         spy_bin = str(Path(sys.executable).parent / "py-spy")
         spy_args = ["record", "--pid", str(proc.pid), "--format", "raw", "--rate", "50", "-o", py_spy]
-        spy = subprocess.Popen([spy_bin, *spy_args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        spy = subprocess.Popen([spy_bin, *spy_args], stdout=subprocess.DEVNULL)  # its errors, if any, to stderr
     output = proc.stdout.read() if proc.stdout else ""
     code, cpu, rss = wait_child(proc)
     if spy is not None:

@@ -14,7 +14,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -225,7 +225,8 @@ class Store:
             with self.fs.open_output_stream(tmp) as out:
                 pq.write_table(table, out, compression=kwargs.pop("compression", "zstd"), **kwargs)
         except BaseException:
-            self.fs.delete_file(tmp)
+            with suppress(OSError):  # not there if the open itself failed: the first error is the one to see
+                self.fs.delete_file(tmp)
             raise
         self.fs.move(tmp, self.full(rel))
 
