@@ -13,8 +13,8 @@ prompts), alternating rounds, CPU seconds per request:
 
 The columnar count is an estimate (a text's first chunk and a space before other whitespace are not handled), so its
 total is checked to be within 2% of the exact one. This measures a floor, not a sandbox: the columnar side checks
-nothing at create, and the label pick, the markers, the scenarios and the HTTP layer are on neither side. The first round warms the chunk cache
-for both, as a long-running sandbox's is.
+nothing at create, and the label pick, the markers, the scenarios and the HTTP layer are on neither side. The first
+round warms the chunk cache for both, as a long-running sandbox's is.
 
     python benchmarks/sandbox_floor.py [--requests 50000] [--rounds 3]
 """

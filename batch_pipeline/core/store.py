@@ -14,7 +14,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -214,21 +214,15 @@ class Store:
     # -- Parquet ---------------------------------------------------------------
     def write_table(self, rel: str, table: pa.Table, **kwargs: Any) -> None:
         """``table`` as Parquet at ``rel`` (zstd unless told otherwise), whole or not at all. On local disk it is
-        encoded straight into its temporary file: a file in memory first grew by doubling, and its copies and fresh
-        pages cost 6-13% of a 50,000-prompt shard's write (``benchmarks/README.md``)."""
+        encoded straight into its temporary file (``parquet_writer``): a file in memory first grew by doubling, and
+        its copies and fresh pages cost 6-13% of a 50,000-prompt shard's write (``benchmarks/README.md``). An object
+        store gets the bytes encoded in memory, in one PUT."""
         if not self.is_local:
             self.write_bytes(rel, parquet_bytes(table, **kwargs))
             return
-        self._mkdir_for(rel)
-        tmp = self.full(self._tmp_name(rel))
-        try:
-            with self.fs.open_output_stream(tmp) as out:
-                pq.write_table(table, out, compression=kwargs.pop("compression", "zstd"), **kwargs)
-        except BaseException:
-            with suppress(OSError):  # not there if the open itself failed: the first error is the one to see
-                self.fs.delete_file(tmp)
-            raise
-        self.fs.move(tmp, self.full(rel))
+        row_group_size = kwargs.pop("row_group_size", None)  # ``pq.write_table``'s own, not the writer's
+        with self.parquet_writer(rel, table.schema, **kwargs) as writer:
+            writer.write_table(table, row_group_size=row_group_size)
 
     @contextmanager
     def parquet_writer(self, rel: str, schema: pa.Schema, **kwargs: Any) -> Iterator[pq.ParquetWriter]:
@@ -236,13 +230,15 @@ class Store:
         self._mkdir_for(rel)
         target = rel if not self.is_local else self._tmp_name(rel)
         sink = self.fs.open_output_stream(self.full(target))
-        writer = pq.ParquetWriter(sink, schema, compression=kwargs.pop("compression", "zstd"), **kwargs)
+        writer: pq.ParquetWriter | None = None
         try:
+            writer = pq.ParquetWriter(sink, schema, compression=kwargs.pop("compression", "zstd"), **kwargs)
             yield writer
         except BaseException:
-            writer.close()
+            if writer is not None:
+                writer.close()
             sink.close()
-            self.delete(target)
+            self.delete(target)  # also when the writer could not be built (an unknown codec): no temporary left
             raise
         writer.close()
         sink.close()
