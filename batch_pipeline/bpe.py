@@ -7,7 +7,7 @@ import binascii
 import gzip
 import hashlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from functools import cache
 from pathlib import Path
@@ -67,6 +67,13 @@ def encoding(name: str) -> tiktoken.Encoding:
 # are the pieces of its chunks, each chunk counted alone. ``str.isspace`` holds every Unicode White_Space character
 # that the pattern's ``\s`` does (and ``\x1c``-``\x1f`` besides): a boundary it misses only merges two chunks.
 _SPACE_THEN_WHITESPACE = re.compile(r" (?:\s|\Z)")
+_BOUNDARY = re.compile(r" (?=\S)")  # a space before a non-space: ``\S`` is ``not str.isspace()``, as above
+# the same test in RE2 (Arrow's regex engine), whose ``\s`` is ASCII only: every character ``str.isspace`` holds
+_WHITESPACE_RE2 = "".join(f"\\x{{{c:x}}}" for c in range(0x110000) if chr(c).isspace())
+_SPACE_THEN_WHITESPACE_RE2 = f" (?:[{_WHITESPACE_RE2}]|$)"
+JOINED_SPACE = "\ue000"  # a private-use character: a space that is no boundary, while Arrow splits at the others
+_NON_BOUNDARY_RE2 = f" ([{_WHITESPACE_RE2}{JOINED_SPACE}]|$)"
+COUNT_MANY_SLICE = 4096  # texts split and looked up at once: ~4 MB of prompts, their chunks' arrays a few times that
 CHUNK_COUNTS_KEPT = 500_000  # ~50 MB of short words; past it the cache starts again
 CHUNK_MAX_CHARS = 64  # a longer chunk (no spaces: code, CJK, base64) is counted, not kept
 # A text whose chunks are mostly new (IDs, numbers, another language's words) is counted in one BPE pass: a call per
@@ -88,7 +95,7 @@ class ChunkCounter:
     def __call__(self, text: str) -> int:
         chunks = text.split(" ")  # the first has no leading space; each other one follows a space
         if len(chunks) > 1 and _SPACE_THEN_WHITESPACE.search(text):
-            chunks = _joined_at_non_boundaries(chunks)
+            chunks = _BOUNDARY.split(text)  # the spaces that are boundaries only
         found = list(map(self._counts.get, chunks))
         missing = found.count(None)
         if missing * MOSTLY_NEW > len(found):  # mostly words not seen: one BPE pass beats one per word
@@ -115,17 +122,71 @@ class ChunkCounter:
             self._counts[chunk] = n
         return n
 
+    def count_many(self, texts: Sequence[str]) -> list[int]:
+        """``[self(t) for t in texts]``, a slice of texts at a time column-wise: Arrow splits them into chunks and
+        finds the distinct ones, so a chunk that recurs across the slice (a batch's prompts share most of their
+        words) is looked up in the cache once rather than at each occurrence. A slice that is mostly new words, or
+        that Arrow cannot hold, is counted text by text."""
+        counts: list[int] = []
+        for start in range(0, len(texts), COUNT_MANY_SLICE):
+            part = texts[start : start + COUNT_MANY_SLICE]
+            counted = self._count_slice(part)
+            counts.extend(counted if counted is not None else map(self, part))
+        return counts
 
-def _joined_at_non_boundaries(parts: list[str]) -> list[str]:
-    """``parts`` of a split at every space, each space that is not a boundary (followed by whitespace or the end)
-    joined back into the chunk before it."""
-    chunks = [parts[0]]
-    for part in parts[1:]:
-        if part and not part[0].isspace():
-            chunks.append(part)
-        else:
-            chunks[-1] += " " + part
-    return chunks
+    def _count_slice(self, texts: Sequence[str]) -> list[int] | None:
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        try:
+            column = pa.array(texts, pa.string())
+        except (pa.ArrowException, UnicodeError):  # a lone surrogate (JSON allows "\ud800"), which UTF-8 cannot hold
+            return None
+        joined = _joined_at_non_boundaries(column)
+        if joined is None:
+            return None
+        parts = pc.split_pattern(joined, " ")
+        offsets = parts.offsets.to_numpy()
+        chunks = parts.values
+        starts = offsets[:-1] - offsets[0]
+        later = np.ones(len(chunks), dtype=np.bool_)
+        later[starts] = False  # every text has a first chunk ("" for an empty text)
+        encoded = chunks.filter(pa.array(later)).dictionary_encode()
+        distinct = _spaces_back(encoded.dictionary.to_pylist(), joined is not column)
+        known = list(map(self._counts.get, distinct))
+        if known.count(None) * MOSTLY_NEW > len(encoded):  # mostly new words: one BPE pass per text is cheaper
+            return None
+        self._learn(distinct, known, len(known))
+        per_chunk = np.asarray(known, dtype=np.int64)[encoded.indices.to_numpy()]
+        running = np.concatenate(([0], np.cumsum(per_chunk)))
+        # text i's later chunks start where its chunks do, less the i first chunks dropped before them
+        bounds = offsets - offsets[0] - np.arange(len(texts) + 1)
+        sums = (running[bounds[1:]] - running[bounds[:-1]]).tolist()
+        firsts = _spaces_back(chunks.take(pa.array(starts)).to_pylist(), joined is not column)
+        return [n + len(e) for n, e in zip(sums, map(self._encode, firsts), strict=True)]
+
+
+def _joined_at_non_boundaries(column):  # noqa: ANN001, ANN202 (pyarrow is imported only when a batch is counted)
+    """``column`` with each space that is not a boundary (followed by whitespace or the end) replaced by
+    ``JOINED_SPACE``, so that a split at the spaces left gives the chunks (None when a text holds that character
+    itself). Two passes: a match takes the character after its space, so a run of such spaces is done every other
+    one; the second pass finds each one left beside one done."""
+    import pyarrow.compute as pc
+
+    if not pc.any(pc.match_substring_regex(column, _SPACE_THEN_WHITESPACE_RE2)).as_py():
+        return column
+    if pc.any(pc.match_substring(column, JOINED_SPACE)).as_py():
+        return None
+    for _ in range(2):
+        column = pc.replace_substring_regex(column, _NON_BOUNDARY_RE2, JOINED_SPACE + "\\1")
+    return column
+
+
+def _spaces_back(chunks: list[str], joined: bool) -> list[str]:
+    if not joined:
+        return chunks
+    return [c.replace(JOINED_SPACE, " ") if JOINED_SPACE in c else c for c in chunks]
 
 
 @cache

@@ -93,3 +93,33 @@ def test_recurring_words_are_counted_from_the_cache_and_new_ones_in_one_pass():
     calls.clear()
     assert count(ids) == len(encode(ids))
     assert ids in calls and len(calls) == 1 + bpe.LEARNED_PER_TEXT
+
+
+@pytest.mark.parametrize("mostly_new", [bpe.MOSTLY_NEW, 0], ids=["as_shipped", "never_one_pass"])
+def test_a_slice_counted_column_wise_is_tiktokens_count_of_each_text(monkeypatch, mostly_new):
+    """``count_many`` (Arrow's split and distinct chunks) on every kind of text: runs of spaces before other
+    whitespace and at the end, which its first pass over a run leaves half done, and texts that share chunks."""
+    monkeypatch.setattr(bpe, "MOSTLY_NEW", mostly_new)
+    monkeypatch.setattr(bpe, "COUNT_MANY_SLICE", 1_000)  # several slices, the last one short
+    encode = bpe.encoding("o200k_base").encode_ordinary
+    texts = _texts(4_500, seed=5) + ["", " ", "  ", "a  ", "   b", "a \t b", "x" * 200 + " " + "y" * 70]
+    expected = [len(encode(t)) for t in texts]
+    count = bpe.ChunkCounter(encode)
+    assert count.count_many(texts) == expected  # a cold cache
+    assert count.count_many(texts[::-1]) == expected[::-1]  # a warm one
+    assert count.count_many([]) == []
+
+
+def test_texts_arrow_cannot_split_are_counted_one_by_one():
+    """A lone surrogate (JSON allows ``"\\ud800"``; UTF-8 cannot hold it), or a text holding the private-use
+    character that stands for a joined space: that slice is counted text by text, and still exactly."""
+    encode = bpe.encoding("o200k_base").encode_ordinary
+    wrapped, calls = _counting(encode)
+    count = bpe.ChunkCounter(wrapped)
+    prose = ["the order never arrived and support did not answer"] * 20
+    for odd in (f"a {bpe.JOINED_SPACE}  b  ", "x \ud800 y"):
+        texts = [*prose, odd]
+        assert count.count_many(texts) == [len(encode(t)) for t in texts] == [count(t) for t in texts]
+    calls.clear()
+    assert count.count_many(prose) == [len(encode(t)) for t in prose]
+    assert calls == ["the"] * 20  # column-wise: each text's first chunk went to BPE, and nothing else

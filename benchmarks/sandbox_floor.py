@@ -3,8 +3,9 @@
 Both sides run in this process on the same ``sandbox_bench.batch_file`` (``--long``: e2e_bench's 300-1,500 character
 prompts), alternating rounds, CPU seconds per request:
 
-- per line (today's sandbox, its own functions): the create's ``parse_input`` with the ``request_keeper`` a create
-  uses (each line parsed, checked and its billed prompt tokens counted exactly, by cached chunks), ``json.loads``
+- per line (today's sandbox, its own functions): the create's ``parse_input`` with the ``RequestKeeper`` a create
+  uses (each line parsed and checked, its billed prompt tokens counted exactly, 8,192 requests' texts at a time
+  since the count went column-wise; before, by cached chunks one text at a time), ``json.loads``
   again when the line is run (the spool's re-read), its three IDs (``sandbox.ids.stable_hex``) and its output line
   (``spooled_results.output_line_json``) around a fixed answer body;
 - columnar floor: Arrow's JSON reader over the whole file, the user messages selected column-wise, counted by chunk
@@ -39,7 +40,7 @@ import pyarrow.json as pajson  # noqa: E402
 
 from batch_pipeline.bpe import counter  # noqa: E402
 from batch_pipeline.sandbox.ids import stable_hex  # noqa: E402
-from batch_pipeline.sandbox.openai.quota import request_keeper  # noqa: E402
+from batch_pipeline.sandbox.openai.create_tokens import RequestKeeper  # noqa: E402
 from batch_pipeline.sandbox.openai.spooled_results import output_line_json  # noqa: E402
 from batch_pipeline.sandbox.openai.validation import CHAT_URL, parse_input  # noqa: E402
 from batch_pipeline.sandbox.scenarios import Scenario  # noqa: E402
@@ -71,8 +72,14 @@ def timed(steps: Steps, name: str, fn: Callable[[], object]) -> object:
 def per_line(data: bytes, steps: Steps) -> int:
     """Today's steps, one line at a time; the prompt tokens of the whole file."""
     lines = data.splitlines()
-    keep = request_keeper(CHAT_URL, Scenario())  # what a create keeps of each line: its custom_id, line and tokens
-    created = timed(steps, "create: parse, check, count", lambda: parse_input(data, CHAT_URL, keep))
+
+    def create():  # what a create keeps of each line: its custom_id, line and tokens
+        keep = RequestKeeper(CHAT_URL, Scenario())
+        parsed = parse_input(data, CHAT_URL, keep)
+        keep.finish()
+        return parsed
+
+    created = timed(steps, "create: parse, check, count", create)
     assert not created.errors, created.errors[:3]
     tokens = [r["prompt_tokens"] for r in created.requests]
     # when run, the sandbox reads each line back and drops it once answered: only its custom_id is kept here

@@ -23,6 +23,7 @@ from batch_pipeline.sandbox.google.responder import GeminiResponder
 from batch_pipeline.sandbox.google.vertex_jobs import VertexJobs
 from batch_pipeline.sandbox.ids import new_id
 from batch_pipeline.sandbox.ledger import LEDGER_FILE, Ledger
+from batch_pipeline.sandbox.openai.create_tokens import RequestKeeper
 from batch_pipeline.sandbox.openai.processing import PROVIDER_BY_ENDPOINT, LineRunner, unprocessed_lines
 from batch_pipeline.sandbox.openai.quota import (
     OUTPUT_PURPOSE,
@@ -30,7 +31,6 @@ from batch_pipeline.sandbox.openai.quota import (
     load_provider,
     output_expired,
     output_expires_at,
-    request_keeper,
 )
 from batch_pipeline.sandbox.openai.spooled_requests import SpooledRequests
 from batch_pipeline.sandbox.openai.spooled_results import SpooledResults
@@ -201,7 +201,9 @@ class SandboxState:
         content = input_file.read()
         # each good request's tokens counted as it is parsed, before the clock is read: the batch exists once its
         # input has been read; its bodies are dropped (SpooledRequests reads them from the spool)
-        parsed = parse_input(content, endpoint, request_keeper(endpoint, scenario))
+        keeper = RequestKeeper(endpoint, scenario)
+        parsed = parse_input(content, endpoint, keeper)
+        keeper.finish()
         fault = account_fault(scenario, [parsed.model], "openai")
         if fault is not None:
             raise fault

@@ -36,13 +36,16 @@ def bpe(name: str) -> tiktoken.Encoding:
     return encoding(name)
 
 
+def _scaled(n: int, scale: float) -> int:
+    return n if scale == 1.0 else math.ceil(n * scale)
+
+
 def _bpe_count(name: str, scale: float = 1.0) -> Callable[[str], int]:
     # a batch's lines share their system prompt and output schema: each is counted once, not at every create and
     # run of every line (a few recent texts kept: the shared ones stay, each line's own user text passes through)
     @lru_cache(maxsize=64)
     def count(text: str) -> int:
-        n = counter(name)(text)  # exact, each word's count kept (``bpe.ChunkCounter``)
-        return n if scale == 1.0 else math.ceil(n * scale)
+        return _scaled(counter(name)(text), scale)  # exact, each word's count kept (``bpe.ChunkCounter``)
 
     return count
 
@@ -53,12 +56,13 @@ FAMILIES: tuple[tuple[re.Pattern[str], str], ...] = (  # model name -> family; f
     (re.compile(r"llama|qwen|mistral", re.IGNORECASE), "open"),
 )
 DEFAULT_FAMILY = "openai"
-INPUT_COUNTERS: dict[str, Callable[[str], int]] = {
-    "openai": _bpe_count("o200k_base"),
-    "open": _bpe_count("cl100k_base"),
-    "claude": _bpe_count("o200k_base", 1.25),
-    "gemini": _bpe_count("o200k_base", 1.1),
+ENCODINGS: dict[str, tuple[str, float]] = {  # family -> (BPE encoding, scale)
+    "openai": ("o200k_base", 1.0),
+    "open": ("cl100k_base", 1.0),
+    "claude": ("o200k_base", 1.25),
+    "gemini": ("o200k_base", 1.1),
 }
+INPUT_COUNTERS: dict[str, Callable[[str], int]] = {fam: _bpe_count(*spec) for fam, spec in ENCODINGS.items()}
 
 
 @lru_cache(maxsize=256)
@@ -72,6 +76,19 @@ def family(model: str | None) -> str:
 def input_tokens(text: str, model: str | None = None) -> int:
     """Billed input tokens of ``text`` for ``model``'s family."""
     return INPUT_COUNTERS[family(model)](text) if text else 0
+
+
+def input_tokens_many(texts: list[str], model: str | None = None) -> list[int]:
+    """``[input_tokens(t, model) for t in texts]``, each distinct text counted once and, for an o200k family, a
+    slice of texts at a time (``bpe.ChunkCounter.count_many``): a batch's requests, counted at its create."""
+    name, scale = ENCODINGS[family(model)]
+    many = getattr(counter(name), "count_many", None)
+    if many is None:
+        return [input_tokens(t, model) for t in texts]
+    distinct = dict.fromkeys(texts)
+    for text, n in zip(distinct, many(list(distinct)), strict=True):
+        distinct[text] = _scaled(n, scale)
+    return [distinct[t] for t in texts]  # type: ignore[misc]  # every text counted above
 
 
 def count_tokens(text: str) -> int:
@@ -113,11 +130,6 @@ def message_tokens(message: Any, model: str | None = None) -> int:
     return input_tokens(content_text(content), model) + PER_MESSAGE_TOKENS
 
 
-def prompt_tokens(messages: list[Any], model: str | None = None) -> int:
-    """Tokens of the messages of a prompt."""
-    return sum(message_tokens(m, model) for m in messages)
-
-
 def schema_tokens(body: dict[str, Any]) -> int:
     """A structured-output schema is part of the prompt and billed as input: its JSON, counted as text."""
     fmt = body.get("response_format")
@@ -142,7 +154,15 @@ _SCHEMA_COUNTS: dict[tuple[str, str], int] = {}
 
 def request_input_tokens(body: dict[str, Any]) -> int:
     """Billed input of a chat-completions request: its messages, the reply priming and the output schema."""
+    texts, fixed, model = request_input_parts(body)
+    return fixed + sum(input_tokens(t, model) for t in texts)
+
+
+def request_input_parts(body: dict[str, Any]) -> tuple[list[str], int, str]:
+    """What ``request_input_tokens`` counts: its messages' texts (counted by ``model``'s family), and the tokens
+    that are fixed (each message's overhead, the reply priming, the output schema)."""
     raw = body.get("messages")
     messages = [m for m in raw if isinstance(m, dict)] if isinstance(raw, list) else []
-    model = str(body.get("model") or "")
-    return prompt_tokens(messages, model) + REPLY_PRIMING_TOKENS + schema_tokens(body)
+    texts = [content_text(m.get("content")) for m in messages]
+    fixed = PER_MESSAGE_TOKENS * len(messages) + REPLY_PRIMING_TOKENS + schema_tokens(body)
+    return texts, fixed, str(body.get("model") or "")

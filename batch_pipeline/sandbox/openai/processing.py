@@ -152,9 +152,10 @@ def steer_labels(body: dict[str, Any], scenario: Any, custom_id: str) -> dict[st
         marker = f"[[sandbox:label=not:{right}]]" if right is not None else ""
     else:
         return body
-    messages = [dict(m) for m in body.get("messages", [])]
+    # a message that is not an object is kept as it came (the checks at create require only a list)
+    messages = [dict(m) if isinstance(m, dict) else m for m in body.get("messages", [])]
     for message in reversed(messages):
-        if message.get("role") == "user" and isinstance(message.get("content"), str):
+        if isinstance(message, dict) and message.get("role") == "user" and isinstance(message.get("content"), str):
             message["content"] = message["content"] + " " + marker
             break
     return {**body, "messages": messages}

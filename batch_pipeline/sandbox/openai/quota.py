@@ -12,12 +12,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 from batch_pipeline.sandbox.batches import BatchRecord
 from batch_pipeline.sandbox.errors import ApiError
-from batch_pipeline.sandbox.openai.processing import billed_input_tokens
 from batch_pipeline.sandbox.openai.spooled_requests import prompt_token_total
 from batch_pipeline.sandbox.openai.validation import AZURE_CHAT_URL
 from batch_pipeline.sandbox.quotas import HOUR_S, Load, LoadBook, quota, retry_after_s
@@ -86,20 +84,6 @@ def token_limit_error(model: str, cap: int) -> dict[str, Any]:
         "param": None,
         "line": None,
     }
-
-
-def request_keeper(endpoint: str, scenario: Scenario) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """What a batch keeps of each good request while its input is parsed: its custom_id, line and billed prompt
-    tokens (for its answer and for ``admit``), not its body: the line is parsed again from the spool when it runs,
-    and 50,000 parsed bodies were ~200 MB of the sandbox's peak at every create. A ``fail_validation`` batch never
-    runs: its tokens are not counted."""
-    counted = scenario.name != "fail_validation"
-
-    def keep(request: dict[str, Any]) -> dict[str, Any]:
-        tokens = billed_input_tokens(endpoint, request, scenario) if counted else 0
-        return {"custom_id": request["custom_id"], "line": request["line"], "prompt_tokens": tokens}
-
-    return keep
 
 
 def admit(book: LoadBook, scenario: Scenario, batch: BatchRecord, account: str) -> None:
