@@ -4,6 +4,8 @@ body, the schema count kept by ``repr``, the cached label words and hints, and t
 from __future__ import annotations
 
 import json
+import random
+import re
 from typing import Any
 
 import pytest
@@ -11,7 +13,7 @@ import pytest
 from batch_pipeline.sandbox.batches import LineResult
 from batch_pipeline.sandbox.openai.spooled_results import SpooledResults
 from batch_pipeline.sandbox.responder import chat_completion, markers
-from batch_pipeline.sandbox.schema_fill import label_hints, pick_label
+from batch_pipeline.sandbox.schema_fill import _find_word, label_hints, pick_label
 from batch_pipeline.sandbox.spooled_parts import encode
 from batch_pipeline.sandbox.tokens import count_tokens, input_tokens, schema_tokens
 
@@ -110,3 +112,18 @@ def test_markers_passed_in_give_the_same_answer() -> None:
 def test_count_tokens_counts_word_runs_and_marks() -> None:
     assert count_tokens('{"label": "bug_report"}') == 9  # { " label " : " bug_report " }
     assert count_tokens("") == 0
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_a_word_is_found_where_the_word_boundary_regex_finds_it(whole: bool) -> None:
+    """``_find_word`` (``str.find`` and a look at each occurrence's neighbours) against the regex it replaced,
+    ``(?<!\\w)needle(?!\\w)``, on texts of word characters of every kind (digits, ``_``, accented and title-case
+    letters, other numbers), marks that are not word characters, spaces and punctuation."""
+    rng = random.Random(7)
+    alphabet = ["a", "b", "ab", "_", "1", "é", "ǅ", "²", "½", "\u0301", " ", "-", ".", "\n", "bug", "bill"]
+    for _ in range(3_000):
+        haystack = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
+        needle = "".join(rng.choice(alphabet[:12]) for _ in range(rng.randint(1, 3)))
+        regex = re.compile(r"(?<!\w)" + re.escape(needle) + (r"(?!\w)" if whole else ""))
+        match = regex.search(haystack)
+        assert _find_word(haystack, needle, whole) == (match.start() if match else None), (haystack, needle)
