@@ -73,7 +73,7 @@ _WHITESPACE_RE2 = "".join(f"\\x{{{c:x}}}" for c in range(0x110000) if chr(c).iss
 _SPACE_THEN_WHITESPACE_RE2 = f" (?:[{_WHITESPACE_RE2}]|$)"
 JOINED_SPACE = "\ue000"  # a private-use character: a space that is no boundary, while Arrow splits at the others
 _NON_BOUNDARY_RE2 = f" ([{_WHITESPACE_RE2}{JOINED_SPACE}]|$)"
-COUNT_MANY_SLICE = 4096  # texts split and looked up at once: ~4 MB of prompts, their chunks' arrays a few times that
+COUNT_MANY_SLICE = 2048  # texts split and looked up at once: ~2 MB of prompts, their chunks' arrays a few times that
 CHUNK_COUNTS_KEPT = 500_000  # ~50 MB of short words; past it the cache starts again
 CHUNK_MAX_CHARS = 64  # a longer chunk (no spaces: code, CJK, base64) is counted, not kept
 # A text whose chunks are mostly new (IDs, numbers, another language's words) is counted in one BPE pass: a call per
@@ -139,20 +139,22 @@ class ChunkCounter:
         import pyarrow as pa
         import pyarrow.compute as pc
 
+        pool = pa.system_memory_pool()  # malloc: the sandbox answers from a new thread each time, and mimalloc's
+        # heaps per thread kept ~40 MB more of these slices than malloc did
         try:
-            column = pa.array(texts, pa.string())
+            column = pa.array(texts, pa.string(), memory_pool=pool)
         except (pa.ArrowException, UnicodeError):  # a lone surrogate (JSON allows "\ud800"), which UTF-8 cannot hold
             return None
-        joined = _joined_at_non_boundaries(column)
+        joined = _joined_at_non_boundaries(column, pool)
         if joined is None:
             return None
-        parts = pc.split_pattern(joined, " ")
+        parts = pc.split_pattern(joined, " ", memory_pool=pool)
         offsets = parts.offsets.to_numpy()
         chunks = parts.values
         starts = offsets[:-1] - offsets[0]
         later = np.ones(len(chunks), dtype=np.bool_)
         later[starts] = False  # every text has a first chunk ("" for an empty text)
-        encoded = chunks.filter(pa.array(later)).dictionary_encode()
+        encoded = pc.dictionary_encode(pc.filter(chunks, pa.array(later), memory_pool=pool), memory_pool=pool)
         distinct = _spaces_back(encoded.dictionary.to_pylist(), joined is not column)
         known = list(map(self._counts.get, distinct))
         if known.count(None) * MOSTLY_NEW > len(encoded):  # mostly new words: one BPE pass per text is cheaper
@@ -163,23 +165,23 @@ class ChunkCounter:
         # text i's later chunks start where its chunks do, less the i first chunks dropped before them
         bounds = offsets - offsets[0] - np.arange(len(texts) + 1)
         sums = (running[bounds[1:]] - running[bounds[:-1]]).tolist()
-        firsts = _spaces_back(chunks.take(pa.array(starts)).to_pylist(), joined is not column)
+        firsts = _spaces_back(pc.take(chunks, pa.array(starts), memory_pool=pool).to_pylist(), joined is not column)
         return [n + len(e) for n, e in zip(sums, map(self._encode, firsts), strict=True)]
 
 
-def _joined_at_non_boundaries(column):  # noqa: ANN001, ANN202 (pyarrow is imported only when a batch is counted)
+def _joined_at_non_boundaries(column, pool):  # noqa: ANN001, ANN202 (pyarrow is imported only when counting)
     """``column`` with each space that is not a boundary (followed by whitespace or the end) replaced by
     ``JOINED_SPACE``, so that a split at the spaces left gives the chunks (None when a text holds that character
     itself). Two passes: a match takes the character after its space, so a run of such spaces is done every other
     one; the second pass finds each one left beside one done."""
     import pyarrow.compute as pc
 
-    if not pc.any(pc.match_substring_regex(column, _SPACE_THEN_WHITESPACE_RE2)).as_py():
+    if not pc.any(pc.match_substring_regex(column, _SPACE_THEN_WHITESPACE_RE2, memory_pool=pool)).as_py():
         return column
-    if pc.any(pc.match_substring(column, JOINED_SPACE)).as_py():
+    if pc.any(pc.match_substring(column, JOINED_SPACE, memory_pool=pool)).as_py():
         return None
     for _ in range(2):
-        column = pc.replace_substring_regex(column, _NON_BOUNDARY_RE2, JOINED_SPACE + "\\1")
+        column = pc.replace_substring_regex(column, _NON_BOUNDARY_RE2, JOINED_SPACE + "\\1", memory_pool=pool)
     return column
 
 

@@ -16,8 +16,8 @@ from batch_pipeline.sandbox.openai.validation import EMBEDDINGS_URL
 from batch_pipeline.sandbox.scenarios import Scenario
 from batch_pipeline.sandbox.tokens import input_tokens_many, request_input_parts
 
-COUNT_EVERY = 4096  # requests whose texts are counted together: their prompts, ~4 MB at ~1,000 characters each
-COUNT_CHARS = 16_000_000  # or fewer, when their prompts are long: what is held until it is counted
+COUNT_EVERY = 2048  # requests whose texts are counted together: their prompts, ~2 MB at ~1,000 characters each
+COUNT_CHARS = 4_000_000  # or fewer, when their prompts are long: what is held until it is counted
 
 
 class RequestKeeper:
