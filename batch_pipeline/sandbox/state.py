@@ -199,8 +199,9 @@ class SandboxState:
         passes its checks holds its prompt tokens for ``account`` (or is refused by the server's quota)."""
         scenario = scenario_from_metadata(metadata) or self.scenario
         content = input_file.read()
-        # each good request's tokens counted as it is parsed, before the clock is read: the batch exists once its
-        # input has been read; its bodies are dropped (SpooledRequests reads them from the spool)
+        # each good request's tokens counted (a slice of requests at a time, ``RequestKeeper``) before the clock is
+        # read: the batch exists once its input has been read; its bodies are dropped (SpooledRequests reads them
+        # from the spool)
         keeper = RequestKeeper(endpoint, scenario)
         parsed = parse_input(content, endpoint, keeper)
         keeper.finish()
