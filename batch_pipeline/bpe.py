@@ -68,11 +68,7 @@ def encoding(name: str) -> tiktoken.Encoding:
 # that the pattern's ``\s`` does (and ``\x1c``-``\x1f`` besides): a boundary it misses only merges two chunks.
 _SPACE_THEN_WHITESPACE = re.compile(r" (?:\s|\Z)")
 _BOUNDARY = re.compile(r" (?=\S)")  # a space before a non-space: ``\S`` is ``not str.isspace()``, as above
-# the same test in RE2 (Arrow's regex engine), whose ``\s`` is ASCII only: every character ``str.isspace`` holds
-_WHITESPACE_RE2 = "".join(f"\\x{{{c:x}}}" for c in range(0x110000) if chr(c).isspace())
-_SPACE_THEN_WHITESPACE_RE2 = f" (?:[{_WHITESPACE_RE2}]|$)"
 JOINED_SPACE = "\ue000"  # a private-use character: a space that is no boundary, while Arrow splits at the others
-_NON_BOUNDARY_RE2 = f" ([{_WHITESPACE_RE2}{JOINED_SPACE}]|$)"
 COUNT_MANY_SLICE = 2048  # texts split and looked up at once: ~2 MB of prompts, their chunks' arrays a few times that
 CHUNK_COUNTS_KEPT = 500_000  # ~50 MB of short words; past it the cache starts again
 CHUNK_MAX_CHARS = 64  # a longer chunk (no spaces: code, CJK, base64) is counted, not kept
@@ -169,6 +165,15 @@ class ChunkCounter:
         return [n + len(e) for n, e in zip(sums, map(self._encode, firsts), strict=True)]
 
 
+@cache
+def _re2_patterns() -> tuple[str, str]:
+    """``_SPACE_THEN_WHITESPACE`` in RE2 (Arrow's regex engine), whose ``\\s`` is ASCII only, so its class names
+    every character ``str.isspace`` holds; and the spaces ``_joined_at_non_boundaries`` replaces. Built when a batch
+    is first counted: the scan of every code point takes ~0.1 s, too much for each process that imports this."""
+    whitespace = "".join(f"\\x{{{c:x}}}" for c in range(0x110000) if chr(c).isspace())
+    return f" (?:[{whitespace}]|$)", f" ([{whitespace}{JOINED_SPACE}]|$)"
+
+
 def _joined_at_non_boundaries(column, pool):  # noqa: ANN001, ANN202 (pyarrow is imported only when counting)
     """``column`` with each space that is not a boundary (followed by whitespace or the end) replaced by
     ``JOINED_SPACE``, so that a split at the spaces left gives the chunks (None when a text holds that character
@@ -176,12 +181,13 @@ def _joined_at_non_boundaries(column, pool):  # noqa: ANN001, ANN202 (pyarrow is
     one; the second pass finds each one left beside one done."""
     import pyarrow.compute as pc
 
-    if not pc.any(pc.match_substring_regex(column, _SPACE_THEN_WHITESPACE_RE2, memory_pool=pool)).as_py():
+    space_then_whitespace, non_boundary = _re2_patterns()
+    if not pc.any(pc.match_substring_regex(column, space_then_whitespace, memory_pool=pool)).as_py():
         return column
     if pc.any(pc.match_substring(column, JOINED_SPACE, memory_pool=pool)).as_py():
         return None
     for _ in range(2):
-        column = pc.replace_substring_regex(column, _NON_BOUNDARY_RE2, JOINED_SPACE + "\\1", memory_pool=pool)
+        column = pc.replace_substring_regex(column, non_boundary, JOINED_SPACE + "\\1", memory_pool=pool)
     return column
 
 

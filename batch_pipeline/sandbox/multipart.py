@@ -37,7 +37,7 @@ def parse_multipart(content_type: str, body: bytes) -> dict[str, Part]:
         at = body.find(delimiter, starts[-1])
     if len(starts) < 2:
         raise ApiError(400, "The multipart body has no parts.")
-    ends = [at - len(delimiter) for at in starts[1:]] + [len(body)]
+    ends = [start - len(delimiter) for start in starts[1:]] + [len(body)]  # each part ends at the next delimiter
     parts: dict[str, Part] = {}
     for start, end in zip(starts, ends, strict=True):
         if body.startswith(b"--", start, end):
