@@ -68,7 +68,6 @@ def encoding(name: str) -> tiktoken.Encoding:
 # that the pattern's ``\s`` does (and ``\x1c``-``\x1f`` besides): a boundary it misses only merges two chunks.
 _SPACE_THEN_WHITESPACE = re.compile(r" (?:\s|\Z)")
 _BOUNDARY = re.compile(r" (?=\S)")  # a space before a non-space: ``\S`` is ``not str.isspace()``, as above
-JOINED_SPACE = "\ue000"  # a private-use character: a space that is no boundary, while Arrow splits at the others
 COUNT_MANY_SLICE = 2048  # texts split and looked up at once: ~2 MB of prompts, their chunks' arrays a few times that
 CHUNK_COUNTS_KEPT = 500_000  # ~50 MB of short words; past it the cache starts again
 CHUNK_MAX_CHARS = 64  # a longer chunk (no spaces: code, CJK, base64) is counted, not kept
@@ -141,17 +140,22 @@ class ChunkCounter:
             column = pa.array(texts, pa.string(), memory_pool=pool)
         except (pa.ArrowException, UnicodeError):  # a lone surrogate (JSON allows "\ud800"), which UTF-8 cannot hold
             return None
-        joined = _joined_at_non_boundaries(column, pool)
-        if joined is None:
-            return None
-        parts = pc.split_pattern(joined, " ", memory_pool=pool)
+        # a text with a space that is no boundary (before other whitespace, or at its end; ~2% of prose) is
+        # counted alone, where ``_BOUNDARY`` splits it: Arrow's split would cut it there
+        irregular = pc.match_substring_regex(column, _space_then_whitespace_re2(), memory_pool=pool)
+        alone = np.flatnonzero(irregular.to_numpy(zero_copy_only=False))
+        if len(alone):
+            if len(alone) == len(texts):
+                return None
+            column = pc.filter(column, pc.invert(irregular, memory_pool=pool), memory_pool=pool)
+        parts = pc.split_pattern(column, " ", memory_pool=pool)
         offsets = parts.offsets.to_numpy()
         chunks = parts.values
         starts = offsets[:-1] - offsets[0]
         later = np.ones(len(chunks), dtype=np.bool_)
         later[starts] = False  # every text has a first chunk ("" for an empty text)
         encoded = pc.dictionary_encode(pc.filter(chunks, pa.array(later), memory_pool=pool), memory_pool=pool)
-        distinct = _spaces_back(encoded.dictionary.to_pylist(), joined is not column)
+        distinct = encoded.dictionary.to_pylist()
         known = list(map(self._counts.get, distinct))
         if known.count(None) * MOSTLY_NEW > len(encoded):  # mostly new words: one BPE pass per text is cheaper
             return None
@@ -159,42 +163,22 @@ class ChunkCounter:
         per_chunk = np.asarray(known, dtype=np.int64)[encoded.indices.to_numpy()]
         running = np.concatenate(([0], np.cumsum(per_chunk)))
         # text i's later chunks start where its chunks do, less the i first chunks dropped before them
-        bounds = offsets - offsets[0] - np.arange(len(texts) + 1)
+        bounds = offsets - offsets[0] - np.arange(len(column) + 1)
         sums = (running[bounds[1:]] - running[bounds[:-1]]).tolist()
-        firsts = _spaces_back(pc.take(chunks, pa.array(starts), memory_pool=pool).to_pylist(), joined is not column)
-        return [n + len(e) for n, e in zip(sums, map(self._encode, firsts), strict=True)]
+        firsts = pc.take(chunks, pa.array(starts), memory_pool=pool).to_pylist()
+        counts = [n + len(e) for n, e in zip(sums, map(self._encode, firsts), strict=True)]
+        for at in alone.tolist():  # in order: each one's place is its index among all the texts
+            counts.insert(at, self(texts[at]))
+        return counts
 
 
 @cache
-def _re2_patterns() -> tuple[str, str]:
-    """``_SPACE_THEN_WHITESPACE`` in RE2 (Arrow's regex engine), whose ``\\s`` is ASCII only, so its class names
-    every character ``str.isspace`` holds; and the spaces ``_joined_at_non_boundaries`` replaces. Built when a batch
-    is first counted: the scan of every code point takes ~0.1 s, too much for each process that imports this."""
+def _space_then_whitespace_re2() -> str:
+    """``_SPACE_THEN_WHITESPACE`` in RE2 (Arrow's regex engine), whose ``\\s`` is ASCII only: its class names every
+    character ``str.isspace`` holds. Built when a batch is first counted: the scan of every code point takes ~0.1 s,
+    too much for each process that imports this."""
     whitespace = "".join(f"\\x{{{c:x}}}" for c in range(0x110000) if chr(c).isspace())
-    return f" (?:[{whitespace}]|$)", f" ([{whitespace}{JOINED_SPACE}]|$)"
-
-
-def _joined_at_non_boundaries(column, pool):  # noqa: ANN001, ANN202 (pyarrow is imported only when counting)
-    """``column`` with each space that is not a boundary (followed by whitespace or the end) replaced by
-    ``JOINED_SPACE``, so that a split at the spaces left gives the chunks (None when a text holds that character
-    itself). Two passes: a match takes the character after its space, so a run of such spaces is done every other
-    one; the second pass finds each one left beside one done."""
-    import pyarrow.compute as pc
-
-    space_then_whitespace, non_boundary = _re2_patterns()
-    if not pc.any(pc.match_substring_regex(column, space_then_whitespace, memory_pool=pool)).as_py():
-        return column
-    if pc.any(pc.match_substring(column, JOINED_SPACE, memory_pool=pool)).as_py():
-        return None
-    for _ in range(2):
-        column = pc.replace_substring_regex(column, non_boundary, JOINED_SPACE + "\\1", memory_pool=pool)
-    return column
-
-
-def _spaces_back(chunks: list[str], joined: bool) -> list[str]:
-    if not joined:
-        return chunks
-    return [c.replace(JOINED_SPACE, " ") if JOINED_SPACE in c else c for c in chunks]
+    return f" (?:[{whitespace}]|$)"
 
 
 @cache

@@ -111,15 +111,22 @@ def test_a_slice_counted_column_wise_is_tiktokens_count_of_each_text(monkeypatch
 
 
 def test_texts_arrow_cannot_split_are_counted_one_by_one():
-    """A lone surrogate (JSON allows ``"\\ud800"``; UTF-8 cannot hold it), or a text holding the private-use
-    character that stands for a joined space: that slice is counted text by text, and still exactly."""
+    """A lone surrogate (JSON allows ``"\\ud800"``; UTF-8 cannot hold it): that slice is counted text by text. A
+    text with a space that is no boundary (before other whitespace, or at its end) is counted alone, and the rest of
+    its slice column-wise. Each count still exact."""
     encode = bpe.encoding("o200k_base").encode_ordinary
     wrapped, calls = _counting(encode)
     count = bpe.ChunkCounter(wrapped)
     prose = ["the order never arrived and support did not answer"] * 20
-    for odd in (f"a {bpe.JOINED_SPACE}  b  ", "x \ud800 y"):
+    for odd in ("x \ud800 y", "a \ue000  b  ", "  "):
         texts = [*prose, odd]
         assert count.count_many(texts) == [len(encode(t)) for t in texts] == [count(t) for t in texts]
     calls.clear()
     assert count.count_many(prose) == [len(encode(t)) for t in prose]
     assert calls == ["the"] * 20  # column-wise: each text's first chunk went to BPE, and nothing else
+    irregular = ["the order  never arrived", "support did not answer \n", "the order never arrived "]
+    mixed = [*prose[:3], irregular[0], prose[0], *irregular[1:], *prose[:2]]
+    calls.clear()
+    assert count.count_many(mixed) == [len(encode(t)) for t in mixed]
+    # the 6 regular texts' first chunks, column-wise; the 3 irregular ones alone, each in its place
+    assert calls.count("the") == 6 + 2 and "support" in calls
