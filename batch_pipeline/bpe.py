@@ -86,6 +86,7 @@ class ChunkCounter:
     def __init__(self, encode: Callable[[str], list[int]]):
         self._encode = encode
         self._counts: dict[str, int] = {}  # a chunk after its leading space -> the tokens of " " + chunk
+        self._firsts: dict[str, int] = {}  # a text's first chunk (no space before it) -> its tokens
 
     def __call__(self, text: str) -> int:
         chunks = text.split(" ")  # the first has no leading space; each other one follows a space
@@ -115,6 +116,15 @@ class ChunkCounter:
             if len(self._counts) >= CHUNK_COUNTS_KEPT:
                 self._counts.clear()
             self._counts[chunk] = n
+        return n
+
+    def _first(self, chunk: str) -> int:
+        """A text's first chunk counted (and kept: texts of one kind start alike, "Ticket", "Review", "The")."""
+        n = len(self._encode(chunk))
+        if len(chunk) <= CHUNK_MAX_CHARS:
+            if len(self._firsts) >= CHUNK_COUNTS_KEPT:
+                self._firsts.clear()
+            self._firsts[chunk] = n
         return n
 
     def count_many(self, texts: Sequence[str]) -> list[int]:
@@ -166,7 +176,8 @@ class ChunkCounter:
         bounds = offsets - offsets[0] - np.arange(len(column) + 1)
         sums = (running[bounds[1:]] - running[bounds[:-1]]).tolist()
         firsts = pc.take(chunks, pa.array(starts), memory_pool=pool).to_pylist()
-        counts = [n + len(e) for n, e in zip(sums, map(self._encode, firsts), strict=True)]
+        first_counts = map(self._firsts.get, firsts)
+        counts = [n + (f if f is not None else self._first(c)) for n, f, c in zip(sums, first_counts, firsts)]
         for at in alone.tolist():  # in order: each one's place is its index among all the texts
             counts.insert(at, self(texts[at]))
         return counts
