@@ -68,6 +68,7 @@ def encoding(name: str) -> tiktoken.Encoding:
 # that the pattern's ``\s`` does (and ``\x1c``-``\x1f`` besides): a boundary it misses only merges two chunks.
 _SPACE_THEN_WHITESPACE = re.compile(r" (?:\s|\Z)")
 _BOUNDARY = re.compile(r" (?=\S)")  # a space before a non-space: ``\S`` is ``not str.isspace()``, as above
+JOINED_SPACE = "\ue000"  # a private-use character: a space that is no boundary, while Arrow splits at the others
 COUNT_MANY_SLICE = 2048  # texts split and looked up at once: ~2 MB of prompts, their chunks' arrays a few times that
 CHUNK_COUNTS_KEPT = 500_000  # ~50 MB of short words; past it the cache starts again
 CHUNK_MAX_CHARS = 64  # a longer chunk (no spaces: code, CJK, base64) is counted, not kept
@@ -150,14 +151,7 @@ class ChunkCounter:
             column = pa.array(texts, pa.string(), memory_pool=pool)
         except (pa.ArrowException, UnicodeError):  # a lone surrogate (JSON allows "\ud800"), which UTF-8 cannot hold
             return None
-        # a text with a space that is no boundary (before other whitespace, or at its end; ~2% of prose) is
-        # counted alone, where ``_BOUNDARY`` splits it: Arrow's split would cut it there
-        irregular = pc.match_substring_regex(column, _space_then_whitespace_re2(), memory_pool=pool)
-        alone = np.flatnonzero(irregular.to_numpy(zero_copy_only=False))
-        if len(alone):
-            if len(alone) == len(texts):
-                return None
-            column = pc.filter(column, pc.invert(irregular, memory_pool=pool), memory_pool=pool)
+        column, order, alone = _with_joined_spaces(texts, column, pool)
         parts = pc.split_pattern(column, " ", memory_pool=pool)
         offsets = parts.offsets.to_numpy()
         chunks = parts.values
@@ -165,7 +159,7 @@ class ChunkCounter:
         later = np.ones(len(chunks), dtype=np.bool_)
         later[starts] = False  # every text has a first chunk ("" for an empty text)
         encoded = pc.dictionary_encode(pc.filter(chunks, pa.array(later), memory_pool=pool), memory_pool=pool)
-        distinct = encoded.dictionary.to_pylist()
+        distinct = _spaces_back(encoded.dictionary, order is not None)
         known = list(map(self._counts.get, distinct))
         if known.count(None) * MOSTLY_NEW > len(encoded):  # mostly new words: one BPE pass per text is cheaper
             return None
@@ -175,21 +169,64 @@ class ChunkCounter:
         # text i's later chunks start where its chunks do, less the i first chunks dropped before them
         bounds = offsets - offsets[0] - np.arange(len(column) + 1)
         sums = (running[bounds[1:]] - running[bounds[:-1]]).tolist()
-        firsts = pc.take(chunks, pa.array(starts), memory_pool=pool).to_pylist()
+        firsts = _spaces_back(pc.take(chunks, pa.array(starts), memory_pool=pool), order is not None)
         first_counts = map(self._firsts.get, firsts)
         counts = [n + (f if f is not None else self._first(c)) for n, f, c in zip(sums, first_counts, firsts)]
-        for at in alone.tolist():  # in order: each one's place is its index among all the texts
-            counts.insert(at, self(texts[at]))
-        return counts
+        if order is None:
+            return counts
+        in_order = [0] * len(texts)
+        for at, n in zip(order, counts):
+            in_order[at] = n
+        for at in alone:
+            in_order[at] = self(texts[at])
+        return in_order
+
+
+def _with_joined_spaces(texts: Sequence[str], column, pool):  # noqa: ANN001, ANN202 (pyarrow: imported when counting)
+    """``column`` ready for a split at its spaces, (column, order, alone): the texts with a space that is no
+    boundary (before other whitespace, or at the end: ~2% of prose, a quarter of some) moved to the end with each
+    such space replaced by ``JOINED_SPACE``. ``order``: each row's index in ``texts`` (None when nothing moved);
+    ``alone``: the texts holding ``JOINED_SPACE`` themselves, left out, to be counted one by one."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    special_re2, non_boundary_re2 = _re2_patterns()
+    special = pc.match_substring_regex(column, special_re2, memory_pool=pool)
+    marked = np.flatnonzero(special.to_numpy(zero_copy_only=False)).tolist()
+    if not marked:
+        return column, None, []
+    alone = [at for at in marked if JOINED_SPACE in texts[at]]
+    moved = [at for at in marked if JOINED_SPACE not in texts[at]] if alone else marked
+    joined = pc.take(column, pa.array(moved, pa.int64()), memory_pool=pool)
+    for _ in range(2):  # a match takes the character after its space, so a run is done every other space at first
+        joined = pc.replace_substring_regex(joined, non_boundary_re2, JOINED_SPACE + "\\1", memory_pool=pool)
+    regular = pc.filter(column, pc.invert(special, memory_pool=pool), memory_pool=pool)
+    order = np.flatnonzero(~special.to_numpy(zero_copy_only=False)).tolist() + moved
+    return pa.concat_arrays([regular, joined], memory_pool=pool), order, alone
+
+
+def _spaces_back(chunks, joined: bool) -> list[str]:  # noqa: ANN001 (a pyarrow string array)
+    """``chunks`` as Python strings, each ``JOINED_SPACE`` a space again (found by Arrow: only a moved text's
+    chunks hold one)."""
+    values = chunks.to_pylist()
+    if joined:
+        import numpy as np
+        import pyarrow.compute as pc
+
+        for at in np.flatnonzero(pc.match_substring(chunks, JOINED_SPACE).to_numpy(zero_copy_only=False)).tolist():
+            values[at] = values[at].replace(JOINED_SPACE, " ")
+    return values
 
 
 @cache
-def _space_then_whitespace_re2() -> str:
-    """``_SPACE_THEN_WHITESPACE`` in RE2 (Arrow's regex engine), whose ``\\s`` is ASCII only: its class names every
-    character ``str.isspace`` holds. Built when a batch is first counted: the scan of every code point takes ~0.1 s,
-    too much for each process that imports this."""
+def _re2_patterns() -> tuple[str, str]:
+    """In RE2 (Arrow's regex engine), whose ``\\s`` is ASCII only, so its class names every character
+    ``str.isspace`` holds: a text to move (``_SPACE_THEN_WHITESPACE``, or a ``JOINED_SPACE`` of its own), and the
+    spaces ``_with_joined_spaces`` replaces. Built when a batch is first counted: the scan of every code point takes
+    ~0.1 s, too much for each process that imports this."""
     whitespace = "".join(f"\\x{{{c:x}}}" for c in range(0x110000) if chr(c).isspace())
-    return f" (?:[{whitespace}]|$)"
+    return f" (?:[{whitespace}]|$)|{JOINED_SPACE}", f" ([{whitespace}{JOINED_SPACE}]|$)"
 
 
 @cache
