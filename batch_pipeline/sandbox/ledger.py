@@ -70,13 +70,12 @@ class Ledger:
 
     def extend(self, entries: Iterable[dict[str, Any]]) -> None:
         """Bill rows, in one write."""
-        lines: list[str] = []
-        for entry in entries:
-            lines.append(row_json(entry))
-            for key in TOKEN_KEYS:
-                self.totals[key] += int(entry.get(key) or 0)
-        if not lines:
+        rows = list(entries)
+        if not rows:
             return
+        lines = [row_json(entry) for entry in rows]
+        for key in TOKEN_KEYS:  # one Counter update per key and write, not per key and row
+            self.totals[key] += sum(int(entry.get(key) or 0) for entry in rows)
         with self.path.open("a", encoding="utf-8") as out:
             out.write("\n".join(lines) + "\n")
         self.count += len(lines)

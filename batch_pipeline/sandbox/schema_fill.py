@@ -324,4 +324,29 @@ class SchemaFiller:
 def fill_schema(schema: dict[str, Any], text: str, instructions: str = "") -> Any:
     """A deterministic instance of ``schema`` for the message ``text`` (label descriptions in ``instructions``
     steer enum choices)."""
-    return SchemaFiller(schema, text, label_hints(instructions)).fill()
+    hints = label_hints(instructions)
+    labels = _enum_properties(schema)
+    if labels is not None:  # what ``SchemaFiller.fill`` gives such a schema, without its walk (~3 us a line)
+        return {name: pick_label(enum, text, f"$.{name}", hints) for name, enum in labels}
+    return SchemaFiller(schema, text, hints).fill()
+
+
+_PLAIN_KEYS = ("$ref", "allOf", "const", "anyOf", "oneOf")  # what ``SchemaFiller.fill`` looks at before ``enum``
+
+
+def _enum_properties(schema: Any) -> list[tuple[str, list[Any]]] | None:
+    """(name, enum) of each property when ``schema`` is an object whose every property is a plain ``enum`` (a
+    choice job's schema), as ``SchemaFiller.fill`` reads it; None for any other schema."""
+    if not isinstance(schema, dict) or not schema or "enum" in schema or any(k in schema for k in _PLAIN_KEYS):
+        return None
+    if _schema_type(schema) != "object":
+        return None
+    properties = schema.get("properties") or {}
+    if not isinstance(properties, dict):
+        return None
+    labels = []
+    for name, sub in properties.items():
+        if not isinstance(sub, dict) or not isinstance(sub.get("enum"), list) or any(k in sub for k in _PLAIN_KEYS):
+            return None
+        labels.append((name, sub["enum"]))
+    return labels

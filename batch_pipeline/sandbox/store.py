@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import Any, ClassVar, Generic, Self, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
 
 from batch_pipeline.sandbox.quotas import LoadBook
 from batch_pipeline.sandbox.scenarios import Scenario
@@ -24,6 +24,14 @@ def rfc3339(value: float | None) -> str | None:
     if value is None:
         return None
     return datetime.fromtimestamp(value, UTC).isoformat().replace("+00:00", "Z")
+
+
+class Tokens(Protocol):
+    """What a bill reads of a processed request: a ``BilledTokens``, or an answer that holds its counts."""
+
+    input_tokens: int
+    cached_tokens: int
+    output_tokens: int
 
 
 @dataclass(kw_only=True)

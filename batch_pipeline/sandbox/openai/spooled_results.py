@@ -10,7 +10,6 @@ from typing import Any, Protocol
 
 from batch_pipeline.sandbox.ids import stable_hex
 from batch_pipeline.sandbox.spooled_parts import SpooledParts, encode
-from batch_pipeline.sandbox.store import BilledTokens
 
 
 class Answer(Protocol):
@@ -58,14 +57,12 @@ class SpooledResults(SpooledParts):
             text = encode(line)
         if answer.status_code == 200:
             self.add("output", text)
-            tokens = BilledTokens(
-                input_tokens=answer.input_tokens, cached_tokens=answer.cached_tokens, output_tokens=answer.output_tokens
-            )
-            self.add_billing(answer.custom_id, tokens)
-            for key, value in zip(
-                self.TOTAL_KEYS, (1, answer.input_tokens, answer.cached_tokens, answer.output_tokens)
-            ):
-                self.totals[key] += value
+            self.add_billing(answer.custom_id, answer)  # an answer holds its billed tokens
+            totals = self.totals
+            totals["succeeded"] += 1
+            totals["input_tokens"] += answer.input_tokens
+            totals["cached_tokens"] += answer.cached_tokens
+            totals["output_tokens"] += answer.output_tokens
         else:
             self.add("errors", text)
         self.count += 1

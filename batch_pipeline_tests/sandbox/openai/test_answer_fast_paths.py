@@ -13,7 +13,7 @@ import pytest
 from batch_pipeline.sandbox.batches import LineResult
 from batch_pipeline.sandbox.openai.spooled_results import SpooledResults
 from batch_pipeline.sandbox.responder import chat_completion, markers
-from batch_pipeline.sandbox.schema_fill import _find_word, label_hints, pick_label
+from batch_pipeline.sandbox.schema_fill import SchemaFiller, _find_word, fill_schema, label_hints, pick_label
 from batch_pipeline.sandbox.spooled_parts import encode
 from batch_pipeline.sandbox.tokens import count_tokens, input_tokens, schema_tokens
 
@@ -127,3 +127,39 @@ def test_a_word_is_found_where_the_word_boundary_regex_finds_it(whole: bool) -> 
         regex = re.compile(r"(?<!\w)" + re.escape(needle) + (r"(?!\w)" if whole else ""))
         match = regex.search(haystack)
         assert _find_word(haystack, needle, whole) == (match.start() if match else None), (haystack, needle)
+
+
+_ENUM = {"type": "string", "enum": ["billing", "bug_report", "other"]}
+FILL_SCHEMAS = [
+    SCHEMA,
+    {"type": "object", "properties": {"label": _ENUM, "urgency": {"enum": ["low", "high"]}}, "required": ["label"]},
+    {"properties": {"label": _ENUM}, "additionalProperties": False},  # an object by its properties
+    {"type": ["object", "null"], "properties": {"label": _ENUM}},
+    {"type": "object", "properties": {}},
+    {"type": "object"},
+    # near misses: each is some other fill
+    {"type": "object", "properties": {"label": {**_ENUM, "const": "other"}}},
+    {"type": "object", "properties": {"label": {"$ref": "#/$defs/l", "enum": ["a"]}}, "$defs": {"l": {"enum": ["b"]}}},
+    {"type": "object", "properties": {"label": {"anyOf": [_ENUM, {"type": "null"}], "enum": ["z"]}}},
+    {"type": "object", "properties": {"label": _ENUM, "note": {"type": "string"}}},
+    {"type": "object", "properties": {"label": {"enum": "not a list"}}},
+    {"type": "object", "properties": {"label": _ENUM}, "allOf": [{"properties": {"x": {"enum": [1, 2]}}}]},
+    {"type": "object", "properties": {"label": _ENUM}, "anyOf": [{"type": "string"}]},
+    {"type": "object", "properties": {"label": _ENUM}, "enum": [{"label": "bug_report"}]},
+    {"type": "object", "properties": {"label": _ENUM}, "const": {"label": "x"}},
+    {"type": "string", "properties": {"label": _ENUM}},
+    {"type": "object", "properties": {"label": True}},
+]
+
+
+@pytest.mark.parametrize("schema", FILL_SCHEMAS, ids=range(len(FILL_SCHEMAS)))
+def test_a_choice_schema_is_filled_as_the_generic_filler_fills_it(schema: dict[str, Any]) -> None:
+    """``fill_schema``'s shortcut for an object of plain enums gives what ``SchemaFiller``'s walk gives, for texts
+    that name a label, name none, or steer one, with and without label descriptions; any other schema is walked."""
+    rng = random.Random(11)
+    instructions = ["", "billing (invoice, refund) bug_report (crash, error) other (anything else)"]
+    for _ in range(60):
+        words = rng.choices(["my", "invoice", "Crash", "BUG", "report", "low", "HIGH", "urgent", "\u00e9t\u00e9"], k=8)
+        text = " ".join(words) + rng.choice(["", " [[sandbox:label=other]]", " [[sandbox:label=not:billing]]"])
+        for said in instructions:
+            assert fill_schema(schema, text, said) == SchemaFiller(schema, text, label_hints(said)).fill()
