@@ -42,6 +42,32 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     return [m for m in messages if isinstance(m, dict)] if isinstance(messages, list) else []
 
 
+@dataclass(frozen=True, slots=True)
+class ChatReading:
+    """What an answer reads of a chat request's messages, found in one pass (each was a pass of its own, four a
+    line): the messages that are objects, the last user text, the system/developer instructions and the markers."""
+
+    messages: list[dict[str, Any]]
+    user_text: str
+    system_text: str
+    marks: set[str]
+
+
+def read_chat(body: dict[str, Any]) -> ChatReading:
+    """``ChatReading`` of a body: ``last_user_text``, ``system_text`` and ``markers`` of it at once."""
+    messages = _messages(body)
+    user, system, marks = "", [], set()
+    for message in messages:
+        role = message.get("role")
+        if role == "user":
+            user = content_text(message.get("content"))
+            if "[[sandbox:" in user:
+                marks.update(MARKER_RE.findall(user))
+        elif role in ("system", "developer"):
+            system.append(content_text(message.get("content")))
+    return ChatReading(messages, user, " ".join(system), marks)
+
+
 def last_user_text(body: dict[str, Any]) -> str:
     """Text of the last ``user`` message ('' when there is none)."""
     for message in reversed(_messages(body)):
@@ -61,9 +87,10 @@ def markers(body: dict[str, Any]) -> set[str]:
     return found
 
 
-def cacheable_prefix(body: dict[str, Any]) -> tuple[str, int] | None:
-    """The leading system/developer message text and its tokens, if it is long enough to be cached."""
-    messages = _messages(body)
+def cacheable_prefix(body: dict[str, Any], messages: list[dict[str, Any]] | None = None) -> tuple[str, int] | None:
+    """The leading system/developer message text and its tokens, if it is long enough to be cached (``messages``:
+    the body's, when already read)."""
+    messages = _messages(body) if messages is None else messages
     if not messages or messages[0].get("role") not in ("system", "developer"):
         return None
     tokens = message_tokens(messages[0], str(body.get("model") or ""))
@@ -77,15 +104,16 @@ def system_text(body: dict[str, Any]) -> str:
     return " ".join(content_text(m.get("content")) for m in _messages(body) if m.get("role") in ("system", "developer"))
 
 
-def render_content(body: dict[str, Any]) -> str:
+def render_content(body: dict[str, Any], reading: ChatReading | None = None) -> str:
     """The assistant text: a schema-valid JSON document for ``json_schema``, a JSON object for ``json_object``,
-    otherwise a short sentence."""
-    text = last_user_text(body)
+    otherwise a short sentence (``reading``: the body's, when already read)."""
+    reading = read_chat(body) if reading is None else reading
+    text = reading.user_text
     response_format = body.get("response_format")
     kind = response_format.get("type") if isinstance(response_format, dict) else None
     if kind == "json_schema":
         schema = (response_format.get("json_schema") or {}).get("schema") or {"type": "object"}
-        return _DUMPS(fill_schema(schema, text, system_text(body)))
+        return _DUMPS(fill_schema(schema, text, reading.system_text))
     snippet = " ".join(first_words(text, 8, MARKER_RE)) or "an empty message"
     if kind == "json_object":
         return _DUMPS({"sandbox": True, "answer": snippet})
@@ -108,14 +136,15 @@ def chat_completion(
     cached_tokens: int,
     truncate: bool = False,
     prompt_tokens: int | None = None,
-    marks: set[str] | None = None,
+    reading: ChatReading | None = None,
 ) -> Completion:
     """The ChatCompletion for a request body. ``truncate`` cuts the output in half (finish_reason ``length``);
     the marker ``[[sandbox:refuse]]`` gives ``content: null`` and a ``refusal``. ``prompt_tokens``: the
-    ``request_input_tokens`` of ``body`` when already counted (a batch request, at create); ``marks``: its
-    ``markers`` when already found (a batch line)."""
-    content = render_content(body)
-    refusal = REFUSAL if "refuse" in (markers(body) if marks is None else marks) else None
+    ``request_input_tokens`` of ``body`` when already counted (a batch request, at create); ``reading``: its
+    ``read_chat`` when already read (a batch line)."""
+    reading = read_chat(body) if reading is None else reading
+    content = render_content(body, reading)
+    refusal = REFUSAL if "refuse" in reading.marks else None
     finish_reason = "stop"
     limit = _token_limit(body)
     produced = count_tokens(content)

@@ -331,13 +331,15 @@ def fill_schema(schema: dict[str, Any], text: str, instructions: str = "") -> An
     return SchemaFiller(schema, text, hints).fill()
 
 
-_PLAIN_KEYS = ("$ref", "allOf", "const", "anyOf", "oneOf")  # what ``SchemaFiller.fill`` looks at before ``enum``
+_PLAIN_KEYS = frozenset(
+    ("$ref", "allOf", "const", "anyOf", "oneOf")
+)  # what ``SchemaFiller.fill`` reads before ``enum``
 
 
 def _enum_properties(schema: Any) -> list[tuple[str, list[Any]]] | None:
     """(name, enum) of each property when ``schema`` is an object whose every property is a plain ``enum`` (a
     choice job's schema), as ``SchemaFiller.fill`` reads it; None for any other schema."""
-    if not isinstance(schema, dict) or not schema or "enum" in schema or any(k in schema for k in _PLAIN_KEYS):
+    if not isinstance(schema, dict) or not schema or "enum" in schema or not _PLAIN_KEYS.isdisjoint(schema):
         return None
     if _schema_type(schema) != "object":
         return None
@@ -346,7 +348,7 @@ def _enum_properties(schema: Any) -> list[tuple[str, list[Any]]] | None:
         return None
     labels = []
     for name, sub in properties.items():
-        if not isinstance(sub, dict) or not isinstance(sub.get("enum"), list) or any(k in sub for k in _PLAIN_KEYS):
+        if not isinstance(sub, dict) or not isinstance(sub.get("enum"), list) or not _PLAIN_KEYS.isdisjoint(sub):
             return None
         labels.append((name, sub["enum"]))
     return labels

@@ -23,8 +23,8 @@ from batch_pipeline.sandbox.responder import (
     chat_completion,
     error_body,
     last_user_text,
-    markers,
     poison_message,
+    read_chat,
 )
 from batch_pipeline.sandbox.schema_fill import pick_label
 from batch_pipeline.sandbox.tokens import request_input_tokens
@@ -56,13 +56,14 @@ class LineRunner:
         request_id = "req_" + stable_hex(batch.id, custom_id, "request")
         if batch.endpoint == EMBEDDINGS_URL:
             return embedding_line(batch, index, custom_id, body, request_id, sightings)
-        marks = markers(body)
+        reading = read_chat(body)
+        marks = reading.marks
         scenario = batch.scenario
         failed = fault_line(index, custom_id, request_id, "poison" in marks, "messages", scenario, sightings)
         if failed is not None:
             return failed
         cached = 0
-        prefix = cacheable_prefix(body)
+        prefix = cacheable_prefix(body, reading.messages)
         if prefix is not None:
             key = hashlib.sha256(prefix[0].encode("utf-8")).hexdigest()
             cached = prefix[1] if key in self.seen_prompts else 0
@@ -75,7 +76,7 @@ class LineRunner:
             cached_tokens=cached,
             truncate="truncate" in marks,
             prompt_tokens=request.get("prompt_tokens"),
-            marks=marks if steered is body else None,  # a steered body's markers are found again
+            reading=reading if steered is body else None,  # a steered body is read again
         )
         return LineResult(
             index,

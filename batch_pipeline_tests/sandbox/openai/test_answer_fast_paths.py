@@ -12,7 +12,7 @@ import pytest
 
 from batch_pipeline.sandbox.batches import LineResult
 from batch_pipeline.sandbox.openai.spooled_results import SpooledResults
-from batch_pipeline.sandbox.responder import chat_completion, markers
+from batch_pipeline.sandbox.responder import chat_completion, last_user_text, markers, read_chat, system_text
 from batch_pipeline.sandbox.schema_fill import SchemaFiller, _find_word, fill_schema, label_hints, pick_label
 from batch_pipeline.sandbox.spooled_parts import encode
 from batch_pipeline.sandbox.tokens import count_tokens, input_tokens, schema_tokens
@@ -102,10 +102,30 @@ def test_label_words_and_hints_are_found_as_before() -> None:
     assert pick_label(options, "it will crash", hints=hints) == "bug_report"
 
 
-def test_markers_passed_in_give_the_same_answer() -> None:
+READ_BODIES = [
+    *BODIES,
+    {"messages": [{"role": "user", "content": "a [[sandbox:poison]]"}, {"role": "user", "content": "b"}]},
+    {"messages": [{"role": "developer", "content": "x (y)"}, "odd", {"role": "system", "content": [{"text": "z"}]}]},
+    {"messages": [{"role": "user", "content": [{"type": "text", "text": "p [[sandbox:refuse]]"}, "q"]}, 7, None]},
+    {"messages": "not a list"},
+    {},
+]
+
+
+@pytest.mark.parametrize("body", READ_BODIES, ids=range(len(READ_BODIES)))
+def test_a_body_read_once_is_what_the_readers_find_one_by_one(body: dict[str, Any]) -> None:
+    reading = read_chat(body)
+    assert reading.user_text == last_user_text(body)
+    assert reading.system_text == system_text(body)
+    assert reading.marks == markers(body)
+    args: dict[str, Any] = {"completion_id": "c", "created": 1, "cached_tokens": 0}
+    assert chat_completion(body, reading=reading, **args) == chat_completion(body, **args)
+
+
+def test_a_reading_passed_in_gives_the_same_answer() -> None:
     body = BODIES[3]
     args: dict[str, Any] = {"completion_id": "c", "created": 1, "cached_tokens": 0}
-    assert chat_completion(body, marks=markers(body), **args) == chat_completion(body, **args)
+    assert chat_completion(body, reading=read_chat(body), **args) == chat_completion(body, **args)
     assert chat_completion(body, **args).body["choices"][0]["message"]["refusal"] is not None
 
 
