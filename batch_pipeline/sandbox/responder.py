@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from json.encoder import encode_basestring
 from typing import Any
 
@@ -113,11 +114,28 @@ def render_content(body: dict[str, Any], reading: ChatReading | None = None) -> 
     kind = response_format.get("type") if isinstance(response_format, dict) else None
     if kind == "json_schema":
         schema = (response_format.get("json_schema") or {}).get("schema") or {"type": "object"}
-        return _DUMPS(fill_schema(schema, text, reading.system_text))
+        return _dumps(fill_schema(schema, text, reading.system_text))
     snippet = " ".join(first_words(text, 8, MARKER_RE)) or "an empty message"
     if kind == "json_object":
         return _DUMPS({"sandbox": True, "answer": snippet})
     return f"Sandbox reply to: {snippet}."
+
+
+@lru_cache(maxsize=1024)
+def _short_answer_tokens(content: str) -> int:
+    return count_tokens(content)
+
+
+def _answer_tokens(content: str) -> int:
+    """``count_tokens`` of an answer; a short one kept (a choice job's answers are a few labels, at every line)."""
+    return _short_answer_tokens(content) if len(content) <= 64 else count_tokens(content)
+
+
+def _dumps(value: Any) -> str:
+    """``_DUMPS(value)``; an object of strings (a choice job's labels) by template, ~4x cheaper than the encoder."""
+    if type(value) is dict and all(type(k) is str and type(v) is str for k, v in value.items()):
+        return "{" + ", ".join(encode_basestring(k) + ": " + encode_basestring(v) for k, v in value.items()) + "}"
+    return _DUMPS(value)
 
 
 def _token_limit(body: dict[str, Any]) -> int | None:
@@ -147,7 +165,7 @@ def chat_completion(
     refusal = REFUSAL if "refuse" in reading.marks else None
     finish_reason = "stop"
     limit = _token_limit(body)
-    produced = count_tokens(content)
+    produced = _answer_tokens(content)
     if truncate:
         limit = min(limit, produced // 2) if limit is not None else produced // 2
     completion = produced
@@ -189,7 +207,7 @@ def chat_completion(
         "system_fingerprint": SYSTEM_FINGERPRINT,
     }
     encoded = None
-    if type(completion_id) is str and all(type(n) is int for n in (created, prompt, completion, cached_tokens)):
+    if type(completion_id) is str and type(created) is type(prompt) is type(completion) is type(cached_tokens) is int:
         encoded = _body_json(completion_id, created, response["model"], shown, refusal, finish_reason, prompt)
         encoded += _usage_json(prompt, completion, cached_tokens)
     return Completion(response, prompt, cached_tokens, completion, encoded)

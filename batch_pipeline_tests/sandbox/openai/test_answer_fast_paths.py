@@ -12,7 +12,7 @@ import pytest
 
 from batch_pipeline.sandbox.batches import LineResult
 from batch_pipeline.sandbox.openai.spooled_results import SpooledResults
-from batch_pipeline.sandbox.responder import chat_completion, last_user_text, markers, read_chat, system_text
+from batch_pipeline.sandbox.responder import _dumps, chat_completion, last_user_text, markers, read_chat, system_text
 from batch_pipeline.sandbox.schema_fill import SchemaFiller, _find_word, fill_schema, label_hints, pick_label
 from batch_pipeline.sandbox.spooled_parts import encode
 from batch_pipeline.sandbox.tokens import count_tokens, input_tokens, schema_tokens
@@ -183,3 +183,11 @@ def test_a_choice_schema_is_filled_as_the_generic_filler_fills_it(schema: dict[s
         text = " ".join(words) + rng.choice(["", " [[sandbox:label=other]]", " [[sandbox:label=not:billing]]"])
         for said in instructions:
             assert fill_schema(schema, text, said) == SchemaFiller(schema, text, label_hints(said)).fill()
+
+
+@pytest.mark.parametrize(
+    "value",
+    [{}, {"label": "bug_report"}, {"a": '\u00e9\u2603 "q" \\ \n\t\x00', "b\u2028": ""}, {"n": 1}, {"b": True}, ["x"]],
+)
+def test_an_answer_of_strings_is_encoded_as_the_encoder_encodes_it(value: Any) -> None:
+    assert _dumps(value) == json.dumps(value, ensure_ascii=False)
