@@ -11,14 +11,13 @@ themselves: ``state.json`` is rewritten at every change, and twenty batches' spa
 
 from __future__ import annotations
 
-import json
 import os
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, ClassVar, Self, overload
 
-from batch_pipeline.sandbox.spooled_parts import encode
+from batch_pipeline.sandbox.spooled_parts import decode_line, encode
 
 
 class SpooledLines(Sequence[dict[str, Any]]):
@@ -53,7 +52,7 @@ class SpooledLines(Sequence[dict[str, Any]]):
         if self._source is None:
             self._source = self.path.open("rb", buffering=0)
         start = self.starts[index]
-        return json.loads(os.pread(self._source.fileno(), self.ends[index] - start, start))
+        return decode_line(os.pread(self._source.fileno(), self.ends[index] - start, start))
 
     @overload
     def __getitem__(self, index: int) -> dict[str, Any]: ...

@@ -32,6 +32,25 @@ def encode(value: Any) -> str:
     return _ENCODE(value)
 
 
+_SCAN = json.JSONDecoder().scan_once
+_JSON_WHITESPACE = " \t\n\r"
+
+
+def decode_line(raw: bytes) -> Any:
+    """``json.loads(raw)`` of a JSON line: the UTF-8 text scanned directly, without ``loads``' encoding detection and
+    whitespace regexes (~1.8 us of each request line, read at create and again when it runs). Anything else (a
+    byte-order mark, another encoding, leading whitespace, bad JSON) goes to ``json.loads``, which decodes it or
+    raises as it would have."""
+    try:
+        text = raw.decode("utf-8")
+        value, end = _SCAN(text, 0)
+    except (UnicodeDecodeError, StopIteration, ValueError):
+        return json.loads(raw)
+    if end != len(text) and text[end:].strip(_JSON_WHITESPACE):
+        return json.loads(raw)  # extra data after the value: its error
+    return value
+
+
 class SpooledParts:
     """The answers of batch ``batch_id`` so far: ``len`` is how many, their lines are in the parts under ``root``.
 

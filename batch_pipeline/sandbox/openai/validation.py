@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from batch_pipeline.sandbox.spooled_parts import decode_line
 
 MAX_LINES = 50_000
 MAX_BYTES = 200 * 1024 * 1024
@@ -31,7 +32,7 @@ def _error(code: str, message: str, line: int | None, param: str | None = None) 
 def _check_line(number: int, raw: bytes, endpoint: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """(request, None) for a good line, (None, error) otherwise."""
     try:
-        item = json.loads(raw)
+        item = decode_line(raw)
     except ValueError:
         return None, _error("invalid_json_line", f"Line {number} is not valid JSON.", number)
     if not isinstance(item, dict):
