@@ -132,3 +132,32 @@ def test_texts_arrow_cannot_split_are_counted_one_by_one():
     # the irregular texts were counted column-wise too, a joined space inside their chunks: only their new chunks
     # (a space after the word, and a first chunk) went to BPE
     assert sorted(calls) == [" answer \n", " arrived ", " order ", "support"]
+
+
+def test_every_one_to_three_digit_string_is_one_o200k_token():
+    """What the count of a run of digits relies on (``bpe._digit_tokens``): true of the shipped ranks."""
+    encode = bpe.encoding("o200k_base").encode_ordinary
+    assert all(len(encode(f"{i:0{n}d}")) == 1 for n in (1, 2, 3) for i in range(10**n))
+
+
+def test_numbers_are_counted_without_bpe_and_exactly():
+    """Order numbers, references, years and zero-padded IDs, alone and beside words and other digits (superscripts,
+    Arabic-Indic digits, digits glued to letters or signs): each count is tiktoken's, and a chunk of ASCII digits
+    goes to BPE neither after a space nor first in a text counted column-wise."""
+    encode = bpe.encoding("o200k_base").encode_ordinary
+    rng = random.Random(9)
+    numbers = ["0", "7", "42", "007", "2026", "123456", "0000000001", "9" * 40, "\u0663\u0664", "\u00b2", "12a", "-5"]
+    words = ["order", "ref", "Ticket", "x", "#", "no.", "\u00e9t\u00e9"]
+    texts = [" ".join(rng.choice(numbers + words) for _ in range(rng.randint(1, 12))) for _ in range(3_000)]
+    texts += [f"{rng.getrandbits(60)}" for _ in range(200)] + [f"ref {i}" for i in range(0, 10**6, 997)]
+    expected = [len(encode(t)) for t in texts]
+    wrapped, calls = _counting(encode)
+    count = bpe.ChunkCounter(wrapped)
+    assert count.count_many(texts) == expected
+    # no number after a space went to BPE (a text that is one number alone may: a pass over a text of new chunks)
+    assert not [c for c in calls if c[:1] == " " and c[1:].isdigit() and c.isascii()]
+    assert [count(t) for t in texts] == expected
+    calls.clear()
+    firsts = [f"{rng.getrandbits(40)} was the order" for _ in range(3_000)]
+    assert count.count_many(firsts) == [len(encode(t)) for t in firsts]
+    assert not [c for c in calls if c.isdigit()]  # nor a number that starts a text, column-wise
