@@ -331,9 +331,8 @@ def fill_schema(schema: dict[str, Any], text: str, instructions: str = "") -> An
     return SchemaFiller(schema, text, hints).fill()
 
 
-_PLAIN_KEYS = frozenset(
-    ("$ref", "allOf", "const", "anyOf", "oneOf")
-)  # what ``SchemaFiller.fill`` reads before ``enum``
+# what ``SchemaFiller.fill`` reads of a node before its ``enum``
+_PLAIN_KEYS = frozenset(("$ref", "allOf", "const", "anyOf", "oneOf"))
 
 
 def _enum_properties(schema: Any) -> list[tuple[str, list[Any]]] | None:
