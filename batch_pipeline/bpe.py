@@ -113,20 +113,12 @@ class ChunkCounter:
 
     def _count(self, chunk: str) -> int:
         n = 1 + _digit_tokens(chunk) if chunk.isdigit() and chunk.isascii() else len(self._encode(" " + chunk))
-        if len(chunk) <= CHUNK_MAX_CHARS:
-            if len(self._counts) >= CHUNK_COUNTS_KEPT:
-                self._counts.clear()
-            self._counts[chunk] = n
-        return n
+        return _kept(self._counts, chunk, n)
 
     def _first(self, chunk: str) -> int:
         """A text's first chunk counted (and kept: texts of one kind start alike, "Ticket", "Review", "The")."""
         n = _digit_tokens(chunk) if chunk.isdigit() and chunk.isascii() else len(self._encode(chunk))
-        if len(chunk) <= CHUNK_MAX_CHARS:
-            if len(self._firsts) >= CHUNK_COUNTS_KEPT:
-                self._firsts.clear()
-            self._firsts[chunk] = n
-        return n
+        return _kept(self._firsts, chunk, n)
 
     def count_many(self, texts: Sequence[str]) -> list[int]:
         """``[self(t) for t in texts]``, a slice of texts at a time column-wise: Arrow splits them into chunks and
@@ -182,6 +174,15 @@ class ChunkCounter:
         return in_order
 
 
+def _kept(cache: dict[str, int], chunk: str, n: int) -> int:
+    """``n``, kept in ``cache`` for ``chunk`` unless the chunk is long; a full cache starts again."""
+    if len(chunk) <= CHUNK_MAX_CHARS:
+        if len(cache) >= CHUNK_COUNTS_KEPT:
+            cache.clear()
+        cache[chunk] = n
+    return n
+
+
 def _digit_tokens(digits: str) -> int:
     """o200k's tokens of a run of ASCII digits: its split takes digits three at a time (``\\p{N}{1,3}``), and every
     string of one to three digits is one token (``test_bpe.py`` checks all 1,110). A space before the run is a token
@@ -200,7 +201,8 @@ def _with_joined_spaces(texts: Sequence[str], column, pool):  # noqa: ANN001, AN
 
     special_re2, non_boundary_re2 = _re2_patterns()
     special = pc.match_substring_regex(column, special_re2, memory_pool=pool)
-    marked = np.flatnonzero(special.to_numpy(zero_copy_only=False)).tolist()
+    is_special = special.to_numpy(zero_copy_only=False)
+    marked = np.flatnonzero(is_special).tolist()
     if not marked:
         return column, None, []
     alone = [at for at in marked if JOINED_SPACE in texts[at]]
@@ -209,7 +211,7 @@ def _with_joined_spaces(texts: Sequence[str], column, pool):  # noqa: ANN001, AN
     for _ in range(2):  # a match takes the character after its space, so a run is done every other space at first
         joined = pc.replace_substring_regex(joined, non_boundary_re2, JOINED_SPACE + "\\1", memory_pool=pool)
     regular = pc.filter(column, pc.invert(special, memory_pool=pool), memory_pool=pool)
-    order = np.flatnonzero(~special.to_numpy(zero_copy_only=False)).tolist() + moved
+    order = np.flatnonzero(~is_special).tolist() + moved
     return pa.concat_arrays([regular, joined], memory_pool=pool), order, alone
 
 

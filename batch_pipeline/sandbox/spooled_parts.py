@@ -19,7 +19,7 @@ from json.encoder import encode_basestring
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
-from batch_pipeline.sandbox.store import Bill, BilledTokens, Tokens
+from batch_pipeline.sandbox.store import Bill, Tokens, ledger_row
 
 FLUSH_LINES = 2000  # answers are encoded at once but written this many lines at a time
 LEDGER_WRITE_ROWS = 2000  # a finished batch's billing goes to the ledger this many rows at a write
@@ -129,24 +129,10 @@ class SpooledParts:
         with self.path(BILLING).open(encoding="utf-8") as source:
             for text in source:
                 custom_id, input_tokens, cached_tokens, output_tokens, *rest = json.loads(text)
-                if not rest:  # ``BilledTokens.ledger_row``'s row, as a literal: a dataclass and a call less a row
-                    yield {
-                        "provider": provider,
-                        "batch_id": batch_id,
-                        "custom_id": custom_id,
-                        "model": model,
-                        "input_tokens": input_tokens,
-                        "cached_tokens": cached_tokens,
-                        "output_tokens": output_tokens,
-                        "billed_at": billed_at,
-                    }
-                    continue
-                tokens = BilledTokens(
-                    input_tokens=input_tokens, cached_tokens=cached_tokens, output_tokens=output_tokens
-                )
-                row_model = rest[0] if rest[0] is not None else model
+                row_model = rest[0] if rest and rest[0] is not None else model
                 extra = rest[1] if len(rest) > 1 else {}
-                yield tokens.ledger_row(provider, batch_id, custom_id, row_model, billed_at, **extra)
+                tokens = (input_tokens, cached_tokens, output_tokens)
+                yield ledger_row(provider, batch_id, custom_id, row_model, *tokens, billed_at, **extra)
 
     def take(self, part: str, target: Path) -> int:
         """Move a part to ``target`` (the batch ended); its size, 0 (and no file) if empty."""

@@ -47,17 +47,34 @@ class BilledTokens:
         self, provider: str, batch_id: str, custom_id: str, model: str | None, billed_at: float, **extra: int
     ) -> dict[str, Any]:
         """This request's row of the billing ledger (``extra``: a provider's own counts, such as cache writes)."""
-        return {
-            "provider": provider,
-            "batch_id": batch_id,
-            "custom_id": custom_id,
-            "model": model,
-            "input_tokens": self.input_tokens,
-            "cached_tokens": self.cached_tokens,
-            **extra,
-            "output_tokens": self.output_tokens,
-            "billed_at": billed_at,
-        }
+        tokens = (self.input_tokens, self.cached_tokens, self.output_tokens)
+        return ledger_row(provider, batch_id, custom_id, model, *tokens, billed_at, **extra)
+
+
+def ledger_row(
+    provider: str,
+    batch_id: str,
+    custom_id: str,
+    model: str | None,
+    input_tokens: int,
+    cached_tokens: int,
+    output_tokens: int,
+    billed_at: float,
+    **extra: int,
+) -> dict[str, Any]:
+    """A billed request's row of the ledger (``BilledTokens.ledger_row``; a batch's billing part is read back
+    through this directly, without a ``BilledTokens`` a row)."""
+    return {
+        "provider": provider,
+        "batch_id": batch_id,
+        "custom_id": custom_id,
+        "model": model,
+        "input_tokens": input_tokens,
+        "cached_tokens": cached_tokens,
+        **extra,
+        "output_tokens": output_tokens,
+        "billed_at": billed_at,
+    }
 
 
 class ScenarioRecord:
