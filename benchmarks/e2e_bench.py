@@ -69,10 +69,41 @@ def run_env(tmp: Path, sandbox_url: str) -> dict[str, str]:
     return env
 
 
+def process_cpu(pid: int) -> float | None:
+    """User + system CPU seconds of a live process so far (its own threads; None once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+PHASE_MARK = "> "  # the CLI's progress lines: "> manifest", "> canary: ...", "> pass 1: ...", "> publish"
+
+
+def phase_name(line: str) -> str | None:
+    """The phase a progress line starts ("manifest", "canary", "pass", "publish"), or None (a "... done" line and
+    any other line start none)."""
+    if not line.startswith(PHASE_MARK) or " done" in line.split(":", 1)[0]:
+        return None
+    return line[len(PHASE_MARK) :].split(":", 1)[0].split(" ", 1)[0].strip() or None
+
+
+def phase_cpu(stamps: list[tuple[str, float]], total: float) -> dict[str, float]:
+    """CPU seconds per phase from (phase, CPU at its first line) stamps: each phase runs to the next one's stamp,
+    the last to the process's end; what came before the first stamp is "start-up". Phases of one name add up."""
+    out: dict[str, float] = {}
+    marks = [("start-up", 0.0), *stamps, ("", total)]
+    for (name, at), (_, until) in zip(marks, marks[1:]):
+        out[name] = out.get(name, 0.0) + max(until - at, 0.0)
+    return out
+
+
 def run_child(
     command: list[str], env: dict[str, str], cwd: str | None = None, py_spy: str | None = None
-) -> tuple[int, float, float, float, str]:
-    """(exit code, CPU s, peak RSS MB, wall s, output) of ``command`` run to its end as a child. ``py_spy``: raw
+) -> tuple[int, float, float, float, str, dict[str, float]]:
+    """(exit code, CPU s, peak RSS MB, wall s, output, CPU s per phase) of ``command`` run to its end as a child.
+    The phases are read off its progress lines as they come, with its CPU at each (``phase_cpu``). ``py_spy``: raw
     folded stacks of it to that file, by ``py-spy record --pid`` attached from beside it, so the figures stay the
     run's own (py-spy's sampling is a process of its own, not the run's child or parent)."""
     start = time.perf_counter()
@@ -82,11 +113,17 @@ def run_child(
         spy_bin = str(Path(sys.executable).parent / "py-spy")
         spy_args = ["record", "--pid", str(proc.pid), "--format", "raw", "--rate", "50", "-o", py_spy]
         spy = subprocess.Popen([spy_bin, *spy_args], stdout=subprocess.DEVNULL)  # its errors, if any, to stderr
-    output = proc.stdout.read() if proc.stdout else ""
+    lines, stamps = [], []
+    for line in proc.stdout or ():
+        lines.append(line)
+        name = phase_name(line)
+        cpu_now = process_cpu(proc.pid) if name else None
+        if name and cpu_now is not None:
+            stamps.append((name, cpu_now))
     code, cpu, rss = wait_child(proc)
     if spy is not None:
         spy.wait(timeout=60)  # it writes its file when the process it samples is gone
-    return code, cpu, rss, time.perf_counter() - start, output
+    return code, cpu, rss, time.perf_counter() - start, "".join(lines), phase_cpu(stamps, cpu)
 
 
 def reference(path: Path, out: Path) -> float:
@@ -154,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         sandbox, url = start_sandbox_process(0)
         env = run_env(Path(tmp), url)
         command = [sys.executable, "-m", "batch_pipeline.cli", "run", str(spec_path)]
-        code, run_cpu, run_rss, wall, output = run_child(command, env, py_spy=args.py_spy)
+        code, run_cpu, run_rss, wall, output, phases = run_child(command, env, py_spy=args.py_spy)
         sandbox.terminate()
         _, sandbox_cpu, sandbox_rss = wait_child(sandbox)
         report = json.loads((home / "jobs" / "e2e" / "report.json").read_text()) if code == 0 else {}
@@ -170,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"  run process: peak RSS {run_rss:,.0f} MB, CPU {run_cpu:.1f} s = {run_cpu / max(items, 1) * 1e6:.1f} us/item"
     )
+    print("  run CPU by phase: " + ", ".join(f"{name} {s:.1f} s" for name, s in phases.items()))
     print(f"  sandbox:     peak RSS {sandbox_rss:,.0f} MB, CPU {sandbox_cpu:.1f} s (excluded from the control plane)")
     if ref_s is not None:
         print(

@@ -50,7 +50,7 @@ def run_once(root: Path, rows_path: Path, shard: int, in_progress_s: float | Non
                 SandboxAdmin(url).set_scenario("normal", in_progress_s=in_progress_s)
             env = {**run_env(Path(tmp), url), "PYTHONPATH": str(root)}
             command = [sys.executable, "-m", "batch_pipeline.cli", "run", str(spec_path)]
-            code, cpu, _, wall, output = run_child(command, env, cwd=tmp)
+            code, cpu, _, wall, output, _ = run_child(command, env, cwd=tmp)
         finally:
             sandbox.terminate()
             sandbox.wait()
