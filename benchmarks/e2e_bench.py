@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -72,10 +73,10 @@ def run_env(tmp: Path, sandbox_url: str) -> dict[str, str]:
 def process_cpu(pid: int) -> float | None:
     """User + system CPU seconds of a live process so far (its own threads; None once it is gone)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return times.user + times.system
 
 
 PHASE_MARK = "> "  # the CLI's progress lines: "> manifest", "> canary: ...", "> pass 1: ...", "> publish"
@@ -116,10 +117,8 @@ def run_child(
     lines, stamps = [], []
     for line in proc.stdout or ():
         lines.append(line)
-        name = phase_name(line)
-        cpu_now = process_cpu(proc.pid) if name else None
-        if name and cpu_now is not None:
-            stamps.append((name, cpu_now))
+        if (name := phase_name(line)) and (at := process_cpu(proc.pid)) is not None:
+            stamps.append((name, at))
     code, cpu, rss = wait_child(proc)
     if spy is not None:
         spy.wait(timeout=60)  # it writes its file when the process it samples is gone
