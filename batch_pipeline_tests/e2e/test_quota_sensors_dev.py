@@ -47,6 +47,7 @@ from .graphql import TERMINAL, failure_report
 from .test_sensors_dev import (
     DEQUEUE_INTERVAL_S,
     IN_PROCESS_LOCATION,
+    POLL_S,
     REPO_SELECTOR,
     SENSORS,
     all_runs,
@@ -206,7 +207,7 @@ def test_two_jobs_on_one_account_finish_through_the_sensors_inside_the_cap(quota
             "run: a step whose run sent nothing (its shard found no room) needs a new run key\n"
             + describe(runs, reasons, dev)
         )
-        time.sleep(0.5)
+        time.sleep(POLL_S)
 
     # both validated tables published, every item of both jobs valid, none stopped, each request billed once
     for spec in specs:
